@@ -1,0 +1,149 @@
+"""The admin socket: `tfd admin` against a real daemon, the line protocol, other uids refused."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+
+from support import ServedDaemon, admin_json, clean_environ, run_tfd
+
+NOBODY = 65534
+
+
+def admin(daemon: ServedDaemon, *args: str, user: int | None = None) -> tuple[int, dict[str, object]]:
+    done = run_tfd("admin", *args, env=clean_environ(TF_ADMIN_SOCKET=str(daemon.admin)), user=user)
+    assert "Traceback" not in done.stderr
+    return done.returncode, admin_json(done.stdout) if done.stdout else {}
+
+
+def raw_lines(path: Path, payload: bytes, answers: int) -> list[dict[str, object]]:
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(10)
+        sock.connect(str(path))
+        sock.sendall(payload)
+        data = b""
+        while data.count(b"\n") < answers:
+            chunk = sock.recv(65536)
+            assert chunk, f"connection closed after {data!r}"
+            data += chunk
+    return [json.loads(line) for line in data.splitlines()]
+
+
+def test_status_settings_and_drain(served: type[ServedDaemon]) -> None:
+    daemon = served(TF_API_KEYS="sk-very-secret", TF_DRAIN_TIMEOUT_S="12").start()
+    code, answer = admin(daemon, "status")
+    assert code == 0
+    status = answer["status"]
+    assert isinstance(status, dict)
+    assert status["state"] == "ready"
+    assert status["pid"] == daemon.proc.pid  # type: ignore[union-attr]
+    assert status["admin"] == str(daemon.admin)
+    assert status["http"][0].startswith("http://127.0.0.1:")
+    assert status["running"] == 0
+
+    code, answer = admin(daemon, "settings")
+    assert code == 0
+    rows = {row["name"]: row for row in answer["settings"]["rows"]}  # type: ignore[index]
+    assert rows["TF_API_KEYS"] == {"name": "TF_API_KEYS", "scope": "server", "value": "********",
+                                   "source": "environment"}
+    assert rows["TF_DRAIN_TIMEOUT_S"]["value"] == "12"
+    assert rows["TF_PORT"]["value"] == "0"
+    assert rows["TF_LOG_LEVEL"]["source"] == "default"
+    assert "sk-very-secret" not in json.dumps(answer)
+
+    code, answer = admin(daemon, "drain")
+    assert (code, answer) == (0, {"ok": True, "drain": {"started": True, "running": 0, "timeout_s": 12.0}})
+    daemon.wait_for("STOPPING=1", 10)
+    assert daemon.wait() == 0
+    assert not daemon.admin.exists()
+
+
+def test_the_socket_is_private(served: type[ServedDaemon]) -> None:
+    daemon = served().start()
+    mode = daemon.admin.stat().st_mode
+    assert stat.S_ISSOCK(mode)
+    assert stat.S_IMODE(mode) == 0o600
+
+
+def test_bad_lines_are_answered_and_the_connection_stays(served: type[ServedDaemon]) -> None:
+    daemon = served().start()
+    answers = raw_lines(daemon.admin, b'not json\n[1]\n{"cmd": "reboot"}\n{"cmd": "status", '
+                        b'"args": [1]}\n{"cmd": "status", "args": 7}\n\n{"cmd": "status"}\n', 6)
+    codes = [answer["error"]["code"] if not answer["ok"] else "ok" for answer in answers]  # type: ignore[index]
+    assert codes == ["bad_json", "bad_request", "unknown_command", "bad_request", "bad_request", "ok"]
+    assert answers[2]["error"]["message"] == (  # type: ignore[index]
+        "unknown command 'reboot'; known: drain, settings, status")
+    assert answers[3]["error"]["message"] == "status takes no arguments, got 1"  # type: ignore[index]
+
+
+def test_an_overlong_line_is_refused(served: type[ServedDaemon]) -> None:
+    daemon = served().start()
+    (answer,) = raw_lines(daemon.admin, b"x" * (200 * 1024), 1)
+    assert answer["error"]["code"] == "line_too_long"  # type: ignore[index]
+    assert daemon.admin_call("status")["ok"] is True  # the daemon serves on
+
+
+def test_an_error_answer_exits_1(served: type[ServedDaemon]) -> None:
+    daemon = served().start()
+    code, answer = admin(daemon, "reboot")
+    assert code == 1
+    assert answer["error"]["code"] == "unknown_command"  # type: ignore[index]
+
+
+def test_no_daemon_is_a_clear_error(short_tmp: Path) -> None:
+    done = run_tfd("admin", "status", env=clean_environ(TF_ADMIN_SOCKET=str(short_tmp / "none.sock")))
+    assert done.returncode == 1
+    assert f"tfd admin: no daemon answered on {short_tmp / 'none.sock'}" in done.stderr
+
+
+def call_as(uid: int, path: Path) -> str:
+    """`status` through the admin client, in a forked child running as ``uid``.
+
+    A fork, not a new process: this interpreter lives where another uid may not execute it.
+    """
+    from tfd.server.admin import call
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        outcome = "crashed"
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            outcome = json.dumps(call(path, "status", timeout=10))
+        except OSError as error:
+            outcome = f"OSError errno {error.errno}"
+        finally:
+            os.write(write_end, outcome.encode())
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        outcome = reader.read().decode()
+    os.waitpid(pid, 0)
+    return outcome
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the client as another uid")
+def test_another_uid_is_refused_and_logged(served: type[ServedDaemon]) -> None:
+    daemon = served().start()
+    os.chmod(daemon.workdir.parent, 0o755)
+    os.chmod(daemon.workdir, 0o755)
+    # The 0600 mode alone keeps another user out of connect().
+    assert call_as(NOBODY, daemon.admin) == f"OSError errno {errno.EACCES}"
+    # With the file opened to everyone, SO_PEERCRED still refuses the caller.
+    os.chmod(daemon.admin, 0o666)
+    answer = json.loads(call_as(NOBODY, daemon.admin))
+    assert answer == {"ok": False, "error": {
+        "code": "forbidden", "message": f"uid {NOBODY} may not administer this daemon (it runs as uid 0)"}}
+    assert admin(daemon, "status")[0] == 0  # its own uid is still served
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait() == 0
+    assert f"admin: refused a connection from uid {NOBODY}" in daemon.log()

@@ -1,0 +1,148 @@
+"""Test support: a clean environment, `tfd` runs, and a real `tfd serve` process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import httpx
+
+# Variables of the host (systemd's, a developer's shell) that would change what tfd does.
+_HOST_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "RUNTIME_DIRECTORY")
+
+
+def clean_environ(**extra: str) -> dict[str, str]:
+    """os.environ without any TF_* or systemd variable, plus ``extra``."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TF_") and k not in _HOST_ONLY}
+    environ.update(extra)
+    return environ
+
+
+def run_tfd(*args: str, env: Mapping[str, str] | None = None, timeout: float = 30,
+            user: int | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m tfd ARGS`` to completion."""
+    return subprocess.run([sys.executable, "-m", "tfd", *args], env=dict(env or clean_environ()),
+                          capture_output=True, text=True, timeout=timeout, user=user)
+
+
+class ServedDaemon:
+    """A `tfd serve` subprocess with a fake systemd notify socket the test reads.
+
+    ``start`` returns once READY=1 arrives; ``stop`` sends SIGTERM and waits. The log goes to a
+    file, shown when a test fails.
+    """
+
+    def __init__(self, workdir: Path, **env: str) -> None:
+        self.workdir = workdir
+        self.admin = workdir / "admin.sock"
+        self.notify_path = workdir / "notify.sock"
+        self.log_path = workdir / "daemon.log"
+        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.notify.bind(os.fspath(self.notify_path))
+        self.env = clean_environ(TF_ADMIN_SOCKET=os.fspath(self.admin), TF_PORT="0",
+                                 NOTIFY_SOCKET=os.fspath(self.notify_path), **env)
+        self.messages: list[tuple[float, str]] = []
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30) -> ServedDaemon:
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "tfd", "serve"], env=self.env,
+                                         stdout=log, stderr=subprocess.STDOUT)
+        self.wait_for("READY=1", timeout)
+        return self
+
+    def receive(self, timeout: float) -> list[str] | None:
+        """The fields of the next notify datagram, or None after ``timeout``."""
+        self.notify.settimeout(timeout)
+        try:
+            data = self.notify.recv(4096)
+        except TimeoutError:
+            return None
+        fields = data.decode().split("\n")
+        self.messages += [(time.monotonic(), field) for field in fields]
+        return fields
+
+    def wait_for(self, field: str, timeout: float) -> float:
+        """Wait for a notify field; return when it arrived. Fails when the daemon exits first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited {self.proc.returncode}:\n{self.log()}")
+            fields = self.receive(min(0.2, max(0.01, deadline - time.monotonic())))
+            if fields and field in fields:
+                return self.messages[-1][0]
+        raise AssertionError(f"no {field} within {timeout}s:\n{self.log()}")
+
+    def admin_call(self, command: str) -> dict[str, object]:
+        from tfd.server.admin import call
+
+        return call(self.admin, command)
+
+    def url(self) -> str:
+        status = self.admin_call("status")["status"]
+        assert isinstance(status, dict)
+        return status["http"][0]
+
+    def get(self, path: str, **kwargs: object) -> httpx.Response:
+        return httpx.get(self.url() + path, timeout=10, **kwargs)  # type: ignore[arg-type]
+
+    def signal(self, signum: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signum)
+
+    def wait(self, timeout: float = 30) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.notify.close()
+
+
+
+def admin_json(text: str) -> dict[str, object]:
+    answer = json.loads(text)
+    assert isinstance(answer, dict)
+    return answer
+
+
+class InProcessDaemon:
+    """Run a ``Daemon`` inside the test's trio run; ``done`` is set when ``run`` returns."""
+
+    def __init__(self, workdir: Path, **env: str) -> None:
+        import trio
+
+        from tfd.env import FAMILY_SCOPES, Table
+        from tfd.server.daemon import Daemon
+
+        environ = {"TF_PORT": "0", "TF_ADMIN_SOCKET": str(workdir / "admin.sock"), **env}
+        settings = Table.load().read(environ, families=FAMILY_SCOPES)
+        self.daemon = Daemon(settings, environ={})
+        self.done = trio.Event()
+        self.status: int | None = None
+
+    async def run(self, *, task_status: object) -> None:
+        try:
+            self.status = await self.daemon.run(task_status=task_status)  # type: ignore[arg-type]
+        finally:
+            self.done.set()
+
+    @property
+    def url(self) -> str:
+        return self.daemon.binds[0]

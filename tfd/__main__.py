@@ -1,0 +1,5 @@
+"""``python -m tfd`` is the ``tfd`` command."""
+
+from tfd.cli import main
+
+main()

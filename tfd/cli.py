@@ -1,0 +1,135 @@
+"""The ``tfd`` command: serve | admin | env.
+
+The environment is read and checked before anything heavy is imported, so a refused configuration
+exits with status 2 at once and names every problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from tfd import __version__
+from tfd.env import FAMILY_SCOPES, SettingsRefused, Table
+
+EXIT_FAILURE = 1
+EXIT_INTERRUPTED = 130
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """Entry point of the console script and of ``python -m tfd``."""
+    table = Table.load()
+    parser = build_parser(table)
+    args = parser.parse_args(argv)
+    try:
+        status = args.command(table, args)
+    except SettingsRefused as refused:
+        print(f"tfd: {refused}", file=sys.stderr)
+        status = SettingsRefused.EXIT_STATUS
+    except KeyboardInterrupt:
+        status = EXIT_INTERRUPTED
+    sys.exit(status)
+
+
+def build_parser(table: Table) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfd", description="Serving daemon for hybrid linear-attention language models.")
+    parser.add_argument("--version", action="version", version=f"tfd {__version__}")
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the daemon",
+                                description="Run the daemon. Every flag is a row of `tfd env`.")
+    table.add_flags(serve)
+    serve.set_defaults(command=run_serve)
+
+    admin = commands.add_parser("admin", help="send a command to a running daemon",
+                                description="Send one admin command; print the JSON answer. "
+                                "Exit 0 when the daemon answers ok, 1 otherwise.")
+    admin.add_argument("cmd", metavar="CMD", help="status, settings, drain")
+    admin.add_argument("args", metavar="ARG", nargs="*", help="the command's arguments")
+    admin.add_argument("--socket", dest="TF_ADMIN_SOCKET", metavar="PATH",
+                       help="the daemon's admin socket [TF_ADMIN_SOCKET]")
+    admin.set_defaults(command=run_admin)
+
+    env = commands.add_parser("env", help="the environment table",
+                              description="Print the environment table with current values.")
+    mode = env.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true",
+                      help="check the current environment, every family scope included; exit 2 if refused")
+    mode.add_argument("--markdown", action="store_true", help="render docs/environment.md")
+    mode.add_argument("--env-file", action="store_true", help="render env/tfd.env")
+    env.set_defaults(command=run_env)
+    return parser
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def run_serve(table: Table, args: argparse.Namespace) -> int:
+    # No model is loaded yet, so no family can be excluded: check every family's rows.
+    settings = table.read(os.environ, table.flag_values(args), families=FAMILY_SCOPES)
+    configure_logging(str(settings["TF_LOG_LEVEL"]))
+
+    import trio
+
+    from tfd.server.daemon import Daemon, describe
+
+    failures: list[BaseException] = []
+    try:
+        return trio.run(Daemon(settings).run)
+    except* OSError as group:
+        failures = _leaves(group)
+    for error in failures:
+        print(f"tfd: cannot start: {describe(error)}", file=sys.stderr)
+    return EXIT_FAILURE
+
+
+def run_admin(table: Table, args: argparse.Namespace) -> int:
+    from tfd.server.admin import SERVICE_SOCKET, call, socket_path
+
+    flags = {"TF_ADMIN_SOCKET": args.TF_ADMIN_SOCKET} if args.TF_ADMIN_SOCKET else {}
+    settings = table.read(os.environ, flags, only=["TF_ADMIN_SOCKET"])
+    explicit = settings["TF_ADMIN_SOCKET"]
+    path, _ = socket_path(explicit if isinstance(explicit, str) else None, os.environ)
+    tried = [path]
+    if not explicit and not path.exists() and Path(SERVICE_SOCKET).exists():
+        path = Path(SERVICE_SOCKET)  # the systemd unit's place, for an operator's shell
+        tried.append(path)
+    try:
+        answer = call(path, args.cmd, args.args)
+    except (OSError, ValueError) as error:
+        where = " or ".join(str(p) for p in tried)
+        print(f"tfd admin: no daemon answered on {where}: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(json.dumps(answer, indent=2))
+    return 0 if answer.get("ok") is True else EXIT_FAILURE
+
+
+def run_env(table: Table, args: argparse.Namespace) -> int:
+    from tfd.env_docs import render_envfile, render_markdown, render_text
+
+    if args.markdown:
+        sys.stdout.write(render_markdown(table))
+    elif args.env_file:
+        sys.stdout.write(render_envfile(table))
+    elif args.check:
+        settings = table.read(os.environ, families=FAMILY_SCOPES)
+        given = sum(1 for row in settings.effective() if row["source"] == "environment")
+        print(f"tfd env: {len(table.rows)} settings ok, {given} set in the environment")
+    else:
+        sys.stdout.write(render_text(table, os.environ))
+    return 0
+
+
+def _leaves(group: BaseException) -> list[BaseException]:
+    if isinstance(group, BaseExceptionGroup):
+        return [leaf for inner in group.exceptions for leaf in _leaves(inner)]
+    return [group]

@@ -1,0 +1,345 @@
+"""The environment table: every setting of tfd, read once at startup and refused by name.
+
+Rows live in ``env/<scope>.toml`` (one TOML table per row). Startup reads the whole environment
+once, before torch or any device work, through ``Table.read``: every malformed value, every unknown
+``TF_*`` name and every unmet ``requires`` is collected and raised together as ``SettingsRefused``,
+each problem naming the variable and the form it expects. Family scopes (``flashnext``,
+``qwen3_5``, ``qwen3_next``) are read but checked only when that family loads
+(``Settings.check_family``), so a bad Flash Next value never stops a Qwen3.5 start.
+
+Flags of ``tfd serve`` are generated from the rows; a flag beats the environment and meets the same
+parser. An empty value counts as unset, as systemd's ``EnvironmentFile=`` writes ``NAME=``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Literal
+
+import attrs
+
+from tfd.env_kinds import Kind, Malformed, Secret, Switch, kind_from_row
+
+SCOPES = ("core", "server", "pool", "learn", "cuda", "flashnext", "qwen3_5", "qwen3_next")
+FAMILY_SCOPES = frozenset({"flashnext", "qwen3_5", "qwen3_next"})
+# config.json model_type -> the scope of its family's rows.
+MODEL_TYPE_SCOPES = {
+    "qwen3_5": "qwen3_5",
+    "qwen3_5_moe": "qwen3_5",
+    "qwen3_next": "qwen3_next",
+    "qwen4_exp": "flashnext",
+}
+PREFIX = "TF_"
+_ROW_KEYS = frozenset({"kind", "default", "default_doc", "help", "requires", "flag", "min", "max",
+                       "values", "socket", "unit"})
+_SHOWN_MAX = 64
+MASK = "********"
+
+Source = Literal["flag", "environment", "default", "unset"]
+
+
+class SettingsRefused(Exception):
+    """The configuration is refused; ``problems`` holds one line per bad value, each by name.
+
+    The command line answers it with exit status ``EXIT_STATUS`` and nothing else started.
+    """
+
+    EXIT_STATUS = 2
+
+    def __init__(self, problems: Iterable[str]) -> None:
+        self.problems = tuple(problems)
+        super().__init__(self.problems)
+
+    def __str__(self) -> str:
+        count = len(self.problems)
+        head = "configuration refused" + (f" ({count} problems)" if count > 1 else "")
+        return head + ":\n" + "\n".join(f"  {problem}" for problem in self.problems)
+
+
+def shown(text: str) -> str:
+    """A value as it may be printed: itself when short and printable, else its repr, cut."""
+    if len(text) <= _SHOWN_MAX and text.isprintable():
+        return text
+    text = repr(text)
+    return text if len(text) <= _SHOWN_MAX else text[: _SHOWN_MAX - 3] + "..."
+
+
+@attrs.frozen
+class Row:
+    """One setting: its name, scope, kind, default (as text), help and relations."""
+
+    name: str
+    scope: str
+    kind: Kind
+    help: str
+    default: str | None = None
+    default_doc: str | None = None
+    requires: str | None = None
+    flag: str | None = None
+
+    @property
+    def secret(self) -> bool:
+        return isinstance(self.kind, Secret)
+
+    @property
+    def default_text(self) -> str:
+        """The default for people: the value, or how it is computed, or 'unset'."""
+        if self.default is not None:
+            return self.default
+        return self.default_doc or "unset"
+
+
+@attrs.frozen
+class Table:
+    """All rows, and the TF_* names of other programs that tfd leaves alone."""
+
+    rows: tuple[Row, ...]
+    foreign_names: frozenset[str] = frozenset()
+    foreign_prefixes: tuple[str, ...] = ()
+
+    @classmethod
+    def load(cls, directory: Path | None = None) -> Table:
+        """Read ``env/*.toml``; a malformed table is a bug in tfd and raises ``TypeError``."""
+        directory = directory or table_directory()
+        rows: list[Row] = []
+        for scope in SCOPES:
+            path = directory / f"{scope}.toml"
+            if path.exists():
+                for name, spec in tomllib.loads(path.read_text()).items():
+                    rows.append(_row_from_toml(name, scope, spec))
+        known = set(SCOPES) | {"foreign"}
+        stray = sorted(p.stem for p in directory.glob("*.toml") if p.stem not in known)
+        if stray:
+            raise TypeError(f"{directory}: files for unknown scopes {stray}; scopes are {SCOPES}")
+        foreign = tomllib.loads((directory / "foreign.toml").read_text())
+        table = cls(
+            tuple(rows),
+            frozenset(n for group in foreign.values() for n in group["names"]),
+            tuple(p for group in foreign.values() for p in group["prefixes"]),
+        )
+        table._check()
+        return table
+
+    def _check(self) -> None:
+        names = [row.name for row in self.rows]
+        if len(set(names)) != len(names):
+            raise TypeError("environment table: a name appears twice")
+        by_name = self.by_name()
+        for row in self.rows:
+            if row.default is not None:
+                row.kind.parse(row.default)
+            if row.requires is not None:
+                target = by_name.get(row.requires)
+                if target is None:
+                    raise TypeError(f"{row.name}: requires unknown {row.requires}")
+                if target.scope in FAMILY_SCOPES and target.scope != row.scope:
+                    raise TypeError(f"{row.name}: requires a row of another family, {row.requires}")
+            if row.name in self.foreign_names or row.name.startswith(self.foreign_prefixes):
+                raise TypeError(f"{row.name}: also listed as another program's name")
+
+    def by_name(self) -> dict[str, Row]:
+        return {row.name: row for row in self.rows}
+
+    def in_scope(self, scope: str) -> tuple[Row, ...]:
+        return tuple(row for row in self.rows if row.scope == scope)
+
+    def is_foreign(self, name: str) -> bool:
+        return name in self.foreign_names or name.startswith(self.foreign_prefixes)
+
+    def read(
+        self,
+        environ: Mapping[str, str],
+        flags: Mapping[str, str] | None = None,
+        *,
+        families: Iterable[str] = (),
+        only: Iterable[str] | None = None,
+    ) -> Settings:
+        """Read the environment and flags; raise ``SettingsRefused`` naming every problem.
+
+        ``flags`` maps row names to the text given on the command line. Rows of family scopes are
+        kept as text until ``Settings.check_family``, except those of ``families``, checked here in
+        the same pass. ``only`` restricts reading to these row names and skips the unknown-name
+        check (for ``tfd admin``, which needs one row).
+        """
+        flags = flags or {}
+        rows = self.rows if only is None else tuple(self.by_name()[name] for name in only)
+        problems: list[str] = []
+        if only is None:
+            problems += self._unknown_names(environ)
+        texts: dict[str, tuple[str | None, Source]] = {}
+        for row in rows:
+            if flags.get(row.name):
+                texts[row.name] = (flags[row.name], "flag")
+            elif environ.get(row.name):
+                texts[row.name] = (environ[row.name], "environment")
+            elif row.default is not None:
+                texts[row.name] = (row.default, "default")
+            else:
+                texts[row.name] = (None, "unset")
+        settings = Settings(self, texts, {}, frozenset())
+        scopes = {row.scope for row in rows} - (FAMILY_SCOPES - {_scope_of(f) for f in families})
+        return settings._checked(scopes, problems)
+
+    def _unknown_names(self, environ: Mapping[str, str]) -> list[str]:
+        known = self.by_name()
+        problems = []
+        for name in sorted(environ):
+            if name.startswith(PREFIX) and name not in known and not self.is_foreign(name):
+                close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+                hint = f"; did you mean {close[0]}?" if close else "; `tfd env` lists every setting"
+                problems.append(f"{name}: unknown setting{hint}")
+        return problems
+
+    def add_flags(self, parser: argparse.ArgumentParser) -> None:
+        """One flag per row with a flag, grouped by scope; values stay text for ``read``."""
+        for scope in SCOPES:
+            rows = [row for row in self.in_scope(scope) if row.flag]
+            if not rows:
+                continue
+            group = parser.add_argument_group(f"{scope} settings (flag beats environment)")
+            for row in rows:
+                assert row.flag is not None
+                about = f"{row.help} [{row.name}; default {row.default_text}]"
+                if isinstance(row.kind, Switch):
+                    negative = "--no-" + row.flag.removeprefix("--")
+                    group.add_argument(row.flag, dest=row.name, action="store_const", const="1",
+                                       help=about)
+                    group.add_argument(negative, dest=row.name, action="store_const", const="0",
+                                       help=f"set {row.name}=0")
+                else:
+                    group.add_argument(row.flag, dest=row.name, metavar=row.kind.metavar,
+                                       help=about)
+
+    def flag_values(self, namespace: argparse.Namespace) -> dict[str, str]:
+        """The rows given as flags, by row name."""
+        values = vars(namespace)
+        return {row.name: values[row.name] for row in self.rows
+                if row.flag and values.get(row.name) is not None}
+
+
+@attrs.frozen
+class Settings:
+    """The effective values, typed, with where each came from; immutable."""
+
+    table: Table
+    texts: Mapping[str, tuple[str | None, Source]]
+    values: Mapping[str, object]
+    checked_scopes: frozenset[str]
+
+    def __getitem__(self, name: str) -> object:
+        if name not in self.values:
+            row = self.table.by_name()[name]
+            raise LookupError(f"{name} belongs to scope {row.scope}, not checked in these settings")
+        return self.values[name]
+
+    def source(self, name: str) -> Source:
+        return self.texts[name][1]
+
+    def check_family(self, family: str) -> Settings:
+        """Check the rows of ``family`` (a scope or a ``model_type``) as that family loads.
+
+        This is the loader's hook: call it after reading ``config.json`` and before any device
+        work. Raises ``SettingsRefused`` naming each bad row of that scope.
+        """
+        return self._checked({_scope_of(family)}, [])
+
+    def effective(self) -> list[dict[str, object]]:
+        """The checked rows as records for people and the admin socket; secrets masked."""
+        records = []
+        for row in self.table.rows:
+            if row.scope not in self.checked_scopes:
+                continue
+            text, source = self.texts[row.name]
+            if row.secret and text is not None:
+                text = MASK
+            records.append({"name": row.name, "scope": row.scope, "value": text, "source": source})
+        return records
+
+    def _checked(self, scopes: set[str], problems: list[str]) -> Settings:
+        rows = [row for row in self.table.rows if row.scope in scopes and row.name in self.texts]
+        values = dict(self.values)
+        for row in rows:
+            text, source = self.texts[row.name]
+            if text is None:
+                values[row.name] = None
+                continue
+            try:
+                values[row.name] = row.kind.parse(text)
+            except Malformed as error:
+                problems.append(f"{_given(row, text, source)}: {error}")
+        for row in rows:
+            if row.requires and _engaged(row, values.get(row.name)):
+                target = self.table.by_name()[row.requires]
+                if not _engaged(target, values.get(target.name)) and target.name in values:
+                    text, source = self.texts[row.name]
+                    problems.append(f"{_given(row, text or '', source)} requires {target.name},"
+                                    " which is unset")
+        if problems:
+            raise SettingsRefused(problems)
+        return attrs.evolve(self, values=values, checked_scopes=self.checked_scopes | scopes)
+
+
+def _scope_of(family: str) -> str:
+    scope = MODEL_TYPE_SCOPES.get(family, family)
+    if scope not in FAMILY_SCOPES:
+        raise ValueError(f"{family!r} is neither a family scope nor a known model_type")
+    return scope
+
+
+def _engaged(row: Row, value: object) -> bool:
+    """Whether a row is on: a switch at 1, any other row with a value."""
+    return value is True if isinstance(row.kind, Switch) else value is not None
+
+
+def _given(row: Row, text: str, source: Source) -> str:
+    """How the user gave a value: ``TF_PORT=http`` or ``--port http (TF_PORT)``."""
+    if source == "flag":
+        return f"{row.flag} {shown(text)} ({row.name})"
+    return f"{row.name}={shown(text)}"
+
+
+def _row_from_toml(name: str, scope: str, spec: dict[str, object]) -> Row:
+    if not name.startswith(PREFIX) or not name.isupper():
+        raise TypeError(f"env/{scope}.toml: row name {name!r} must be upper case and start {PREFIX}")
+    unknown = set(spec) - _ROW_KEYS
+    if unknown:
+        raise TypeError(f"{name}: unknown keys {sorted(unknown)}")
+    help_text = spec.get("help")
+    if not isinstance(help_text, str) or not help_text:
+        raise TypeError(f"{name}: a row needs `help`")
+    kind = kind_from_row(name, spec)
+    flag = spec.get("flag", None if isinstance(kind, Secret) else _flag_of(name))
+    if flag is not None and flag is not False and not (isinstance(flag, str) and flag.startswith("--")):
+        raise TypeError(f"{name}: `flag` must be a --name or false")
+    return Row(
+        name=name,
+        scope=scope,
+        kind=kind,
+        help=help_text,
+        default=_optional_str(name, spec, "default"),
+        default_doc=_optional_str(name, spec, "default_doc"),
+        requires=_optional_str(name, spec, "requires"),
+        flag=flag or None,
+    )
+
+
+def _flag_of(name: str) -> str:
+    return "--" + name.removeprefix(PREFIX).lower().replace("_", "-")
+
+
+def _optional_str(name: str, spec: dict[str, object], key: str) -> str | None:
+    value = spec.get(key)
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{name}: `{key}` must be a string")
+    return value
+
+
+def table_directory() -> Path:
+    """``env/`` of a source checkout (editable installs too), else the copy inside the wheel."""
+    package = Path(__file__).resolve().parent
+    checkout = package.parent / "env"
+    return checkout if (checkout / "core.toml").exists() else package / "_env"

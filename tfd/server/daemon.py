@@ -1,0 +1,181 @@
+"""The daemon's trio main: sockets up, ready, drain on a signal or `drain`, sockets down.
+
+Lifecycle: STATUS while starting; the admin socket and HTTP bound; READY=1 once both answer;
+WATCHDOG=1 while heartbeats are fresh; on the first SIGTERM or SIGINT (or admin ``drain``) STOPPING=1,
+no new work, running work waits up to TF_DRAIN_TIMEOUT_S, then exit status 0. A second signal
+exits at once with 128 + its number.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import stat
+from collections.abc import Mapping, Sequence
+from functools import partial
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve as serve_http
+
+from tfd import __version__
+from tfd.env import Settings
+from tfd.server.admin import Command, no_args, serve_admin, socket_path
+from tfd.server.http import build_app
+from tfd.server.lifecycle import Lifecycle, Phase
+from tfd.server.metrics import Metrics
+from tfd.server.systemd import Heartbeats, keep_watchdog, notify, watchdog_interval
+
+log = logging.getLogger("tfd.daemon")
+# After the drain, connections still open get this long to finish before they are cut.
+HTTP_GRACE_S = 5.0
+
+
+class Daemon:
+    """One serving process. ``run`` is its whole life and returns the exit status.
+
+    Resource handling: the admin socket and an HTTP Unix socket are removed on every exit path.
+    Error handling: a socket that cannot be bound raises ``OSError`` out of ``run`` (inside an
+    ExceptionGroup) before READY.
+    """
+
+    def __init__(self, settings: Settings, environ: Mapping[str, str] | None = None) -> None:
+        self.settings = settings
+        self.environ = os.environ if environ is None else environ
+        self.lifecycle = Lifecycle()
+        self.metrics = Metrics(self.lifecycle)
+        self.heartbeats = Heartbeats()
+        self.admin_path, self._admin_private = socket_path(
+            _text(settings["TF_ADMIN_SOCKET"]), self.environ)
+        self.http_socket = _text(settings["TF_HTTP_SOCKET"])
+        self.binds: list[str] = []
+        self.exit_status = 0
+        self._stop_http = trio.Event()
+        self._http_done = trio.Event()
+
+    def notify(self, *fields: str) -> None:
+        notify(*fields, environ=self.environ)
+
+    async def run(self, *, task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED) -> int:
+        self.notify(f"STATUS=starting tfd {__version__}")
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self._watch_signals, nursery.cancel_scope)
+                await nursery.start(partial(serve_admin, self.admin_path, self.commands(),
+                                            private_dir=self._admin_private))
+                self.binds = await nursery.start(self._serve_http)
+                interval = watchdog_interval(self.environ)
+                if interval:
+                    nursery.start_soon(keep_watchdog, interval, self.heartbeats,
+                                       partial(notify, environ=self.environ))
+                self.lifecycle.ready()
+                if self.lifecycle.phase is Phase.READY:
+                    log.info("ready: HTTP on %s, admin on %s", ", ".join(self.binds), self.admin_path)
+                    self.notify("READY=1", f"STATUS=ready: HTTP on {', '.join(self.binds)}")
+                task_status.started(self)
+                await self.lifecycle.drain_requested.wait()
+                await self._drain()
+                nursery.cancel_scope.cancel()
+        finally:
+            self._remove_http_socket()
+        log.info("stopped with exit status %d", self.exit_status)
+        return self.exit_status
+
+    async def _drain(self) -> None:
+        timeout = float(self.settings["TF_DRAIN_TIMEOUT_S"])  # type: ignore[arg-type]
+        reason = self.lifecycle.drain_reason
+        log.info("draining (%s): %d running, waiting up to %gs", reason, self.lifecycle.running, timeout)
+        self.notify("STOPPING=1", f"STATUS=draining ({reason})")
+        with trio.move_on_after(timeout) as waited:
+            await self.lifecycle.wait_idle()
+        if waited.cancelled_caught:
+            log.warning("drain timed out after %gs with %d still running; exiting anyway",
+                        timeout, self.lifecycle.running)
+        self._stop_http.set()
+        await self._http_done.wait()
+
+    async def _watch_signals(self, everything: trio.CancelScope, *,
+                             task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            task_status.started()
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                if self.lifecycle.request_drain(name):
+                    log.info("%s: stop admitting, drain, exit", name)
+                    continue
+                log.warning("%s during the drain: exiting at once", name)
+                self.exit_status = 128 + signum
+                everything.cancel()
+                return
+
+    async def _serve_http(self, *, task_status: trio.TaskStatus[list[str]]) -> None:
+        config = Config()
+        if self.http_socket:
+            config.bind = [f"unix:{self.http_socket}"]
+            config.umask = 0o117  # socket mode 0660: the daemon's user and group
+        else:
+            host = str(self.settings["TF_HOST"])
+            config.bind = [f"[{host}]:{self.settings['TF_PORT']}" if ":" in host
+                           else f"{host}:{self.settings['TF_PORT']}"]
+        config.errorlog = logging.getLogger("tfd.http")
+        config.accesslog = None
+        config.graceful_timeout = HTTP_GRACE_S
+        keys = self.settings["TF_API_KEYS"] or ()
+        app = build_app(self.lifecycle, self.metrics, keys)  # type: ignore[arg-type]
+        try:
+            await serve_http(app, config, shutdown_trigger=self._stop_http.wait,
+                             task_status=task_status)
+        except* OSError as group:
+            first = _first_leaf(group)
+            raise OSError(getattr(first, "errno", None),
+                          f"cannot listen on {config.bind[0]}: {describe(first)}") from None
+        finally:
+            self._http_done.set()
+
+    def _remove_http_socket(self) -> None:
+        if not self.http_socket:
+            return
+        try:
+            if stat.S_ISSOCK(os.lstat(self.http_socket).st_mode):
+                os.unlink(self.http_socket)
+        except FileNotFoundError:
+            pass
+
+    def commands(self) -> dict[str, Command]:
+        """The admin commands this daemon answers."""
+
+        async def status(args: Sequence[object]) -> dict[str, object]:
+            no_args("status", args)
+            return {"state": self.lifecycle.phase.value, "version": __version__, "pid": os.getpid(),
+                    "uptime_s": round(self.lifecycle.uptime, 3), "http": self.binds,
+                    "admin": os.fspath(self.admin_path), "running": self.lifecycle.running}
+
+        async def settings(args: Sequence[object]) -> dict[str, object]:
+            no_args("settings", args)
+            return {"rows": self.settings.effective()}
+
+        async def drain(args: Sequence[object]) -> dict[str, object]:
+            no_args("drain", args)
+            started = self.lifecycle.request_drain("admin drain")
+            return {"started": started, "running": self.lifecycle.running,
+                    "timeout_s": self.settings["TF_DRAIN_TIMEOUT_S"]}
+
+        return {"status": status, "settings": settings, "drain": drain}
+
+
+def describe(error: BaseException) -> str:
+    """An OSError without its "[Errno N]" prefix, keeping the file it names."""
+    if isinstance(error, OSError) and error.strerror and not error.filename:
+        return error.strerror
+    return str(error)
+
+
+def _first_leaf(group: BaseException) -> BaseException:
+    while isinstance(group, BaseExceptionGroup):
+        group = group.exceptions[0]
+    return group
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None

@@ -1,0 +1,64 @@
+"""Prometheus metrics of one daemon, on a registry of its own (tests run several in a process)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from tfd import __version__
+from tfd.server.lifecycle import Lifecycle, Phase
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+# Request latency buckets, seconds: from a cached /health to a long generation.
+_LATENCY_BUCKETS = (0.001, 0.005, 0.02, 0.1, 0.5, 2.0, 10.0, 60.0, 300.0)
+
+
+class Metrics:
+    """The daemon's counters; ``render`` gives the Prometheus text."""
+
+    def __init__(self, lifecycle: Lifecycle) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        Info("tfd_build", "tfd's version", registry=self.registry).info({"version": __version__})
+        self.requests = Counter(
+            "tfd_http_requests", "HTTP requests answered, by route, method and status",
+            ["route", "method", "status"], registry=self.registry,
+        )
+        self.latency = Histogram(
+            "tfd_http_request_duration_seconds", "Time from request to the end of the response",
+            ["route"], buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "tfd_http_requests_in_flight", "HTTP requests being answered now", registry=self.registry,
+        )
+        self.refused = Counter(
+            "tfd_http_refused", "Requests refused before running, by reason",
+            ["reason"], registry=self.registry,
+        )
+        uptime = Gauge("tfd_uptime_seconds", "Seconds since the daemon started", registry=self.registry)
+        uptime.set_function(lambda: lifecycle.uptime)
+        phase = Gauge("tfd_state", "1 for the daemon's current state", ["state"], registry=self.registry)
+        for each in Phase:
+            phase.labels(each.value).set_function(_is_phase(lifecycle, each))
+        running = Gauge("tfd_work_running", "Requests holding work a drain waits for",
+                        registry=self.registry)
+        running.set_function(lambda: lifecycle.running)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _is_phase(lifecycle: Lifecycle, phase: Phase) -> Callable[[], float]:
+    return lambda: float(lifecycle.phase is phase)
