@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -9,6 +11,10 @@ import pytest
 from support import clean_environ, run_tfd
 
 REFUSED = 2
+
+
+def run_tfd_python(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=30)
 
 
 def serve_refused(**env: str) -> str:
@@ -42,6 +48,15 @@ def test_two_bad_values_are_named_in_one_message() -> None:
     assert stderr.startswith("tfd: configuration refused (2 problems):\n")
     assert "TF_PORT=http" in stderr
     assert "TF_FLASHNEXT_STATE_PAGES=2" in stderr
+
+
+def test_a_refusal_comes_before_torch_or_the_server_is_imported() -> None:
+    done = run_tfd_python("-X", "importtime", "-m", "tfd", "serve",
+                          env=clean_environ(TF_PORT="http"))
+    assert done.returncode == REFUSED
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+    assert "tfd.env" in imported
+    assert not {"torch", "trio", "hypercorn", "tfd.server.daemon"} & imported
 
 
 def test_bad_flag_value_is_refused_naming_flag_and_row() -> None:

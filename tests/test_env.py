@@ -166,6 +166,13 @@ def test_flag_beats_environment_and_meets_the_same_check() -> None:
     )
 
 
+def test_an_empty_flag_unsets_the_environment() -> None:
+    args = build_parser(TABLE).parse_args(["serve", "--http-socket", ""])
+    settings = TABLE.read({"TF_HTTP_SOCKET": "/run/x.sock"}, TABLE.flag_values(args))
+    assert settings["TF_HTTP_SOCKET"] is None
+    assert settings.source("TF_HTTP_SOCKET") == "flag"
+
+
 def test_secrets_have_no_flag_and_are_masked() -> None:
     assert TABLE.by_name()["TF_API_KEYS"].flag is None
     rows = {row["name"]: row for row in TABLE.read({"TF_API_KEYS": "sk-123"}).effective()}
@@ -203,6 +210,7 @@ def test_any_value_of_any_row_is_accepted_or_refused_by_name(row: object, text: 
     ("TF_X", 'kind = "int"\nmin = 0\nmax = 1\ndefault = "2"\nhelp = "h"', "from 0 to 1"),
     ("TF_X", 'kind = "switch"\nrequires = "TF_NOPE"\nhelp = "h"', "requires unknown TF_NOPE"),
     ("TF_X", 'kind = "colour"\nhelp = "h"', "unknown kind"),
+    ("TF_X", 'kind = "int"\nmin = 0.5\nmax = 1\nhelp = "h"', "whole"),
     ("tf_x", 'kind = "switch"\nhelp = "h"', "upper case"),
     ("TF_LOG", 'kind = "switch"\nhelp = "h"', "another program"),
 ])

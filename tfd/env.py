@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Literal
 
 import attrs
@@ -138,11 +140,15 @@ class Table:
                     raise TypeError(f"{row.name}: requires unknown {row.requires}")
                 if target.scope in FAMILY_SCOPES and target.scope != row.scope:
                     raise TypeError(f"{row.name}: requires a row of another family, {row.requires}")
-            if row.name in self.foreign_names or row.name.startswith(self.foreign_prefixes):
+            if self.is_foreign(row.name):
                 raise TypeError(f"{row.name}: also listed as another program's name")
 
-    def by_name(self) -> dict[str, Row]:
+    @functools.cached_property
+    def _index(self) -> dict[str, Row]:
         return {row.name: row for row in self.rows}
+
+    def by_name(self) -> Mapping[str, Row]:
+        return MappingProxyType(self._index)
 
     def in_scope(self, scope: str) -> tuple[Row, ...]:
         return tuple(row for row in self.rows if row.scope == scope)
@@ -160,10 +166,10 @@ class Table:
     ) -> Settings:
         """Read the environment and flags; raise ``SettingsRefused`` naming every problem.
 
-        ``flags`` maps row names to the text given on the command line. Rows of family scopes are
-        kept as text until ``Settings.check_family``, except those of ``families``, checked here in
-        the same pass. ``only`` restricts reading to these row names and skips the unknown-name
-        check (for ``tfd admin``, which needs one row).
+        ``flags`` maps row names to the text given on the command line (empty: unset). Rows of
+        family scopes are kept as text until ``Settings.check_family``, except those of
+        ``families``, checked here in the same pass. ``only`` restricts reading to these row names
+        and skips the unknown-name check (for ``tfd admin``, which needs one row).
         """
         flags = flags or {}
         rows = self.rows if only is None else tuple(self.by_name()[name] for name in only)
@@ -172,8 +178,8 @@ class Table:
             problems += self._unknown_names(environ)
         texts: dict[str, tuple[str | None, Source]] = {}
         for row in rows:
-            if flags.get(row.name):
-                texts[row.name] = (flags[row.name], "flag")
+            if row.name in flags:  # an empty flag unsets what the environment says
+                texts[row.name] = (flags[row.name] or None, "flag")
             elif environ.get(row.name):
                 texts[row.name] = (environ[row.name], "environment")
             elif row.default is not None:
@@ -203,7 +209,7 @@ class Table:
             group = parser.add_argument_group(f"{scope} settings (flag beats environment)")
             for row in rows:
                 assert row.flag is not None
-                about = f"{row.help} [{row.name}; default {row.default_text}]"
+                about = f"{row.help} [{row.name}; default {row.default_text}]".replace("%", "%%")
                 if isinstance(row.kind, Switch):
                     negative = "--no-" + row.flag.removeprefix("--")
                     group.add_argument(row.flag, dest=row.name, action="store_const", const="1",
@@ -249,7 +255,7 @@ class Settings:
 
     def effective(self) -> list[dict[str, object]]:
         """The checked rows as records for people and the admin socket; secrets masked."""
-        records = []
+        records: list[dict[str, object]] = []
         for row in self.table.rows:
             if row.scope not in self.checked_scopes:
                 continue

@@ -28,7 +28,8 @@ all of them:
   bad Flash Next value does not stop a Qwen3.5 start. A start with no model checks them all.
 - Each row with a flag has it on `tfd serve`; a flag beats the environment and meets the same
   check. A switch `--x` has `--no-x` beside it. Secrets have no flag.
-- An empty value (`TF_PORT=`) counts as unset.
+- An empty value (`TF_PORT=`) counts as unset; an empty flag (`--http-socket ''`) unsets what
+  the environment gives.
 - `tfd env` prints this table with the current values, `tfd env --check` checks the current
   environment, `tfd admin settings` shows a running daemon's effective values, secrets masked.
 """

@@ -214,10 +214,10 @@ def kind_from_row(name: str, spec: dict[str, object]) -> Kind:
     if kind == "switch":
         return Switch()
     if kind == "int":
-        return Integer(_bound(name, spec, "min", int), _bound(name, spec, "max", int))
+        return Integer(_whole(name, spec, "min"), _whole(name, spec, "max"))
     if kind in ("float", "gib"):
         unit = "GiB" if kind == "gib" else str(spec.get("unit", ""))
-        return Real(_bound(name, spec, "min", float), _bound(name, spec, "max", float), unit)
+        return Real(_bound(name, spec, "min"), _bound(name, spec, "max"), unit)
     if kind == "enum":
         values = spec.get("values")
         if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
@@ -232,8 +232,15 @@ def kind_from_row(name: str, spec: dict[str, object]) -> Kind:
     raise TypeError(f"{name}: unknown kind {kind!r}")
 
 
-def _bound(name: str, spec: dict[str, object], key: str, cast: type) -> int | float:
+def _bound(name: str, spec: dict[str, object], key: str) -> float:
     value = spec.get(key)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name}: a {spec.get('kind')} row needs a numeric `{key}`")
-    return cast(value)
+    return float(value)
+
+
+def _whole(name: str, spec: dict[str, object], key: str) -> int:
+    value = _bound(name, spec, key)
+    if not value.is_integer():
+        raise TypeError(f"{name}: an int row needs a whole `{key}`")
+    return int(value)

@@ -64,8 +64,8 @@ async def test_a_second_signal_exits_at_once(short_tmp: Path) -> None:
         with served.daemon.lifecycle.work():
             os.kill(os.getpid(), signal.SIGTERM)
             with trio.fail_after(5):
-                while served.daemon.lifecycle.phase is not Phase.DRAINING:
-                    await trio.sleep(0.01)
+                await served.daemon.lifecycle.drain_requested.wait()
+            assert served.daemon.lifecycle.phase is Phase.DRAINING
             assert served.daemon.lifecycle.drain_reason == "SIGTERM"
             os.kill(os.getpid(), signal.SIGINT)
             with trio.fail_after(2):

@@ -61,10 +61,7 @@ def prepare_socket_dir(path: Path, *, private: bool) -> None:
     may write, raises ``OSError`` naming it. An operator's explicit path is taken as given.
     """
     directory = path.parent
-    try:
-        directory.mkdir(mode=0o700, parents=True)
-    except FileExistsError:
-        pass
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = os.lstat(directory)
     if not stat.S_ISDIR(info.st_mode):
         raise OSError(errno.ENOTDIR, f"{directory} is not a directory")

@@ -14,6 +14,7 @@ import signal
 import stat
 from collections.abc import Mapping, Sequence
 from functools import partial
+from typing import Any
 
 import trio
 from hypercorn.config import Config
@@ -122,7 +123,8 @@ class Daemon:
         config.accesslog = None
         config.graceful_timeout = HTTP_GRACE_S
         keys = self.settings["TF_API_KEYS"] or ()
-        app = build_app(self.lifecycle, self.metrics, keys)  # type: ignore[arg-type]
+        # starlette's and hypercorn's ASGI type aliases differ; the protocol is the same.
+        app: Any = build_app(self.lifecycle, self.metrics, keys)  # type: ignore[arg-type]
         try:
             await serve_http(app, config, shutdown_trigger=self._stop_http.wait,
                              task_status=task_status)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -30,7 +30,7 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: 
 
 
 def error_response(status: int, message: str, code: str, *, param: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+                   headers: Mapping[str, str] | None = None) -> JSONResponse:
     """An error answer in OpenAI's shape."""
     kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
