@@ -47,6 +47,12 @@ def test_defaults_without_environment() -> None:
     assert settings["TF_API_KEYS"] is None
     assert settings.source("TF_PORT") == "default"
     assert settings.source("TF_HTTP_SOCKET") == "unset"
+    assert settings.value("TF_PORT", int) == 8000
+    assert settings.optional("TF_HTTP_SOCKET", str) is None
+    with pytest.raises(LookupError, match="TF_HTTP_SOCKET is unset"):
+        settings.value("TF_HTTP_SOCKET", str)
+    with pytest.raises(TypeError, match="TF_PORT holds int, not str"):
+        settings.value("TF_PORT", str)
 
 
 @pytest.mark.parametrize("text", ["2", "true", "yes", "on", " 1", "1 ", "01", "-0", "1.0"])

@@ -68,7 +68,7 @@ def test_the_admin_socket_default_lives_in_the_runtime_directory() -> None:
 
 
 def test_stop_timeout_outlasts_the_default_drain() -> None:
-    drain = float(Table.load().read({})["TF_DRAIN_TIMEOUT_S"])  # type: ignore[arg-type]
+    drain = Table.load().read({}).value("TF_DRAIN_TIMEOUT_S", float)
     assert seconds(service()["TimeoutStopSec"]) > drain + HTTP_GRACE_S
 
 

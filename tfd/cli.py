@@ -76,7 +76,7 @@ def configure_logging(level: str) -> None:
 def run_serve(table: Table, args: argparse.Namespace) -> int:
     # No model is loaded yet, so no family can be excluded: check every family's rows.
     settings = table.read(os.environ, table.flag_values(args), families=FAMILY_SCOPES)
-    configure_logging(str(settings["TF_LOG_LEVEL"]))
+    configure_logging(settings.value("TF_LOG_LEVEL", str))
 
     import trio
 
@@ -97,8 +97,8 @@ def run_admin(table: Table, args: argparse.Namespace) -> int:
 
     flags = {"TF_ADMIN_SOCKET": args.TF_ADMIN_SOCKET} if args.TF_ADMIN_SOCKET else {}
     settings = table.read(os.environ, flags, only=["TF_ADMIN_SOCKET"])
-    explicit = settings["TF_ADMIN_SOCKET"]
-    path, _ = socket_path(explicit if isinstance(explicit, str) else None, os.environ)
+    explicit = settings.optional("TF_ADMIN_SOCKET", str)
+    path, _ = socket_path(explicit, os.environ)
     tried = [path]
     if not explicit and not path.exists() and Path(SERVICE_SOCKET).exists():
         path = Path(SERVICE_SOCKET)  # the systemd unit's place, for an operator's shell

@@ -20,7 +20,7 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
+from typing import Literal, TypeVar
 
 import attrs
 
@@ -42,6 +42,7 @@ _SHOWN_MAX = 64
 MASK = "********"
 
 Source = Literal["flag", "environment", "default", "unset"]
+T = TypeVar("T")
 
 
 class SettingsRefused(Exception):
@@ -241,6 +242,20 @@ class Settings:
             row = self.table.by_name()[name]
             raise LookupError(f"{name} belongs to scope {row.scope}, not checked in these settings")
         return self.values[name]
+
+    def value(self, name: str, cls: type[T]) -> T:
+        """The value of ``name``, which must be set and of type ``cls``."""
+        value = self.optional(name, cls)
+        if value is None:
+            raise LookupError(f"{name} is unset and has no default")
+        return value
+
+    def optional(self, name: str, cls: type[T]) -> T | None:
+        """The value of ``name`` or None when unset; a value of another type is a bug in tfd."""
+        value = self[name]
+        if value is not None and not isinstance(value, cls):
+            raise TypeError(f"{name} holds {type(value).__name__}, not {cls.__name__}")
+        return value
 
     def source(self, name: str) -> Source:
         return self.texts[name][1]

@@ -48,8 +48,8 @@ class Daemon:
         self.metrics = Metrics(self.lifecycle)
         self.heartbeats = Heartbeats()
         self.admin_path, self._admin_private = socket_path(
-            _text(settings["TF_ADMIN_SOCKET"]), self.environ)
-        self.http_socket = _text(settings["TF_HTTP_SOCKET"])
+            settings.optional("TF_ADMIN_SOCKET", str), self.environ)
+        self.http_socket = settings.optional("TF_HTTP_SOCKET", str)
         self.binds: list[str] = []
         self.exit_status = 0
         self._stop_http = trio.Event()
@@ -84,7 +84,7 @@ class Daemon:
         return self.exit_status
 
     async def _drain(self) -> None:
-        timeout = float(self.settings["TF_DRAIN_TIMEOUT_S"])  # type: ignore[arg-type]
+        timeout = self.settings.value("TF_DRAIN_TIMEOUT_S", float)
         reason = self.lifecycle.drain_reason
         log.info("draining (%s): %d running, waiting up to %gs", reason, self.lifecycle.running, timeout)
         self.notify("STOPPING=1", f"STATUS=draining ({reason})")
@@ -116,15 +116,15 @@ class Daemon:
             config.bind = [f"unix:{self.http_socket}"]
             config.umask = 0o117  # socket mode 0660: the daemon's user and group
         else:
-            host = str(self.settings["TF_HOST"])
-            config.bind = [f"[{host}]:{self.settings['TF_PORT']}" if ":" in host
-                           else f"{host}:{self.settings['TF_PORT']}"]
+            host = self.settings.value("TF_HOST", str)
+            port = self.settings.value("TF_PORT", int)
+            config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
         config.errorlog = logging.getLogger("tfd.http")
         config.accesslog = None
         config.graceful_timeout = HTTP_GRACE_S
-        keys = self.settings["TF_API_KEYS"] or ()
+        keys = self.settings.optional("TF_API_KEYS", tuple) or ()
         # starlette's and hypercorn's ASGI type aliases differ; the protocol is the same.
-        app: Any = build_app(self.lifecycle, self.metrics, keys)  # type: ignore[arg-type]
+        app: Any = build_app(self.lifecycle, self.metrics, keys)
         try:
             await serve_http(app, config, shutdown_trigger=self._stop_http.wait,
                              task_status=task_status)
@@ -177,7 +177,3 @@ def _first_leaf(group: BaseException) -> BaseException:
     while isinstance(group, BaseExceptionGroup):
         group = group.exceptions[0]
     return group
-
-
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) else None
