@@ -19,9 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent
 ROWS_PER_SCOPE = {
     "core": 1,
     "server": 6,
-    "pool": 0,
+    "pool": 2,
     "learn": 0,
-    "cuda": 0,
+    "cuda": 1,
     "flashnext": 2,
     "qwen3_5": 0,
     "qwen3_next": 0,
@@ -68,6 +68,8 @@ def test_switch_is_exactly_0_or_1(text: str) -> None:
     ("TF_DRAIN_TIMEOUT_S", ".5", 0.5), ("TF_HOST", "::1", "::1"), ("TF_HOST", "localhost", "localhost"),
     ("TF_HOST", "gpu-7.example.org", "gpu-7.example.org"), ("TF_LOG_LEVEL", "debug", "debug"),
     ("TF_API_KEYS", "k1,k-2", ("k1", "k-2")), ("TF_HTTP_SOCKET", "/run/tfd/http.sock", "/run/tfd/http.sock"),
+    ("TF_KV_PAGES", "0", 0), ("TF_KV_PAGES", "16", 16), ("TF_KV_PAGES", "8192", 8192),
+    ("TF_CUDA_MEMORY_LIMIT_GB", "79.5", 79.5),
 ])
 def test_values_accepted(name: str, text: str, value: object) -> None:
     settings = TABLE.read({name: text})
@@ -91,6 +93,9 @@ def test_values_accepted(name: str, text: str, value: object) -> None:
     ("TF_ADMIN_SOCKET", "/" + "a" * 107, "must be an absolute path of at most 107 bytes"),
     ("TF_API_KEYS", "k1,,k2", "must be comma-separated keys"),
     ("TF_API_KEYS", "has space", "must be comma-separated keys"),
+    ("TF_KV_PAGES", "8", "must be 0 (off) or a multiple of 16 from 16 to 8192"),
+    ("TF_KV_PAGES", "264", "must be 0 (off) or a multiple of 16 from 16 to 8192"),
+    ("TF_CUDA_MEMORY_LIMIT_GB", "0", "must be a number of GiB from 0.25 to 16384"),
 ])
 def test_malformed_values_are_refused_by_name(name: str, text: str, expected: str) -> None:
     (problem,) = refusal({name: text})
@@ -131,15 +136,36 @@ def test_every_problem_is_named_in_one_refusal() -> None:
 
 
 def test_requires_names_both_rows() -> None:
-    (problem,) = refusal({"TF_FLASHNEXT_STATE_PAGES": "1"}, families=["flashnext"])
-    assert problem == "TF_FLASHNEXT_STATE_PAGES=1 requires TF_FLASHNEXT_KV_PAGES, which is unset"
-    settings = TABLE.read({"TF_FLASHNEXT_STATE_PAGES": "1", "TF_FLASHNEXT_KV_PAGES": "256"},
+    (problem,) = refusal({"TF_FLASHNEXT_STATE_PAGES": "1", "TF_FLASHNEXT_KV_PAGES": "0"},
+                         families=["flashnext"])
+    assert problem == "TF_FLASHNEXT_STATE_PAGES=1 requires TF_FLASHNEXT_KV_PAGES, which is 0 (off)"
+    (problem,) = refusal({"TF_STATE_PAGES": "1", "TF_KV_PAGES": "0"})
+    assert problem == "TF_STATE_PAGES=1 requires TF_KV_PAGES, which is 0 (off)"
+    # Pages off inherited from the core row: the explicit Flash Next switch is refused too.
+    (problem,) = refusal({"TF_FLASHNEXT_STATE_PAGES": "1", "TF_KV_PAGES": "0"}, families=["flashnext"])
+    assert problem == "TF_FLASHNEXT_STATE_PAGES=1 requires TF_FLASHNEXT_KV_PAGES, which is 0 (off)"
+    settings = TABLE.read({"TF_FLASHNEXT_STATE_PAGES": "1", "TF_FLASHNEXT_KV_PAGES": "128"},
                           families=["flashnext"])
     assert settings["TF_FLASHNEXT_STATE_PAGES"] is True
-    assert settings["TF_FLASHNEXT_KV_PAGES"] == 256
-    # Off needs nothing.
-    assert TABLE.read({"TF_FLASHNEXT_STATE_PAGES": "0"}, families=["flashnext"])[
+    assert settings["TF_FLASHNEXT_KV_PAGES"] == 128
+    # Off needs nothing, and a default that requires is not the user's doing.
+    assert TABLE.read({"TF_FLASHNEXT_STATE_PAGES": "0", "TF_KV_PAGES": "0"}, families=["flashnext"])[
         "TF_FLASHNEXT_STATE_PAGES"] is False
+    assert TABLE.read({"TF_KV_PAGES": "0"})["TF_STATE_PAGES"] is True
+
+
+def test_a_family_row_inherits_its_core_row_until_set() -> None:
+    settings = TABLE.read({"TF_KV_PAGES": "512", "TF_STATE_PAGES": "0"}, families=["flashnext"])
+    assert settings["TF_FLASHNEXT_KV_PAGES"] == 512
+    assert settings["TF_FLASHNEXT_STATE_PAGES"] is False
+    assert settings.source("TF_FLASHNEXT_KV_PAGES") == "inherited"
+    rows = {row["name"]: row for row in settings.effective()}
+    assert rows["TF_FLASHNEXT_KV_PAGES"] == {"name": "TF_FLASHNEXT_KV_PAGES", "scope": "flashnext",
+                                             "value": "512", "source": "inherited"}
+    settings = TABLE.read({"TF_KV_PAGES": "512", "TF_FLASHNEXT_KV_PAGES": "64"}, families=["flashnext"])
+    assert (settings["TF_KV_PAGES"], settings["TF_FLASHNEXT_KV_PAGES"]) == (512, 64)
+    (problem,) = refusal({"TF_FLASHNEXT_KV_PAGES": "100"}, families=["flashnext"])
+    assert problem == "TF_FLASHNEXT_KV_PAGES=100: must be 0 (off) or a multiple of 16 from 16 to 8192"
 
 
 def test_a_family_scope_is_checked_only_when_that_family_loads() -> None:
@@ -163,12 +189,13 @@ def test_flag_beats_environment_and_meets_the_same_check() -> None:
     assert settings["TF_PORT"] == 9001
     assert settings.source("TF_PORT") == "flag"
     assert settings["TF_FLASHNEXT_STATE_PAGES"] is False
-    args = parser.parse_args(["serve", "--port", "http", "--flashnext-state-pages"])
+    args = parser.parse_args(["serve", "--port", "http", "--flashnext-state-pages",
+                              "--flashnext-kv-pages", "0"])
     problems = refusal({}, flags=TABLE.flag_values(args), families=["flashnext"])
     assert problems == (
         "--port http (TF_PORT): must be an integer from 0 to 65535",
         "--flashnext-state-pages 1 (TF_FLASHNEXT_STATE_PAGES) requires TF_FLASHNEXT_KV_PAGES, "
-        "which is unset",
+        "which is 0 (off)",
     )
 
 
@@ -219,6 +246,7 @@ def test_any_value_of_any_row_is_accepted_or_refused_by_name(row: object, text: 
     ("TF_X", 'kind = "int"\nmin = 0.5\nmax = 1\nhelp = "h"', "whole"),
     ("tf_x", 'kind = "switch"\nhelp = "h"', "upper case"),
     ("TF_LOG", 'kind = "switch"\nhelp = "h"', "another program"),
+    ("TF_X", 'kind = "switch"\ninherits = "TF_NOPE"\nhelp = "h"', "inherits TF_NOPE"),
 ])
 def test_a_malformed_table_is_refused_at_load(tmp_path: Path, name: str, spec: str, match: str) -> None:
     (tmp_path / "foreign.toml").write_text((ROOT / "env" / "foreign.toml").read_text())

@@ -36,12 +36,12 @@ MODEL_TYPE_SCOPES = {
     "qwen4_exp": "flashnext",
 }
 PREFIX = "TF_"
-_ROW_KEYS = frozenset({"kind", "default", "default_doc", "help", "requires", "flag", "min", "max",
-                       "values", "socket", "unit"})
+_ROW_KEYS = frozenset({"kind", "default", "default_doc", "help", "requires", "inherits", "flag", "min",
+                       "max", "step", "zero_off", "values", "socket", "unit"})
 _SHOWN_MAX = 64
 MASK = "********"
 
-Source = Literal["flag", "environment", "default", "unset"]
+Source = Literal["flag", "environment", "default", "inherited", "unset"]
 T = TypeVar("T")
 
 
@@ -82,6 +82,7 @@ class Row:
     default: str | None = None
     default_doc: str | None = None
     requires: str | None = None
+    inherits: str | None = None
     flag: str | None = None
 
     @property
@@ -93,6 +94,8 @@ class Row:
         """The default for people: the value, or how it is computed, or 'unset'."""
         if self.default is not None:
             return self.default
+        if self.inherits is not None:
+            return f"as {self.inherits}"
         return self.default_doc or "unset"
 
 
@@ -143,6 +146,12 @@ class Table:
                     raise TypeError(f"{row.name}: requires a row of another family, {row.requires}")
             if self.is_foreign(row.name):
                 raise TypeError(f"{row.name}: also listed as another program's name")
+            if row.inherits is not None:
+                source = by_name.get(row.inherits)
+                if source is None or source.scope in FAMILY_SCOPES or source.kind != row.kind \
+                        or row.default is not None:
+                    raise TypeError(f"{row.name}: inherits {row.inherits}, which must be a row of the "
+                                    "same kind outside the family scopes, and then has no default")
 
     @functools.cached_property
     def _index(self) -> dict[str, Row]:
@@ -185,6 +194,8 @@ class Table:
                 texts[row.name] = (environ[row.name], "environment")
             elif row.default is not None:
                 texts[row.name] = (row.default, "default")
+            elif row.inherits is not None:
+                texts[row.name] = (None, "inherited")
             else:
                 texts[row.name] = (None, "unset")
         settings = Settings(self, texts, {}, frozenset())
@@ -275,6 +286,8 @@ class Settings:
             if row.scope not in self.checked_scopes:
                 continue
             text, source = self.texts[row.name]
+            if source == "inherited" and row.inherits is not None:
+                text = self.texts[row.inherits][0]
             if row.secret and text is not None:
                 text = MASK
             records.append({"name": row.name, "scope": row.scope, "value": text, "source": source})
@@ -285,6 +298,10 @@ class Settings:
         values = dict(self.values)
         for row in rows:
             text, source = self.texts[row.name]
+            if source == "inherited" and row.inherits is not None:
+                if row.inherits in values:  # else the source row was refused already
+                    values[row.name] = values[row.inherits]
+                continue
             if text is None:
                 values[row.name] = None
                 continue
@@ -293,12 +310,14 @@ class Settings:
             except Malformed as error:
                 problems.append(f"{_given(row, text, source)}: {error}")
         for row in rows:
-            if row.requires and _engaged(row, values.get(row.name)):
+            text, source = self.texts[row.name]
+            # A default or inherited value needs nothing: only what the user gave is refused.
+            if row.requires and source in ("environment", "flag") and _engaged(values.get(row.name)):
                 target = self.table.by_name()[row.requires]
-                if not _engaged(target, values.get(target.name)) and target.name in values:
-                    text, source = self.texts[row.name]
+                if target.name in values and not _engaged(values[target.name]):
+                    state = "0 (off)" if values[target.name] == 0 else "unset"
                     problems.append(f"{_given(row, text or '', source)} requires {target.name},"
-                                    " which is unset")
+                                    f" which is {state}")
         if problems:
             raise SettingsRefused(problems)
         return attrs.evolve(self, values=values, checked_scopes=self.checked_scopes | scopes)
@@ -311,9 +330,9 @@ def _scope_of(family: str) -> str:
     return scope
 
 
-def _engaged(row: Row, value: object) -> bool:
-    """Whether a row is on: a switch at 1, any other row with a value."""
-    return value is True if isinstance(row.kind, Switch) else value is not None
+def _engaged(value: object) -> bool:
+    """Whether a row is on: set, and neither a switch at 0 nor a number at 0."""
+    return value is not None and value is not False and value != 0
 
 
 def _given(row: Row, text: str, source: Source) -> str:
@@ -344,6 +363,7 @@ def _row_from_toml(name: str, scope: str, spec: dict[str, object]) -> Row:
         default=_optional_str(name, spec, "default"),
         default_doc=_optional_str(name, spec, "default_doc"),
         requires=_optional_str(name, spec, "requires"),
+        inherits=_optional_str(name, spec, "inherits"),
         flag=flag or None,
     )
 

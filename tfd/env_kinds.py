@@ -70,25 +70,32 @@ class Switch:
 
 @attrs.frozen
 class Integer:
-    """A decimal integer within ``[low, high]``."""
+    """A decimal integer within ``[low, high]``, a multiple of ``step``; with ``zero_off``, 0 too."""
 
     low: int
     high: int
+    step: int = 1
+    zero_off: bool = False
     metavar = "N"
 
     @property
     def form(self) -> str:
-        return f"integer {self.low}..{self.high}"
+        steps = f" step {self.step}" if self.step > 1 else ""
+        return ("0 (off) | " if self.zero_off else "") + f"integer {self.low}..{self.high}{steps}"
 
     @property
     def expected(self) -> str:
-        return f"must be an integer from {self.low} to {self.high}"
+        what = f"a multiple of {self.step}" if self.step > 1 else "an integer"
+        return ("must be 0 (off) or " if self.zero_off else "must be ") + \
+            f"{what} from {self.low} to {self.high}"
 
     def parse(self, text: str) -> int:
         if not _INTEGER.fullmatch(text):
             raise Malformed(self.expected)
         value = int(text)
-        if not self.low <= value <= self.high:
+        if value == 0 and self.zero_off:
+            return value
+        if not self.low <= value <= self.high or value % self.step:
             raise Malformed(self.expected)
         return value
 
@@ -214,7 +221,11 @@ def kind_from_row(name: str, spec: dict[str, object]) -> Kind:
     if kind == "switch":
         return Switch()
     if kind == "int":
-        return Integer(_whole(name, spec, "min"), _whole(name, spec, "max"))
+        step = spec.get("step", 1)
+        if not isinstance(step, int) or step < 1:
+            raise TypeError(f"{name}: `step` must be a positive integer")
+        return Integer(_whole(name, spec, "min"), _whole(name, spec, "max"), step,
+                       bool(spec.get("zero_off", False)))
     if kind in ("float", "gib"):
         unit = "GiB" if kind == "gib" else str(spec.get("unit", ""))
         return Real(_bound(name, spec, "min"), _bound(name, spec, "max"), unit)
