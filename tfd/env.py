@@ -199,7 +199,7 @@ class Table:
             else:
                 texts[row.name] = (None, "unset")
         settings = Settings(self, texts, {}, frozenset())
-        scopes = {row.scope for row in rows} - (FAMILY_SCOPES - {_scope_of(f) for f in families})
+        scopes = {row.scope for row in rows} - (FAMILY_SCOPES - {family_scope(f) for f in families})
         return settings._checked(scopes, problems)
 
     def _unknown_names(self, environ: Mapping[str, str]) -> list[str]:
@@ -277,7 +277,7 @@ class Settings:
         This is the loader's hook: call it after reading ``config.json`` and before any device
         work. Raises ``SettingsRefused`` naming each bad row of that scope.
         """
-        return self._checked({_scope_of(family)}, [])
+        return self._checked({family_scope(family)}, [])
 
     def effective(self) -> list[dict[str, object]]:
         """The checked rows as records for people and the admin socket; secrets masked."""
@@ -323,7 +323,8 @@ class Settings:
         return attrs.evolve(self, values=values, checked_scopes=self.checked_scopes | scopes)
 
 
-def _scope_of(family: str) -> str:
+def family_scope(family: str) -> str:
+    """The scope of a family given as a scope or as a config.json ``model_type``."""
     scope = MODEL_TYPE_SCOPES.get(family, family)
     if scope not in FAMILY_SCOPES:
         raise ValueError(f"{family!r} is neither a family scope nor a known model_type")

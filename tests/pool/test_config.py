@@ -1,0 +1,37 @@
+"""The pool's settings, per family, from the environment table."""
+
+from __future__ import annotations
+
+import pytest
+
+from tfd.env import FAMILY_SCOPES, Table
+from tfd.pool.config import GIB, PAGE_ROWS_WHEN_OFF, PoolConfig
+from tfd.pool.layout import Mode
+
+TABLE = Table.load()
+
+
+@pytest.mark.parametrize(("environ", "family", "expected"), [
+    ({}, "qwen3_5", PoolConfig(256, Mode.PIECES, None)),
+    ({}, "qwen4_exp", PoolConfig(256, Mode.PIECES, None)),
+    ({"TF_STATE_PAGES": "0"}, "qwen3_next", PoolConfig(256, Mode.STATE_RUN, None)),
+    ({"TF_KV_PAGES": "0"}, "qwen3_5_moe", PoolConfig(PAGE_ROWS_WHEN_OFF, Mode.ONE_RUN, None)),
+    ({"TF_KV_PAGES": "128", "TF_CUDA_MEMORY_LIMIT_GB": "1.5"}, "qwen3_5",
+     PoolConfig(128, Mode.PIECES, int(1.5 * GIB))),
+    # Flash Next's own rows win for Flash Next and only for it.
+    ({"TF_FLASHNEXT_KV_PAGES": "512", "TF_FLASHNEXT_STATE_PAGES": "0"}, "qwen4_exp",
+     PoolConfig(512, Mode.STATE_RUN, None)),
+    ({"TF_FLASHNEXT_KV_PAGES": "512", "TF_FLASHNEXT_STATE_PAGES": "0"}, "qwen3_5",
+     PoolConfig(256, Mode.PIECES, None)),
+    ({"TF_KV_PAGES": "0"}, "flashnext", PoolConfig(PAGE_ROWS_WHEN_OFF, Mode.ONE_RUN, None)),
+])
+def test_pool_config(environ: dict[str, str], family: str, expected: PoolConfig) -> None:
+    settings = TABLE.read(environ, families=FAMILY_SCOPES)
+    assert PoolConfig.from_settings(settings, family) == expected
+
+
+def test_the_family_rows_must_be_checked_first() -> None:
+    settings = TABLE.read({})
+    with pytest.raises(LookupError, match="scope flashnext"):
+        PoolConfig.from_settings(settings, "qwen4_exp")
+    assert PoolConfig.from_settings(settings.check_family("qwen4_exp"), "qwen4_exp").page_rows == 256

@@ -1,0 +1,1 @@
+"""Model families: weights to layers, and what a lane of each keeps."""

@@ -1,0 +1,1 @@
+"""The memory pool: equal pages for attention rows, and lanes' states as pieces on whole pages."""

@@ -1,0 +1,34 @@
+"""The pool's settings for one family, read from the environment table."""
+
+from __future__ import annotations
+
+import attrs
+
+from tfd.env import Settings, family_scope
+from tfd.pool.layout import Mode
+
+GIB = 1 << 30
+# With pages off a lane's rows and state are one run of pages of this many rows.
+PAGE_ROWS_WHEN_OFF = 256
+# Family scopes that have rows of their own for the pool: (rows per page, states as pieces).
+FAMILY_ROWS = {"flashnext": ("TF_FLASHNEXT_KV_PAGES", "TF_FLASHNEXT_STATE_PAGES")}
+CORE_ROWS = ("TF_KV_PAGES", "TF_STATE_PAGES")
+
+
+@attrs.frozen
+class PoolConfig:
+    page_rows: int
+    mode: Mode
+    memory_limit: int | None  # bytes; None: what the device has free
+
+    @classmethod
+    def from_settings(cls, settings: Settings, family: str) -> PoolConfig:
+        """The pool of ``family`` (a scope or a ``model_type``), whose rows must be checked."""
+        rows_name, pieces_name = FAMILY_ROWS.get(family_scope(family), CORE_ROWS)
+        rows = settings.value(rows_name, int)
+        pieces = settings.value(pieces_name, bool)
+        limit = settings.optional("TF_CUDA_MEMORY_LIMIT_GB", float)
+        memory_limit = None if limit is None else int(limit * GIB)
+        if rows == 0:
+            return cls(PAGE_ROWS_WHEN_OFF, Mode.ONE_RUN, memory_limit)
+        return cls(rows, Mode.PIECES if pieces else Mode.STATE_RUN, memory_limit)

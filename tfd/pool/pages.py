@@ -1,0 +1,340 @@
+"""The pool: all memory after the weights as equal pages in one byte tensor, lent to lanes by lease.
+
+A lane is promised the pages its window needs at admission (``Pool.promise``); it takes its state
+pages (``Lease.take_state``: any free pages, pieces placed by the layout's map; or
+``Lease.claim_run``: one consecutive run) and takes row pages as its rows grow (``Lease.take``);
+``Lease.finish`` gives everything back. Pages go out lowest id first. The pool never promises more
+than it has, so a take within the promise cannot fail for want of pages.
+
+Resource handling: every lease operation either completes or leaves the pool as it was, whatever
+it raises (``BaseException`` included); ``finish`` is idempotent. One owner at a time: the pool is
+not thread-safe. The last page (``null_page``) is never lent: unmapped page-table entries point at
+it and it stays zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+import attrs
+import torch
+
+from tfd.pool.errors import Leak, LeaseFinished, OverPromise, PoolError, PoolShort
+from tfd.pool.free import FreePages
+from tfd.pool.layout import Layout, Mode
+from tfd.pool.pieces import Piece, PieceMap, check
+
+TORCH_DTYPES: Mapping[str, torch.dtype] = {
+    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+    "float8_e4m3fn": torch.float8_e4m3fn, "int64": torch.int64, "int32": torch.int32,
+    "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
+}
+
+StateInit = Callable[[Mapping[str, torch.Tensor]], None]
+
+
+@attrs.frozen
+class LaneCensus:
+    row_pages: int
+    state_pages: int
+    promised: int
+
+
+@attrs.frozen
+class Census:
+    """Free and promised pages, what each lane holds, extra holds on pages (kept states sharing
+    a lane's rows), and whether the null page is still zero."""
+
+    free: int
+    promised: int
+    lanes: tuple[tuple[int, LaneCensus], ...]
+    holds: int
+    null_clean: bool
+
+    def as_dict(self) -> dict[str, object]:
+        return {"free": self.free, "promised": self.promised, "holds": self.holds,
+                "null_clean": self.null_clean,
+                "lanes": {lane: attrs.asdict(held) for lane, held in self.lanes}}
+
+
+@attrs.frozen
+class Holding:
+    """What a lane holds now and may still take from its promise."""
+
+    row_pages: int
+    state_pages: int
+    may_take: int
+
+
+class Pool:
+    """Pages of ``layout.page_bytes`` in one byte tensor on ``device``.
+
+    ``max_lanes`` bounds the leases at once (each lane's bytes outside the pool were set aside for
+    that many); None: only pages bound them.
+    """
+
+    def __init__(self, layout: Layout, pages: int, *, mode: Mode = Mode.PIECES,
+                 max_lanes: int | None = None, device: torch.device | str = "cpu") -> None:
+        if pages <= 0:
+            raise ValueError(f"a pool needs at least one page, got {pages}")
+        check(layout.piece_map)
+        self.layout = layout
+        self.pages = pages
+        self.mode = mode
+        self.max_lanes = max_lanes
+        self.null_page = pages
+        self.buffer = torch.zeros((pages + 1) * layout.page_bytes, dtype=torch.uint8, device=device)
+        self._pages = FreePages(pages)
+        self._promised = 0
+        self._held = 0  # pages held by live PageHolds, counted once a hold
+        self._leases: dict[int, Lease] = {}
+        self._next_lane = 0
+        self.at_load = self.census()
+
+    @classmethod
+    def for_limit(cls, layout: Layout, memory_limit: int, window: int, *, parallel: int | None = None,
+                  mode: Mode = Mode.PIECES, device: torch.device | str = "cpu") -> Pool:
+        """A pool filling ``memory_limit`` bytes, with lane slots for ``parallel`` lanes of ``window``.
+
+        ``parallel`` None is ``--parallel auto``: as many lanes as ``layout.plan`` fits. An explicit
+        count that does not fit raises ``PoolShort`` naming what fits.
+        """
+        fits = layout.plan(window, memory_limit)
+        lanes = fits if parallel is None else parallel
+        if lanes > fits or lanes <= 0:
+            raise PoolShort(f"{lanes} lanes of {window} tokens do not fit {memory_limit} bytes: "
+                            f"{fits} fit, each needing {layout.lane_bytes(window)} bytes")
+        pages = (memory_limit - lanes * layout.fixed_bytes) // layout.page_bytes - 1  # the null page
+        return cls(layout, pages, mode=mode, max_lanes=lanes, device=device)
+
+    @property
+    def free(self) -> int:
+        return self._pages.count
+
+    @property
+    def available(self) -> int:
+        """Free pages nobody was promised: what a new admission may count on."""
+        return self._pages.count - self._promised
+
+    @property
+    def leases(self) -> Mapping[int, Lease]:
+        return dict(self._leases)
+
+    def can_promise(self, window: int) -> bool:
+        slots = self.max_lanes is None or len(self._leases) < self.max_lanes
+        return slots and self.layout.need(window) <= self.available
+
+    def promise(self, window: int) -> Lease:
+        """Admit a lane of ``window`` tokens: promise the pages it needs, or raise ``PoolShort``."""
+        need = self.layout.need(window)
+        if self.max_lanes is not None and len(self._leases) >= self.max_lanes:
+            raise PoolShort(f"all {self.max_lanes} lane slots are taken")
+        if need > self.available:
+            raise PoolShort(f"a lane of {window} tokens needs {need} pages; {self.available} of "
+                            f"{self.pages} are free and unpromised")
+        lease = Lease(self, self._next_lane, window, need)
+        self._next_lane += 1
+        self._promised += need
+        self._leases[lease.lane] = lease
+        return lease
+
+    def census(self) -> Census:
+        lanes = tuple((lane, LaneCensus(len(lease.row_pages), len(lease.state_pages), lease.promised))
+                      for lane, lease in sorted(self._leases.items()))
+        null = self.page_bytes_view(self.null_page)
+        return Census(self.free, self._promised, lanes, self._held, not bool(null.any()))
+
+    def hold(self, pages: Iterable[int]) -> PageHold:
+        """Keep ``pages`` (taken by some lane) from going free until the hold is released.
+
+        A kept prompt state shares a lane's full row pages this way; they outlive the lane.
+        """
+        pages = tuple(pages)
+        self._pages.hold(pages)
+        self._held += len(pages)
+        return PageHold(self, pages)
+
+    def check_at_load(self) -> None:
+        """Raise ``Leak`` describing the difference when the census is not the one at load."""
+        now = self.census()
+        if now != self.at_load:
+            raise Leak(f"LEAK: census {now.as_dict()} differs from the census at load "
+                       f"{self.at_load.as_dict()}")
+
+    def page_bytes_view(self, page: int) -> torch.Tensor:
+        size = self.layout.page_bytes
+        return self.buffer[page * size:(page + 1) * size]
+
+    def rows(self, part: str) -> torch.Tensor:
+        """A row part over every page, as ``[pages + 1, entries per page, *shape]``; a view."""
+        found = [p for p in self.layout.row_parts if p.name == part]
+        if not found:
+            raise KeyError(f"no row part {part!r}")
+        row_part = found[0]
+        offset = self.layout.part_offsets[part]
+        entries = self.layout.page_rows // row_part.rows
+        pages = self.buffer.view(self.pages + 1, self.layout.page_bytes)
+        region = pages[:, offset:offset + entries * row_part.entry_bytes]
+        return region.view(TORCH_DTYPES[row_part.dtype]).view(self.pages + 1, entries, *row_part.shape)
+
+    def _take_lowest(self, count: int) -> list[int]:
+        return self._pages.take_lowest(count)
+
+    def _take_run(self, count: int) -> list[int]:
+        return self._pages.take_run(count)
+
+    def _give(self, pages: Iterable[int]) -> None:
+        self._pages.give(pages)
+
+
+class PageHold:
+    """One extra holder of some pages; ``release`` gives them back, once."""
+
+    def __init__(self, pool: Pool, pages: tuple[int, ...]) -> None:
+        self.pool = pool
+        self.pages = pages
+        self.released = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.pool._give(self.pages)
+            self.pool._held -= len(self.pages)
+
+
+class Lease:
+    """One lane's hold on the pool: its promise, its row pages, its state pages and views."""
+
+    def __init__(self, pool: Pool, lane: int, window: int, promised: int) -> None:
+        self.pool = pool
+        self.lane = lane
+        self.window = window
+        self.promised = promised
+        self.row_pages: list[int] = []
+        self.state_pages: list[int] = []
+        self.finished = False
+        self._pieces: dict[str, torch.Tensor] | None = None
+        layout = pool.layout
+        self._table = torch.full((layout.row_pages(window),), pool.null_page, dtype=torch.int32,
+                                 device=pool.buffer.device)
+
+    @property
+    def holds(self) -> Holding:
+        return Holding(len(self.row_pages), len(self.state_pages), self.promised)
+
+    @property
+    def page_table(self) -> torch.Tensor:
+        """int32 page ids of the lane's rows, in row order; ``null_page`` where none is taken."""
+        self._alive()
+        return self._table
+
+    @property
+    def pieces(self) -> Mapping[str, torch.Tensor]:
+        """The lane's state pieces as typed views into the pool's buffer (no copies)."""
+        self._alive()
+        if self._pieces is None:
+            raise PoolError(f"lane {self.lane} has no state yet: take_state or claim_run first")
+        return self._pieces
+
+    def take(self, rows: int) -> None:
+        """Hold pages for the first ``rows`` token rows; pages come from the promise."""
+        self._alive()
+        layout = self.pool.layout
+        want = layout.row_pages(rows)
+        if rows > self.window:
+            raise OverPromise(f"lane {self.lane} asked for {rows} rows; its window is {self.window}")
+        if self.pool.mode is Mode.ONE_RUN and self._pieces is None:
+            raise PoolError(f"lane {self.lane}: with pages off, claim_run holds the rows; call it first")
+        extra = want - len(self.row_pages)
+        if extra <= 0:
+            return
+        pages = self.pool._take_lowest(extra)
+        try:
+            self._table[len(self.row_pages):want] = torch.tensor(pages, dtype=torch.int32)
+        except BaseException:
+            self.pool._give(pages)
+            raise
+        self.row_pages += pages
+        self._spend(extra)
+
+    def take_state(self, init: StateInit | None = None) -> Mapping[str, torch.Tensor]:
+        """Take the state pages (any free pages, lowest first) and place the pieces on them.
+
+        ``init`` writes the initial state into the views; without it they are zeroed. Whatever
+        raises, the pages go back and the lease stays as before.
+        """
+        return self._open_state(self.pool._take_lowest, init)
+
+    def claim_run(self, init: StateInit | None = None) -> Mapping[str, torch.Tensor]:
+        """Like ``take_state`` on one consecutive run of pages; raises ``NoRun`` when none is
+        long enough. In ``Mode.ONE_RUN`` the run also holds every row page of the window."""
+        return self._open_state(self.pool._take_run, init)
+
+    def open(self, init: StateInit | None = None) -> Mapping[str, torch.Tensor]:
+        """Take the state the way the pool's mode says."""
+        if self.pool.mode is Mode.PIECES:
+            return self.take_state(init)
+        return self.claim_run(init)
+
+    def finish(self) -> None:
+        """Give back every page and what remains of the promise; again is a no-op."""
+        if self.finished:
+            return
+        self.finished = True
+        pool = self.pool
+        pool._give(self.row_pages + self.state_pages)
+        pool._promised -= self.promised
+        del pool._leases[self.lane]
+        self.promised = 0
+        self.row_pages, self.state_pages, self._pieces = [], [], None
+
+    def _open_state(self, take: Callable[[int], list[int]], init: StateInit | None
+                    ) -> Mapping[str, torch.Tensor]:
+        self._alive()
+        if self._pieces is not None:
+            raise PoolError(f"lane {self.lane} already holds its state")
+        layout = self.pool.layout
+        with_rows = self.pool.mode is Mode.ONE_RUN
+        rows = layout.row_pages(self.window) if with_rows else 0
+        pages = take(layout.state_pages + rows)
+        try:
+            state, row = pages[:layout.state_pages], pages[layout.state_pages:]
+            views = place(self.pool, layout.piece_map, layout.pieces, state)
+            if init is None:
+                for page in state:
+                    self.pool.page_bytes_view(page).zero_()
+            else:
+                init(views)
+        except BaseException:
+            self.pool._give(pages)
+            raise
+        self.state_pages = state
+        if row:
+            self._table[:] = torch.tensor(row, dtype=torch.int32)
+            self.row_pages = row
+        self._spend(len(pages))
+        self._pieces = views
+        return views
+
+    def _spend(self, count: int) -> None:
+        if count > self.promised:  # the promise was counted wrong: a bug, not a refusal
+            raise OverPromise(f"lane {self.lane} took {count} pages with {self.promised} promised")
+        self.promised -= count
+        self.pool._promised -= count
+
+    def _alive(self) -> None:
+        if self.finished:
+            raise LeaseFinished(f"lane {self.lane} is finished")
+
+
+def place(pool: Pool, piece_map: PieceMap, pieces: Iterable[Piece], pages: list[int]
+          ) -> dict[str, torch.Tensor]:
+    """Typed views of ``pieces`` at their map's places on the pool pages ``pages``."""
+    placements = piece_map.by_name()
+    views = {}
+    for piece in pieces:
+        placement = placements[piece.name]
+        start = pages[placement.page] * pool.layout.page_bytes + placement.offset
+        raw = pool.buffer[start:start + piece.nbytes]
+        views[piece.name] = raw.view(TORCH_DTYPES[piece.dtype]).view(piece.shape)
+    return views
