@@ -177,15 +177,6 @@ class Pool:
         region = pages[:, offset:offset + entries * row_part.entry_bytes]
         return region.view(TORCH_DTYPES[row_part.dtype]).view(self.pages + 1, entries, *row_part.shape)
 
-    def _take_lowest(self, count: int) -> list[int]:
-        return self._pages.take_lowest(count)
-
-    def _take_run(self, count: int) -> list[int]:
-        return self._pages.take_run(count)
-
-    def _give(self, pages: Iterable[int]) -> None:
-        self._pages.give(pages)
-
 
 class PageHold:
     """One extra holder of some pages; ``release`` gives them back, once."""
@@ -198,7 +189,7 @@ class PageHold:
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self.pool._give(self.pages)
+            self.pool._pages.give(self.pages)
             self.pool._held -= len(self.pages)
 
 
@@ -248,11 +239,11 @@ class Lease:
         extra = want - len(self.row_pages)
         if extra <= 0:
             return
-        pages = self.pool._take_lowest(extra)
+        pages = self.pool._pages.take_lowest(extra)
         try:
             self._table[len(self.row_pages):want] = torch.tensor(pages, dtype=torch.int32)
         except BaseException:
-            self.pool._give(pages)
+            self.pool._pages.give(pages)
             raise
         self.row_pages += pages
         self._spend(extra)
@@ -263,12 +254,12 @@ class Lease:
         ``init`` writes the initial state into the views; without it they are zeroed. Whatever
         raises, the pages go back and the lease stays as before.
         """
-        return self._open_state(self.pool._take_lowest, init)
+        return self._open_state(self.pool._pages.take_lowest, init)
 
     def claim_run(self, init: StateInit | None = None) -> Mapping[str, torch.Tensor]:
         """Like ``take_state`` on one consecutive run of pages; raises ``NoRun`` when none is
         long enough. In ``Mode.ONE_RUN`` the run also holds every row page of the window."""
-        return self._open_state(self.pool._take_run, init)
+        return self._open_state(self.pool._pages.take_run, init)
 
     def open(self, init: StateInit | None = None) -> Mapping[str, torch.Tensor]:
         """Take the state the way the pool's mode says."""
@@ -282,7 +273,7 @@ class Lease:
             return
         self.finished = True
         pool = self.pool
-        pool._give(self.row_pages + self.state_pages)
+        pool._pages.give(self.row_pages + self.state_pages)
         pool._promised -= self.promised
         del pool._leases[self.lane]
         self.promised = 0
@@ -306,7 +297,7 @@ class Lease:
             else:
                 init(views)
         except BaseException:
-            self.pool._give(pages)
+            self.pool._pages.give(pages)
             raise
         self.state_pages = state
         if row:
