@@ -1,0 +1,395 @@
+"""A Hugging Face checkpoint directory: config, family, tensor headers, weights, tokenizer, template.
+
+``Checkpoint.open`` reads ``config.json`` and every safetensors header (our own parse of the
+8-byte length and the JSON after it: no file is mapped and no weight is read), so a broken
+checkpoint is refused before anything loads: a bad config, an unknown ``model_type``, a broken
+index, a shard that lacks a tensor, a truncated header, offsets that disagree with dtype and shape
+or run past the file's end. ``check`` then compares the headers with what a family expects and
+lists every problem at once. ``load`` reads the named tensors file by file through
+``safetensors.safe_open``. The tokenizer and the chat template (``tfd.chat``) are read when asked
+for.
+
+Every refusal is a ``CheckpointError`` whose message names the file or tensor at fault.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import struct
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import TextIO
+
+import attrs
+import safetensors
+import tokenizers
+import torch
+
+from tfd.chat import ChatTemplate, find_chat_template
+
+# config.json model_type -> the family that serves it.
+FAMILIES: Mapping[str, str] = MappingProxyType({
+    "qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5",
+    "qwen3_5_moe": "qwen3_5_moe", "qwen3_5_moe_text": "qwen3_5_moe",
+    "qwen3_next": "qwen3_next",
+    "qwen4_exp": "qwen4_exp", "qwen4_exp_text": "qwen4_exp",
+})
+FLOAT_DTYPES = frozenset({"F32", "BF16", "F16"})
+# Bits per element of every safetensors dtype; the 4- and 6-bit ones pack several to a byte.
+DTYPE_BITS: Mapping[str, int] = MappingProxyType({
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F4": 4,
+    "F6_E2M3": 6, "F6_E3M2": 6, "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32,
+    "F32": 32, "F64": 64, "I64": 64, "U64": 64, "C64": 64,
+})
+# Only these are cast by load(dtype=...): integers are ids and 8-bit floats need their scales.
+CAST_DTYPES = frozenset({"F32", "BF16", "F16", "F64"})
+MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
+LISTED_PROBLEMS = 20
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+class CheckpointError(Exception):
+    """A checkpoint refused: the message names the file or tensor at fault and the problem."""
+
+
+@attrs.frozen
+class TensorInfo:
+    """One tensor's header: ``start`` and ``end`` are absolute byte positions in ``file``."""
+
+    name: str
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+
+def _as_shape(shape: Iterable[int]) -> tuple[int, ...]:
+    return tuple(shape)
+
+
+@attrs.frozen
+class TensorSpec:
+    """What a family expects of one tensor; ``dtypes`` None allows any of ``FLOAT_DTYPES``."""
+
+    shape: tuple[int, ...] = attrs.field(converter=_as_shape)
+    dtypes: frozenset[str] | None = None
+
+
+@attrs.frozen
+class Config:
+    """``root`` is config.json as read; ``text`` is its ``text_config`` over the root, or the root."""
+
+    root: Mapping[str, object]
+    text: Mapping[str, object]
+    family: str
+
+
+@attrs.frozen
+class Checkpoint:
+    """An opened checkpoint directory whose config and tensor headers were found sound.
+
+    Holds no open file: ``load`` opens each file it reads from and closes it before returning.
+    """
+
+    path: Path
+    config: Config
+    tensors: Mapping[str, TensorInfo]
+    eos_ids: tuple[int, ...]
+
+    @classmethod
+    def open(cls, path: Path) -> Checkpoint:
+        """Read config.json, generation_config.json and every tensor header under ``path``.
+
+        Reads only headers (a few kilobytes a file). Raises ``CheckpointError`` for a missing or
+        malformed config, an unknown ``model_type``, no safetensors, or any broken header or index.
+        """
+        path = Path(path)
+        config = _read_config(path / "config.json")
+        tensors = _read_tensors(path)
+        return cls(path, config, MappingProxyType(tensors), _eos_ids(path, config.text))
+
+    @property
+    def family(self) -> str:
+        return self.config.family
+
+    @property
+    def text_config(self) -> Mapping[str, object]:
+        return self.config.text
+
+    def check(self, expected: Mapping[str, TensorSpec]) -> None:
+        """Refuse headers that differ from ``expected``: one ``CheckpointError`` lists every problem.
+
+        Each line names a tensor that is missing, or whose shape or dtype differs; the list stops
+        at ``LISTED_PROBLEMS`` lines and counts the rest. Tensors not expected are allowed.
+        """
+        problems = []
+        for name, spec in expected.items():
+            found = self.tensors.get(name)
+            if found is None:
+                problems.append(f"{name}: missing")
+                continue
+            if found.shape != tuple(spec.shape):
+                problems.append(f"{name}: shape {list(found.shape)}, expected {list(spec.shape)}")
+            allowed = FLOAT_DTYPES if spec.dtypes is None else spec.dtypes
+            if found.dtype not in allowed:
+                problems.append(f"{name}: dtype {found.dtype}, expected {' or '.join(sorted(allowed))}")
+        if problems:
+            lines = problems[:LISTED_PROBLEMS]
+            if len(problems) > LISTED_PROBLEMS:
+                lines.append(f"and {len(problems) - LISTED_PROBLEMS} more")
+            count = f"{len(problems)} problem" + ("s" if len(problems) > 1 else "")
+            raise CheckpointError(f"{self.path}: tensors do not fit the {self.family} family "
+                                  f"({count}):\n" + "\n".join(f"  {line}" for line in lines))
+
+    def load(self, names: Iterable[str], device: torch.device | str = "cpu",
+             dtype: torch.dtype | None = None, progress: bool | None = None) -> dict[str, torch.Tensor]:
+        """Read the named tensors onto ``device``; floating ones are cast to ``dtype`` when given.
+
+        Opens each file once (in name order, tensors in file order) and closes it before the next.
+        Integer and 8-bit float tensors keep their stored dtype. ``progress`` draws a bar on
+        standard error (None: only when it is a terminal). An unknown name raises
+        ``CheckpointError`` before any file opens; a file that safetensors refuses raises
+        ``CheckpointError`` naming it, and the tensors read so far are dropped.
+        """
+        wanted = list(dict.fromkeys(names))
+        unknown = [name for name in wanted if name not in self.tensors]
+        if unknown:
+            shown = ", ".join(unknown[:LISTED_PROBLEMS]) + (", ..." if len(unknown) > LISTED_PROBLEMS else "")
+            raise CheckpointError(f"{self.path}: no tensor named {shown}")
+        by_file: dict[Path, list[TensorInfo]] = {}
+        for name in wanted:
+            info = self.tensors[name]
+            by_file.setdefault(info.file, []).append(info)
+        if progress is None:
+            progress = sys.stderr.isatty()
+        bar = _Progress(sum(self.tensors[n].nbytes for n in wanted), sys.stderr if progress else None)
+        loaded: dict[str, torch.Tensor] = {}
+        try:
+            for file in sorted(by_file):
+                try:
+                    with safetensors.safe_open(file, framework="pt", device=str(device)) as handle:
+                        for info in sorted(by_file[file], key=lambda info: info.start):
+                            tensor = handle.get_tensor(info.name)
+                            if dtype is not None and info.dtype in CAST_DTYPES:
+                                tensor = tensor.to(dtype)
+                            loaded[info.name] = tensor
+                            bar.advance(info.nbytes)
+                except (safetensors.SafetensorError, OSError) as error:
+                    raise CheckpointError(f"{file}: cannot load: {error}") from error
+        finally:
+            bar.close()
+        return {name: loaded[name] for name in wanted}
+
+    def load_one(self, name: str, device: torch.device | str = "cpu",
+                 dtype: torch.dtype | None = None) -> torch.Tensor:
+        """One tensor, as ``load`` reads it, without a progress bar."""
+        return self.load([name], device, dtype, progress=False)[name]
+
+    def tokenizer(self) -> tokenizers.Tokenizer:
+        """The tokenizer of tokenizer.json; ``CheckpointError`` naming the file when absent or bad."""
+        path = self.path / "tokenizer.json"
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing; the checkpoint has no tokenizer")
+        try:
+            return tokenizers.Tokenizer.from_file(str(path))
+        except Exception as error:  # tokenizers raises a bare Exception for every parse failure
+            raise CheckpointError(f"{path}: not a readable tokenizer: {error}") from error
+
+    def chat_template(self) -> ChatTemplate | None:
+        """The checkpoint's chat template (``tfd.chat.find_chat_template``), or None when it has none."""
+        return find_chat_template(self.path)
+
+
+def open_checkpoint(path: Path) -> Checkpoint:
+    """``Checkpoint.open``: config and headers read and found sound, no weight loaded."""
+    return Checkpoint.open(path)
+
+
+def _read_json_object(path: Path) -> dict[str, object]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path}: unreadable: {error}") from error
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{path}: not JSON: {error}") from error
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path}: must hold a JSON object, not {type(value).__name__}")
+    return value
+
+
+def _read_config(path: Path) -> Config:
+    root = _read_json_object(path)
+    text = root
+    nested = root.get("text_config")
+    if nested is not None:
+        if not isinstance(nested, dict):
+            raise CheckpointError(f"{path}: text_config must be an object, not {type(nested).__name__}")
+        # A multimodal config keeps some text fields (tie_word_embeddings) only at the top.
+        text = {key: value for key, value in root.items() if key != "text_config"} | nested
+    model_type = text.get("model_type")
+    if model_type not in FAMILIES:
+        raise CheckpointError(f"{path}: model_type {model_type!r} is not served; known: "
+                              f"{', '.join(FAMILIES)}")
+    return Config(MappingProxyType(root), MappingProxyType(text), FAMILIES[str(model_type)])
+
+
+def _read_tensors(directory: Path) -> dict[str, TensorInfo]:
+    single = directory / SINGLE_FILE
+    # Both present: the single file wins, as transformers picks it first.
+    if single.is_file():
+        return _read_header(single)
+    index_path = directory / INDEX_FILE
+    if not index_path.is_file():
+        raise CheckpointError(f"{directory}: no {SINGLE_FILE} and no {INDEX_FILE}")
+    weight_map = _read_json_object(index_path).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index_path}: weight_map missing or not a non-empty object")
+    headers: dict[str, dict[str, TensorInfo]] = {}
+    tensors = {}
+    for name, file in weight_map.items():
+        if not isinstance(file, str) or Path(file).is_absolute() or ".." in Path(file).parts:
+            raise CheckpointError(f"{index_path}: tensor {name} maps to {file!r}, not a file "
+                                  f"inside the checkpoint")
+        if file not in headers:
+            if not (directory / file).is_file():
+                raise CheckpointError(f"{index_path}: lists {file} (for tensor {name}), "
+                                      f"which does not exist")
+            headers[file] = _read_header(directory / file)
+        info = headers[file].get(name)
+        if info is None:
+            raise CheckpointError(f"{index_path}: maps tensor {name} to {file}, whose header lacks it")
+        tensors[name] = info
+    return tensors
+
+
+def _read_header(path: Path) -> dict[str, TensorInfo]:
+    """The tensors of one safetensors file, from its header alone; refuses any inconsistency."""
+    with path.open("rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        length_bytes = handle.read(8)
+        if len(length_bytes) < 8:
+            raise CheckpointError(f"{path}: truncated: {size} bytes, shorter than a header length")
+        (length,) = struct.unpack("<Q", length_bytes)
+        if length > MAX_HEADER_BYTES or 8 + length > size:
+            raise CheckpointError(f"{path}: truncated or not safetensors: header of {length} bytes "
+                                  f"in a file of {size}")
+        raw = handle.read(length)
+    try:
+        header = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path}: header is not JSON: {error}") from error
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: header is not a JSON object")
+    data_start, data_size = 8 + length, size - 8 - length
+    tensors = {}
+    for name, entry in header.items():
+        if name != "__metadata__":
+            tensors[name] = _tensor_info(path, name, entry, data_start, data_size)
+    spans = sorted((info.start, info.end, info.name) for info in tensors.values() if info.nbytes)
+    for (_, end, before), (start, _, after) in itertools.pairwise(spans):
+        if start < end:
+            raise CheckpointError(f"{path}: tensors {before} and {after} overlap")
+    return tensors
+
+
+def _tensor_info(path: Path, name: str, entry: object, data_start: int, data_size: int) -> TensorInfo:
+    if not isinstance(entry, dict):
+        raise CheckpointError(f"{path}: tensor {name}: header entry is not an object")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in DTYPE_BITS:
+        raise CheckpointError(f"{path}: tensor {name}: unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(_count(n) for n in shape):
+        raise CheckpointError(f"{path}: tensor {name}: shape {shape!r} is not a list of counts")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_count(n) for n in offsets)):
+        raise CheckpointError(f"{path}: tensor {name}: data_offsets {offsets!r} is not two counts")
+    begin, end = offsets
+    elements = 1
+    for n in shape:
+        elements *= n
+    bits = elements * DTYPE_BITS[str(dtype)]
+    if bits % 8 or end - begin != bits // 8:
+        raise CheckpointError(f"{path}: tensor {name}: data_offsets {offsets} hold {end - begin} bytes, "
+                              f"but {dtype} {shape} needs {bits / 8:g}")
+    if end > data_size:
+        raise CheckpointError(f"{path}: tensor {name}: data_offsets {offsets} run past the end of "
+                              f"the data ({data_size} bytes)")
+    return TensorInfo(name, path, str(dtype), tuple(shape), data_start + begin, data_start + end)
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _eos_ids(directory: Path, text: Mapping[str, object]) -> tuple[int, ...]:
+    generation_path = directory / "generation_config.json"
+    if generation_path.is_file():
+        value = _read_json_object(generation_path).get("eos_token_id")
+        if value is not None:
+            return _token_ids(value, generation_path)
+    value = text.get("eos_token_id")
+    return () if value is None else _token_ids(value, directory / "config.json")
+
+
+def _token_ids(value: object, path: Path) -> tuple[int, ...]:
+    ids = []
+    for token in value if isinstance(value, list) else [value]:
+        if not isinstance(token, int) or not _count(token):
+            raise CheckpointError(f"{path}: eos_token_id {value!r} is not a token id or a list of them")
+        ids.append(token)
+    return tuple(ids)
+
+
+class _Progress:
+    """A one-line bar on ``stream`` (None: silent): MB done of total, percent, MB/s.
+
+    Redrawn in place with a carriage return at most ten times a second; ``close`` draws the last
+    state and ends the line.
+    """
+
+    INTERVAL_S = 0.1
+
+    def __init__(self, total: int, stream: TextIO | None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.total = total
+        self.stream = stream
+        self.clock = clock
+        self.done = 0
+        self.began = clock()
+        self.drawn = -self.INTERVAL_S
+
+    def advance(self, nbytes: int) -> None:
+        self.done += nbytes
+        now = self.clock()
+        if now - self.drawn >= self.INTERVAL_S:
+            self.drawn = now
+            self._draw(now)
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self._draw(self.clock())
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def _draw(self, now: float) -> None:
+        if self.stream is None:
+            return
+        mb, seconds = 1e6, max(now - self.began, 1e-9)
+        percent = 100 * self.done // self.total if self.total else 100
+        self.stream.write(f"\rloading weights {self.done / mb:9.1f} / {self.total / mb:.1f} MB "
+                          f"{percent:3d}% {self.done / mb / seconds:8.1f} MB/s")
+        self.stream.flush()
