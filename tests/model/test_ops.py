@@ -1,0 +1,62 @@
+"""The row-invariant primitives: a row's bits never depend on the rows beside it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tfd.model import ops
+
+WIDTHS = (4, 24, 48, 100)  # not multiples of 64: where torch's own sigmoid and silu move
+
+
+def rows_alone(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    return torch.cat([fn(x[i:i + 1]) for i in range(x.shape[0])])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["sigmoid", "silu", "softplus"])
+def test_activations_are_the_same_alone_and_in_a_batch(name: str, dtype: torch.dtype) -> None:
+    fn = getattr(ops, name)
+    for width in WIDTHS:
+        x = (torch.randn(301, width, generator=torch.Generator().manual_seed(width)) * 8).to(dtype)
+        assert torch.equal(fn(x), rows_alone(fn, x)), width
+
+
+def test_torch_own_sigmoid_is_not_row_invariant() -> None:
+    """Why ops has its own: the reason to keep them, checked on the torch in use."""
+    x = torch.randn(30, 24, generator=torch.Generator().manual_seed(0))
+    moved = not torch.equal(torch.sigmoid(x), rows_alone(torch.sigmoid, x)) or \
+        not torch.equal(F.silu(x), rows_alone(F.silu, x))
+    if not moved:
+        pytest.skip("this torch build computes sigmoid the same everywhere")
+
+
+Activation = Callable[[torch.Tensor], torch.Tensor]
+
+
+@pytest.mark.parametrize(("name", "reference"), [("sigmoid", torch.sigmoid), ("silu", F.silu),
+                                                 ("softplus", F.softplus)])
+def test_activations_agree_with_torch_to_float_precision(name: str, reference: Activation) -> None:
+    x = torch.linspace(-60, 60, 10001)
+    torch.testing.assert_close(getattr(ops, name)(x), reference(x), rtol=2e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("width", [48, 64, 1024])
+def test_linear_rows_are_the_same_alone_and_in_a_batch(width: int) -> None:
+    generator = torch.Generator().manual_seed(width)
+    weight, x = torch.randn(96, width, generator=generator), torch.randn(300, width, generator=generator)
+    assert torch.equal(ops.linear(x, weight), rows_alone(lambda r: ops.linear(r, weight), x))
+    torch.testing.assert_close(ops.linear(x, weight), x @ weight.T, rtol=1e-5, atol=1e-4)
+
+
+def test_zero_centred_norm_per_group() -> None:
+    x = torch.randn(5, 8)
+    weight = torch.randn(8)
+    grouped = ops.zrms(x, weight, 1e-6, group=4)
+    halves = torch.cat([ops.zrms(x[:, :4], weight[:4], 1e-6), ops.zrms(x[:, 4:], weight[4:], 1e-6)], dim=1)
+    torch.testing.assert_close(grouped, halves)
+    torch.testing.assert_close(ops.zrms(x, torch.zeros(8), 1e-6).pow(2).mean(-1), torch.ones(5))

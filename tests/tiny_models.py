@@ -1,0 +1,84 @@
+"""Tiny random checkpoints of every family, written by transformers itself.
+
+Every parameter is randomised after transformers' init (its init leaves zero-centred norms and
+the PLE conv at zero, which would leave those paths untested). Shapes are chosen so that value
+heads outnumber key heads (GVA), the QSA budget is below the prompt lengths used, PLE is on, and
+there are several residual streams.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+VOCAB = 320
+EOS = 7
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+              linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+              max_position_embeddings=4096, eos_token_id=EOS,
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                               "mrope_section": [2, 1, 1], "mrope_interleaved": True})
+MOE = dict(moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2)
+FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp")
+
+
+def make_model(family: str, seed: int = 0) -> torch.nn.Module:
+    import transformers
+    from transformers.models.qwen4_exp import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
+
+    if family == "qwen3_5":
+        config = transformers.Qwen3_5TextConfig(intermediate_size=96, **COMMON)
+        cls = transformers.Qwen3_5ForCausalLM
+    elif family == "qwen3_5_moe":
+        config = transformers.Qwen3_5MoeTextConfig(**MOE, **COMMON)
+        cls = transformers.Qwen3_5MoeForCausalLM
+    elif family == "qwen3_next":
+        config = transformers.Qwen3NextConfig(intermediate_size=96, **MOE, **COMMON)
+        cls = transformers.Qwen3NextForCausalLM
+    elif family == "qwen4_exp":
+        config = Qwen4ExpTextConfig(
+            **MOE, **COMMON, hc_count=4, hc_lowrank=16, ple_layer_ids=[2], ple_embed_dim=64,
+            ngram_vocab_size_base=101, make_ngram_vocab_size_divisible_by=4, split_ngram_parts=1,
+            heads_per_ngram=2, indexer_n_heads=8, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16,
+            indexer_compress_ratio=4, output_gate_type="sigmoid")
+        cls = Qwen4ExpForCausalLM
+    else:
+        raise ValueError(family)
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    randomise(model, seed)
+    return model
+
+
+def randomise(model: torch.nn.Module, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if not param.is_floating_point():
+                continue
+            if name.endswith("A_log"):
+                param.copy_(torch.empty(param.shape).uniform_(0.0, 1.5, generator=generator))
+            elif name.endswith("dt_bias"):
+                param.copy_(torch.empty(param.shape).uniform_(-1.0, 1.0, generator=generator))
+            elif name.endswith("linear_attn.norm.weight"):
+                param.copy_(1 + 0.2 * torch.randn(param.shape, generator=generator))
+            elif param.dim() == 1:
+                param.copy_(0.3 * torch.randn(param.shape, generator=generator))
+            elif "embed" in name:
+                param.copy_(torch.randn(param.shape, generator=generator))
+            else:
+                fan_in = math.prod(param.shape[1:]) if param.dim() > 2 else param.shape[-1]
+                if "conv1d" in name:
+                    fan_in = param.shape[-1]
+                param.copy_(torch.randn(param.shape, generator=generator) / math.sqrt(fan_in))
+
+
+def save(family: str, directory: Path, seed: int = 0) -> Path:
+    path = directory / family
+    if not (path / "config.json").exists():
+        make_model(family, seed).save_pretrained(path)
+    return path

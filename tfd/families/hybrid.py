@@ -1,0 +1,126 @@
+"""A loaded hybrid model: its shape, its weights, what a lane keeps, and the forward pass.
+
+``HybridModel.forward`` is what the engine calls: several lanes' spans (prefill chunks, decoded
+tokens) in one pass, each lane's state and rows reached through its pool views. The families
+differ only in how checkpoint tensors become the shared layer records (``FAMILIES``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from types import ModuleType
+
+import torch
+
+from tfd.checkpoint import Checkpoint, TensorSpec
+from tfd.families import qwen3_5, qwen3_next, qwen4_exp
+from tfd.families.config import LINEAR, HybridConfig, read_config
+from tfd.families.lane_state import AttentionRows, DraftBuffers, GdnLayers, PleState, lane_pieces
+from tfd.families.naming import Naming, Shape
+from tfd.model.memory import PageRows, Span
+from tfd.model.stack import StackOutput, StackWeights, logits, run_stack
+from tfd.pool.layout import Layout, RowPart
+from tfd.pool.pieces import Piece
+
+FAMILIES: Mapping[str, ModuleType] = {
+    "qwen3_5": qwen3_5, "qwen3_5_moe": qwen3_5, "qwen3_next": qwen3_next, "qwen4_exp": qwen4_exp,
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def expected_tensors(family: str, text_config: Mapping[str, object], names: Collection[str]
+                     ) -> tuple[HybridConfig, Naming, dict[str, Shape]]:
+    """The model's shape, where its tensors sit, and every float tensor it needs with its shape."""
+    cfg = read_config(family, text_config)
+    naming = Naming.of(names)
+    return cfg, naming, FAMILIES[family].expect(cfg, naming)
+
+
+def load_model(checkpoint: Checkpoint, device: torch.device | str = "cpu",
+               dtype: torch.dtype = torch.bfloat16, progress: bool | None = None) -> HybridModel:
+    """The checkpoint's model on ``device`` in ``dtype``.
+
+    Every tensor the family needs is checked against the headers first (``CheckpointError`` lists
+    each missing or misshapen one); only then are weights read.
+    """
+    cfg, naming, shapes = expected_tensors(checkpoint.family, checkpoint.text_config, checkpoint.tensors)
+    checkpoint.check({name: TensorSpec(shape) for name, shape in shapes.items()})
+    tensors = checkpoint.load(shapes, device, dtype, progress)
+    return HybridModel.build(cfg, naming, tensors.__getitem__, dtype)
+
+
+class HybridModel:
+    """Weights on one device in one dtype; stateless between calls (state lives in the pool)."""
+
+    def __init__(self, cfg: HybridConfig, weights: StackWeights, dtype: torch.dtype) -> None:
+        self.cfg = cfg
+        self.weights = weights
+        self.dtype = dtype
+
+    @classmethod
+    def build(cls, cfg: HybridConfig, naming: Naming, get: Callable[[str], torch.Tensor],
+              dtype: torch.dtype) -> HybridModel:
+        return cls(cfg, FAMILIES[cfg.family].build(cfg, naming, get), dtype)
+
+    @classmethod
+    def from_tensors(cls, family: str, text_config: Mapping[str, object],
+                     tensors: Mapping[str, torch.Tensor], dtype: torch.dtype = torch.float32,
+                     device: torch.device | str = "cpu") -> HybridModel:
+        """From a state dict already in memory (tests, random weights)."""
+        cfg, naming, shapes = expected_tensors(family, text_config, tensors.keys())
+        missing = sorted(set(shapes) - set(tensors))
+        if missing:
+            raise KeyError(f"missing tensors: {', '.join(missing[:8])}")
+
+        def get(name: str) -> torch.Tensor:
+            tensor = tensors[name]
+            return tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else tensor.dtype)
+
+        return cls.build(cfg, naming, get, dtype)
+
+    @property
+    def attention_layers(self) -> list[str]:
+        return [f"layer{i}" for i, kind in enumerate(self.cfg.layer_types) if kind != LINEAR]
+
+    def row_parts(self) -> list[RowPart]:
+        cfg = self.cfg
+        rows = AttentionRows(self.attention_layers, cfg.kv_heads, cfg.head_dim, dtype_name(self.dtype),
+                             cfg.indexer.dim if cfg.indexer else None,
+                             cfg.indexer.block if cfg.indexer else 4)
+        return rows.parts()
+
+    def gdn_layers(self) -> GdnLayers:
+        cfg = self.cfg
+        names = [f"layer{i}" for i, kind in enumerate(cfg.layer_types) if kind == LINEAR]
+        return GdnLayers(names, cfg.key_heads, cfg.value_heads, cfg.key_dim, cfg.value_dim, cfg.conv_kernel,
+                         dtype_name(self.dtype))
+
+    def ple_state(self) -> PleState | None:
+        ple = self.cfg.ple
+        if ple is None:
+            return None
+        return PleState(self.cfg.streams * self.cfg.hidden, (ple.kernel - 1) * ple.ngram, ple.ngram - 1,
+                        dtype_name(self.dtype))
+
+    def pieces(self, drafts: DraftBuffers | None = None) -> list[Piece]:
+        return lane_pieces(self.gdn_layers(), self.ple_state(), drafts)
+
+    def layout(self, page_rows: int) -> Layout:
+        return Layout(page_rows, self.row_parts(), self.pieces())
+
+    def init_state(self, pieces: Mapping[str, torch.Tensor]) -> None:
+        """A fresh lane: zero states and tails, and an n-gram history of EOS."""
+        for view in pieces.values():
+            view.zero_()
+        if "ple.history" in pieces:
+            pieces["ple.history"].fill_(self.cfg.eos[0])
+
+    def forward(self, spans: Sequence[Span], rows: PageRows) -> StackOutput:
+        """Run every span's rows; each lane's state and rows move past its span."""
+        return run_stack(self.weights, spans, rows)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return logits(self.weights, hidden)

@@ -1,0 +1,137 @@
+"""Where a family's tensors sit in one checkpoint, and the layer records built from them.
+
+Checkpoints put the trunk under ``model.`` (text-only) or ``model.language_model.`` (multimodal)
+and may store MoE experts fused (``experts.gate_up_proj``) or one by one
+(``experts.{e}.gate_proj.weight``); the MTP head lives at the top level under ``mtp.``. ``Naming``
+finds both from the tensor names; the builders here read through it, so the families describe a
+layer once, whatever the layout.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Collection, Mapping
+
+import attrs
+import torch
+
+from tfd.families.config import HybridConfig
+from tfd.model.attention import AttentionWeights
+from tfd.model.gdn import GdnWeights
+from tfd.model.mlp import DenseMlp, MoeWeights
+
+Shape = tuple[int, ...]
+_SHARD = re.compile(r"(.+)\.shard_(\d+)\.weight")
+Get = Callable[[str], torch.Tensor]
+
+
+@attrs.frozen
+class Naming:
+    trunk: str  # prefix of the trunk's names
+    fused_experts: bool
+    shards: Mapping[str, int] = attrs.field(factory=dict)  # tensors stored in numbered shards
+
+    @classmethod
+    def of(cls, names: Collection[str]) -> Naming:
+        trunk = "model.language_model." if any(n.startswith("model.language_model.") for n in names) \
+            else "model."
+        fused = any(n.endswith("mlp.experts.gate_up_proj") for n in names) or \
+            not any(".mlp.experts.0." in n for n in names)
+        shards: dict[str, int] = {}
+        for name in names:
+            found = _SHARD.fullmatch(name)
+            if found:
+                shards[found[1]] = max(shards.get(found[1], 0), int(found[2]) + 1)
+        return cls(trunk, fused, shards)
+
+
+class Expect:
+    """Collects the float tensors a model needs, by checkpoint name, with their shapes."""
+
+    def __init__(self, naming: Naming) -> None:
+        self.naming = naming
+        self.shapes: dict[str, Shape] = {}
+
+    def add(self, name: str, *shape: int) -> None:
+        self.shapes[name] = shape
+
+    def gdn_projections(self, cfg: HybridConfig, at: str) -> None:
+        """The input projections of a GDN layer as Qwen3.5 stores them."""
+        kv = 2 * cfg.key_heads * cfg.key_dim + cfg.value_heads * cfg.value_dim
+        self.add(f"{at}.in_proj_qkv.weight", kv, cfg.hidden)
+        self.add(f"{at}.in_proj_z.weight", cfg.value_heads * cfg.value_dim, cfg.hidden)
+        self.add(f"{at}.in_proj_b.weight", cfg.value_heads, cfg.hidden)
+        self.add(f"{at}.in_proj_a.weight", cfg.value_heads, cfg.hidden)
+
+    def gdn(self, cfg: HybridConfig, at: str) -> None:
+        channels = 2 * cfg.key_heads * cfg.key_dim + cfg.value_heads * cfg.value_dim
+        self.add(f"{at}.conv1d.weight", channels, 1, cfg.conv_kernel)
+        self.add(f"{at}.A_log", cfg.value_heads)
+        self.add(f"{at}.dt_bias", cfg.value_heads)
+        self.add(f"{at}.norm.weight", cfg.value_dim)
+        self.add(f"{at}.out_proj.weight", cfg.hidden, cfg.value_heads * cfg.value_dim)
+
+    def attention(self, cfg: HybridConfig, at: str, width: int) -> None:
+        d = cfg.head_dim
+        self.add(f"{at}.q_proj.weight", cfg.heads * 2 * d, width)
+        self.add(f"{at}.k_proj.weight", cfg.kv_heads * d, width)
+        self.add(f"{at}.v_proj.weight", cfg.kv_heads * d, width)
+        self.add(f"{at}.o_proj.weight", width, cfg.heads * d)
+        self.add(f"{at}.q_norm.weight", d)
+        self.add(f"{at}.k_norm.weight", d)
+
+    def dense(self, at: str, width: int, inner: int) -> None:
+        self.add(f"{at}.gate_proj.weight", inner, width)
+        self.add(f"{at}.up_proj.weight", inner, width)
+        self.add(f"{at}.down_proj.weight", width, inner)
+
+    def moe(self, cfg: HybridConfig, at: str, fused: bool) -> None:
+        h, e, inner = cfg.hidden, cfg.experts, cfg.expert_inner
+        self.add(f"{at}.gate.weight", e, h)
+        if fused:
+            self.add(f"{at}.experts.gate_up_proj", e, 2 * inner, h)
+            self.add(f"{at}.experts.down_proj", e, h, inner)
+        else:
+            for expert in range(e):
+                self.dense(f"{at}.experts.{expert}", h, inner)
+        self.dense(f"{at}.shared_expert", h, cfg.shared_inner)
+        self.add(f"{at}.shared_expert_gate.weight", 1, h)
+
+
+def gdn_projections(get: Get, at: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(qkv, z, b, a) of a GDN layer stored as Qwen3.5 stores them."""
+    return (get(f"{at}.in_proj_qkv.weight"), get(f"{at}.in_proj_z.weight"), get(f"{at}.in_proj_b.weight"),
+            get(f"{at}.in_proj_a.weight"))
+
+
+def gdn_weights(cfg: HybridConfig, get: Get, at: str, qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor,
+                a: torch.Tensor) -> GdnWeights:
+    return GdnWeights(
+        qkv=qkv, z=z, b=b, a=a, conv=get(f"{at}.conv1d.weight")[:, 0, :], a_log=get(f"{at}.A_log"),
+        dt_bias=get(f"{at}.dt_bias"), norm=get(f"{at}.norm.weight"), out=get(f"{at}.out_proj.weight"),
+        key_heads=cfg.key_heads, value_heads=cfg.value_heads, key_dim=cfg.key_dim,
+        value_dim=cfg.value_dim, activation=cfg.gate_activation, eps=cfg.eps)
+
+
+def attention_weights(cfg: HybridConfig, get: Get, at: str) -> AttentionWeights:
+    return AttentionWeights(
+        q=get(f"{at}.q_proj.weight"), k=get(f"{at}.k_proj.weight"), v=get(f"{at}.v_proj.weight"),
+        o=get(f"{at}.o_proj.weight"), q_norm=get(f"{at}.q_norm.weight"), k_norm=get(f"{at}.k_norm.weight"),
+        heads=cfg.heads, kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, eps=cfg.eps)
+
+
+def dense_weights(get: Get, at: str) -> DenseMlp:
+    return DenseMlp(get(f"{at}.gate_proj.weight"), get(f"{at}.up_proj.weight"), get(f"{at}.down_proj.weight"))
+
+
+def moe_weights(cfg: HybridConfig, get: Get, at: str, fused: bool) -> MoeWeights:
+    if fused:
+        gate_up, down = get(f"{at}.experts.gate_up_proj"), get(f"{at}.experts.down_proj")
+    else:
+        experts = [dense_weights(get, f"{at}.experts.{e}") for e in range(cfg.experts)]
+        gate_up = torch.stack([torch.cat((x.gate, x.up)) for x in experts])
+        down = torch.stack([x.down for x in experts])
+    return MoeWeights(router=get(f"{at}.gate.weight"), gate_up=gate_up, down=down,
+                      shared=dense_weights(get, f"{at}.shared_expert"),
+                      shared_gate=get(f"{at}.shared_expert_gate.weight"), top_k=cfg.top_k,
+                      norm_top_k=cfg.norm_top_k)

@@ -1,0 +1,72 @@
+"""Gated attention through the pool's pages (reference/model.md 2.5), dense or QSA-selected.
+
+Every query row attends its own key set (all earlier positions, or QSA's selection) with
+products of fixed shape, so a row's output is the same however many rows share the call. Keys and
+values are written to the lane's rows first, then read back by position.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from tfd.model.memory import PageRows, Span
+from tfd.model.ops import linear, sigmoid, zrms
+from tfd.model.qsa import IndexerWeights, select
+from tfd.model.rope import Rotary
+
+
+@attrs.frozen
+class AttentionWeights:
+    q: torch.Tensor  # [heads * 2 * head_dim, hidden]: per head [query | gate]
+    k: torch.Tensor  # [kv_heads * head_dim, hidden]
+    v: torch.Tensor  # [kv_heads * head_dim, hidden]
+    o: torch.Tensor  # [hidden, heads * head_dim]
+    q_norm: torch.Tensor  # [head_dim], zero-centred
+    k_norm: torch.Tensor
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+    indexer: IndexerWeights | None = None
+
+
+def attention(w: AttentionWeights, x: torch.Tensor, span: Span, rows: PageRows, layer: str,
+              rotary: Rotary) -> torch.Tensor:
+    """The layer's output for ``span``'s rows ``x`` [rows, hidden]; stores their K and V."""
+    count, d = x.shape[0], w.head_dim
+    positions = torch.arange(span.start, span.end, device=x.device)
+    cos, sin = rotary.angles(positions, x.dtype)
+    query_gate = linear(x, w.q).view(count, w.heads, 2 * d)
+    query, gate = query_gate[..., :d], query_gate[..., d:]
+    query = rotary.apply(zrms(query, w.q_norm, w.eps), cos, sin)
+    key = rotary.apply(zrms(linear(x, w.k).view(count, w.kv_heads, d), w.k_norm, w.eps), cos, sin)
+    value = linear(x, w.v).view(count, w.kv_heads, d)
+    rows.write(f"{layer}.k", span.lane, positions, key)
+    rows.write(f"{layer}.v", span.lane, positions, value)
+    keys = rows.read(f"{layer}.k", span.lane, span.end)
+    values = rows.read(f"{layer}.v", span.lane, span.end)
+
+    chosen = (select(w.indexer, x, span, rows, layer, rotary, cos, sin)
+              if w.indexer is not None else None)
+    out = torch.empty(count, w.heads, d, dtype=x.dtype, device=x.device)
+    for row in range(count):
+        visible = span.start + row + 1
+        if chosen is None:
+            out[row] = attend(query[row], keys[:visible], values[:visible], d ** -0.5)
+        else:
+            out[row] = attend(query[row], keys[chosen[row]], values[chosen[row]], d ** -0.5)
+    out = out.reshape(count, -1) * sigmoid(gate.reshape(count, -1))
+    return linear(out, w.o)
+
+
+def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+    """Softmax attention of one row's ``query`` [heads, d] over ``keys``/``values`` [n, kv_heads, d].
+
+    Query head h reads kv head h // (heads / kv_heads); the softmax runs in fp32.
+    """
+    kv_heads = keys.shape[1]
+    grouped = query.view(kv_heads, -1, query.shape[-1])
+    scores = (grouped @ keys.permute(1, 2, 0)) * scale
+    weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+    return (weights @ values.transpose(0, 1)).reshape(query.shape)

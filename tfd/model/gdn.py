@@ -1,0 +1,133 @@
+"""Gated DeltaNet layers (reference/model.md 2.4): projections, causal conv, the delta rule.
+
+Per lane the layer keeps a recurrent state S [value heads, key dim, value dim] in fp32 and the
+conv tail, the last ``kernel - 1`` conv inputs. Prefill rows run the chunked form, chunks cut at
+multiples of ``CHUNK`` absolute positions so a prefill split at such multiples gives the same bits
+as one pass; decode rows run the recurrence. The two agree within float tolerance, not bit for
+bit. Both update the lane's state and tail in place.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from tfd.model.ops import gated_rms, l2norm, linear, sigmoid, silu, softplus
+
+CHUNK = 64
+
+
+@attrs.frozen
+class GdnWeights:
+    """One GDN layer in the canonical layout: qkv rows are [all q | all k | all v]."""
+
+    qkv: torch.Tensor  # [2 * key_heads * key_dim + value_heads * value_dim, hidden]
+    z: torch.Tensor  # [value_heads * value_dim, hidden]
+    b: torch.Tensor  # [value_heads, hidden]
+    a: torch.Tensor  # [value_heads, hidden]
+    conv: torch.Tensor  # [channels, kernel]
+    a_log: torch.Tensor  # [value_heads]
+    dt_bias: torch.Tensor  # [value_heads]
+    norm: torch.Tensor  # [value_dim]
+    out: torch.Tensor  # [hidden, value_heads * value_dim]
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+    activation: str  # of the output gate: silu, or sigmoid for Flash Next
+    eps: float
+
+
+def gdn(w: GdnWeights, x: torch.Tensor, state: torch.Tensor, tail: torch.Tensor, start: int,
+        decode: bool) -> torch.Tensor:
+    """The layer's output for one lane's rows ``x`` [rows, hidden] at positions from ``start``.
+
+    ``state`` and ``tail`` are the lane's views; they are updated to follow the last row.
+    """
+    rows = x.shape[0]
+    mixed = linear(x, w.qkv)
+    z = linear(x, w.z).view(rows, w.value_heads, w.value_dim)
+    beta = sigmoid(linear(x, w.b)).float()
+    g = -torch.exp(w.a_log.float()) * softplus(linear(x, w.a).float() + w.dt_bias.float())
+
+    mixed = causal_conv(mixed, w.conv, tail)
+    key_width = w.key_heads * w.key_dim
+    q, k, v = torch.split(mixed, [key_width, key_width, w.value_heads * w.value_dim], dim=-1)
+    ratio = w.value_heads // w.key_heads  # value head j reads key head j // ratio
+    q = l2norm(q.float().view(rows, w.key_heads, w.key_dim)).repeat_interleave(ratio, dim=1)
+    k = l2norm(k.float().view(rows, w.key_heads, w.key_dim)).repeat_interleave(ratio, dim=1)
+    q = q * w.key_dim ** -0.5
+    v = v.float().view(rows, w.value_heads, w.value_dim)
+
+    run = recurrent if decode else chunked
+    out = run(q, k, v, g, beta, state, start).to(x.dtype)
+    out = gated_rms(out, z, w.norm, w.eps, w.activation)
+    return linear(out.reshape(rows, -1), w.out)
+
+
+def causal_conv(mixed: torch.Tensor, weight: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
+    """Depthwise causal conv over rows with the lane's tail before them, then SiLU; moves the tail."""
+    rows, width = mixed.shape[0], weight.shape[1]
+    window = torch.cat((tail.to(mixed.dtype), mixed))
+    out = window[0:rows].float() * weight[:, 0].float()
+    for tap in range(1, width):
+        out = out + window[tap:tap + rows].float() * weight[:, tap].float()
+    tail.copy_(window[-(width - 1):])
+    return silu(out.to(mixed.dtype))
+
+
+def recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+              state: torch.Tensor, start: int) -> torch.Tensor:
+    """The delta rule row by row: S <- e^g S; S <- S + k (beta (v - S^T k))^T; o = S^T q."""
+    del start  # every row is the same arithmetic wherever it lies
+    out = torch.empty_like(v)
+    s = state.float()
+    for row in range(q.shape[0]):
+        s = s * torch.exp(g[row])[:, None, None]
+        read = (s * k[row][:, :, None]).sum(dim=1)
+        delta = beta[row][:, None] * (v[row] - read)
+        s = s + k[row][:, :, None] * delta[:, None, :]
+        out[row] = (s * q[row][:, :, None]).sum(dim=1)
+    state.copy_(s)
+    return out
+
+
+def chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+            state: torch.Tensor, start: int) -> torch.Tensor:
+    """The delta rule a chunk at a time; chunks end at multiples of ``CHUNK`` absolute positions."""
+    out = torch.empty_like(v)
+    s = state.float()
+    row = 0
+    while row < q.shape[0]:
+        end = min(q.shape[0], row + CHUNK - (start + row) % CHUNK)
+        piece = slice(row, end)
+        out[piece], s = chunk(q[piece], k[piece], v[piece], g[piece], beta[piece], s)
+        row = end
+    state.copy_(s)
+    return out
+
+
+def chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+          s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk of n rows from state ``s``: the UT transform of the rows' updates.
+
+    With G the running sum of g, D_ij = exp(G_i - G_j) for j <= i: T = (I + strict(beta K K^T o D))^-1,
+    U = T (beta V), W = T (beta e^G K); V' = U - W S; O = (e^G Q) S + (Q K^T o D) V';
+    S <- e^G_last S + (e^(G_last - G) K)^T V'.
+    """
+    q, k, v = (t.transpose(0, 1) for t in (q, k, v))  # [heads, n, dim]
+    g, beta = g.transpose(0, 1), beta.transpose(0, 1)  # [heads, n]
+    rows = q.shape[1]
+    total = g.cumsum(dim=1)
+    lower = torch.ones(rows, rows, dtype=torch.bool, device=q.device).tril()
+    decay = (total[:, :, None] - total[:, None, :]).masked_fill(~lower, float("-inf")).exp()
+    k_beta, v_beta = k * beta[..., None], v * beta[..., None]
+    system = (k_beta @ k.transpose(1, 2)) * decay
+    u = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(system, k_beta * total.exp()[..., None], upper=False,
+                                      unitriangular=True)
+    fresh = u - w @ s
+    out = (q * total.exp()[..., None]) @ s + ((q @ k.transpose(1, 2)) * decay) @ fresh
+    last = total[:, -1:]
+    s = s * last.exp()[..., None] + (k * (last - total).exp()[..., None]).transpose(1, 2) @ fresh
+    return out.transpose(0, 1), s

@@ -1,0 +1,59 @@
+"""Feed-forward blocks: dense SwiGLU, and the sparse MoE with its shared expert (model.md 2.6).
+
+The router runs its softmax in fp32; each row's routed experts are summed in ascending expert
+order, one row at a time, so a row's output never depends on which other rows chose the expert.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from tfd.model.ops import linear, sigmoid, silu
+
+
+@attrs.frozen
+class DenseMlp:
+    gate: torch.Tensor  # [inner, hidden]
+    up: torch.Tensor  # [inner, hidden]
+    down: torch.Tensor  # [hidden, inner]
+
+
+@attrs.frozen
+class MoeWeights:
+    router: torch.Tensor  # [experts, hidden]
+    gate_up: torch.Tensor  # [experts, 2 * inner, hidden]: gate rows, then up rows
+    down: torch.Tensor  # [experts, hidden, inner]
+    shared: DenseMlp
+    shared_gate: torch.Tensor  # [1, hidden]
+    top_k: int
+    norm_top_k: bool
+
+
+def dense(w: DenseMlp, x: torch.Tensor) -> torch.Tensor:
+    return linear(silu(linear(x, w.gate)) * linear(x, w.up), w.down)
+
+
+def route(w: MoeWeights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's ``top_k`` experts and their weights (renormalised when ``norm_top_k``)."""
+    probs = torch.softmax(linear(x, w.router).float(), dim=-1)
+    # A stable sort: among equal probabilities the lower expert wins.
+    order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    experts, weights = order.indices[:, :w.top_k], order.values[:, :w.top_k]
+    if w.norm_top_k:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return experts, weights.to(x.dtype)
+
+
+def moe(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:
+    experts, weights = route(w, x)
+    inner = w.down.shape[2]
+    routed = torch.zeros_like(x)
+    for row in range(x.shape[0]):
+        ranked = sorted(zip(experts[row].tolist(), weights[row], strict=True))
+        for expert, weight in ranked:
+            gate_up = linear(x[row:row + 1], w.gate_up[expert])
+            hidden = silu(gate_up[:, :inner]) * gate_up[:, inner:]
+            routed[row] += (linear(hidden, w.down[expert]) * weight)[0]
+    shared = sigmoid(linear(x, w.shared_gate)) * dense(w.shared, x)
+    return routed + shared

@@ -1,0 +1,83 @@
+"""Row-invariant primitives: each row of a result is computed the same way whatever the batch.
+
+The contract (concurrent == solo, chunked == one pass) needs every token row to come out with the
+same bits whether it is computed alone or beside others. CPU BLAS picks its kernel by the number
+of rows (we measured products of one row differing from the same row inside a batch), so
+``linear`` multiplies one row at a time there. torch's CPU ``sigmoid``, ``silu`` and ``softplus``
+give an element different bits depending on where it falls in the tensor (vector body or scalar
+tail), so they are written out here from ``exp``, ``log1p`` and exact arithmetic, which we
+measured to be position-invariant, as are reductions along the last axis. Model code takes these
+functions from here, never from torch directly. The GPU path swaps in batch-invariant kernels
+behind the same calls.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# softplus(x) == x to float precision past this, as torch's own threshold.
+SOFTPLUS_THRESHOLD = 20.0
+_NARROW = (torch.bfloat16, torch.float16)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` for ``x`` of shape [rows, in]; every row is a product of its own."""
+    if x.shape[0] == 1:
+        return F.linear(x, weight)
+    return torch.cat([F.linear(row, weight) for row in torch.split(x, 1)])
+
+
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """1 / (1 + exp(-x)), the same at every position; computed in fp32 at least."""
+    values = x.float() if x.dtype in _NARROW else x
+    return (1.0 / (1.0 + torch.exp(-values))).to(x.dtype)
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """x * sigmoid(x), the same at every position; computed in fp32 at least."""
+    values = x.float() if x.dtype in _NARROW else x
+    return (values / (1.0 + torch.exp(-values))).to(x.dtype)
+
+
+def softplus(x: torch.Tensor) -> torch.Tensor:
+    """log(1 + exp(x)), elementwise in the same way at every position."""
+    tame = torch.log1p(torch.exp(torch.clamp(x, max=SOFTPLUS_THRESHOLD)))
+    return torch.where(x > SOFTPLUS_THRESHOLD, x, tame)
+
+
+def zrms(x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = None) -> torch.Tensor:
+    """Zero-centred RMSNorm: normalise in fp32, scale by ``1 + weight``, cast back.
+
+    With ``group``, the last axis is cut into groups of that width, each normalised on its own
+    (Flash Next's residual streams).
+    """
+    values = x.float()
+    if group is not None:
+        values = torch.unflatten(values, -1, (-1, group))
+    values = values * torch.rsqrt(values.pow(2).mean(-1, keepdim=True) + eps)
+    if group is not None:
+        values = values.flatten(-2)
+    return (values * (1.0 + weight.float())).to(x.dtype)
+
+
+def gated_rms(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
+              activation: str) -> torch.Tensor:
+    """The GDN output norm: plain RMSNorm of ``x`` (weight, not 1 + weight), times act(gate)."""
+    values = x.float()
+    values = values * torch.rsqrt(values.pow(2).mean(-1, keepdim=True) + eps)
+    values = weight * values.to(x.dtype)
+    return (values * activate(gate.float(), activation)).to(x.dtype)
+
+
+def activate(x: torch.Tensor, name: str) -> torch.Tensor:
+    if name == "silu":
+        return silu(x)
+    if name == "sigmoid":
+        return sigmoid(x)
+    raise ValueError(f"unknown activation {name!r}")
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + eps) along the last axis (eps inside the sum, as FLA)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)

@@ -1,0 +1,124 @@
+"""The decoder stack shared by the families: embed, layers, final norm or mixer, head.
+
+Rows of several lanes are flattened into one ``[rows, width]`` residual. Row-wise work (norms,
+projections, MLPs) runs on all rows at once; the token mixers (GDN, attention) run per lane span,
+each on its own state and rows. Qwen3.5 and Qwen3-Next add each block to one residual between
+RMSNorms; Flash Next keeps several residual streams joined by hyper-connections, adds PLE before
+one layer, and mixes the streams for the head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import torch
+
+from tfd.model import hyper
+from tfd.model.attention import AttentionWeights, attention
+from tfd.model.gdn import GdnWeights, gdn
+from tfd.model.memory import PageRows, Span
+from tfd.model.mlp import DenseMlp, MoeWeights, dense, moe
+from tfd.model.ops import linear, zrms
+from tfd.model.ple import PleWeights, ple
+from tfd.model.rope import Rotary
+
+
+@attrs.frozen
+class LayerWeights:
+    """One decoder layer. ``name`` prefixes its pieces and row parts in the pool."""
+
+    name: str
+    mixer: GdnWeights | AttentionWeights
+    ffn: DenseMlp | MoeWeights
+    input_norm: torch.Tensor | None = None  # Qwen3.5 / Qwen3-Next residual
+    post_norm: torch.Tensor | None = None
+    attn_hyper: hyper.HyperWeights | None = None  # Flash Next residual streams
+    mlp_hyper: hyper.HyperWeights | None = None
+    ple: PleWeights | None = None
+
+
+@attrs.frozen
+class StackWeights:
+    embed: torch.Tensor  # [vocab, width]
+    layers: tuple[LayerWeights, ...]
+    head: torch.Tensor  # [vocab, width]
+    rotary: Rotary
+    eps: float
+    streams: int = 1  # residual streams: 1, or Flash Next's hc_count
+    final_norm: torch.Tensor | None = None
+    mixer: hyper.HyperWeights | None = None
+
+
+@attrs.frozen
+class StackOutput:
+    """The head's input per row, and the residual before the final norm or mixer (what an MTP
+    head reads)."""
+
+    hidden: torch.Tensor
+    residual: torch.Tensor
+
+
+def run_stack(w: StackWeights, spans: Sequence[Span], rows: PageRows) -> StackOutput:
+    tokens = torch.cat([span.tokens for span in spans])
+    x = w.embed[tokens]
+    if w.streams > 1:
+        x = x.repeat(1, w.streams)
+    bounds = _bounds(spans)
+    for layer in w.layers:
+        x = _layer(w, layer, x, spans, bounds, rows)
+    if w.mixer is not None:
+        hidden, _ = hyper.read(w.mixer, x)
+    else:
+        assert w.final_norm is not None
+        hidden = zrms(x, w.final_norm, w.eps)
+    return StackOutput(hidden, x)
+
+
+def logits(w: StackWeights, hidden: torch.Tensor) -> torch.Tensor:
+    return linear(hidden, w.head)
+
+
+def _layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, spans: Sequence[Span],
+           bounds: list[tuple[int, int]], rows: PageRows) -> torch.Tensor:
+    if layer.ple is not None:
+        x = x + torch.cat([
+            ple(layer.ple, x[a:b], span.tokens, span.lane.pieces["ple.tail"],
+                span.lane.pieces["ple.history"])
+            for span, (a, b) in zip(spans, bounds, strict=True)])
+    if layer.attn_hyper is not None:
+        block_input, weights = hyper.read(layer.attn_hyper, x)
+    else:
+        assert layer.input_norm is not None
+        block_input, weights = zrms(x, layer.input_norm, w.eps), None
+    mixed = torch.cat([_mix(w, layer, block_input[a:b], span, rows)
+                       for span, (a, b) in zip(spans, bounds, strict=True)])
+    x = _add(x, mixed, weights)
+
+    if layer.mlp_hyper is not None:
+        block_input, weights = hyper.read(layer.mlp_hyper, x)
+    else:
+        assert layer.post_norm is not None
+        block_input, weights = zrms(x, layer.post_norm, w.eps), None
+    fed = moe(layer.ffn, block_input) if isinstance(layer.ffn, MoeWeights) else dense(layer.ffn, block_input)
+    return _add(x, fed, weights)
+
+
+def _mix(w: StackWeights, layer: LayerWeights, x: torch.Tensor, span: Span, rows: PageRows) -> torch.Tensor:
+    if isinstance(layer.mixer, GdnWeights):
+        pieces = span.lane.pieces
+        return gdn(layer.mixer, x, pieces[f"{layer.name}.state"], pieces[f"{layer.name}.conv_tail"],
+                   span.start, span.decode)
+    return attention(layer.mixer, x, span, rows, layer.name, w.rotary)
+
+
+def _add(x: torch.Tensor, block: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    return x + block if weights is None else hyper.write(x, block, weights)
+
+
+def _bounds(spans: Sequence[Span]) -> list[tuple[int, int]]:
+    bounds, at = [], 0
+    for span in spans:
+        bounds.append((at, at + span.length))
+        at += span.length
+    return bounds
