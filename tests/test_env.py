@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Adding or removing a row is a deliberate change: update this count in the same commit.
 ROWS_PER_SCOPE = {
-    "core": 1,
+    "core": 5,
     "server": 6,
     "pool": 2,
     "learn": 0,

@@ -211,6 +211,12 @@ class Checkpoint:
         return find_chat_template(self.path)
 
 
+def read_config(path: Path) -> Config:
+    """The config of the checkpoint directory ``path`` alone (no tensor headers): for building a
+    model of its shapes with random weights. Raises ``CheckpointError`` as ``Checkpoint.open``."""
+    return _read_config(Path(path) / "config.json")
+
+
 def open_checkpoint(path: Path) -> Checkpoint:
     """``Checkpoint.open``: config and headers read and found sound, no weight loaded."""
     return Checkpoint.open(path)

@@ -1,4 +1,4 @@
-"""The ``tfd`` command: serve | admin | env.
+"""The ``tfd`` command: serve | admin | generate | env.
 
 The environment is read and checked before anything heavy is imported, so a refused configuration
 exits with status 2 at once and names every problem.
@@ -57,6 +57,20 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
                        help="the daemon's admin socket [TF_ADMIN_SOCKET]")
     admin.set_defaults(command=run_admin)
 
+    generate = commands.add_parser(
+        "generate", help="greedy continuation of a prompt, on the reference path",
+        description="Print the greedy continuation of a prompt on standard output; load time and "
+        "speed go to standard error.")
+    generate.add_argument("--prompt", required=True, help="the text to continue")
+    generate.add_argument("--max-tokens", type=_positive, default=64, metavar="N",
+                          help="most tokens to generate (default 64)")
+    generate.add_argument("--chat", action="store_true",
+                          help="send the prompt as a user message through the chat template")
+    generate.add_argument("--random-weights", action="store_true",
+                          help="draw the weights at random in the shapes of the model's config.json")
+    table.add_flags(generate, scopes=("core",))
+    generate.set_defaults(command=run_generate)
+
     env = commands.add_parser("env", help="the environment table",
                               description="Print the environment table with current values.")
     mode = env.add_mutually_exclusive_group()
@@ -113,6 +127,38 @@ def run_admin(table: Table, args: argparse.Namespace) -> int:
     return 0 if answer.get("ok") is True else EXIT_FAILURE
 
 
+def run_generate(table: Table, args: argparse.Namespace) -> int:
+    settings = table.read(os.environ, table.flag_values(args))
+    configure_logging(settings.value("TF_LOG_LEVEL", str))
+
+    import torch
+
+    from tfd.checkpoint import CheckpointError
+    from tfd.generate import greedy
+    from tfd.models import load
+
+    try:
+        loaded = load(settings, os.environ, torch.device("cpu"), args.random_weights)
+    except CheckpointError as error:
+        print(f"tfd generate: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    prompt = args.prompt
+    if args.chat:
+        if loaded.template is None:
+            print("tfd generate: the checkpoint has no chat template", file=sys.stderr)
+            return EXIT_FAILURE
+        prompt = loaded.template.render([{"role": "user", "content": prompt}])
+    ids = loaded.tokenizer.encode(prompt, add_special_tokens=False).ids
+    done = greedy(loaded.model, ids, args.max_tokens, stop=loaded.eos_ids)
+    shown = [t for t in done.tokens if t not in loaded.eos_ids]
+    print(loaded.tokenizer.decode(shown))
+    logging.getLogger("tfd.generate").info(
+        "prefill %d tokens in %.3fs (%.1f tok/s); %d tokens in %.3fs (%.1f tok/s)", len(ids), done.prefill_s,
+        len(ids) / max(done.prefill_s, 1e-9), len(done.tokens), done.decode_s,
+        len(done.tokens) / max(done.decode_s, 1e-9))
+    return 0
+
+
 def run_env(table: Table, args: argparse.Namespace) -> int:
     from tfd.env_docs import render_envfile, render_markdown, render_text
 
@@ -127,6 +173,12 @@ def run_env(table: Table, args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(render_text(table, os.environ))
     return 0
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return int(text)
 
 
 def _leaves(group: BaseException) -> list[BaseException]:

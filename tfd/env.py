@@ -212,9 +212,9 @@ class Table:
                 problems.append(f"{name}: unknown setting{hint}")
         return problems
 
-    def add_flags(self, parser: argparse.ArgumentParser) -> None:
+    def add_flags(self, parser: argparse.ArgumentParser, scopes: Iterable[str] = SCOPES) -> None:
         """One flag per row with a flag, grouped by scope; values stay text for ``read``."""
-        for scope in SCOPES:
+        for scope in scopes:
             rows = [row for row in self.in_scope(scope) if row.flag]
             if not rows:
                 continue

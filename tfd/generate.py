@@ -27,10 +27,11 @@ PREFILL_CHUNK = 4 * CHUNK
 class LanePool:
     """A pool with room for ``lanes`` lanes of ``window`` tokens; ``open`` takes one whole."""
 
-    def __init__(self, model: HybridModel, window: int, lanes: int = 1, page_rows: int = 64) -> None:
+    def __init__(self, model: HybridModel, window: int, lanes: int = 1, page_rows: int = 64,
+                 head: bool = False) -> None:
         self.model = model
         self.window = window
-        layout = model.layout(page_rows)
+        layout = model.layout(page_rows, head)
         device = model.weights.embed.device
         self.pool = Pool(layout, lanes * layout.need(window), device=device)
         self.rows = PageRows(self.pool)

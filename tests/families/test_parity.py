@@ -87,9 +87,12 @@ def test_prefill_cut_at_chunk_multiples_equals_one_pass_bit_for_bit(
     assert torch.equal(torch.cat(pieces), one_pass)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_several_sequences_in_one_call_equal_each_alone_bit_for_bit(
-        family: tuple[str, torch.nn.Module, HybridModel]) -> None:
-    _, _, model = family
+        family: tuple[str, torch.nn.Module, HybridModel], dtype: torch.dtype) -> None:
+    _, _, fp32 = family
+    model = HybridModel(fp32.cfg, fp32.weights, fp32.head, fp32.dtype) if dtype == torch.float32 else \
+        HybridModel.random(fp32.cfg.family, _text_config(fp32), seed=4, dtype=dtype)
     ids = prompt_ids()
 
     def setup(lanes: LanePool) -> list[Span]:
@@ -107,3 +110,8 @@ def test_several_sequences_in_one_call_equal_each_alone_bit_for_bit(
     solo = torch.cat([alone.forward([span]).hidden for span in setup(alone)])
     assert torch.equal(batched, solo)
     assert torch.equal(together.pool.buffer, alone.pool.buffer)  # every state and row alike
+
+
+def _text_config(model: HybridModel) -> dict[str, object]:
+    """The tiny checkpoint's config.json, for drawing random weights of the same shapes."""
+    return tiny_models.make_model(model.cfg.family).config.to_dict()

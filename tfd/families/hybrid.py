@@ -17,7 +17,9 @@ from tfd.families import qwen3_5, qwen3_next, qwen4_exp
 from tfd.families.config import LINEAR, HybridConfig, read_config
 from tfd.families.lane_state import AttentionRows, DraftBuffers, GdnLayers, PleState, lane_pieces
 from tfd.families.naming import Naming, Shape
+from tfd.families.random_weights import random_tensors
 from tfd.model.memory import PageRows, Span
+from tfd.model.mtp import Draft, MtpWeights, draft
 from tfd.model.stack import StackOutput, StackWeights, logits, run_stack
 from tfd.pool.layout import Layout, RowPart
 from tfd.pool.pieces import Piece
@@ -55,15 +57,18 @@ def load_model(checkpoint: Checkpoint, device: torch.device | str = "cpu",
 class HybridModel:
     """Weights on one device in one dtype; stateless between calls (state lives in the pool)."""
 
-    def __init__(self, cfg: HybridConfig, weights: StackWeights, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: HybridConfig, weights: StackWeights, head: MtpWeights | None,
+                 dtype: torch.dtype) -> None:
         self.cfg = cfg
         self.weights = weights
+        self.head = head  # the MTP head, when the checkpoint has one
         self.dtype = dtype
 
     @classmethod
     def build(cls, cfg: HybridConfig, naming: Naming, get: Callable[[str], torch.Tensor],
               dtype: torch.dtype) -> HybridModel:
-        return cls(cfg, FAMILIES[cfg.family].build(cfg, naming, get), dtype)
+        stack, head = FAMILIES[cfg.family].build(cfg, naming, get)
+        return cls(cfg, stack, head, dtype)
 
     @classmethod
     def from_tensors(cls, family: str, text_config: Mapping[str, object],
@@ -81,13 +86,26 @@ class HybridModel:
 
         return cls.build(cfg, naming, get, dtype)
 
-    @property
-    def attention_layers(self) -> list[str]:
-        return [f"layer{i}" for i, kind in enumerate(self.cfg.layer_types) if kind != LINEAR]
+    @classmethod
+    def random(cls, family: str, text_config: Mapping[str, object], seed: int = 0,
+               dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu",
+               head: bool = False) -> HybridModel:
+        """The config's shapes with random weights (``tfd.families.random_weights``); ``head``
+        adds an MTP head."""
+        cfg, naming, shapes = expected_tensors(family, text_config, {"mtp.head"} if head else set())
+        tensors = random_tensors(shapes, seed, dtype, device)
+        return cls.build(cfg, naming, tensors.__getitem__, dtype)
 
-    def row_parts(self) -> list[RowPart]:
+    def attention_layers(self, head: bool = False) -> list[str]:
+        """Layers with rows in the pool; ``head`` adds the MTP head's own."""
+        names = [f"layer{i}" for i, kind in enumerate(self.cfg.layer_types) if kind != LINEAR]
+        return [*names, "mtp"] if head else names
+
+    def row_parts(self, head: bool = False) -> list[RowPart]:
         cfg = self.cfg
-        rows = AttentionRows(self.attention_layers, cfg.kv_heads, cfg.head_dim, dtype_name(self.dtype),
+        if head and self.head is None:
+            raise ValueError("this checkpoint has no MTP head")
+        rows = AttentionRows(self.attention_layers(head), cfg.kv_heads, cfg.head_dim, dtype_name(self.dtype),
                              cfg.indexer.dim if cfg.indexer else None,
                              cfg.indexer.block if cfg.indexer else 4)
         return rows.parts()
@@ -108,8 +126,9 @@ class HybridModel:
     def pieces(self, drafts: DraftBuffers | None = None) -> list[Piece]:
         return lane_pieces(self.gdn_layers(), self.ple_state(), drafts)
 
-    def layout(self, page_rows: int) -> Layout:
-        return Layout(page_rows, self.row_parts(), self.pieces())
+    def layout(self, page_rows: int, head: bool = False) -> Layout:
+        """The pool's geometry for this model; ``head`` makes room for the MTP head's rows."""
+        return Layout(page_rows, self.row_parts(head), self.pieces())
 
     def init_state(self, pieces: Mapping[str, torch.Tensor]) -> None:
         """A fresh lane: zero states and tails, and an n-gram history of EOS."""
@@ -124,3 +143,15 @@ class HybridModel:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return logits(self.weights, hidden)
+
+    def draft(self, spans: Sequence[Span], previous: torch.Tensor, rows: PageRows) -> Draft:
+        """MTP cells for ``spans`` (tokens x_{t+1} at positions t) from the main model's state
+        ``previous``: ``StackOutput.hidden`` for Qwen3.5 and Qwen3-Next, ``.residual`` for Flash
+        Next (see ``draft_input``), or a previous cell's ``carry``."""
+        if self.head is None:
+            raise ValueError("this checkpoint has no MTP head")
+        return draft(self.weights, self.head, spans, previous, rows)
+
+    def draft_input(self, output: StackOutput) -> torch.Tensor:
+        """What the MTP head reads of the main model's rows."""
+        return output.residual if self.cfg.streams > 1 else output.hidden

@@ -28,21 +28,28 @@ Get = Callable[[str], torch.Tensor]
 @attrs.frozen
 class Naming:
     trunk: str  # prefix of the trunk's names
-    fused_experts: bool
+    names: frozenset[str] = attrs.field(repr=False)
     shards: Mapping[str, int] = attrs.field(factory=dict)  # tensors stored in numbered shards
 
     @classmethod
     def of(cls, names: Collection[str]) -> Naming:
         trunk = "model.language_model." if any(n.startswith("model.language_model.") for n in names) \
             else "model."
-        fused = any(n.endswith("mlp.experts.gate_up_proj") for n in names) or \
-            not any(".mlp.experts.0." in n for n in names)
         shards: dict[str, int] = {}
         for name in names:
             found = _SHARD.fullmatch(name)
             if found:
                 shards[found[1]] = max(shards.get(found[1], 0), int(found[2]) + 1)
-        return cls(trunk, fused, shards)
+        return cls(trunk, frozenset(names), shards)
+
+    def fused_experts(self, at: str) -> bool:
+        """Whether the MoE at ``at`` stores its experts fused (each MoE may differ: an MTP head's
+        experts have been seen one by one beside a fused trunk)."""
+        return f"{at}.experts.0.gate_proj.weight" not in self.names
+
+    @property
+    def has_mtp(self) -> bool:
+        return any(name.startswith("mtp.") for name in self.names)
 
 
 class Expect:
@@ -85,10 +92,10 @@ class Expect:
         self.add(f"{at}.up_proj.weight", inner, width)
         self.add(f"{at}.down_proj.weight", width, inner)
 
-    def moe(self, cfg: HybridConfig, at: str, fused: bool) -> None:
+    def moe(self, cfg: HybridConfig, at: str) -> None:
         h, e, inner = cfg.hidden, cfg.experts, cfg.expert_inner
         self.add(f"{at}.gate.weight", e, h)
-        if fused:
+        if self.naming.fused_experts(at):
             self.add(f"{at}.experts.gate_up_proj", e, 2 * inner, h)
             self.add(f"{at}.experts.down_proj", e, h, inner)
         else:
@@ -124,8 +131,8 @@ def dense_weights(get: Get, at: str) -> DenseMlp:
     return DenseMlp(get(f"{at}.gate_proj.weight"), get(f"{at}.up_proj.weight"), get(f"{at}.down_proj.weight"))
 
 
-def moe_weights(cfg: HybridConfig, get: Get, at: str, fused: bool) -> MoeWeights:
-    if fused:
+def moe_weights(cfg: HybridConfig, naming: Naming, get: Get, at: str) -> MoeWeights:
+    if naming.fused_experts(at):
         gate_up, down = get(f"{at}.experts.gate_up_proj"), get(f"{at}.experts.down_proj")
     else:
         experts = [dense_weights(get, f"{at}.experts.{e}") for e in range(cfg.experts)]

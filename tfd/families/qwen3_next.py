@@ -13,6 +13,7 @@ import torch
 from tfd.families import qwen3_5
 from tfd.families.config import LINEAR, HybridConfig
 from tfd.families.naming import Expect, Get, Naming, Shape
+from tfd.model.mtp import MtpWeights
 from tfd.model.stack import StackWeights
 
 
@@ -44,6 +45,6 @@ def regroup(cfg: HybridConfig, qkvz: torch.Tensor, ba: torch.Tensor
     return qkv, z.reshape(-1, hidden), b.reshape(-1, hidden), a.reshape(-1, hidden)
 
 
-def build(cfg: HybridConfig, naming: Naming, get: Get) -> StackWeights:
+def build(cfg: HybridConfig, naming: Naming, get: Get) -> tuple[StackWeights, MtpWeights | None]:
     return qwen3_5.build(cfg, naming, get, lambda at: regroup(cfg, get(f"{at}.in_proj_qkvz.weight"),
                                                              get(f"{at}.in_proj_ba.weight")))

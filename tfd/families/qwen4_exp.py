@@ -13,7 +13,7 @@ import math
 import attrs
 import torch
 
-from tfd.families.config import LINEAR, HybridConfig, Ple
+from tfd.families.config import INDEXED, LINEAR, HybridConfig, Ple
 from tfd.families.naming import (
     Expect,
     Get,
@@ -27,6 +27,7 @@ from tfd.families.naming import (
 from tfd.model.attention import AttentionWeights
 from tfd.model.gdn import GdnWeights
 from tfd.model.hyper import HyperWeights
+from tfd.model.mtp import MtpWeights
 from tfd.model.ple import NgramTable, PleWeights
 from tfd.model.qsa import IndexerWeights
 from tfd.model.rope import Rotary
@@ -40,27 +41,13 @@ _LAYER_PRIME = 10007
 def expect(cfg: HybridConfig, naming: Naming) -> dict[str, Shape]:
     need = Expect(naming)
     trunk, h = naming.trunk, cfg.hidden
-    wide = cfg.streams * h
     need.add(f"{trunk}embed_tokens.weight", cfg.vocab, h)
     need.add("lm_head.weight", cfg.vocab, h)
     _hyper(need, cfg, f"{trunk}hyper_connection_mixer", inject=False)
     for i, kind in enumerate(cfg.layer_types):
-        at = f"{trunk}layers.{i}"
-        _hyper(need, cfg, f"{at}.attn_hyper_connection", inject=True)
-        _hyper(need, cfg, f"{at}.mlp_hyper_connection", inject=True)
-        if kind == LINEAR:
-            need.gdn_projections(cfg, f"{at}.linear_attn")
-            need.gdn(cfg, f"{at}.linear_attn")
-        else:
-            need.attention(cfg, f"{at}.self_attn", h)
-            if cfg.indexer is not None:
-                index = cfg.indexer
-                need.add(f"{at}.self_attn.indexer.index_qk_proj.weight", (index.heads + 1) * index.dim, h)
-                need.add(f"{at}.self_attn.indexer.q_layernorm.weight", index.dim)
-                need.add(f"{at}.self_attn.indexer.k_layernorm.weight", index.dim)
-        need.moe(cfg, f"{at}.mlp", naming.fused_experts)
+        expect_layer(need, cfg, f"{trunk}layers.{i}", kind)
         if cfg.ple is not None and i in cfg.ple.layers:
-            ple = f"{at}.ple"
+            ple, wide = f"{trunk}layers.{i}.ple", cfg.streams * h
             need.add(f"{ple}.key_proj.weight", wide, cfg.ple.embed)
             need.add(f"{ple}.value_proj.weight", h, cfg.ple.embed)
             for norm in ("norm_key", "norm_query", "norm_conv"):
@@ -69,7 +56,31 @@ def expect(cfg: HybridConfig, naming: Naming) -> dict[str, Shape]:
             tables = PleTables.of(cfg.ple, cfg.vocab, cfg.ple.layers.index(i))
             for name in table_names(naming, ple):
                 need.add(name, tables.rows // len(table_names(naming, ple)), tables.dim)
+    if naming.has_mtp:
+        need.add("mtp.pre_fc_norm_embedding.weight", h)
+        need.add("mtp.pre_fc_norm_hidden.weight", cfg.streams * h)
+        need.add("mtp.fc_embedding.weight", h, h)
+        need.add("mtp.fc_hidden.weight", h, h)
+        expect_layer(need, cfg, "mtp.layers.0", INDEXED)
+        _hyper(need, cfg, "mtp.hyper_connection_mixer", inject=False)
     return need.shapes
+
+
+def expect_layer(need: Expect, cfg: HybridConfig, at: str, kind: str) -> None:
+    _hyper(need, cfg, f"{at}.attn_hyper_connection", inject=True)
+    _hyper(need, cfg, f"{at}.mlp_hyper_connection", inject=True)
+    if kind == LINEAR:
+        need.gdn_projections(cfg, f"{at}.linear_attn")
+        need.gdn(cfg, f"{at}.linear_attn")
+    else:
+        need.attention(cfg, f"{at}.self_attn", cfg.hidden)
+        if cfg.indexer is not None:
+            index = cfg.indexer
+            queries_and_key = (index.heads + 1) * index.dim
+            need.add(f"{at}.self_attn.indexer.index_qk_proj.weight", queries_and_key, cfg.hidden)
+            need.add(f"{at}.self_attn.indexer.q_layernorm.weight", index.dim)
+            need.add(f"{at}.self_attn.indexer.k_layernorm.weight", index.dim)
+    need.moe(cfg, f"{at}.mlp")
 
 
 def _hyper(need: Expect, cfg: HybridConfig, at: str, inject: bool) -> None:
@@ -81,35 +92,46 @@ def _hyper(need: Expect, cfg: HybridConfig, at: str, inject: bool) -> None:
         need.add(f"{at}.block_inject_weight.weight", cfg.streams, wide)
 
 
-def build(cfg: HybridConfig, naming: Naming, get: Get) -> StackWeights:
+def build(cfg: HybridConfig, naming: Naming, get: Get) -> tuple[StackWeights, MtpWeights | None]:
     trunk = naming.trunk
     layers = []
     for i, kind in enumerate(cfg.layer_types):
         at = f"{trunk}layers.{i}"
-        mixer: GdnWeights | AttentionWeights
-        if kind == LINEAR:
-            mixer = gdn_weights(cfg, get, f"{at}.linear_attn", *gdn_projections(get, f"{at}.linear_attn"))
-        else:
-            mixer = attention_weights(cfg, get, f"{at}.self_attn")
-            if cfg.indexer is not None:
-                index, prefix = cfg.indexer, f"{at}.self_attn.indexer"
-                mixer = attrs.evolve(mixer, indexer=IndexerWeights(
-                    qk=get(f"{prefix}.index_qk_proj.weight"), q_norm=get(f"{prefix}.q_layernorm.weight"),
-                    k_norm=get(f"{prefix}.k_layernorm.weight"), heads=index.heads, dim=index.dim,
-                    budget=index.budget, block=index.block, eps=cfg.eps))
         ple = None
         if cfg.ple is not None and i in cfg.ple.layers:
             ple = _ple(cfg, cfg.ple, get, f"{at}.ple", cfg.ple.layers.index(i),
                        table_names(naming, f"{at}.ple"))
-        layers.append(LayerWeights(
-            f"layer{i}", mixer, moe_weights(cfg, get, f"{at}.mlp", naming.fused_experts),
-            attn_hyper=hyper_weights(cfg, get, f"{at}.attn_hyper_connection", inject=True),
-            mlp_hyper=hyper_weights(cfg, get, f"{at}.mlp_hyper_connection", inject=True), ple=ple))
+        layers.append(attrs.evolve(build_layer(cfg, naming, get, at, f"layer{i}", kind), ple=ple))
     embed = get(f"{trunk}embed_tokens.weight")
-    return StackWeights(
+    stack = StackWeights(
         embed=embed, layers=tuple(layers), head=get("lm_head.weight"),
         rotary=Rotary.of(cfg.head_dim, cfg.rotary_fraction, cfg.rope_theta, embed.device), eps=cfg.eps,
         streams=cfg.streams, mixer=hyper_weights(cfg, get, f"{trunk}hyper_connection_mixer", inject=False))
+    head = None
+    if naming.has_mtp:
+        head = MtpWeights(embed_norm=get("mtp.pre_fc_norm_embedding.weight"),
+                          hidden_norm=get("mtp.pre_fc_norm_hidden.weight"),
+                          layer=build_layer(cfg, naming, get, "mtp.layers.0", "mtp", INDEXED),
+                          fc_embed=get("mtp.fc_embedding.weight"), fc_hidden=get("mtp.fc_hidden.weight"),
+                          mixer=hyper_weights(cfg, get, "mtp.hyper_connection_mixer", inject=False))
+    return stack, head
+
+
+def build_layer(cfg: HybridConfig, naming: Naming, get: Get, at: str, name: str, kind: str) -> LayerWeights:
+    mixer: GdnWeights | AttentionWeights
+    if kind == LINEAR:
+        mixer = gdn_weights(cfg, get, f"{at}.linear_attn", *gdn_projections(get, f"{at}.linear_attn"))
+    else:
+        mixer = attention_weights(cfg, get, f"{at}.self_attn")
+        if cfg.indexer is not None:
+            index, prefix = cfg.indexer, f"{at}.self_attn.indexer"
+            mixer = attrs.evolve(mixer, indexer=IndexerWeights(
+                qk=get(f"{prefix}.index_qk_proj.weight"), q_norm=get(f"{prefix}.q_layernorm.weight"),
+                k_norm=get(f"{prefix}.k_layernorm.weight"), heads=index.heads, dim=index.dim,
+                budget=index.budget, block=index.block, eps=cfg.eps))
+    return LayerWeights(name, mixer, moe_weights(cfg, naming, get, f"{at}.mlp"),
+                        attn_hyper=hyper_weights(cfg, get, f"{at}.attn_hyper_connection", inject=True),
+                        mlp_hyper=hyper_weights(cfg, get, f"{at}.mlp_hyper_connection", inject=True))
 
 
 def hyper_weights(cfg: HybridConfig, get: Get, at: str, inject: bool) -> HyperWeights:

@@ -64,9 +64,8 @@ def run_stack(w: StackWeights, spans: Sequence[Span], rows: PageRows) -> StackOu
     x = w.embed[tokens]
     if w.streams > 1:
         x = x.repeat(1, w.streams)
-    bounds = _bounds(spans)
     for layer in w.layers:
-        x = _layer(w, layer, x, spans, bounds, rows)
+        x = run_layer(w, layer, x, spans, rows)
     if w.mixer is not None:
         hidden, _ = hyper.read(w.mixer, x)
     else:
@@ -79,8 +78,10 @@ def logits(w: StackWeights, hidden: torch.Tensor) -> torch.Tensor:
     return linear(hidden, w.head)
 
 
-def _layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, spans: Sequence[Span],
-           bounds: list[tuple[int, int]], rows: PageRows) -> torch.Tensor:
+def run_layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, spans: Sequence[Span],
+              rows: PageRows) -> torch.Tensor:
+    """One decoder layer over the residual ``x`` of every span's rows, in span order."""
+    bounds = _bounds(spans)
     if layer.ple is not None:
         x = x + torch.cat([
             ple(layer.ple, x[a:b], span.tokens, span.lane.pieces["ple.tail"],

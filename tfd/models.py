@@ -1,0 +1,87 @@
+"""Which checkpoint a command uses, and loading it: TF_MODEL, else the demo named by TF_DEMO.
+
+The family's rows of the environment table are checked here, between reading config.json and
+loading any weight (``Settings.check_family``), so a bad value of another family's row never
+stops this start.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import attrs
+import tokenizers
+import torch
+
+from tfd.chat import ChatTemplate, find_chat_template
+from tfd.checkpoint import Checkpoint, CheckpointError, read_config
+from tfd.demo import build_demo, default_dtype
+from tfd.env import Settings
+from tfd.families.hybrid import HybridModel, load_model
+
+log = logging.getLogger("tfd.models")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cache_directory(settings: Settings, environ: Mapping[str, str]) -> Path:
+    explicit = settings.optional("TF_CACHE_DIR", str)
+    if explicit:
+        return Path(explicit)
+    if environ.get("CACHE_DIRECTORY"):  # systemd's CacheDirectory=
+        return Path(environ["CACHE_DIRECTORY"].split(":")[0])
+    if environ.get("XDG_CACHE_HOME"):
+        return Path(environ["XDG_CACHE_HOME"]) / "tfd"
+    return Path.home() / ".cache" / "tfd"
+
+
+def model_directory(settings: Settings, environ: Mapping[str, str]) -> Path:
+    explicit = settings.optional("TF_MODEL", str)
+    if explicit:
+        return Path(explicit)
+    return build_demo(settings.value("TF_DEMO", str), cache_directory(settings, environ))
+
+
+@attrs.frozen
+class Loaded:
+    path: Path
+    family: str
+    model: HybridModel
+    settings: Settings  # with the family's rows checked
+    tokenizer: tokenizers.Tokenizer
+    template: ChatTemplate | None
+    eos_ids: tuple[int, ...]
+    seconds: float
+
+
+def load(settings: Settings, environ: Mapping[str, str], device: torch.device,
+         random_weights: bool = False) -> Loaded:
+    """Open, check and load the model a command asked for; ``random_weights`` takes only the
+    checkpoint's config.json and tokenizer and draws the weights.
+
+    Raises ``CheckpointError`` for a checkpoint refused before any weight loads, and
+    ``SettingsRefused`` for a bad row of the checkpoint's family.
+    """
+    began = time.monotonic()
+    path = model_directory(settings, environ)
+    config = read_config(path)
+    settings = settings.check_family(config.family)
+    name = settings.value("TF_DTYPE", str)
+    dtype = default_dtype(device) if name == "auto" else DTYPES[name]
+    if random_weights:
+        model = HybridModel.random(config.family, config.text, dtype=dtype, device=device)
+        checkpoint = None
+    else:
+        checkpoint = Checkpoint.open(path)
+        model = load_model(checkpoint, device, dtype)
+    seconds = time.monotonic() - began
+    log.info("loaded %s (%s, %d layers%s) from %s in %.2fs", config.family, str(dtype).removeprefix("torch."),
+             model.cfg.layers, ", random weights" if random_weights else "", path, seconds)
+    tokenizer_path = path / "tokenizer.json"
+    if not tokenizer_path.is_file():
+        raise CheckpointError(f"{tokenizer_path}: missing; the checkpoint has no tokenizer")
+    eos = checkpoint.eos_ids if checkpoint is not None else model.cfg.eos
+    return Loaded(path, config.family, model, settings, tokenizers.Tokenizer.from_file(str(tokenizer_path)),
+                  find_chat_template(path), eos, seconds)
