@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,12 +16,16 @@ from pathlib import Path
 import httpx
 
 # Variables of the host (systemd's, a developer's shell) that would change what tfd does.
-_HOST_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "RUNTIME_DIRECTORY")
+_HOST_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "RUNTIME_DIRECTORY", "CACHE_DIRECTORY")
+# The demo models are built once per machine for every test run (their directory names carry a
+# digest of the recipe, so a changed recipe builds anew).
+CACHE = Path(tempfile.gettempdir()) / f"tfd-test-cache-{os.getuid()}"
 
 
 def clean_environ(**extra: str) -> dict[str, str]:
-    """os.environ without any TF_* or systemd variable, plus ``extra``."""
+    """os.environ without any TF_* or systemd variable, plus the test cache and ``extra``."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TF_") and k not in _HOST_ONLY}
+    environ["TF_CACHE_DIR"] = str(CACHE)
     environ.update(extra)
     return environ
 
@@ -131,7 +136,8 @@ class InProcessDaemon:
         from tfd.env import FAMILY_SCOPES, Table
         from tfd.server.daemon import Daemon
 
-        environ = {"TF_PORT": "0", "TF_ADMIN_SOCKET": str(workdir / "admin.sock"), **env}
+        environ = {"TF_PORT": "0", "TF_ADMIN_SOCKET": str(workdir / "admin.sock"), "TF_CACHE_DIR": str(CACHE),
+                   **env}
         settings = Table.load().read(environ, families=FAMILY_SCOPES)
         self.daemon = Daemon(settings, environ={})
         self.done = trio.Event()

@@ -29,7 +29,7 @@ def serve_refused(**env: str) -> str:
 
 
 def test_bad_flash_next_switch_is_refused_by_name() -> None:
-    stderr = serve_refused(TF_FLASHNEXT_STATE_PAGES="2")
+    stderr = serve_refused(TF_FLASHNEXT_STATE_PAGES="2", TF_DEMO="flashnext")
     assert "TF_FLASHNEXT_STATE_PAGES=2: must be exactly 0 or 1" in stderr
 
 
@@ -44,7 +44,7 @@ def test_misspelt_name_is_refused_naming_the_right_one() -> None:
 
 
 def test_two_bad_values_are_named_in_one_message() -> None:
-    stderr = serve_refused(TF_PORT="http", TF_FLASHNEXT_STATE_PAGES="2")
+    stderr = serve_refused(TF_PORT="http", TF_FLASHNEXT_STATE_PAGES="2", TF_DEMO="flashnext")
     assert stderr.startswith("tfd: configuration refused (2 problems):\n")
     assert "TF_PORT=http" in stderr
     assert "TF_FLASHNEXT_STATE_PAGES=2" in stderr
@@ -86,7 +86,7 @@ def test_odd_values_are_accepted_or_refused_by_name(text: str) -> None:
 def test_env_check_accepts_a_good_environment() -> None:
     done = run_tfd("env", "--check", env=clean_environ(TF_PORT="9000", TF_CLI_CONFIG_FILE="/x"))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("tfd env: 16 settings ok, 1 set in the environment")
+    assert done.stdout.startswith("tfd env: 22 settings ok, 2 set in the environment")
 
 
 def test_env_prints_the_table_with_current_values_and_masks_secrets() -> None:

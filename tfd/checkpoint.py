@@ -23,14 +23,15 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import attrs
-import safetensors
-import tokenizers
-import torch
 
 from tfd.chat import ChatTemplate, find_chat_template
+
+if TYPE_CHECKING:  # loading weights needs them; reading a config does not
+    import tokenizers
+    import torch
 
 # config.json model_type -> the family that serves it.
 FAMILIES: Mapping[str, str] = MappingProxyType({
@@ -162,6 +163,8 @@ class Checkpoint:
         ``CheckpointError`` before any file opens; a file that safetensors refuses raises
         ``CheckpointError`` naming it, and the tensors read so far are dropped.
         """
+        import safetensors
+
         wanted = list(dict.fromkeys(names))
         unknown = [name for name in wanted if name not in self.tensors]
         if unknown:
@@ -198,6 +201,8 @@ class Checkpoint:
 
     def tokenizer(self) -> tokenizers.Tokenizer:
         """The tokenizer of tokenizer.json; ``CheckpointError`` naming the file when absent or bad."""
+        import tokenizers
+
         path = self.path / "tokenizer.json"
         if not path.is_file():
             raise CheckpointError(f"{path}: missing; the checkpoint has no tokenizer")

@@ -88,8 +88,17 @@ def configure_logging(level: str) -> None:
 
 
 def run_serve(table: Table, args: argparse.Namespace) -> int:
-    # No model is loaded yet, so no family can be excluded: check every family's rows.
-    settings = table.read(os.environ, table.flag_values(args), families=FAMILY_SCOPES)
+    from tfd.checkpoint import CheckpointError
+
+    flags = table.flag_values(args)
+    try:
+        family = served_family(table, flags)
+    except CheckpointError as error:
+        print(f"tfd: cannot start: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    # The served family's rows are read in the same pass as the rest, before torch loads; with
+    # no family known (its own rows malformed) every family's rows are checked.
+    settings = table.read(os.environ, flags, families=[family] if family else FAMILY_SCOPES)
     configure_logging(settings.value("TF_LOG_LEVEL", str))
 
     import trio
@@ -97,13 +106,32 @@ def run_serve(table: Table, args: argparse.Namespace) -> int:
     from tfd.server.daemon import Daemon, describe
 
     failures: list[BaseException] = []
+    refusals: list[BaseException] = []
     try:
         return trio.run(Daemon(settings).run)
-    except* OSError as group:
+    except* SettingsRefused as group:
+        refusals = _leaves(group)
+    except* (OSError, CheckpointError) as group:
         failures = _leaves(group)
-    for error in failures:
-        print(f"tfd: cannot start: {describe(error)}", file=sys.stderr)
-    return EXIT_FAILURE
+    for refusal in refusals:
+        print(f"tfd: {refusal}", file=sys.stderr)
+    for failure in failures:
+        print(f"tfd: cannot start: {describe(failure)}", file=sys.stderr)
+    return SettingsRefused.EXIT_STATUS if refusals else EXIT_FAILURE
+
+
+def served_family(table: Table, flags: dict[str, str]) -> str | None:
+    """The family ``tfd serve`` will load, from TF_MODEL's config.json or TF_DEMO (no torch);
+    None when those rows themselves are malformed (the full read names them)."""
+    from tfd.checkpoint import read_config
+    from tfd.demo import DEMOS
+
+    try:
+        rows = table.read(os.environ, flags, only=["TF_MODEL", "TF_DEMO"])
+    except SettingsRefused:
+        return None
+    model = rows.optional("TF_MODEL", str)
+    return read_config(Path(model)).family if model else DEMOS[rows.value("TF_DEMO", str)][0]
 
 
 def run_admin(table: Table, args: argparse.Namespace) -> int:

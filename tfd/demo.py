@@ -18,14 +18,11 @@ import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import tokenizers
-import torch
-from safetensors.torch import save_file
-
-from tfd.families.hybrid import expected_tensors
-from tfd.families.random_weights import random_tensors
+if TYPE_CHECKING:  # torch and the model code load only when a demo is built
+    import tokenizers
+    import torch
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 TOKENIZER = ASSETS / "demo_tokenizer.json"
@@ -75,6 +72,11 @@ def build_demo(name: str, cache_dir: Path) -> Path:
     """
     if name not in DEMOS:
         raise ValueError(f"no demo model {name!r}; known: {', '.join(DEMOS)}")
+    from safetensors.torch import save_file
+
+    from tfd.families.hybrid import expected_tensors
+    from tfd.families.random_weights import random_tensors
+
     family, config = DEMOS[name]
     tokenizer_bytes = TOKENIZER.read_bytes()
     recipe = json.dumps({"recipe": RECIPE, "seed": SEED, "config": config,
@@ -108,6 +110,7 @@ def build_demo(name: str, cache_dir: Path) -> Path:
 
 def train_tokenizer(files: Sequence[Path], vocab: int = VOCAB) -> tokenizers.Tokenizer:
     """The recipe of ``assets/demo_tokenizer.json``: a byte-level BPE over ``files``."""
+    import tokenizers
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
     tokenizer = tokenizers.Tokenizer(models.BPE())
@@ -121,4 +124,6 @@ def train_tokenizer(files: Sequence[Path], vocab: int = VOCAB) -> tokenizers.Tok
 
 def default_dtype(device: torch.device) -> torch.dtype:
     """fp32 on the CPU (the exact reference), bf16 on an accelerator."""
+    import torch
+
     return torch.float32 if device.type == "cpu" else torch.bfloat16

@@ -37,7 +37,7 @@ MODEL_TYPE_SCOPES = {
 }
 PREFIX = "TF_"
 _ROW_KEYS = frozenset({"kind", "default", "default_doc", "help", "requires", "inherits", "flag", "min",
-                       "max", "step", "zero_off", "values", "socket", "unit"})
+                       "max", "step", "zero_off", "auto", "values", "socket", "unit"})
 _SHOWN_MAX = 64
 MASK = "********"
 

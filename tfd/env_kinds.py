@@ -17,6 +17,7 @@ import attrs
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _REAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+_NAME = re.compile(r"[!-~]{1,256}")
 _SECRET_ITEM = re.compile(r"[!-+\--~]+")  # printable ASCII without space and comma
 # sun_path is 108 bytes on Linux, one of them the terminating NUL.
 UNIX_PATH_MAX = 107
@@ -76,20 +77,24 @@ class Integer:
     high: int
     step: int = 1
     zero_off: bool = False
+    auto: bool = False  # the word "auto" is allowed too, read as None
     metavar = "N"
 
     @property
     def form(self) -> str:
         steps = f" step {self.step}" if self.step > 1 else ""
-        return ("0 (off) | " if self.zero_off else "") + f"integer {self.low}..{self.high}{steps}"
+        word = "auto | " if self.auto else "0 (off) | " if self.zero_off else ""
+        return word + f"integer {self.low}..{self.high}{steps}"
 
     @property
     def expected(self) -> str:
         what = f"a multiple of {self.step}" if self.step > 1 else "an integer"
-        return ("must be 0 (off) or " if self.zero_off else "must be ") + \
-            f"{what} from {self.low} to {self.high}"
+        word = "auto or " if self.auto else "0 (off) or " if self.zero_off else ""
+        return f"must be {word}{what} from {self.low} to {self.high}"
 
-    def parse(self, text: str) -> int:
+    def parse(self, text: str) -> int | None:
+        if self.auto and text == "auto":
+            return None
         if not _INTEGER.fullmatch(text):
             raise Malformed(self.expected)
         value = int(text)
@@ -201,6 +206,20 @@ class Host:
 
 
 @attrs.frozen
+class Name:
+    """A name shown to clients: printable ASCII, no spaces, at most 256 characters."""
+
+    form = "name"
+    expected = "must be 1 to 256 printable ASCII characters without spaces"
+    metavar = "NAME"
+
+    def parse(self, text: str) -> str:
+        if not _NAME.fullmatch(text):
+            raise Malformed(self.expected)
+        return text
+
+
+@attrs.frozen
 class Secret:
     """Comma-separated keys of printable ASCII without spaces; shown masked everywhere."""
 
@@ -225,7 +244,7 @@ def kind_from_row(name: str, spec: dict[str, object]) -> Kind:
         if not isinstance(step, int) or step < 1:
             raise TypeError(f"{name}: `step` must be a positive integer")
         return Integer(_whole(name, spec, "min"), _whole(name, spec, "max"), step,
-                       bool(spec.get("zero_off", False)))
+                       bool(spec.get("zero_off", False)), bool(spec.get("auto", False)))
     if kind in ("float", "gib"):
         unit = "GiB" if kind == "gib" else str(spec.get("unit", ""))
         return Real(_bound(name, spec, "min"), _bound(name, spec, "max"), unit)
@@ -240,6 +259,8 @@ def kind_from_row(name: str, spec: dict[str, object]) -> Kind:
         return Host()
     if kind == "secret":
         return Secret()
+    if kind == "name":
+        return Name()
     raise TypeError(f"{name}: unknown kind {kind!r}")
 
 

@@ -43,7 +43,8 @@ async def test_health_reports_state_uptime_and_version(served: InProcessDaemon) 
     assert first.status_code == 200
     assert first.headers["content-type"] == "application/json"
     body = first.json()
-    assert set(body) == {"state", "uptime_s", "version"}
+    assert set(body) == {"state", "uptime_s", "version", "model", "lanes"}
+    assert body["lanes"] == {"running": 0, "waiting": 0}
     assert body["state"] == "ready"
     assert body["version"] == "0.1.0"
     assert second.json()["uptime_s"] > body["uptime_s"] >= 0

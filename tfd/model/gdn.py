@@ -12,9 +12,10 @@ from __future__ import annotations
 import attrs
 import torch
 
+from tfd.model import GDN_CHUNK
 from tfd.model.ops import gated_rms, l2norm, linear, sigmoid, silu, softplus
 
-CHUNK = 64
+CHUNK = GDN_CHUNK
 
 
 @attrs.frozen

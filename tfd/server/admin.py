@@ -8,6 +8,7 @@ own uid and root are served; anyone else is answered ``forbidden``, logged and d
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -200,7 +201,9 @@ def call(path: Path, command: str, args: Sequence[str] = (), timeout: float = 30
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(os.fspath(path))
-        sock.sendall(json.dumps(request).encode() + b"\n")
+        # A refused peer is answered and dropped at once: its answer is still there to read.
+        with contextlib.suppress(BrokenPipeError):
+            sock.sendall(json.dumps(request).encode() + b"\n")
         answer = b""
         while not answer.endswith(b"\n"):
             data = sock.recv(MAX_LINE)

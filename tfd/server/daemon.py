@@ -22,11 +22,13 @@ from hypercorn.trio import serve as serve_http
 
 from tfd import __version__
 from tfd.env import Settings
-from tfd.server.admin import Command, no_args, serve_admin, socket_path
+from tfd.server.admin import AdminError, Command, no_args, serve_admin, socket_path
 from tfd.server.http import build_app
 from tfd.server.lifecycle import Lifecycle, Phase
 from tfd.server.metrics import Metrics
-from tfd.server.systemd import Heartbeats, keep_watchdog, notify, watchdog_interval
+from tfd.server.openai import OpenAI
+from tfd.server.service import ENGINE_STALL_S, Service, prepare
+from tfd.server.systemd import Heartbeat, Heartbeats, keep_watchdog, notify, watchdog_interval
 
 log = logging.getLogger("tfd.daemon")
 # After the drain, connections still open get this long to finish before they are cut.
@@ -54,6 +56,7 @@ class Daemon:
         self.exit_status = 0
         self._stop_http = trio.Event()
         self._http_done = trio.Event()
+        self.service: Service | None = None
 
     def notify(self, *fields: str) -> None:
         notify(*fields, environ=self.environ)
@@ -70,6 +73,7 @@ class Daemon:
                 if interval:
                     nursery.start_soon(keep_watchdog, interval, self.heartbeats,
                                        partial(notify, environ=self.environ))
+                await self._load()
                 self.lifecycle.ready()
                 if self.lifecycle.phase is Phase.READY:
                     log.info("ready: HTTP on %s, admin on %s", ", ".join(self.binds), self.admin_path)
@@ -95,6 +99,35 @@ class Daemon:
                         timeout, self.lifecycle.running)
         self._stop_http.set()
         await self._http_done.wait()
+        if self.service is not None:
+            await self.service.close()
+
+    async def _load(self) -> None:
+        """Weights, pool and engine, then one warm-up request; STATUS says which."""
+        self.notify("STATUS=loading the model")
+        prepared = await trio.to_thread.run_sync(prepare, self.settings, self.environ)
+        heartbeat = Heartbeat("engine", ENGINE_STALL_S)
+        service = Service(prepared, heartbeat, self._engine_failed, self.metrics.on_step)
+        self.heartbeats.add(heartbeat)
+        service.start()
+        self.service = service
+        pool, engine = service.pool, service.engine
+        self.metrics.watch(lambda: (pool.free, pool.pages - pool.free),
+                           lambda: (engine.running, engine.waiting))
+        self.notify(f"STATUS=warming up {service.name}")
+        await service.warm_up()
+
+    def _engine_failed(self, error: BaseException) -> None:
+        log.error("the engine failed (%s): draining, then exiting with status 1", error)
+        self.exit_status = 1
+        self.lifecycle.request_drain("engine failed")
+
+    def _health(self) -> dict[str, object]:
+        service = self.service
+        if service is None:
+            return {}
+        return {"model": service.name, "lanes": {"running": service.engine.running,
+                                                 "waiting": service.engine.waiting}}
 
     async def _watch_signals(self, everything: trio.CancelScope, *,
                              task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -124,7 +157,8 @@ class Daemon:
         config.graceful_timeout = HTTP_GRACE_S
         keys = self.settings.optional("TF_API_KEYS", tuple) or ()
         # starlette's and hypercorn's ASGI type aliases differ; the protocol is the same.
-        app: Any = build_app(self.lifecycle, self.metrics, keys)
+        openai = OpenAI(self.lifecycle, self.metrics, lambda: self.service)
+        app: Any = build_app(self.lifecycle, self.metrics, keys, openai.routes(), self._health)
         try:
             await serve_http(app, config, shutdown_trigger=self._stop_http.wait,
                              task_status=task_status)
@@ -163,7 +197,32 @@ class Daemon:
             return {"started": started, "running": self.lifecycle.running,
                     "timeout_s": self.settings["TF_DRAIN_TIMEOUT_S"]}
 
-        return {"status": status, "settings": settings, "drain": drain}
+        async def pool(args: Sequence[object]) -> dict[str, object]:
+            no_args("pool", args)
+            service = self._loaded()
+            return {"report": service.report.as_dict(), "census": await service.census()}
+
+        async def lanes(args: Sequence[object]) -> dict[str, object]:
+            no_args("lanes", args)
+            return {"lanes": await self._loaded().lanes()}
+
+        async def cancel(args: Sequence[object]) -> dict[str, object]:
+            if len(args) != 1 or not isinstance(args[0], str):
+                raise AdminError("bad_request", "cancel takes one argument: the request id")
+            service = self._loaded()
+            running = {lane["request"] for lane in await service.lanes()}
+            if args[0] not in running:
+                raise AdminError("not_found", f"no request {args[0]} is running or waiting")
+            service.engine.cancel(args[0])
+            return {"request": args[0]}
+
+        return {"status": status, "settings": settings, "drain": drain, "pool": pool, "lanes": lanes,
+                "cancel": cancel}
+
+    def _loaded(self) -> Service:
+        if self.service is None:
+            raise AdminError("loading", "the model is still loading")
+        return self.service
 
 
 def describe(error: BaseException) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -38,12 +38,16 @@ def error_response(status: int, message: str, code: str, *, param: str | None = 
 
 
 def build_app(lifecycle: Lifecycle, metrics: Metrics, api_keys: Sequence[str] = (),
-              routes: Iterable[BaseRoute] = ()) -> ASGIApp:
-    """The ASGI app: our routes plus ``routes``, behind the key check and the counters."""
+              routes: Iterable[BaseRoute] = (),
+              details: Callable[[], Mapping[str, object]] | None = None) -> ASGIApp:
+    """The ASGI app: our routes plus ``routes``, behind the key check and the counters.
+    ``details`` adds to /health's body (the model, its lanes)."""
 
     async def health(request: Request) -> JSONResponse:
-        body = {"state": lifecycle.phase.value, "uptime_s": round(lifecycle.uptime, 3),
-                "version": __version__}
+        body: dict[str, object] = {"state": lifecycle.phase.value, "uptime_s": round(lifecycle.uptime, 3),
+                                   "version": __version__}
+        if details is not None:
+            body.update(details())
         # Load balancers read the status: only a ready daemon takes traffic.
         return JSONResponse(body, status_code=200 if lifecycle.phase is Phase.READY else 503)
 

@@ -65,19 +65,27 @@ class Lifecycle:
         self.drain_requested.set()
         return True
 
-    @contextmanager
-    def work(self) -> Iterator[None]:
-        """Count one piece of running work; raises ``NotAdmitting`` unless ready."""
+    def begin_work(self) -> None:
+        """Count one piece of running work; raises ``NotAdmitting`` unless ready. Pair each with
+        ``end_work`` (a streamed reply ends its work when the stream ends, after its handler)."""
         if not self.admitting:
             raise NotAdmitting(self.phase)
         self._running += 1
         self._idle = trio.Event() if self._running == 1 else self._idle
+
+    def end_work(self) -> None:
+        self._running -= 1
+        if self._running == 0:
+            self._idle.set()
+
+    @contextmanager
+    def work(self) -> Iterator[None]:
+        """``begin_work`` and ``end_work`` around a block."""
+        self.begin_work()
         try:
             yield
         finally:
-            self._running -= 1
-            if self._running == 0:
-                self._idle.set()
+            self.end_work()
 
     async def wait_idle(self) -> None:
         """Return once no work runs."""

@@ -22,6 +22,7 @@ from tfd.server.lifecycle import Lifecycle, Phase
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Request latency buckets, seconds: from a cached /health to a long generation.
 _LATENCY_BUCKETS = (0.001, 0.005, 0.02, 0.1, 0.5, 2.0, 10.0, 60.0, 300.0)
+_STEP_BUCKETS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 
 
 class Metrics:
@@ -55,6 +56,29 @@ class Metrics:
         running = Gauge("tfd_work_running", "Requests holding work a drain waits for",
                         registry=self.registry)
         running.set_function(lambda: lifecycle.running)
+
+        self.tokens = Counter("tfd_tokens", "Tokens of finished requests, by kind", ["kind"],
+                              registry=self.registry)
+        self.finished = Counter("tfd_requests_finished", "Generation requests finished, by reason",
+                                ["reason"], registry=self.registry)
+        self.first_token = Histogram("tfd_time_to_first_token_seconds", "From arrival to the first token",
+                                     buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.step = Histogram("tfd_step_seconds", "Engine step time", buckets=_STEP_BUCKETS,
+                              registry=self.registry)
+        self.step_rows = Counter("tfd_step_rows", "Token rows run by engine steps", registry=self.registry)
+        self._pool = Gauge("tfd_pool_pages", "Pool pages, by state", ["state"], registry=self.registry)
+        self._lanes = Gauge("tfd_lanes", "Lanes, by state", ["state"], registry=self.registry)
+
+    def watch(self, pages: Callable[[], tuple[int, int]], lanes: Callable[[], tuple[int, int]]) -> None:
+        """Read the pool's (free, held) pages and the (running, waiting) lanes at each scrape."""
+        self._pool.labels("free").set_function(lambda: pages()[0])
+        self._pool.labels("held").set_function(lambda: pages()[1])
+        self._lanes.labels("running").set_function(lambda: lanes()[0])
+        self._lanes.labels("waiting").set_function(lambda: lanes()[1])
+
+    def on_step(self, seconds: float, rows: int) -> None:
+        self.step.observe(seconds)
+        self.step_rows.inc(rows)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

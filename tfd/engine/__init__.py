@@ -1,0 +1,1 @@
+"""The engine: requests become lanes on the pool, run in batched steps on one thread."""

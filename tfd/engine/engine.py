@@ -1,0 +1,326 @@
+"""The engine: one thread owns the device and runs steps; the trio side submits and listens.
+
+Threads: ``submit``, ``cancel`` and ``ask`` are called from the trio thread; they only put a
+message in the engine's inbox and wake it. The engine thread alone touches lanes, the scheduler,
+the pool and the model. Once a step it hands the step's events back with
+``TrioToken.run_sync_soon``, and the trio thread fans them out to each request's memory channel.
+
+Resource handling: a lane's pages go back when it finishes, is cancelled, or fails; ``close``
+cancels what is left, ends the thread, and waits for it. Error handling: a step that raises fails
+the lanes it ran (``Finished("failed")``, pages returned) and the engine goes on with the others;
+an error outside a step stops the engine, fails every lane, and calls ``on_failure``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import tokenizers
+import trio
+
+from tfd.engine.detokenize import Detokenizer
+from tfd.engine.lane import Lane, Phase
+from tfd.engine.request import Admitted, Emitted, Event, Finished, FinishReason, Request
+from tfd.engine.runner import Drawn, Runner
+from tfd.engine.scheduler import Admission, Scheduler, Work
+from tfd.families.hybrid import HybridModel
+from tfd.pool.pages import Pool
+from tfd.server.systemd import Heartbeat
+
+log = logging.getLogger("tfd.engine")
+IDLE_WAIT_S = 1.0  # an idle engine still beats this often
+
+
+class EngineError(Exception):
+    """A request refused before it reached the engine; ``status`` is the HTTP answer."""
+
+    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
+        self.status = status
+        self.code = code
+        self.param = param
+        super().__init__(message)
+
+
+@attrs.frozen
+class Limits:
+    context: int  # the most rows one lane may hold: prompt + max_tokens
+    step_tokens: int
+    max_lanes: int
+    queue: int  # requests waiting for admission at most; more are refused with 503
+
+
+@attrs.define
+class StepStats:
+    steps: int = 0
+    rows: int = 0
+    last_step_s: float = 0.0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+
+
+class Handle:
+    """The trio side of one request: its events, ending with ``Finished``."""
+
+    def __init__(self, request: Request, send: trio.MemorySendChannel[Event],
+                 receive: trio.MemoryReceiveChannel[Event]) -> None:
+        self.request = request
+        self.send = send
+        self.events = receive
+        self.admitted = False
+        self.finished = False
+
+
+class Engine:
+    def __init__(self, model: HybridModel, tokenizer: tokenizers.Tokenizer, pool: Pool, limits: Limits,
+                 heartbeat: Heartbeat | None = None,
+                 on_failure: Callable[[BaseException], None] | None = None,
+                 on_step: Callable[[float, int], None] | None = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.pool = pool
+        self.limits = limits
+        self.heartbeat = heartbeat
+        self.on_failure = on_failure
+        self.on_step = on_step  # (seconds, rows) after each step, on the trio thread
+        self.scheduler = Scheduler(limits.step_tokens, limits.max_lanes)
+        self.runner = Runner(model, pool)
+        self.stats = StepStats()
+        self.failure: BaseException | None = None
+        self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._lanes: dict[str, Lane] = {}  # engine thread
+        self._handles: dict[str, Handle] = {}  # trio thread
+        self._queued = 0  # trio thread: submitted, not yet admitted
+        self._numbers = 0
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._admissions: list[tuple[str, Event]] = []  # engine thread: Admitted events of this step
+
+    # -- the trio side ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the engine thread; call from the trio thread that will receive events."""
+        self._token = trio.lowlevel.current_trio_token()
+        self._thread = threading.Thread(target=self._main, name="tfd-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def waiting(self) -> int:
+        return self._queued
+
+    def submit(self, request: Request) -> Handle:
+        """Queue ``request``; raises ``EngineError`` for a window over the context or a full queue."""
+        if self.failure is not None:
+            raise EngineError(503, "engine_failed", "the engine has stopped after an error")
+        if request.window > self.limits.context:
+            raise EngineError(
+                400, "context_length_exceeded",
+                f"This server's maximum context length is {self.limits.context} tokens. However, you "
+                f"requested {request.window} tokens ({len(request.prompt)} in the prompt, "
+                f"{request.max_tokens} in the completion).", "messages")
+        if self._queued >= self.limits.queue:
+            raise EngineError(503, "queue_full",
+                              f"{self._queued} requests are already waiting; try again later")
+        if request.id in self._handles:
+            raise EngineError(400, "duplicate_request", f"request id {request.id} is already running")
+        send, receive = trio.open_memory_channel[Event](math.inf)
+        handle = Handle(request, send, receive)
+        self._handles[request.id] = handle
+        self._queued += 1
+        self._post("submit", request)
+        return handle
+
+    def cancel(self, request_id: str) -> None:
+        """Stop a request at the next step boundary; its ``Finished("cancelled")`` still comes."""
+        self._post("cancel", request_id)
+
+    async def ask(self, question: Callable[[], Any]) -> Any:
+        """Run ``question`` on the engine thread between steps (a consistent view) and return it."""
+        done = trio.Event()
+        box: list[Any] = []
+
+        def answer(value: Any) -> None:
+            box.append(value)
+            done.set()
+
+        self._post("ask", question, answer)
+        await done.wait()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+    async def close(self) -> None:
+        """Cancel what runs, stop the thread and wait for it."""
+        self._post("stop")
+        if self._thread is not None:
+            await trio.to_thread.run_sync(self._thread.join)
+
+    def _post(self, *message: Any) -> None:
+        self._inbox.put(message)
+        self._wake.set()
+
+    def _dispatch(self, events: Sequence[tuple[str, Event]], seconds: float, rows: int) -> None:
+        for request_id, event in events:
+            handle = self._handles.get(request_id)
+            if handle is None:
+                continue
+            if isinstance(event, Admitted) or (isinstance(event, Finished) and not handle.admitted):
+                if not handle.admitted:
+                    self._queued -= 1
+                handle.admitted = True
+            handle.send.send_nowait(event)
+            if isinstance(event, Finished):
+                handle.finished = True
+                handle.send.close()
+                del self._handles[request_id]
+        if rows and self.on_step is not None:
+            self.on_step(seconds, rows)
+
+    # -- the engine thread ---------------------------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            while self._step():
+                pass
+        except BaseException as error:  # the engine cannot go on: fail everything, say so
+            log.exception("engine stopped")
+            self.failure = error
+            events: list[tuple[str, Event]] = []
+            for lane in list(self._lanes.values()):
+                self._end(lane, "failed", events, "the engine stopped after an error")
+            self._deliver(events, 0.0, 0)
+            if self.on_failure is not None and self._token is not None:
+                self._call_trio(self.on_failure, error)
+
+    def _step(self) -> bool:
+        """One step; False when the engine should stop."""
+        self._wake.clear()
+        self._read_inbox()
+        if self._stopping:
+            for lane in self._lanes.values():
+                lane.cancelled = True
+        plan = self.scheduler.plan(self._admit)
+        events: list[tuple[str, Event]] = list(self._admissions)
+        self._admissions.clear()
+        for lane in plan.cancelled:
+            self._end(lane, "cancelled", events)
+        for lane in plan.dropped:
+            self._end(lane, "failed", events, "server error: the lane could not be opened")
+        seconds = 0.0
+        if plan.works:
+            began = time.monotonic()
+            try:
+                drawn = self.runner.run(plan.works)
+            except Exception as error:
+                log.exception("a step failed; failing its %d lanes", len(plan.works))
+                for work in plan.works:
+                    self._end(work.lane, "failed", events, f"server error: {error}")
+            else:
+                self._advance(plan.works, drawn, events)
+            seconds = time.monotonic() - began
+            self.stats.steps += 1
+            self.stats.rows += sum(work.length for work in plan.works)
+            self.stats.last_step_s = seconds
+        self._deliver(events, seconds, sum(work.length for work in plan.works))
+        if self.heartbeat is not None:
+            self.heartbeat.beat()
+        if self._stopping and self.scheduler.idle and not self._lanes:
+            return False
+        if not plan.works:
+            self._wake.wait(IDLE_WAIT_S)
+        return True
+
+    def _read_inbox(self) -> None:
+        while True:
+            try:
+                message = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            kind = message[0]
+            if kind == "submit":
+                request: Request = message[1]
+                self._numbers += 1
+                lane = Lane(self._numbers, request, Detokenizer(self.tokenizer, request.stop))
+                self._lanes[request.id] = lane
+                self.scheduler.add(lane)
+            elif kind == "cancel":
+                found = self._lanes.get(message[1])
+                if found is not None:
+                    found.cancelled = True
+            elif kind == "ask":
+                try:
+                    value = message[1]()
+                except Exception as error:
+                    value = error
+                self._call_trio(message[2], value)
+            elif kind == "stop":
+                self._stopping = True
+
+    def _admit(self, lane: Lane) -> Admission:
+        if not self.pool.can_promise(lane.request.window):
+            return Admission.WAIT
+        lane.lease = self.pool.promise(lane.request.window)
+        try:
+            self.runner.open(lane)
+        except Exception:
+            log.exception("could not open a lane for request %s", lane.request.id)
+            return Admission.DROPPED
+        self.stats.prompt_tokens += lane.prompt_length
+        self._admissions.append((lane.request.id, Admitted(lane.prompt_length)))
+        return Admission.ADMITTED
+
+    def _advance(self, works: Sequence[Work], drawn: Sequence[Drawn],
+                 events: list[tuple[str, Event]]) -> None:
+        now = time.monotonic()
+        for work in works:
+            work.lane.position = work.start + work.length
+        for item in drawn:
+            lane = item.work.lane
+            lane.generated.append(item.token)
+            lane.phase = Phase.DECODE
+            if lane.first_token_at is None:
+                lane.first_token_at = now
+            self.stats.generated_tokens += 1
+            text = lane.detokenizer.add([item.token])
+            logprobs = None if item.logprob is None else (item.logprob,)
+            events.append((lane.request.id, Emitted((item.token,), text, logprobs)))
+            reason: FinishReason | None = None
+            if item.token in lane.request.stop_ids or lane.detokenizer.stopped_at is not None:
+                reason = "stop"
+            elif len(lane.generated) >= lane.request.max_tokens:
+                reason = "length"
+            if reason is not None:
+                self._end(lane, reason, events)
+
+    def _end(self, lane: Lane, reason: FinishReason, events: list[tuple[str, Event]],
+             message: str = "") -> None:
+        rest = lane.detokenizer.finish() if reason in ("stop", "length") else ""
+        self.runner.close(lane)
+        self.scheduler.retire(lane)
+        self._lanes.pop(lane.request.id, None)
+        ttft = None if lane.first_token_at is None else lane.first_token_at - lane.request.arrived
+        events.append((lane.request.id, Finished(reason, tuple(lane.generated), rest, message,
+                                                 lane.prompt_length, 0, ttft)))
+
+    def _deliver(self, events: list[tuple[str, Event]], seconds: float, rows: int) -> None:
+        if events or rows:
+            self._call_trio(self._dispatch, events, seconds, rows)
+
+    def _call_trio(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self._token is None:
+            return
+        with contextlib.suppress(trio.RunFinishedError):  # trio has exited: nobody listens any more
+            self._token.run_sync_soon(fn, *args)

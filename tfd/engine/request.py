@@ -1,0 +1,102 @@
+"""What a client asks the engine for, and what the engine tells it back.
+
+Requests cross from the trio side to the engine thread; events cross back once per step. All are
+immutable records, safe to share between the two threads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+from typing import Literal
+
+import attrs
+
+FinishReason = Literal["stop", "length", "cancelled", "failed"]
+
+
+@attrs.frozen
+class Sampling:
+    """How a token is drawn. ``temperature`` 0 is greedy; ``seed`` None derives one from the
+    prompt; ``logprobs`` is how many alternatives to report per token (None: no logprobs)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    seed: int | None = None
+    logprobs: int | None = None
+
+
+@attrs.frozen
+class Request:
+    """One generation: ``window`` = prompt + ``max_tokens`` rows are promised at admission."""
+
+    id: str
+    prompt: tuple[int, ...]
+    max_tokens: int
+    sampling: Sampling = Sampling()
+    stop: tuple[str, ...] = ()  # stop strings; the text ends before the first one
+    stop_ids: tuple[int, ...] = ()  # tokens that end the reply (EOS), kept in the token ids
+    arrived: float = 0.0  # monotonic time the server received it
+
+    @property
+    def window(self) -> int:
+        return len(self.prompt) + self.max_tokens
+
+
+@attrs.frozen
+class TokenLogprob:
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # the best alternatives, best first
+
+
+@attrs.frozen
+class Admitted:
+    """The lane took its pages; its prefill starts."""
+
+    prompt_tokens: int
+    cached_tokens: int = 0
+
+
+@attrs.frozen
+class Emitted:
+    """New tokens of the reply and the text they completed (text may lag a token or two)."""
+
+    tokens: tuple[int, ...]
+    text: str
+    logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+@attrs.frozen
+class Finished:
+    """The last event of a request. ``tokens`` are every reply token; ``text`` what was not
+    emitted yet (the tail held back for a stop string)."""
+
+    reason: FinishReason
+    tokens: tuple[int, ...]
+    text: str = ""
+    message: str = ""
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    time_to_first_token: float | None = None
+
+    @property
+    def token_sha(self) -> str:
+        return token_sha(self.tokens)
+
+
+Event = Admitted | Emitted | Finished
+
+
+def token_sha(tokens: Sequence[int]) -> str:
+    """sha256 of the token ids as little-endian unsigned 32-bit integers."""
+    return hashlib.sha256(struct.pack(f"<{len(tokens)}I", *tokens)).hexdigest()
+
+
+def prompt_seed(prompt: Sequence[int]) -> int:
+    """The seed of a request that gave none: from its prompt, so a repeat draws the same."""
+    digest = hashlib.sha256(struct.pack(f"<{len(prompt)}I", *prompt)).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)

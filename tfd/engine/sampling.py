@@ -1,0 +1,102 @@
+"""Keyed sampling on the device: Gumbel-max with noise hashed from (seed, position, token).
+
+A token at absolute position p of a request with seed s is argmax over the allowed tokens t of
+logits_t / temperature + G(s, p, t), where G is Gumbel noise computed from a hash, not drawn from
+a generator. So a row draws the same token alone or in any batch, and a verify row later draws
+what serial decoding would have drawn at that position. Temperature 0 is greedy (ties go to the
+lower token id). Top-k, top-p and min-p cut the tempered distribution before the draw; ties in
+probability keep the lower token id first. Every step is a per-row operation, row-invariant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import torch
+
+from tfd.engine.request import Sampling, TokenLogprob
+
+_MASK = (1 << 64) - 1
+
+
+def _signed(value: int) -> int:
+    """A 64-bit constant as torch's int64 holds it."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_SEED_MIX = _signed(0x9E3779B97F4A7C15)
+_POSITION_MIX = _signed(0xC2B2AE3D27D4EB4F)
+_TOKEN_MIX = _signed(0x165667B19E3779F9)
+_M1 = _signed(0xBF58476D1CE4E5B9)
+_M2 = _signed(0x94D049BB133111EB)
+
+
+def _shift(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """A logical right shift of int64 (torch shifts arithmetically)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def gumbel(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Noise [rows, vocab] in fp32 for int64 ``seeds`` and ``positions`` [rows]."""
+    tokens = torch.arange(vocab, dtype=torch.int64, device=seeds.device)
+    x = seeds[:, None] * _SEED_MIX + positions[:, None] * _POSITION_MIX + tokens[None, :] * _TOKEN_MIX
+    x = (x ^ _shift(x, 30)) * _M1  # splitmix64's finaliser, wrapping in int64
+    x = (x ^ _shift(x, 27)) * _M2
+    x = x ^ _shift(x, 31)
+    uniform = (_shift(x, 40).float() + 0.5) * (1.0 / (1 << 24))  # 24 bits: exact in fp32, never 0 or 1
+    return -torch.log(-torch.log(uniform))
+
+
+@attrs.frozen
+class Rows:
+    """The sampling settings of each row, as tensors on the device."""
+
+    temperature: torch.Tensor  # fp32 [rows]; 0: greedy
+    top_k: torch.Tensor  # int64 [rows]; 0: off
+    top_p: torch.Tensor  # fp32 [rows]
+    min_p: torch.Tensor  # fp32 [rows]
+    seeds: torch.Tensor  # int64 [rows]
+    positions: torch.Tensor  # int64 [rows]: the absolute position of the token drawn
+
+    @classmethod
+    def of(cls, settings: Sequence[Sampling], seeds: Sequence[int], positions: Sequence[int],
+           device: torch.device) -> Rows:
+        def tensor(values: Sequence[float | int], dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(list(values), dtype=dtype, device=device)
+
+        return cls(tensor([s.temperature for s in settings], torch.float32),
+                   tensor([s.top_k for s in settings], torch.int64),
+                   tensor([s.top_p for s in settings], torch.float32),
+                   tensor([s.min_p for s in settings], torch.float32),
+                   tensor(seeds, torch.int64), tensor(positions, torch.int64))
+
+
+def sample(logits: torch.Tensor, rows: Rows) -> torch.Tensor:
+    """One token per row of ``logits`` [rows, vocab] (fp32)."""
+    vocab = logits.shape[-1]
+    greedy = rows.temperature <= 0
+    tempered = logits / torch.where(greedy, 1.0, rows.temperature)[:, None]
+    probs = torch.softmax(tempered, dim=-1)
+    order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    ranked = order.values
+    rank = torch.empty_like(order.indices).scatter_(-1, order.indices, torch.arange(
+        vocab, device=logits.device).expand_as(order.indices))
+    keep = torch.ones_like(probs, dtype=torch.bool)
+    keep &= (rows.top_k[:, None] <= 0) | (rank < rows.top_k[:, None])
+    before = ranked.cumsum(dim=-1) - ranked  # mass of the better tokens
+    nucleus = torch.empty_like(keep).scatter_(-1, order.indices, before < rows.top_p[:, None])
+    keep &= nucleus
+    keep &= probs >= rows.min_p[:, None] * ranked[:, :1]
+    scores = torch.where(keep, tempered + gumbel(rows.seeds, rows.positions, vocab), float("-inf"))
+    return torch.where(greedy, logits.argmax(dim=-1), scores.argmax(dim=-1))
+
+
+def logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> list[TokenLogprob]:
+    """The chosen tokens' log-probabilities under the model (untempered) and the ``top`` best."""
+    values = torch.log_softmax(logits.float(), dim=-1)
+    chosen = values.gather(-1, tokens[:, None])[:, 0].tolist()
+    best = torch.sort(values, dim=-1, descending=True, stable=True)
+    ids, scores = best.indices[:, :top].tolist(), best.values[:, :top].tolist()
+    return [TokenLogprob(int(token), float(value), tuple(zip(row_ids, row_scores, strict=True)))
+            for token, value, row_ids, row_scores in zip(tokens.tolist(), chosen, ids, scores, strict=True)]

@@ -1,0 +1,261 @@
+"""The OpenAI-compatible routes: chat and text completions (whole or streamed), models, tokenize.
+
+A request is read and checked (``tfd.server.schema``), its prompt tokenized, and submitted to the
+engine; every refusal (a malformed body, an unknown model, a prompt over the context, a full
+queue, a draining server) is an HTTP error before any stream byte. A streamed reply is server-sent
+events: the role, the text deltas, the last chunk with ``finish_reason``, usage and the ``tfd``
+block, then ``[DONE]``.
+
+Resource handling: a request counts as running work (``Lifecycle``) from submission to its last
+byte, so a drain waits for it. A client that goes away cancels its request: a stream's generator
+is cancelled by starlette when the client disconnects, and a whole reply watches the connection
+while it waits; either way the engine stops the lane at its next step boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import trio
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from tfd.chat import ChatTemplateError
+from tfd.engine.engine import EngineError, Handle
+from tfd.engine.request import Emitted, Finished, Request
+from tfd.server.http import error_response
+from tfd.server.lifecycle import Lifecycle, NotAdmitting
+from tfd.server.metrics import Metrics
+from tfd.server.replies import Api, Reply, sse
+from tfd.server.schema import BadRequest, Common, chat_body, completion_body
+from tfd.server.service import Service
+
+RETRY_AFTER_S = "2"
+
+
+class OpenAI:
+    def __init__(self, lifecycle: Lifecycle, metrics: Metrics, service: Callable[[], Service | None]) -> None:
+        self.lifecycle = lifecycle
+        self.metrics = metrics
+        self.service = service
+
+    def routes(self) -> list[Route]:
+        return [Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                Route("/v1/completions", self.completions, methods=["POST"]),
+                Route("/v1/models", self.models, methods=["GET"]),
+                Route("/tokenize", self.tokenize, methods=["POST"]),
+                Route("/detokenize", self.detokenize, methods=["POST"])]
+
+    async def chat(self, request: HttpRequest) -> Response:
+        try:
+            service = self._ready()
+            body = chat_body(await _json(request))
+            self._check_model(service, body.common.model)
+            template = service.loaded.template
+            if template is None:
+                raise BadRequest("this model has no chat template; use /v1/completions", "messages")
+            try:
+                text = template.render(list(body.messages), add_generation_prompt=True,
+                                       **body.template_kwargs)
+            except ChatTemplateError as error:
+                raise BadRequest(f"the chat template refused the messages: {error.message}",
+                                 "messages") from None
+            ids = tuple(service.loaded.tokenizer.encode(text, add_special_tokens=False).ids)
+            return await self._generate(request, service, "chat", ids, body.common)
+        except _Refusal as refusal:
+            return refusal.response
+        except BadRequest as error:
+            return error_response(400, str(error), error.code, param=error.param)
+
+    async def completions(self, request: HttpRequest) -> Response:
+        try:
+            service = self._ready()
+            body = completion_body(await _json(request))
+            self._check_model(service, body.common.model)
+            if isinstance(body.prompt, str):
+                ids = tuple(service.loaded.tokenizer.encode(body.prompt, add_special_tokens=False).ids)
+            else:
+                vocab = service.loaded.model.cfg.vocab
+                if max(body.prompt) >= vocab:
+                    raise BadRequest(f"prompt holds token ids past the vocabulary of {vocab}", "prompt")
+                ids = body.prompt
+            return await self._generate(request, service, "completion", ids, body.common)
+        except _Refusal as refusal:
+            return refusal.response
+        except BadRequest as error:
+            return error_response(400, str(error), error.code, param=error.param)
+
+    async def models(self, request: HttpRequest) -> Response:
+        try:
+            service = self._ready()
+        except _Refusal as refusal:
+            return refusal.response
+        except BadRequest as error:
+            return error_response(400, str(error), error.code, param=error.param)
+        return JSONResponse({"object": "list", "data": [{
+            "id": service.name, "object": "model", "created": int(self.lifecycle.started_wall),
+            "owned_by": "tfd", "max_model_len": service.engine.limits.context}]})
+
+    async def tokenize(self, request: HttpRequest) -> Response:
+        try:
+            service = self._ready()
+            body = await _json(request)
+            if not isinstance(body, dict):
+                raise BadRequest("the body must be a JSON object")
+            if "messages" in body:
+                chat = chat_body(body)
+                template = service.loaded.template
+                if template is None:
+                    raise BadRequest("this model has no chat template", "messages")
+                add = body.get("add_generation_prompt", True)
+                if not isinstance(add, bool):
+                    raise BadRequest("add_generation_prompt must be a boolean", "add_generation_prompt")
+                text = template.render(list(chat.messages), add_generation_prompt=add, **chat.template_kwargs)
+            elif isinstance(body.get("prompt"), str):
+                text = body["prompt"]
+            else:
+                raise BadRequest("give prompt (a string) or messages", "prompt")
+        except _Refusal as refusal:
+            return refusal.response
+        except BadRequest as error:
+            return error_response(400, str(error), error.code, param=error.param)
+        ids = service.loaded.tokenizer.encode(text, add_special_tokens=False).ids
+        return JSONResponse({"tokens": ids, "count": len(ids),
+                             "max_model_len": service.engine.limits.context})
+
+    async def detokenize(self, request: HttpRequest) -> Response:
+        try:
+            service = self._ready()
+            body = await _json(request)
+            tokens = body.get("tokens") if isinstance(body, dict) else None
+            vocab = service.loaded.model.cfg.vocab
+            if not isinstance(tokens, list) or not all(
+                    isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in tokens):
+                raise BadRequest(f"tokens must be an array of token ids below {vocab}", "tokens")
+        except _Refusal as refusal:
+            return refusal.response
+        except BadRequest as error:
+            return error_response(400, str(error), error.code, param=error.param)
+        return JSONResponse({"prompt": service.loaded.tokenizer.decode(tokens, skip_special_tokens=False)})
+
+    def _ready(self) -> Service:
+        service = self.service()
+        if service is None or not self.lifecycle.admitting:
+            state = self.lifecycle.phase.value
+            raise _Refusal(error_response(503, f"the server is {state}; try again later", state,
+                                          headers={"Retry-After": RETRY_AFTER_S}))
+        return service
+
+    @staticmethod
+    def _check_model(service: Service, model: str | None) -> None:
+        if model is not None and model != service.name:
+            raise _Refusal(error_response(404, f"the model {model} does not exist; this server serves "
+                                          f"{service.name}", "model_not_found", param="model"))
+
+    async def _generate(self, http: HttpRequest, service: Service, api: Api, ids: tuple[int, ...],
+                        common: Common) -> Response:
+        if not ids:
+            raise BadRequest("the prompt has no tokens", "prompt" if api == "completion" else "messages")
+        context = service.engine.limits.context
+        max_tokens = common.max_tokens if common.max_tokens is not None else max(context - len(ids), 1)
+        stop_ids = () if common.ignore_eos else service.loaded.eos_ids
+        request = Request(f"{api}-{uuid.uuid4().hex}", ids, max_tokens, common.sampling, common.stop,
+                          stop_ids, arrived=time.monotonic())
+        try:
+            self.lifecycle.begin_work()
+        except NotAdmitting as refusal:
+            raise _Refusal(error_response(503, str(refusal), refusal.phase.value,
+                                          headers={"Retry-After": RETRY_AFTER_S})) from None
+        try:
+            handle = service.engine.submit(request)
+        except EngineError as error:
+            self.lifecycle.end_work()
+            headers = {"Retry-After": RETRY_AFTER_S} if error.status == 503 else None
+            if error.param == "messages" and api == "completion":
+                error.param = "prompt"
+            raise _Refusal(error_response(error.status, str(error), error.code, param=error.param,
+                                          headers=headers)) from None
+        reply = Reply(api, service.name, ids, service.loaded.tokenizer, common.return_token_ids)
+        if common.stream:
+            return StreamingResponse(self._stream(service, handle, reply, common.include_usage),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        try:
+            finished = await self._collect(http, service, handle, reply)
+        finally:
+            self.lifecycle.end_work()
+        if finished.reason == "failed":
+            return error_response(500, finished.message or "the request failed", "server_error")
+        return JSONResponse(reply.whole(finished))
+
+    async def _collect(self, http: HttpRequest, service: Service, handle: Handle, reply: Reply) -> Finished:
+        """The whole reply; a client that disconnects meanwhile cancels the request."""
+
+        async def watch(cancel: trio.CancelScope) -> None:
+            while (await http.receive())["type"] != "http.disconnect":
+                pass
+            service.engine.cancel(handle.request.id)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch, nursery.cancel_scope)
+            finished = await self._events(handle, reply)
+            nursery.cancel_scope.cancel()
+        return finished
+
+    async def _events(self, handle: Handle, reply: Reply) -> Finished:
+        async for event in handle.events:
+            if isinstance(event, Emitted):
+                reply.add(event)
+            elif isinstance(event, Finished):
+                self._count(event)
+                return event
+        raise RuntimeError("the engine closed a request without finishing it")
+
+    async def _stream(self, service: Service, handle: Handle, reply: Reply, include_usage: bool
+                      ) -> AsyncIterator[bytes]:
+        done = False
+        try:
+            yield sse(reply.first_chunk())
+            async for event in handle.events:
+                if isinstance(event, Emitted):
+                    if event.text or event.logprobs or reply.return_token_ids:
+                        yield sse(reply.delta_chunk(event))
+                elif isinstance(event, Finished):
+                    self._count(event)
+                    if event.reason == "failed":
+                        yield sse({"error": {"message": event.message or "the request failed",
+                                             "type": "server_error", "param": None, "code": "server_error"}})
+                    else:
+                        yield sse(reply.last_chunk(event, usage=not include_usage))
+                        if include_usage:
+                            yield sse(reply.usage_chunk(event))
+                    done = True
+            yield sse("[DONE]")
+        finally:
+            if not done:  # the client went away, or the server is stopping: free the lane
+                service.engine.cancel(handle.request.id)
+            self.lifecycle.end_work()
+
+    def _count(self, finished: Finished) -> None:
+        self.metrics.tokens.labels("prompt").inc(finished.prompt_tokens)
+        self.metrics.tokens.labels("generated").inc(len(finished.tokens))
+        if finished.time_to_first_token is not None:
+            self.metrics.first_token.observe(finished.time_to_first_token)
+        self.metrics.finished.labels(finished.reason).inc()
+
+
+class _Refusal(Exception):
+    def __init__(self, response: Response) -> None:
+        self.response = response
+
+
+async def _json(request: HttpRequest) -> Any:
+    body = await request.body()
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise BadRequest(f"the body is not JSON: {error}") from None

@@ -1,0 +1,215 @@
+"""OpenAI request bodies, read strictly: every field of the wrong type or out of range is refused
+with a 400 that names it (``param``), before anything is queued.
+
+Fields tfd does not implement and that would change the reply (penalties, ``n`` > 1, batches of
+prompts) are refused by name rather than ignored; fields that do not change it (``user``,
+``metadata``) are ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import attrs
+
+from tfd.engine.request import Sampling
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+MAX_STOPS = 16
+MAX_TOP_LOGPROBS = 20
+SEED_MASK = (1 << 63) - 1
+T = TypeVar("T")
+NEUTRAL_PENALTIES = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0}
+
+
+class BadRequest(Exception):
+    """A 400: ``param`` is the field at fault, ``code`` the OpenAI error code."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_request_error") -> None:
+        self.param = param
+        self.code = code
+        super().__init__(message)
+
+
+@attrs.frozen
+class Common:
+    """The fields chat and completions share."""
+
+    model: str | None
+    max_tokens: int | None
+    sampling: Sampling
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    ignore_eos: bool
+    return_token_ids: bool
+    draft: bool
+
+
+@attrs.frozen
+class ChatBody:
+    common: Common
+    messages: tuple[dict[str, Any], ...]
+    template_kwargs: Mapping[str, Any]
+
+
+@attrs.frozen
+class CompletionBody:
+    common: Common
+    prompt: str | tuple[int, ...]
+
+
+def chat_body(body: object) -> ChatBody:
+    fields = _object(body)
+    messages = fields.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty array of messages", "messages")
+    read = [_message(message, f"messages[{i}]") for i, message in enumerate(messages)]
+    kwargs = fields.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise BadRequest("chat_template_kwargs must be an object", "chat_template_kwargs")
+    logprobs = _bool(fields, "logprobs")
+    top = _int(fields, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top is not None and not logprobs:
+        raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
+    limit = _int(fields, "max_completion_tokens", 1, None)
+    if limit is None:
+        limit = _int(fields, "max_tokens", 1, None)
+    return ChatBody(_common(fields, limit, (top or 0) if logprobs else None), tuple(read), kwargs)
+
+
+def completion_body(body: object) -> CompletionBody:
+    fields = _object(body)
+    prompt = fields.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one is one prompt
+    if isinstance(prompt, str):
+        read: str | tuple[int, ...] = prompt
+    elif isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
+        read = tuple(prompt)
+    elif isinstance(prompt, list) and len(prompt) > 1:
+        raise BadRequest("prompt: batches are not supported; send one prompt per request", "prompt")
+    else:
+        raise BadRequest("prompt must be a string or a non-empty array of token ids", "prompt")
+    if _bool(fields, "echo"):
+        raise BadRequest("echo is not supported", "echo")
+    top = _int(fields, "logprobs", 0, MAX_TOP_LOGPROBS)
+    return CompletionBody(_common(fields, _int(fields, "max_tokens", 1, None), top), read)
+
+
+def _common(fields: dict[str, Any], max_tokens: int | None, logprobs: int | None) -> Common:
+    model = fields.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("model must be a string", "model")
+    n = _int(fields, "n", 1, None)
+    if n is not None and n != 1:
+        raise BadRequest("n must be 1: one choice per request", "n")
+    if _int(fields, "best_of", 1, None) not in (None, 1):
+        raise BadRequest("best_of must be 1", "best_of")
+    for penalty, neutral in NEUTRAL_PENALTIES.items():
+        value = fields.get(penalty)
+        if value is not None and (isinstance(value, bool) or value != neutral):
+            raise BadRequest(f"{penalty} is not supported; leave it out or at {neutral:g}", penalty)
+    top_k = _int(fields, "top_k", -1, None)
+    seed = _int(fields, "seed", -(1 << 63), (1 << 64) - 1)
+    sampling = Sampling(
+        temperature=_default(_number(fields, "temperature", 0.0, 2.0), 1.0),
+        top_p=_default(_number(fields, "top_p", 0.0, 1.0, low_open=True), 1.0),
+        top_k=max(0, _default(top_k, 0)),
+        min_p=_default(_number(fields, "min_p", 0.0, 1.0), 0.0),
+        seed=None if seed is None else seed & SEED_MASK,
+        logprobs=logprobs)
+    options = fields.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise BadRequest("stream_options must be an object", "stream_options")
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise BadRequest("stream_options.include_usage must be a boolean", "stream_options.include_usage")
+    return Common(model=model, max_tokens=max_tokens, sampling=sampling, stop=_stop(fields),
+                  stream=_bool(fields, "stream"), include_usage=include_usage,
+                  ignore_eos=_bool(fields, "ignore_eos"), return_token_ids=_bool(fields, "return_token_ids"),
+                  draft=_default(_optional_bool(fields, "draft"), True))
+
+
+def _object(body: object) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    return body
+
+
+def _message(message: object, where: str) -> dict[str, Any]:
+    if not isinstance(message, dict):
+        raise BadRequest(f"{where} must be an object", where)
+    role = message.get("role")
+    if role not in ROLES:
+        raise BadRequest(f"{where}.role must be one of {', '.join(sorted(ROLES))}", f"{where}.role")
+    content = message.get("content")
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise BadRequest(f"{where}.content[{j}] must be a text part: tfd reads text only",
+                                 f"{where}.content[{j}]")
+            texts.append(part["text"])
+        content = "".join(texts)
+    elif content is None and role == "assistant":
+        content = ""
+    elif not isinstance(content, str):
+        raise BadRequest(f"{where}.content must be a string or an array of text parts", f"{where}.content")
+    return {**message, "content": content}
+
+
+def _stop(fields: dict[str, Any]) -> tuple[str, ...]:
+    stop = fields.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise BadRequest("stop must be a non-empty string or an array of them", "stop")
+    if len(stops) > MAX_STOPS:
+        raise BadRequest(f"stop holds at most {MAX_STOPS} strings", "stop")
+    return tuple(stops)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(fields: dict[str, Any], name: str, low: int, high: int | None) -> int | None:
+    value = fields.get(name)
+    if value is None:
+        return None
+    if not _is_int(value) or value < low or (high is not None and value > high):
+        bound = f"from {low} to {high}" if high is not None else f"of at least {low}"
+        raise BadRequest(f"{name} must be an integer {bound}", name)
+    return int(value)
+
+
+def _number(fields: dict[str, Any], name: str, low: float, high: float,
+            low_open: bool = False) -> float | None:
+    value = fields.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or value > high or value < low or (low_open and value == low):
+        side = "above" if low_open else "from"
+        raise BadRequest(f"{name} must be a number {side} {low:g} to {high:g}", name)
+    return float(value)
+
+
+def _bool(fields: dict[str, Any], name: str) -> bool:
+    return bool(_optional_bool(fields, name))
+
+
+def _optional_bool(fields: dict[str, Any], name: str) -> bool | None:
+    value = fields.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise BadRequest(f"{name} must be a boolean", name)
+    return value
+
+
+def _default(value: T | None, default: T) -> T:
+    return default if value is None else value

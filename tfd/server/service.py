@@ -1,0 +1,111 @@
+"""The served model: loaded weights, the pool cut for them, and the engine running on both.
+
+``prepare`` is blocking work for a worker thread at startup (weights, pool); ``Service.start``
+runs on the trio thread (it starts the engine thread); ``warm_up`` sends one short request through
+the engine and checks that the pool's census is back at load before the daemon says READY.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+import attrs
+import torch
+
+from tfd.engine.engine import Engine, Limits
+from tfd.engine.request import Finished, Request, Sampling
+from tfd.env import Settings, SettingsRefused
+from tfd.models import Loaded, load
+from tfd.pool.config import GIB, PoolConfig
+from tfd.pool.errors import PoolShort
+from tfd.pool.pages import Pool
+from tfd.pool.report import LoadReport
+from tfd.server.systemd import Heartbeat
+
+log = logging.getLogger("tfd.service")
+# A step longer than this means the engine is stuck: the watchdog stops pinging.
+ENGINE_STALL_S = 120.0
+
+
+@attrs.frozen
+class Prepared:
+    loaded: Loaded
+    pool: Pool
+    limits: Limits
+    name: str
+    report: LoadReport
+
+
+def prepare(settings: Settings, environ: Mapping[str, str]) -> Prepared:
+    """Load the model and cut the pool (blocking). Raises ``SettingsRefused`` for a TF_PARALLEL or
+    TF_CONTEXT the pool cannot hold, naming what fits."""
+    device = torch.device("cpu")
+    loaded = load(settings, environ, device)
+    settings = loaded.settings
+    config = PoolConfig.from_settings(settings, loaded.family)
+    layout = loaded.model.layout(config.page_rows)
+    context = settings.value("TF_CONTEXT", int)
+    gib = settings.value("TF_POOL_GIB", float)
+    parallel = settings.optional("TF_PARALLEL", int)
+    fits = layout.plan(context, int(gib * GIB))
+    if fits == 0:
+        need = layout.lane_bytes(context) + layout.page_bytes
+        raise SettingsRefused([f"TF_CONTEXT={context}: one lane of {context} tokens needs "
+                               f"{need / GIB:.3g} GiB; TF_POOL_GIB={gib:g} holds none"])
+    try:
+        pool = Pool.for_limit(layout, int(gib * GIB), context, parallel=parallel, mode=config.mode,
+                              device=device)
+    except PoolShort:
+        raise SettingsRefused([f"TF_PARALLEL={parallel}: {fits} lanes of {context} tokens fit "
+                               f"TF_POOL_GIB={gib:g}"]) from None
+    assert pool.max_lanes is not None
+    limits = Limits(context=context, step_tokens=settings.value("TF_STEP_TOKENS", int),
+                    max_lanes=pool.max_lanes, queue=settings.value("TF_QUEUE_LIMIT", int))
+    name = settings.optional("TF_MODEL_NAME", str) or (
+        f"tfd-demo-{settings.value('TF_DEMO', str)}" if settings.optional("TF_MODEL", str) is None
+        else loaded.path.name)
+    report = LoadReport.of(pool, context)
+    log.info("%s", report.line())
+    return Prepared(loaded, pool, limits, name, report)
+
+
+class Service:
+    """What the HTTP routes serve: the model's name, tokenizer, template, engine and pool."""
+
+    def __init__(self, prepared: Prepared, heartbeat: Heartbeat | None = None,
+                 on_failure: Callable[[BaseException], None] | None = None,
+                 on_step: Callable[[float, int], None] | None = None) -> None:
+        self.prepared = prepared
+        self.name = prepared.name
+        self.loaded = prepared.loaded
+        self.pool = prepared.pool
+        self.report = prepared.report
+        self.engine = Engine(prepared.loaded.model, prepared.loaded.tokenizer, prepared.pool, prepared.limits,
+                             heartbeat, on_failure, on_step)
+
+    def start(self) -> None:
+        self.engine.start()
+
+    async def warm_up(self) -> None:
+        """One short greedy request through the engine; the census must come back to load."""
+        began = time.monotonic()
+        handle = self.engine.submit(Request("warm-up", (0, 1, 2, 3), 2, Sampling(temperature=0.0),
+                                            arrived=began))
+        async for event in handle.events:
+            if isinstance(event, Finished) and event.reason in ("failed", "cancelled"):
+                raise RuntimeError(f"the warm-up request {event.reason}: {event.message}")
+        await self.engine.ask(self.pool.check_at_load)
+        log.info("warm-up step done in %.2fs", time.monotonic() - began)
+
+    async def census(self) -> dict[str, object]:
+        return await self.engine.ask(lambda: self.pool.census().as_dict())  # type: ignore[no-any-return]
+
+    async def lanes(self) -> list[dict[str, object]]:
+        scheduler = self.engine.scheduler
+        return await self.engine.ask(  # type: ignore[no-any-return]
+            lambda: [lane.describe() for lane in [*scheduler.running, *scheduler.waiting]])
+
+    async def close(self) -> None:
+        await self.engine.close()
