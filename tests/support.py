@@ -55,6 +55,7 @@ class ServedDaemon:
                                  NOTIFY_SOCKET=os.fspath(self.notify_path), **env)
         self.messages: list[tuple[float, str]] = []
         self.proc: subprocess.Popen[bytes] | None = None
+        self._url: str | None = None
 
     def start(self, timeout: float = 30) -> ServedDaemon:
         with open(self.log_path, "wb") as log:
@@ -86,14 +87,19 @@ class ServedDaemon:
         raise AssertionError(f"no {field} within {timeout}s:\n{self.log()}")
 
     def admin_call(self, command: str) -> dict[str, object]:
+        return self.admin_call_args(command, [])
+
+    def admin_call_args(self, command: str, args: list[str]) -> dict[str, object]:
         from tfd.server.admin import call
 
-        return call(self.admin, command)
+        return call(self.admin, command, args)
 
     def url(self) -> str:
-        status = self.admin_call("status")["status"]
-        assert isinstance(status, dict)
-        return status["http"][0]
+        if self._url is None:
+            status = self.admin_call("status")["status"]
+            assert isinstance(status, dict)
+            self._url = str(status["http"][0])
+        return self._url
 
     def get(self, path: str, **kwargs: object) -> httpx.Response:
         return httpx.get(self.url() + path, timeout=10, **kwargs)  # type: ignore[arg-type]

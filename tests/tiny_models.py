@@ -25,22 +25,23 @@ MOE = dict(moe_intermediate_size=32, shared_expert_intermediate_size=48, num_exp
 FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp")
 
 
-def make_model(family: str, seed: int = 0) -> torch.nn.Module:
+def make_model(family: str, seed: int = 0, vocab: int = VOCAB, eos: int = EOS) -> torch.nn.Module:
     import transformers
     from transformers.models.qwen4_exp import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
 
+    common = {**COMMON, "vocab_size": vocab, "eos_token_id": eos}
     if family == "qwen3_5":
-        config = transformers.Qwen3_5TextConfig(intermediate_size=96, **COMMON)
+        config = transformers.Qwen3_5TextConfig(intermediate_size=96, **common)
         cls = transformers.Qwen3_5ForCausalLM
     elif family == "qwen3_5_moe":
-        config = transformers.Qwen3_5MoeTextConfig(**MOE, **COMMON)
+        config = transformers.Qwen3_5MoeTextConfig(**MOE, **common)
         cls = transformers.Qwen3_5MoeForCausalLM
     elif family == "qwen3_next":
-        config = transformers.Qwen3NextConfig(intermediate_size=96, **MOE, **COMMON)
+        config = transformers.Qwen3NextConfig(intermediate_size=96, **MOE, **common)
         cls = transformers.Qwen3NextForCausalLM
     elif family == "qwen4_exp":
         config = Qwen4ExpTextConfig(
-            **MOE, **COMMON, hc_count=4, hc_lowrank=16, ple_layer_ids=[2], ple_embed_dim=64,
+            **MOE, **common, hc_count=4, hc_lowrank=16, ple_layer_ids=[2], ple_embed_dim=64,
             ngram_vocab_size_base=101, make_ngram_vocab_size_divisible_by=4, split_ngram_parts=1,
             heads_per_ngram=2, indexer_n_heads=8, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16,
             indexer_compress_ratio=4, output_gate_type="sigmoid")
@@ -81,4 +82,23 @@ def save(family: str, directory: Path, seed: int = 0) -> Path:
     path = directory / family
     if not (path / "config.json").exists():
         make_model(family, seed).save_pretrained(path)
+    return path
+
+
+def save_served(family: str, directory: Path, seed: int = 0) -> Path:
+    """A tiny checkpoint a server can serve: the demo's tokenizer, chat template and end tokens."""
+    import json
+    import shutil
+
+    from tfd.demo import ASSETS, ENDOFTEXT, IM_END, SPECIAL
+    from tfd.demo import VOCAB as TOKENS
+
+    path = directory / f"{family}-served"
+    if (path / "config.json").exists():
+        return path
+    make_model(family, seed, vocab=TOKENS, eos=ENDOFTEXT).save_pretrained(path)
+    shutil.copy(ASSETS / "demo_tokenizer.json", path / "tokenizer.json")
+    shutil.copy(ASSETS / "chat_template.jinja", path / "chat_template.jinja")
+    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": SPECIAL[IM_END]}))
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [IM_END, ENDOFTEXT]}))
     return path

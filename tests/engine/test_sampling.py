@@ -1,0 +1,68 @@
+"""Keyed sampling: the same key draws the same token, alone or in a batch, in the right proportions."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tfd.engine.request import Sampling
+from tfd.engine.sampling import Rows, gumbel, logprobs, sample
+
+VOCAB = 50
+
+
+def rows(settings: list[Sampling], seeds: list[int], positions: list[int]) -> Rows:
+    return Rows.of(settings, seeds, positions, torch.device("cpu"))
+
+
+def test_noise_is_a_function_of_seed_position_and_token() -> None:
+    a = gumbel(torch.tensor([1, 1, 2]), torch.tensor([5, 6, 5]), VOCAB)
+    b = gumbel(torch.tensor([2, 1]), torch.tensor([5, 5]), VOCAB)
+    assert torch.equal(a[0], b[1]) and torch.equal(a[2], b[0])
+    assert not torch.equal(a[0], a[1]) and not torch.equal(a[0], a[2])
+    assert torch.isfinite(a).all()
+
+
+def test_a_row_draws_the_same_alone_and_in_any_batch() -> None:
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(12, VOCAB, generator=generator) * 3
+    settings = [Sampling(temperature=t, top_p=p, top_k=k, min_p=m) for t, p, k, m in
+                [(0.0, 1.0, 0, 0.0), (0.8, 0.9, 0, 0.0), (1.0, 1.0, 5, 0.0), (1.3, 0.5, 0, 0.1)] * 3]
+    seeds, positions = list(range(12)), [100 + i for i in range(12)]
+    together = sample(logits, rows(settings, seeds, positions))
+    alone = torch.cat([sample(logits[i:i + 1], rows(settings[i:i + 1], seeds[i:i + 1], positions[i:i + 1]))
+                       for i in range(12)])
+    assert torch.equal(together, alone)
+
+
+def test_greedy_takes_the_best_and_the_lower_id_on_a_tie() -> None:
+    logits = torch.zeros(1, VOCAB)
+    logits[0, [7, 3]] = 5.0
+    assert sample(logits, rows([Sampling(temperature=0.0)], [1], [0])).item() == 3
+
+
+def test_draws_follow_the_distribution() -> None:
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().expand(4000, -1).contiguous()
+    settings = [Sampling(temperature=1.0)] * 4000
+    drawn = sample(logits, rows(settings, list(range(4000)), [9] * 4000))
+    counts = torch.bincount(drawn, minlength=4).float() / 4000
+    assert torch.allclose(counts, probs, atol=0.03), counts
+
+
+def test_top_k_top_p_and_min_p_cut_the_tail() -> None:
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().expand(2000, -1).contiguous()
+    for setting, allowed in ((Sampling(top_k=2), {0, 1}), (Sampling(top_p=0.7), {0, 1}),
+                             (Sampling(top_p=0.85), {0, 1, 2}), (Sampling(min_p=0.5), {0, 1})):
+        drawn = sample(logits, rows([setting] * 2000, list(range(2000)), [1] * 2000))
+        assert set(drawn.tolist()) == allowed, setting
+
+
+def test_logprobs_are_the_models_and_ranked() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.0, 1.0]])
+    entry = logprobs(logits, torch.tensor([1]), 3)[0]
+    norm = math.log(sum(math.exp(v) for v in (2.0, 1.0, 0.0, 1.0)))
+    assert math.isclose(entry.logprob, 1.0 - norm, rel_tol=1e-6)
+    assert [token for token, _ in entry.top] == [0, 1, 3]  # tied 1 and 3: the lower id first

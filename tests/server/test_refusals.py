@@ -1,0 +1,111 @@
+"""Bad requests are refused with a status and an error that name what is wrong; the server goes on."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import tiny_models
+
+from support import CACHE, ServedDaemon
+
+CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServedDaemon]:
+    workdir = Path(tempfile.mkdtemp(prefix="tfd-", dir="/tmp"))
+    model = tiny_models.save_served("qwen3_5", CACHE / "tiny")
+    daemon = ServedDaemon(workdir, TF_MODEL=str(model), TF_CONTEXT="256").start(timeout=120)
+    yield daemon
+    daemon.close()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def post(server: ServedDaemon, path: str, body: Any, raw: bytes | None = None) -> httpx.Response:
+    if raw is not None:
+        return httpx.post(server.url() + path, content=raw, headers={"content-type": "application/json"},
+                          timeout=30)
+    return httpx.post(server.url() + path, json=body, timeout=30)
+
+
+def error(response: httpx.Response, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    return response.json()["error"]  # type: ignore[no-any-return]
+
+
+def test_a_prompt_over_the_context_is_refused_before_any_stream_byte(server: ServedDaemon) -> None:
+    prompt = " ".join(f"w{i}" for i in range(200))
+    body = {"prompt": prompt, "max_tokens": 200, "stream": True}
+    refused = error(post(server, "/v1/completions", body), 400)
+    assert refused["code"] == "context_length_exceeded"
+    assert refused["param"] == "prompt"
+    assert "maximum context length is 256 tokens" in refused["message"]
+    chat = error(post(server, "/v1/chat/completions", {**CHAT, "max_tokens": 300}), 400)
+    assert (chat["code"], chat["param"]) == ("context_length_exceeded", "messages")
+
+
+@pytest.mark.parametrize(("body", "param", "words"), [
+    ({**CHAT, "temperature": "hot"}, "temperature", "must be a number"),
+    ({**CHAT, "temperature": True}, "temperature", "must be a number"),
+    ({**CHAT, "temperature": 3}, "temperature", "from 0 to 2"),
+    ({**CHAT, "top_p": 0}, "top_p", "above 0"),
+    ({**CHAT, "max_tokens": 0}, "max_tokens", "at least 1"),
+    ({**CHAT, "max_tokens": 2.5}, "max_tokens", "integer"),
+    ({**CHAT, "seed": "x"}, "seed", "integer"),
+    ({**CHAT, "stop": [""]}, "stop", "non-empty string"),
+    ({**CHAT, "n": 2}, "n", "n must be 1"),
+    ({**CHAT, "presence_penalty": 0.5}, "presence_penalty", "not supported"),
+    ({**CHAT, "stream": "yes"}, "stream", "boolean"),
+    ({**CHAT, "top_logprobs": 3}, "top_logprobs", "needs logprobs"),
+    ({"messages": []}, "messages", "non-empty"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "one of"),
+    ({"messages": [{"role": "user", "content": 7}]}, "messages[0].content", "string"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]", "text"),
+])
+def test_wrong_fields_are_refused_by_name(server: ServedDaemon, body: dict[str, Any], param: str,
+                                          words: str) -> None:
+    refused = error(post(server, "/v1/chat/completions", body), 400)
+    assert refused["param"] == param
+    assert words in refused["message"]
+
+
+def test_malformed_json_and_bodies(server: ServedDaemon) -> None:
+    broken = post(server, "/v1/chat/completions", None, raw=b'{"messages": [')
+    assert "not JSON" in error(broken, 400)["message"]
+    assert "JSON object" in error(post(server, "/v1/completions", [1, 2]), 400)["message"]
+    assert error(post(server, "/v1/completions", {"prompt": 5}), 400)["param"] == "prompt"
+    assert error(post(server, "/v1/completions", {"prompt": ["a", "b"]}), 400)["param"] == "prompt"
+    assert error(post(server, "/v1/completions", {"prompt": [999999]}), 400)["param"] == "prompt"
+
+
+def test_an_unknown_model_is_404(server: ServedDaemon) -> None:
+    refused = error(post(server, "/v1/chat/completions", {**CHAT, "model": "gpt-9"}), 404)
+    assert (refused["code"], refused["param"]) == ("model_not_found", "model")
+    served = httpx.get(server.url() + "/v1/models").json()["data"][0]["id"]
+    assert post(server, "/v1/chat/completions", {**CHAT, "model": served}).status_code == 200
+
+
+def test_the_server_serves_on_after_refusals(server: ServedDaemon) -> None:
+    for _ in range(3):
+        post(server, "/v1/completions", {"prompt": 5})
+    done = post(server, "/v1/completions", {"prompt": "def f(x):", "max_tokens": 3, "temperature": 0})
+    assert done.status_code == 200
+    assert done.json()["usage"]["completion_tokens"] == 3
+
+
+def test_tokenize_and_detokenize_round_trip(server: ServedDaemon) -> None:
+    tokens = post(server, "/tokenize", {"prompt": "def f(x): return 'é'"}).json()
+    assert tokens["count"] == len(tokens["tokens"]) and tokens["max_model_len"] == 256
+    text = post(server, "/detokenize", {"tokens": tokens["tokens"]}).json()["prompt"]
+    assert text == "def f(x): return 'é'"
+    chat = post(server, "/tokenize", {"messages": CHAT["messages"]}).json()
+    text = post(server, "/detokenize", {"tokens": chat["tokens"]}).json()["prompt"]
+    assert text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert error(post(server, "/detokenize", {"tokens": [-1]}), 400)["param"] == "tokens"

@@ -1,0 +1,107 @@
+"""Serving a model: what fits at start, READY after the warm-up, admin lanes and cancel, metrics."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+
+import httpx
+import pytest
+import tiny_models
+
+from support import CACHE, ServedDaemon, clean_environ, run_tfd
+
+
+def served_model() -> Path:
+    return tiny_models.save_served("qwen3_5", CACHE / "tiny")
+
+
+def test_a_parallel_or_context_that_does_not_fit_is_refused_naming_what_fits() -> None:
+    env = clean_environ(TF_MODEL=str(served_model()), TF_POOL_GIB="0.01", TF_PORT="0",
+                        TF_ADMIN_SOCKET=tempfile.mktemp(dir="/tmp"))
+    done = run_tfd("serve", env={**env, "TF_PARALLEL": "4000"}, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert re.search(r"TF_PARALLEL=4000: \d+ lanes of 4096 tokens fit TF_POOL_GIB=0.01", done.stderr)
+    done = run_tfd("serve", env={**env, "TF_CONTEXT": "4000000"}, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "TF_CONTEXT=4000000: one lane of 4000000 tokens needs" in done.stderr
+    assert "TF_POOL_GIB=0.01 holds none" in done.stderr
+
+
+def test_ready_comes_after_loading_and_a_warm_up(tmp_path: Path) -> None:
+    daemon = ServedDaemon(Path(tempfile.mkdtemp(dir="/tmp")), TF_MODEL=str(served_model())).start(timeout=120)
+    try:
+        fields = [field for _, field in daemon.messages]
+        steps = ("STATUS=starting", "STATUS=loading the model", "STATUS=warming up", "READY=1")
+        order = [next(i for i, f in enumerate(fields) if f.startswith(step)) for step in steps]
+        assert order == sorted(order)
+        assert "warm-up step done" in daemon.log()
+        health = daemon.get("/health").json()
+        assert health["state"] == "ready" and health["model"] == "qwen3_5-served"
+    finally:
+        daemon.close()
+        shutil.rmtree(daemon.workdir, ignore_errors=True)
+
+
+def test_admin_lanes_and_cancel(tmp_path: Path) -> None:
+    daemon = ServedDaemon(Path(tempfile.mkdtemp(dir="/tmp")), TF_MODEL=str(served_model())).start(timeout=120)
+    try:
+        body = {"prompt": "def f(x):", "max_tokens": 3000, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", daemon.url() + "/v1/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            next(line for line in lines if line.startswith("data: "))
+            listed = daemon.admin_call("lanes")["lanes"]["lanes"]  # type: ignore[index]
+            assert len(listed) == 1 and listed[0]["phase"] == "decode"
+            request = listed[0]["request"]
+            assert daemon.admin_call_args("cancel", [request]) == {"ok": True, "cancel": {"request": request}}
+            events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        assert events[-1]["choices"][0]["finish_reason"] == "cancelled"
+        missing = daemon.admin_call_args("cancel", ["nope"])
+        assert missing["ok"] is False and missing["error"]["code"] == "not_found"  # type: ignore[index]
+    finally:
+        daemon.close()
+        shutil.rmtree(daemon.workdir, ignore_errors=True)
+
+
+def test_metrics_count_tokens_steps_and_pages(tmp_path: Path) -> None:
+    daemon = ServedDaemon(Path(tempfile.mkdtemp(dir="/tmp")), TF_MODEL=str(served_model())).start(timeout=120)
+    try:
+        body = {"prompt": "abc", "max_tokens": 5, "ignore_eos": True}
+        httpx.post(daemon.url() + "/v1/completions", json=body, timeout=60)
+        text = daemon.get("/metrics").text
+        assert re.search(r'^tfd_tokens_total\{kind="generated"\} 5\.0$', text, re.M)
+        assert re.search(r'^tfd_requests_finished_total\{reason="length"\} 1\.0$', text, re.M)
+        assert re.search(r"^tfd_time_to_first_token_seconds_count 1\.0$", text, re.M)
+        steps = float(re.search(r"^tfd_step_seconds_count (\S+)$", text, re.M)[1])  # type: ignore[index]
+        assert steps >= 5  # the warm-up's and this request's
+        free = float(re.search(r'^tfd_pool_pages\{state="free"\} (\S+)$', text, re.M)[1])  # type: ignore[index]
+        held = float(re.search(r'^tfd_pool_pages\{state="held"\} (\S+)$', text, re.M)[1])  # type: ignore[index]
+        assert held == 0 and free > 0
+        assert re.search(r'^tfd_lanes\{state="running"\} 0\.0$', text, re.M)
+    finally:
+        daemon.close()
+        shutil.rmtree(daemon.workdir, ignore_errors=True)
+
+
+def test_sigterm_drains_a_running_request_to_its_end(tmp_path: Path) -> None:
+    daemon = ServedDaemon(Path(tempfile.mkdtemp(dir="/tmp")), TF_MODEL=str(served_model())).start(timeout=120)
+    try:
+        body = {"prompt": "def f(x):", "max_tokens": 40, "stream": True, "ignore_eos": True, "temperature": 0}
+        with httpx.stream("POST", daemon.url() + "/v1/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            next(line for line in lines if line.startswith("data: "))
+            daemon.signal(signal.SIGTERM)
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]"
+        assert json.loads(rest[-2][6:])["usage"]["completion_tokens"] == 40  # finished, not cut
+        url = daemon.url()
+        assert daemon.wait() == 0
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url + "/health")
+    finally:
+        daemon.close()
+        shutil.rmtree(daemon.workdir, ignore_errors=True)
