@@ -109,3 +109,19 @@ def test_tokenize_and_detokenize_round_trip(server: ServedDaemon) -> None:
     text = post(server, "/detokenize", {"tokens": chat["tokens"]}).json()["prompt"]
     assert text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     assert error(post(server, "/detokenize", {"tokens": [-1]}), 400)["param"] == "tokens"
+
+
+def test_a_body_over_32_mib_is_refused(server: ServedDaemon) -> None:
+    huge = b'{"prompt": "' + b"x" * (33 << 20) + b'"}'
+    refused = error(post(server, "/v1/completions", None, raw=huge), 413)
+    assert refused["code"] == "body_too_large"
+
+
+def test_return_token_ids_gives_the_prompt_and_reply_ids(server: ServedDaemon) -> None:
+    body = {"prompt": "def f(x):", "max_tokens": 4, "temperature": 0, "return_token_ids": True}
+    reply = post(server, "/v1/completions", body).json()
+    assert reply["prompt_token_ids"] == post(server, "/tokenize", {"prompt": "def f(x):"}).json()["tokens"]
+    ids = reply["choices"][0]["token_ids"]
+    assert len(ids) == reply["usage"]["completion_tokens"]
+    # The reply's text is its ids decoded, an end token (always last) left out.
+    assert post(server, "/detokenize", {"tokens": ids}).json()["prompt"].startswith(reply["choices"][0]["text"])

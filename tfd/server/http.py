@@ -26,7 +26,7 @@ from tfd.server.metrics import CONTENT_TYPE, Metrics
 OPEN_PATHS = frozenset({"/health"})
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                405: "invalid_request_error", 503: "service_unavailable"}
+                405: "invalid_request_error", 413: "invalid_request_error", 503: "service_unavailable"}
 
 
 def error_response(status: int, message: str, code: str, *, param: str | None = None,

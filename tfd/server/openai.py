@@ -36,6 +36,7 @@ from tfd.server.schema import BadRequest, Common, chat_body, completion_body
 from tfd.server.service import Service
 
 RETRY_AFTER_S = "2"
+MAX_BODY = 32 << 20
 
 
 class OpenAI:
@@ -254,7 +255,11 @@ class _Refusal(Exception):
 
 
 async def _json(request: HttpRequest) -> Any:
-    body = await request.body()
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > MAX_BODY:  # stop reading: a prompt this large is no prompt
+            raise _Refusal(error_response(413, f"the body is over {MAX_BODY >> 20} MiB", "body_too_large"))
     try:
         return json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
