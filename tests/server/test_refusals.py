@@ -124,4 +124,5 @@ def test_return_token_ids_gives_the_prompt_and_reply_ids(server: ServedDaemon) -
     ids = reply["choices"][0]["token_ids"]
     assert len(ids) == reply["usage"]["completion_tokens"]
     # The reply's text is its ids decoded, an end token (always last) left out.
-    assert post(server, "/detokenize", {"tokens": ids}).json()["prompt"].startswith(reply["choices"][0]["text"])
+    decoded = post(server, "/detokenize", {"tokens": ids}).json()["prompt"]
+    assert decoded.startswith(reply["choices"][0]["text"])
