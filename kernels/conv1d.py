@@ -1,0 +1,159 @@
+"""Depthwise causal conv with SiLU over the lanes' conv tails, the tails moved forward in place.
+
+For channel c of a lane's input row i, with ``window`` the lane's tail (the last ``width - 1``
+inputs, oldest first) followed by its new rows::
+
+    out[i, c] = silu(cast(sum over taps t in order of window[i + t, c] * weight[c, t]))
+
+in fp32, cast to the model dtype before the SiLU and after it, as tfd.model.gdn.causal_conv does.
+The tail then holds the last ``width - 1`` rows of the window. ``decode`` takes one row per lane
+([lanes, channels]), ``prefill`` concatenated rows of several lanes split by ``cu_seqlens``.
+
+Tails are [width - 1, channels] in the model dtype at element offsets ``tail_at`` into the pool's
+view of that dtype. Besides the new output, memory written is only those tails. A lane whose
+offset is -1 is padding: none of the pool is read or written for it and its output rows are
+zeros. Every element is computed on its own, so a lane's bits never depend on the other lanes.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_C = 256  # channels per program
+BLOCK_T = 16  # prefill rows per program; at least width - 1, so only a lane's first block reads its tail
+
+
+@triton.jit
+def _window(x, tails, tail, start, j, cs, channels, live, WIDTH: tl.constexpr):
+    # Rows j of a lane's window counted from its first new row: j >= 0 are inputs, j < 0 the tail.
+    new = (j >= 0)[:, None]
+    from_x = tl.load(x + (start + j)[:, None] * channels + cs[None, :], mask=live & new, other=0.0)
+    from_tail = tl.load(tails + tail + (j + WIDTH - 1)[:, None] * channels + cs[None, :], mask=live & ~new,
+                        other=0.0)
+    return tl.where(new, from_x, from_tail)
+
+
+@triton.jit
+def _conv(x, weight, tails, tail_at, out, start, rows, lane, first, channels,
+          WIDTH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Rows ``first`` .. ``first + BLOCK_T`` of a lane's ``rows`` rows at ``start``; one channel block."""
+    i = first + tl.arange(0, BLOCK_T)
+    cs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_live = cs < channels
+    live = (i < rows)[:, None] & c_live[None, :]
+    targets = out + (start + i)[:, None] * channels + cs[None, :]
+    tail = tl.load(tail_at + lane)
+    if tail < 0:
+        tl.store(targets, tl.zeros([BLOCK_T, BLOCK_C], out.dtype.element_ty), mask=live)
+        return
+    acc = tl.zeros([BLOCK_T, BLOCK_C], tl.float32)
+    for tap in tl.static_range(WIDTH):  # taps in order, as the reference sums them
+        value = _window(x, tails, tail, start, i + tap - (WIDTH - 1), cs, channels, live, WIDTH)
+        w = tl.load(weight + cs * WIDTH + tap, mask=c_live).to(tl.float32)
+        acc = acc + value.to(tl.float32) * w[None, :]
+    y = acc.to(out.dtype.element_ty).to(tl.float32)
+    tl.store(targets, (y / (1.0 + tl.exp(-y))).to(out.dtype.element_ty), mask=live)
+    if first == 0:  # the only block that read the old tail writes the new one
+        t = tl.arange(0, BLOCK_W)
+        keep = (t < WIDTH - 1)[:, None] & c_live[None, :]
+        fresh = _window(x, tails, tail, start, rows + t - (WIDTH - 1), cs, channels, keep, WIDTH)
+        tl.debug_barrier()  # every thread's reads of the old tail come before any write to it
+        tl.store(tails + tail + t[:, None] * channels + cs[None, :], fresh, mask=keep)
+
+
+@triton.jit
+def _decode(x, weight, tails, tail_at, out, channels,
+            WIDTH: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr):
+    lane = tl.program_id(1)
+    _conv(x, weight, tails, tail_at, out, lane, 1, lane, 0, channels, WIDTH, 1, BLOCK_C, BLOCK_W)
+
+
+@triton.jit
+def _prefill(x, weight, tails, tail_at, out, cu_seqlens, channels,
+             WIDTH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr):
+    first, lane = tl.program_id(1) * BLOCK_T, tl.program_id(2)
+    start = tl.load(cu_seqlens + lane)
+    rows = tl.load(cu_seqlens + lane + 1) - start
+    if (first == 0) | (first < rows):  # blocks past a lane's rows have nothing to do
+        _conv(x, weight, tails, tail_at, out, start, rows, lane, first, channels, WIDTH, BLOCK_T, BLOCK_C,
+              BLOCK_W)
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, tails: torch.Tensor, tail_at: torch.Tensor,
+           lanes: int) -> int:
+    """The conv width, once the arguments shared by decode and prefill are checked."""
+    if x.dim() != 2:
+        raise ValueError(f"x must be [rows, channels], got {list(x.shape)}")
+    if weight.dim() != 2 or weight.shape[0] != x.shape[1] or weight.shape[1] < 2:
+        raise ValueError(f"weight must be [{x.shape[1]}, width >= 2], got {list(weight.shape)}")
+    if tails.dim() != 1 or tails.dtype != x.dtype:
+        raise ValueError(f"tails must be the pool's 1-D view as {x.dtype}, got {tails.dtype} {tails.dim()}-D")
+    if tuple(tail_at.shape) != (lanes,) or tail_at.dtype != torch.int64 or not tail_at.is_contiguous():
+        raise ValueError(f"tail_at must be contiguous int64 [{lanes}], got {tail_at.dtype} "
+                         f"{list(tail_at.shape)} strides {tail_at.stride()}")
+    return int(weight.shape[1])
+
+
+def decode(x: torch.Tensor, weight: torch.Tensor, tails: torch.Tensor, tail_at: torch.Tensor) -> torch.Tensor:
+    """One row per lane, x [lanes, channels]; the lanes' tails move forward one row."""
+    width = _check(x, weight, tails, tail_at, x.shape[0])
+    x, weight = x.contiguous(), weight.contiguous()
+    out = torch.empty_like(x)
+    grid = (triton.cdiv(x.shape[1], BLOCK_C), x.shape[0])
+    _decode[grid](x, weight, tails, tail_at, out, x.shape[1], WIDTH=width, BLOCK_C=BLOCK_C,
+                  BLOCK_W=triton.next_power_of_2(width - 1))
+    return out
+
+
+def prefill(x: torch.Tensor, weight: torch.Tensor, tails: torch.Tensor, tail_at: torch.Tensor,
+            cu_seqlens: torch.Tensor, max_rows: int) -> torch.Tensor:
+    """Lane l's rows are x[cu_seqlens[l]:cu_seqlens[l + 1]]; ``max_rows`` bounds every lane's count
+    (it sizes the grid, so the launch reads nothing back from the device)."""
+    lanes = tail_at.shape[0]
+    width = _check(x, weight, tails, tail_at, lanes)
+    if tuple(cu_seqlens.shape) != (lanes + 1,) or cu_seqlens.dtype != torch.int32:
+        raise ValueError(f"cu_seqlens must be int32 [{lanes + 1}], got {cu_seqlens.dtype} "
+                         f"{list(cu_seqlens.shape)}")
+    if width - 1 > BLOCK_T:
+        raise ValueError(f"weight's width {width} is over {BLOCK_T + 1}")
+    x, weight = x.contiguous(), weight.contiguous()
+    out = torch.empty_like(x)
+    grid = (triton.cdiv(x.shape[1], BLOCK_C), max(1, triton.cdiv(max_rows, BLOCK_T)), lanes)
+    _prefill[grid](x, weight, tails, tail_at, out, cu_seqlens, x.shape[1], WIDTH=width, BLOCK_T=BLOCK_T,
+                   BLOCK_C=BLOCK_C, BLOCK_W=triton.next_power_of_2(width - 1))
+    return out
+
+
+def _reference_lane(x: torch.Tensor, weight: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
+    """tfd.model.gdn.causal_conv's arithmetic for one lane's rows; ``tail`` moves forward."""
+    rows, width = x.shape[0], weight.shape[1]
+    window = torch.cat((tail.to(x.dtype), x))
+    acc = window[0:rows].float() * weight[:, 0].float()
+    for tap in range(1, width):
+        acc = acc + window[tap:tap + rows].float() * weight[:, tap].float()
+    tail.copy_(window[-(width - 1):])
+    y = acc.to(x.dtype).float()
+    return (y / (1.0 + torch.exp(-y))).to(x.dtype)
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, tails: torch.Tensor,
+              tail_at: torch.Tensor) -> torch.Tensor:
+    """``decode`` in torch, a lane at a time."""
+    return reference_prefill(x, weight, tails, tail_at,
+                             torch.arange(x.shape[0] + 1, dtype=torch.int32, device=x.device))
+
+
+def reference_prefill(x: torch.Tensor, weight: torch.Tensor, tails: torch.Tensor, tail_at: torch.Tensor,
+                      cu_seqlens: torch.Tensor, max_rows: int | None = None) -> torch.Tensor:
+    """``prefill`` in torch, a lane at a time (``max_rows`` is not needed here)."""
+    del max_rows
+    out = torch.zeros_like(x)
+    size = (weight.shape[1] - 1) * x.shape[1]
+    bounds = cu_seqlens.tolist()
+    for lane, at in enumerate(tail_at.tolist()):
+        if at >= 0:
+            a, b = bounds[lane], bounds[lane + 1]
+            out[a:b] = _reference_lane(x[a:b], weight, tails[at:at + size].view(-1, x.shape[1]))
+    return out

@@ -1,0 +1,274 @@
+"""Gated DeltaNet decode on the state pool: the delta rule a row at a time, states updated in place.
+
+For each lane and value head j, reading key head j // (value_heads // key_heads), a row computes
+in fp32::
+
+    k <- k * rsqrt(sum(k^2) + 1e-6);  q <- scale * q * rsqrt(sum(q^2) + 1e-6)
+    S <- e^g S;  S <- S + k (beta (v - S^T k))^T;  o = S^T q
+
+where S is the lane's state [value_heads, key_dim, value_dim], fp32, at an element offset into the
+pool's fp32 view. ``decode`` runs one row per lane and writes S back where it was read. ``verify``
+runs several rows from the state at ``state_at``, only reads that state, writes the state after the
+last row to ``spare_at`` and logs each row's normalised k, v, g and beta (fp32 rows of
+``key_heads * key_dim + value_heads * value_dim + 2 * value_heads``) at ``log_at``. ``replay``
+applies a lane's first ``kept`` logged rows to the state at ``from_at`` and writes ``to_at``. All
+three update S through the one helper ``_step``, so the same rows give the same bits by any path.
+
+Besides the new output, memory written is only those states and log pieces. A lane whose state
+offset (``state_at``, or ``from_at`` for replay) is -1 is padding: none of the pool is read or
+written for it and its output rows are zeros. Programs run over (value block, value head, lane)
+with key_dim whole in registers; the block shape depends on the head dims alone, never on the
+number of lanes, so a lane's bits do not depend on its batch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Value columns per program and warps: measured best of 8/16/32/64 x 1..8 on the H200 at 16 to 96 lanes
+# (about 3.3 TB/s of state read plus written). The same for every path: the reductions' order follows them.
+BLOCK_V = 16
+NUM_WARPS = 4
+
+
+def _blocks(key_dim: int, value_dim: int) -> tuple[int, int]:
+    return triton.next_power_of_2(key_dim), min(BLOCK_V, triton.next_power_of_2(value_dim))
+
+
+@triton.jit
+def _normed(ptr, ks, k_live):
+    x = tl.load(ptr + ks, mask=k_live, other=0.0).to(tl.float32)
+    return x * tl.rsqrt(tl.sum(x * x, axis=0) + 1e-6)
+
+
+@triton.jit
+def _step(s, k, v, g, beta):
+    # The one update every path runs; an explicit fma so no compiler choice can differ between them.
+    s = s * tl.exp(g)
+    read = tl.sum(s * k[:, None], axis=0)
+    delta = beta * (v - read)
+    return tl.fma(k[:, None], delta[None, :], s)
+
+
+@triton.jit
+def _rows(q, k, v, g, beta, states, state_at, write_at, log, log_at, out, rows, scale,
+          q_lane, q_row, k_lane, k_row, v_lane, v_row,
+          KEY_HEADS: tl.constexpr, VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr,
+          VALUE_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, LOG: tl.constexpr):
+    block, head, lane = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    key_head = head // (VALUE_HEADS // KEY_HEADS)
+    ks = tl.arange(0, BLOCK_K)
+    vs = block * BLOCK_V + tl.arange(0, BLOCK_V)
+    k_live, v_live = ks < KEY_DIM, vs < VALUE_DIM
+    outs = out + (lane * rows * VALUE_HEADS + head) * VALUE_DIM + vs
+    at = tl.load(state_at + lane)
+    if at < 0:
+        for r in range(rows):
+            tl.store(outs + r * VALUE_HEADS * VALUE_DIM, tl.zeros([BLOCK_V], tl.float32), mask=v_live)
+        return
+    tile = head * KEY_DIM * VALUE_DIM + ks[:, None] * VALUE_DIM + vs[None, :]
+    tile_live = k_live[:, None] & v_live[None, :]
+    s = tl.load(states + at + tile, mask=tile_live, other=0.0)
+    for r in range(rows):
+        row = lane * rows + r
+        kn = _normed(k + lane * k_lane + r * k_row + key_head * KEY_DIM, ks, k_live)
+        qn = _normed(q + lane * q_lane + r * q_row + key_head * KEY_DIM, ks, k_live) * scale
+        vr = tl.load(v + lane * v_lane + r * v_row + head * VALUE_DIM + vs, mask=v_live, other=0.0)
+        vr = vr.to(tl.float32)
+        gr = tl.load(g + row * VALUE_HEADS + head)
+        br = tl.load(beta + row * VALUE_HEADS + head)
+        s = _step(s, kn, vr, gr, br)
+        tl.store(outs + r * VALUE_HEADS * VALUE_DIM, tl.sum(s * qn[:, None], axis=0), mask=v_live)
+        if LOG:
+            entry = log + tl.load(log_at + lane) + r * (KEY_HEADS * KEY_DIM + VALUE_HEADS * VALUE_DIM
+                                                        + 2 * VALUE_HEADS)
+            tl.store(entry + KEY_HEADS * KEY_DIM + head * VALUE_DIM + vs, vr, mask=v_live)
+            if block == 0:  # one program a head logs its g and beta
+                gates = entry + KEY_HEADS * KEY_DIM + VALUE_HEADS * VALUE_DIM
+                tl.store(gates + head, gr)
+                tl.store(gates + VALUE_HEADS + head, br)
+                if head % (VALUE_HEADS // KEY_HEADS) == 0:  # and the first head reading a key head, its k
+                    tl.store(entry + key_head * KEY_DIM + ks, kn, mask=k_live)
+    tl.store(states + tl.load(write_at + lane) + tile, s, mask=tile_live)
+
+
+@triton.jit
+def _replay(log, log_at, states, from_at, to_at, kept,
+            KEY_HEADS: tl.constexpr, VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr,
+            VALUE_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
+    block, head, lane = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    key_head = head // (VALUE_HEADS // KEY_HEADS)
+    ks = tl.arange(0, BLOCK_K)
+    vs = block * BLOCK_V + tl.arange(0, BLOCK_V)
+    k_live, v_live = ks < KEY_DIM, vs < VALUE_DIM
+    at = tl.load(from_at + lane)
+    if at < 0:
+        return
+    tile = head * KEY_DIM * VALUE_DIM + ks[:, None] * VALUE_DIM + vs[None, :]
+    tile_live = k_live[:, None] & v_live[None, :]
+    s = tl.load(states + at + tile, mask=tile_live, other=0.0)
+    base = log + tl.load(log_at + lane)
+    for r in range(tl.load(kept + lane)):
+        entry = base + r * (KEY_HEADS * KEY_DIM + VALUE_HEADS * VALUE_DIM + 2 * VALUE_HEADS)
+        kn = tl.load(entry + key_head * KEY_DIM + ks, mask=k_live, other=0.0)
+        entry += KEY_HEADS * KEY_DIM
+        vr = tl.load(entry + head * VALUE_DIM + vs, mask=v_live, other=0.0)
+        entry += VALUE_HEADS * VALUE_DIM
+        s = _step(s, kn, vr, tl.load(entry + head), tl.load(entry + VALUE_HEADS + head))
+    tl.store(states + tl.load(to_at + lane) + tile, s, mask=tile_live)
+
+
+def _check(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> None:
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} is {list(t.shape)}, expected {list(shape)}")
+    if dtype is not None and t.dtype != dtype:
+        raise ValueError(f"{name} is {t.dtype}, expected {dtype}")
+    if t.dim() == 1 and not t.is_contiguous():  # offsets are read as consecutive elements
+        raise ValueError(f"{name} must be contiguous, its stride is {t.stride()}")
+
+
+def _check_view(name: str, view: torch.Tensor) -> None:
+    if view.dim() != 1 or view.dtype != torch.float32:
+        raise ValueError(f"{name} must be the pool's 1-D float32 view, got {view.dtype} {view.dim()}-D")
+
+
+def _check_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                states: torch.Tensor, lead: int) -> tuple[int, int, int, int]:
+    """Shapes shared by decode and verify, ``lead`` the axes before the heads; the head dims."""
+    if q.dim() != lead + 2 or v.dim() != lead + 2:
+        raise ValueError(f"q and v need {lead + 2} axes, got {q.dim()} and {v.dim()}")
+    key_heads, key_dim = q.shape[lead:]
+    value_heads, value_dim = v.shape[lead:]
+    if value_heads % key_heads:
+        raise ValueError(f"v has {value_heads} heads, not a multiple of q's {key_heads}")
+    _check("k", k, tuple(q.shape), q.dtype)
+    _check("v", v, (*q.shape[:lead], value_heads, value_dim), q.dtype)
+    _check("g", g, (*q.shape[:lead], value_heads), torch.float32)
+    _check("beta", beta, (*q.shape[:lead], value_heads), torch.float32)
+    _check_view("states", states)
+    return key_heads, value_heads, key_dim, value_dim
+
+
+def _heads(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """``t`` with contiguous heads, and its lane and row strides: the kernels read q, k and v in place
+    as views of the conv output."""
+    if t.stride(-1) != 1 or t.stride(-2) != t.shape[-1]:
+        t = t.contiguous()
+    return t, t.stride(0), t.stride(1) if t.dim() == 4 else 0
+
+
+def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+            states: torch.Tensor, state_at: torch.Tensor, write_at: torch.Tensor, log: torch.Tensor,
+            log_at: torch.Tensor, out: torch.Tensor, rows: int, scale: float, logging: bool) -> None:
+    lanes = q.shape[0]
+    key_heads, key_dim = q.shape[-2:]
+    value_heads, value_dim = v.shape[-2:]
+    for name, at in (("state_at", state_at), ("write_at", write_at), ("log_at", log_at)):
+        _check(name, at, (lanes,), torch.int64)
+    block_k, block_v = _blocks(key_dim, value_dim)
+    grid = (triton.cdiv(value_dim, block_v), value_heads, lanes)
+    (q, *q_strides), (k, *k_strides), (v, *v_strides) = (_heads(t) for t in (q, k, v))
+    _rows[grid](q, k, v, g.contiguous(), beta.contiguous(), states, state_at, write_at, log, log_at, out,
+                rows, scale, *q_strides, *k_strides, *v_strides, KEY_HEADS=key_heads,
+                VALUE_HEADS=value_heads, KEY_DIM=key_dim, VALUE_DIM=value_dim, BLOCK_K=block_k,
+                BLOCK_V=block_v, LOG=logging, num_warps=NUM_WARPS)
+
+
+def decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+           states: torch.Tensor, state_at: torch.Tensor, scale: float) -> torch.Tensor:
+    """One row per lane: q, k [lanes, key_heads, key_dim], v [lanes, value_heads, value_dim], g and
+    beta [lanes, value_heads] fp32; each lane's state is updated in place; out fp32 like v."""
+    _check_rows(q, k, v, g, beta, states, lead=1)
+    out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    _launch(q, k, v, g, beta, states, state_at, state_at, states, state_at, out, 1, scale, logging=False)
+    return out
+
+
+def verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+           states: torch.Tensor, state_at: torch.Tensor, spare_at: torch.Tensor, log: torch.Tensor,
+           log_at: torch.Tensor, scale: float) -> torch.Tensor:
+    """``rows`` rows per lane (inputs [lanes, rows, ...]) from the state at ``state_at``, left as it
+    was; the state after the last row goes to ``spare_at``, each row's k, v, g, beta to the log."""
+    _check_rows(q, k, v, g, beta, states, lead=2)
+    _check_view("log", log)
+    out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    _launch(q, k, v, g, beta, states, state_at, spare_at, log, log_at, out, q.shape[1], scale, logging=True)
+    return out
+
+
+def replay(log: torch.Tensor, log_at: torch.Tensor, states: torch.Tensor, from_at: torch.Tensor,
+           to_at: torch.Tensor, kept: torch.Tensor, *, key_heads: int, value_heads: int, key_dim: int,
+           value_dim: int) -> None:
+    """Per lane, the state at ``from_at`` after its first ``kept`` logged rows, written to ``to_at``
+    (which may equal ``from_at``)."""
+    lanes = from_at.shape[0]
+    _check_view("log", log)
+    _check_view("states", states)
+    for name, at in (("log_at", log_at), ("from_at", from_at), ("to_at", to_at)):
+        _check(name, at, (lanes,), torch.int64)
+    _check("kept", kept, (lanes,), torch.int32)
+    if value_heads % key_heads:
+        raise ValueError(f"value_heads {value_heads} is not a multiple of key_heads {key_heads}")
+    block_k, block_v = _blocks(key_dim, value_dim)
+    grid = (triton.cdiv(value_dim, block_v), value_heads, lanes)
+    _replay[grid](log, log_at, states, from_at, to_at, kept, KEY_HEADS=key_heads, VALUE_HEADS=value_heads,
+                  KEY_DIM=key_dim, VALUE_DIM=value_dim, BLOCK_K=block_k, BLOCK_V=block_v,
+                  num_warps=NUM_WARPS)
+
+
+def _reference_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                    s: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One lane's rows as tfd.model.gdn prepares and runs them: (outputs, normalised k, final state)."""
+    ratio = v.shape[1] // q.shape[1]
+
+    def l2norm(x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+    key = l2norm(k)
+    q_rep, k_rep = l2norm(q).repeat_interleave(ratio, dim=1) * scale, key.repeat_interleave(ratio, dim=1)
+    out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    for row in range(q.shape[0]):
+        s = s * torch.exp(g[row])[:, None, None]
+        read = (s * k_rep[row][:, :, None]).sum(dim=1)
+        delta = beta[row][:, None] * (v[row].float() - read)
+        s = s + k_rep[row][:, :, None] * delta[:, None, :]
+        out[row] = (s * q_rep[row][:, :, None]).sum(dim=1)
+    return out, key, s
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+              states: torch.Tensor, state_at: torch.Tensor, scale: float) -> torch.Tensor:
+    """``decode`` in torch, a lane at a time."""
+    out = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    size = v.shape[1] * q.shape[2] * v.shape[2]
+    for lane, at in enumerate(state_at.tolist()):
+        if at >= 0:
+            state = states[at:at + size].view(v.shape[1], q.shape[2], v.shape[2])
+            rows, _, after = _reference_rows(q[lane, None], k[lane, None], v[lane, None], g[lane, None],
+                                             beta[lane, None], state, scale)
+            out[lane] = rows[0]
+            state.copy_(after)
+    return out
+
+
+def reference_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     states: torch.Tensor, state_at: torch.Tensor, spare_at: torch.Tensor, log: torch.Tensor,
+                     log_at: torch.Tensor, scale: float) -> torch.Tensor:
+    """``verify`` in torch, a lane at a time."""
+    rows, value_heads, value_dim = v.shape[1:]
+    out = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    size = value_heads * q.shape[3] * value_dim
+    for lane, (at, spare, entry) in enumerate(zip(state_at.tolist(), spare_at.tolist(), log_at.tolist(),
+                                                  strict=True)):
+        if at >= 0:
+            state = states[at:at + size].view(value_heads, q.shape[3], value_dim)
+            out[lane], key, after = _reference_rows(q[lane], k[lane], v[lane], g[lane], beta[lane], state,
+                                                    scale)
+            states[spare:spare + size].copy_(after.flatten())
+            width = key[0].numel() + value_heads * value_dim + 2 * value_heads
+            record = torch.cat((key.flatten(1), v[lane].float().flatten(1), g[lane], beta[lane]), dim=1)
+            log[entry:entry + rows * width].copy_(record.flatten())
+    return out

@@ -1,0 +1,166 @@
+"""A batch-invariant matrix product: ``x @ w.T`` whose row i never depends on the other rows.
+
+Library GEMMs choose tiles and split-K by the number of rows, so a row's bits change with the
+batch (reference/gpu-facts.md measured one such shape on the H200). Here the tiles, the split of K
+into segments and the order in which segment sums are added are fixed by the weight's shape alone:
+each segment is accumulated from zero in fp32 over the same K tiles, and the segments are added in
+order. Two launch forms give the same bits: few rows spread the segments over programs (fp32
+partials in memory, then an in-order sum), enough to keep every multiprocessor reading weights;
+many rows keep a tile's segments in one program and add them in registers. Both run the same
+``_segment`` code with the same tiles, so the form may follow the number of rows.
+
+``matmul`` is the launcher, ``reference`` the torch reference, ``plan`` the shape's fixed choice.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import torch
+import triton
+import triton.language as tl
+
+from kernels import INTERPRETED
+
+TARGET_PROGRAMS = 528  # four per multiprocessor of an H200 when rows are few
+SPREAD_ROWS = 64  # up to this many rows the segments run in programs of their own
+
+
+@attrs.frozen
+class Tiles:
+    """One launch form's tile: rows, columns and K step of a program, its warps and pipeline."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    warps: int = 4
+    stages: int = 3
+
+
+SPREAD = Tiles(64, 64, 64)  # few rows: many small programs keep every multiprocessor reading
+WHOLE = Tiles(64, 64, 64)  # many rows: large tiles reuse what they read
+
+
+@attrs.frozen
+class Plan:
+    """The fixed choice for one weight shape: how K is cut into segments, and the tiles."""
+
+    segments: int
+    k_per_segment: int
+    spread: Tiles = SPREAD
+    whole: Tiles = WHOLE
+
+
+def plan(n: int, k: int, spread: Tiles = SPREAD, whole: Tiles = WHOLE) -> Plan:
+    """K segments for a weight of shape [n, k]; the same for every number of rows. Segments are
+    whole K steps of both tiles."""
+    step = max(spread.block_k, whole.block_k)
+    k_tiles = math.ceil(k / step)
+    n_tiles = math.ceil(n / spread.block_n)
+    segments = max(1, min(math.ceil(TARGET_PROGRAMS / n_tiles), k_tiles // 4))
+    per_segment = math.ceil(k_tiles / segments)
+    segments = math.ceil(k_tiles / per_segment)  # no segment left empty
+    return Plan(segments, per_segment * step, spread, whole)
+
+
+@triton.jit
+def _segment(x, w, rows, cols, m, n, k, start, length, stride_xm, stride_wn,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
+    """One segment's fp32 sum over K tiles start .. start + length, from zero."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for offset in range(0, length, BLOCK_K):
+        ks = start + offset + tl.arange(0, BLOCK_K)
+        a = tl.load(x + rows[:, None] * stride_xm + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < k),
+                    other=0.0)
+        b = tl.load(w + cols[:, None] * stride_wn + ks[None, :], mask=(cols[:, None] < n) & (ks[None, :] < k),
+                    other=0.0)
+        if WIDEN:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")  # fp32 stays fp32, never tf32
+    return acc
+
+
+@triton.jit
+def _spread(x, w, partials, m, n, k, stride_xm, stride_wn, stride_ps, stride_pm, k_per_segment,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    segment = tl.program_id(2)
+    acc = _segment(x, w, rows, cols, m, n, k, segment * k_per_segment, k_per_segment, stride_xm, stride_wn,
+                   BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
+    tl.store(partials + segment * stride_ps + rows[:, None] * stride_pm + cols[None, :], acc,
+             mask=(rows[:, None] < m) & (cols[None, :] < n))
+
+
+@triton.jit
+def _sum_segments(partials, out, m, n, segments, stride_ps, stride_pm, stride_om,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < m) & (cols[None, :] < n)
+    where = rows[:, None] * stride_pm + cols[None, :]
+    total = tl.load(partials + where, mask=mask, other=0.0)
+    for segment in range(1, segments):  # always in segment order
+        total += tl.load(partials + segment * stride_ps + where, mask=mask, other=0.0)
+    tl.store(out + rows[:, None] * stride_om + cols[None, :], total.to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _whole(x, w, out, m, n, k, stride_xm, stride_wn, stride_om, segments, k_per_segment,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    total = _segment(x, w, rows, cols, m, n, k, 0, k_per_segment, stride_xm, stride_wn,
+                     BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
+    for segment in range(1, segments):  # the same in-order sum as _sum_segments, in registers
+        total += _segment(x, w, rows, cols, m, n, k, segment * k_per_segment, k_per_segment, stride_xm,
+                          stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
+    tl.store(out + rows[:, None] * stride_om + cols[None, :], total.to(out.dtype.element_ty),
+             mask=(rows[:, None] < m) & (cols[None, :] < n))
+
+
+def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice: Plan | None = None
+           ) -> torch.Tensor:
+    """``x @ w.T`` for ``x`` [m, k] and ``w`` [n, k], both contiguous in k; the result in x's dtype.
+
+    ``spread`` forces a launch form and ``choice`` a plan (tests, benchmarks); by default the form
+    follows the number of rows and the plan the weight's shape. Scratch: fp32 partials of
+    ``segments x m x n`` when spread, freed on return.
+    """
+    if x.dim() != 2 or w.dim() != 2 or w.shape[1] != x.shape[1]:
+        raise ValueError(f"x is {list(x.shape)} but w is {list(w.shape)}: want [m, k] and [n, k]")
+    m, k = x.shape
+    n = w.shape[0]
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if w.stride(1) != 1:
+        raise ValueError(f"w must be contiguous along k, its strides are {w.stride()}")
+    choice = choice or plan(n, k)
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    if spread is None:
+        spread = m <= SPREAD_ROWS and choice.segments > 1
+    if not spread:
+        t = choice.whole
+        grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m))
+        _whole[grid](x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0), choice.segments,
+                     choice.k_per_segment, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+                     WIDEN=INTERPRETED, num_warps=t.warps, num_stages=t.stages)
+        return out
+    t = choice.spread
+    grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m))
+    partials = torch.empty(choice.segments, m, n, dtype=torch.float32, device=x.device)
+    _spread[(*grid, choice.segments)](x, w, partials, m, n, k, x.stride(0), w.stride(0), partials.stride(0),
+                                      partials.stride(1), choice.k_per_segment, BLOCK_M=t.block_m,
+                                      BLOCK_N=t.block_n, BLOCK_K=t.block_k, WIDEN=INTERPRETED,
+                                      num_warps=t.warps, num_stages=t.stages)
+    _sum_segments[grid](partials, out, m, n, choice.segments, partials.stride(0), partials.stride(1),
+                        out.stride(0), BLOCK_M=t.block_m, BLOCK_N=t.block_n)
+    return out
+
+
+def reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The same product by torch, in fp32, cast to x's dtype."""
+    return (x.float() @ w.float().T).to(x.dtype)

@@ -1,0 +1,82 @@
+"""Row norms, one program per row so a row's bits never depend on how many rows share the launch.
+
+``zrms`` is the zero-centred RMSNorm of the residual (scale ``1 + weight``); ``gated_rms`` the GDN
+output norm (plain RMSNorm with ``weight``, times the activated gate), per value head. Both read
+their inputs once and write one output; the arithmetic and its cast points follow
+``tfd.model.ops`` (fp32 statistics; the gated form rounds the normalised value to the model dtype
+before the weight, as the reference does). torch's own reductions choose their split by the
+number of rows, which is why these exist.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+ACTIVATIONS = {"silu": 0, "sigmoid": 1}
+
+
+@triton.jit
+def _zrms(x, weight, out, width, stride_x, stride_o, stride_wg, eps, GROUP: tl.constexpr,
+          GROUPS: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, GROUP)
+    for part in range(GROUPS):  # each group of the row normalised on its own
+        at = part * GROUP + cols
+        mask = cols < width
+        values = tl.load(x + row * stride_x + at, mask=mask, other=0.0).to(tl.float32)
+        mean = tl.sum(values * values, axis=0) / width
+        scaled = values * tl.rsqrt(mean + eps)
+        w = tl.load(weight + part * stride_wg + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out + row * stride_o + at, (scaled * (1.0 + w)).to(out.dtype.element_ty), mask=mask)
+
+
+def zrms(x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = None) -> torch.Tensor:
+    """Zero-centred RMSNorm of each row of ``x`` [rows, width], or of each ``group`` columns of
+    it; ``weight`` is one group's (shared by the groups) or the whole row's."""
+    if x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"x must be [rows, width] with unit column stride, got {list(x.shape)}")
+    width = group or x.shape[1]
+    if x.shape[1] % width or weight.shape not in ((width,), (x.shape[1],)):
+        raise ValueError(f"weight is {list(weight.shape)} for rows of {x.shape[1]} in groups of {width}")
+    out = torch.empty_like(x)
+    block = triton.next_power_of_2(width)
+    stride_wg = width if weight.shape[0] == x.shape[1] and group else 0
+    _zrms[(x.shape[0],)](x, weight, out, width, x.stride(0), out.stride(0), stride_wg, eps, GROUP=block,
+                         GROUPS=x.shape[1] // width)
+    return out
+
+
+@triton.jit
+def _gated(x, gate, weight, out, width, heads, eps, ACTIVATION: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < width
+    w = tl.load(weight + cols, mask=mask, other=0.0)
+    for head in range(heads):
+        at = (row * heads + head) * width + cols
+        # the reference rounds the layer's output to the model dtype before the norm
+        values = tl.load(x + at, mask=mask, other=0.0).to(out.dtype.element_ty).to(tl.float32)
+        mean = tl.sum(values * values, axis=0) / width
+        normed = (values * tl.rsqrt(mean + eps)).to(out.dtype.element_ty)
+        weighted = (w.to(tl.float32) * normed.to(tl.float32)).to(out.dtype.element_ty)
+        g = tl.load(gate + at, mask=mask, other=0.0).to(tl.float32)
+        act = g / (1.0 + tl.exp(-g)) if ACTIVATION == 0 else 1.0 / (1.0 + tl.exp(-g))
+        tl.store(out + at, (weighted.to(tl.float32) * act).to(out.dtype.element_ty), mask=mask)
+
+
+def gated_rms(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
+              activation: str) -> torch.Tensor:
+    """RMSNorm of each head of ``x`` [rows, heads, width] times ``weight``, times act(``gate``);
+    the result in ``gate``'s dtype (the model dtype), to which ``x`` is rounded first."""
+    if x.dim() != 3 or gate.shape != x.shape:
+        raise ValueError(f"x {list(x.shape)} and gate {list(gate.shape)} must both be [rows, heads, width]")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}")
+    x, gate = x.contiguous(), gate.contiguous()
+    out = torch.empty_like(gate)
+    rows, heads, width = x.shape
+    _gated[(rows,)](x, gate, weight, out, width, heads, eps, ACTIVATION=ACTIVATIONS[activation],
+                    BLOCK=triton.next_power_of_2(width))
+    return out

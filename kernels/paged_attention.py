@@ -1,0 +1,349 @@
+"""Softmax attention of query rows over K/V rows that sit in the pool's pages, read in place.
+
+``decode`` takes one query row per lane (the lane's newest token) over its first ``lengths[lane]``
+keys; ``prefill`` takes a causal chunk of rows per lane over the cached prefix and the chunk itself.
+Query head h reads kv head h // (heads // kv_heads); a kv head's query group is packed along the M
+side of ``tl.dot`` so both use tensor cores. Scores, softmax and the P @ V sums are fp32; the output
+is cast to q's dtype. ``reference_decode`` and ``reference_prefill`` are the torch references.
+
+Memory: K/V caches are ``[pages + 1, page_rows, kv_heads, head_dim]`` strided views into the pool
+(any strides); position p of a lane is at page ``page_table[lane, p // page_rows]``, slot
+``p % page_rows``. Each kernel reads the page-table entries and K/V rows of the keys it needs (no
+gather copy), q, and writes out. Decode also writes one fp32 partial per (lane, segment, head) into
+the caller's ``partials`` scratch (``partials_for``) and reads it back to merge.
+
+Batch invariance: a decode lane's keys are cut into segments of ``SEGMENT`` keys from position 0
+and each segment into key blocks of a size fixed by head_dim; one program does one (lane, kv head,
+segment), and the merge sums a lane's segments in a fixed order. Nothing of that depends on the
+other lanes, the number of lanes or the page-table width, so a lane's bits are the same alone or in
+any batch. Prefill tiles query rows at fixed multiples of ``BLOCK_Q`` absolute positions and walks
+key blocks aligned at multiples of the block size from position 0, always from block 0 upwards. A
+tile may visit blocks past some of its rows' last key: those rows see only -inf scores there, so
+their running max stays, the rescale factor is exactly 1 and they add exact zeros. A row's bits thus
+depend on its absolute position and its lane's keys only, not on the chunk or the other rows.
+The grids depend on shapes (and prefill's host ``max_rows``) only: no host sync, CUDA-graph safe.
+Lengths past the page table's ``max_pages * page_rows`` keys are clamped to it on the device.
+
+In Triton's interpreter (no GPU) bf16 dot operands are widened to fp32 first, which gives the same
+products: the interpreter would otherwise multiply bf16 bit patterns as integers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+SEGMENT = 512  # keys a decode program covers: fixed, so a lane's split never depends on the batch
+STATS = 4  # partials' columns after head_dim: running max, sum of exp, two pads keeping 16-byte rows
+PREFILL_M = 128  # prefill tile rows along M: query rows x group members
+MERGE_BLOCK = 16  # segments the merge loads at once
+LOG2E = math.log2(math.e)
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _key_block(head_dim: int, segment: int) -> int:
+    """Keys a K/V tile holds: ~8K elements a tile, at most 64, dividing the segment."""
+    return min(64, max(16, 8192 // head_dim), segment)
+
+
+def _decode_config(head_dim: int, segment: int) -> dict[str, int]:
+    """Tile and launch sizes of a decode segment; best of those timed on an H200 at 64 lanes x 8K keys."""
+    return {"BLOCK_N": _key_block(head_dim, segment), "num_warps": 4, "num_stages": 2}
+
+
+def _prefill_config(group_pad: int) -> dict[str, int]:
+    """Tile and launch sizes of a prefill tile; best of those timed on an H200 at head_dim 256."""
+    return {"BLOCK_Q": max(1, PREFILL_M // group_pad), "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+
+
+@triton.jit
+def _dot(a, b, acc, WIDEN: tl.constexpr):
+    if WIDEN:  # the interpreter multiplies bf16 as raw integers; fp32 holds bf16 products exactly
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision="ieee")
+
+
+def _widen() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def _decode_segment(q, k_cache, v_cache, page_table, lengths, partials, scale_log2, max_keys,
+                    stride_qb, stride_qh, stride_qd, stride_kp, stride_ks, stride_kh, stride_kd,
+                    stride_vp, stride_vs, stride_vh, stride_vd, stride_tb, stride_tp,
+                    stride_pb, stride_ps, stride_ph,
+                    PAGE_ROWS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, SEG: tl.constexpr, BLOCK_N: tl.constexpr, WIDEN: tl.constexpr):
+    lane = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    segment = tl.program_id(2)
+    length = tl.minimum(tl.load(lengths + lane), max_keys)
+    first = segment * SEG
+    if first >= length:  # the grid covers the widest lane; this segment is past this one's keys
+        return
+    end = tl.minimum(first + SEG, length)
+    members = tl.arange(0, GROUP_PAD)
+    dims = tl.arange(0, HEAD_DIM)
+    heads = kv_head * GROUP + members
+    query = tl.load(q + lane * stride_qb + heads[:, None] * stride_qh + dims[None, :] * stride_qd,
+                    mask=(members < GROUP)[:, None], other=0.0)
+    m_i = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
+    l_i = tl.zeros((GROUP_PAD,), tl.float32)
+    acc = tl.zeros((GROUP_PAD, HEAD_DIM), tl.float32)
+    for start in range(first, end, BLOCK_N):
+        keys = start + tl.arange(0, BLOCK_N)
+        valid = keys < end
+        pages = tl.load(page_table + lane * stride_tb + (keys // PAGE_ROWS) * stride_tp, mask=valid, other=0)
+        slots = keys % PAGE_ROWS
+        k_rows = pages.to(tl.int64) * stride_kp + slots * stride_ks + kv_head * stride_kh  # pools pass 2**31
+        v_rows = pages.to(tl.int64) * stride_vp + slots * stride_vs + kv_head * stride_vh
+        k = tl.load(k_cache + k_rows[:, None] + dims[None, :] * stride_kd, mask=valid[:, None], other=0.0)
+        scores = _dot(query, tl.trans(k), None, WIDEN) * scale_log2
+        scores = tl.where(valid[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        alpha = tl.exp2(m_i - m_new)  # the segment's first block has a key, so m_new is finite
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache + v_rows[:, None] + dims[None, :] * stride_vd, mask=valid[:, None], other=0.0)
+        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], WIDEN)
+        m_i = m_new
+    row = partials + lane * stride_pb + segment * stride_ps + heads * stride_ph
+    live = members < GROUP
+    tl.store(row[:, None] + dims[None, :], acc, mask=live[:, None])
+    tl.store(row + HEAD_DIM, m_i, mask=live)
+    tl.store(row + HEAD_DIM + 1, l_i, mask=live)
+
+
+@triton.jit
+def _decode_merge(partials, lengths, out, max_keys, stride_pb, stride_ps, stride_ph,
+                  stride_ob, stride_oh, stride_od,
+                  HEAD_DIM: tl.constexpr, SEG: tl.constexpr, BLOCK_S: tl.constexpr):
+    lane = tl.program_id(0)
+    head = tl.program_id(1)
+    count = tl.cdiv(tl.minimum(tl.load(lengths + lane), max_keys), SEG)
+    base = partials + lane * stride_pb + head * stride_ph
+    dims = tl.arange(0, HEAD_DIM)
+    blocks = tl.arange(0, BLOCK_S)
+    top = tl.full((BLOCK_S,), float("-inf"), tl.float32)
+    for first in range(0, count, BLOCK_S):  # max is exact, so its order is free
+        segs = first + blocks
+        top = tl.maximum(top, tl.load(base + segs * stride_ps + HEAD_DIM, mask=segs < count,
+                                      other=float("-inf")))
+    top_max = tl.max(top, 0)
+    total = tl.zeros((BLOCK_S,), tl.float32)
+    acc = tl.zeros((BLOCK_S, HEAD_DIM), tl.float32)
+    for first in range(0, count, BLOCK_S):  # slot j sums segments j, j + BLOCK_S, ... in that order
+        segs = first + blocks
+        live = segs < count
+        m_s = tl.load(base + segs * stride_ps + HEAD_DIM, mask=live, other=float("-inf"))
+        weight = tl.where(live, tl.exp2(m_s - top_max), 0.0)
+        total += weight * tl.load(base + segs * stride_ps + HEAD_DIM + 1, mask=live, other=0.0)
+        acc += weight[:, None] * tl.load(base + segs[:, None] * stride_ps + dims[None, :],
+                                         mask=live[:, None], other=0.0)
+    denominator = tl.sum(total, 0)
+    result = tl.sum(acc, 0) / tl.where(denominator > 0, denominator, 1.0)  # a padding lane writes zeros
+    tl.store(out + lane * stride_ob + head * stride_oh + dims * stride_od, result.to(out.dtype.element_ty))
+
+
+@triton.jit
+def _prefill_tile(q, k_cache, v_cache, page_table, starts, cu_seqlens, out, scale_log2, max_keys,
+                  stride_qt, stride_qh, stride_qd, stride_kp, stride_ks, stride_kh, stride_kd,
+                  stride_vp, stride_vs, stride_vh, stride_vd, stride_tb, stride_tp,
+                  stride_ot, stride_oh, stride_od,
+                  PAGE_ROWS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, WIDEN: tl.constexpr):
+    lane = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    first_row = tl.load(cu_seqlens + lane)
+    start = tl.load(starts + lane)
+    end = tl.minimum(start + tl.load(cu_seqlens + lane + 1) - first_row, max_keys)
+    tile = start // BLOCK_Q + tl.program_id(0)  # tiles sit at multiples of BLOCK_Q absolute positions
+    if tile * BLOCK_Q >= end:
+        return
+    m = tl.arange(0, BLOCK_Q * GROUP_PAD)
+    positions = tile * BLOCK_Q + m // GROUP_PAD
+    members = m % GROUP_PAD
+    heads = kv_head * GROUP + members
+    live = (positions >= start) & (positions < end) & (members < GROUP)
+    limit = tl.minimum(positions, end - 1)  # rows outside the chunk still see key 0: no NaN anywhere
+    rows = (first_row + positions - start).to(tl.int64)
+    dims = tl.arange(0, HEAD_DIM)
+    query = tl.load(q + rows[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :] * stride_qd,
+                    mask=live[:, None], other=0.0)
+    m_i = tl.full((BLOCK_Q * GROUP_PAD,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_Q * GROUP_PAD,), tl.float32)
+    acc = tl.zeros((BLOCK_Q * GROUP_PAD, HEAD_DIM), tl.float32)
+    last = tl.minimum(tile * BLOCK_Q + BLOCK_Q, end)
+    for block in range(0, last, BLOCK_N):  # from key 0 upwards, blocks at fixed multiples
+        keys = block + tl.arange(0, BLOCK_N)
+        valid = keys < last
+        pages = tl.load(page_table + lane * stride_tb + (keys // PAGE_ROWS) * stride_tp, mask=valid, other=0)
+        slots = keys % PAGE_ROWS
+        k_rows = pages.to(tl.int64) * stride_kp + slots * stride_ks + kv_head * stride_kh
+        v_rows = pages.to(tl.int64) * stride_vp + slots * stride_vs + kv_head * stride_vh
+        k = tl.load(k_cache + k_rows[:, None] + dims[None, :] * stride_kd, mask=valid[:, None], other=0.0)
+        scores = _dot(query, tl.trans(k), None, WIDEN) * scale_log2
+        scores = tl.where(keys[None, :] <= limit[:, None], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        alpha = tl.exp2(m_i - m_new)  # exactly 1 for a row this block hides entirely
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache + v_rows[:, None] + dims[None, :] * stride_vd, mask=valid[:, None], other=0.0)
+        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], WIDEN)
+        m_i = m_new
+    result = acc / l_i[:, None]
+    tl.store(out + rows[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :] * stride_od,
+             result.to(out.dtype.element_ty), mask=live[:, None])
+
+
+def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+           out: torch.Tensor, vectors: dict[str, tuple[torch.Tensor, int]]) -> int:
+    """Raise ValueError naming the argument at fault; return the GQA group size."""
+    if q.dim() != 3 or q.dtype not in DTYPES:
+        raise ValueError(f"q must be [rows, heads, head_dim] of bf16/fp16/fp32, got {list(q.shape)} "
+                         f"{q.dtype}")
+    heads, head_dim = q.shape[1], q.shape[2]
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        raise ValueError(f"q's head_dim must be a power of two of at least 16, got {head_dim}")
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if (cache.dim() != 4 or cache.shape[3] != head_dim or cache.shape[2] == 0
+                or heads % cache.shape[2] or cache.dtype != q.dtype or cache.shape != k_cache.shape):
+            raise ValueError(f"{name} must be [pages + 1, page_rows, kv_heads, {head_dim}] of {q.dtype} with "
+                             f"kv_heads dividing {heads} (and match k_cache), got {list(cache.shape)} "
+                             f"{cache.dtype}")
+    if page_table.dim() != 2 or page_table.dtype != torch.int32 or page_table.shape[1] == 0:
+        raise ValueError(f"page_table must be int32 [lanes, max_pages], got {list(page_table.shape)} "
+                         f"{page_table.dtype}")
+    if out.shape != q.shape or out.dtype != q.dtype:
+        raise ValueError(f"out must be {list(q.shape)} {q.dtype}, got {list(out.shape)} {out.dtype}")
+    for name, (vector, size) in vectors.items():
+        if vector.shape != (size,) or vector.dtype != torch.int32 or not vector.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous int32 [{size}], got {list(vector.shape)} "
+                             f"{vector.dtype}")
+    named = {"k_cache": k_cache, "v_cache": v_cache, "page_table": page_table, "out": out}
+    named.update({name: vector for name, (vector, _) in vectors.items()})
+    for name, tensor in named.items():
+        if tensor.device != q.device:
+            raise ValueError(f"{name} is on {tensor.device}, q on {q.device}")
+    return heads // k_cache.shape[2]
+
+
+def _cache_strides(k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor) -> list[int]:
+    return [*k_cache.stride(), *v_cache.stride(), *page_table.stride()]
+
+
+def partials_for(lanes: int, heads: int, head_dim: int, max_keys: int, device: torch.device | str, *,
+                 segment: int = SEGMENT) -> torch.Tensor:
+    """Decode's fp32 scratch for ``lanes`` lanes of at most ``max_keys`` keys (pages x page_rows)."""
+    return torch.empty(lanes, triton.cdiv(max_keys, segment), heads, head_dim + STATS,
+                       dtype=torch.float32, device=device)
+
+
+def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+           lengths: torch.Tensor, scale: float, out: torch.Tensor, partials: torch.Tensor, *,
+           segment: int = SEGMENT) -> torch.Tensor:
+    """Attention of ``q`` [lanes, heads, head_dim] over each lane's first ``lengths[lane]`` keys, into
+    ``out``; a lane of length 0 gets zeros. ``partials`` comes from ``partials_for``. Returns ``out``."""
+    lanes = q.shape[0] if q.dim() == 3 else -1
+    group = _check(q, k_cache, v_cache, page_table, out, {"lengths": (lengths, lanes)})
+    heads, head_dim = q.shape[1], q.shape[2]
+    if page_table.shape[0] != lanes:
+        raise ValueError(f"page_table has {page_table.shape[0]} lanes, q {lanes}")
+    if segment < 16 or segment & (segment - 1):
+        raise ValueError(f"segment must be a power of two of at least 16, got {segment}")
+    max_keys = page_table.shape[1] * k_cache.shape[1]
+    segments = triton.cdiv(max_keys, segment)
+    if (partials.dim() != 4 or partials.dtype != torch.float32 or partials.shape[0] != lanes
+            or partials.shape[1] < segments or partials.shape[2:] != (heads, head_dim + STATS)
+            or partials.stride(3) != 1 or partials.device != q.device):
+        raise ValueError(f"partials must be fp32 [{lanes}, >= {segments}, {heads}, {head_dim + STATS}] on "
+                         f"{q.device} (see partials_for), got {list(partials.shape)} {partials.dtype}")
+    kv_heads = k_cache.shape[2]
+    group_pad = max(16, triton.next_power_of_2(group))  # tl.dot needs M >= 16
+    _decode_segment[(lanes, kv_heads, segments)](
+        q, k_cache, v_cache, page_table, lengths, partials, scale * LOG2E, max_keys,
+        *q.stride(), *_cache_strides(k_cache, v_cache, page_table), *partials.stride()[:3],
+        PAGE_ROWS=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SEG=segment,
+        WIDEN=_widen(), **_decode_config(head_dim, segment))
+    _decode_merge[(lanes, heads)](partials, lengths, out, max_keys, *partials.stride()[:3], *out.stride(),
+                                  HEAD_DIM=head_dim, SEG=segment, BLOCK_S=MERGE_BLOCK, num_warps=4)
+    return out
+
+
+def prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+            starts: torch.Tensor, cu_seqlens: torch.Tensor, scale: float, out: torch.Tensor, *,
+            max_rows: int | None = None) -> torch.Tensor:
+    """Causal attention of each lane's rows ``q[cu_seqlens[b]:cu_seqlens[b + 1]]`` (absolute positions
+    from ``starts[b]``) over its keys up to each row's position, into ``out``. ``max_rows`` bounds any
+    lane's rows (the grid's size); None reads it from ``cu_seqlens`` (a host sync). Returns ``out``."""
+    lanes = page_table.shape[0] if page_table.dim() == 2 else 0
+    group = _check(q, k_cache, v_cache, page_table, out,
+                   {"starts": (starts, lanes), "cu_seqlens": (cu_seqlens, lanes + 1)})
+    if max_rows is None:
+        max_rows = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if lanes else 0
+    if max_rows < 0:
+        raise ValueError(f"max_rows must be >= 0, got {max_rows}")
+    if lanes == 0 or max_rows == 0 or q.shape[0] == 0:
+        return out
+    head_dim, kv_heads = q.shape[2], k_cache.shape[2]
+    group_pad = triton.next_power_of_2(group)
+    config = _prefill_config(group_pad)
+    tiles = triton.cdiv(max_rows - 1, config["BLOCK_Q"]) + 1  # an unaligned chunk spans one more tile
+    _prefill_tile[(tiles, lanes, kv_heads)](
+        q, k_cache, v_cache, page_table, starts, cu_seqlens, out, scale * LOG2E,
+        page_table.shape[1] * k_cache.shape[1], *q.stride(), *_cache_strides(k_cache, v_cache, page_table),
+        *out.stride(), PAGE_ROWS=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
+        WIDEN=_widen(), **config)
+    return out
+
+
+def _attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, last: torch.Tensor,
+            scale: float) -> torch.Tensor:
+    """Rows ``query`` [r, heads, d] over ``keys``/``values`` [n, kv_heads, d], row i seeing keys
+    0..last[i]; fp32 throughout, cast to q's dtype."""
+    kv_heads, d = keys.shape[1], keys.shape[2]
+    grouped = query.float().view(query.shape[0], kv_heads, -1, d)
+    scores = torch.einsum("rkgd,nkd->rkgn", grouped, keys.float()) * scale
+    hidden = torch.arange(keys.shape[0], device=keys.device)[None, :] > last[:, None]
+    weights = torch.softmax(scores.masked_fill(hidden[:, None, None, :], float("-inf")), dim=-1)
+    return torch.einsum("rkgn,nkd->rkgd", weights, values.float()).reshape(query.shape).to(query.dtype)
+
+
+def _gather(cache: torch.Tensor, table: torch.Tensor, count: int) -> torch.Tensor:
+    positions = torch.arange(count, device=cache.device)
+    return cache[table[positions // cache.shape[1]].long(), positions % cache.shape[1]]
+
+
+def reference_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+                     lengths: torch.Tensor, scale: float, out: torch.Tensor,
+                     partials: torch.Tensor | None = None) -> torch.Tensor:
+    """``decode`` by torch, gathering rows through the page table (``partials`` unused)."""
+    for lane, length in enumerate(lengths.tolist()):
+        if length == 0:
+            out[lane] = 0
+            continue
+        keys, values = _gather(k_cache, page_table[lane], length), _gather(v_cache, page_table[lane], length)
+        last = torch.tensor([length - 1], device=q.device)
+        out[lane] = _attend(q[lane:lane + 1], keys, values, last, scale)[0]
+    return out
+
+
+def reference_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+                      starts: torch.Tensor, cu_seqlens: torch.Tensor, scale: float, out: torch.Tensor, *,
+                      max_rows: int | None = None) -> torch.Tensor:
+    """``prefill`` by torch, gathering rows through the page table (``max_rows`` unused)."""
+    bounds = cu_seqlens.tolist()
+    for lane, start in enumerate(starts.tolist()):
+        first, stop = bounds[lane], bounds[lane + 1]
+        if stop == first:
+            continue
+        end = start + stop - first
+        keys, values = _gather(k_cache, page_table[lane], end), _gather(v_cache, page_table[lane], end)
+        last = torch.arange(start, end, device=q.device)
+        out[first:stop] = _attend(q[first:stop], keys, values, last, scale)
+    return out

@@ -1,0 +1,66 @@
+"""The batch-invariant GEMM: numerics against torch, and rows that never depend on the batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import gemm
+
+
+def weights(n: int, k: int, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
+    return (torch.randn(n, k, generator=torch.Generator().manual_seed(n * 7 + k)) * 0.05).to(device, dtype)
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 70, 200), (5, 64, 1024), (9, 130, 96)])
+def test_matches_torch_in_fp32(m: int, n: int, k: int) -> None:
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    w = weights(n, k, torch.float32)
+    assert torch.allclose(gemm.matmul(x, w), gemm.reference(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_within_rounding() -> None:
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(3)).bfloat16()
+    w = weights(96, 512, torch.bfloat16)
+    got, want = gemm.matmul(x, w).float(), gemm.reference(x, w).float()
+    # Triton's interpreter truncates to bf16 where the device rounds: allow two units in the last place
+    assert ((got - want).abs() <= 2 ** -6 * want.abs() + 1e-3).all()
+
+
+def test_plan_follows_the_weight_alone() -> None:
+    plan = gemm.plan(4096, 12288)
+    assert plan.segments > 1 and plan.segments * plan.k_per_segment >= 12288
+    assert (plan.segments - 1) * plan.k_per_segment < 12288  # no empty segment
+    assert gemm.plan(248320, 4096).segments == 1  # enough programs already: no partial sums
+
+
+def test_both_launch_forms_give_the_same_bits() -> None:
+    x = torch.randn(6, 1024, generator=torch.Generator().manual_seed(6))
+    w = weights(64, 1024, torch.float32)
+    assert gemm.plan(64, 1024).segments > 1
+    assert torch.equal(gemm.matmul(x, w, spread=True), gemm.matmul(x, w, spread=False))
+
+
+def test_a_row_alone_equals_the_row_in_a_batch() -> None:
+    x = torch.randn(7, 512, generator=torch.Generator().manual_seed(7))
+    w = weights(80, 512, torch.float32)
+    batch = gemm.matmul(x, w)
+    for row in (0, 3, 6):
+        assert torch.equal(gemm.matmul(x[row:row + 1], w)[0], batch[row])
+
+
+def test_shapes_are_checked_by_name() -> None:
+    with pytest.raises(ValueError, match="x is"):
+        gemm.matmul(torch.zeros(2, 8), torch.zeros(4, 9))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "k"), [(12288, 4096), (4096, 12288), (16448, 4096), (8192, 4096)])
+def test_rows_are_batch_invariant_on_the_device(n: int, k: int) -> None:
+    w = weights(n, k, torch.bfloat16, "cuda")
+    x = torch.randn(512, k, device="cuda", dtype=torch.bfloat16)
+    whole = gemm.matmul(x, w)
+    for m in (1, 2, 3, 8, 16, 33, 64, 65, 128, 511):
+        assert torch.equal(gemm.matmul(x[:m], w), whole[:m]), f"rows differ at m={m}"
+    got, want = whole.float(), gemm.reference(x, w).float()
+    assert ((got - want).abs() <= 2 ** -7 * want.abs() + 2e-3).all()

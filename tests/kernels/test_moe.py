@@ -1,0 +1,183 @@
+"""The routed-experts kernel: against its torch reference, and a row's bits whatever the batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import moe
+
+Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def make(rows: int, top_k: int, dtype: torch.dtype, seed: int, *, experts: int = 8, hidden: int = 64,
+         inner: int = 32, device: str = "cpu") -> Inputs:
+    """Random inputs; rows share experts, the last expert is chosen by none, ids are not sorted."""
+    generator = torch.Generator(device).manual_seed(seed)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, device=device)
+
+    x = randn(rows, hidden).to(dtype)
+    gate_up = (randn(experts, 2 * inner, hidden) * hidden ** -0.5).to(dtype)
+    down = (randn(experts, hidden, inner) * inner ** -0.5).to(dtype)
+    ids = torch.rand(rows, experts - 1, generator=generator, device=device).argsort(dim=1)[:, :top_k]
+    weights = torch.rand(rows, top_k, generator=generator, device=device) + 0.1
+    return x, gate_up, down, ids, weights
+
+
+def rows_alone(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
+               weights: torch.Tensor) -> torch.Tensor:
+    return torch.cat([moe.experts(x[i:i + 1], gate_up, down, ids[i:i + 1], weights[i:i + 1])
+                      for i in range(x.shape[0])])
+
+
+def assert_near(got: torch.Tensor, want: torch.Tensor) -> None:
+    tolerance = TOLERANCE[got.dtype]
+    torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("rows", "top_k"), [(1, 2), (5, 3), (12, 2), (12, 3)])
+def test_matches_the_reference(rows: int, top_k: int, dtype: torch.dtype) -> None:
+    inputs = make(rows, top_k, dtype, seed=rows * 10 + top_k)
+    out = moe.experts(*inputs)
+    assert out.dtype == dtype and out.shape == inputs[0].shape
+    assert_near(out, moe.reference(*inputs))
+
+
+@pytest.mark.parametrize(("rows", "top_k"), [(9, 1), (20, 5)])
+def test_experts_and_slots_not_powers_of_two(rows: int, top_k: int) -> None:
+    inputs = make(rows, top_k, torch.float32, seed=rows, experts=6)
+    assert_near(moe.experts(*inputs), moe.reference(*inputs))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_alone_equals_the_row_in_any_batch(dtype: torch.dtype) -> None:
+    x, gate_up, down, ids, weights = make(12, 3, dtype, seed=1)
+    batch = moe.experts(x, gate_up, down, ids, weights)
+    assert torch.equal(batch, rows_alone(x, gate_up, down, ids, weights))
+    order = torch.randperm(12, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(moe.experts(x[order], gate_up, down, ids[order], weights[order]), batch[order])
+    # Row 0 beside rows it never met, choosing other experts in other numbers.
+    other_x, _, _, other_ids, other_weights = make(7, 3, dtype, seed=3)
+    mixed = moe.experts(torch.cat([other_x[:3], x[:1], other_x[3:]]), gate_up, down,
+                        torch.cat([other_ids[:3], ids[:1], other_ids[3:]]),
+                        torch.cat([other_weights[:3], weights[:1], other_weights[3:]]))
+    assert torch.equal(mixed[3], batch[0])
+
+
+def test_an_expert_with_several_tiles_of_pairs() -> None:
+    """40 rows all choose expert 3: its pairs fill three tiles, the last one part full."""
+    x, gate_up, down, ids, weights = make(40, 2, torch.float32, seed=4)
+    ids[:, 1] = torch.where(ids[:, 0] == 3, 5, 3)
+    out = moe.experts(x, gate_up, down, ids, weights)
+    assert_near(out, moe.reference(x, gate_up, down, ids, weights))
+    for row in (0, 17, 39):
+        alone = moe.experts(x[row:row + 1], gate_up, down, ids[row:row + 1], weights[row:row + 1])
+        assert torch.equal(alone[0], out[row])
+
+
+def test_a_plan_over_several_blocks_places_pairs_as_one_block_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """80 pairs: by default one program compares all pairs; here five count and place (histograms)."""
+    x, gate_up, down, ids, weights = make(40, 2, torch.float32, seed=4)
+    ids[:, 1] = torch.where(ids[:, 0] == 3, 5, 3)
+    whole = moe.experts(x, gate_up, down, ids, weights)
+    monkeypatch.setattr(moe, "PLAN_BLOCK", 16)
+    monkeypatch.setattr(moe, "SCAN_BLOCK", 2)
+    assert torch.equal(moe.experts(x, gate_up, down, ids, weights), whole)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_experts_are_summed_in_ascending_id_whatever_the_slot_order(dtype: torch.dtype) -> None:
+    x, gate_up, down, ids, weights = make(10, 3, dtype, seed=5)
+    out = moe.experts(x, gate_up, down, ids, weights)
+    ascending = ids.argsort(dim=1)
+    for slots in (ascending, ascending.flip(1), torch.tensor([[2, 0, 1]]).expand(10, 3)):
+        moved = moe.experts(x, gate_up, down, ids.gather(1, slots), weights.gather(1, slots))
+        assert torch.equal(moved, out)
+    assert_near(out, moe.reference(x, gate_up, down, ids, weights))
+
+
+def test_int32_ids_and_weights_in_the_model_dtype() -> None:
+    x, gate_up, down, ids, weights = make(6, 3, torch.bfloat16, seed=6)
+    out = moe.experts(x, gate_up, down, ids.int(), weights.bfloat16())
+    assert torch.equal(out, moe.experts(x, gate_up, down, ids, weights.bfloat16()))
+    assert_near(out, moe.reference(x, gate_up, down, ids, weights.bfloat16()))
+
+
+def test_rows_past_a_chunk_come_out_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    inputs = make(10, 2, torch.float32, seed=7)
+    whole = moe.experts(*inputs)
+    monkeypatch.setattr(moe, "ROW_CHUNK", 4)
+    assert torch.equal(moe.experts(*inputs), whole)
+
+
+def test_no_rows() -> None:
+    x, gate_up, down, ids, weights = make(0, 2, torch.float32, seed=8)
+    assert moe.experts(x, gate_up, down, ids, weights).shape == (0, 64)
+
+
+@pytest.mark.parametrize("argument", ["x", "gate_up", "down", "ids", "weights"])
+def test_a_wrong_shape_or_dtype_names_the_argument(argument: str) -> None:
+    x, gate_up, down, ids, weights = make(3, 2, torch.float32, seed=9)
+    wrong = {"x": x.double(), "gate_up": gate_up[:, :-1], "down": down.bfloat16(), "ids": ids.float(),
+             "weights": weights[:, :1]}
+    right = {"x": x, "gate_up": gate_up, "down": down, "ids": ids, "weights": weights}
+    given = right | {argument: wrong[argument]}
+    with pytest.raises(ValueError, match=rf"^{argument} "):
+        moe.experts(**given)
+
+
+REAL = [(256, 8), (512, 10)]  # Qwen3.5-35B-A3B and Qwen3-Next-80B-A3B: experts, top_k
+
+
+def make_real(rows: int, experts: int, top_k: int, seed: int) -> Inputs:
+    return make(rows, top_k, torch.bfloat16, seed, experts=experts, hidden=2048, inner=512, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("experts", "top_k"), REAL)
+@pytest.mark.parametrize("rows", [1, 37, 256])
+def test_gpu_real_sizes_match_the_reference(rows: int, experts: int, top_k: int) -> None:
+    inputs = make_real(rows, experts, top_k, seed=rows)
+    assert_near(moe.experts(*inputs), moe.reference(*inputs))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("experts", "top_k"), REAL)
+def test_gpu_rows_are_the_same_alone_and_in_batches(experts: int, top_k: int) -> None:
+    x, gate_up, down, ids, weights = make_real(256, experts, top_k, seed=11)
+    batch = moe.experts(x, gate_up, down, ids, weights)
+    picked = torch.tensor([0, 1, 100, 255], device="cuda")
+    assert torch.equal(rows_alone(x[picked], gate_up, down, ids[picked], weights[picked]), batch[picked])
+    sub = slice(17, 50)
+    assert torch.equal(moe.experts(x[sub], gate_up, down, ids[sub], weights[sub]), batch[sub])
+    order = torch.randperm(256, device="cuda")
+    assert torch.equal(moe.experts(x[order], gate_up, down, ids[order], weights[order]), batch[order])
+
+
+@pytest.mark.gpu
+def test_gpu_prefill_past_a_chunk_keeps_every_row() -> None:
+    rows = moe.ROW_CHUNK + 300
+    x, gate_up, down, ids, weights = make_real(rows, 256, 8, seed=12)
+    out = moe.experts(x, gate_up, down, ids, weights)
+    picked = torch.tensor([0, moe.ROW_CHUNK - 1, moe.ROW_CHUNK, rows - 1], device="cuda")
+    assert torch.equal(rows_alone(x[picked], gate_up, down, ids[picked], weights[picked]), out[picked])
+    assert_near(out[picked], moe.reference(x[picked], gate_up, down, ids[picked], weights[picked]))
+
+
+@pytest.mark.gpu
+def test_gpu_a_captured_graph_replays_new_routes() -> None:
+    x, gate_up, down, ids, weights = make_real(64, 256, 8, seed=13)
+    moe.experts(x, gate_up, down, ids, weights)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = moe.experts(x, gate_up, down, ids, weights)
+    fresh_x, _, _, fresh_ids, fresh_weights = make_real(64, 256, 8, seed=14)
+    x.copy_(fresh_x)
+    ids.copy_(fresh_ids)
+    weights.copy_(fresh_weights)
+    graph.replay()
+    assert torch.equal(out, moe.experts(fresh_x, gate_up, down, fresh_ids, fresh_weights))

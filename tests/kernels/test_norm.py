@@ -1,0 +1,57 @@
+"""Row norms against the model's torch references, and their batch invariance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import norm
+from tfd.model import ops
+
+
+def rand(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_zrms_matches_the_reference(dtype: torch.dtype) -> None:
+    x, w = rand(5, 48, dtype=dtype), rand(48, seed=1, dtype=dtype) * 0.1
+    got, want = norm.zrms(x, w, 1e-6).float(), ops.zrms(x, w, 1e-6).float()
+    tolerance = 1e-6 if dtype == torch.float32 else 2 ** -7
+    assert ((got - want).abs() <= tolerance * (1 + want.abs())).all()
+
+
+def test_grouped_zrms_normalises_each_group_with_a_whole_row_weight() -> None:
+    x, w = rand(3, 4 * 16), rand(4 * 16, seed=2) * 0.1
+    assert torch.allclose(norm.zrms(x, w, 1e-6, group=16), ops.zrms(x, w, 1e-6, group=16), atol=1e-6)
+
+
+@pytest.mark.parametrize("activation", ["silu", "sigmoid"])
+def test_gated_rms_matches_the_reference(activation: str) -> None:
+    x, gate, w = rand(4, 3, 32), rand(4, 3, 32, seed=1), 1 + rand(32, seed=2) * 0.1
+    got = norm.gated_rms(x, gate, w, 1e-6, activation)
+    assert torch.allclose(got, ops.gated_rms(x, gate, w, 1e-6, activation), atol=1e-6)
+
+
+def test_rows_do_not_depend_on_the_batch() -> None:
+    x, w = rand(6, 40), rand(40, seed=1)
+    batch = norm.zrms(x, w, 1e-6)
+    assert torch.equal(norm.zrms(x[2:3], w, 1e-6)[0], batch[2])
+
+
+@pytest.mark.gpu
+def test_real_widths_on_the_device() -> None:
+    x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16) * 0.1
+    batch = norm.zrms(x, w, 1e-6)
+    for m in (1, 3, 17):
+        assert torch.equal(norm.zrms(x[:m], w, 1e-6), batch[:m])
+    want = ((x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)) * (1 + w.float()))
+    assert ((batch.float() - want).abs() <= 2 ** -7 * (1 + want.abs())).all()
+    o = torch.randn(64, 32, 128, device="cuda")
+    gate = torch.randn(64, 32, 128, device="cuda", dtype=torch.bfloat16)
+    ones = torch.ones(128, device="cuda", dtype=torch.bfloat16)
+    gated = norm.gated_rms(o, gate, ones, 1e-6, "silu")
+    assert torch.equal(norm.gated_rms(o[:5], gate[:5], ones, 1e-6, "silu"), gated[:5])
+    # an fp32 input is rounded to the model dtype first (the interpreter truncates instead: GPU only)
+    assert torch.equal(gated, norm.gated_rms(o.bfloat16(), gate, ones, 1e-6, "silu"))
