@@ -1,4 +1,4 @@
-"""The ``tfd`` command: serve | admin | generate | env.
+"""The ``tfd`` command: serve | admin | generate | bench | env.
 
 The environment is read and checked before anything heavy is imported, so a refused configuration
 exits with status 2 at once and names every problem.
@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from tfd import __version__
 from tfd.env import FAMILY_SCOPES, SettingsRefused, Table
@@ -70,6 +70,32 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
                           help="draw the weights at random in the shapes of the model's config.json")
     table.add_flags(generate, scopes=("core",))
     generate.set_defaults(command=run_generate)
+
+    bench = commands.add_parser(
+        "bench", help="speed against the device's memory roofline",
+        description="Run workloads through the engine's scheduler and runner; print a line and write "
+        "a JSON file per run (prefill and decode speed, time to first token, step time, peak memory, "
+        "bytes a decode step moves, measured copy bandwidth, roofline fraction).")
+    source = bench.add_mutually_exclusive_group()
+    source.add_argument("--shape", metavar="NAME",
+                        help="a preset shape with random weights drawn on the device "
+                        "(qwen3_5-9b, qwen3_5-35b-a3b, qwen3_next-80b-a3b); default: TF_MODEL or the demo")
+    bench.add_argument("--random-weights", action="store_true",
+                       help="with a checkpoint: draw its weights at random (implied by --shape)")
+    bench.add_argument("--streams", type=_counts, default=[1], metavar="N[,N...]",
+                       help="concurrent streams, one run each (default 1)")
+    bench.add_argument("--prompt", type=_positive, default=1024, metavar="N", help="prompt tokens (1024)")
+    bench.add_argument("--new", type=_positive, default=256, metavar="N", help="new tokens a stream (256)")
+    bench.add_argument("--step-tokens", type=_positive, default=8192, metavar="N",
+                       help="rows a step may run (8192)")
+    bench.add_argument("--no-graphs", action="store_true", help="decode steps eagerly, no CUDA graphs")
+    bench.add_argument("--gemm", action="store_true",
+                       help="instead of workloads: the batch-invariant GEMM against cuBLAS at the model's "
+                       "weight shapes (CUDA only)")
+    bench.add_argument("--out", type=Path, metavar="DIR", help="write one JSON file per run here")
+    bench.add_argument("--commit", help="the revision to record (default: git's HEAD)")
+    table.add_flags(bench, scopes=("core",))
+    bench.set_defaults(command=run_bench)
 
     env = commands.add_parser("env", help="the environment table",
                               description="Print the environment table with current values.")
@@ -187,6 +213,57 @@ def run_generate(table: Table, args: argparse.Namespace) -> int:
     return 0
 
 
+def run_bench(table: Table, args: argparse.Namespace) -> int:
+    settings = table.read(os.environ, table.flag_values(args))
+    configure_logging(settings.value("TF_LOG_LEVEL", str))
+
+    import torch
+
+    from tfd.bench.main import bench, random_model
+    from tfd.bench.shapes import weight_bytes
+    from tfd.bench.workload import Workload
+    from tfd.checkpoint import CheckpointError
+    from tfd.models import load
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        if args.shape:
+            model, shape = random_model(args.shape, device)
+            name, size = shape.name, shape.weight_bytes
+        else:
+            loaded = load(settings, os.environ, device, args.random_weights)
+            model, name = loaded.model, loaded.path.name
+            size = weight_bytes(loaded.family, model_config(loaded.path), model.dtype.itemsize)
+    except (CheckpointError, ValueError) as error:
+        print(f"tfd bench: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    if args.gemm:
+        return gemm_bench(model, name, device, args.out)
+    workloads = [Workload(n, args.prompt, args.new, args.step_tokens) for n in args.streams]
+    bench(model, name, size, workloads, not args.no_graphs, args.out, args.commit)
+    return 0
+
+
+def gemm_bench(model: Any, name: str, device: Any, out: Path | None) -> int:
+    from tfd.bench.gemm import compare, weight_shapes
+    from tfd.bench.main import measure_ceilings
+
+    if device.type != "cuda":
+        print("tfd bench --gemm: needs a CUDA device", file=sys.stderr)
+        return EXIT_FAILURE
+    results = compare(weight_shapes(model.weights), measure_ceilings(device).copy_gbps, device)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{name}-gemm.json").write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+def model_config(path: Path) -> dict[str, object]:
+    from tfd.checkpoint import read_config
+
+    return dict(read_config(path).text)
+
+
 def run_env(table: Table, args: argparse.Namespace) -> int:
     from tfd.env_docs import render_envfile, render_markdown, render_text
 
@@ -201,6 +278,10 @@ def run_env(table: Table, args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(render_text(table, os.environ))
     return 0
+
+
+def _counts(text: str) -> list[int]:
+    return [_positive(part) for part in text.split(",")]
 
 
 def _positive(text: str) -> int:

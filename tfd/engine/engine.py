@@ -82,7 +82,7 @@ class Engine:
     def __init__(self, model: HybridModel, tokenizer: tokenizers.Tokenizer, pool: Pool, limits: Limits,
                  heartbeat: Heartbeat | None = None,
                  on_failure: Callable[[BaseException], None] | None = None,
-                 on_step: Callable[[float, int], None] | None = None) -> None:
+                 on_step: Callable[[float, int], None] | None = None, graphs: bool = False) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.pool = pool
@@ -91,7 +91,7 @@ class Engine:
         self.on_failure = on_failure
         self.on_step = on_step  # (seconds, rows) after each step, on the trio thread
         self.scheduler = Scheduler(limits.step_tokens, limits.max_lanes)
-        self.runner = Runner(model, pool)
+        self.runner = Runner(model, pool, limits.context, limits.max_lanes, graphs)
         self.stats = StepStats()
         self.failure: BaseException | None = None
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()

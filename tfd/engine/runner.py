@@ -1,9 +1,10 @@
 """The runner: owns the device side of lanes (leases, views) and runs a step's rows.
 
 It opens an admitted lane (its state pieces on pages, zeroed or initialised by the model), takes
-row pages as rows grow, runs one forward over every work of the step, applies the head only to the
-rows that draw a token, and samples them on the device with the keyed sampler. One host sync a
-step: the drawn tokens come back to Python for the scheduler's bookkeeping.
+row pages as rows grow, runs the step's decode rows as one batched pass (``model.decode``: a CUDA
+graph replay when captured) and its prompt chunks as one forward over their spans, applies the
+head only to the rows that draw a token, and samples them on the device with the keyed sampler.
+One host sync a step: the drawn tokens come back to Python for the scheduler's bookkeeping.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ from collections.abc import Sequence
 import attrs
 import torch
 
+from tfd.engine.graphs import DecodeGraphs
 from tfd.engine.lane import Lane
 from tfd.engine.request import TokenLogprob
 from tfd.engine.sampling import Rows, logprobs, sample
 from tfd.engine.scheduler import Work
 from tfd.families.hybrid import HybridModel
+from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
 from tfd.model.memory import LaneMemory, PageRows, Span
 from tfd.pool.pages import Pool
 
@@ -32,11 +35,23 @@ class Drawn:
 
 
 class Runner:
-    def __init__(self, model: HybridModel, pool: Pool) -> None:
+    """``context``: the most rows a lane may hold (the width of a decode step's page tables).
+    ``graphs``: replay captured CUDA graphs for decode steps (CUDA only; captured here, at load)."""
+
+    def __init__(self, model: HybridModel, pool: Pool, context: int, max_lanes: int,
+                 graphs: bool = False) -> None:
         self.model = model
         self.pool = pool
         self.rows = PageRows(pool)
         self.device = pool.buffer.device
+        self.offsets: dict[int, tuple[list[int], list[int]]] = {}  # lane number: state_at, tail_at
+        self.memory: DecodeMemory | None = None
+        self.graphs: DecodeGraphs | None = None
+        if model.batches_decode:
+            self.memory = DecodeMemory(pool, model.dtype)
+            self.columns = Columns(len(model.gdn_layers().layers), pool.layout.row_pages(context))
+            if graphs and self.device.type == "cuda":
+                self.graphs = DecodeGraphs(self._step, self.columns, pool.null_page, max_lanes, self.device)
 
     def open(self, lane: Lane) -> None:
         """Give an admitted lane (its lease promised) its state pieces, initialised.
@@ -52,34 +67,57 @@ class Runner:
             lane.lease = None
             raise
         lane.memory = LaneMemory(pieces, lease.page_table)
+        if self.memory is not None:
+            layers = self.model.gdn_layers().layers
+            self.offsets[lane.number] = ([self.memory.offset(pieces[f"{name}.state"]) for name in layers],
+                                         [self.memory.offset(pieces[f"{name}.conv_tail"]) for name in layers])
 
     def close(self, lane: Lane) -> None:
         """Give the lane's pages back (again: nothing)."""
         if lane.lease is not None:
             lane.lease.finish()
         lane.lease, lane.memory = None, None
+        self.offsets.pop(lane.number, None)
+
+    def _step(self, batch: DecodeBatch) -> torch.Tensor:
+        assert self.memory is not None
+        return self.model.decode(batch, self.memory)
+
+    def _decode(self, works: Sequence[Work]) -> torch.Tensor:
+        """The hidden rows of decode works, all lanes in one batched step (a graph when captured)."""
+        columns = []
+        for work in works:
+            lane = work.lane
+            assert lane.lease is not None
+            state_at, tail_at = self.offsets[lane.number]
+            columns.append(self.columns.column(lane.generated[-1], work.start, state_at, tail_at,
+                                               lane.lease.row_pages, self.pool.null_page))
+        batch = DecodeBatch.of(columns, self.columns, self.device)
+        return self._step(batch) if self.graphs is None else self.graphs.run(batch.packed)
 
     def run(self, works: Sequence[Work]) -> list[Drawn]:
         """Run every work's rows in one forward; draw a token for each work that samples."""
-        spans = []
         for work in works:
-            lane = work.lane
-            assert lane.lease is not None and lane.memory is not None
-            lane.lease.take(work.start + work.length)
-            ids = [lane.generated[-1]] if work.decode else \
-                lane.request.prompt[work.start:work.start + work.length]
-            tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
-            spans.append(Span(lane.memory, work.start, tokens, decode=work.decode))
+            assert work.lane.lease is not None and work.lane.memory is not None
+            work.lane.lease.take(work.start + work.length)
+        batched = [work for work in works if work.decode and self.memory is not None]
+        spanned = [work for work in works if not (work.decode and self.memory is not None)]
         with torch.no_grad():
-            hidden = self.model.forward(spans, self.rows).hidden
+            parts, where = [], {}
+            if batched:
+                parts.append(self._decode(batched))
+                where = {id(work): i for i, work in enumerate(batched)}
+            if spanned:
+                parts.append(self.model.forward([self._span(work) for work in spanned], self.rows).hidden)
+                at = len(batched) - 1
+                for work in spanned:
+                    at += work.length
+                    where[id(work)] = at  # the work's last row
             drawing = [i for i, work in enumerate(works) if work.samples]
             if not drawing:
                 return []
-            ends, at = [], 0
-            for work in works:
-                at += work.length
-                ends.append(at - 1)
-            rows = torch.tensor([ends[i] for i in drawing], device=self.device)
+            hidden = parts[0] if len(parts) == 1 else torch.cat(parts)
+            rows = torch.tensor([where[id(works[i])] for i in drawing], device=self.device)
             logits = self.model.logits(hidden[rows]).float()
             lanes = [works[i].lane for i in drawing]
             tokens = sample(logits, Rows.of([lane.request.sampling for lane in lanes],
@@ -96,3 +134,11 @@ class Runner:
             drawn = tokens.tolist()  # the step's one sync with the host
         return [Drawn(works[i], token, detail)
                 for i, token, detail in zip(drawing, drawn, details, strict=True)]
+
+    def _span(self, work: Work) -> Span:
+        lane = work.lane
+        assert lane.memory is not None
+        ids = [lane.generated[-1]] if work.decode else \
+            lane.request.prompt[work.start:work.start + work.length]
+        return Span(lane.memory, work.start, torch.tensor(ids, dtype=torch.long, device=self.device),
+                    decode=work.decode)

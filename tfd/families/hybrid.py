@@ -18,6 +18,7 @@ from tfd.families.config import LINEAR, HybridConfig, read_config
 from tfd.families.lane_state import AttentionRows, DraftBuffers, GdnLayers, PleState, lane_pieces
 from tfd.families.naming import Naming, Shape
 from tfd.families.random_weights import random_tensors
+from tfd.model.decode import DecodeBatch, DecodeMemory, batches, run_decode
 from tfd.model.memory import PageRows, Span
 from tfd.model.mtp import Draft, MtpWeights, draft
 from tfd.model.stack import StackOutput, StackWeights, logits, run_stack
@@ -140,6 +141,15 @@ class HybridModel:
     def forward(self, spans: Sequence[Span], rows: PageRows) -> StackOutput:
         """Run every span's rows; each lane's state and rows move past its span."""
         return run_stack(self.weights, spans, rows)
+
+    @property
+    def batches_decode(self) -> bool:
+        """Whether decode rows of many lanes run as one batched pass (``decode``)."""
+        return batches(self.weights)
+
+    def decode(self, batch: DecodeBatch, memory: DecodeMemory) -> torch.Tensor:
+        """One decode row per lane of ``batch``, all together: the final hidden rows."""
+        return run_decode(self.weights, batch, memory)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return logits(self.weights, hidden)

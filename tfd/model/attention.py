@@ -10,6 +10,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from kernels import cache_write, paged_attention
 from tfd.model.memory import PageRows, Span
 from tfd.model.ops import linear, sigmoid, zrms
 from tfd.model.qsa import IndexerWeights, select
@@ -31,19 +32,71 @@ class AttentionWeights:
     indexer: IndexerWeights | None = None
 
 
+@attrs.frozen
+class Projected:
+    """Rows' rotated queries [rows, heads, d], output gates [rows, heads * d], keys and values."""
+
+    query: torch.Tensor
+    gate: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+
+
+def project(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            rotary: Rotary) -> Projected:
+    count, d = x.shape[0], w.head_dim
+    query_gate = linear(x, w.q).view(count, w.heads, 2 * d)
+    query, gate = query_gate[..., :d], query_gate[..., d:]
+    query = rotary.apply(zrms(query, w.q_norm, w.eps), cos, sin)
+    key = rotary.apply(zrms(linear(x, w.k).view(count, w.kv_heads, d), w.k_norm, w.eps), cos, sin)
+    value = linear(x, w.v).view(count, w.kv_heads, d)
+    return Projected(query, gate.reshape(count, -1), key, value)
+
+
+def finish(w: AttentionWeights, out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """The gated heads [rows, heads, d] through the output projection."""
+    return linear(out.reshape(out.shape[0], -1) * sigmoid(gate), w.o)
+
+
+def attention_rows(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   rotary: Rotary, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+                   lengths: torch.Tensor) -> torch.Tensor:
+    """One decode row per lane, batched: ``x`` [lanes, hidden] at positions ``lengths - 1``
+    (``cos``/``sin`` their angles). Stores each row's K and V through ``page_table`` [lanes,
+    pages] (int32) into the layer's caches, then attends the lane's first ``lengths`` rows; a
+    padding lane (length 0) stores nothing. Triton kernels on CUDA, torch references elsewhere."""
+    p = project(w, x, cos, sin, rotary)
+    write = cache_write.write if x.is_cuda else cache_write.reference
+    write(p.key, p.value, k_cache, v_cache, page_table, lengths)
+    out = torch.empty_like(p.query)
+    if x.is_cuda:
+        partials = paged_attention.partials_for(x.shape[0], w.heads, w.head_dim,
+                                                page_table.shape[1] * k_cache.shape[1], x.device)
+        paged_attention.decode(p.query, k_cache, v_cache, page_table, lengths, w.head_dim ** -0.5, out,
+                               partials)
+    else:
+        paged_attention.reference_decode(p.query, k_cache, v_cache, page_table, lengths, w.head_dim ** -0.5,
+                                         out, None)
+    return finish(w, out, p.gate)
+
+
 def attention(w: AttentionWeights, x: torch.Tensor, span: Span, rows: PageRows, layer: str,
               rotary: Rotary) -> torch.Tensor:
     """The layer's output for ``span``'s rows ``x`` [rows, hidden]; stores their K and V."""
     count, d = x.shape[0], w.head_dim
     positions = torch.arange(span.start, span.end, device=x.device)
     cos, sin = rotary.angles(positions, x.dtype)
-    query_gate = linear(x, w.q).view(count, w.heads, 2 * d)
-    query, gate = query_gate[..., :d], query_gate[..., d:]
-    query = rotary.apply(zrms(query, w.q_norm, w.eps), cos, sin)
-    key = rotary.apply(zrms(linear(x, w.k).view(count, w.kv_heads, d), w.k_norm, w.eps), cos, sin)
-    value = linear(x, w.v).view(count, w.kv_heads, d)
+    p = project(w, x, cos, sin, rotary)
+    query, key, value = p.query, p.key, p.value
     rows.write(f"{layer}.k", span.lane, positions, key)
     rows.write(f"{layer}.v", span.lane, positions, value)
+    if x.is_cuda and w.indexer is None:  # the rows attend in place through the page table
+        out = torch.empty_like(query)
+        bounds = torch.tensor([0, count], dtype=torch.int32, device=x.device)
+        starts = torch.tensor([span.start], dtype=torch.int32, device=x.device)
+        paged_attention.prefill(query, rows.views[f"{layer}.k"], rows.views[f"{layer}.v"],
+                                span.lane.page_table[None], starts, bounds, d ** -0.5, out, max_rows=count)
+        return finish(w, out, p.gate)
     keys = rows.read(f"{layer}.k", span.lane, span.end)
     values = rows.read(f"{layer}.v", span.lane, span.end)
 
@@ -56,8 +109,7 @@ def attention(w: AttentionWeights, x: torch.Tensor, span: Span, rows: PageRows, 
             out[row] = attend(query[row], keys[:visible], values[:visible], d ** -0.5)
         else:
             out[row] = attend(query[row], keys[chosen[row]], values[chosen[row]], d ** -0.5)
-    out = out.reshape(count, -1) * sigmoid(gate.reshape(count, -1))
-    return linear(out, w.o)
+    return finish(w, out, p.gate)
 
 
 def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from kernels import conv1d, gdn_decode
 from tfd.model import GDN_CHUNK
 from tfd.model.ops import gated_rms, l2norm, linear, sigmoid, silu, softplus
 
@@ -39,31 +40,65 @@ class GdnWeights:
     eps: float
 
 
+@attrs.frozen
+class Projected:
+    """A GDN layer's inputs from its rows: conv input, output gate, beta and the log decay g."""
+
+    mixed: torch.Tensor  # [rows, conv channels]
+    z: torch.Tensor  # [rows, value_heads, value_dim]
+    beta: torch.Tensor  # [rows, value_heads] fp32
+    g: torch.Tensor  # [rows, value_heads] fp32
+
+
+def project(w: GdnWeights, x: torch.Tensor) -> Projected:
+    rows = x.shape[0]
+    z = linear(x, w.z).view(rows, w.value_heads, w.value_dim)
+    beta = sigmoid(linear(x, w.b)).float()
+    g = -torch.exp(w.a_log.float()) * softplus(linear(x, w.a).float() + w.dt_bias.float())
+    return Projected(linear(x, w.qkv), z, beta, g)
+
+
+def split_heads(w: GdnWeights, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The conv output as q, k [rows, key_heads, key_dim] and v [rows, value_heads, value_dim]."""
+    rows, key_width = mixed.shape[0], w.key_heads * w.key_dim
+    q, k, v = torch.split(mixed, [key_width, key_width, w.value_heads * w.value_dim], dim=-1)
+    return (q.view(rows, w.key_heads, w.key_dim), k.view(rows, w.key_heads, w.key_dim),
+            v.view(rows, w.value_heads, w.value_dim))
+
+
+def finish(w: GdnWeights, out: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """The gated norm of the rule's output [rows, value_heads, value_dim], then the out projection."""
+    return linear(gated_rms(out, z, w.norm, w.eps, w.activation).reshape(out.shape[0], -1), w.out)
+
+
 def gdn(w: GdnWeights, x: torch.Tensor, state: torch.Tensor, tail: torch.Tensor, start: int,
         decode: bool) -> torch.Tensor:
     """The layer's output for one lane's rows ``x`` [rows, hidden] at positions from ``start``.
 
     ``state`` and ``tail`` are the lane's views; they are updated to follow the last row.
     """
-    rows = x.shape[0]
-    mixed = linear(x, w.qkv)
-    z = linear(x, w.z).view(rows, w.value_heads, w.value_dim)
-    beta = sigmoid(linear(x, w.b)).float()
-    g = -torch.exp(w.a_log.float()) * softplus(linear(x, w.a).float() + w.dt_bias.float())
-
-    mixed = causal_conv(mixed, w.conv, tail)
-    key_width = w.key_heads * w.key_dim
-    q, k, v = torch.split(mixed, [key_width, key_width, w.value_heads * w.value_dim], dim=-1)
+    p = project(w, x)
+    q, k, v = split_heads(w, causal_conv(p.mixed, w.conv, tail))
     ratio = w.value_heads // w.key_heads  # value head j reads key head j // ratio
-    q = l2norm(q.float().view(rows, w.key_heads, w.key_dim)).repeat_interleave(ratio, dim=1)
-    k = l2norm(k.float().view(rows, w.key_heads, w.key_dim)).repeat_interleave(ratio, dim=1)
-    q = q * w.key_dim ** -0.5
-    v = v.float().view(rows, w.value_heads, w.value_dim)
-
+    q = l2norm(q.float()).repeat_interleave(ratio, dim=1) * w.key_dim ** -0.5
+    k = l2norm(k.float()).repeat_interleave(ratio, dim=1)
     run = recurrent if decode else chunked
-    out = run(q, k, v, g, beta, state, start).to(x.dtype)
-    out = gated_rms(out, z, w.norm, w.eps, w.activation)
-    return linear(out.reshape(rows, -1), w.out)
+    out = run(q, k, v.float(), p.g, p.beta, state, start).to(x.dtype)
+    return finish(w, out, p.z)
+
+
+def gdn_rows(w: GdnWeights, x: torch.Tensor, states: torch.Tensor, state_at: torch.Tensor,
+             tails: torch.Tensor, tail_at: torch.Tensor) -> torch.Tensor:
+    """One decode row per lane, batched: ``x`` [lanes, hidden]; each lane's state and conv tail sit
+    in the pool views ``states`` (fp32) and ``tails`` (model dtype) at element offsets
+    ``state_at`` / ``tail_at`` [lanes] (-1: a padding lane, whose memory is not touched). Triton
+    kernels on CUDA, their torch references elsewhere; either updates states and tails in place."""
+    p = project(w, x)
+    conv = conv1d.decode if x.is_cuda else conv1d.reference
+    q, k, v = split_heads(w, conv(p.mixed, w.conv, tails, tail_at))
+    rule = gdn_decode.decode if x.is_cuda else gdn_decode.reference
+    out = rule(q, k, v, p.g, p.beta, states, state_at, w.key_dim ** -0.5)
+    return finish(w, out, p.z)
 
 
 def causal_conv(mixed: torch.Tensor, weight: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:

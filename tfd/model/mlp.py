@@ -2,6 +2,8 @@
 
 The router runs its softmax in fp32; each row's routed experts are summed in ascending expert
 order, one row at a time, so a row's output never depends on which other rows chose the expert.
+On CUDA the routed experts run as one grouped kernel (``kernels.moe``) with the same order, its sum
+in fp32 rather than the model dtype.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from kernels import moe as kernels_moe
 from tfd.model.ops import linear, sigmoid, silu
 
 
@@ -47,6 +50,9 @@ def route(w: MoeWeights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def moe(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:
     experts, weights = route(w, x)
+    shared = sigmoid(linear(x, w.shared_gate)) * dense(w.shared, x)
+    if x.is_cuda:  # every selected expert in one grouped kernel, each read once
+        return kernels_moe.experts(x, w.gate_up, w.down, experts, weights) + shared
     inner = w.down.shape[2]
     routed = torch.zeros_like(x)
     for row in range(x.shape[0]):
@@ -55,5 +61,4 @@ def moe(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:
             gate_up = linear(x[row:row + 1], w.gate_up[expert])
             hidden = silu(gate_up[:, :inner]) * gate_up[:, inner:]
             routed[row] += (linear(hidden, w.down[expert]) * weight)[0]
-    shared = sigmoid(linear(x, w.shared_gate)) * dense(w.shared, x)
     return routed + shared

@@ -7,14 +7,19 @@ of rows (we measured products of one row differing from the same row inside a ba
 give an element different bits depending on where it falls in the tensor (vector body or scalar
 tail), so they are written out here from ``exp``, ``log1p`` and exact arithmetic, which we
 measured to be position-invariant, as are reductions along the last axis. Model code takes these
-functions from here, never from torch directly. The GPU path swaps in batch-invariant kernels
-behind the same calls.
+functions from here, never from torch directly.
+
+On CUDA the products and norms go to batch-invariant Triton kernels (``kernels.gemm``,
+``kernels.norm``): cuBLAS and torch's reductions choose their split by the number of rows there.
+Elementwise CUDA kernels apply the same function to every element, so the others stay torch's.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from kernels import gemm, norm
 
 # softplus(x) == x to float precision past this, as torch's own threshold.
 SOFTPLUS_THRESHOLD = 20.0
@@ -23,6 +28,8 @@ _NARROW = (torch.bfloat16, torch.float16)
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x @ weight.T`` for ``x`` of shape [rows, in]; every row is a product of its own."""
+    if x.is_cuda:
+        return gemm.matmul(x, weight)
     if x.shape[0] == 1:
         return F.linear(x, weight)
     return torch.cat([F.linear(row, weight) for row in torch.split(x, 1)])
@@ -52,6 +59,8 @@ def zrms(x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = 
     With ``group``, the last axis is cut into groups of that width, each normalised on its own
     (Flash Next's residual streams).
     """
+    if x.is_cuda:
+        return norm.zrms(x.reshape(-1, x.shape[-1]), weight, eps, group).view(x.shape)
     values = x.float()
     if group is not None:
         values = torch.unflatten(values, -1, (-1, group))
@@ -63,7 +72,11 @@ def zrms(x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = 
 
 def gated_rms(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
               activation: str) -> torch.Tensor:
-    """The GDN output norm: plain RMSNorm of ``x`` (weight, not 1 + weight), times act(gate)."""
+    """The GDN output norm: plain RMSNorm of ``x`` (weight, not 1 + weight), times act(gate), per
+    head of ``x`` [rows, heads, width]; the result in ``gate``'s dtype, ``x`` rounded to it first."""
+    if x.is_cuda:
+        return norm.gated_rms(x, gate, weight, eps, activation)
+    x = x.to(gate.dtype)
     values = x.float()
     values = values * torch.rsqrt(values.pow(2).mean(-1, keepdim=True) + eps)
     values = weight * values.to(x.dtype)

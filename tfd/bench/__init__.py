@@ -1,0 +1,1 @@
+"""`tfd bench`: speed of a model on this device against its memory roofline."""

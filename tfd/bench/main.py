@@ -1,0 +1,120 @@
+"""``tfd bench``: load or draw a model, run workloads, print a line and write a JSON file per run.
+
+Each run object holds the shape, the workload, prefill and decode speeds, time to first token,
+step time, peak memory, the bytes a decode step must move, the measured copy bandwidth and
+matrix-product rate of this device, and the fractions of those ceilings reached.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from tfd.bench import roofline
+from tfd.bench.shapes import Shape, fit
+from tfd.bench.workload import Timings, Workload, run
+from tfd.families.hybrid import HybridModel
+
+log = logging.getLogger("tfd.bench")
+WEIGHT_SHARE = 0.7  # of device memory, for a shape's weights; the rest holds pool, graphs, scratch
+
+
+@attrs.frozen
+class Ceilings:
+    copy_gbps: float
+    matmul_tflops: float
+    gpu: str
+
+
+def measure_ceilings(device: torch.device) -> Ceilings:
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    size = 8192 if device.type == "cuda" else 1024
+    gib = 2.0 if device.type == "cuda" else 0.25
+    return Ceilings(roofline.copy_gbps(device, gib), roofline.matmul_tflops(device, size, dtype),
+                    roofline.gpu_name(device))
+
+
+def random_model(name: str, device: torch.device, seed: int = 0) -> tuple[HybridModel, Shape]:
+    """Shape ``name`` cut to fit this device, its weights drawn there."""
+    budget = int(torch.cuda.get_device_properties(device).total_memory * WEIGHT_SHARE) \
+        if device.type == "cuda" else 8 * 2**30
+    shape = fit(name, budget)
+    if shape.cut:
+        print(f"tfd bench: cut {shape.cut}")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    return HybridModel.random(shape.family, shape.config, seed, dtype, device), shape
+
+
+def commit() -> str:
+    try:
+        found = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                               check=True, cwd=Path(__file__).parent)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return found.stdout.strip()
+
+
+def describe(model: HybridModel, shape_name: str, weight_bytes: int, workload: Workload, timings: Timings,
+             ceilings: Ceilings, revision: str) -> dict[str, Any]:
+    """One run object of the JSON output."""
+    cfg, streams = model.cfg, workload.streams
+    step_s = timings.decode_s / timings.decode_steps if timings.decode_steps else float("nan")
+    context = workload.prompt_tokens + workload.new_tokens / 2  # mean rows a lane holds while decoding
+    moved = roofline.decode_bytes(cfg, weight_bytes, streams, context)
+    floor_s = moved / (ceilings.copy_gbps * 1e9)
+    prompt = streams * workload.prompt_tokens
+    prefill_flops = streams * roofline.prefill_flops(cfg, weight_bytes, workload.prompt_tokens)
+    return {
+        "shape": shape_name, "family": cfg.family, "layers": cfg.layers,
+        "dtype": str(model.dtype).split(".")[-1],
+        "streams": streams, "prompt_tokens": workload.prompt_tokens, "new_tokens": workload.new_tokens,
+        "prefill_tok_s": prompt / timings.prefill_s,
+        "time_to_first_token_s": {"min": min(timings.first_token_s), "max": max(timings.first_token_s)},
+        "decode_tok_s": streams / step_s, "decode_tok_s_per_stream": 1 / step_s,
+        "step_ms": step_s * 1e3, "decode_steps": timings.decode_steps, "cuda_graphs": timings.graphs,
+        "bytes_per_step": moved, "roofline_step_ms": floor_s * 1e3,
+        "roofline_tok_s": streams / floor_s, "roofline_fraction": floor_s / step_s,
+        "prefill_tflops": prefill_flops / timings.prefill_s / 1e12,
+        "matmul_fraction": prefill_flops / timings.prefill_s / 1e12 / ceilings.matmul_tflops,
+        "copy_gbps": ceilings.copy_gbps, "matmul_tflops": ceilings.matmul_tflops,
+        "peak_memory_gib": timings.peak_bytes / 2**30, "weight_gib": weight_bytes / 2**30,
+        "gpu": ceilings.gpu, "torch": torch.__version__, "commit": revision,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def line(result: dict[str, Any]) -> str:
+    return (f"{result['shape']} x{result['streams']} prompt {result['prompt_tokens']} "
+            f"new {result['new_tokens']}: "
+            f"prefill {result['prefill_tok_s']:.0f} tok/s ({result['matmul_fraction']:.1%} of matmul), "
+            f"decode {result['decode_tok_s']:.1f} tok/s ({result['decode_tok_s_per_stream']:.1f}/stream, "
+            f"step {result['step_ms']:.2f} ms, {result['roofline_fraction']:.1%} of roofline "
+            f"{result['roofline_step_ms']:.2f} ms), peak {result['peak_memory_gib']:.1f} GiB")
+
+
+def bench(model: HybridModel, shape_name: str, weight_bytes: int, workloads: list[Workload], graphs: bool,
+          out: Path | None, revision: str | None = None) -> list[dict[str, Any]]:
+    """Run each workload on ``model``; print a line each and write ``out/<shape>-<streams>x...json``."""
+    device = model.weights.embed.device
+    ceilings = measure_ceilings(device)
+    print(f"tfd bench: {ceilings.gpu}: copy {ceilings.copy_gbps:.0f} GB/s, "
+          f"matmul {ceilings.matmul_tflops:.0f} TFLOP/s")
+    revision = revision or commit()
+    results = []
+    for workload in workloads:
+        timings = run(model, workload, graphs)
+        result = describe(model, shape_name, weight_bytes, workload, timings, ceilings, revision)
+        print(line(result), flush=True)
+        results.append(result)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            name = f"{shape_name}-{workload.streams}x{workload.prompt_tokens}-{workload.new_tokens}.json"
+            (out / name).write_text(json.dumps(result, indent=2) + "\n")
+    return results

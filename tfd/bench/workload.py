@@ -1,0 +1,107 @@
+"""A benchmark workload run through the engine's own scheduler and runner, on the calling thread.
+
+``streams`` requests of ``prompt_tokens`` random prompt tokens each ask for ``new_tokens`` tokens
+(keyed sampling at temperature 1, no stop tokens, so every stream runs to its length). The loop
+is the engine thread's step without the trio side: plan, run, advance. Prefill is timed from the
+start to the last stream's first token; decode over the steps in which every stream decodes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import attrs
+import tokenizers
+import torch
+
+from tfd.engine.detokenize import Detokenizer
+from tfd.engine.lane import Lane, Phase
+from tfd.engine.request import Request, Sampling
+from tfd.engine.runner import Runner
+from tfd.engine.scheduler import Admission, Scheduler
+from tfd.families.hybrid import HybridModel
+from tfd.pool.pages import Pool
+
+PAGE_ROWS = 64
+
+
+@attrs.frozen
+class Workload:
+    streams: int
+    prompt_tokens: int
+    new_tokens: int
+    step_tokens: int = 8192
+
+
+@attrs.frozen
+class Timings:
+    tokens: tuple[tuple[int, ...], ...]  # each request's tokens, in order
+    prefill_s: float  # start to the last stream's first token
+    first_token_s: tuple[float, ...]  # each stream's time to first token
+    decode_steps: int  # steps in which every stream decoded
+    decode_s: float
+    graphs: bool  # decode steps replayed CUDA graphs
+    peak_bytes: int  # device memory allocated at most
+
+
+def run(model: HybridModel, workload: Workload, graphs: bool, seed: int = 0) -> Timings:
+    """Run ``workload``: random prompts, keyed sampling at temperature 1."""
+    generator = torch.Generator().manual_seed(seed)
+    requests = []
+    for number in range(workload.streams):
+        prompt = torch.randint(0, model.cfg.vocab, (workload.prompt_tokens,), generator=generator)
+        requests.append(Request(f"bench-{number}", tuple(prompt.tolist()), workload.new_tokens,
+                                Sampling(temperature=1.0, seed=seed + number)))
+    return drive(model, requests, workload.step_tokens, graphs)
+
+
+def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, graphs: bool) -> Timings:
+    """Run ``requests`` together, as the engine would, each to its ``max_tokens`` (stop ids are not
+    read), on a pool sized for all of them; every lane's pages go back at the end."""
+    device = model.weights.embed.device
+    window = max(request.window for request in requests)
+    streams = len(requests)
+    layout = model.layout(PAGE_ROWS)
+    pool = Pool(layout, streams * layout.need(window), max_lanes=streams, device=device)
+    runner = Runner(model, pool, window, streams, graphs)
+    scheduler = Scheduler(step_tokens, streams)
+    words = Detokenizer(tokenizers.Tokenizer(tokenizers.models.BPE()))  # tokens are never read as text
+    lanes = [Lane(number, request, words) for number, request in enumerate(requests)]
+    for lane in lanes:
+        scheduler.add(lane)
+
+    def admit(lane: Lane) -> Admission:
+        lane.lease = pool.promise(lane.request.window)
+        runner.open(lane)
+        return Admission.ADMITTED
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    began = time.perf_counter()
+    first: dict[int, float] = {}
+    steps, decode_s = 0, 0.0
+    while not scheduler.idle:
+        plan = scheduler.plan(admit)
+        everyone = len(plan.works) == streams and all(work.decode for work in plan.works)
+        before = time.perf_counter()
+        drawn = runner.run(plan.works)  # ends in the step's one host sync
+        after = time.perf_counter()
+        if everyone:
+            steps, decode_s = steps + 1, decode_s + after - before
+        for work in plan.works:
+            work.lane.position = work.start + work.length
+        for item in drawn:
+            lane = item.work.lane
+            lane.generated.append(item.token)
+            lane.phase = Phase.DECODE
+            first.setdefault(lane.number, after - began)
+            if len(lane.generated) >= lane.request.max_tokens:
+                runner.close(lane)
+                scheduler.retire(lane)
+    pool.check_at_load()
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+    ttft = tuple(first[number] for number in range(streams))
+    return Timings(tuple(tuple(lane.generated) for lane in lanes), max(ttft), ttft, steps, decode_s,
+                   runner.graphs is not None, peak)

@@ -1,0 +1,133 @@
+"""Decode rows of many lanes in one batched pass: the step that CUDA graphs capture.
+
+A decode step gives each running lane one row. Here all of them go through every layer together:
+the products over all rows, the GDN rule and conv through each lane's state and tail in the pool
+(element offsets, no gather), attention through page tables. Everything a step varies sits in one
+int64 tensor (``DecodeBatch.packed``, one row per field so each field is contiguous across lanes)
+so a captured graph reads it from a fixed address; a padding lane (offsets -1, length 0) computes
+garbage that touches no memory of any lane.
+
+Only families whose layers are all plain residual blocks with GDN or dense attention take this
+path (Qwen3.5, Qwen3-Next); Flash Next's streams, PLE and QSA run through ``stack.run_stack``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import torch
+
+from tfd.model.attention import AttentionWeights, attention_rows
+from tfd.model.gdn import GdnWeights, gdn_rows
+from tfd.model.mlp import MoeWeights, dense, moe
+from tfd.model.ops import zrms
+from tfd.model.stack import StackWeights
+from tfd.pool.pages import Pool
+
+
+@attrs.frozen
+class Columns:
+    """Which rows of ``DecodeBatch.packed`` hold each field (a lane's fields are one column)."""
+
+    gdn_layers: int
+    pages: int  # page-table width: the most row pages a lane may hold
+
+    @property
+    def width(self) -> int:
+        return 3 + 2 * self.gdn_layers + self.pages
+
+    def column(self, token: int, position: int, state_at: Sequence[int], tail_at: Sequence[int],
+               pages: Sequence[int], null_page: int) -> list[int]:
+        """A live lane's fields: token, position, visible keys, offsets, page table padded with the
+        null page."""
+        return [token, position, position + 1, *state_at, *tail_at, *pages,
+                *[null_page] * (self.pages - len(pages))]
+
+    def padding(self, null_page: int) -> list[int]:
+        """A padding lane's fields: no keys, offsets -1, every page the null page."""
+        return [0, 0, 0, *[-1] * (2 * self.gdn_layers), *[null_page] * self.pages]
+
+
+@attrs.frozen
+class DecodeBatch:
+    """``packed`` [columns.width, lanes] int64 on the device; the fields are views of it, each
+    contiguous across lanes (``page_table`` is [lanes, pages] with a lane stride of one)."""
+
+    packed: torch.Tensor
+    columns: Columns
+
+    @classmethod
+    def of(cls, columns: list[list[int]], layout: Columns, device: torch.device) -> DecodeBatch:
+        """From each lane's ``Columns.column``."""
+        return cls(torch.tensor(columns, dtype=torch.int64).T.contiguous().to(device), layout)
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        return self.packed[0]
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.packed[1]
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.packed[2]
+
+    def state_at(self, layer: int) -> torch.Tensor:
+        return self.packed[3 + layer]
+
+    def tail_at(self, layer: int) -> torch.Tensor:
+        return self.packed[3 + self.columns.gdn_layers + layer]
+
+    @property
+    def page_table(self) -> torch.Tensor:
+        return self.packed[3 + 2 * self.columns.gdn_layers:].T
+
+
+class DecodeMemory:
+    """The pool as the decode kernels address it: typed views of the whole buffer and each
+    attention layer's K/V caches."""
+
+    def __init__(self, pool: Pool, dtype: torch.dtype) -> None:
+        self.pool = pool
+        self.states = pool.buffer.view(torch.float32)
+        self.tails = pool.buffer.view(dtype)
+        self.caches = {part.name: pool.rows(part.name) for part in pool.layout.row_parts}
+
+    def offset(self, view: torch.Tensor) -> int:
+        """A piece view's element offset in the pool view of its dtype."""
+        return (view.data_ptr() - self.pool.buffer.data_ptr()) // view.element_size()
+
+
+def run_decode(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory) -> torch.Tensor:
+    """The final-norm hidden rows [lanes, width] of one decode row per lane; states, tails and
+    caches move past the row."""
+    x = w.embed[batch.tokens]
+    cos, sin = w.rotary.angles(batch.positions, x.dtype)
+    table = batch.page_table.to(torch.int32, memory_format=torch.contiguous_format)
+    lengths = batch.lengths.to(torch.int32)
+    gdn_layer = 0
+    for layer in w.layers:
+        assert layer.input_norm is not None and layer.post_norm is not None
+        h = zrms(x, layer.input_norm, w.eps)
+        if isinstance(layer.mixer, GdnWeights):
+            mixed = gdn_rows(layer.mixer, h, memory.states, batch.state_at(gdn_layer), memory.tails,
+                             batch.tail_at(gdn_layer))
+            gdn_layer += 1
+        else:
+            assert isinstance(layer.mixer, AttentionWeights) and layer.mixer.indexer is None
+            mixed = attention_rows(layer.mixer, h, cos, sin, w.rotary, memory.caches[f"{layer.name}.k"],
+                                   memory.caches[f"{layer.name}.v"], table, lengths)
+        x = x + mixed
+        h = zrms(x, layer.post_norm, w.eps)
+        x = x + (moe(layer.ffn, h) if isinstance(layer.ffn, MoeWeights) else dense(layer.ffn, h))
+    assert w.final_norm is not None
+    return zrms(x, w.final_norm, w.eps)
+
+
+def batches(w: StackWeights) -> bool:
+    """Whether this stack takes the batched decode path (plain residual blocks, dense attention)."""
+    return w.streams == 1 and w.mixer is None and all(
+        layer.ple is None and layer.attn_hyper is None and
+        (isinstance(layer.mixer, GdnWeights) or layer.mixer.indexer is None) for layer in w.layers)
