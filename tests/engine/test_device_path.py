@@ -1,4 +1,5 @@
-"""The contract on the GPU path: Triton kernels, batched decode steps and CUDA graphs.
+"""The contract on the batched decode path: on the CPU (torch references) and on the GPU (Triton
+kernels and CUDA graphs).
 
 Requests run through the engine's scheduler and runner (``tfd.bench.workload.drive``, the engine
 thread's loop without trio) on tiny checkpoints of the families that take the batched decode path.
@@ -22,7 +23,6 @@ from tfd.families.hybrid import HybridModel, load_model
 from tfd.generate import LanePool
 from tfd.model.memory import Span
 
-pytestmark = pytest.mark.gpu
 ONE_PASS = 8192
 
 
@@ -33,6 +33,16 @@ def checkpoint(family: str) -> Checkpoint:
 @pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe", "qwen3_next"])
 def family(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def model(family: str, request: pytest.FixtureRequest) -> Iterator[HybridModel]:
+    """fp32 on the CPU (the reference arithmetic), bf16 on the GPU."""
+    device = str(request.param)
+    yield load_model(checkpoint(family), device, torch.float32 if device == "cpu" else torch.bfloat16,
+                     progress=False)
+    if device == "cuda":
+        torch.cuda.empty_cache()
 
 
 @pytest.fixture(scope="module")
@@ -52,26 +62,27 @@ def requests(count: int, max_tokens: int = 24, temperature: float = 1.0) -> list
     return made
 
 
-def test_concurrent_equals_solo(gpu_model: HybridModel) -> None:
+def test_concurrent_equals_solo(model: HybridModel) -> None:
     asked = requests(8)
-    together = drive(gpu_model, asked, ONE_PASS, graphs=True).tokens
+    together = drive(model, asked, ONE_PASS, graphs=True).tokens
     assert all(len(tokens) == 24 for tokens in together)
     for count in (1, 2, 4):
-        assert drive(gpu_model, asked[:count], ONE_PASS, graphs=True).tokens == together[:count]
+        assert drive(model, asked[:count], ONE_PASS, graphs=True).tokens == together[:count]
     for i in (0, 3, 7):
-        assert drive(gpu_model, [asked[i]], ONE_PASS, graphs=True).tokens[0] == together[i]
+        assert drive(model, [asked[i]], ONE_PASS, graphs=True).tokens[0] == together[i]
 
 
+@pytest.mark.gpu
 def test_graphs_equal_eager(gpu_model: HybridModel) -> None:
     asked = requests(5)
     assert drive(gpu_model, asked, ONE_PASS, graphs=False).tokens == \
         drive(gpu_model, asked, ONE_PASS, graphs=True).tokens
 
 
-def test_chunked_prefill_equals_one_pass(gpu_model: HybridModel) -> None:
+def test_chunked_prefill_equals_one_pass(model: HybridModel) -> None:
     asked = requests(6, max_tokens=12)[3:]  # prompts of 124, 153 and 182 rows
-    chunked = drive(gpu_model, asked, 64, graphs=True).tokens
-    assert chunked == drive(gpu_model, asked, ONE_PASS, graphs=True).tokens
+    chunked = drive(model, asked, 64, graphs=True).tokens
+    assert chunked == drive(model, asked, ONE_PASS, graphs=True).tokens
 
 
 def prompt_logits(model: HybridModel, prompt: list[int]) -> torch.Tensor:
@@ -84,14 +95,24 @@ def prompt_logits(model: HybridModel, prompt: list[int]) -> torch.Tensor:
         lanes.close()
 
 
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Mean over rows of |got - want| / |want| (L2 over the vocabulary)."""
+    return float(((got - want).norm(dim=-1) / want.norm(dim=-1)).mean())
+
+
+@pytest.mark.gpu
 def test_gpu_logits_are_within_bf16_of_the_cpu_reference(family: str, gpu_model: HybridModel) -> None:
-    reference = load_model(checkpoint(family), "cpu", torch.float32, progress=False)
+    """The bound is bf16's own: the CPU reference path run in bf16 errs by 2-3% (mean row relative
+    L2) on these tiny random models; the GPU path may err at most 1.5 times that, and under 5%."""
     prompt = list(requests(4)[3].prompt)
-    want, got = prompt_logits(reference, prompt), prompt_logits(gpu_model, prompt)
-    # bf16 weights and activations through 4 layers: a few units of bf16's 2^-8 relative step
-    assert (got - want).abs().max() <= 0.05 * want.abs().max()
+    want = prompt_logits(load_model(checkpoint(family), "cpu", torch.float32, progress=False), prompt)
+    bf16 = relative_error(prompt_logits(load_model(checkpoint(family), "cpu", torch.bfloat16, progress=False),
+                                        prompt), want)
+    got = relative_error(prompt_logits(gpu_model, prompt), want)
+    assert got <= min(0.05, 1.5 * bf16), f"GPU bf16 logits err {got:.4f}, CPU bf16 {bf16:.4f}"
 
 
+@pytest.mark.gpu
 def test_gpu_fp32_greedy_equals_the_cpu_reference(family: str) -> None:
     asked = requests(2, max_tokens=256, temperature=0.0)
     cpu = load_model(checkpoint(family), "cpu", torch.float32, progress=False)
