@@ -49,6 +49,37 @@ def zrms(x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = 
 
 
 @triton.jit
+def _add_zrms(x, delta, total, out, weight, width, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < width
+    at = row * width + cols
+    # the residual sum is rounded to the model dtype, as x + delta would be, before it is normalised
+    values = (tl.load(x + at, mask=mask, other=0.0).to(tl.float32) +
+              tl.load(delta + at, mask=mask, other=0.0).to(tl.float32)).to(total.dtype.element_ty)
+    tl.store(total + at, values, mask=mask)
+    values = values.to(tl.float32)
+    scaled = values * tl.rsqrt(tl.sum(values * values, axis=0) / width + eps)
+    w = tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out + at, (scaled * (1.0 + w)).to(out.dtype.element_ty), mask=mask)
+
+
+def add_zrms(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, zrms(x + delta)) for [rows, width] rows in one pass: the residual stream and the
+    next block's input."""
+    if x.dim() != 2 or delta.shape != x.shape or weight.shape != (x.shape[1],):
+        raise ValueError(f"x {list(x.shape)}, delta {list(delta.shape)} and weight {list(weight.shape)} "
+                         "must be [rows, width], [rows, width] and [width]")
+    x, delta = x.contiguous(), delta.contiguous()
+    total, out = torch.empty_like(x), torch.empty_like(x)
+    if x.shape[0]:
+        _add_zrms[(x.shape[0],)](x, delta, total, out, weight, x.shape[1], eps,
+                                 BLOCK=triton.next_power_of_2(x.shape[1]))
+    return total, out
+
+
+@triton.jit
 def _gated(x, gate, weight, out, width, heads, eps, ACTIVATION: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)

@@ -55,3 +55,10 @@ def test_real_widths_on_the_device() -> None:
     assert torch.equal(norm.gated_rms(o[:5], gate[:5], ones, 1e-6, "silu"), gated[:5])
     # an fp32 input is rounded to the model dtype first (the interpreter truncates instead: GPU only)
     assert torch.equal(gated, norm.gated_rms(o.bfloat16(), gate, ones, 1e-6, "silu"))
+
+
+def test_add_zrms_is_the_sum_and_its_norm() -> None:
+    x, delta, w = rand(3, 40), rand(3, 40, seed=1), rand(40, seed=2) * 0.1
+    total, normed = norm.add_zrms(x, delta, w, 1e-6)
+    assert torch.allclose(total, x + delta, atol=1e-6)
+    assert torch.allclose(normed, ops.zrms(x + delta, w, 1e-6), atol=1e-5)

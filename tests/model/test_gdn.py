@@ -16,8 +16,9 @@ def weights() -> GdnWeights:
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=g) / shape[-1] ** 0.5
 
-    return GdnWeights(qkv=rand(channels, HIDDEN), z=rand(VALUE_HEADS * DIM, HIDDEN),
-                      b=rand(VALUE_HEADS, HIDDEN), a=rand(VALUE_HEADS, HIDDEN), conv=rand(channels, KERNEL),
+    proj = torch.cat((rand(channels, HIDDEN), rand(VALUE_HEADS * DIM, HIDDEN), rand(VALUE_HEADS, HIDDEN),
+                      rand(VALUE_HEADS, HIDDEN)))
+    return GdnWeights(proj=proj, conv=rand(channels, KERNEL),
                       a_log=torch.rand(VALUE_HEADS, generator=g), dt_bias=torch.zeros(VALUE_HEADS),
                       norm=torch.ones(DIM), out=rand(HIDDEN, VALUE_HEADS * DIM), key_heads=KEY_HEADS,
                       value_heads=VALUE_HEADS, key_dim=DIM, value_dim=DIM, activation="silu", eps=1e-6)

@@ -113,22 +113,26 @@ def gdn_projections(get: Get, at: str) -> tuple[torch.Tensor, torch.Tensor, torc
 
 def gdn_weights(cfg: HybridConfig, get: Get, at: str, qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor,
                 a: torch.Tensor) -> GdnWeights:
+    """The layer with its four input projections as one matrix, [qkv | z | b | a] (one product)."""
     return GdnWeights(
-        qkv=qkv, z=z, b=b, a=a, conv=get(f"{at}.conv1d.weight")[:, 0, :], a_log=get(f"{at}.A_log"),
+        proj=torch.cat((qkv, z, b, a)), conv=get(f"{at}.conv1d.weight")[:, 0, :], a_log=get(f"{at}.A_log"),
         dt_bias=get(f"{at}.dt_bias"), norm=get(f"{at}.norm.weight"), out=get(f"{at}.out_proj.weight"),
         key_heads=cfg.key_heads, value_heads=cfg.value_heads, key_dim=cfg.key_dim,
         value_dim=cfg.value_dim, activation=cfg.gate_activation, eps=cfg.eps)
 
 
 def attention_weights(cfg: HybridConfig, get: Get, at: str) -> AttentionWeights:
+    """The layer with q (and its gate), k and v as one matrix (one product)."""
     return AttentionWeights(
-        q=get(f"{at}.q_proj.weight"), k=get(f"{at}.k_proj.weight"), v=get(f"{at}.v_proj.weight"),
+        qkv=torch.cat((get(f"{at}.q_proj.weight"), get(f"{at}.k_proj.weight"), get(f"{at}.v_proj.weight"))),
         o=get(f"{at}.o_proj.weight"), q_norm=get(f"{at}.q_norm.weight"), k_norm=get(f"{at}.k_norm.weight"),
         heads=cfg.heads, kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, eps=cfg.eps)
 
 
 def dense_weights(get: Get, at: str) -> DenseMlp:
-    return DenseMlp(get(f"{at}.gate_proj.weight"), get(f"{at}.up_proj.weight"), get(f"{at}.down_proj.weight"))
+    """gate and up as one matrix (one product), and down."""
+    return DenseMlp(torch.cat((get(f"{at}.gate_proj.weight"), get(f"{at}.up_proj.weight"))),
+                    get(f"{at}.down_proj.weight"))
 
 
 def moe_weights(cfg: HybridConfig, naming: Naming, get: Get, at: str) -> MoeWeights:
@@ -136,7 +140,7 @@ def moe_weights(cfg: HybridConfig, naming: Naming, get: Get, at: str) -> MoeWeig
         gate_up, down = get(f"{at}.experts.gate_up_proj"), get(f"{at}.experts.down_proj")
     else:
         experts = [dense_weights(get, f"{at}.experts.{e}") for e in range(cfg.experts)]
-        gate_up = torch.stack([torch.cat((x.gate, x.up)) for x in experts])
+        gate_up = torch.stack([x.gate_up for x in experts])
         down = torch.stack([x.down for x in experts])
     return MoeWeights(router=get(f"{at}.gate.weight"), gate_up=gate_up, down=down,
                       shared=dense_weights(get, f"{at}.shared_expert"),

@@ -11,6 +11,7 @@ import attrs
 import torch
 
 from kernels import cache_write, paged_attention
+from kernels import rope as rope_kernel
 from tfd.model.memory import PageRows, Span
 from tfd.model.ops import linear, sigmoid, zrms
 from tfd.model.qsa import IndexerWeights, select
@@ -19,9 +20,8 @@ from tfd.model.rope import Rotary
 
 @attrs.frozen
 class AttentionWeights:
-    q: torch.Tensor  # [heads * 2 * head_dim, hidden]: per head [query | gate]
-    k: torch.Tensor  # [kv_heads * head_dim, hidden]
-    v: torch.Tensor  # [kv_heads * head_dim, hidden]
+    qkv: torch.Tensor  # [heads * 2 * head_dim + 2 * kv_heads * head_dim, hidden]: q (per head
+    # [query | gate]), then k, then v: one product for the three
     o: torch.Tensor  # [hidden, heads * head_dim]
     q_norm: torch.Tensor  # [head_dim], zero-centred
     k_norm: torch.Tensor
@@ -45,11 +45,18 @@ class Projected:
 def project(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             rotary: Rotary) -> Projected:
     count, d = x.shape[0], w.head_dim
-    query_gate = linear(x, w.q).view(count, w.heads, 2 * d)
+    both = linear(x, w.qkv)
+    query_gate, key, value = torch.split(both, [w.heads * 2 * d, w.kv_heads * d, w.kv_heads * d], dim=-1)
+    query_gate = query_gate.view(count, w.heads, 2 * d)
     query, gate = query_gate[..., :d], query_gate[..., d:]
-    query = rotary.apply(zrms(query, w.q_norm, w.eps), cos, sin)
-    key = rotary.apply(zrms(linear(x, w.k).view(count, w.kv_heads, d), w.k_norm, w.eps), cos, sin)
-    value = linear(x, w.v).view(count, w.kv_heads, d)
+    key = key.view(count, w.kv_heads, d)
+    if x.is_cuda:  # norm and rotation in one kernel per tensor
+        query = rope_kernel.norm_rope(query, w.q_norm, cos, sin, w.eps)
+        key = rope_kernel.norm_rope(key, w.k_norm, cos, sin, w.eps)
+    else:
+        query = rotary.apply(zrms(query, w.q_norm, w.eps), cos, sin)
+        key = rotary.apply(zrms(key, w.k_norm, w.eps), cos, sin)
+    value = value.reshape(count, w.kv_heads, d)
     return Projected(query, gate.reshape(count, -1), key, value)
 
 

@@ -21,7 +21,7 @@ import torch
 from tfd.model.attention import AttentionWeights, attention_rows
 from tfd.model.gdn import GdnWeights, gdn_rows
 from tfd.model.mlp import MoeWeights, dense, moe
-from tfd.model.ops import zrms
+from tfd.model.ops import add_zrms, zrms
 from tfd.model.stack import StackWeights
 from tfd.pool.pages import Pool
 
@@ -108,9 +108,13 @@ def run_decode(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory) -> tor
     table = batch.page_table.to(torch.int32, memory_format=torch.contiguous_format)
     lengths = batch.lengths.to(torch.int32)
     gdn_layer = 0
+    delta: torch.Tensor | None = None  # the last block's output, added with the next norm
     for layer in w.layers:
         assert layer.input_norm is not None and layer.post_norm is not None
-        h = zrms(x, layer.input_norm, w.eps)
+        if delta is None:
+            h = zrms(x, layer.input_norm, w.eps)
+        else:
+            x, h = add_zrms(x, delta, layer.input_norm, w.eps)
         if isinstance(layer.mixer, GdnWeights):
             mixed = gdn_rows(layer.mixer, h, memory.states, batch.state_at(gdn_layer), memory.tails,
                              batch.tail_at(gdn_layer))
@@ -119,11 +123,10 @@ def run_decode(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory) -> tor
             assert isinstance(layer.mixer, AttentionWeights) and layer.mixer.indexer is None
             mixed = attention_rows(layer.mixer, h, cos, sin, w.rotary, memory.caches[f"{layer.name}.k"],
                                    memory.caches[f"{layer.name}.v"], table, lengths)
-        x = x + mixed
-        h = zrms(x, layer.post_norm, w.eps)
-        x = x + (moe(layer.ffn, h) if isinstance(layer.ffn, MoeWeights) else dense(layer.ffn, h))
-    assert w.final_norm is not None
-    return zrms(x, w.final_norm, w.eps)
+        x, h = add_zrms(x, mixed, layer.post_norm, w.eps)
+        delta = moe(layer.ffn, h) if isinstance(layer.ffn, MoeWeights) else dense(layer.ffn, h)
+    assert w.final_norm is not None and delta is not None
+    return add_zrms(x, delta, w.final_norm, w.eps)[1]
 
 
 def batches(w: StackWeights) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kernels import conv1d, gdn_decode
+from kernels import conv1d, gdn_decode, gdn_gates
 from tfd.model import GDN_CHUNK
 from tfd.model.ops import gated_rms, l2norm, linear, sigmoid, silu, softplus
 
@@ -23,10 +23,8 @@ CHUNK = GDN_CHUNK
 class GdnWeights:
     """One GDN layer in the canonical layout: qkv rows are [all q | all k | all v]."""
 
-    qkv: torch.Tensor  # [2 * key_heads * key_dim + value_heads * value_dim, hidden]
-    z: torch.Tensor  # [value_heads * value_dim, hidden]
-    b: torch.Tensor  # [value_heads, hidden]
-    a: torch.Tensor  # [value_heads, hidden]
+    proj: torch.Tensor  # [channels + value_heads * value_dim + 2 * value_heads, hidden]: the rows of
+    # qkv (channels = 2 * key_heads * key_dim + value_heads * value_dim), z, b and a in one product
     conv: torch.Tensor  # [channels, kernel]
     a_log: torch.Tensor  # [value_heads]
     dt_bias: torch.Tensor  # [value_heads]
@@ -51,11 +49,20 @@ class Projected:
 
 
 def project(w: GdnWeights, x: torch.Tensor) -> Projected:
-    rows = x.shape[0]
-    z = linear(x, w.z).view(rows, w.value_heads, w.value_dim)
-    beta = sigmoid(linear(x, w.b)).float()
-    g = -torch.exp(w.a_log.float()) * softplus(linear(x, w.a).float() + w.dt_bias.float())
-    return Projected(linear(x, w.qkv), z, beta, g)
+    rows, heads = x.shape[0], w.value_heads
+    channels = 2 * w.key_heads * w.key_dim + heads * w.value_dim
+    mixed, z, b, a = torch.split(linear(x, w.proj), [channels, heads * w.value_dim, heads, heads], dim=-1)
+    beta, g = gates(b, a, w.a_log, w.dt_bias)
+    return Projected(mixed, z.view(rows, heads, w.value_dim), beta, g)
+
+
+def gates(b: torch.Tensor, a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """beta = sigmoid(b) (rounded to the model dtype) and g = -exp(A_log) softplus(a + dt_bias), fp32."""
+    if b.is_cuda:
+        return gdn_gates.gates(b, a, a_log, dt_bias)
+    beta = sigmoid(b).float()
+    return beta, -torch.exp(a_log.float()) * softplus(a.float() + dt_bias.float())
 
 
 def split_heads(w: GdnWeights, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

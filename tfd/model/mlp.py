@@ -12,13 +12,12 @@ import attrs
 import torch
 
 from kernels import moe as kernels_moe
-from tfd.model.ops import linear, sigmoid, silu
+from tfd.model.ops import linear, sigmoid, silu, swiglu
 
 
 @attrs.frozen
 class DenseMlp:
-    gate: torch.Tensor  # [inner, hidden]
-    up: torch.Tensor  # [inner, hidden]
+    gate_up: torch.Tensor  # [2 * inner, hidden]: gate rows, then up rows (one product for both)
     down: torch.Tensor  # [hidden, inner]
 
 
@@ -34,7 +33,7 @@ class MoeWeights:
 
 
 def dense(w: DenseMlp, x: torch.Tensor) -> torch.Tensor:
-    return linear(silu(linear(x, w.gate)) * linear(x, w.up), w.down)
+    return linear(swiglu(linear(x, w.gate_up)), w.down)
 
 
 def route(w: MoeWeights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import gemm, norm
+from kernels import swiglu as swiglu_kernel
 
 # softplus(x) == x to float precision past this, as torch's own threshold.
 SOFTPLUS_THRESHOLD = 20.0
@@ -47,6 +48,14 @@ def silu(x: torch.Tensor) -> torch.Tensor:
     return (values / (1.0 + torch.exp(-values))).to(x.dtype)
 
 
+def swiglu(h: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up from ``h`` [rows, 2 * inner] = [gate | up]; silu rounded to h's dtype first."""
+    if h.is_cuda:
+        return swiglu_kernel.swiglu(h)
+    inner = h.shape[-1] // 2
+    return silu(h[..., :inner]) * h[..., inner:]
+
+
 def softplus(x: torch.Tensor) -> torch.Tensor:
     """log(1 + exp(x)), elementwise in the same way at every position."""
     tame = torch.log1p(torch.exp(torch.clamp(x, max=SOFTPLUS_THRESHOLD)))
@@ -68,6 +77,15 @@ def zrms(x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = 
     if group is not None:
         values = values.flatten(-2)
     return (values * (1.0 + weight.float())).to(x.dtype)
+
+
+def add_zrms(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual ``x + delta`` and its zero-centred RMSNorm (one kernel on CUDA)."""
+    if x.is_cuda:
+        return norm.add_zrms(x, delta, weight, eps)
+    total = x + delta
+    return total, zrms(total, weight, eps)
 
 
 def gated_rms(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,

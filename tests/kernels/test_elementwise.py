@@ -1,0 +1,65 @@
+"""SwiGLU's middle and the GDN gates: the kernels against the model's torch arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import gdn_gates, rope, swiglu
+from tfd.model import ops
+from tfd.model.gdn import gates
+
+
+def rand(*shape: int, seed: int = 0, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def test_swiglu_matches_the_model() -> None:
+    h = rand(5, 2 * 1500, scale=3.0)  # more columns than a block
+    assert torch.allclose(swiglu.swiglu(h), ops.swiglu(h), rtol=1e-6, atol=1e-6)
+
+
+def test_swiglu_refuses_an_odd_width() -> None:
+    with pytest.raises(ValueError, match="h must be"):
+        swiglu.swiglu(torch.zeros(2, 7))
+
+
+def test_gates_match_the_model_on_a_strided_projection() -> None:
+    out = rand(4, 40, scale=8.0)  # b and a are column slices of one projection, as in the model
+    b, a = out[:, 32:36], out[:, 36:40]
+    a_log, dt_bias = rand(4, seed=1), rand(4, seed=2)
+    a[0, 0] = 30.0  # past softplus's threshold
+    beta, g = gdn_gates.gates(b, a, a_log, dt_bias)
+    want_beta, want_g = gates(b, a, a_log, dt_bias)
+    assert torch.allclose(beta, want_beta, rtol=1e-6, atol=1e-7)
+    assert torch.allclose(g, want_g, rtol=1e-5, atol=1e-6)
+
+
+def test_gates_refuse_mismatched_heads() -> None:
+    with pytest.raises(ValueError, match="a_log"):
+        gdn_gates.gates(torch.zeros(2, 4), torch.zeros(2, 4), torch.zeros(3), torch.zeros(4))
+
+
+@pytest.mark.gpu
+def test_on_the_device_rows_do_not_depend_on_the_batch() -> None:
+    h = torch.randn(64, 2 * 12288, device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(swiglu.swiglu(h[:3]), swiglu.swiglu(h)[:3])
+    want = (ops.silu(h[:, :12288].cpu()) * h[:, 12288:].cpu()).float()
+    assert ((swiglu.swiglu(h).cpu().float() - want).abs() <= 2 ** -7 * want.abs() + 1e-3).all()
+    out = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    a_log, dt_bias = torch.rand(32, device="cuda"), torch.ones(32, device="cuda")
+    beta, g = gdn_gates.gates(out[:, :32], out[:, 32:], a_log, dt_bias)
+    one_beta, one_g = gdn_gates.gates(out[:1, :32], out[:1, 32:], a_log, dt_bias)
+    assert torch.equal(one_beta, beta[:1]) and torch.equal(one_g, g[:1])
+
+
+@pytest.mark.parametrize("rotary_dim", [8, 32])
+def test_norm_rope_matches_the_model_on_a_strided_query(rotary_dim: int) -> None:
+    from tfd.model.rope import Rotary
+
+    rotary = Rotary.of(32, rotary_dim / 32, 10000.0)
+    both = rand(5, 3, 64, scale=2.0)  # per head [query | gate], as attention's product lays them out
+    query, weight = both[..., :32], rand(32, seed=3, scale=0.2)
+    cos, sin = rotary.angles(torch.arange(100, 105), torch.float32)
+    want = rotary.apply(ops.zrms(query, weight, 1e-6), cos, sin)
+    assert torch.allclose(rope.norm_rope(query, weight, cos, sin, 1e-6), want, atol=1e-5)
