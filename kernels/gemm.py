@@ -7,7 +7,12 @@ each segment is accumulated from zero in fp32 over the same K tiles, and the seg
 order. Two launch forms give the same bits: few rows spread the segments over programs (fp32
 partials in memory, then an in-order sum), enough to keep every multiprocessor reading weights;
 many rows keep a tile's segments in one program and add them in registers. Both run the same
-``_segment`` code with the same tiles, so the form may follow the number of rows.
+``_segment`` code, so the form may follow the number of rows.
+
+The tile shape may follow the number of rows too: on the H200 (Triton 3.6) a product's bits were
+the same for every tile tried, 16 to 128 rows (mma and wgmma), 32 to 256 columns, 64 or 128 K per
+step, 4 or 8 warps, as long as the K segments were the same (tfd bench --gemm and the GPU tests
+check this property). Tiles below come from that sweep.
 
 ``matmul`` is the launcher, ``reference`` the torch reference, ``plan`` the shape's fixed choice.
 """
@@ -38,8 +43,9 @@ class Tiles:
     stages: int = 3
 
 
-SPREAD = Tiles(64, 64, 64)  # few rows: many small programs keep every multiprocessor reading
-WHOLE = Tiles(64, 64, 64)  # many rows: large tiles reuse what they read
+FEW = Tiles(16, 64, 128, 4, 4)  # up to 16 rows: the fastest weight stream at one row
+SPREAD = Tiles(64, 64, 128, 4, 4)  # up to SPREAD_ROWS rows: many small programs keep every SM reading
+WHOLE = Tiles(128, 128, 64, 8, 3)  # many rows: large tiles reuse what they read
 
 
 @attrs.frozen
@@ -50,18 +56,19 @@ class Plan:
     k_per_segment: int
     spread: Tiles = SPREAD
     whole: Tiles = WHOLE
+    few: Tiles = FEW
 
 
-def plan(n: int, k: int, spread: Tiles = SPREAD, whole: Tiles = WHOLE) -> Plan:
+def plan(n: int, k: int, spread: Tiles = SPREAD, whole: Tiles = WHOLE, few: Tiles = FEW) -> Plan:
     """K segments for a weight of shape [n, k]; the same for every number of rows. Segments are
-    whole K steps of both tiles."""
-    step = max(spread.block_k, whole.block_k)
+    whole K steps of every tile."""
+    step = max(spread.block_k, whole.block_k, few.block_k)
     k_tiles = math.ceil(k / step)
     n_tiles = math.ceil(n / spread.block_n)
     segments = max(1, min(math.ceil(TARGET_PROGRAMS / n_tiles), k_tiles // 4))
     per_segment = math.ceil(k_tiles / segments)
     segments = math.ceil(k_tiles / per_segment)  # no segment left empty
-    return Plan(segments, per_segment * step, spread, whole)
+    return Plan(segments, per_segment * step, spread, whole, few)
 
 
 @triton.jit
@@ -149,7 +156,7 @@ def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice:
                      choice.k_per_segment, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
                      WIDEN=INTERPRETED, num_warps=t.warps, num_stages=t.stages)
         return out
-    t = choice.spread
+    t = choice.few if m <= choice.few.block_m else choice.spread
     grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m))
     partials = torch.empty(choice.segments, m, n, dtype=torch.float32, device=x.device)
     _spread[(*grid, choice.segments)](x, w, partials, m, n, k, x.stride(0), w.stride(0), partials.stride(0),

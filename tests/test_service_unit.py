@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tfd.env import SettingsRefused, Table
 from tfd.server.daemon import HTTP_GRACE_S
 
@@ -75,3 +77,17 @@ def test_stop_timeout_outlasts_the_default_drain() -> None:
 def test_a_refused_configuration_is_not_restarted() -> None:
     statuses = service()["RestartPreventExitStatus"].split()
     assert str(SettingsRefused.EXIT_STATUS) in statuses
+
+
+def test_a_cuda_device_that_is_absent_is_refused_by_name() -> None:
+    import torch
+
+    from tfd.env import SettingsRefused
+    from tfd.server.service import pick_device
+
+    if torch.cuda.is_available():
+        assert pick_device("cuda").type == "cuda"
+        return
+    assert pick_device("auto").type == "cpu"
+    with pytest.raises(SettingsRefused, match="TF_DEVICE=cuda"):
+        pick_device("cuda")

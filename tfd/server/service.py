@@ -38,10 +38,19 @@ class Prepared:
     report: LoadReport
 
 
+def pick_device(name: str) -> torch.device:
+    """TF_DEVICE as a device; ``cuda`` without a usable GPU is refused by name."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SettingsRefused(["TF_DEVICE=cuda: torch sees no CUDA device here"])
+    return torch.device(name)
+
+
 def prepare(settings: Settings, environ: Mapping[str, str]) -> Prepared:
     """Load the model and cut the pool (blocking). Raises ``SettingsRefused`` for a TF_PARALLEL or
     TF_CONTEXT the pool cannot hold, naming what fits."""
-    device = torch.device("cpu")
+    device = pick_device(settings.value("TF_DEVICE", str))
     loaded = load(settings, environ, device)
     settings = loaded.settings
     config = PoolConfig.from_settings(settings, loaded.family)
@@ -82,8 +91,9 @@ class Service:
         self.loaded = prepared.loaded
         self.pool = prepared.pool
         self.report = prepared.report
+        graphs = prepared.loaded.settings.value("TF_CUDA_GRAPHS", bool)
         self.engine = Engine(prepared.loaded.model, prepared.loaded.tokenizer, prepared.pool, prepared.limits,
-                             heartbeat, on_failure, on_step)
+                             heartbeat, on_failure, on_step, graphs)
 
     def start(self) -> None:
         self.engine.start()
