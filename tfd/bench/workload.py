@@ -23,7 +23,7 @@ from tfd.engine.scheduler import Admission, Scheduler
 from tfd.families.hybrid import HybridModel
 from tfd.pool.pages import Pool
 
-PAGE_ROWS = 64
+PAGE_ROWS = 64  # rows of a page, or the least multiple of it whose page holds a GDN state
 
 
 @attrs.frozen
@@ -62,7 +62,8 @@ def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, gra
     device = model.weights.embed.device
     window = max(request.window for request in requests)
     streams = len(requests)
-    layout = model.layout(PAGE_ROWS)
+    smallest = model.layout(PAGE_ROWS).smallest_page_rows()  # a page must hold the largest state piece
+    layout = model.layout(-(-smallest // PAGE_ROWS) * PAGE_ROWS)
     pool = Pool(layout, streams * layout.need(window), max_lanes=streams, device=device)
     runner = Runner(model, pool, window, streams, graphs)
     scheduler = Scheduler(step_tokens, streams)
