@@ -5,7 +5,8 @@ inputs, oldest first) followed by its new rows::
 
     out[i, c] = silu(cast(sum over taps t in order of window[i + t, c] * weight[c, t]))
 
-in fp32, cast to the model dtype before the SiLU and after it, as tfd.model.gdn.causal_conv does.
+in fp32, cast to the model dtype before the SiLU and after it; ``reference_lane`` is that arithmetic
+for one lane, and the model's span path (tfd.model.gdn) uses it as its causal conv.
 The tail then holds the last ``width - 1`` rows of the window. ``decode`` takes one row per lane
 ([lanes, channels]), ``prefill`` concatenated rows of several lanes split by ``cu_seqlens``.
 
@@ -126,8 +127,9 @@ def prefill(x: torch.Tensor, weight: torch.Tensor, tails: torch.Tensor, tail_at:
     return out
 
 
-def _reference_lane(x: torch.Tensor, weight: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
-    """tfd.model.gdn.causal_conv's arithmetic for one lane's rows; ``tail`` moves forward."""
+def reference_lane(x: torch.Tensor, weight: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
+    """Depthwise causal conv of one lane's rows ``x`` [rows, channels] with ``tail`` [width - 1,
+    channels] before them, then SiLU; ``tail`` moves forward in place."""
     rows, width = x.shape[0], weight.shape[1]
     window = torch.cat((tail.to(x.dtype), x))
     acc = window[0:rows].float() * weight[:, 0].float()
@@ -155,5 +157,5 @@ def reference_prefill(x: torch.Tensor, weight: torch.Tensor, tails: torch.Tensor
     for lane, at in enumerate(tail_at.tolist()):
         if at >= 0:
             a, b = bounds[lane], bounds[lane + 1]
-            out[a:b] = _reference_lane(x[a:b], weight, tails[at:at + size].view(-1, x.shape[1]))
+            out[a:b] = reference_lane(x[a:b], weight, tails[at:at + size].view(-1, x.shape[1]))
     return out

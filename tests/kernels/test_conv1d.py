@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from kernels import conv1d
-from tfd.model.gdn import causal_conv
 
 ALIGN = 256  # the pool places pieces at multiples of this many bytes
 WIDTH = 4
@@ -132,12 +131,12 @@ def test_prefill_split_and_row_by_row_are_one_prefill() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_reference_is_the_model_conv(dtype: torch.dtype) -> None:
+def test_reference_over_the_pool_is_the_lane_conv(dtype: torch.dtype) -> None:
     pool, tail_at = make_pool(1, CHANNELS, dtype, [], "cpu")
     x, weight = tensors(6, CHANNELS, dtype, "cpu")
     at = int(tail_at[0])
     tail = pool.view(dtype)[at:at + (WIDTH - 1) * CHANNELS].view(WIDTH - 1, CHANNELS).clone()
-    expected = causal_conv(x, weight, tail)
+    expected = conv1d.reference_lane(x, weight, tail)
     out = conv1d.reference_prefill(x, weight, pool.view(dtype), tail_at, bounds([6], "cpu"))
     assert torch.equal(out, expected)
     assert torch.equal(pool.view(dtype)[at:at + tail.numel()], tail.flatten())

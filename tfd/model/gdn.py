@@ -14,7 +14,7 @@ import torch
 
 from kernels import conv1d, gdn_decode, gdn_gates
 from tfd.model import GDN_CHUNK
-from tfd.model.ops import gated_rms, l2norm, linear, sigmoid, silu, softplus
+from tfd.model.ops import gated_rms, l2norm, linear, sigmoid, softplus
 
 CHUNK = GDN_CHUNK
 
@@ -85,7 +85,7 @@ def gdn(w: GdnWeights, x: torch.Tensor, state: torch.Tensor, tail: torch.Tensor,
     ``state`` and ``tail`` are the lane's views; they are updated to follow the last row.
     """
     p = project(w, x)
-    q, k, v = split_heads(w, causal_conv(p.mixed, w.conv, tail))
+    q, k, v = split_heads(w, conv1d.reference_lane(p.mixed, w.conv, tail))
     ratio = w.value_heads // w.key_heads  # value head j reads key head j // ratio
     q = l2norm(q.float()).repeat_interleave(ratio, dim=1) * w.key_dim ** -0.5
     k = l2norm(k.float()).repeat_interleave(ratio, dim=1)
@@ -106,17 +106,6 @@ def gdn_rows(w: GdnWeights, x: torch.Tensor, states: torch.Tensor, state_at: tor
     rule = gdn_decode.decode if x.is_cuda else gdn_decode.reference
     out = rule(q, k, v, p.g, p.beta, states, state_at, w.key_dim ** -0.5)
     return finish(w, out, p.z)
-
-
-def causal_conv(mixed: torch.Tensor, weight: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
-    """Depthwise causal conv over rows with the lane's tail before them, then SiLU; moves the tail."""
-    rows, width = mixed.shape[0], weight.shape[1]
-    window = torch.cat((tail.to(mixed.dtype), mixed))
-    out = window[0:rows].float() * weight[:, 0].float()
-    for tap in range(1, width):
-        out = out + window[tap:tap + rows].float() * weight[:, tap].float()
-    tail.copy_(window[-(width - 1):])
-    return silu(out.to(mixed.dtype))
 
 
 def recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
