@@ -36,7 +36,8 @@ def test_ready_comes_after_loading_and_a_warm_up(tmp_path: Path) -> None:
     daemon = ServedDaemon(Path(tempfile.mkdtemp(dir="/tmp")), TF_MODEL=str(served_model())).start(timeout=120)
     try:
         fields = [field for _, field in daemon.messages]
-        steps = ("STATUS=starting", "STATUS=loading the model", "STATUS=warming up", "READY=1")
+        steps = ("STATUS=starting", "STATUS=loading the model", "STATUS=building the engine",
+                 "STATUS=warming up", "READY=1")
         order = [next(i for i, f in enumerate(fields) if f.startswith(step)) for step in steps]
         assert order == sorted(order)
         assert "warm-up step done" in daemon.log()

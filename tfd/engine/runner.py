@@ -96,7 +96,8 @@ class Runner:
         return self._step(batch) if self.graphs is None else self.graphs.run(batch.packed)
 
     def run(self, works: Sequence[Work]) -> list[Drawn]:
-        """Run every work's rows in one forward; draw a token for each work that samples."""
+        """Run every work's rows (decode rows batched, prompt chunks as spans of one forward);
+        draw a token for each work that samples."""
         for work in works:
             assert work.lane.lease is not None and work.lane.memory is not None
             work.lane.lease.take(work.start + work.length)

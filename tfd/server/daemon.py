@@ -107,7 +107,10 @@ class Daemon:
         self.notify("STATUS=loading the model")
         prepared = await trio.to_thread.run_sync(prepare, self.settings, self.environ)
         heartbeat = Heartbeat("engine", ENGINE_STALL_S)
-        service = Service(prepared, heartbeat, self._engine_failed, self.metrics.on_step)
+        self.notify("STATUS=building the engine")
+        # the engine's runner captures CUDA graphs as it is built: seconds, off the trio thread
+        service = await trio.to_thread.run_sync(Service, prepared, heartbeat, self._engine_failed,
+                                                self.metrics.on_step)
         self.heartbeats.add(heartbeat)
         service.start()
         self.service = service
