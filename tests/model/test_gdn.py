@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tfd.model.gdn import CHUNK, GdnWeights, gdn
+from tfd.model.gdn import CHUNK, GdnWeights, gdn, gdn_chunks
 
 KEY_HEADS, VALUE_HEADS, DIM, HIDDEN, KERNEL = 2, 4, 16, 48, 4
 
@@ -52,3 +52,18 @@ def test_prefill_split_at_chunk_multiples_is_bit_equal() -> None:
              for a, b in ((0, CHUNK), (CHUNK, 2 * CHUNK), (2 * CHUNK, x.shape[0]))]
     assert torch.equal(torch.cat(parts), whole)
     assert torch.equal(split_state, one_state)
+
+
+def test_the_prompt_kernels_agree_with_the_torch_chunks() -> None:
+    """``gdn_chunks`` (Triton, here in the interpreter) against the torch span path, from a state
+    and tail that earlier rows left, at an unaligned start; the state and tail move alike."""
+    w = weights()
+    x = torch.randn(90, HIDDEN, generator=torch.Generator().manual_seed(5))
+    state, tail = fresh()
+    gdn(w, x[:37], state, tail, 0, decode=False)
+    kernel_state, kernel_tail = state.clone(), tail.clone()
+    want = gdn(w, x[37:], state, tail, 37, decode=False)
+    got = gdn_chunks(w, x[37:], kernel_state, kernel_tail, 37)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert torch.allclose(kernel_state, state, rtol=1e-4, atol=1e-5)
+    assert torch.equal(kernel_tail, tail)

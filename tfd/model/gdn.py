@@ -12,7 +12,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kernels import conv1d, gdn_decode, gdn_gates
+from kernels import conv1d, gdn_decode, gdn_gates, gdn_prefill
 from tfd.model import GDN_CHUNK
 from tfd.model.ops import gated_rms, l2norm, linear, sigmoid, softplus
 
@@ -82,8 +82,11 @@ def gdn(w: GdnWeights, x: torch.Tensor, state: torch.Tensor, tail: torch.Tensor,
         decode: bool) -> torch.Tensor:
     """The layer's output for one lane's rows ``x`` [rows, hidden] at positions from ``start``.
 
-    ``state`` and ``tail`` are the lane's views; they are updated to follow the last row.
+    ``state`` and ``tail`` are the lane's views; they are updated to follow the last row. Prompt
+    rows on CUDA take the Triton kernels (``gdn_chunks``).
     """
+    if x.is_cuda and not decode:
+        return gdn_chunks(w, x, state, tail, start)
     p = project(w, x)
     q, k, v = split_heads(w, conv1d.reference_lane(p.mixed, w.conv, tail))
     ratio = w.value_heads // w.key_heads  # value head j reads key head j // ratio
@@ -91,6 +94,23 @@ def gdn(w: GdnWeights, x: torch.Tensor, state: torch.Tensor, tail: torch.Tensor,
     k = l2norm(k.float()).repeat_interleave(ratio, dim=1)
     run = recurrent if decode else chunked
     out = run(q, k, v.float(), p.g, p.beta, state, start).to(x.dtype)
+    return finish(w, out, p.z)
+
+
+def gdn_chunks(w: GdnWeights, x: torch.Tensor, state: torch.Tensor, tail: torch.Tensor, start: int
+               ) -> torch.Tensor:
+    """``gdn`` for prompt rows by the Triton kernels (on any device they run on): the conv with the
+    lane's tail, then the chunked rule at absolute 64-multiples from the lane's state, both in place
+    on the lane's own views (each passed as a one-lane pool at offset 0)."""
+    rows, device = x.shape[0], x.device
+    p = project(w, x)
+    zero = torch.zeros(1, dtype=torch.int64, device=device)
+    bounds = torch.tensor([0, rows], dtype=torch.int32, device=device)
+    mixed = conv1d.prefill(p.mixed, w.conv, tail.view(-1), zero, bounds, rows)
+    q, k, v = split_heads(w, mixed)
+    starts = torch.tensor([start], dtype=torch.int64, device=device)
+    out = gdn_prefill.prefill(q, k, v, p.g, p.beta, state.view(-1), zero, bounds, starts, w.key_dim ** -0.5,
+                              rows)
     return finish(w, out, p.z)
 
 
