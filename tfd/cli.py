@@ -89,6 +89,9 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
     bench.add_argument("--step-tokens", type=_positive, default=8192, metavar="N",
                        help="rows a step may run (8192)")
     bench.add_argument("--no-graphs", action="store_true", help="decode steps eagerly, no CUDA graphs")
+    bench.add_argument("--compare-hf", action="store_true",
+                       help="then run transformers (with fla-core's kernels when installed) on the same "
+                       "shape and workloads in this process, and report tfd's speed over its")
     bench.add_argument("--gemm", action="store_true",
                        help="instead of workloads: the batch-invariant GEMM against cuBLAS at the model's "
                        "weight shapes (CUDA only)")
@@ -219,7 +222,7 @@ def run_bench(table: Table, args: argparse.Namespace) -> int:
 
     import torch
 
-    from tfd.bench.main import bench, random_model
+    from tfd.bench.main import bench, compare_hf, random_model, write
     from tfd.bench.shapes import weight_bytes
     from tfd.bench.workload import Workload
     from tfd.checkpoint import CheckpointError
@@ -229,18 +232,27 @@ def run_bench(table: Table, args: argparse.Namespace) -> int:
     try:
         if args.shape:
             model, shape = random_model(args.shape, device)
-            name, size = shape.name, shape.weight_bytes
+            name, size, config = shape.name, shape.weight_bytes, shape.config
         else:
             loaded = load(settings, os.environ, device, args.random_weights)
-            model, name = loaded.model, loaded.path.name
-            size = weight_bytes(loaded.family, model_config(loaded.path), model.dtype.itemsize)
+            model, name, config = loaded.model, loaded.path.name, model_config(loaded.path)
+            size = weight_bytes(loaded.family, config, model.dtype.itemsize)
+            del loaded
     except (CheckpointError, ValueError) as error:
         print(f"tfd bench: {error}", file=sys.stderr)
         return EXIT_FAILURE
     if args.gemm:
         return gemm_bench(model, name, device, args.out)
     workloads = [Workload(n, args.prompt, args.new, args.step_tokens) for n in args.streams]
-    bench(model, name, size, workloads, not args.no_graphs, args.out, args.commit)
+    results = bench(model, name, size, workloads, not args.no_graphs, args.commit)
+    if args.compare_hf:
+        dtype = model.dtype
+        del model  # the two models need not fit at once
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        compare_hf(results, workloads, config, dtype, device)
+    if args.out is not None:
+        write(results, args.out)
     return 0
 
 
@@ -258,7 +270,7 @@ def gemm_bench(model: Any, name: str, device: Any, out: Path | None) -> int:
     return 0
 
 
-def model_config(path: Path) -> dict[str, object]:
+def model_config(path: Path) -> dict[str, Any]:
     from tfd.checkpoint import read_config
 
     return dict(read_config(path).text)

@@ -18,6 +18,7 @@ import attrs
 import torch
 
 from tfd.bench import roofline
+from tfd.bench.compare_hf import hf_model, run_hf
 from tfd.bench.shapes import Shape, fit
 from tfd.bench.workload import Timings, Workload, run
 from tfd.families.hybrid import HybridModel
@@ -100,8 +101,8 @@ def line(result: dict[str, Any]) -> str:
 
 
 def bench(model: HybridModel, shape_name: str, weight_bytes: int, workloads: list[Workload], graphs: bool,
-          out: Path | None, revision: str | None = None) -> list[dict[str, Any]]:
-    """Run each workload on ``model``; print a line each and write ``out/<shape>-<streams>x...json``."""
+          revision: str | None = None) -> list[dict[str, Any]]:
+    """Run each workload on ``model``; print a line each; the run objects, in order."""
     device = model.weights.embed.device
     ceilings = measure_ceilings(device)
     print(f"tfd bench: {ceilings.gpu}: copy {ceilings.copy_gbps:.0f} GB/s, "
@@ -115,8 +116,26 @@ def bench(model: HybridModel, shape_name: str, weight_bytes: int, workloads: lis
         result = describe(model, shape_name, weight_bytes, workload, timings, ceilings, revision)
         print(line(result), flush=True)
         results.append(result)
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            name = f"{shape_name}-{workload.streams}x{workload.prompt_tokens}-{workload.new_tokens}.json"
-            (out / name).write_text(json.dumps(result, indent=2) + "\n")
     return results
+
+
+def write(results: list[dict[str, Any]], out: Path) -> None:
+    """One file a run: ``out/<shape>-<streams>x<prompt>-<new>.json``."""
+    out.mkdir(parents=True, exist_ok=True)
+    for result in results:
+        name = f"{result['shape']}-{result['streams']}x{result['prompt_tokens']}-{result['new_tokens']}.json"
+        (out / name).write_text(json.dumps(result, indent=2) + "\n")
+
+
+def compare_hf(results: list[dict[str, Any]], workloads: list[Workload], config: dict[str, Any],
+               dtype: torch.dtype, device: torch.device) -> None:
+    """transformers on the same shape and workloads; adds its speeds and tfd's ratio to each run."""
+    model = hf_model(config, dtype, device)
+    for result, workload in zip(results, workloads, strict=True):
+        timings = run_hf(model, int(config["vocab_size"]), workload)
+        hf_tok_s = timings.decode_tok_s(workload)
+        prefill = workload.streams * workload.prompt_tokens / timings.prefill_s
+        result.update(hf_decode_tok_s=hf_tok_s, hf_prefill_tok_s=prefill, hf_fla=timings.fla,
+                      tfd_over_hf=result["decode_tok_s"] / hf_tok_s)
+        print(f"transformers{' + fla' if timings.fla else ''} x{workload.streams}: decode {hf_tok_s:.1f} "
+              f"tok/s; tfd is {result['tfd_over_hf']:.2f}x", flush=True)

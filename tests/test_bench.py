@@ -1,0 +1,65 @@
+"""`tfd bench`: shapes cut to fit, the traffic a step must move, and runs written as JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from support import run_tfd
+from tfd.bench import roofline
+from tfd.bench.shapes import PRESETS, fit, weight_bytes
+from tfd.families.config import read_config
+
+REQUIRED = ("shape", "streams", "prompt_tokens", "new_tokens", "decode_tok_s", "prefill_tok_s",
+            "roofline_fraction", "matmul_fraction", "copy_gbps", "gpu", "commit")
+
+
+def test_a_shape_too_big_loses_whole_layer_groups_and_says_so() -> None:
+    whole = fit("qwen3_next-80b-a3b", 10**15)
+    assert whole.cut is None and whole.config["num_hidden_layers"] == 48
+    cut = fit("qwen3_next-80b-a3b", 100 * 2**30)
+    assert cut.config["num_hidden_layers"] == 32 and len(cut.config["layer_types"]) == 32
+    assert cut.weight_bytes <= 100 * 2**30 and cut.cut is not None and "32 of 48 layers" in cut.cut
+    with pytest.raises(ValueError, match="no shape"):
+        fit("llama", 2**40)
+
+
+def test_the_9b_preset_is_nine_billion_parameters() -> None:
+    family, config = PRESETS["qwen3_5-9b"]
+    assert 8.5e9 < weight_bytes(family, config) / 2 < 9.5e9
+
+
+def test_a_decode_step_moves_weights_rows_and_states() -> None:
+    family, config = PRESETS["qwen3_5-9b"]
+    cfg = read_config(family, config)
+    weights = weight_bytes(family, config)
+    one = roofline.decode_bytes(cfg, weights, lanes=1, context=0)
+    embed = cfg.vocab * cfg.hidden * 2
+    state = 24 * 32 * 128 * 128 * 4  # 24 GDN layers' fp32 states, read and written
+    assert one == pytest.approx(weights - embed + cfg.hidden * 2 + 2 * state, rel=1e-3)
+    rows = roofline.decode_bytes(cfg, weights, lanes=1, context=1000) - one
+    assert rows == 8 * 2 * cfg.kv_heads * cfg.head_dim * 2 * 1000  # 8 attention layers' K and V
+
+
+def test_experts_no_row_chose_are_not_counted() -> None:
+    family, config = PRESETS["qwen3_5-35b-a3b"]
+    cfg = read_config(family, config)
+    weights = weight_bytes(family, config)
+    assert roofline.decode_bytes(cfg, weights, 1, 0) < 0.2 * weights
+    assert roofline.expected_experts(256, 8, 1) == pytest.approx(8)
+    assert roofline.expected_experts(256, 8, 10**4) == pytest.approx(256)
+
+
+def test_bench_runs_the_demo_and_writes_each_run(tmp_path: Path) -> None:
+    done = run_tfd("bench", "--streams", "1,2", "--prompt", "40", "--new", "4", "--out", str(tmp_path),
+                   "--commit", "test", timeout=240)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if " x" in line and "decode" in line]
+    assert len(lines) == 2, done.stdout
+    for streams in (1, 2):
+        run = json.loads(next(tmp_path.glob(f"*-{streams}x40-4.json")).read_text())
+        assert all(key in run for key in REQUIRED)
+        assert run["streams"] == streams and run["commit"] == "test" and run["gpu"] == "cpu"
+        assert run["decode_tok_s"] > 0 and run["prefill_tok_s"] > 0 and 0 < run["roofline_fraction"] < 1
