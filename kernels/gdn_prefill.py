@@ -175,10 +175,11 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
     return out
 
 
-def _reference_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+def reference_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                      s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk of n rows ([n, heads, dim], g and beta [n, heads]) from state ``s``, as in the module
-    docstring with U = T beta V and W = T beta e^G K formed."""
+    docstring with U = T beta V and W = T beta e^G K formed. The model's span path (tfd.model.gdn)
+    runs its prompt chunks through this too."""
     q, k, v = (x.transpose(0, 1) for x in (q, k, v))
     g, beta = g.transpose(0, 1), beta.transpose(0, 1)
     n = q.shape[1]
@@ -222,7 +223,7 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
         while row < b - a:
             end = min(b - a, row + CHUNK - (start + row) % CHUNK)
             piece = slice(row, end)
-            out[a + row:a + end], s = _reference_chunk(lane_q[piece], lane_k[piece], lane_v[piece],
+            out[a + row:a + end], s = reference_chunk(lane_q[piece], lane_k[piece], lane_v[piece],
                                                        g[a + row:a + end], beta[a + row:a + end], s)
             row = end
         state.copy_(s)

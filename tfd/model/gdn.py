@@ -153,33 +153,7 @@ def chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
     while row < q.shape[0]:
         end = min(q.shape[0], row + CHUNK - (start + row) % CHUNK)
         piece = slice(row, end)
-        out[piece], s = chunk(q[piece], k[piece], v[piece], g[piece], beta[piece], s)
+        out[piece], s = gdn_prefill.reference_chunk(q[piece], k[piece], v[piece], g[piece], beta[piece], s)
         row = end
     state.copy_(s)
     return out
-
-
-def chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-          s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One chunk of n rows from state ``s``: the UT transform of the rows' updates.
-
-    With G the running sum of g, D_ij = exp(G_i - G_j) for j <= i: T = (I + strict(beta K K^T o D))^-1,
-    U = T (beta V), W = T (beta e^G K); V' = U - W S; O = (e^G Q) S + (Q K^T o D) V';
-    S <- e^G_last S + (e^(G_last - G) K)^T V'.
-    """
-    q, k, v = (t.transpose(0, 1) for t in (q, k, v))  # [heads, n, dim]
-    g, beta = g.transpose(0, 1), beta.transpose(0, 1)  # [heads, n]
-    rows = q.shape[1]
-    total = g.cumsum(dim=1)
-    lower = torch.ones(rows, rows, dtype=torch.bool, device=q.device).tril()
-    decay = (total[:, :, None] - total[:, None, :]).masked_fill(~lower, float("-inf")).exp()
-    k_beta, v_beta = k * beta[..., None], v * beta[..., None]
-    system = (k_beta @ k.transpose(1, 2)) * decay
-    u = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
-    w = torch.linalg.solve_triangular(system, k_beta * total.exp()[..., None], upper=False,
-                                      unitriangular=True)
-    fresh = u - w @ s
-    out = (q * total.exp()[..., None]) @ s + ((q @ k.transpose(1, 2)) * decay) @ fresh
-    last = total[:, -1:]
-    s = s * last.exp()[..., None] + (k * (last - total).exp()[..., None]).transpose(1, 2) @ fresh
-    return out.transpose(0, 1), s
