@@ -47,9 +47,10 @@ class Runner:
         self.offsets: dict[int, tuple[list[int], list[int]]] = {}  # lane number: state_at, tail_at
         self.memory: DecodeMemory | None = None
         self.graphs: DecodeGraphs | None = None
+        self.gdn_names = model.gdn_layers().layers
+        self.columns = Columns(len(self.gdn_names), pool.layout.row_pages(context))
         if model.batches_decode:
             self.memory = DecodeMemory(pool, model.dtype)
-            self.columns = Columns(len(model.gdn_layers().layers), pool.layout.row_pages(context))
             if graphs and self.device.type == "cuda":
                 self.graphs = DecodeGraphs(self._step, self.columns, pool.null_page, max_lanes, self.device)
 
@@ -68,9 +69,9 @@ class Runner:
             raise
         lane.memory = LaneMemory(pieces, lease.page_table)
         if self.memory is not None:
-            layers = self.model.gdn_layers().layers
-            self.offsets[lane.number] = ([self.memory.offset(pieces[f"{name}.state"]) for name in layers],
-                                         [self.memory.offset(pieces[f"{name}.conv_tail"]) for name in layers])
+            names = self.gdn_names
+            self.offsets[lane.number] = ([self.memory.offset(pieces[f"{name}.state"]) for name in names],
+                                         [self.memory.offset(pieces[f"{name}.conv_tail"]) for name in names])
 
     def close(self, lane: Lane) -> None:
         """Give the lane's pages back (again: nothing)."""
