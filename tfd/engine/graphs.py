@@ -1,5 +1,8 @@
 """CUDA graphs of the batched decode step, one per bucket of lane counts, replayed with new inputs.
 
+The step is the runner's: the layers, the head and each lane's keyed draw, so a plain decode step
+is one replay and one copy of the drawn tokens back to the host.
+
 Capture happens once, at load: for each bucket (largest first, all sharing one memory pool) the
 step runs once eagerly on a side stream, which compiles every Triton kernel, then is captured
 with every lane a padding lane. A replay copies the step's packed rows into the fixed input
@@ -22,6 +25,7 @@ import torch
 from tfd.model.decode import Columns, DecodeBatch
 
 log = logging.getLogger("tfd.graphs")
+Step = Callable[[DecodeBatch], tuple[torch.Tensor, ...]]  # a batch's outputs, each with a row a lane
 BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
@@ -31,14 +35,14 @@ def buckets_for(max_lanes: int) -> tuple[int, ...]:
 
 
 class DecodeGraphs:
-    def __init__(self, step: Callable[[DecodeBatch], torch.Tensor], columns: Columns, null_page: int,
+    def __init__(self, step: Step, columns: Columns, null_page: int,
                  max_lanes: int, device: torch.device) -> None:
         self.columns = columns
         self.buckets = buckets_for(max_lanes)
         self.padding = torch.tensor(columns.padding(null_page), dtype=torch.int64, device=device)[:, None]
         self.inputs = self.padding.repeat(1, self.buckets[-1])
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, tuple[torch.Tensor, ...]] = {}
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         for bucket in reversed(self.buckets):
@@ -54,12 +58,13 @@ class DecodeGraphs:
         torch.cuda.synchronize(device)
         log.info("captured decode graphs for %s lanes", ", ".join(map(str, self.buckets)))
 
-    def run(self, packed: torch.Tensor) -> torch.Tensor:
-        """The step's output rows for ``packed`` [width, lanes] (``DecodeBatch.packed``)."""
+    def run(self, packed: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The step's outputs (each with a row a lane) for ``packed`` [width, lanes]
+        (``DecodeBatch.packed``)."""
         lanes = packed.shape[1]
         bucket = self.buckets[bisect.bisect_left(self.buckets, lanes)]
         self.inputs[:, :lanes].copy_(packed, non_blocking=True)
         if bucket > lanes:
             self.inputs[:, lanes:bucket].copy_(self.padding.expand(-1, bucket - lanes))
         self.graphs[bucket].replay()
-        return self.outputs[bucket][:lanes]
+        return tuple(output[:lanes] for output in self.outputs[bucket])

@@ -1,9 +1,11 @@
 """The runner: owns the device side of lanes (leases, views) and runs a step's rows.
 
 It opens an admitted lane (its state pieces on pages, zeroed or initialised by the model), takes
-row pages as rows grow, runs the step's decode rows as one batched pass (``model.decode``: a CUDA
-graph replay when captured) and its prompt chunks as one forward over their spans, applies the
-head only to the rows that draw a token, and samples them on the device with the keyed sampler.
+row pages as rows grow, runs the step's decode rows as one batched pass (``model.decode``, the head
+and the plain keyed draw: a CUDA graph replay when captured) and its prompt chunks as one forward
+over their spans, applies the head only to the rows that draw a token, and samples them on the
+device with the keyed sampler (again over the decode rows' logits when a lane cuts top-k/p or
+min-p, or when prompt rows draw too). Host-to-device copies go from pinned memory without waiting.
 One host sync a step: the drawn tokens come back to Python for the scheduler's bookkeeping.
 """
 
@@ -17,7 +19,7 @@ import torch
 from tfd.engine.graphs import DecodeGraphs
 from tfd.engine.lane import Lane
 from tfd.engine.request import TokenLogprob
-from tfd.engine.sampling import Rows, logprobs, sample
+from tfd.engine.sampling import Rows, draw, logprobs, plain, sample
 from tfd.engine.scheduler import Work
 from tfd.families.hybrid import HybridModel
 from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
@@ -80,18 +82,22 @@ class Runner:
         lane.lease, lane.memory = None, None
         self.offsets.pop(lane.number, None)
 
-    def _step(self, batch: DecodeBatch) -> torch.Tensor:
+    def _step(self, batch: DecodeBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Hidden rows, fp32 logits and each lane's plain keyed draw: what a decode graph captures."""
         assert self.memory is not None
-        return self.model.decode(batch, self.memory)
+        hidden = self.model.decode(batch, self.memory)
+        logits = self.model.logits(hidden).float()
+        return hidden, logits, draw(logits, batch.temperature, batch.seeds, batch.positions + 1)
 
-    def _decode(self, works: Sequence[Work]) -> torch.Tensor:
-        """The hidden rows of decode works, all lanes in one batched step (a graph when captured)."""
+    def _decode(self, works: Sequence[Work]) -> tuple[torch.Tensor, ...]:
+        """``_step`` for decode works, all lanes in one batched step (a graph when captured)."""
         columns = []
         for work in works:
             lane = work.lane
             assert lane.lease is not None
             state_at, tail_at = self.offsets[lane.number]
-            columns.append(self.columns.column(lane.generated[-1], work.start, state_at, tail_at,
+            columns.append(self.columns.column(lane.generated[-1], work.start, lane.seed,
+                                               lane.request.sampling.temperature, state_at, tail_at,
                                                lane.lease.row_pages, self.pool.null_page))
         batch = DecodeBatch.of(columns, self.columns, self.device)
         return self._step(batch) if self.graphs is None else self.graphs.run(batch.packed)
@@ -104,28 +110,39 @@ class Runner:
             work.lane.lease.take(work.start + work.length)
         batched = [work for work in works if work.decode and self.memory is not None]
         spanned = [work for work in works if not (work.decode and self.memory is not None)]
+        drawing = [work for work in works if work.samples]
         with torch.no_grad():
-            parts, where = [], {}
+            parts, where, plain_tokens = [], {}, None
             if batched:
-                parts.append(self._decode(batched))
+                _, logits, plain_tokens = self._decode(batched)
+                parts.append(logits)
                 where = {id(work): i for i, work in enumerate(batched)}
             if spanned:
-                parts.append(self.model.forward([self._span(work) for work in spanned], self.rows).hidden)
-                at = len(batched) - 1
+                hidden = self.model.forward([self._span(work) for work in spanned], self.rows).hidden
+                ends: list[int] = []
+                at = -1
                 for work in spanned:
                     at += work.length
-                    where[id(work)] = at  # the work's last row
-            drawing = [i for i, work in enumerate(works) if work.samples]
+                    if work.samples:
+                        where[id(work)] = len(batched) + len(ends)
+                        ends.append(at)  # the work's last row
+                if ends:
+                    parts.append(self.model.logits(hidden[self._indices(ends)]).float())
             if not drawing:
                 return []
-            hidden = parts[0] if len(parts) == 1 else torch.cat(parts)
-            rows = torch.tensor([where[id(works[i])] for i in drawing], device=self.device)
-            logits = self.model.logits(hidden[rows]).float()
-            lanes = [works[i].lane for i in drawing]
-            tokens = sample(logits, Rows.of([lane.request.sampling for lane in lanes],
-                                            [lane.seed for lane in lanes],
-                                            [lane.next_position for lane in lanes], self.device))
+            lanes = [work.lane for work in drawing]
             asked = [lane.request.sampling.logprobs for lane in lanes]
+            logits = parts[0] if len(parts) == 1 else torch.cat(parts)
+            only_decode = [id(work) for work in drawing] == [id(work) for work in batched]
+            if not only_decode:
+                logits = logits[self._indices([where[id(work)] for work in drawing])]
+            if plain_tokens is not None and only_decode and all(plain(lane.request.sampling)
+                                                                for lane in lanes):
+                tokens = plain_tokens  # the draw the step already made, the same bits as ``sample``
+            else:
+                tokens = sample(logits, Rows.of([lane.request.sampling for lane in lanes],
+                                                [lane.seed for lane in lanes],
+                                                [lane.next_position for lane in lanes], self.device))
             details: list[TokenLogprob | None] = [None] * len(lanes)
             if any(n is not None for n in asked):
                 top = max(n or 0 for n in asked)
@@ -134,8 +151,13 @@ class Runner:
                     if n is not None:
                         details[i] = attrs.evolve(entry, top=entry.top[:n])
             drawn = tokens.tolist()  # the step's one sync with the host
-        return [Drawn(works[i], token, detail)
-                for i, token, detail in zip(drawing, drawn, details, strict=True)]
+        return [Drawn(work, token, detail)
+                for work, token, detail in zip(drawing, drawn, details, strict=True)]
+
+    def _indices(self, values: list[int]) -> torch.Tensor:
+        """Row indices on the device, copied without waiting for the queued work on CUDA."""
+        held = torch.tensor(values, dtype=torch.int64)
+        return held.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else held
 
     def _span(self, work: Work) -> Span:
         lane = work.lane

@@ -15,9 +15,8 @@ from collections.abc import Sequence
 import attrs
 import torch
 
+from kernels import sampling as keyed
 from tfd.engine.request import Sampling, TokenLogprob
-
-_MASK = (1 << 64) - 1
 
 
 def _signed(value: int) -> int:
@@ -25,11 +24,8 @@ def _signed(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-_SEED_MIX = _signed(0x9E3779B97F4A7C15)
-_POSITION_MIX = _signed(0xC2B2AE3D27D4EB4F)
-_TOKEN_MIX = _signed(0x165667B19E3779F9)
-_M1 = _signed(0xBF58476D1CE4E5B9)
-_M2 = _signed(0x94D049BB133111EB)
+_SEED_MIX, _POSITION_MIX, _TOKEN_MIX, _M1, _M2 = (_signed(value) for value in (
+    keyed.SEED_MIX, keyed.POSITION_MIX, keyed.TOKEN_MIX, keyed.M1, keyed.M2))
 
 
 def _shift(x: torch.Tensor, bits: int) -> torch.Tensor:
@@ -48,32 +44,53 @@ def gumbel(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Te
     return -torch.log(-torch.log(uniform))
 
 
+def plain(setting: Sampling) -> bool:
+    """Whether a request's draws cut nothing: no top-k, top-p or min-p (top_p >= 1 is off)."""
+    return setting.top_k <= 0 and setting.top_p >= 1.0 and setting.min_p <= 0.0
+
+
 @attrs.frozen
 class Rows:
     """The sampling settings of each row, as tensors on the device."""
 
     temperature: torch.Tensor  # fp32 [rows]; 0: greedy
     top_k: torch.Tensor  # int64 [rows]; 0: off
-    top_p: torch.Tensor  # fp32 [rows]
+    top_p: torch.Tensor  # fp32 [rows]; 1 or more: off
     min_p: torch.Tensor  # fp32 [rows]
     seeds: torch.Tensor  # int64 [rows]
     positions: torch.Tensor  # int64 [rows]: the absolute position of the token drawn
+    plain: bool  # no row cuts anything: the draw needs no sort
 
     @classmethod
     def of(cls, settings: Sequence[Sampling], seeds: Sequence[int], positions: Sequence[int],
            device: torch.device) -> Rows:
-        def tensor(values: Sequence[float | int], dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(list(values), dtype=dtype, device=device)
+        """One host-to-device copy of every field (pinned and asynchronous on CUDA)."""
+        fields = torch.tensor([[s.temperature for s in settings], [s.top_k for s in settings],
+                               [s.top_p for s in settings], [s.min_p for s in settings]],
+                              dtype=torch.float64).reshape(4, len(settings))
+        keys = torch.tensor([list(seeds), list(positions)], dtype=torch.int64).reshape(2, len(settings))
+        if device.type == "cuda":
+            fields, keys = (x.pin_memory().to(device, non_blocking=True) for x in (fields, keys))
+        return cls(fields[0].float(), fields[1].long(), fields[2].float(), fields[3].float(),
+                   keys[0], keys[1], all(plain(setting) for setting in settings))
 
-        return cls(tensor([s.temperature for s in settings], torch.float32),
-                   tensor([s.top_k for s in settings], torch.int64),
-                   tensor([s.top_p for s in settings], torch.float32),
-                   tensor([s.min_p for s in settings], torch.float32),
-                   tensor(seeds, torch.int64), tensor(positions, torch.int64))
+
+def draw(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
+         positions: torch.Tensor) -> torch.Tensor:
+    """argmax of logits / temperature + noise (greedy rows: of the logits), a row at a time: the
+    one-pass kernel on CUDA, its torch form elsewhere. Cut tokens come in as -inf."""
+    if logits.is_cuda:
+        return keyed.keyed_argmax(logits, temperature, seeds, positions)
+    greedy = temperature <= 0
+    noise = gumbel(seeds, positions, logits.shape[-1])
+    scores = logits / torch.where(greedy, 1.0, temperature)[:, None] + noise
+    return torch.where(greedy, logits.argmax(dim=-1), scores.argmax(dim=-1))
 
 
 def sample(logits: torch.Tensor, rows: Rows) -> torch.Tensor:
     """One token per row of ``logits`` [rows, vocab] (fp32)."""
+    if rows.plain:
+        return draw(logits, rows.temperature, rows.seeds, rows.positions)
     vocab = logits.shape[-1]
     greedy = rows.temperature <= 0
     tempered = logits / torch.where(greedy, 1.0, rows.temperature)[:, None]
@@ -82,14 +99,12 @@ def sample(logits: torch.Tensor, rows: Rows) -> torch.Tensor:
     ranked = order.values
     rank = torch.empty_like(order.indices).scatter_(-1, order.indices, torch.arange(
         vocab, device=logits.device).expand_as(order.indices))
-    keep = torch.ones_like(probs, dtype=torch.bool)
-    keep &= (rows.top_k[:, None] <= 0) | (rank < rows.top_k[:, None])
+    keep = (rows.top_k[:, None] <= 0) | (rank < rows.top_k[:, None])  # greedy's pick is never cut
     before = ranked.cumsum(dim=-1) - ranked  # mass of the better tokens
     nucleus = torch.empty_like(keep).scatter_(-1, order.indices, before < rows.top_p[:, None])
-    keep &= nucleus
+    keep &= nucleus | (rows.top_p[:, None] >= 1.0)
     keep &= probs >= rows.min_p[:, None] * ranked[:, :1]
-    scores = torch.where(keep, tempered + gumbel(rows.seeds, rows.positions, vocab), float("-inf"))
-    return torch.where(greedy, logits.argmax(dim=-1), scores.argmax(dim=-1))
+    return draw(torch.where(keep, logits, float("-inf")), rows.temperature, rows.seeds, rows.positions)
 
 
 def logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> list[TokenLogprob]:

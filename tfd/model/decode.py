@@ -13,6 +13,7 @@ path (Qwen3.5, Qwen3-Next); Flash Next's streams, PLE and QSA run through ``stac
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 
 import attrs
@@ -25,6 +26,8 @@ from tfd.model.ops import add_zrms, zrms
 from tfd.model.stack import StackWeights
 from tfd.pool.pages import Pool
 
+FIXED = 5  # fields before the offsets: token, position, visible keys, seed, temperature
+
 
 @attrs.frozen
 class Columns:
@@ -35,18 +38,19 @@ class Columns:
 
     @property
     def width(self) -> int:
-        return 3 + 2 * self.gdn_layers + self.pages
+        return FIXED + 2 * self.gdn_layers + self.pages
 
-    def column(self, token: int, position: int, state_at: Sequence[int], tail_at: Sequence[int],
-               pages: Sequence[int], null_page: int) -> list[int]:
-        """A live lane's fields: token, position, visible keys, offsets, page table padded with the
-        null page."""
-        return [token, position, position + 1, *state_at, *tail_at, *pages,
+    def column(self, token: int, position: int, seed: int, temperature: float, state_at: Sequence[int],
+               tail_at: Sequence[int], pages: Sequence[int], null_page: int) -> list[int]:
+        """A live lane's fields: token, position, visible keys, its sampling key and temperature
+        (fp32 bits), offsets, page table padded with the null page."""
+        bits = struct.unpack("<i", struct.pack("<f", temperature))[0]
+        return [token, position, position + 1, seed, bits, *state_at, *tail_at, *pages,
                 *[null_page] * (self.pages - len(pages))]
 
     def padding(self, null_page: int) -> list[int]:
-        """A padding lane's fields: no keys, offsets -1, every page the null page."""
-        return [0, 0, 0, *[-1] * (2 * self.gdn_layers), *[null_page] * self.pages]
+        """A padding lane's fields: no keys, greedy, offsets -1, every page the null page."""
+        return [0, 0, 0, 0, 0, *[-1] * (2 * self.gdn_layers), *[null_page] * self.pages]
 
 
 @attrs.frozen
@@ -59,8 +63,11 @@ class DecodeBatch:
 
     @classmethod
     def of(cls, columns: list[list[int]], layout: Columns, device: torch.device) -> DecodeBatch:
-        """From each lane's ``Columns.column``."""
-        return cls(torch.tensor(columns, dtype=torch.int64).T.contiguous().to(device), layout)
+        """From each lane's ``Columns.column`` (an asynchronous copy from pinned memory on CUDA)."""
+        packed = torch.tensor(columns, dtype=torch.int64).T.contiguous()
+        if device.type == "cuda":
+            packed = packed.pin_memory().to(device, non_blocking=True)
+        return cls(packed, layout)
 
     @property
     def tokens(self) -> torch.Tensor:
@@ -74,15 +81,24 @@ class DecodeBatch:
     def lengths(self) -> torch.Tensor:
         return self.packed[2]
 
+    @property
+    def seeds(self) -> torch.Tensor:
+        return self.packed[3]
+
+    @property
+    def temperature(self) -> torch.Tensor:
+        """fp32 [lanes], from the bits each column holds."""
+        return self.packed[4].to(torch.int32).view(torch.float32)
+
     def state_at(self, layer: int) -> torch.Tensor:
-        return self.packed[3 + layer]
+        return self.packed[FIXED + layer]
 
     def tail_at(self, layer: int) -> torch.Tensor:
-        return self.packed[3 + self.columns.gdn_layers + layer]
+        return self.packed[FIXED + self.columns.gdn_layers + layer]
 
     @property
     def page_table(self) -> torch.Tensor:
-        return self.packed[3 + 2 * self.columns.gdn_layers:].T
+        return self.packed[FIXED + 2 * self.columns.gdn_layers:].T
 
 
 class DecodeMemory:

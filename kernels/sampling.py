@@ -1,0 +1,74 @@
+"""Keyed Gumbel-max in one pass over the vocabulary: a token per row, no sort, no noise tensor.
+
+Row r draws argmax over tokens t of ``logits[r, t] / temperature[r] + G(seed[r], position[r], t)``
+(``tfd.engine.sampling`` states the key and why); temperature <= 0 is greedy, the argmax of the
+logits. Ties go to the lower token id. Tokens cut by top-k/top-p/min-p arrive as -inf logits. The
+noise is splitmix64's finaliser of the mixed key in wrapping uint64 arithmetic, 24 bits of it made
+a uniform in (0, 1), then -log(-log(u)), as ``tfd.engine.sampling.gumbel`` does in torch.
+
+Memory: reads each row's logits once (fp32, unit column stride) and writes one int64 per row; one
+program a row, so a row's token never depends on the others.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+SEED_MIX = 0x9E3779B97F4A7C15
+POSITION_MIX = 0xC2B2AE3D27D4EB4F
+TOKEN_MIX = 0x165667B19E3779F9
+M1 = 0xBF58476D1CE4E5B9
+M2 = 0x94D049BB133111EB
+BLOCK = 4096  # tokens a step of the row's loop: 61 steps for a 248,320-token vocabulary
+
+
+@triton.jit
+def _keyed_argmax(logits, temperature, seeds, positions, out, vocab, row_stride,
+                  SEED_MIX: tl.constexpr, POSITION_MIX: tl.constexpr, TOKEN_MIX: tl.constexpr,
+                  M1: tl.constexpr, M2: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    t = tl.load(temperature + row)
+    noisy = t > 0
+    scale = tl.where(noisy, t, 1.0)
+    key = tl.load(seeds + row).to(tl.uint64) * SEED_MIX
+    key += tl.load(positions + row).to(tl.uint64) * POSITION_MIX
+    best = tl.full([], float("-inf"), tl.float32)
+    best_id = tl.full([], 0, tl.int64)
+    for start in range(0, vocab, BLOCK):
+        ids = start + tl.arange(0, BLOCK)
+        live = ids < vocab
+        score = tl.load(logits + row * row_stride + ids, mask=live, other=float("-inf")) / scale
+        x = key + ids.to(tl.uint64) * TOKEN_MIX
+        x = (x ^ (x >> 30)) * M1
+        x = (x ^ (x >> 27)) * M2
+        x = x ^ (x >> 31)
+        uniform = ((x >> 40).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+        score = tl.where(noisy, score - tl.log(-tl.log(uniform)), score)
+        score = tl.where(live, score, float("-inf"))
+        top = tl.max(score, axis=0)
+        better = top > best  # strictly: an equal score in a later block keeps the lower id
+        best_id = tl.where(better, start + tl.argmax(score, axis=0).to(tl.int64), best_id)
+        best = tl.where(better, top, best)
+    tl.store(out + row, best_id)
+
+
+def keyed_argmax(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
+                 positions: torch.Tensor) -> torch.Tensor:
+    """The drawn token [rows] int64 for ``logits`` [rows, vocab] fp32 and per-row fp32 temperature,
+    int64 seeds and positions (any 1-D views; no host sync, so it can be captured in a graph)."""
+    if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
+        raise ValueError(f"logits must be [rows, vocab] fp32 with unit column stride, got "
+                         f"{logits.dtype} {list(logits.shape)}")
+    rows = logits.shape[0]
+    for name, t, dtype in (("temperature", temperature, torch.float32), ("seeds", seeds, torch.int64),
+                           ("positions", positions, torch.int64)):
+        if tuple(t.shape) != (rows,) or t.dtype != dtype:
+            raise ValueError(f"{name} is {t.dtype} {list(t.shape)}, expected {dtype} [{rows}]")
+    out = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    if rows:
+        _keyed_argmax[(rows,)](logits, temperature.contiguous(), seeds.contiguous(), positions.contiguous(),
+                               out, logits.shape[1], logits.stride(0), SEED_MIX=SEED_MIX,
+                               POSITION_MIX=POSITION_MIX, TOKEN_MIX=TOKEN_MIX, M1=M1, M2=M2, BLOCK=BLOCK)
+    return out

@@ -1,0 +1,51 @@
+"""The one-pass keyed Gumbel-max kernel draws what the torch form draws, row by row."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.sampling import BLOCK, keyed_argmax
+from tfd.engine.sampling import draw
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _draws(rows: int, vocab: int, seed: int) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=generator) * 2
+    logits[1, 5] = float("-inf")  # a cut token
+    temperature = torch.tensor([0.0, 0.7, 1.0, 1.6, 0.0, 1.0][:rows])
+    seeds = torch.tensor([3, -7, 2**62, 11, 5, 1 << 40][:rows], dtype=torch.int64)
+    positions = torch.tensor([0, 9, 100_000, 4, 1, 77][:rows], dtype=torch.int64)
+    return logits, temperature, seeds, positions
+
+
+@pytest.mark.parametrize("vocab", [50, BLOCK + 777])
+def test_the_kernel_draws_as_torch(vocab: int) -> None:
+    logits, temperature, seeds, positions = _draws(6, vocab, vocab)
+    expected = draw(logits, temperature, seeds, positions)  # CPU: the torch form
+    moved = (x.to(DEVICE) for x in (logits, temperature, seeds, positions))
+    assert keyed_argmax(*moved).cpu().tolist() == expected.tolist()
+
+
+def test_ties_go_to_the_lower_id_across_blocks() -> None:
+    logits = torch.zeros(1, BLOCK + 10)
+    logits[0, [BLOCK + 3, 7]] = 4.0
+    one = torch.zeros(1, dtype=torch.int64)
+    got = keyed_argmax(logits.to(DEVICE), torch.zeros(1).to(DEVICE), one.to(DEVICE), one.to(DEVICE))
+    assert got.item() == 7
+
+
+def test_a_row_draws_the_same_alone() -> None:
+    logits, temperature, seeds, positions = (x.to(DEVICE) for x in _draws(6, 300, 1))
+    together = keyed_argmax(logits, temperature, seeds, positions)
+    alone = [keyed_argmax(logits[i:i + 1], temperature[i:i + 1], seeds[i:i + 1], positions[i:i + 1]).item()
+             for i in range(6)]
+    assert together.tolist() == alone
+
+
+def test_refuses_what_it_cannot_read() -> None:
+    logits = torch.zeros(2, 8)
+    with pytest.raises(ValueError, match="seeds"):
+        keyed_argmax(logits, torch.zeros(2), torch.zeros(2), torch.zeros(2, dtype=torch.int64))
