@@ -80,34 +80,43 @@ def add_zrms(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: fl
 
 
 @triton.jit
-def _gated(x, gate, weight, out, width, heads, eps, ACTIVATION: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+def _gated(x, gate, weight, out, width, heads, x_row, gate_row, eps, ACTIVATION: tl.constexpr,
+           BLOCK: tl.constexpr):
+    row, head = tl.program_id(0), tl.program_id(1)
     cols = tl.arange(0, BLOCK)
     mask = cols < width
     w = tl.load(weight + cols, mask=mask, other=0.0)
-    for head in range(heads):
-        at = (row * heads + head) * width + cols
-        # the reference rounds the layer's output to the model dtype before the norm
-        values = tl.load(x + at, mask=mask, other=0.0).to(out.dtype.element_ty).to(tl.float32)
-        mean = tl.sum(values * values, axis=0) / width
-        normed = (values * tl.rsqrt(mean + eps)).to(out.dtype.element_ty)
-        weighted = (w.to(tl.float32) * normed.to(tl.float32)).to(out.dtype.element_ty)
-        g = tl.load(gate + at, mask=mask, other=0.0).to(tl.float32)
-        act = g / (1.0 + tl.exp(-g)) if ACTIVATION == 0 else 1.0 / (1.0 + tl.exp(-g))
-        tl.store(out + at, (weighted.to(tl.float32) * act).to(out.dtype.element_ty), mask=mask)
+    # the reference rounds the layer's output to the model dtype before the norm
+    values = tl.load(x + row * x_row + head * width + cols, mask=mask, other=0.0)
+    values = values.to(out.dtype.element_ty).to(tl.float32)
+    mean = tl.sum(values * values, axis=0) / width
+    normed = (values * tl.rsqrt(mean + eps)).to(out.dtype.element_ty)
+    weighted = (w.to(tl.float32) * normed.to(tl.float32)).to(out.dtype.element_ty)
+    g = tl.load(gate + row * gate_row + head * width + cols, mask=mask, other=0.0).to(tl.float32)
+    act = g / (1.0 + tl.exp(-g)) if ACTIVATION == 0 else 1.0 / (1.0 + tl.exp(-g))
+    result = (weighted.to(tl.float32) * act).to(out.dtype.element_ty)
+    tl.store(out + (row * heads + head) * width + cols, result, mask=mask)
+
+
+def _heads_packed(t: torch.Tensor) -> torch.Tensor:
+    """``t`` [rows, heads, width] with heads and columns packed (any row stride), copied if not."""
+    return t if t.stride(2) == 1 and t.stride(1) == t.shape[2] else t.contiguous()
 
 
 def gated_rms(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
               activation: str) -> torch.Tensor:
     """RMSNorm of each head of ``x`` [rows, heads, width] times ``weight``, times act(``gate``);
-    the result in ``gate``'s dtype (the model dtype), to which ``x`` is rounded first."""
+    the result in ``gate``'s dtype (the model dtype), to which ``x`` is rounded first. One program a
+    (row, head); x and gate are read in place when each row's heads are packed (a slice of a fused
+    projection is)."""
     if x.dim() != 3 or gate.shape != x.shape:
         raise ValueError(f"x {list(x.shape)} and gate {list(gate.shape)} must both be [rows, heads, width]")
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}")
-    x, gate = x.contiguous(), gate.contiguous()
-    out = torch.empty_like(gate)
+    x, gate = _heads_packed(x), _heads_packed(gate)
     rows, heads, width = x.shape
-    _gated[(rows,)](x, gate, weight, out, width, heads, eps, ACTIVATION=ACTIVATIONS[activation],
-                    BLOCK=triton.next_power_of_2(width))
+    out = torch.empty(rows, heads, width, dtype=gate.dtype, device=gate.device)
+    if rows:
+        _gated[(rows, heads)](x, gate, weight, out, width, heads, x.stride(0), gate.stride(0), eps,
+                              ACTIVATION=ACTIVATIONS[activation], BLOCK=triton.next_power_of_2(width))
     return out

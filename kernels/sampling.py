@@ -6,8 +6,9 @@ logits. Ties go to the lower token id. Tokens cut by top-k/top-p/min-p arrive as
 noise is splitmix64's finaliser of the mixed key in wrapping uint64 arithmetic, 24 bits of it made
 a uniform in (0, 1), then -log(-log(u)), as ``tfd.engine.sampling.gumbel`` does in torch.
 
-Memory: reads each row's logits once (fp32, unit column stride) and writes one int64 per row; one
-program a row, so a row's token never depends on the others.
+Memory: reads each row's logits once (fp32, unit column stride), writes a score and an id per
+slice of ``SLICE`` tokens, then one int64 per row. The slices are cut by the vocabulary alone and a
+row's programs read only that row, so a row's token never depends on the others.
 """
 
 from __future__ import annotations
@@ -21,22 +22,23 @@ POSITION_MIX = 0xC2B2AE3D27D4EB4F
 TOKEN_MIX = 0x165667B19E3779F9
 M1 = 0xBF58476D1CE4E5B9
 M2 = 0x94D049BB133111EB
-BLOCK = 4096  # tokens a step of the row's loop: 61 steps for a 248,320-token vocabulary
+BLOCK = 2048  # tokens a step of a program's loop
+SLICE = 8192  # tokens a program: 31 programs a row for a 248,320-token vocabulary, not one
 
 
 @triton.jit
-def _keyed_argmax(logits, temperature, seeds, positions, out, vocab, row_stride,
-                  SEED_MIX: tl.constexpr, POSITION_MIX: tl.constexpr, TOKEN_MIX: tl.constexpr,
-                  M1: tl.constexpr, M2: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+def _slice_best(logits, temperature, seeds, positions, best_score, best_id, vocab, row_stride, slices,
+                SEED_MIX: tl.constexpr, POSITION_MIX: tl.constexpr, TOKEN_MIX: tl.constexpr,
+                M1: tl.constexpr, M2: tl.constexpr, BLOCK: tl.constexpr, SLICE: tl.constexpr):
+    row, part = tl.program_id(0), tl.program_id(1)
     t = tl.load(temperature + row)
     noisy = t > 0
     scale = tl.where(noisy, t, 1.0)
     key = tl.load(seeds + row).to(tl.uint64) * SEED_MIX
     key += tl.load(positions + row).to(tl.uint64) * POSITION_MIX
     best = tl.full([], float("-inf"), tl.float32)
-    best_id = tl.full([], 0, tl.int64)
-    for start in range(0, vocab, BLOCK):
+    best_at = tl.full([], 0, tl.int64)
+    for start in range(part * SLICE, part * SLICE + SLICE, BLOCK):
         ids = start + tl.arange(0, BLOCK)
         live = ids < vocab
         score = tl.load(logits + row * row_stride + ids, mask=live, other=float("-inf")) / scale
@@ -49,26 +51,43 @@ def _keyed_argmax(logits, temperature, seeds, positions, out, vocab, row_stride,
         score = tl.where(live, score, float("-inf"))
         top = tl.max(score, axis=0)
         better = top > best  # strictly: an equal score in a later block keeps the lower id
-        best_id = tl.where(better, start + tl.argmax(score, axis=0).to(tl.int64), best_id)
+        best_at = tl.where(better, start + tl.argmax(score, axis=0).to(tl.int64), best_at)
         best = tl.where(better, top, best)
-    tl.store(out + row, best_id)
+    tl.store(best_score + row * slices + part, best)
+    tl.store(best_id + row * slices + part, best_at)
+
+
+@triton.jit
+def _row_best(best_score, best_id, out, slices, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    parts = tl.arange(0, BLOCK)
+    scores = tl.load(best_score + row * slices + parts, mask=parts < slices, other=float("-inf"))
+    top = tl.argmax(scores, axis=0)  # the first slice holding the best: the lower id on a tie
+    tl.store(out + row, tl.load(best_id + row * slices + top))
 
 
 def keyed_argmax(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
                  positions: torch.Tensor) -> torch.Tensor:
     """The drawn token [rows] int64 for ``logits`` [rows, vocab] fp32 and per-row fp32 temperature,
-    int64 seeds and positions (any 1-D views; no host sync, so it can be captured in a graph)."""
+    int64 seeds and positions (any 1-D views; no host sync, so it can be captured in a graph).
+    Two launches: the best of each slice of a row's tokens, then the best slice."""
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         raise ValueError(f"logits must be [rows, vocab] fp32 with unit column stride, got "
                          f"{logits.dtype} {list(logits.shape)}")
-    rows = logits.shape[0]
+    rows, vocab = logits.shape
     for name, t, dtype in (("temperature", temperature, torch.float32), ("seeds", seeds, torch.int64),
                            ("positions", positions, torch.int64)):
         if tuple(t.shape) != (rows,) or t.dtype != dtype:
             raise ValueError(f"{name} is {t.dtype} {list(t.shape)}, expected {dtype} [{rows}]")
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
-    if rows:
-        _keyed_argmax[(rows,)](logits, temperature.contiguous(), seeds.contiguous(), positions.contiguous(),
-                               out, logits.shape[1], logits.stride(0), SEED_MIX=SEED_MIX,
-                               POSITION_MIX=POSITION_MIX, TOKEN_MIX=TOKEN_MIX, M1=M1, M2=M2, BLOCK=BLOCK)
+    if rows == 0:
+        return out
+    slices = triton.cdiv(vocab, SLICE)
+    scores = torch.empty(rows, slices, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(rows, slices, dtype=torch.int64, device=logits.device)
+    _slice_best[(rows, slices)](logits, temperature.contiguous(), seeds.contiguous(), positions.contiguous(),
+                                scores, ids, vocab, logits.stride(0), slices, SEED_MIX=SEED_MIX,
+                                POSITION_MIX=POSITION_MIX, TOKEN_MIX=TOKEN_MIX, M1=M1, M2=M2, BLOCK=BLOCK,
+                                SLICE=SLICE)
+    _row_best[(rows,)](scores, ids, out, slices, BLOCK=max(16, triton.next_power_of_2(slices)))
     return out

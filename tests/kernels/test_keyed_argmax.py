@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.sampling import BLOCK, keyed_argmax
+from kernels.sampling import BLOCK, SLICE, keyed_argmax
 from tfd.engine.sampling import draw
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -21,7 +21,7 @@ def _draws(rows: int, vocab: int, seed: int) -> tuple[torch.Tensor, ...]:
     return logits, temperature, seeds, positions
 
 
-@pytest.mark.parametrize("vocab", [50, BLOCK + 777])
+@pytest.mark.parametrize("vocab", [50, BLOCK + 777, 2 * SLICE + 777])
 def test_the_kernel_draws_as_torch(vocab: int) -> None:
     logits, temperature, seeds, positions = _draws(6, vocab, vocab)
     expected = draw(logits, temperature, seeds, positions)  # CPU: the torch form
@@ -29,9 +29,9 @@ def test_the_kernel_draws_as_torch(vocab: int) -> None:
     assert keyed_argmax(*moved).cpu().tolist() == expected.tolist()
 
 
-def test_ties_go_to_the_lower_id_across_blocks() -> None:
-    logits = torch.zeros(1, BLOCK + 10)
-    logits[0, [BLOCK + 3, 7]] = 4.0
+def test_ties_go_to_the_lower_id_across_blocks_and_slices() -> None:
+    logits = torch.zeros(1, SLICE + 10)
+    logits[0, [SLICE + 3, BLOCK + 1, 7]] = 4.0
     one = torch.zeros(1, dtype=torch.int64)
     got = keyed_argmax(logits.to(DEVICE), torch.zeros(1).to(DEVICE), one.to(DEVICE), one.to(DEVICE))
     assert got.item() == 7

@@ -31,6 +31,9 @@ def test_gated_rms_matches_the_reference(activation: str) -> None:
     x, gate, w = rand(4, 3, 32), rand(4, 3, 32, seed=1), 1 + rand(32, seed=2) * 0.1
     got = norm.gated_rms(x, gate, w, 1e-6, activation)
     assert torch.allclose(got, ops.gated_rms(x, gate, w, 1e-6, activation), atol=1e-6)
+    fused = torch.cat([rand(4, 40, seed=3), gate.reshape(4, -1)], dim=1)  # the gate read in place
+    sliced = fused[:, 40:].view(4, 3, 32)
+    assert sliced.stride(0) == 136 and torch.equal(norm.gated_rms(x, sliced, w, 1e-6, activation), got)
 
 
 def test_rows_do_not_depend_on_the_batch() -> None:
