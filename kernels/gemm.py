@@ -5,7 +5,8 @@ batch (reference/gpu-facts.md measured one such shape on the H200). Here the til
 into segments and the order in which segment sums are added are fixed by the weight's shape alone:
 each segment is accumulated from zero in fp32 over the same K tiles, and the segments are added in
 order. Two launch forms give the same bits: few rows spread the segments over programs (fp32
-partials in memory, then an in-order sum), enough to keep every multiprocessor reading weights;
+partials in memory; the last program of an output tile to finish, found by an arrival counter,
+adds them in order), enough to keep every multiprocessor reading weights;
 many rows keep a tile's segments in one program and add them in registers. Both run the same
 ``_segment`` code, so the form may follow the number of rows.
 
@@ -89,28 +90,26 @@ def _segment(x, w, rows, cols, m, n, k, start, length, stride_xm, stride_wn,
 
 
 @triton.jit
-def _spread(x, w, partials, m, n, k, stride_xm, stride_wn, stride_ps, stride_pm, k_per_segment,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
+def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride_ps, stride_pm, stride_om,
+            segments, k_per_segment, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+            WIDEN: tl.constexpr):
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     segment = tl.program_id(2)
     acc = _segment(x, w, rows, cols, m, n, k, segment * k_per_segment, k_per_segment, stride_xm, stride_wn,
                    BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
-    tl.store(partials + segment * stride_ps + rows[:, None] * stride_pm + cols[None, :], acc,
-             mask=(rows[:, None] < m) & (cols[None, :] < n))
-
-
-@triton.jit
-def _sum_segments(partials, out, m, n, segments, stride_ps, stride_pm, stride_om,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rows[:, None] < m) & (cols[None, :] < n)
     where = rows[:, None] * stride_pm + cols[None, :]
-    total = tl.load(partials + where, mask=mask, other=0.0)
-    for segment in range(1, segments):  # always in segment order
-        total += tl.load(partials + segment * stride_ps + where, mask=mask, other=0.0)
-    tl.store(out + rows[:, None] * stride_om + cols[None, :], total.to(out.dtype.element_ty), mask=mask)
+    tl.store(partials + segment * stride_ps + where, acc, mask=mask)
+    tl.debug_barrier()  # every thread's part of the partial is written before it is counted
+    tile = counters + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+    if tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu") == segments - 1:
+        # the tile's last program adds all partials, always in segment order, and rearms its counter
+        total = tl.load(partials + where, mask=mask, other=0.0, cache_modifier=".cg")
+        for other in range(1, segments):
+            total += tl.load(partials + other * stride_ps + where, mask=mask, other=0.0, cache_modifier=".cg")
+        tl.store(out + rows[:, None] * stride_om + cols[None, :], total.to(out.dtype.element_ty), mask=mask)
+        tl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -120,7 +119,7 @@ def _whole(x, w, out, m, n, k, stride_xm, stride_wn, stride_om, segments, k_per_
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     total = _segment(x, w, rows, cols, m, n, k, 0, k_per_segment, stride_xm, stride_wn,
                      BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
-    for segment in range(1, segments):  # the same in-order sum as _sum_segments, in registers
+    for segment in range(1, segments):  # the same in-order sum as _spread's last program, in registers
         total += _segment(x, w, rows, cols, m, n, k, segment * k_per_segment, k_per_segment, stride_xm,
                           stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
     tl.store(out + rows[:, None] * stride_om + cols[None, :], total.to(out.dtype.element_ty),
@@ -133,7 +132,7 @@ def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice:
 
     ``spread`` forces a launch form and ``choice`` a plan (tests, benchmarks); by default the form
     follows the number of rows and the plan the weight's shape. Scratch: fp32 partials of
-    ``segments x m x n`` when spread, freed on return.
+    ``segments x m x n`` when spread, freed on return, and the device's arrival counters (kept).
     """
     if x.dim() != 2 or w.dim() != 2 or w.shape[1] != x.shape[1]:
         raise ValueError(f"x is {list(x.shape)} but w is {list(w.shape)}: want [m, k] and [n, k]")
@@ -159,13 +158,28 @@ def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice:
     t = choice.few if m <= choice.few.block_m else choice.spread
     grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m))
     partials = torch.empty(choice.segments, m, n, dtype=torch.float32, device=x.device)
-    _spread[(*grid, choice.segments)](x, w, partials, m, n, k, x.stride(0), w.stride(0), partials.stride(0),
-                                      partials.stride(1), choice.k_per_segment, BLOCK_M=t.block_m,
+    _spread[(*grid, choice.segments)](x, w, partials, out, _counters(x.device, grid[0] * grid[1]), m, n, k,
+                                      x.stride(0), w.stride(0), partials.stride(0), partials.stride(1),
+                                      out.stride(0), choice.segments, choice.k_per_segment, BLOCK_M=t.block_m,
                                       BLOCK_N=t.block_n, BLOCK_K=t.block_k, WIDEN=INTERPRETED,
                                       num_warps=t.warps, num_stages=t.stages)
-    _sum_segments[grid](partials, out, m, n, choice.segments, partials.stride(0), partials.stride(1),
-                        out.stride(0), BLOCK_M=t.block_m, BLOCK_N=t.block_n)
     return out
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+COUNTERS = 1 << 16  # output tiles of one spread product at most: 4 x 16-row tiles of a 248,320-wide head
+
+
+def _counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """The device's arrival counters of spread products, zero between launches (each tile's last
+    program rearms its own). Shared by every product on the device, which run one at a time on
+    one stream; allocated once, so CUDA graphs capture a fixed address."""
+    if tiles > COUNTERS:
+        raise ValueError(f"a spread product of {tiles} output tiles, more than the {COUNTERS} counted")
+    found = _COUNTERS.get(device)
+    if found is None:
+        found = _COUNTERS[device] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
+    return found
 
 
 def reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
