@@ -85,8 +85,12 @@ def decode_bytes(cfg: HybridConfig, weight_bytes: int, lanes: int, context: floa
 
 def prefill_flops(cfg: HybridConfig, weight_bytes: int, tokens: int, element: int = 2) -> float:
     """FLOPs of a prefill of ``tokens`` rows: 2 per active weight per row, plus causal attention
-    (QK^T and PV over half the square) and the GDN chunk products (about 4 per state element a row)."""
-    active = weight_bytes / element - cfg.vocab * cfg.hidden  # the embedding is a lookup
+    (QK^T and PV over half the square) and the GDN chunk products (about 4 per state element a row).
+    The head counts once: only the last row draws a token, so only it needs logits."""
+    head = cfg.vocab * cfg.hidden
+    active = weight_bytes / element - head  # the embedding is a lookup
+    if not cfg.tie_embeddings:
+        active -= head
     if cfg.experts:
         moe_layers = len(cfg.layer_types) - len(cfg.dense_layers)
         active -= moe_layers * (cfg.experts - cfg.top_k) * 3 * cfg.expert_inner * cfg.hidden
@@ -94,7 +98,7 @@ def prefill_flops(cfg: HybridConfig, weight_bytes: int, tokens: int, element: in
     gdn = len(cfg.layer_types) - attention
     attend = attention * 2 * 2 * cfg.heads * cfg.head_dim * tokens * tokens / 2
     rule = gdn * 4 * cfg.value_heads * cfg.key_dim * cfg.value_dim * tokens
-    return 2 * active * tokens + attend + rule
+    return 2 * active * tokens + 2 * head + attend + rule
 
 
 def gpu_name(device: torch.device) -> str:
