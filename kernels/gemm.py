@@ -117,26 +117,11 @@ def _whole(x, w, out, m, n, k, stride_xm, stride_wn, stride_om, segments, k_per_
            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    steps = k_per_segment // BLOCK_K
-    # one loop over every segment's K steps (the pipeline never drains at a segment's end); each
-    # segment still sums from zero, added to the total in segment order as _spread's last program does
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for step in range(0, segments * steps):
-        ks = step * BLOCK_K + tl.arange(0, BLOCK_K)
-        a = tl.load(x + rows[:, None] * stride_xm + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < k),
-                    other=0.0)
-        b = tl.load(w + cols[:, None] * stride_wn + ks[None, :], mask=(cols[:, None] < n) & (ks[None, :] < k),
-                    other=0.0)
-        if WIDEN:
-            a, b = a.to(tl.float32), b.to(tl.float32)
-        acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
-        if (step + 1) % steps == 0:
-            if step + 1 == steps:
-                total = acc  # not 0 + acc, which would turn a -0.0 into +0.0
-            else:
-                total += acc
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    total = _segment(x, w, rows, cols, m, n, k, 0, k_per_segment, stride_xm, stride_wn,
+                     BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
+    for segment in range(1, segments):  # the same in-order sum as _spread's last program, in registers
+        total += _segment(x, w, rows, cols, m, n, k, segment * k_per_segment, k_per_segment, stride_xm,
+                          stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
     tl.store(out + rows[:, None] * stride_om + cols[None, :], total.to(out.dtype.element_ty),
              mask=(rows[:, None] < m) & (cols[None, :] < n))
 
