@@ -38,7 +38,7 @@ def test_both_launch_forms_give_the_same_bits() -> None:
     # Same tiles in both forms: the interpreter's dot (numpy) sums a tile in an order that follows
     # its shape, where the GPU's MMA does not (that part is the GPU test's).
     tiles = gemm.Tiles(16, 64, 64)
-    choice = gemm.plan(64, 1024, spread=tiles, whole=tiles, few=tiles)
+    choice = gemm.plan(64, 1024, spread=tiles, whole=tiles, few=tiles, mid=tiles)
     x = torch.randn(6, 1024, generator=torch.Generator().manual_seed(6))
     w = weights(64, 1024, torch.float32)
     assert choice.segments > 1
