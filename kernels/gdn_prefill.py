@@ -8,21 +8,34 @@ first chunk), and each chunk runs from the lane's state S [value_heads, key_dim,
 the UT transform of tfd.model.gdn.chunk::
 
     G = running sum of g;  D_ij = exp(G_i - G_j) for j <= i, else 0
-    T = (I + strict_lower(beta K K^T o D))^-1;  V' = T (beta (V - e^G K S))
-    O = (e^G Q) S + (Q K^T o D) V';  S <- e^G_last S + (e^(G_last - G) K)^T V'
+    T = (I + strict_lower(beta K K^T o D))^-1;  W = T (beta e^G K);  U = T (beta V)
+    V' = U - W S;  O = (e^G Q) S + (Q K^T o D) V';  S <- e^G_last S + (e^(G_last - G) K)^T V'
 
-(V' is U - W S with U = T beta V and W = T beta e^G K, regrouped so W is never formed.)
+Two launches. Phase one (``_chunks``, kernels/gdn_chunk.py) runs every chunk of every live lane at
+once, one program per (chunk slot, value head, role), and writes all that does not depend on S:
+W, U, P = Q K^T o D and three per-row factors, with a as scratch. Its grid is a bound on the chunks,
+cdiv-free and fixed without a host sync: the lanes' chunk offsets are a cumsum on the device and
+surplus slots return. Phase two (``_scan``) runs one program per (value block, value head, lane),
+walking the lane's chunks in order with S [key_dim, BLOCK_V] in registers:
 
-Memory: besides the new fp32 output, the kernel reads the inputs and each live lane's state at element
-offset ``state_at[b]`` of the pool's fp32 view and writes that state back; nothing else. A lane whose
-offset is -1 is padding: none of the pool is read or written for it and its output rows are zeros.
+    V' = U - W S;  O = f_q o (Q S) + P V';  S <- e^G_last S + K^T (f_k o V')
 
-Exact across splits: one program per (value block, value head, lane) walks its lane's chunks in order
-with S in registers. A chunk's tile holds lane row i at tile row (starts[b] + i) % CHUNK, so a chunk's
-arithmetic depends only on its own rows and the state entering it, and block shapes follow the head
-dims alone. A prefill split at a multiple of CHUNK therefore runs the same chunks on the same states
-(stored to the pool and read back as fp32, exactly) and gives the same bits as one pass, and a lane's
-bits never depend on the other lanes of the launch.
+on the raw q and k rows (f_q = scale e^G |q|^-1 and f_k = e^(G_last - G) |k|^-1 scale the products'
+rows), loading each step's operands a key piece at a time so nothing spills.
+
+Memory: besides the new fp32 output, the kernels read the inputs and each live lane's state at
+element offset ``state_at[b]`` of the pool's fp32 view, write that state back, and use fp32 scratch of
+(key_dim + value_dim + 2 CHUNK + 3) values per row and value head (1.5 KB at the real dims, 406 MB
+for 8192 rows of 32 heads), written by phase one and read by phase two; nothing else. A lane whose offset
+is -1 is padding: it has no chunks, none of the pool is read or written for it and its output rows
+are zeros. Products are fp32 by ``tl.dot`` at ``gdn_chunk.PRECISION`` (tf32x3).
+
+Exact across splits: both phases place lane row i at tile row (starts[b] + i) % CHUNK, so a chunk's
+arithmetic depends only on its own rows and the state entering it, and every block shape follows the
+head dims alone. A prefill split at a multiple of CHUNK therefore runs the same chunks on the same
+states (stored to the pool and read back as fp32, exactly) and gives the same bits as one pass, and a
+lane's bits never depend on the other lanes of the launch (they change which slot holds a chunk and
+where its scratch rows lie, not what is computed).
 """
 
 from __future__ import annotations
@@ -31,11 +44,17 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import gdn_chunk
+from kernels.gdn_chunk import dot
+
 CHUNK = 64  # rows a chunk: tfd.model.GDN_CHUNK (the tests check), restated as kernels do not import tfd
-# Value columns a program and its warps, not measured yet: more programs for long single lanes and a
-# 16 KiB state tile at 128 key dims, at the cost of redoing the chunk's T for each value block.
+# Value columns a phase-two program: 128 programs for one lane of 32 heads about fill an H200's 132
+# SMs, and S is 32 registers a thread at 4 warps (not measured on the GPU yet).
 BLOCK_V = 32
-NUM_WARPS = 4
+NUM_WARPS = 4  # phase two: one warpgroup; ptxas spills at 8
+# Phase two's loop is not software-pipelined: prefetching the next chunk's loads spills (64 bytes at
+# 3 stages) and takes 197 KB of shared memory; its loads do not depend on S, so they issue early anyway.
+NUM_STAGES = 1
 
 
 def _blocks(key_dim: int, value_dim: int) -> tuple[int, int]:
@@ -44,43 +63,18 @@ def _blocks(key_dim: int, value_dim: int) -> tuple[int, int]:
 
 
 @triton.jit
-def _dot(a, b):
-    # fp32 operands stay fp32 (no tf32), so the kernel meets the fp32 reference closely
-    return tl.dot(a, b, input_precision="ieee")
-
-
-@triton.jit
-def _normed(rows, live, ks, k_live):
-    """The rows at pointers ``rows`` [CHUNK] as fp32, each scaled to unit length (dead rows zero)."""
-    x = tl.load(rows[:, None] + ks[None, :], mask=live[:, None] & k_live[None, :], other=0.0).to(tl.float32)
-    return x * tl.rsqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
-
-
-@triton.jit
-def _inverse(a, CHUNK: tl.constexpr):
-    """(I + a)^-1 for a strictly lower triangular [CHUNK, CHUNK], by forward substitution a row at a time."""
-    t = tl.arange(0, CHUNK)
-    x = -a  # rows above r already hold the inverse's rows less I; row r still holds -a_r
-    for r in range(1, CHUNK):
-        at_r = t[:, None] == r
-        row = tl.sum(tl.where(at_r, x, 0.0), axis=0)
-        row += tl.sum(row[:, None] * x, axis=0)  # row is zero from column r on, so only done rows count
-        x = tl.where(at_r, row[None, :], x)
-    return x + tl.where(t[:, None] == t[None, :], 1.0, 0.0)
-
-
-@triton.jit
-def _prefill(q, k, v, g, beta, states, state_at, cu_seqlens, starts, out, scale, q_row, k_row, v_row,
-             KEY_HEADS: tl.constexpr, VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr,
-             VALUE_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, CHUNK: tl.constexpr):
+def _scan(q, k, w, u, p, f, states, state_at, cu_seqlens, starts, out, q_row, k_row, rows_all,
+          KEY_HEADS: tl.constexpr, VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr, VALUE_DIM: tl.constexpr,
+          BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PIECE: tl.constexpr, CHUNK: tl.constexpr):
+    """Phase two: value columns ``block`` of head ``head``'s S for lane ``lane``, through its chunks."""
     block, head, lane = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     key_head = head // (VALUE_HEADS // KEY_HEADS)
     first = tl.load(cu_seqlens + lane)
     rows = tl.load(cu_seqlens + lane + 1) - first
     t = tl.arange(0, CHUNK)
-    ks = tl.arange(0, BLOCK_K)
+    ps = tl.arange(0, PIECE)
     vs = block * BLOCK_V + tl.arange(0, BLOCK_V)
-    k_live, v_live = ks < KEY_DIM, vs < VALUE_DIM
+    v_live = vs < VALUE_DIM
     outs = out + head * VALUE_DIM + vs[None, :]
     at = tl.load(state_at + lane)
     if at < 0:
@@ -89,32 +83,47 @@ def _prefill(q, k, v, g, beta, states, state_at, cu_seqlens, starts, out, scale,
             tl.store(outs + (first + i)[:, None] * (VALUE_HEADS * VALUE_DIM),
                      tl.zeros([CHUNK, BLOCK_V], tl.float32), mask=(i < rows)[:, None] & v_live[None, :])
         return
-    tile = head * KEY_DIM * VALUE_DIM + ks[:, None] * VALUE_DIM + vs[None, :]
-    tile_live = k_live[:, None] & v_live[None, :]
-    s = tl.load(states + at + tile, mask=tile_live, other=0.0)
+    tile = states + at + head * KEY_DIM * VALUE_DIM  # the lane's S for this head
+    # S as [PIECE, BLOCK_V] pieces of key dims, so each product's register operand is a piece. (The
+    # type ignores: mypy types s and step by their first value, the empty tuple.)
+    s = ()
+    for n in tl.static_range(BLOCK_K // PIECE):
+        ks = n * PIECE + ps
+        kept = (ks < KEY_DIM)[:, None] & v_live[None, :]
+        s += (tl.load(tile + ks[:, None] * VALUE_DIM + vs[None, :], mask=kept, other=0.0),)  # type: ignore[assignment]
     lead = tl.load(starts + lane) % CHUNK  # tile rows before the lane's first row in its first chunk
-    lower = t[:, None] >= t[None, :]
     chunks = tl.where(rows > 0, tl.cdiv(rows + lead, CHUNK), 0)  # no rows: the state is left bit for bit
     for c in range(0, chunks):
         i = c * CHUNK - lead + t  # the lane row at each tile row, whatever row a launch began at
         live = (i >= 0) & (i < rows)
         r = first + i
-        kn = _normed(k + r * k_row + key_head * KEY_DIM, live, ks, k_live)
-        vr = tl.load(v + r[:, None] * v_row + head * VALUE_DIM + vs[None, :],
-                     mask=live[:, None] & v_live[None, :], other=0.0).to(tl.float32)
-        br = tl.load(beta + r * VALUE_HEADS + head, mask=live, other=0.0)
-        total = tl.cumsum(tl.load(g + r * VALUE_HEADS + head, mask=live, other=0.0), axis=0)
-        # exp of -inf above the diagonal: no overflow from G_i - G_j > 0 there
-        decay = tl.exp(tl.where(lower, total[:, None] - total[None, :], float("-inf")))
-        system = tl.where(t[:, None] > t[None, :], _dot(kn, tl.trans(kn)) * decay * br[:, None], 0.0)
-        grown = tl.exp(total)
-        fresh = _dot(_inverse(system, CHUNK), br[:, None] * (vr - _dot(kn * grown[:, None], s)))
-        qn = _normed(q + r * q_row + key_head * KEY_DIM, live, ks, k_live) * scale
-        o = _dot(qn * grown[:, None], s) + _dot(_dot(qn, tl.trans(kn)) * decay, fresh)
-        tl.store(outs + r[:, None] * (VALUE_HEADS * VALUE_DIM), o, mask=live[:, None] & v_live[None, :])
-        last = tl.sum(tl.where(t == CHUNK - 1, total, 0.0), axis=0)  # dead rows past the end add g = 0
-        s = s * tl.exp(last) + _dot(tl.trans(kn * tl.exp(last - total)[:, None]), fresh)
-    tl.store(states + at + tile, s, mask=tile_live)
+        at_r = r * VALUE_HEADS + head  # the rows' offsets into phase one's w, u, p and f
+        rv = live[:, None] & v_live[None, :]
+        ws, qs = tl.zeros([CHUNK, BLOCK_V], tl.float32), tl.zeros([CHUNK, BLOCK_V], tl.float32)
+        for n in tl.static_range(BLOCK_K // PIECE):
+            ks = n * PIECE + ps
+            rk = live[:, None] & (ks < KEY_DIM)[None, :]
+            ws = dot(tl.load(w + at_r[:, None] * KEY_DIM + ks[None, :], mask=rk, other=0.0), s[n], ws)
+            qn = tl.load(q + r[:, None] * q_row + key_head * KEY_DIM + ks[None, :], mask=rk, other=0.0)
+            qs = dot(qn.to(tl.float32), s[n], qs)
+        fresh = tl.load(u + at_r[:, None] * VALUE_DIM + vs[None, :], mask=rv, other=0.0) - ws
+        qs *= tl.load(f + at_r, mask=live, other=0.0)[:, None]
+        pc = tl.load(p + at_r[:, None] * CHUNK + t[None, :], mask=live[:, None], other=0.0)
+        tl.store(outs + r[:, None] * (VALUE_HEADS * VALUE_DIM), dot(pc, fresh, qs), mask=rv)
+        end = first + tl.minimum(rows - 1, c * CHUNK - lead + CHUNK - 1)  # the chunk's last row
+        g_last = tl.exp(tl.load(f + (2 * rows_all + end) * VALUE_HEADS + head))
+        fresh *= tl.load(f + rows_all * VALUE_HEADS + at_r, mask=live, other=0.0)[:, None]
+        step = ()
+        for n in tl.static_range(BLOCK_K // PIECE):
+            ks = n * PIECE + ps
+            kn = tl.load(k + r[None, :] * k_row + key_head * KEY_DIM + ks[:, None],
+                         mask=(ks < KEY_DIM)[:, None] & live[None, :], other=0.0)
+            step += (dot(kn.to(tl.float32), fresh, s[n] * g_last),)  # type: ignore[assignment]
+        s = step
+    for n in tl.static_range(BLOCK_K // PIECE):
+        ks = n * PIECE + ps
+        kept = (ks < KEY_DIM)[:, None] & v_live[None, :]
+        tl.store(tile + ks[:, None] * VALUE_DIM + vs[None, :], s[n], mask=kept)
 
 
 def _check(name: str, t: torch.Tensor, shape: tuple[int, ...], *dtypes: torch.dtype) -> None:
@@ -140,8 +149,9 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
     value_heads, value_dim] in the model dtype, g and beta [rows, value_heads] fp32; lane b's rows are
     ``cu_seqlens[b]`` (int32, [lanes + 1], its last entry ``rows``) up to the next, at positions from
     ``starts[b]``. Each lane's state is updated in place; out fp32 like v. ``max_rows`` bounds every
-    lane's count: the grid is fixed without it (a program loops over its lane's chunks), so it only
-    skips an empty launch; it is the argument conv1d.prefill takes, read without a host sync."""
+    lane's count: the grids are fixed without it (phase one's by the rows and lanes, phase two's
+    programs loop over their lane's chunks), so it only skips empty launches; it is the argument
+    conv1d.prefill takes, read without a host sync."""
     if q.dim() != 3 or v.dim() != 3:
         raise ValueError(f"q and v need 3 axes, got {q.dim()} and {v.dim()}")
     if not q.dtype.is_floating_point:
@@ -166,12 +176,32 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
     if lanes == 0 or max_rows == 0:
         return out
     block_k, block_v = _blocks(key_dim, value_dim)
+    block_d = max(16, triton.next_power_of_2(value_dim))
     (q, q_row), (k, k_row), (v, v_row) = (_rows(x) for x in (q, k, v))
-    grid = (triton.cdiv(value_dim, block_v), value_heads, lanes)
-    _prefill[grid](q, k, v, g.contiguous(), beta.contiguous(), states, state_at, cu_seqlens, starts, out,
-                   scale, q_row, k_row, v_row, KEY_HEADS=key_heads, VALUE_HEADS=value_heads,
-                   KEY_DIM=key_dim, VALUE_DIM=value_dim, BLOCK_K=block_k, BLOCK_V=block_v, CHUNK=CHUNK,
-                   num_warps=NUM_WARPS)
+    g, beta = g.contiguous(), beta.contiguous()
+    # Each live lane's chunk count, on the device: slot chunk_at[b] + c holds lane b's chunk c.
+    counts = cu_seqlens[1:] - cu_seqlens[:-1]
+    chunks = torch.where((counts > 0) & (state_at >= 0), (counts + starts % CHUNK + CHUNK - 1) // CHUNK, 0)
+    chunk_at = torch.zeros(lanes + 1, dtype=torch.int32, device=q.device)
+    torch.cumsum(chunks, 0, dtype=torch.int32, out=chunk_at[1:])
+    # A lane of n >= 1 rows has at most n chunks and at most n // CHUNK + 2 (all but its first and last
+    # are full), so this many slots hold every chunk. (cdiv(rows, CHUNK) + lanes would not: a lane of 2
+    # rows across a multiple of CHUNK is 2 chunks.)
+    slots = min(rows, rows // CHUNK + 2 * lanes)
+    w, u, p, tri = (torch.empty(rows, value_heads, width, dtype=torch.float32, device=q.device)
+                    for width in (key_dim, value_dim, CHUNK, CHUNK))
+    f = torch.empty(3, rows, value_heads, dtype=torch.float32, device=q.device)
+    if slots:
+        gdn_chunk._chunks[(slots, value_heads, 2)](
+            q, k, v, g, beta, cu_seqlens, starts, chunk_at, w, u, p, f, tri, scale, q_row, k_row, v_row,
+            lanes, rows, KEY_HEADS=key_heads, VALUE_HEADS=value_heads, KEY_DIM=key_dim, VALUE_DIM=value_dim,
+            BLOCK_K=block_k, BLOCK_D=block_d, PIECE=min(gdn_chunk.PIECE, block_k, block_d),
+            LANES_BLOCK=gdn_chunk.LANES_BLOCK, CHUNK=CHUNK, LOG_CHUNK=CHUNK.bit_length() - 1,
+            num_warps=gdn_chunk.NUM_WARPS)
+    _scan[(triton.cdiv(value_dim, block_v), value_heads, lanes)](
+        q, k, w, u, p, f, states, state_at, cu_seqlens, starts, out, q_row, k_row, rows, KEY_HEADS=key_heads,
+        VALUE_HEADS=value_heads, KEY_DIM=key_dim, VALUE_DIM=value_dim, BLOCK_K=block_k, BLOCK_V=block_v,
+        PIECE=min(gdn_chunk.PIECE, block_k), CHUNK=CHUNK, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return out
 
 

@@ -1,6 +1,7 @@
-"""The GDN prefill kernel on a fake pool: values against its torch reference (and that reference against
+"""The GDN prefill kernels on a fake pool: values against their torch reference (and that reference against
 the model's chunked rule), bytes left untouched, and exact bits across a split at a chunk boundary and
-for a lane alone or in a batch."""
+for a lane alone or in a batch; at small head dims (one key piece) and wide ones (two, the second
+masked, as at the real dims), and for batches of more chunks than cdiv(rows, CHUNK) + lanes."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from tfd.model.gdn import chunked
 
 ALIGN = 256  # the pool places pieces at multiples of this many bytes
 TOL = {"rtol": 1e-5, "atol": 1e-5}  # fp32 math on both sides, whatever the input dtype
-# 1500 rows of carried state and the GPU's approximate exp; the interpreter was within 3e-7 at these sizes
+# 1500 rows of carried state, tf32x3 products and the GPU's approximate exp; the interpreter was within
+# 2e-7 on outputs and 1e-6 on states at these sizes (bf16)
 REAL_TOL = {"rtol": 1e-4, "atol": 1e-5}
 
 
@@ -43,10 +45,14 @@ class Lane:
 
 TINY = Dims(key_heads=2, value_heads=4, key_dim=16, value_dim=32)
 ODD = Dims(key_heads=1, value_heads=3, key_dim=12, value_dim=40)  # masked key dims, two value blocks
+# Key and value dims in two pieces of gdn_chunk.PIECE, the second part masked; three value blocks.
+WIDE = Dims(key_heads=1, value_heads=2, key_dim=96, value_dim=80)
 REAL = Dims(key_heads=16, value_heads=32, key_dim=128, value_dim=128)
 # Aligned and unaligned starts, a lane within one chunk, a single row, padding.
 MIXED = [Lane(0, 150), Lane(37, 100), Lane(70, 20), Lane(5, 1), Lane(3, 30, padding=True)]
 REAL_LANES = [Lane(0, 700), Lane(37, 64), Lane(1000, 1500)]
+# Two rows across a multiple of the chunk are two chunks: 14 chunks in 16 rows of 9 lanes.
+STRADDLING = [*[Lane(64 * n + 63, 2) for n in range(6)], Lane(127, 2), Lane(5, 0), Lane(62, 2, padding=True)]
 
 
 @attrs.frozen
@@ -191,6 +197,21 @@ def test_prefill_matches_reference_and_touches_only_live_states(dtype: torch.dty
 
 def test_grouped_heads_odd_dims_and_an_empty_lane() -> None:
     check_values(ODD, [Lane(50, 80), Lane(9, 0), Lane(64, 3)], torch.float32, "cpu", TOL)
+
+
+def test_wide_heads_in_pieces() -> None:
+    lanes = [Lane(0, 130), Lane(37, 90), Lane(64, 1), Lane(3, 20, padding=True)]
+    check_values(WIDE, lanes, torch.bfloat16, "cpu", TOL)
+    check_split(WIDE, lanes, torch.bfloat16, "cpu")
+    check_alone(WIDE, lanes, torch.bfloat16, "cpu")
+
+
+def test_more_chunks_than_rows_over_the_chunk_plus_lanes() -> None:
+    rows = sum(lane.rows for lane in STRADDLING)
+    assert -(-rows // GDN_CHUNK) + len(STRADDLING) < 14  # phase one's grid must bound the chunks otherwise
+    check_values(TINY, STRADDLING, torch.float32, "cpu", TOL)
+    check_split(TINY, STRADDLING, torch.bfloat16, "cpu")
+    check_alone(TINY, STRADDLING, torch.bfloat16, "cpu")
 
 
 def test_reference_is_the_model_chunked_rule() -> None:
