@@ -49,3 +49,13 @@ def test_refuses_what_it_cannot_read() -> None:
     logits = torch.zeros(2, 8)
     with pytest.raises(ValueError, match="seeds"):
         keyed_argmax(logits, torch.zeros(2), torch.zeros(2), torch.zeros(2, dtype=torch.int64))
+
+
+@pytest.mark.gpu
+def test_a_real_vocabulary_on_the_device() -> None:
+    # the GPU's uint64 hash and log against the torch form on the CPU (a flip needs two scores
+    # within an ulp of each other at the top of 248,320)
+    logits, temperature, seeds, positions = _draws(6, 248_320, 7)
+    expected = draw(logits, temperature, seeds, positions)
+    got = keyed_argmax(*(x.cuda() for x in (logits, temperature, seeds, positions)))
+    assert got.cpu().tolist() == expected.tolist()
