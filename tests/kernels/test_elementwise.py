@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import gdn_gates, rope, swiglu
+from kernels import gdn_gates, rope, sigmoid_gate, swiglu
 from tfd.model import ops
 from tfd.model.gdn import gates
 
@@ -63,3 +63,33 @@ def test_norm_rope_matches_the_model_on_a_strided_query(rotary_dim: int) -> None
     cos, sin = rotary.angles(torch.arange(100, 105), torch.float32)
     want = rotary.apply(ops.zrms(query, weight, 1e-6), cos, sin)
     assert torch.allclose(rope.norm_rope(query, weight, cos, sin, 1e-6), want, atol=1e-5)
+
+
+def test_sigmoid_gate_per_element_from_a_projection_slice() -> None:
+    both = rand(3, 4, 2 * 8, scale=3.0)  # per head [query | gate], as attention's projection
+    gate, out = both[..., 8:], rand(3, 32, seed=1)
+    assert gate.stride(2) == 1 and not gate.is_contiguous()
+    got = sigmoid_gate.sigmoid_gate(out, gate)
+    assert torch.allclose(got, out * ops.sigmoid(gate.reshape(3, 32)), rtol=1e-6, atol=1e-7)
+
+
+def test_sigmoid_gate_one_gate_a_row_plus_a_base() -> None:
+    shared, gate, routed = rand(5, 1500, scale=2.0), rand(5, 1, seed=1), rand(5, 1500, seed=2)
+    got = sigmoid_gate.sigmoid_gate(shared, gate, routed)
+    assert torch.allclose(got, routed + ops.sigmoid(gate) * shared, rtol=1e-6, atol=1e-6)
+    assert torch.equal(sigmoid_gate.sigmoid_gate(shared[2:3], gate[2:3], routed[2:3])[0], got[2])
+
+
+def test_sigmoid_gate_refuses_a_gate_of_another_width() -> None:
+    with pytest.raises(ValueError, match="gate"):
+        sigmoid_gate.sigmoid_gate(torch.zeros(2, 8), torch.zeros(2, 3))
+
+
+@pytest.mark.gpu
+def test_sigmoid_gate_on_the_device() -> None:
+    both = torch.randn(48, 16, 512, device="cuda", dtype=torch.bfloat16)  # q|gate heads of 256
+    out = torch.randn(48, 4096, device="cuda", dtype=torch.bfloat16)
+    got = sigmoid_gate.sigmoid_gate(out, both[..., 256:])
+    assert torch.equal(sigmoid_gate.sigmoid_gate(out[:5], both[:5, :, 256:]), got[:5])
+    want = (out.cpu() * ops.sigmoid(both[..., 256:].cpu().reshape(48, -1))).float()
+    assert ((got.cpu().float() - want).abs() <= 2 ** -7 * want.abs() + 1e-3).all()

@@ -13,7 +13,7 @@ import torch
 from kernels import cache_write, paged_attention
 from kernels import rope as rope_kernel
 from tfd.model.memory import PageRows, Span
-from tfd.model.ops import linear, sigmoid, zrms
+from tfd.model.ops import linear, sigmoid_gate, zrms
 from tfd.model.qsa import IndexerWeights, select
 from tfd.model.rope import Rotary
 
@@ -34,7 +34,8 @@ class AttentionWeights:
 
 @attrs.frozen
 class Projected:
-    """Rows' rotated queries [rows, heads, d], output gates [rows, heads * d], keys and values."""
+    """Rows' rotated queries [rows, heads, d], output gates [rows, heads, d] (views of the
+    projection), keys and values."""
 
     query: torch.Tensor
     gate: torch.Tensor
@@ -57,12 +58,12 @@ def project(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.
         query = rotary.apply(zrms(query, w.q_norm, w.eps), cos, sin)
         key = rotary.apply(zrms(key, w.k_norm, w.eps), cos, sin)
     value = value.reshape(count, w.kv_heads, d)
-    return Projected(query, gate.reshape(count, -1), key, value)
+    return Projected(query, gate, key, value)
 
 
 def finish(w: AttentionWeights, out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """The gated heads [rows, heads, d] through the output projection."""
-    return linear(out.reshape(out.shape[0], -1) * sigmoid(gate), w.o)
+    return linear(sigmoid_gate(out.reshape(out.shape[0], -1), gate), w.o)
 
 
 def attention_rows(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

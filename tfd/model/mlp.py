@@ -12,7 +12,8 @@ import attrs
 import torch
 
 from kernels import moe as kernels_moe
-from tfd.model.ops import linear, sigmoid, silu, swiglu
+from kernels import router
+from tfd.model.ops import linear, sigmoid_gate, silu, swiglu
 
 
 @attrs.frozen
@@ -37,21 +38,18 @@ def dense(w: DenseMlp, x: torch.Tensor) -> torch.Tensor:
 
 
 def route(w: MoeWeights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's ``top_k`` experts and their weights (renormalised when ``norm_top_k``)."""
-    probs = torch.softmax(linear(x, w.router).float(), dim=-1)
-    # A stable sort: among equal probabilities the lower expert wins.
-    order = torch.sort(probs, dim=-1, descending=True, stable=True)
-    experts, weights = order.indices[:, :w.top_k], order.values[:, :w.top_k]
-    if w.norm_top_k:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return experts, weights.to(x.dtype)
+    """Each row's ``top_k`` experts and their weights (renormalised when ``norm_top_k``); among equal
+    probabilities the lower expert wins. One kernel on CUDA after the router's product."""
+    logits = linear(x, w.router)
+    choose = router.top_k if x.is_cuda else router.reference
+    return choose(logits, w.top_k, w.norm_top_k, x.dtype)
 
 
 def moe(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:
     experts, weights = route(w, x)
-    shared = sigmoid(linear(x, w.shared_gate)) * dense(w.shared, x)
+    gate, shared = linear(x, w.shared_gate), dense(w.shared, x)
     if x.is_cuda:  # every selected expert in one grouped kernel, each read once
-        return kernels_moe.experts(x, w.gate_up, w.down, experts, weights) + shared
+        return sigmoid_gate(shared, gate, kernels_moe.experts(x, w.gate_up, w.down, experts, weights))
     inner = w.down.shape[2]
     routed = torch.zeros_like(x)
     for row in range(x.shape[0]):
@@ -60,4 +58,4 @@ def moe(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:
             gate_up = linear(x[row:row + 1], w.gate_up[expert])
             hidden = silu(gate_up[:, :inner]) * gate_up[:, inner:]
             routed[row] += (linear(hidden, w.down[expert]) * weight)[0]
-    return routed + shared
+    return sigmoid_gate(shared, gate, routed)

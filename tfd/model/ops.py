@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import gemm, norm
+from kernels import sigmoid_gate as sigmoid_gate_kernel
 from kernels import swiglu as swiglu_kernel
 
 # softplus(x) == x to float precision past this, as torch's own threshold.
@@ -40,6 +41,15 @@ def sigmoid(x: torch.Tensor) -> torch.Tensor:
     """1 / (1 + exp(-x)), the same at every position; computed in fp32 at least."""
     values = x.float() if x.dtype in _NARROW else x
     return (1.0 / (1.0 + torch.exp(-values))).to(x.dtype)
+
+
+def sigmoid_gate(x: torch.Tensor, gate: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
+    """``base + x * sigmoid(gate)`` for ``x`` [rows, width], ``gate`` [rows, heads, width / heads]
+    or [rows, 1]; each op rounds to the model dtype (one kernel on CUDA)."""
+    if x.is_cuda:
+        return sigmoid_gate_kernel.sigmoid_gate(x, gate, base)
+    gated = x * sigmoid(gate.reshape(x.shape[0], -1))
+    return gated if base is None else base + gated
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:

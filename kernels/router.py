@@ -1,0 +1,62 @@
+"""An MoE router's choice from its logits in one launch: softmax in fp32, the top k experts (the
+lower id first among equal probabilities), their probabilities renormalised to sum to one when
+asked, as the model dtype. One program a row reads the row's ``experts`` logits once and writes k
+ids and k weights; a row's choice never depends on the others. ``reference`` is the torch form,
+which the CPU path runs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _top_k(logits, chosen, weights, experts, stride, K: tl.constexpr, NORM: tl.constexpr,
+           BLOCK: tl.constexpr, BLOCK_K: tl.constexpr):
+    row = tl.program_id(0)
+    ids = tl.arange(0, BLOCK)
+    live = ids < experts
+    x = tl.load(logits + row * stride + ids, mask=live, other=float("-inf")).to(tl.float32)
+    scaled = tl.exp(x - tl.max(x, axis=0))
+    left = tl.where(live, scaled / tl.sum(scaled, axis=0), -1.0)  # probabilities; -1 is never picked
+    slots = tl.arange(0, BLOCK_K)
+    picked = tl.zeros([BLOCK_K], tl.float32)
+    for slot in tl.static_range(K):
+        best = tl.argmax(left, axis=0)  # the first of equal maxima: the lower expert id
+        picked = tl.where(slots == slot, tl.max(left, axis=0), picked)
+        tl.store(chosen + row * K + slot, best.to(tl.int64))
+        left = tl.where(ids == best, -1.0, left)
+    if NORM:
+        picked = picked / tl.sum(picked, axis=0)
+    tl.store(weights + row * K + slots, picked.to(weights.dtype.element_ty), mask=slots < K)
+
+
+def top_k(logits: torch.Tensor, k: int, normalise: bool, dtype: torch.dtype
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(experts int64, weights in ``dtype``), each [rows, k], from router ``logits`` [rows, experts]
+    (unit column stride, any float dtype)."""
+    if logits.dim() != 2 or logits.stride(1) != 1 or not logits.dtype.is_floating_point:
+        raise ValueError(f"logits must be float [rows, experts] with unit column stride, got "
+                         f"{logits.dtype} {list(logits.shape)}")
+    rows, experts = logits.shape
+    if not 1 <= k <= experts:
+        raise ValueError(f"k is {k}, expected 1 to {experts} (the experts)")
+    chosen = torch.empty(rows, k, dtype=torch.int64, device=logits.device)
+    weights = torch.empty(rows, k, dtype=dtype, device=logits.device)
+    if rows:
+        _top_k[(rows,)](logits, chosen, weights, experts, logits.stride(0), K=k, NORM=normalise,
+                        BLOCK=triton.next_power_of_2(experts), BLOCK_K=triton.next_power_of_2(k))
+    return chosen, weights
+
+
+def reference(logits: torch.Tensor, k: int, normalise: bool, dtype: torch.dtype
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``top_k`` in torch: a stable sort, so among equal probabilities the lower expert wins."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    chosen, weights = order.indices[:, :k], order.values[:, :k]
+    if normalise:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return chosen, weights.to(dtype)
