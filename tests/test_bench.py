@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+import tiny_models
 
-from support import run_tfd
+from support import CACHE, clean_environ, run_tfd
 from tfd.bench import roofline
 from tfd.bench.shapes import PRESETS, fit, weight_bytes
 from tfd.families.config import read_config
@@ -63,3 +64,20 @@ def test_bench_runs_the_demo_and_writes_each_run(tmp_path: Path) -> None:
         assert all(key in run for key in REQUIRED)
         assert run["streams"] == streams and run["commit"] == "test" and run["gpu"] == "cpu"
         assert run["decode_tok_s"] > 0 and run["prefill_tok_s"] > 0 and 0 < run["roofline_fraction"] < 1
+
+
+def test_the_flash_next_preset_is_the_released_size_and_cuts_its_table_to_fit() -> None:
+    family, config = PRESETS["qwen3_8-flash-next"]
+    assert 176e9 < weight_bytes(family, config) / 2 < 178e9  # 125.7 B text + 51.2 B n-gram table
+    cut = fit("qwen3_8-flash-next", 97 * 2**30)
+    assert cut.config["ngram_vocab_size_base"] == 20_000_000 // 64 and cut.weight_bytes <= 97 * 2**30
+    assert cut.cut is not None and "n-gram table 20,000,000 -> 312,500" in cut.cut and "16 of 48" in cut.cut
+
+
+def test_bench_runs_a_flash_next_checkpoint(tmp_path: Path) -> None:
+    model = tiny_models.save_served("qwen4_exp", CACHE / "tiny")
+    done = run_tfd("bench", "--streams", "1,2", "--prompt", "20", "--new", "3", "--out", str(tmp_path),
+                   "--commit", "test", env={**clean_environ(), "TF_MODEL": str(model)}, timeout=240)
+    assert done.returncode == 0, done.stderr
+    run = json.loads(next(tmp_path.glob("*-2x20-3.json")).read_text())
+    assert run["family"] == "qwen4_exp" and run["decode_tok_s"] > 0 and 0 < run["roofline_fraction"] < 1

@@ -79,7 +79,8 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
     source = bench.add_mutually_exclusive_group()
     source.add_argument("--shape", metavar="NAME",
                         help="a preset shape with random weights drawn on the device "
-                        "(qwen3_5-9b, qwen3_5-35b-a3b, qwen3_next-80b-a3b); default: TF_MODEL or the demo")
+                        "(qwen3_5-9b, qwen3_5-35b-a3b, qwen3_next-80b-a3b, qwen3_8-flash-next); "
+                        "default: TF_MODEL or the demo")
     bench.add_argument("--random-weights", action="store_true",
                        help="with a checkpoint: draw its weights at random (implied by --shape)")
     bench.add_argument("--streams", type=_counts, default=[1], metavar="N[,N...]",

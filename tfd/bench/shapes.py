@@ -4,6 +4,8 @@ No real checkpoint can be fetched here, so a shape is its config with weights dr
 A shape whose weights do not fit the device loses whole groups of layers (one attention layer
 and the GDN layers before it) until they do; ``fit`` says what it cut.
 Sources: reference/model.md sections 3.1 and 6 (configs copied from the released checkpoints).
+Flash Next's 51 B-parameter n-gram table does not fit beside any layers, so a shape too big first
+keeps 1/64 of the table's rows (a step looks up the same 16 rows a token at any table size).
 """
 
 from __future__ import annotations
@@ -46,7 +48,18 @@ PRESETS: Mapping[str, tuple[str, dict[str, Any]]] = {
         "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512, "norm_topk_prob": True,
         "decoder_sparse_step": 1, "rope_theta": 5_000_000.0, "partial_rotary_factor": 0.25,
         "rope_parameters": None}),
+    "qwen3_8-flash-next": ("qwen4_exp", {
+        **_QWEN3_5, **_layers(48), "model_type": "qwen4_exp_text", "hidden_size": 2560,
+        "num_attention_heads": 24, "num_key_value_heads": 2, "linear_num_value_heads": 48,
+        "output_gate_type": "sigmoid", "num_experts": 512, "num_experts_per_tok": 10, "norm_topk_prob": True,
+        "moe_intermediate_size": 640, "shared_expert_intermediate_size": 640,
+        "hc_count": 4, "hc_lowrank": 320,
+        "indexer_n_heads": 4, "indexer_kv_heads": 1, "indexer_head_dim": 128, "indexer_budget": 2048,
+        "indexer_compress_ratio": 4, "ple_layer_ids": [2], "ple_embed_dim": 2560, "ple_conv_kernel_size": 4,
+        "ngram_size": 3, "heads_per_ngram": 8, "ngram_vocab_size_base": 20_000_000,
+        "make_ngram_vocab_size_divisible_by": 128, "split_ngram_parts": 128, "mamba_ssm_dtype": "float32"}),
 }
+TABLE_CUT = 64  # a shape too big keeps 1/64 of its n-gram table's rows: a lookup costs the same at any size
 
 
 @attrs.frozen
@@ -70,14 +83,20 @@ def fit(name: str, budget: int) -> Shape:
     family, config = PRESETS[name]
     layers = config["num_hidden_layers"]
     size = weight_bytes(family, config)
+    cuts = []
+    if size > budget and config.get("ngram_vocab_size_base"):
+        base = config["ngram_vocab_size_base"]
+        config = {**config, "ngram_vocab_size_base": base // TABLE_CUT}
+        cuts.append(f"n-gram table {base:,} -> {base // TABLE_CUT:,} rows a head")
+        size = weight_bytes(family, config)
     while size > budget and layers > len(PATTERN):
         layers -= len(PATTERN)
         size = weight_bytes(family, {**config, **_layers(layers)})
     if size > budget:
         raise ValueError(f"shape {name} does not fit {budget / 2**30:.1f} GiB even with {layers} layers")
-    cut = None
     if layers != config["num_hidden_layers"]:
-        cut = (f"{name}: {layers} of {config['num_hidden_layers']} layers kept "
-               f"({size / 2**30:.1f} GiB of weights fit {budget / 2**30:.1f} GiB)")
+        cuts.append(f"{layers} of {config['num_hidden_layers']} layers kept")
         config = {**config, **_layers(layers)}
+    cut = f"{name}: {', '.join(cuts)} ({size / 2**30:.1f} GiB of weights fit {budget / 2**30:.1f} GiB)" \
+        if cuts else None
     return Shape(name, family, config, size, cut)
