@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from tfd.model.gdn import CHUNK, GdnWeights, gdn, gdn_chunks
+from tfd.model.gdn import CHUNK, GdnWeights, PromptLanes, gdn, gdn_chunks, gdn_spans
+from tfd.model.memory import LaneMemory, Span
 
 KEY_HEADS, VALUE_HEADS, DIM, HIDDEN, KERNEL = 2, 4, 16, 48, 4
 
@@ -67,3 +68,35 @@ def test_the_prompt_kernels_agree_with_the_torch_chunks() -> None:
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
     assert torch.allclose(kernel_state, state, rtol=1e-4, atol=1e-5)
     assert torch.equal(kernel_tail, tail)
+
+
+def test_prompt_rows_of_many_lanes_in_one_pass_equal_each_lane_alone() -> None:
+    """``gdn_spans`` over three lanes' prompt rows (states and tails at offsets in one buffer, as in
+    the pool) gives each lane the bits ``gdn_chunks`` gives it alone, and moves each lane's state
+    and tail alike."""
+    w = weights()
+    channels = 2 * KEY_HEADS * DIM + VALUE_HEADS * DIM
+    state_size, tail_size = VALUE_HEADS * DIM * DIM, (KERNEL - 1) * channels
+    buffer = torch.zeros(3 * 4 * (state_size + tail_size) + 1024, dtype=torch.uint8)
+    generator = torch.Generator().manual_seed(8)
+    lanes, alone = [], []
+    for lane in range(3):
+        at = lane * 4 * (state_size + tail_size) + 256  # 256-byte aligned, as pool pieces are
+        state = buffer[at:at + 4 * state_size].view(torch.float32).view(VALUE_HEADS, DIM, DIM)
+        tail = buffer[at + 4 * state_size:at + 4 * (state_size + tail_size)].view(torch.float32)
+        state.copy_(torch.randn(state.shape, generator=generator) * 0.1)
+        tail.copy_(torch.randn(tail.shape, generator=generator))
+        lanes.append(LaneMemory({"g.state": state, "g.conv_tail": tail.view(KERNEL - 1, channels)},
+                                torch.zeros(1, dtype=torch.int32)))
+        alone.append((state.clone(), tail.clone().view(KERNEL - 1, channels)))
+    starts, lengths = (0, 37, 64), (70, 30, 5)  # unaligned and aligned starts, a short lane
+    spans = [Span(lane, start, torch.zeros(n, dtype=torch.long))
+             for lane, start, n in zip(lanes, starts, lengths, strict=True)]
+    x = torch.randn(sum(lengths), HIDDEN, generator=generator)
+    together = gdn_spans(w, x, PromptLanes.of(spans, ["g"], buffer, torch.float32), "g")
+    at = 0
+    for (state, tail), start, n, lane in zip(alone, starts, lengths, lanes, strict=True):
+        want = gdn_chunks(w, x[at:at + n], state, tail, start)
+        assert torch.equal(together[at:at + n], want)
+        assert torch.equal(lane.pieces["g.state"], state) and torch.equal(lane.pieces["g.conv_tail"], tail)
+        at += n

@@ -21,6 +21,7 @@ import torch
 
 from tfd.model.attention import AttentionWeights, attention_rows
 from tfd.model.gdn import GdnWeights, gdn_rows
+from tfd.model.memory import element_offset
 from tfd.model.mlp import MoeWeights, dense, moe
 from tfd.model.ops import add_zrms, zrms
 from tfd.model.stack import StackWeights
@@ -113,7 +114,7 @@ class DecodeMemory:
 
     def offset(self, view: torch.Tensor) -> int:
         """A piece view's element offset in the pool view of its dtype."""
-        return (view.data_ptr() - self.pool.buffer.data_ptr()) // view.element_size()
+        return element_offset(self.pool.buffer, view)
 
 
 def run_decode(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory) -> torch.Tensor:

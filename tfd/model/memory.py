@@ -48,10 +48,17 @@ class Span:
         return self.start + self.length
 
 
+def element_offset(buffer: torch.Tensor, view: torch.Tensor) -> int:
+    """A piece view's element offset in ``buffer`` (the pool's bytes) seen as the view's dtype."""
+    return (view.data_ptr() - buffer.data_ptr()) // view.element_size()
+
+
 class PageRows:
-    """The pool's row parts as ``[pages + 1, entries a page, *shape]`` views, by part name."""
+    """The pool's row parts as ``[pages + 1, entries a page, *shape]`` views, by part name, and
+    the pool's bytes (``buffer``), which kernels address lanes' state pieces in."""
 
     def __init__(self, pool: Pool) -> None:
+        self.buffer = pool.buffer
         self.page_rows = pool.layout.page_rows
         self.views = {part.name: pool.rows(part.name) for part in pool.layout.row_parts}
         self.rows_an_entry = {part.name: part.rows for part in pool.layout.row_parts}

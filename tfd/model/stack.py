@@ -16,7 +16,7 @@ import torch
 
 from tfd.model import hyper
 from tfd.model.attention import AttentionWeights, attention
-from tfd.model.gdn import GdnWeights, gdn
+from tfd.model.gdn import GdnWeights, PromptLanes, gdn, gdn_spans
 from tfd.model.memory import PageRows, Span
 from tfd.model.mlp import DenseMlp, MoeWeights, dense, moe
 from tfd.model.ops import linear, zrms
@@ -64,8 +64,12 @@ def run_stack(w: StackWeights, spans: Sequence[Span], rows: PageRows) -> StackOu
     x = w.embed[tokens]
     if w.streams > 1:
         x = x.repeat(1, w.streams)
+    lanes = None
+    if x.is_cuda and not any(span.decode for span in spans):  # prompt rows: GDN layers batch all lanes
+        names = [layer.name for layer in w.layers if isinstance(layer.mixer, GdnWeights)]
+        lanes = PromptLanes.of(spans, names, rows.buffer, x.dtype) if names else None
     for layer in w.layers:
-        x = run_layer(w, layer, x, spans, rows)
+        x = run_layer(w, layer, x, spans, rows, lanes)
     if w.mixer is not None:
         hidden, _ = hyper.read(w.mixer, x)
     else:
@@ -79,8 +83,9 @@ def logits(w: StackWeights, hidden: torch.Tensor) -> torch.Tensor:
 
 
 def run_layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, spans: Sequence[Span],
-              rows: PageRows) -> torch.Tensor:
-    """One decoder layer over the residual ``x`` of every span's rows, in span order."""
+              rows: PageRows, lanes: PromptLanes | None = None) -> torch.Tensor:
+    """One decoder layer over the residual ``x`` of every span's rows, in span order; with
+    ``lanes`` (prompt spans on CUDA) a GDN layer runs every span in one pass."""
     bounds = _bounds(spans)
     if layer.ple is not None:
         x = x + torch.cat([
@@ -92,8 +97,11 @@ def run_layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, spans: Sequ
     else:
         assert layer.input_norm is not None
         block_input, weights = zrms(x, layer.input_norm, w.eps), None
-    mixed = torch.cat([_mix(w, layer, block_input[a:b], span, rows)
-                       for span, (a, b) in zip(spans, bounds, strict=True)])
+    if lanes is not None and isinstance(layer.mixer, GdnWeights):
+        mixed = gdn_spans(layer.mixer, block_input, lanes, layer.name)
+    else:
+        mixed = torch.cat([_mix(w, layer, block_input[a:b], span, rows)
+                           for span, (a, b) in zip(spans, bounds, strict=True)])
     x = _add(x, mixed, weights)
 
     if layer.mlp_hyper is not None:
