@@ -87,13 +87,13 @@ def test_prompt_rows_of_many_lanes_in_one_pass_equal_each_lane_alone() -> None:
         state.copy_(torch.randn(state.shape, generator=generator) * 0.1)
         tail.copy_(torch.randn(tail.shape, generator=generator))
         lanes.append(LaneMemory({"g.state": state, "g.conv_tail": tail.view(KERNEL - 1, channels)},
-                                torch.zeros(1, dtype=torch.int32)))
+                                torch.tensor([2 * lane, 2 * lane + 1], dtype=torch.int32)))
         alone.append((state.clone(), tail.clone().view(KERNEL - 1, channels)))
     starts, lengths = (0, 37, 64), (70, 30, 5)  # unaligned and aligned starts, a short lane
     spans = [Span(lane, start, torch.zeros(n, dtype=torch.long))
              for lane, start, n in zip(lanes, starts, lengths, strict=True)]
     x = torch.randn(sum(lengths), HIDDEN, generator=generator)
-    together = gdn_spans(w, x, PromptLanes.of(spans, ["g"], buffer, torch.float32), "g")
+    together = gdn_spans(w, x, PromptLanes.of(spans, ["g"], buffer, 64, 0, torch.float32), "g")
     at = 0
     for (state, tail), start, n, lane in zip(alone, starts, lengths, lanes, strict=True):
         want = gdn_chunks(w, x[at:at + n], state, tail, start)

@@ -12,7 +12,7 @@ import torch
 
 from kernels import cache_write, paged_attention
 from kernels import rope as rope_kernel
-from tfd.model.memory import PageRows, Span
+from tfd.model.memory import PageRows, PromptLanes, Span
 from tfd.model.ops import linear, sigmoid_gate, zrms
 from tfd.model.qsa import IndexerWeights, select
 from tfd.model.rope import Rotary
@@ -85,6 +85,22 @@ def attention_rows(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin:
     else:
         paged_attention.reference_decode(p.query, k_cache, v_cache, page_table, lengths, w.head_dim ** -0.5,
                                          out, None)
+    return finish(w, out, p.gate)
+
+
+def attention_spans(w: AttentionWeights, x: torch.Tensor, lanes: PromptLanes, keys: torch.Tensor,
+                    values: torch.Tensor, rotary: Rotary) -> torch.Tensor:
+    """The layer's output for the prompt rows ``x`` [rows, hidden] of every lane of ``lanes`` at
+    once (dense attention, the Triton kernel): one product, one K/V store into the layer's caches
+    ``keys``/``values`` [pages + 1, page rows, kv_heads, d], one causal attention launch through the
+    lanes' page tables. Each lane's rows get the bits they get alone."""
+    cos, sin = rotary.angles(lanes.positions, x.dtype)
+    p = project(w, x, cos, sin, rotary)
+    keys[lanes.pages, lanes.slots] = p.key.to(keys.dtype)
+    values[lanes.pages, lanes.slots] = p.value.to(values.dtype)
+    out = torch.empty_like(p.query)
+    paged_attention.prefill(p.query, keys, values, lanes.page_table, lanes.starts, lanes.cu_seqlens,
+                            w.head_dim ** -0.5, out, max_rows=lanes.max_rows)
     return finish(w, out, p.gate)
 
 

@@ -9,15 +9,12 @@ bit. Both update the lane's state and tail in place.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Mapping, Sequence
-
 import attrs
 import torch
 
 from kernels import conv1d, gdn_decode, gdn_gates, gdn_prefill
 from tfd.model import GDN_CHUNK
-from tfd.model.memory import Span, element_offset
+from tfd.model.memory import PromptLanes
 from tfd.model.ops import gated_rms, l2norm, linear, sigmoid, softplus
 
 CHUNK = GDN_CHUNK
@@ -116,37 +113,6 @@ def gdn_chunks(w: GdnWeights, x: torch.Tensor, state: torch.Tensor, tail: torch.
     out = gdn_prefill.prefill(q, k, v, p.g, p.beta, state.view(-1), zero, bounds, starts, w.key_dim ** -0.5,
                               rows)
     return finish(w, out, p.z)
-
-
-@attrs.frozen
-class PromptLanes:
-    """The prompt spans of one forward as the GDN prompt kernels address them: lane b's rows are
-    ``cu_seqlens[b] .. cu_seqlens[b + 1]`` at positions from ``starts[b]``; each GDN layer's state
-    and conv-tail offsets are element offsets in the pool's bytes seen as fp32 (``states``) and as
-    the model dtype (``tails``)."""
-
-    cu_seqlens: torch.Tensor  # int32 [lanes + 1]
-    starts: torch.Tensor  # int64 [lanes]
-    max_rows: int
-    states: torch.Tensor
-    tails: torch.Tensor
-    offsets: Mapping[str, tuple[torch.Tensor, torch.Tensor]]  # layer: (state_at, tail_at), int64 [lanes]
-
-    @classmethod
-    def of(cls, spans: Sequence[Span], layers: Sequence[str], buffer: torch.Tensor, dtype: torch.dtype
-           ) -> PromptLanes:
-        """From the spans' lanes' pieces in ``buffer``; one host-to-device copy (pinned, not waited on)."""
-        table = [[0, *itertools.accumulate(span.length for span in spans)], [span.start for span in spans]]
-        for name in layers:
-            table.append([element_offset(buffer, span.lane.pieces[f"{name}.state"]) for span in spans])
-            table.append([element_offset(buffer, span.lane.pieces[f"{name}.conv_tail"]) for span in spans])
-        lanes = len(spans)
-        held = torch.tensor([row + [0] * (lanes + 1 - len(row)) for row in table], dtype=torch.int64)
-        packed = held.pin_memory().to(buffer.device, non_blocking=True) if buffer.is_cuda else held
-        offsets = {name: (packed[2 + 2 * i, :lanes], packed[3 + 2 * i, :lanes])
-                   for i, name in enumerate(layers)}
-        return cls(packed[0].to(torch.int32), packed[1, :lanes], max(span.length for span in spans),
-                   buffer.view(torch.float32), buffer.view(dtype), offsets)
 
 
 def gdn_spans(w: GdnWeights, x: torch.Tensor, lanes: PromptLanes, layer: str) -> torch.Tensor:

@@ -9,7 +9,8 @@ reference path (the GPU kernels read pages in place).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+from collections.abc import Mapping, Sequence
 
 import attrs
 import torch
@@ -59,6 +60,7 @@ class PageRows:
 
     def __init__(self, pool: Pool) -> None:
         self.buffer = pool.buffer
+        self.null_page = pool.null_page
         self.page_rows = pool.layout.page_rows
         self.views = {part.name: pool.rows(part.name) for part in pool.layout.row_parts}
         self.rows_an_entry = {part.name: part.rows for part in pool.layout.row_parts}
@@ -80,3 +82,56 @@ class PageRows:
         entries = torch.arange(count, device=lane.page_table.device)
         pages, slots = self._places(part, lane, entries)
         return self.views[part][pages, slots]
+
+
+@attrs.frozen
+class PromptLanes:
+    """The prompt spans of one forward as the prompt kernels address them, built once per forward.
+
+    Lane b's rows are ``cu_seqlens[b] .. cu_seqlens[b + 1]`` of the call at positions from
+    ``starts[b]``; ``page_table`` holds every lane's table (padded with the null page) for
+    attention, ``positions`` and ``pages``/``slots`` each row's position and K/V place (entries of
+one row each), and ``offsets``
+    each GDN layer's state and conv-tail element offsets in the pool's bytes seen as fp32
+    (``states``) and as the model dtype (``tails``).
+    """
+
+    cu_seqlens: torch.Tensor  # int32 [lanes + 1]
+    starts: torch.Tensor  # int32 [lanes]
+    max_rows: int
+    page_table: torch.Tensor  # int32 [lanes, pages]
+    pages: torch.Tensor  # int64 [rows]
+    slots: torch.Tensor  # int64 [rows]
+    positions: torch.Tensor  # int64 [rows]
+    states: torch.Tensor
+    tails: torch.Tensor
+    offsets: Mapping[str, tuple[torch.Tensor, torch.Tensor]]  # GDN layer: (state_at, tail_at), int64 [lanes]
+
+    @classmethod
+    def of(cls, spans: Sequence[Span], gdn_layers: Sequence[str], buffer: torch.Tensor, page_rows: int,
+           null_page: int, dtype: torch.dtype) -> PromptLanes:
+        """From the spans' lanes, their pieces in the pool's bytes ``buffer`` and their page tables
+        (``page_rows`` rows a page); one host-to-device copy (pinned, not waited on), one gather."""
+        lanes = len(spans)
+        positions = [position for span in spans for position in range(span.start, span.end)]
+        owners = [lane for lane, span in enumerate(spans) for _ in range(span.length)]
+        table = [[0, *itertools.accumulate(span.length for span in spans)], [span.start for span in spans],
+                 [position // page_rows for position in positions], owners,
+                 [position % page_rows for position in positions], positions]
+        for name in gdn_layers:
+            table.append([element_offset(buffer, span.lane.pieces[f"{name}.state"]) for span in spans])
+            table.append([element_offset(buffer, span.lane.pieces[f"{name}.conv_tail"]) for span in spans])
+        longest = max(lanes + 1, len(positions))
+        held = torch.tensor([row + [0] * (longest - len(row)) for row in table], dtype=torch.int64)
+        packed = held.pin_memory().to(buffer.device, non_blocking=True) if buffer.is_cuda else held
+        width = max(span.lane.page_table.shape[0] for span in spans)
+        page_table = torch.stack([
+            torch.nn.functional.pad(span.lane.page_table, (0, width - len(span.lane.page_table)),
+                                    value=null_page) for span in spans])
+        count = len(positions)
+        offsets = {name: (packed[6 + 2 * i, :lanes], packed[7 + 2 * i, :lanes])
+                   for i, name in enumerate(gdn_layers)}
+        return cls(packed[0, :lanes + 1].to(torch.int32), packed[1, :lanes].to(torch.int32),
+                   max(span.length for span in spans), page_table,
+                   page_table[packed[3, :count], packed[2, :count]].long(), packed[4, :count],
+                   packed[5, :count], buffer.view(torch.float32), buffer.view(dtype), offsets)

@@ -15,9 +15,9 @@ import attrs
 import torch
 
 from tfd.model import hyper
-from tfd.model.attention import AttentionWeights, attention
-from tfd.model.gdn import GdnWeights, PromptLanes, gdn, gdn_spans
-from tfd.model.memory import PageRows, Span
+from tfd.model.attention import AttentionWeights, attention, attention_spans
+from tfd.model.gdn import GdnWeights, gdn, gdn_spans
+from tfd.model.memory import PageRows, PromptLanes, Span
 from tfd.model.mlp import DenseMlp, MoeWeights, dense, moe
 from tfd.model.ops import linear, zrms
 from tfd.model.ple import PleWeights, ple
@@ -65,9 +65,9 @@ def run_stack(w: StackWeights, spans: Sequence[Span], rows: PageRows) -> StackOu
     if w.streams > 1:
         x = x.repeat(1, w.streams)
     lanes = None
-    if x.is_cuda and not any(span.decode for span in spans):  # prompt rows: GDN layers batch all lanes
+    if x.is_cuda and not any(span.decode for span in spans):  # prompt rows: layers take all lanes at once
         names = [layer.name for layer in w.layers if isinstance(layer.mixer, GdnWeights)]
-        lanes = PromptLanes.of(spans, names, rows.buffer, x.dtype) if names else None
+        lanes = PromptLanes.of(spans, names, rows.buffer, rows.page_rows, rows.null_page, x.dtype)
     for layer in w.layers:
         x = run_layer(w, layer, x, spans, rows, lanes)
     if w.mixer is not None:
@@ -85,7 +85,7 @@ def logits(w: StackWeights, hidden: torch.Tensor) -> torch.Tensor:
 def run_layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, spans: Sequence[Span],
               rows: PageRows, lanes: PromptLanes | None = None) -> torch.Tensor:
     """One decoder layer over the residual ``x`` of every span's rows, in span order; with
-    ``lanes`` (prompt spans on CUDA) a GDN layer runs every span in one pass."""
+    ``lanes`` (prompt spans on CUDA) a GDN or dense attention layer runs every span in one pass."""
     bounds = _bounds(spans)
     if layer.ple is not None:
         x = x + torch.cat([
@@ -99,6 +99,9 @@ def run_layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, spans: Sequ
         block_input, weights = zrms(x, layer.input_norm, w.eps), None
     if lanes is not None and isinstance(layer.mixer, GdnWeights):
         mixed = gdn_spans(layer.mixer, block_input, lanes, layer.name)
+    elif lanes is not None and isinstance(layer.mixer, AttentionWeights) and layer.mixer.indexer is None:
+        mixed = attention_spans(layer.mixer, block_input, lanes, rows.views[f"{layer.name}.k"],
+                                rows.views[f"{layer.name}.v"], w.rotary)
     else:
         mixed = torch.cat([_mix(w, layer, block_input[a:b], span, rows)
                            for span, (a, b) in zip(spans, bounds, strict=True)])
