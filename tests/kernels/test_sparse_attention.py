@@ -1,0 +1,62 @@
+"""Attention over each row's own key positions: the kernel against the torch reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import sparse_attention
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def case(rows: int, heads: int, kv_heads: int, dim: int, dtype: torch.dtype, seed: int = 0
+         ) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    page_rows, pages = 16, 40
+    q = torch.randn(rows, heads, dim, generator=g).to(dtype)
+    k_cache = torch.randn(pages + 1, page_rows, kv_heads, dim, generator=g).to(dtype)
+    v_cache = torch.randn(pages + 1, page_rows, kv_heads, dim, generator=g).to(dtype)
+    page_table = torch.stack([torch.randperm(pages, generator=g)[:20] for _ in range(2)]).int()
+    lane_of = torch.tensor([row % 2 for row in range(rows)], dtype=torch.int32)
+    width = 150
+    counts = torch.randint(1, width + 1, (rows,), generator=g, dtype=torch.int32)
+    positions = torch.full((rows, width), -1, dtype=torch.int32)
+    for row in range(rows):  # ascending distinct positions, the rest padding
+        chosen = torch.randperm(320, generator=g)[:int(counts[row])].sort().values
+        positions[row, :len(chosen)] = chosen.int()
+    return q, k_cache, v_cache, page_table, lane_of, positions, counts
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 2, 16), (6, 2, 32)])
+def test_the_kernel_attends_as_the_reference(heads: int, kv_heads: int, dim: int) -> None:
+    args = case(5, heads, kv_heads, dim, torch.float32)
+    want = sparse_attention.reference(*args, 0.3, torch.empty_like(args[0]))
+    moved = [x.to(DEVICE) for x in args]
+    got = sparse_attention.attend(*moved, 0.3, torch.empty_like(moved[0]))
+    assert torch.allclose(got.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_row_is_the_same_alone() -> None:
+    q, k_cache, v_cache, table, lane_of, positions, counts = (
+        x.to(DEVICE) for x in case(6, 4, 2, 16, torch.float32))
+    together = sparse_attention.attend(q, k_cache, v_cache, table, lane_of, positions, counts, 0.3,
+                                       torch.empty_like(q))
+    alone = sparse_attention.attend(q[3:4], k_cache, v_cache, table, lane_of[3:4], positions[3:4],
+                                    counts[3:4], 0.3, torch.empty_like(q[3:4]))
+    assert torch.equal(alone[0], together[3])
+
+
+def test_refuses_positions_of_another_dtype() -> None:
+    q, k_cache, v_cache, table, lane_of, positions, counts = case(2, 4, 2, 16, torch.float32)
+    with pytest.raises(ValueError, match="positions"):
+        sparse_attention.attend(q, k_cache, v_cache, table, lane_of, positions.long(), counts, 0.3, q.clone())
+
+
+@pytest.mark.gpu
+def test_real_heads_on_the_device() -> None:
+    args = case(33, 24, 2, 256, torch.bfloat16, seed=3)
+    want = sparse_attention.reference(*args, 1 / 16, torch.empty_like(args[0])).float()
+    moved = [x.cuda() for x in args]
+    got = sparse_attention.attend(*moved, 1 / 16, torch.empty_like(moved[0])).cpu().float()
+    assert ((got - want).abs() <= 2 ** -7 * want.abs() + 2e-3).all()
