@@ -2,7 +2,8 @@
 kernels and CUDA graphs).
 
 Requests run through the engine's scheduler and runner (``tfd.bench.workload.drive``, the engine
-thread's loop without trio) on tiny checkpoints of the families that take the batched decode path.
+thread's loop without trio) on tiny checkpoints of every family: three take the batched decode
+path, Flash Next (qwen4_exp) decodes through spans, its QSA layers through the sparse kernel on CUDA.
 Every gate compares token ids: concurrent == solo at 1/2/4/8 lanes, graphs == eager, a prompt
 prefilled in 64-row chunks == in one pass; and the GPU path against the CPU fp32 reference.
 """
@@ -30,7 +31,7 @@ def checkpoint(family: str) -> Checkpoint:
     return Checkpoint.open(tiny_models.save(family, CACHE / "tiny-plain"))
 
 
-@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe", "qwen3_next"])
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp"])
 def family(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kernels import cache_write, paged_attention
+from kernels import cache_write, paged_attention, sparse_attention
 from kernels import rope as rope_kernel
 from tfd.model.memory import PageRows, PromptLanes, Span
 from tfd.model.ops import linear, sigmoid_gate, zrms
-from tfd.model.qsa import IndexerWeights, select
+from tfd.model.qsa import IndexerWeights, select, select_positions
 from tfd.model.rope import Rotary
 
 
@@ -120,6 +120,14 @@ def attention(w: AttentionWeights, x: torch.Tensor, span: Span, rows: PageRows, 
         starts = torch.tensor([span.start], dtype=torch.int32, device=x.device)
         paged_attention.prefill(query, rows.views[f"{layer}.k"], rows.views[f"{layer}.v"],
                                 span.lane.page_table[None], starts, bounds, d ** -0.5, out, max_rows=count)
+        return finish(w, out, p.gate)
+    if x.is_cuda:  # QSA: each row over its chosen positions, read in place
+        assert w.indexer is not None
+        chosen_at, counts = select_positions(w.indexer, x, span, rows, layer, rotary, cos, sin)
+        out = torch.empty_like(query)
+        lane_of = torch.zeros(count, dtype=torch.int32, device=x.device)
+        sparse_attention.attend(query, rows.views[f"{layer}.k"], rows.views[f"{layer}.v"],
+                                span.lane.page_table[None], lane_of, chosen_at, counts, d ** -0.5, out)
         return finish(w, out, p.gate)
     keys = rows.read(f"{layer}.k", span.lane, span.end)
     values = rows.read(f"{layer}.v", span.lane, span.end)
