@@ -91,9 +91,8 @@ class PromptLanes:
     Lane b's rows are ``cu_seqlens[b] .. cu_seqlens[b + 1]`` of the call at positions from
     ``starts[b]``; ``page_table`` holds every lane's table (padded with the null page) for
     attention, ``positions`` and ``pages``/``slots`` each row's position and K/V place (entries of
-one row each), and ``offsets``
-    each GDN layer's state and conv-tail element offsets in the pool's bytes seen as fp32
-    (``states``) and as the model dtype (``tails``).
+    one row each), and ``offsets`` each GDN layer's state and conv-tail element offsets in the
+    pool's bytes seen as fp32 (``states``) and as the model dtype (``tails``).
     """
 
     cu_seqlens: torch.Tensor  # int32 [lanes + 1]
@@ -115,6 +114,8 @@ one row each), and ``offsets``
         lanes = len(spans)
         positions = [position for span in spans for position in range(span.start, span.end)]
         owners = [lane for lane, span in enumerate(spans) for _ in range(span.length)]
+        # packed rows: cu_seqlens, starts, page index, owning lane, slot, position; then per GDN layer
+        # the state and tail offsets
         table = [[0, *itertools.accumulate(span.length for span in spans)], [span.start for span in spans],
                  [position // page_rows for position in positions], owners,
                  [position % page_rows for position in positions], positions]
