@@ -16,7 +16,7 @@ import tokenizers
 import torch
 
 from tfd.engine.detokenize import Detokenizer
-from tfd.engine.lane import Lane, Phase
+from tfd.engine.lane import Lane
 from tfd.engine.request import Request, Sampling
 from tfd.engine.runner import Runner
 from tfd.engine.scheduler import Admission, Scheduler
@@ -81,7 +81,6 @@ def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, gra
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
     began = time.perf_counter()
-    first: dict[int, float] = {}
     steps, decode_s = 0, 0.0
     while not scheduler.idle:
         plan = scheduler.plan(admit)
@@ -95,14 +94,13 @@ def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, gra
             work.lane.position = work.start + work.length
         for item in drawn:
             lane = item.work.lane
-            lane.generated.append(item.token)
-            lane.phase = Phase.DECODE
-            first.setdefault(lane.number, after - began)
+            lane.record(item.token, after - began)
             if len(lane.generated) >= lane.request.max_tokens:
                 runner.close(lane)
                 scheduler.retire(lane)
     pool.check_at_load()
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
-    ttft = tuple(first[number] for number in range(streams))
+    ttft = tuple(lane.first_token_at for lane in lanes if lane.first_token_at is not None)
+    assert len(ttft) == streams  # every stream ran to its length, so each drew a first token
     return Timings(tuple(tuple(lane.generated) for lane in lanes), max(ttft), ttft, steps, decode_s,
                    runner.graphs is not None, peak)

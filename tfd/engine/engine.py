@@ -27,7 +27,7 @@ import tokenizers
 import trio
 
 from tfd.engine.detokenize import Detokenizer
-from tfd.engine.lane import Lane, Phase
+from tfd.engine.lane import Lane
 from tfd.engine.request import Admitted, Emitted, Event, Finished, FinishReason, Request
 from tfd.engine.runner import Drawn, Runner
 from tfd.engine.scheduler import Admission, Scheduler, Work
@@ -289,10 +289,7 @@ class Engine:
             work.lane.position = work.start + work.length
         for item in drawn:
             lane = item.work.lane
-            lane.generated.append(item.token)
-            lane.phase = Phase.DECODE
-            if lane.first_token_at is None:
-                lane.first_token_at = now
+            lane.record(item.token, now)
             self.stats.generated_tokens += 1
             text = lane.detokenizer.add([item.token])
             logprobs = None if item.logprob is None else (item.logprob,)

@@ -39,6 +39,13 @@ class Lane:
         self.memory: LaneMemory | None = None
         self.first_token_at: float | None = None
 
+    def record(self, token: int, now: float) -> None:
+        """A token drawn for this lane: kept, the lane decodes from here, the first one's time noted."""
+        self.generated.append(token)
+        self.phase = Phase.DECODE
+        if self.first_token_at is None:
+            self.first_token_at = now
+
     @property
     def prompt_length(self) -> int:
         return len(self.request.prompt)
