@@ -81,3 +81,13 @@ def test_bench_runs_a_flash_next_checkpoint(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     run = json.loads(next(tmp_path.glob("*-2x20-3.json")).read_text())
     assert run["family"] == "qwen4_exp" and run["decode_tok_s"] > 0 and 0 < run["roofline_fraction"] < 1
+
+
+def test_bench_profiles_each_run_by_phase(tmp_path: Path) -> None:
+    done = run_tfd("bench", "--streams", "2", "--prompt", "40", "--new", "4", "--out", str(tmp_path),
+                   "--commit", "test", "--profile", timeout=240)
+    assert done.returncode == 0, done.stderr
+    for phase, steps in (("prefill", 0), ("decode", 32)):
+        table = next(tmp_path.glob(f"*-2x40-4-{phase}.txt")).read_text()
+        assert f"{steps} decode steps" in table.splitlines()[0]
+        assert "aten::" in table  # on the CPU the table lists the host ops

@@ -90,6 +90,9 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
     bench.add_argument("--step-tokens", type=_positive, default=8192, metavar="N",
                        help="rows a step may run (8192)")
     bench.add_argument("--no-graphs", action="store_true", help="decode steps eagerly, no CUDA graphs")
+    bench.add_argument("--profile", action="store_true",
+                       help="after each run, profile its prefill and its decode steps kernel by kernel "
+                       "(written beside the JSON as <run>-prefill.txt and <run>-decode.txt, or printed)")
     bench.add_argument("--compare-hf", action="store_true",
                        help="then run transformers (with fla-core's kernels when installed) on the same "
                        "shape and workloads in this process, and report tfd's speed over its")
@@ -246,6 +249,8 @@ def run_bench(table: Table, args: argparse.Namespace) -> int:
         return gemm_bench(model, name, device, args.out)
     workloads = [Workload(n, args.prompt, args.new, args.step_tokens) for n in args.streams]
     results = bench(model, name, size, workloads, not args.no_graphs, args.commit)
+    if args.profile:
+        profile_runs(model, results, workloads, not args.no_graphs, args.out)
     if args.compare_hf:
         dtype = model.dtype
         del model  # the two models need not fit at once
@@ -255,6 +260,20 @@ def run_bench(table: Table, args: argparse.Namespace) -> int:
     if args.out is not None:
         write(results, args.out)
     return 0
+
+
+def profile_runs(model: Any, results: list[dict[str, Any]], workloads: list[Any], graphs: bool,
+                 out: Path | None) -> None:
+    from tfd.bench.main import run_name
+    from tfd.bench.profile import profiles
+
+    for result, workload in zip(results, workloads, strict=True):
+        for phase, table in profiles(model, workload, graphs).items():
+            if out is None:
+                print(f"== {run_name(result)} {phase}\n{table}")
+            else:
+                out.mkdir(parents=True, exist_ok=True)
+                (out / f"{run_name(result)}-{phase}.txt").write_text(table)
 
 
 def gemm_bench(model: Any, name: str, device: Any, out: Path | None) -> int:

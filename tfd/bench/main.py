@@ -119,12 +119,16 @@ def bench(model: HybridModel, shape_name: str, weight_bytes: int, workloads: lis
     return results
 
 
+def run_name(result: dict[str, Any]) -> str:
+    """``<shape>-<streams>x<prompt>-<new>``: a run's files are named after it."""
+    return f"{result['shape']}-{result['streams']}x{result['prompt_tokens']}-{result['new_tokens']}"
+
+
 def write(results: list[dict[str, Any]], out: Path) -> None:
     """One file a run: ``out/<shape>-<streams>x<prompt>-<new>.json``."""
     out.mkdir(parents=True, exist_ok=True)
     for result in results:
-        name = f"{result['shape']}-{result['streams']}x{result['prompt_tokens']}-{result['new_tokens']}.json"
-        (out / name).write_text(json.dumps(result, indent=2) + "\n")
+        (out / f"{run_name(result)}.json").write_text(json.dumps(result, indent=2) + "\n")
 
 
 def compare_hf(results: list[dict[str, Any]], workloads: list[Workload], config: dict[str, Any],

@@ -1,0 +1,43 @@
+"""``tfd bench --profile``: where a workload's time goes, kernel by kernel, by torch's profiler.
+
+Two short runs a workload, each profiled alone: its prompts with one new token each (the prefill),
+and 16-token prompts with 33 new tokens each at the same concurrency (the decode steps). Each gives
+a table of the device kernels (host ops on a CPU) by their own time, with the run's step count, so a
+kernel's time a step is its total over the steps. A profiled run is slower than the timed one.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from tfd.bench.workload import Workload, run
+from tfd.families.hybrid import HybridModel
+
+ROWS = 40  # kernels a table shows
+DECODE_PROMPT, DECODE_NEW = 16, 33
+
+
+def kernel_table(model: HybridModel, workload: Workload, graphs: bool) -> str:
+    """The profile of one run of ``workload``: a line of its timings, then the table."""
+    device = model.weights.embed.device
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    with profile(activities=activities) as profiled:
+        timings = run(model, workload, graphs, seed=2)
+        if cuda:
+            torch.cuda.synchronize(device)
+    head = (f"{workload.streams} streams x {workload.prompt_tokens} prompt tokens, "
+            f"{workload.new_tokens} new: "
+            f"prefill {timings.prefill_s * 1e3:.1f} ms, {timings.decode_steps} decode steps in "
+            f"{timings.decode_s * 1e3:.1f} ms (profiled)\n")
+    table: str = profiled.key_averages().table(
+        sort_by="self_device_time_total" if cuda else "self_cpu_time_total", row_limit=ROWS)
+    return head + table
+
+
+def profiles(model: HybridModel, workload: Workload, graphs: bool) -> dict[str, str]:
+    """``{"prefill": table, "decode": table}`` for ``workload``'s two phases."""
+    prefill = Workload(workload.streams, workload.prompt_tokens, 1, workload.step_tokens)
+    decode = Workload(workload.streams, DECODE_PROMPT, DECODE_NEW, workload.step_tokens)
+    return {"prefill": kernel_table(model, prefill, graphs), "decode": kernel_table(model, decode, graphs)}
