@@ -23,7 +23,7 @@ from tfd.engine.sampling import Rows, draw, logprobs, plain, sample
 from tfd.engine.scheduler import Work
 from tfd.families.hybrid import HybridModel
 from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
-from tfd.model.memory import LaneMemory, PageRows, Span
+from tfd.model.memory import LaneMemory, PageRows, Span, to_device
 from tfd.pool.pages import Pool
 
 
@@ -156,8 +156,7 @@ class Runner:
 
     def _indices(self, values: list[int]) -> torch.Tensor:
         """Row indices on the device, copied without waiting for the queued work on CUDA."""
-        held = torch.tensor(values, dtype=torch.int64)
-        return held.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else held
+        return to_device(torch.tensor(values, dtype=torch.int64), self.device)
 
     def _span(self, work: Work) -> Span:
         lane = work.lane

@@ -17,6 +17,7 @@ import torch
 
 from kernels import sampling as keyed
 from tfd.engine.request import Sampling, TokenLogprob
+from tfd.model.memory import to_device
 
 
 def _signed(value: int) -> int:
@@ -64,13 +65,12 @@ class Rows:
     @classmethod
     def of(cls, settings: Sequence[Sampling], seeds: Sequence[int], positions: Sequence[int],
            device: torch.device) -> Rows:
-        """One host-to-device copy of every field (pinned and asynchronous on CUDA)."""
+        """Two host-to-device copies, the settings and the keys (pinned, not waited on, on CUDA)."""
         fields = torch.tensor([[s.temperature for s in settings], [s.top_k for s in settings],
                                [s.top_p for s in settings], [s.min_p for s in settings]],
                               dtype=torch.float64).reshape(4, len(settings))
         keys = torch.tensor([list(seeds), list(positions)], dtype=torch.int64).reshape(2, len(settings))
-        if device.type == "cuda":
-            fields, keys = (x.pin_memory().to(device, non_blocking=True) for x in (fields, keys))
+        fields, keys = to_device(fields, device), to_device(keys, device)
         return cls(fields[0].float(), fields[1].long(), fields[2].float(), fields[3].float(),
                    keys[0], keys[1], all(plain(setting) for setting in settings))
 

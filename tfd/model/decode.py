@@ -21,7 +21,7 @@ import torch
 
 from tfd.model.attention import AttentionWeights, attention_rows
 from tfd.model.gdn import GdnWeights, gdn_rows
-from tfd.model.memory import element_offset
+from tfd.model.memory import element_offset, to_device
 from tfd.model.mlp import MoeWeights, dense, moe
 from tfd.model.ops import add_zrms, zrms
 from tfd.model.stack import StackWeights
@@ -65,10 +65,7 @@ class DecodeBatch:
     @classmethod
     def of(cls, columns: list[list[int]], layout: Columns, device: torch.device) -> DecodeBatch:
         """From each lane's ``Columns.column`` (an asynchronous copy from pinned memory on CUDA)."""
-        packed = torch.tensor(columns, dtype=torch.int64).T.contiguous()
-        if device.type == "cuda":
-            packed = packed.pin_memory().to(device, non_blocking=True)
-        return cls(packed, layout)
+        return cls(to_device(torch.tensor(columns, dtype=torch.int64).T.contiguous(), device), layout)
 
     @property
     def tokens(self) -> torch.Tensor:

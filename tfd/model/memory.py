@@ -49,6 +49,12 @@ class Span:
         return self.start + self.length
 
 
+def to_device(held: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device``; on CUDA copied from pinned memory without waiting for the queued
+    work (the caching host allocator keeps the pinned block until the copy is done)."""
+    return held.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else held.to(device)
+
+
 def element_offset(buffer: torch.Tensor, view: torch.Tensor) -> int:
     """A piece view's element offset in ``buffer`` (the pool's bytes) seen as the view's dtype."""
     return (view.data_ptr() - buffer.data_ptr()) // view.element_size()
@@ -124,7 +130,7 @@ class PromptLanes:
             table.append([element_offset(buffer, span.lane.pieces[f"{name}.conv_tail"]) for span in spans])
         longest = max(lanes + 1, len(positions))
         held = torch.tensor([row + [0] * (longest - len(row)) for row in table], dtype=torch.int64)
-        packed = held.pin_memory().to(buffer.device, non_blocking=True) if buffer.is_cuda else held
+        packed = to_device(held, buffer.device)
         width = max(span.lane.page_table.shape[0] for span in spans)
         page_table = torch.stack([
             torch.nn.functional.pad(span.lane.page_table, (0, width - len(span.lane.page_table)),
