@@ -104,27 +104,30 @@ def gdn_chunks(w: GdnWeights, x: torch.Tensor, state: torch.Tensor, tail: torch.
     lane's tail, then the chunked rule at absolute 64-multiples from the lane's state, both in place
     on the lane's own views (each passed as a one-lane pool at offset 0)."""
     rows, device = x.shape[0], x.device
-    p = project(w, x)
     zero = torch.zeros(1, dtype=torch.int64, device=device)
     bounds = torch.tensor([0, rows], dtype=torch.int32, device=device)
-    mixed = conv1d.prefill(p.mixed, w.conv, tail.view(-1), zero, bounds, rows)
-    q, k, v = split_heads(w, mixed)
     starts = torch.tensor([start], dtype=torch.int64, device=device)
-    out = gdn_prefill.prefill(q, k, v, p.g, p.beta, state.view(-1), zero, bounds, starts, w.key_dim ** -0.5,
-                              rows)
-    return finish(w, out, p.z)
+    return _prompt(w, x, state.view(-1), zero, tail.view(-1), zero, bounds, starts, rows)
 
 
 def gdn_spans(w: GdnWeights, x: torch.Tensor, lanes: PromptLanes, layer: str) -> torch.Tensor:
     """``gdn`` for the prompt rows ``x`` [rows, hidden] of every lane of ``lanes`` at once: one
     product, one conv and one chunked-rule launch over all lanes, states and tails in place in the
     pool. A lane's rows come out with the bits they have alone (every step is lane-invariant)."""
-    p = project(w, x)
     state_at, tail_at = lanes.offsets[layer]
-    mixed = conv1d.prefill(p.mixed, w.conv, lanes.tails, tail_at, lanes.cu_seqlens, lanes.max_rows)
-    q, k, v = split_heads(w, mixed)
-    out = gdn_prefill.prefill(q, k, v, p.g, p.beta, lanes.states, state_at, lanes.cu_seqlens, lanes.starts,
-                              w.key_dim ** -0.5, lanes.max_rows)
+    return _prompt(w, x, lanes.states, state_at, lanes.tails, tail_at, lanes.cu_seqlens, lanes.starts,
+                   lanes.max_rows)
+
+
+def _prompt(w: GdnWeights, x: torch.Tensor, states: torch.Tensor, state_at: torch.Tensor, tails: torch.Tensor,
+            tail_at: torch.Tensor, cu_seqlens: torch.Tensor, starts: torch.Tensor, max_rows: int
+            ) -> torch.Tensor:
+    """Prompt rows of varlen lanes through the kernels: projection, conv from each lane's tail, the
+    chunked rule from each lane's state (both at element offsets of ``tails``/``states``), finish."""
+    p = project(w, x)
+    q, k, v = split_heads(w, conv1d.prefill(p.mixed, w.conv, tails, tail_at, cu_seqlens, max_rows))
+    out = gdn_prefill.prefill(q, k, v, p.g, p.beta, states, state_at, cu_seqlens, starts, w.key_dim ** -0.5,
+                              max_rows)
     return finish(w, out, p.z)
 
 
