@@ -73,6 +73,26 @@ def _widen() -> bool:
 
 
 @triton.jit
+def attend_block(query, k_cache, v_cache, pages, slots, valid, kv_head, dims, scale_log2, m_i, l_i, acc,
+                 stride_kp, stride_ks, stride_kh, stride_kd, stride_vp, stride_vs, stride_vh, stride_vd,
+                 WIDEN: tl.constexpr):
+    """One block of keys (at ``pages``/``slots``, ``valid`` ones only) into a query group's running
+    softmax: the new running max, sum of exp and fp32 P @ V. Once a block with a valid key has been
+    taken, the running max is finite."""
+    k_rows = pages.to(tl.int64) * stride_kp + slots * stride_ks + kv_head * stride_kh  # pools pass 2**31
+    v_rows = pages.to(tl.int64) * stride_vp + slots * stride_vs + kv_head * stride_vh
+    k = tl.load(k_cache + k_rows[:, None] + dims[None, :] * stride_kd, mask=valid[:, None], other=0.0)
+    scores = _dot(query, tl.trans(k), None, WIDEN) * scale_log2
+    scores = tl.where(valid[None, :], scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(scores - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(v_cache + v_rows[:, None] + dims[None, :] * stride_vd, mask=valid[:, None], other=0.0)
+    return m_new, l_i, _dot(p.to(v.dtype), v, acc * alpha[:, None], WIDEN)
+
+
+@triton.jit
 def _decode_segment(q, k_cache, v_cache, page_table, lengths, partials, scale_log2, max_keys,
                     stride_qb, stride_qh, stride_qd, stride_kp, stride_ks, stride_kh, stride_kd,
                     stride_vp, stride_vs, stride_vh, stride_vd, stride_tb, stride_tp,
@@ -95,23 +115,13 @@ def _decode_segment(q, k_cache, v_cache, page_table, lengths, partials, scale_lo
     m_i = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
     l_i = tl.zeros((GROUP_PAD,), tl.float32)
     acc = tl.zeros((GROUP_PAD, HEAD_DIM), tl.float32)
-    for start in range(first, end, BLOCK_N):
+    for start in range(first, end, BLOCK_N):  # the segment's first block has a key: m_i turns finite
         keys = start + tl.arange(0, BLOCK_N)
         valid = keys < end
         pages = tl.load(page_table + lane * stride_tb + (keys // PAGE_ROWS) * stride_tp, mask=valid, other=0)
-        slots = keys % PAGE_ROWS
-        k_rows = pages.to(tl.int64) * stride_kp + slots * stride_ks + kv_head * stride_kh  # pools pass 2**31
-        v_rows = pages.to(tl.int64) * stride_vp + slots * stride_vs + kv_head * stride_vh
-        k = tl.load(k_cache + k_rows[:, None] + dims[None, :] * stride_kd, mask=valid[:, None], other=0.0)
-        scores = _dot(query, tl.trans(k), None, WIDEN) * scale_log2
-        scores = tl.where(valid[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        alpha = tl.exp2(m_i - m_new)  # the segment's first block has a key, so m_new is finite
-        p = tl.exp2(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache + v_rows[:, None] + dims[None, :] * stride_vd, mask=valid[:, None], other=0.0)
-        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], WIDEN)
-        m_i = m_new
+        m_i, l_i, acc = attend_block(query, k_cache, v_cache, pages, keys % PAGE_ROWS, valid, kv_head, dims,
+                                     scale_log2, m_i, l_i, acc, stride_kp, stride_ks, stride_kh, stride_kd,
+                                     stride_vp, stride_vs, stride_vh, stride_vd, WIDEN)
     row = partials + lane * stride_pb + segment * stride_ps + heads * stride_ph
     live = members < GROUP
     tl.store(row[:, None] + dims[None, :], acc, mask=live[:, None])

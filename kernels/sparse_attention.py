@@ -15,21 +15,18 @@ on the other rows or their count. Grids follow shapes only: no host sync.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 from kernels import INTERPRETED
-
-LOG2E = math.log2(math.e)
+from kernels.paged_attention import LOG2E, attend_block
 
 
 @triton.jit
 def _sparse(q, k_cache, v_cache, page_table, lane_of, positions, counts, out, scale_log2,
-            stride_qr, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-            stride_tb, stride_pr, stride_or, stride_oh,
+            stride_qr, stride_qh, stride_kp, stride_ks, stride_kh, stride_kd, stride_vp, stride_vs, stride_vh,
+            stride_vd, stride_tb, stride_pr, stride_or, stride_oh,
             PAGE_ROWS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
             BLOCK_N: tl.constexpr, WIDEN: tl.constexpr):
     row, kv_head = tl.program_id(0), tl.program_id(1)
@@ -44,30 +41,14 @@ def _sparse(q, k_cache, v_cache, page_table, lane_of, positions, counts, out, sc
     m_i = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
     l_i = tl.zeros((GROUP_PAD,), tl.float32)
     acc = tl.zeros((GROUP_PAD, HEAD_DIM), tl.float32)
-    for start in range(0, count, BLOCK_N):
+    for start in range(0, count, BLOCK_N):  # the first block holds the row's first position
         at = start + tl.arange(0, BLOCK_N)
         valid = at < count
         key = tl.load(positions + row * stride_pr + at, mask=valid, other=0)
-        pages = tl.load(page_table + lane * stride_tb + key // PAGE_ROWS, mask=valid, other=0).to(tl.int64)
-        slots = key % PAGE_ROWS
-        k_rows = pages * stride_kp + slots * stride_ks + kv_head * stride_kh  # pools pass 2**31 elements
-        k = tl.load(k_cache + k_rows[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
-        a, b = query, tl.trans(k)
-        if WIDEN:  # the interpreter multiplies bf16 as raw integers; fp32 holds bf16 products exactly
-            a, b = a.to(tl.float32), b.to(tl.float32)
-        scores = tl.dot(a, b, input_precision="ieee") * scale_log2
-        scores = tl.where(valid[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        alpha = tl.exp2(m_i - m_new)  # the first block holds the row's first position: m_new is finite
-        p = tl.exp2(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v_rows = pages * stride_vp + slots * stride_vs + kv_head * stride_vh
-        v = tl.load(v_cache + v_rows[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
-        weights, values = p.to(v.dtype), v
-        if WIDEN:
-            weights, values = weights.to(tl.float32), values.to(tl.float32)
-        acc = tl.dot(weights, values, acc * alpha[:, None], input_precision="ieee")
-        m_i = m_new
+        pages = tl.load(page_table + lane * stride_tb + key // PAGE_ROWS, mask=valid, other=0)
+        m_i, l_i, acc = attend_block(query, k_cache, v_cache, pages, key % PAGE_ROWS, valid, kv_head, dims,
+                                     scale_log2, m_i, l_i, acc, stride_kp, stride_ks, stride_kh, stride_kd,
+                                     stride_vp, stride_vs, stride_vh, stride_vd, WIDEN)
     result = acc / l_i[:, None]
     tl.store(out + row * stride_or + heads[:, None] * stride_oh + dims[None, :],
              result.to(out.dtype.element_ty), mask=live[:, None])
@@ -99,16 +80,16 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_t
     if page_table.dim() != 2 or page_table.dtype != torch.int32 or out.shape != q.shape:
         raise ValueError(f"page_table must be int32 [lanes, pages] and out like q, got "
                          f"{page_table.dtype} {list(page_table.shape)} and {list(out.shape)}")
-    if q.stride(2) != 1 or out.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
-        raise ValueError("q, out and the caches need a unit stride along head_dim")
+    if q.stride(2) != 1 or out.stride(2) != 1:
+        raise ValueError("q and out need a unit stride along head_dim")
     if rows == 0:
         return out
     head_dim, kv_heads = q.shape[2], k_cache.shape[2]
     positions, page_table = positions.contiguous(), page_table.contiguous()
     _sparse[(rows, kv_heads)](
         q, k_cache, v_cache, page_table, lane_of.contiguous(), positions, counts.contiguous(), out,
-        scale * LOG2E, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), page_table.stride(0), positions.stride(0),
+        scale * LOG2E, q.stride(0), q.stride(1), *k_cache.stride(), *v_cache.stride(), page_table.stride(0),
+        positions.stride(0),
         out.stride(0), out.stride(1), PAGE_ROWS=k_cache.shape[1], GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_N=64, WIDEN=INTERPRETED,
         num_warps=4)
