@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import httpx
@@ -125,6 +127,22 @@ class ServedDaemon:
                 self.proc.wait()
         self.notify.close()
 
+
+
+@contextlib.contextmanager
+def tiny_server(family: str = "qwen3_5", **env: str) -> Iterator[ServedDaemon]:
+    """A started `tfd serve` of the tiny served checkpoint of ``family`` in a fresh directory;
+    stopped and the directory removed on the way out."""
+    import tiny_models  # torch-heavy: only tests that serve a model pay for it
+
+    model = tiny_models.save_served(family, CACHE / "tiny")
+    workdir = Path(tempfile.mkdtemp(prefix="tfd-", dir="/tmp"))
+    daemon = ServedDaemon(workdir, TF_MODEL=str(model), **env)
+    try:
+        yield daemon.start(timeout=120)
+    finally:
+        daemon.close()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def admin_json(text: str) -> dict[str, object]:

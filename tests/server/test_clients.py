@@ -3,28 +3,20 @@
 from __future__ import annotations
 
 import random
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import tiny_models
 import trio
 
-from support import CACHE, ServedDaemon
+from support import ServedDaemon, tiny_server
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServedDaemon]:
-    workdir = Path(tempfile.mkdtemp(prefix="tfd-", dir="/tmp"))
-    model = tiny_models.save_served("qwen4_exp", CACHE / "tiny")
-    daemon = ServedDaemon(workdir, TF_MODEL=str(model), TF_CONTEXT="512").start(timeout=120)
-    yield daemon
-    daemon.close()
-    shutil.rmtree(workdir, ignore_errors=True)
+    with tiny_server("qwen4_exp", TF_CONTEXT="512") as daemon:
+        yield daemon
 
 
 def test_the_openai_client(server: ServedDaemon) -> None:

@@ -3,41 +3,25 @@
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import tiny_models
 import trio
 
-from support import CACHE, ServedDaemon
+from support import ServedDaemon, tiny_server
 
 SEEDED = {"temperature": 0.8, "top_p": 0.9, "seed": 1234}
 GREEDY = {"temperature": 0.0}
 PROMPTS = [f"def function_{i}(x):\n    return x * {i} + " + "y" * i for i in range(8)]
 
 
-def start(family: str, **env: str) -> ServedDaemon:
-    workdir = Path(tempfile.mkdtemp(prefix="tfd-", dir="/tmp"))
-    model = tiny_models.save_served(family, CACHE / "tiny")
-    return ServedDaemon(workdir, TF_MODEL=str(model), **env).start(timeout=120)
-
-
-def stop(daemon: ServedDaemon) -> None:
-    daemon.close()
-    shutil.rmtree(daemon.workdir, ignore_errors=True)
-
-
 @pytest.fixture(scope="module", params=["qwen3_5", "qwen4_exp"])
 def server(request: pytest.FixtureRequest) -> Iterator[ServedDaemon]:
-    daemon = start(request.param)
-    daemon.at_load = census(daemon)  # type: ignore[attr-defined]
-    yield daemon
-    stop(daemon)
+    with tiny_server(request.param) as daemon:
+        daemon.at_load = census(daemon)  # type: ignore[attr-defined]
+        yield daemon
 
 
 def census(daemon: ServedDaemon) -> dict[str, Any]:
@@ -111,12 +95,9 @@ async def test_a_prompt_longer_than_a_step_equals_it_with_a_larger_step(server: 
     async with httpx.AsyncClient(base_url=server.url(), timeout=120) as client:
         small = await complete(client, prompt, GREEDY, 8)
     assert small["usage"]["prompt_tokens"] > 2 * 256
-    large_server = start(family, TF_STEP_TOKENS="2048")
-    try:
+    with tiny_server(family, TF_STEP_TOKENS="2048") as large_server:
         async with httpx.AsyncClient(base_url=large_server.url(), timeout=120) as client:
             large = await complete(client, prompt, GREEDY, 8)
-    finally:
-        stop(large_server)
     assert small["tfd"]["token_sha"] == large["tfd"]["token_sha"]
 
 
@@ -156,8 +137,7 @@ async def test_cancelled_clients_leave_the_pool_as_at_load(server: ServedDaemon)
 
 async def test_a_queued_client_that_leaves_and_a_full_queue(server: ServedDaemon) -> None:
     family = server.env["TF_MODEL"].rsplit("/", 1)[-1].removesuffix("-served")
-    narrow = start(family, TF_PARALLEL="1", TF_QUEUE_LIMIT="1")
-    try:
+    with tiny_server(family, TF_PARALLEL="1", TF_QUEUE_LIMIT="1") as narrow:
         at_load = census(narrow)
         busy = {"prompt": "def f(x):", "max_tokens": 3000, "stream": True, "ignore_eos": True}
         async with trio.open_nursery() as nursery:
@@ -182,5 +162,3 @@ async def test_a_queued_client_that_leaves_and_a_full_queue(server: ServedDaemon
         assert await settled(narrow) == at_load
         async with httpx.AsyncClient(base_url=narrow.url(), timeout=60) as client:
             assert (await complete(client, "still serving", GREEDY, 2))["usage"]["completion_tokens"] >= 1
-    finally:
-        stop(narrow)

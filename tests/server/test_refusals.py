@@ -2,29 +2,21 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import tiny_models
 
-from support import CACHE, ServedDaemon
+from support import ServedDaemon, tiny_server
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServedDaemon]:
-    workdir = Path(tempfile.mkdtemp(prefix="tfd-", dir="/tmp"))
-    model = tiny_models.save_served("qwen3_5", CACHE / "tiny")
-    daemon = ServedDaemon(workdir, TF_MODEL=str(model), TF_CONTEXT="256").start(timeout=120)
-    yield daemon
-    daemon.close()
-    shutil.rmtree(workdir, ignore_errors=True)
+    with tiny_server("qwen3_5", TF_CONTEXT="256") as daemon:
+        yield daemon
 
 
 def post(server: ServedDaemon, path: str, body: Any, raw: bytes | None = None) -> httpx.Response:

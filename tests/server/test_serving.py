@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import signal
 import tempfile
 from pathlib import Path
@@ -13,7 +12,7 @@ import httpx
 import pytest
 import tiny_models
 
-from support import CACHE, ServedDaemon, clean_environ, run_tfd
+from support import CACHE, clean_environ, run_tfd, tiny_server
 
 
 def served_model() -> Path:
@@ -33,8 +32,7 @@ def test_a_parallel_or_context_that_does_not_fit_is_refused_naming_what_fits() -
 
 
 def test_ready_comes_after_loading_and_a_warm_up(tmp_path: Path) -> None:
-    daemon = ServedDaemon(Path(tempfile.mkdtemp(dir="/tmp")), TF_MODEL=str(served_model())).start(timeout=120)
-    try:
+    with tiny_server() as daemon:
         fields = [field for _, field in daemon.messages]
         steps = ("STATUS=starting", "STATUS=loading the model", "STATUS=building the engine",
                  "STATUS=warming up", "READY=1")
@@ -43,14 +41,10 @@ def test_ready_comes_after_loading_and_a_warm_up(tmp_path: Path) -> None:
         assert "warm-up step done" in daemon.log()
         health = daemon.get("/health").json()
         assert health["state"] == "ready" and health["model"] == "qwen3_5-served"
-    finally:
-        daemon.close()
-        shutil.rmtree(daemon.workdir, ignore_errors=True)
 
 
 def test_admin_lanes_and_cancel(tmp_path: Path) -> None:
-    daemon = ServedDaemon(Path(tempfile.mkdtemp(dir="/tmp")), TF_MODEL=str(served_model())).start(timeout=120)
-    try:
+    with tiny_server() as daemon:
         body = {"prompt": "def f(x):", "max_tokens": 3000, "stream": True, "ignore_eos": True}
         with httpx.stream("POST", daemon.url() + "/v1/completions", json=body, timeout=60) as response:
             lines = response.iter_lines()
@@ -63,14 +57,10 @@ def test_admin_lanes_and_cancel(tmp_path: Path) -> None:
         assert events[-1]["choices"][0]["finish_reason"] == "cancelled"
         missing = daemon.admin_call_args("cancel", ["nope"])
         assert missing["ok"] is False and missing["error"]["code"] == "not_found"  # type: ignore[index]
-    finally:
-        daemon.close()
-        shutil.rmtree(daemon.workdir, ignore_errors=True)
 
 
 def test_metrics_count_tokens_steps_and_pages(tmp_path: Path) -> None:
-    daemon = ServedDaemon(Path(tempfile.mkdtemp(dir="/tmp")), TF_MODEL=str(served_model())).start(timeout=120)
-    try:
+    with tiny_server() as daemon:
         body = {"prompt": "abc", "max_tokens": 5, "ignore_eos": True}
         httpx.post(daemon.url() + "/v1/completions", json=body, timeout=60)
         text = daemon.get("/metrics").text
@@ -83,14 +73,10 @@ def test_metrics_count_tokens_steps_and_pages(tmp_path: Path) -> None:
         held = float(re.search(r'^tfd_pool_pages\{state="held"\} (\S+)$', text, re.M)[1])  # type: ignore[index]
         assert held == 0 and free > 0
         assert re.search(r'^tfd_lanes\{state="running"\} 0\.0$', text, re.M)
-    finally:
-        daemon.close()
-        shutil.rmtree(daemon.workdir, ignore_errors=True)
 
 
 def test_sigterm_drains_a_running_request_to_its_end(tmp_path: Path) -> None:
-    daemon = ServedDaemon(Path(tempfile.mkdtemp(dir="/tmp")), TF_MODEL=str(served_model())).start(timeout=120)
-    try:
+    with tiny_server() as daemon:
         body = {"prompt": "def f(x):", "max_tokens": 40, "stream": True, "ignore_eos": True, "temperature": 0}
         with httpx.stream("POST", daemon.url() + "/v1/completions", json=body, timeout=60) as response:
             lines = response.iter_lines()
@@ -103,6 +89,3 @@ def test_sigterm_drains_a_running_request_to_its_end(tmp_path: Path) -> None:
         assert daemon.wait() == 0
         with pytest.raises(httpx.ConnectError):
             httpx.get(url + "/health")
-    finally:
-        daemon.close()
-        shutil.rmtree(daemon.workdir, ignore_errors=True)
