@@ -6,33 +6,10 @@ from __future__ import annotations
 import attrs
 import pytest
 import torch
+from gdn_shapes import ALIGN, TOL, Dims
 
 from kernels import gdn_decode
 from tfd.model.gdn import recurrent
-
-ALIGN = 256  # the pool places pieces at multiples of this many bytes
-TOL = {"rtol": 1e-5, "atol": 1e-5}  # fp32 math on both sides, whatever the input dtype
-
-
-@attrs.frozen
-class Dims:
-    key_heads: int
-    value_heads: int
-    key_dim: int
-    value_dim: int
-
-    @property
-    def state(self) -> int:
-        return self.value_heads * self.key_dim * self.value_dim
-
-    @property
-    def log_row(self) -> int:
-        return self.key_heads * self.key_dim + self.value_heads * self.value_dim + 2 * self.value_heads
-
-    @property
-    def scale(self) -> float:
-        return float(self.key_dim ** -0.5)
-
 
 TINY = Dims(key_heads=2, value_heads=4, key_dim=16, value_dim=64)  # several value blocks a head
 REAL = [Dims(16, heads, 128, 128) for heads in (32, 48, 64)]

@@ -8,32 +8,15 @@ from __future__ import annotations
 import attrs
 import pytest
 import torch
+from gdn_shapes import ALIGN, TOL, Dims
 
 from kernels import gdn_prefill
 from tfd.model import GDN_CHUNK
 from tfd.model.gdn import chunked
 
-ALIGN = 256  # the pool places pieces at multiples of this many bytes
-TOL = {"rtol": 1e-5, "atol": 1e-5}  # fp32 math on both sides, whatever the input dtype
 # 1500 rows of carried state, tf32x3 products and the GPU's approximate exp; the interpreter was within
 # 2e-7 on outputs and 1e-6 on states at these sizes (bf16)
 REAL_TOL = {"rtol": 1e-4, "atol": 1e-5}
-
-
-@attrs.frozen
-class Dims:
-    key_heads: int
-    value_heads: int
-    key_dim: int
-    value_dim: int
-
-    @property
-    def state(self) -> int:
-        return self.value_heads * self.key_dim * self.value_dim
-
-    @property
-    def scale(self) -> float:
-        return float(self.key_dim ** -0.5)
 
 
 @attrs.frozen
