@@ -73,17 +73,18 @@ def _widen() -> bool:
 
 
 @triton.jit
-def attend_block(query, k_cache, v_cache, pages, slots, valid, kv_head, dims, scale_log2, m_i, l_i, acc,
+def attend_block(query, k_cache, v_cache, pages, slots, valid, seen, kv_head, dims, scale_log2, m_i, l_i, acc,
                  stride_kp, stride_ks, stride_kh, stride_kd, stride_vp, stride_vs, stride_vh, stride_vd,
                  WIDEN: tl.constexpr):
-    """One block of keys (at ``pages``/``slots``, ``valid`` ones only) into a query group's running
-    softmax: the new running max, sum of exp and fp32 P @ V. Once a block with a valid key has been
-    taken, the running max is finite."""
+    """One block of keys (at ``pages``/``slots``, ``valid`` ones loaded) into the query rows' running
+    softmax, each row scoring only the keys ``seen`` [rows, keys] marks: the new running max, sum of
+    exp and fp32 P @ V. A row whose running max is finite and sees none of the block rescales by
+    exactly 1 and adds exact zeros."""
     k_rows = pages.to(tl.int64) * stride_kp + slots * stride_ks + kv_head * stride_kh  # pools pass 2**31
     v_rows = pages.to(tl.int64) * stride_vp + slots * stride_vs + kv_head * stride_vh
     k = tl.load(k_cache + k_rows[:, None] + dims[None, :] * stride_kd, mask=valid[:, None], other=0.0)
     scores = _dot(query, tl.trans(k), None, WIDEN) * scale_log2
-    scores = tl.where(valid[None, :], scores, float("-inf"))
+    scores = tl.where(seen, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(scores - m_new[:, None])
@@ -119,8 +120,9 @@ def _decode_segment(q, k_cache, v_cache, page_table, lengths, partials, scale_lo
         keys = start + tl.arange(0, BLOCK_N)
         valid = keys < end
         pages = tl.load(page_table + lane * stride_tb + (keys // PAGE_ROWS) * stride_tp, mask=valid, other=0)
-        m_i, l_i, acc = attend_block(query, k_cache, v_cache, pages, keys % PAGE_ROWS, valid, kv_head, dims,
-                                     scale_log2, m_i, l_i, acc, stride_kp, stride_ks, stride_kh, stride_kd,
+        m_i, l_i, acc = attend_block(query, k_cache, v_cache, pages, keys % PAGE_ROWS, valid,
+                                     valid[None, :], kv_head, dims, scale_log2, m_i, l_i, acc,
+                                     stride_kp, stride_ks, stride_kh, stride_kd,
                                      stride_vp, stride_vs, stride_vh, stride_vd, WIDEN)
     row = partials + lane * stride_pb + segment * stride_ps + heads * stride_ph
     live = members < GROUP
@@ -193,19 +195,10 @@ def _prefill_tile(q, k_cache, v_cache, page_table, starts, cu_seqlens, out, scal
         keys = block + tl.arange(0, BLOCK_N)
         valid = keys < last
         pages = tl.load(page_table + lane * stride_tb + (keys // PAGE_ROWS) * stride_tp, mask=valid, other=0)
-        slots = keys % PAGE_ROWS
-        k_rows = pages.to(tl.int64) * stride_kp + slots * stride_ks + kv_head * stride_kh
-        v_rows = pages.to(tl.int64) * stride_vp + slots * stride_vs + kv_head * stride_vh
-        k = tl.load(k_cache + k_rows[:, None] + dims[None, :] * stride_kd, mask=valid[:, None], other=0.0)
-        scores = _dot(query, tl.trans(k), None, WIDEN) * scale_log2
-        scores = tl.where(keys[None, :] <= limit[:, None], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        alpha = tl.exp2(m_i - m_new)  # exactly 1 for a row this block hides entirely
-        p = tl.exp2(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache + v_rows[:, None] + dims[None, :] * stride_vd, mask=valid[:, None], other=0.0)
-        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], WIDEN)
-        m_i = m_new
+        seen = keys[None, :] <= limit[:, None]  # a row whose block is all hidden rescales by exactly 1
+        m_i, l_i, acc = attend_block(query, k_cache, v_cache, pages, keys % PAGE_ROWS, valid, seen, kv_head,
+                                     dims, scale_log2, m_i, l_i, acc, stride_kp, stride_ks, stride_kh,
+                                     stride_kd, stride_vp, stride_vs, stride_vh, stride_vd, WIDEN)
     result = acc / l_i[:, None]
     tl.store(out + rows[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :] * stride_od,
              result.to(out.dtype.element_ty), mask=live[:, None])

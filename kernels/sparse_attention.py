@@ -46,8 +46,9 @@ def _sparse(q, k_cache, v_cache, page_table, lane_of, positions, counts, out, sc
         valid = at < count
         key = tl.load(positions + row * stride_pr + at, mask=valid, other=0)
         pages = tl.load(page_table + lane * stride_tb + key // PAGE_ROWS, mask=valid, other=0)
-        m_i, l_i, acc = attend_block(query, k_cache, v_cache, pages, key % PAGE_ROWS, valid, kv_head, dims,
-                                     scale_log2, m_i, l_i, acc, stride_kp, stride_ks, stride_kh, stride_kd,
+        m_i, l_i, acc = attend_block(query, k_cache, v_cache, pages, key % PAGE_ROWS, valid,
+                                     valid[None, :], kv_head, dims, scale_log2, m_i, l_i, acc,
+                                     stride_kp, stride_ks, stride_kh, stride_kd,
                                      stride_vp, stride_vs, stride_vh, stride_vd, WIDEN)
     result = acc / l_i[:, None]
     tl.store(out + row * stride_or + heads[:, None] * stride_oh + dims[None, :],
