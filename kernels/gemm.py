@@ -81,21 +81,13 @@ def plan(n: int, k: int, spread: Tiles = SPREAD, whole: Tiles = WHOLE, few: Tile
 
 @triton.jit
 def _segment(x, w, rows, cols, m, n, k, start, length, stride_xm, stride_wn,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr,
-             SWIGLU: tl.constexpr):
-    """One segment's fp32 sum over K tiles start .. start + length, from zero. With ``SWIGLU`` a
-    row of x is [gate | up], 2k wide, and the operand is silu(gate) * up, rounded as kernels.swiglu."""
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
+    """One segment's fp32 sum over K tiles start .. start + length, from zero."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for offset in range(0, length, BLOCK_K):
         ks = start + offset + tl.arange(0, BLOCK_K)
         a = tl.load(x + rows[:, None] * stride_xm + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < k),
                     other=0.0)
-        if SWIGLU:
-            gate = a.to(tl.float32)
-            up = tl.load(x + rows[:, None] * stride_xm + k + ks[None, :],
-                         mask=(rows[:, None] < m) & (ks[None, :] < k), other=0.0)
-            act = (gate / (1.0 + tl.exp(-gate))).to(up.dtype).to(tl.float32)
-            a = (act * up.to(tl.float32)).to(up.dtype)
         b = tl.load(w + cols[:, None] * stride_wn + ks[None, :], mask=(cols[:, None] < n) & (ks[None, :] < k),
                     other=0.0)
         if WIDEN:
@@ -107,12 +99,12 @@ def _segment(x, w, rows, cols, m, n, k, start, length, stride_xm, stride_wn,
 @triton.jit
 def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride_ps, stride_pm, stride_om,
             segments, k_per_segment, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-            WIDEN: tl.constexpr, SWIGLU: tl.constexpr):
+            WIDEN: tl.constexpr):
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     segment = tl.program_id(2)
     acc = _segment(x, w, rows, cols, m, n, k, segment * k_per_segment, k_per_segment, stride_xm, stride_wn,
-                   BLOCK_M, BLOCK_N, BLOCK_K, WIDEN, SWIGLU)
+                   BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
     mask = (rows[:, None] < m) & (cols[None, :] < n)
     where = rows[:, None] * stride_pm + cols[None, :]
     tl.store(partials + segment * stride_ps + where, acc, mask=mask)
@@ -129,34 +121,29 @@ def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride
 
 @triton.jit
 def _whole(x, w, out, m, n, k, stride_xm, stride_wn, stride_om, segments, k_per_segment,
-           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr,
-           SWIGLU: tl.constexpr):
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     total = _segment(x, w, rows, cols, m, n, k, 0, k_per_segment, stride_xm, stride_wn,
-                     BLOCK_M, BLOCK_N, BLOCK_K, WIDEN, SWIGLU)
+                     BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
     for segment in range(1, segments):  # the same in-order sum as _spread's last program, in registers
         total += _segment(x, w, rows, cols, m, n, k, segment * k_per_segment, k_per_segment, stride_xm,
-                          stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, WIDEN, SWIGLU)
+                          stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
     tl.store(out + rows[:, None] * stride_om + cols[None, :], total.to(out.dtype.element_ty),
              mask=(rows[:, None] < m) & (cols[None, :] < n))
 
 
-def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice: Plan | None = None,
-           swiglu: bool = False) -> torch.Tensor:
+def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice: Plan | None = None
+           ) -> torch.Tensor:
     """``x @ w.T`` for ``x`` [m, k] and ``w`` [n, k], both contiguous in k; the result in x's dtype.
-    With ``swiglu``, x is [m, 2k] = [gate | up] and the product is ``(silu(gate) * up) @ w.T``, the
-    middle computed as the operand is read (the same bits as ``kernels.swiglu`` then the product).
 
     ``spread`` forces a launch form and ``choice`` a plan (tests, benchmarks); by default the form
     follows the number of rows and the plan the weight's shape. Scratch: fp32 partials of
     ``segments x m x n`` when spread, freed on return, and the device's arrival counters (kept).
     """
-    width = 2 * w.shape[-1] if swiglu and w.dim() == 2 else w.shape[-1]
-    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != width:
-        want = "2 * k" if swiglu else "k"
-        raise ValueError(f"x is {list(x.shape)} but w is {list(w.shape)}: want [m, {want}] and [n, k]")
-    m, k = x.shape[0], w.shape[1]
+    if x.dim() != 2 or w.dim() != 2 or w.shape[1] != x.shape[1]:
+        raise ValueError(f"x is {list(x.shape)} but w is {list(w.shape)}: want [m, k] and [n, k]")
+    m, k = x.shape
     n = w.shape[0]
     if x.stride(1) != 1:
         x = x.contiguous()
@@ -173,7 +160,7 @@ def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice:
         grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m))
         _whole[grid](x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0), choice.segments,
                      choice.k_per_segment, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-                     WIDEN=INTERPRETED, SWIGLU=swiglu, num_warps=t.warps, num_stages=t.stages)
+                     WIDEN=INTERPRETED, num_warps=t.warps, num_stages=t.stages)
         return out
     t = choice.spread_tiles(m)
     grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m))
@@ -181,7 +168,7 @@ def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice:
     _spread[(*grid, choice.segments)](x, w, partials, out, _counters(x.device, grid[0] * grid[1]), m, n, k,
                                       x.stride(0), w.stride(0), partials.stride(0), partials.stride(1),
                                       out.stride(0), choice.segments, choice.k_per_segment, BLOCK_M=t.block_m,
-                                      BLOCK_N=t.block_n, BLOCK_K=t.block_k, WIDEN=INTERPRETED, SWIGLU=swiglu,
+                                      BLOCK_N=t.block_n, BLOCK_K=t.block_k, WIDEN=INTERPRETED,
                                       num_warps=t.warps, num_stages=t.stages)
     return out
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import gemm, swiglu
+from kernels import gemm
 
 
 def weights(n: int, k: int, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
@@ -71,24 +71,3 @@ def test_rows_are_batch_invariant_on_the_device(n: int, k: int) -> None:
         assert torch.equal(gemm.matmul(x[:m], w), whole[:m]), f"rows differ at m={m}"
     got, want = whole.float(), gemm.reference(x, w).float()
     assert ((got - want).abs() <= 2 ** -7 * want.abs() + 2e-3).all()
-
-
-def test_swiglu_read_in_place_equals_the_middle_then_the_product() -> None:
-    tiles = gemm.Tiles(16, 64, 64)
-    choice = gemm.plan(64, 256, spread=tiles, whole=tiles, few=tiles, mid=tiles)
-    h = torch.randn(5, 512, generator=torch.Generator().manual_seed(7)) * 2
-    w = weights(64, 256, torch.float32)
-    middle = swiglu.swiglu(h)
-    for spread in (True, False):
-        assert torch.equal(gemm.matmul(h, w, spread=spread, choice=choice, swiglu=True),
-                           gemm.matmul(middle, w, spread=spread, choice=choice))
-    with pytest.raises(ValueError, match="2 \\* k"):
-        gemm.matmul(middle, w, swiglu=True)
-
-
-@pytest.mark.gpu
-def test_swiglu_in_place_on_the_device() -> None:
-    w = weights(4096, 12288, torch.bfloat16, "cuda")
-    h = torch.randn(300, 2 * 12288, device="cuda", dtype=torch.bfloat16)
-    for m in (1, 8, 32, 300):
-        assert torch.equal(gemm.matmul(h[:m], w, swiglu=True), gemm.matmul(swiglu.swiglu(h[:m]), w)), m

@@ -13,7 +13,7 @@ import torch
 
 from kernels import moe as kernels_moe
 from kernels import router
-from tfd.model.ops import linear, sigmoid_gate, silu, swiglu_linear
+from tfd.model.ops import linear, sigmoid_gate, silu, swiglu
 
 
 @attrs.frozen
@@ -34,7 +34,7 @@ class MoeWeights:
 
 
 def dense(w: DenseMlp, x: torch.Tensor) -> torch.Tensor:
-    return swiglu_linear(linear(x, w.gate_up), w.down)
+    return linear(swiglu(linear(x, w.gate_up)), w.down)
 
 
 def route(w: MoeWeights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

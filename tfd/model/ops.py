@@ -37,13 +37,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.cat([F.linear(row, weight) for row in torch.split(x, 1)])
 
 
-def swiglu_linear(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``linear(swiglu(h), weight)``; on CUDA one product that forms the middle as it reads it."""
-    if h.is_cuda:
-        return gemm.matmul(h, weight, swiglu=True)
-    return linear(swiglu(h), weight)
-
-
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
     """1 / (1 + exp(-x)), the same at every position; computed in fp32 at least."""
     values = x.float() if x.dtype in _NARROW else x
