@@ -11,10 +11,13 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import pdl
+
 
 @triton.jit
 def _write(k, v, k_cache, v_cache, page_table, lengths, page_rows, stride_tl, stride_kl, stride_kh,
-           stride_cp, stride_cr, stride_ch, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+           stride_cp, stride_cr, stride_ch, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     lane = tl.program_id(0)
     head = tl.program_id(1)
     length = tl.load(lengths + lane)
@@ -44,7 +47,7 @@ def write(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     _write[(lanes, heads)](k, v, k_cache, v_cache, page_table, lengths, k_cache.shape[1],
                            page_table.stride(0), k.stride(0), k.stride(1), k_cache.stride(0),
                            k_cache.stride(1), k_cache.stride(2), HEAD_DIM=dim,
-                           BLOCK=triton.next_power_of_2(dim))
+                           BLOCK=triton.next_power_of_2(dim), **pdl.options(k.device))
 
 
 def reference(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

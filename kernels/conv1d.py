@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import pdl
+
 BLOCK_C = 256  # channels per program
 BLOCK_T = 16  # prefill rows per program; at least width - 1, so only a lane's first block reads its tail
 
@@ -66,14 +68,17 @@ def _conv(x, weight, tails, tail_at, out, start, rows, lane, first, channels,
 
 @triton.jit
 def _decode(x, weight, tails, tail_at, out, channels,
-            WIDTH: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr):
+            WIDTH: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     lane = tl.program_id(1)
     _conv(x, weight, tails, tail_at, out, lane, 1, lane, 0, channels, WIDTH, 1, BLOCK_C, BLOCK_W)
 
 
 @triton.jit
 def _prefill(x, weight, tails, tail_at, out, cu_seqlens, channels,
-             WIDTH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr):
+             WIDTH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
+             PDL: tl.constexpr):
+    pdl.wait(PDL)
     first, lane = tl.program_id(1) * BLOCK_T, tl.program_id(2)
     start = tl.load(cu_seqlens + lane)
     rows = tl.load(cu_seqlens + lane + 1) - start
@@ -104,7 +109,7 @@ def decode(x: torch.Tensor, weight: torch.Tensor, tails: torch.Tensor, tail_at: 
     out = torch.empty_like(x)
     grid = (triton.cdiv(x.shape[1], BLOCK_C), x.shape[0])
     _decode[grid](x, weight, tails, tail_at, out, x.shape[1], WIDTH=width, BLOCK_C=BLOCK_C,
-                  BLOCK_W=triton.next_power_of_2(width - 1))
+                  BLOCK_W=triton.next_power_of_2(width - 1), **pdl.options(x.device))
     return out
 
 
@@ -123,7 +128,7 @@ def prefill(x: torch.Tensor, weight: torch.Tensor, tails: torch.Tensor, tail_at:
     out = torch.empty_like(x)
     grid = (triton.cdiv(x.shape[1], BLOCK_C), max(1, triton.cdiv(max_rows, BLOCK_T)), lanes)
     _prefill[grid](x, weight, tails, tail_at, out, cu_seqlens, x.shape[1], WIDTH=width, BLOCK_T=BLOCK_T,
-                   BLOCK_C=BLOCK_C, BLOCK_W=triton.next_power_of_2(width - 1))
+                   BLOCK_C=BLOCK_C, BLOCK_W=triton.next_power_of_2(width - 1), **pdl.options(x.device))
     return out
 
 

@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import pdl
+
 # Value columns per program and warps: measured best of 8/16/32/64 x 1..8 on the H200 at 16 to 96 lanes
 # (about 3.3 TB/s of state read plus written). The same for every path: the reductions' order follows them.
 BLOCK_V = 16
@@ -56,7 +58,9 @@ def _step(s, k, v, g, beta):
 def _rows(q, k, v, g, beta, states, state_at, write_at, log, log_at, out, rows, scale,
           q_lane, q_row, k_lane, k_row, v_lane, v_row,
           KEY_HEADS: tl.constexpr, VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr,
-          VALUE_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, LOG: tl.constexpr):
+          VALUE_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, LOG: tl.constexpr,
+          PDL: tl.constexpr):
+    pdl.wait(PDL)
     block, head, lane = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     key_head = head // (VALUE_HEADS // KEY_HEADS)
     ks = tl.arange(0, BLOCK_K)
@@ -97,7 +101,8 @@ def _rows(q, k, v, g, beta, states, state_at, write_at, log, log_at, out, rows, 
 @triton.jit
 def _replay(log, log_at, states, from_at, to_at, kept,
             KEY_HEADS: tl.constexpr, VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr,
-            VALUE_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
+            VALUE_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     block, head, lane = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     key_head = head // (VALUE_HEADS // KEY_HEADS)
     ks = tl.arange(0, BLOCK_K)
@@ -173,7 +178,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
     _rows[grid](q, k, v, g.contiguous(), beta.contiguous(), states, state_at, write_at, log, log_at, out,
                 rows, scale, *q_strides, *k_strides, *v_strides, KEY_HEADS=key_heads,
                 VALUE_HEADS=value_heads, KEY_DIM=key_dim, VALUE_DIM=value_dim, BLOCK_K=block_k,
-                BLOCK_V=block_v, LOG=logging, num_warps=NUM_WARPS)
+                BLOCK_V=block_v, LOG=logging, num_warps=NUM_WARPS, **pdl.options(q.device))
 
 
 def decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -215,7 +220,7 @@ def replay(log: torch.Tensor, log_at: torch.Tensor, states: torch.Tensor, from_a
     grid = (triton.cdiv(value_dim, block_v), value_heads, lanes)
     _replay[grid](log, log_at, states, from_at, to_at, kept, KEY_HEADS=key_heads, VALUE_HEADS=value_heads,
                   KEY_DIM=key_dim, VALUE_DIM=value_dim, BLOCK_K=block_k, BLOCK_V=block_v,
-                  num_warps=NUM_WARPS)
+                  num_warps=NUM_WARPS, **pdl.options(log.device))
 
 
 def _reference_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

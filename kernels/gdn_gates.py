@@ -12,11 +12,15 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import pdl
+
 SOFTPLUS_THRESHOLD = 20.0
 
 
 @triton.jit
-def _gates(b, a, a_log, dt_bias, beta, g, heads, stride_b, stride_a, threshold, BLOCK: tl.constexpr):
+def _gates(b, a, a_log, dt_bias, beta, g, heads, stride_b, stride_a, threshold, BLOCK: tl.constexpr,
+           PDL: tl.constexpr):
+    pdl.wait(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < heads
@@ -43,5 +47,5 @@ def gates(b: torch.Tensor, a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.
     g = torch.empty_like(beta)
     if rows:
         _gates[(rows,)](b, a, a_log, dt_bias, beta, g, heads, b.stride(0), a.stride(0), SOFTPLUS_THRESHOLD,
-                        BLOCK=triton.next_power_of_2(heads))
+                        BLOCK=triton.next_power_of_2(heads), **pdl.options(b.device))
     return beta, g

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import INTERPRETED
+from kernels import INTERPRETED, pdl
 
 TARGET_PROGRAMS = 264  # two per multiprocessor of an H200: fewer K segments beat more programs (sweep)
 SPREAD_ROWS = 64  # up to this many rows the segments run in programs of their own
@@ -99,10 +99,11 @@ def _segment(x, w, rows, cols, m, n, k, start, length, stride_xm, stride_wn,
 @triton.jit
 def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride_ps, stride_pm, stride_om,
             segments, k_per_segment, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-            WIDEN: tl.constexpr):
+            WIDEN: tl.constexpr, PDL: tl.constexpr):
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     segment = tl.program_id(2)
+    pdl.wait(PDL)
     acc = _segment(x, w, rows, cols, m, n, k, segment * k_per_segment, k_per_segment, stride_xm, stride_wn,
                    BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
     mask = (rows[:, None] < m) & (cols[None, :] < n)
@@ -121,7 +122,9 @@ def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride
 
 @triton.jit
 def _whole(x, w, out, m, n, k, stride_xm, stride_wn, stride_om, segments, k_per_segment,
-           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr,
+           PDL: tl.constexpr):
+    pdl.wait(PDL)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     total = _segment(x, w, rows, cols, m, n, k, 0, k_per_segment, stride_xm, stride_wn,
@@ -160,7 +163,7 @@ def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice:
         grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m))
         _whole[grid](x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0), choice.segments,
                      choice.k_per_segment, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-                     WIDEN=INTERPRETED, num_warps=t.warps, num_stages=t.stages)
+                     WIDEN=INTERPRETED, num_warps=t.warps, num_stages=t.stages, **pdl.options(x.device))
         return out
     t = choice.spread_tiles(m)
     grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m))
@@ -169,7 +172,7 @@ def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice:
                                       x.stride(0), w.stride(0), partials.stride(0), partials.stride(1),
                                       out.stride(0), choice.segments, choice.k_per_segment, BLOCK_M=t.block_m,
                                       BLOCK_N=t.block_n, BLOCK_K=t.block_k, WIDEN=INTERPRETED,
-                                      num_warps=t.warps, num_stages=t.stages)
+                                      num_warps=t.warps, num_stages=t.stages, **pdl.options(x.device))
     return out
 
 

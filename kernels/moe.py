@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import INTERPRETED
+from kernels import INTERPRETED, pdl
 
 BLOCK_M = 16  # pairs in a tile: one tensor-core row block
 GATE_N, GATE_K, GATE_STAGES = 64, 128, 4  # stage one: columns, reduction step, pipeline depth (H200 sweep)
@@ -41,7 +41,8 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @triton.jit
-def _count(ids, hist, pairs, BINS: tl.constexpr, BLOCK_P: tl.constexpr):
+def _count(ids, hist, pairs, BINS: tl.constexpr, BLOCK_P: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     expert = tl.load(ids + p, mask=p < pairs, other=0).to(tl.int32)
     tl.store(hist + tl.program_id(0) * BINS + tl.arange(0, BINS), tl.histogram(expert, BINS, mask=p < pairs))
@@ -56,7 +57,9 @@ def _layout(layout, counts, BINS: tl.constexpr, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _scan(hist, layout, blocks, BINS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_M: tl.constexpr):
+def _scan(hist, layout, blocks, BINS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_M: tl.constexpr,
+          PDL: tl.constexpr):
+    pdl.wait(PDL)
     bins = tl.arange(0, BINS)
     running = tl.zeros([BINS], dtype=tl.int32)
     for first in range(0, blocks, BLOCK_B):
@@ -84,7 +87,8 @@ def _route(ids, pair_at, dest_at, p, live, expert, q, top_k, SLOTS: tl.constexpr
 
 @triton.jit
 def _place(ids, hist, layout, pair_at, dest_at, pairs, top_k, BINS: tl.constexpr, BLOCK_P: tl.constexpr,
-           SLOTS: tl.constexpr):
+           SLOTS: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     lanes = tl.arange(0, BLOCK_P)
     p = tl.program_id(0) * BLOCK_P + lanes
     live = p < pairs
@@ -98,7 +102,8 @@ def _place(ids, hist, layout, pair_at, dest_at, pairs, top_k, BINS: tl.constexpr
 
 @triton.jit
 def _plan_one(ids, layout, pair_at, dest_at, pairs, top_k, BINS: tl.constexpr, BLOCK_P: tl.constexpr,
-              SLOTS: tl.constexpr, BLOCK_M: tl.constexpr):
+              SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     # Pairs that fit one block: positions by comparing every pair with every other, one launch in all.
     p = tl.arange(0, BLOCK_P)
     live = p < pairs
@@ -132,7 +137,8 @@ def _tile(layout, tile, BINS: tl.constexpr, BLOCK_M: tl.constexpr):
 @triton.jit
 def _gate_up(x, gate_up, h, layout, pair_at, top_k, hidden, inner, stride_x, stride_ge, stride_gn,
              BINS: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     expert, first, stop = _tile(layout, tl.program_id(0), BINS, BLOCK_M)
     if first >= stop:
         return
@@ -159,7 +165,8 @@ def _gate_up(x, gate_up, h, layout, pair_at, top_k, hidden, inner, stride_x, str
 @triton.jit
 def _down(h, down, buf, weights, layout, pair_at, dest_at, hidden, inner, stride_de, stride_dn,
           BINS: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr, BLOCK_M: tl.constexpr,
-          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     expert, first, stop = _tile(layout, tl.program_id(0), BINS, BLOCK_M)
     if first >= stop:
         return
@@ -181,7 +188,8 @@ def _down(h, down, buf, weights, layout, pair_at, dest_at, hidden, inner, stride
 
 
 @triton.jit
-def _combine(buf, out, hidden, top_k, stride_o, BLOCK_N: tl.constexpr):
+def _combine(buf, out, hidden, top_k, stride_o, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     total = tl.zeros((BLOCK_N,), dtype=tl.float32)
@@ -242,25 +250,28 @@ def experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: tor
         slots = triton.next_power_of_2(top_k)
         if blocks == 1:
             _plan_one[(1,)](chunk_ids, layout, pair_at, dest_at, pairs, top_k, BINS=bins,
-                            BLOCK_P=PLAN_BLOCK, SLOTS=slots, BLOCK_M=BLOCK_M, num_warps=8)
+                            BLOCK_P=PLAN_BLOCK, SLOTS=slots, BLOCK_M=BLOCK_M, num_warps=8,
+                            **pdl.options(chunk_ids.device))
         else:
-            _count[(blocks,)](chunk_ids, hist, pairs, BINS=bins, BLOCK_P=PLAN_BLOCK)
-            _scan[(1,)](hist, layout, blocks, BINS=bins, BLOCK_B=SCAN_BLOCK, BLOCK_M=BLOCK_M)
+            _count[(blocks,)](chunk_ids, hist, pairs, BINS=bins, BLOCK_P=PLAN_BLOCK,
+                              **pdl.options(chunk_ids.device))
+            _scan[(1,)](hist, layout, blocks, BINS=bins, BLOCK_B=SCAN_BLOCK, BLOCK_M=BLOCK_M,
+                        **pdl.options(hist.device))
             _place[(blocks,)](chunk_ids, hist, layout, pair_at, dest_at, pairs, top_k, BINS=bins,
-                              BLOCK_P=PLAN_BLOCK, SLOTS=slots, num_warps=8)
+                              BLOCK_P=PLAN_BLOCK, SLOTS=slots, num_warps=8, **pdl.options(chunk_ids.device))
         # Each expert that has pairs takes at least one tile, plus one per full BLOCK_M of them.
         tiles = min(n_experts, pairs) + pairs // BLOCK_M
         _gate_up[(tiles, triton.cdiv(inner, GATE_N))](
             x[first:first + count], gate_up, h, layout, pair_at, top_k, hidden, inner, x.stride(0),
             gate_up.stride(0), gate_up.stride(1), BINS=bins, PRECISION=precision, WIDEN=INTERPRETED,
-            BLOCK_M=BLOCK_M, BLOCK_N=GATE_N, BLOCK_K=GATE_K, num_stages=GATE_STAGES)
+            BLOCK_M=BLOCK_M, BLOCK_N=GATE_N, BLOCK_K=GATE_K, num_stages=GATE_STAGES, **pdl.options(x.device))
         _down[(tiles, triton.cdiv(hidden, DOWN_N))](
             h, down, buf, chunk_weights, layout, pair_at, dest_at, hidden, inner, down.stride(0),
             down.stride(1), BINS=bins, PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=BLOCK_M,
-            BLOCK_N=DOWN_N, BLOCK_K=DOWN_K, num_stages=DOWN_STAGES)
+            BLOCK_N=DOWN_N, BLOCK_K=DOWN_K, num_stages=DOWN_STAGES, **pdl.options(h.device))
         target = out[first:first + count]
         _combine[(count, triton.cdiv(hidden, COMBINE_N))](buf, target, hidden, top_k, target.stride(0),
-                                                           BLOCK_N=COMBINE_N)
+                                                           BLOCK_N=COMBINE_N, **pdl.options(buf.device))
     return out
 
 

@@ -14,12 +14,15 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import pdl
+
 ACTIVATIONS = {"silu": 0, "sigmoid": 1}
 
 
 @triton.jit
 def _zrms(x, weight, out, width, stride_x, stride_o, stride_wg, eps, GROUP: tl.constexpr,
-          GROUPS: tl.constexpr):
+          GROUPS: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, GROUP)
     for part in range(GROUPS):  # each group of the row normalised on its own
@@ -44,12 +47,13 @@ def zrms(x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = 
     block = triton.next_power_of_2(width)
     stride_wg = width if weight.shape[0] == x.shape[1] and group else 0
     _zrms[(x.shape[0],)](x, weight, out, width, x.stride(0), out.stride(0), stride_wg, eps, GROUP=block,
-                         GROUPS=x.shape[1] // width)
+                         GROUPS=x.shape[1] // width, **pdl.options(x.device))
     return out
 
 
 @triton.jit
-def _add_zrms(x, delta, total, out, weight, width, eps, BLOCK: tl.constexpr):
+def _add_zrms(x, delta, total, out, weight, width, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < width
@@ -75,13 +79,14 @@ def add_zrms(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: fl
     total, out = torch.empty_like(x), torch.empty_like(x)
     if x.shape[0]:
         _add_zrms[(x.shape[0],)](x, delta, total, out, weight, x.shape[1], eps,
-                                 BLOCK=triton.next_power_of_2(x.shape[1]))
+                                 BLOCK=triton.next_power_of_2(x.shape[1]), **pdl.options(x.device))
     return total, out
 
 
 @triton.jit
 def _gated(x, gate, weight, out, width, heads, x_row, gate_row, eps, ACTIVATION: tl.constexpr,
-           BLOCK: tl.constexpr):
+           BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     row, head = tl.program_id(0), tl.program_id(1)
     cols = tl.arange(0, BLOCK)
     mask = cols < width
@@ -118,5 +123,6 @@ def gated_rms(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: fl
     out = torch.empty(rows, heads, width, dtype=gate.dtype, device=gate.device)
     if rows:
         _gated[(rows, heads)](x, gate, weight, out, width, heads, x.stride(0), gate.stride(0), eps,
-                              ACTIVATION=ACTIVATIONS[activation], BLOCK=triton.next_power_of_2(width))
+                              ACTIVATION=ACTIVATIONS[activation], BLOCK=triton.next_power_of_2(width),
+                              **pdl.options(x.device))
     return out

@@ -37,6 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import pdl
+
 SEGMENT = 512  # keys a decode program covers: fixed, so a lane's split never depends on the batch
 STATS = 4  # partials' columns after head_dim: running max, sum of exp, two pads keeping 16-byte rows
 PREFILL_M = 128  # prefill tile rows along M: query rows x group members
@@ -99,7 +101,9 @@ def _decode_segment(q, k_cache, v_cache, page_table, lengths, partials, scale_lo
                     stride_vp, stride_vs, stride_vh, stride_vd, stride_tb, stride_tp,
                     stride_pb, stride_ps, stride_ph,
                     PAGE_ROWS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                    HEAD_DIM: tl.constexpr, SEG: tl.constexpr, BLOCK_N: tl.constexpr, WIDEN: tl.constexpr):
+                    HEAD_DIM: tl.constexpr, SEG: tl.constexpr, BLOCK_N: tl.constexpr, WIDEN: tl.constexpr,
+                    PDL: tl.constexpr):
+    pdl.wait(PDL)
     lane = tl.program_id(0)
     kv_head = tl.program_id(1)
     segment = tl.program_id(2)
@@ -134,7 +138,8 @@ def _decode_segment(q, k_cache, v_cache, page_table, lengths, partials, scale_lo
 @triton.jit
 def _decode_merge(partials, lengths, out, max_keys, stride_pb, stride_ps, stride_ph,
                   stride_ob, stride_oh, stride_od,
-                  HEAD_DIM: tl.constexpr, SEG: tl.constexpr, BLOCK_S: tl.constexpr):
+                  HEAD_DIM: tl.constexpr, SEG: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     lane = tl.program_id(0)
     head = tl.program_id(1)
     count = tl.cdiv(tl.minimum(tl.load(lengths + lane), max_keys), SEG)
@@ -168,7 +173,9 @@ def _prefill_tile(q, k_cache, v_cache, page_table, starts, cu_seqlens, out, scal
                   stride_vp, stride_vs, stride_vh, stride_vd, stride_tb, stride_tp,
                   stride_ot, stride_oh, stride_od,
                   PAGE_ROWS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, WIDEN: tl.constexpr):
+                  HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, WIDEN: tl.constexpr,
+                  PDL: tl.constexpr):
+    pdl.wait(PDL)
     lane = tl.program_id(1)
     kv_head = tl.program_id(2)
     first_row = tl.load(cu_seqlens + lane)
@@ -272,9 +279,10 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_t
         q, k_cache, v_cache, page_table, lengths, partials, scale * LOG2E, max_keys,
         *q.stride(), *_cache_strides(k_cache, v_cache, page_table), *partials.stride()[:3],
         PAGE_ROWS=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SEG=segment,
-        WIDEN=_widen(), **_decode_config(head_dim, segment))
+        WIDEN=_widen(), **_decode_config(head_dim, segment), **pdl.options(q.device))
     _decode_merge[(lanes, heads)](partials, lengths, out, max_keys, *partials.stride()[:3], *out.stride(),
-                                  HEAD_DIM=head_dim, SEG=segment, BLOCK_S=MERGE_BLOCK, num_warps=4)
+                                  HEAD_DIM=head_dim, SEG=segment, BLOCK_S=MERGE_BLOCK, num_warps=4,
+                                  **pdl.options(out.device))
     return out
 
 
@@ -301,7 +309,7 @@ def prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_
         q, k_cache, v_cache, page_table, starts, cu_seqlens, out, scale * LOG2E,
         page_table.shape[1] * k_cache.shape[1], *q.stride(), *_cache_strides(k_cache, v_cache, page_table),
         *out.stride(), PAGE_ROWS=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
-        WIDEN=_widen(), **config)
+        WIDEN=_widen(), **config, **pdl.options(q.device))
     return out
 
 

@@ -13,10 +13,13 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import pdl
+
 
 @triton.jit
 def _norm_rope(x, weight, cos, sin, out, head_dim, rotary, stride_xr, stride_xh, stride_c, heads, eps,
-               BLOCK: tl.constexpr):
+               BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     row, head = tl.program_id(0), tl.program_id(1)
     cols = tl.arange(0, BLOCK)
     live = cols < head_dim
@@ -54,5 +57,6 @@ def norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: tor
     out = torch.empty(rows, heads, head_dim, dtype=x.dtype, device=x.device)
     if rows:
         _norm_rope[(rows, heads)](x, weight, cos, sin, out, head_dim, rotary, x.stride(0), x.stride(1),
-                                  cos.stride(0), heads, eps, BLOCK=triton.next_power_of_2(head_dim))
+                                  cos.stride(0), heads, eps, BLOCK=triton.next_power_of_2(head_dim),
+                                  **pdl.options(x.device))
     return out

@@ -11,10 +11,13 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import pdl
+
 
 @triton.jit
 def _top_k(logits, chosen, weights, experts, stride, K: tl.constexpr, NORM: tl.constexpr,
-           BLOCK: tl.constexpr, BLOCK_K: tl.constexpr):
+           BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     row = tl.program_id(0)
     ids = tl.arange(0, BLOCK)
     live = ids < experts
@@ -47,7 +50,8 @@ def top_k(logits: torch.Tensor, k: int, normalise: bool, dtype: torch.dtype
     weights = torch.empty(rows, k, dtype=dtype, device=logits.device)
     if rows:
         _top_k[(rows,)](logits, chosen, weights, experts, logits.stride(0), K=k, NORM=normalise,
-                        BLOCK=triton.next_power_of_2(experts), BLOCK_K=triton.next_power_of_2(k))
+                        BLOCK=triton.next_power_of_2(experts), BLOCK_K=triton.next_power_of_2(k),
+                        **pdl.options(logits.device))
     return chosen, weights
 
 

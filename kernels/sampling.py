@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import pdl
+
 SEED_MIX = 0x9E3779B97F4A7C15
 POSITION_MIX = 0xC2B2AE3D27D4EB4F
 TOKEN_MIX = 0x165667B19E3779F9
@@ -29,7 +31,9 @@ SLICE = 8192  # tokens a program: 31 programs a row for a 248,320-token vocabula
 @triton.jit
 def _slice_best(logits, temperature, seeds, positions, best_score, best_id, vocab, row_stride, slices,
                 SEED_MIX: tl.constexpr, POSITION_MIX: tl.constexpr, TOKEN_MIX: tl.constexpr,
-                M1: tl.constexpr, M2: tl.constexpr, BLOCK: tl.constexpr, SLICE: tl.constexpr):
+                M1: tl.constexpr, M2: tl.constexpr, BLOCK: tl.constexpr, SLICE: tl.constexpr,
+                PDL: tl.constexpr):
+    pdl.wait(PDL)
     row, part = tl.program_id(0), tl.program_id(1)
     t = tl.load(temperature + row)
     noisy = t > 0
@@ -58,7 +62,8 @@ def _slice_best(logits, temperature, seeds, positions, best_score, best_id, voca
 
 
 @triton.jit
-def _row_best(best_score, best_id, out, slices, BLOCK: tl.constexpr):
+def _row_best(best_score, best_id, out, slices, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     row = tl.program_id(0)
     parts = tl.arange(0, BLOCK)
     scores = tl.load(best_score + row * slices + parts, mask=parts < slices, other=float("-inf"))
@@ -88,6 +93,7 @@ def keyed_argmax(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.T
     _slice_best[(rows, slices)](logits, temperature.contiguous(), seeds.contiguous(), positions.contiguous(),
                                 scores, ids, vocab, logits.stride(0), slices, SEED_MIX=SEED_MIX,
                                 POSITION_MIX=POSITION_MIX, TOKEN_MIX=TOKEN_MIX, M1=M1, M2=M2, BLOCK=BLOCK,
-                                SLICE=SLICE)
-    _row_best[(rows,)](scores, ids, out, slices, BLOCK=max(16, triton.next_power_of_2(slices)))
+                                SLICE=SLICE, **pdl.options(logits.device))
+    _row_best[(rows,)](scores, ids, out, slices, BLOCK=max(16, triton.next_power_of_2(slices)),
+                       **pdl.options(scores.device))
     return out

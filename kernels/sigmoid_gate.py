@@ -15,12 +15,15 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import pdl
+
 BLOCK = 1024
 
 
 @triton.jit
 def _sigmoid_gate(x, gate, base, out, width, stride_x, stride_g, stride_b, head_width, stride_head, gate_col,
-                  HAS_BASE: tl.constexpr, BLOCK: tl.constexpr):
+                  HAS_BASE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < width
@@ -58,5 +61,5 @@ def sigmoid_gate(x: torch.Tensor, gate: torch.Tensor, base: torch.Tensor | None 
         _sigmoid_gate[(rows, triton.cdiv(width, BLOCK))](
             x, gate, x if base is None else base, out, width, x.stride(0), gate.stride(0),
             0 if base is None else base.stride(0), head_width, stride_head, gate_col,
-            HAS_BASE=base is not None, BLOCK=BLOCK)
+            HAS_BASE=base is not None, BLOCK=BLOCK, **pdl.options(x.device))
     return out

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import INTERPRETED
+from kernels import INTERPRETED, pdl
 from kernels.paged_attention import LOG2E, attend_block
 
 
@@ -28,7 +28,8 @@ def _sparse(q, k_cache, v_cache, page_table, lane_of, positions, counts, out, sc
             stride_qr, stride_qh, stride_kp, stride_ks, stride_kh, stride_kd, stride_vp, stride_vs, stride_vh,
             stride_vd, stride_tb, stride_pr, stride_or, stride_oh,
             PAGE_ROWS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-            BLOCK_N: tl.constexpr, WIDEN: tl.constexpr):
+            BLOCK_N: tl.constexpr, WIDEN: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     row, kv_head = tl.program_id(0), tl.program_id(1)
     lane = tl.load(lane_of + row)
     count = tl.load(counts + row)
@@ -93,7 +94,7 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_t
         positions.stride(0),
         out.stride(0), out.stride(1), PAGE_ROWS=k_cache.shape[1], GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_N=64, WIDEN=INTERPRETED,
-        num_warps=4)
+        num_warps=4, **pdl.options(q.device))
     return out
 
 

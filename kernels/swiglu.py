@@ -11,11 +11,14 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import pdl
+
 BLOCK = 1024
 
 
 @triton.jit
-def _swiglu(h, out, inner, stride_h, stride_o, BLOCK: tl.constexpr):
+def _swiglu(h, out, inner, stride_h, stride_o, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inner
@@ -32,5 +35,6 @@ def swiglu(h: torch.Tensor) -> torch.Tensor:
     rows, inner = h.shape[0], h.shape[1] // 2
     out = torch.empty(rows, inner, dtype=h.dtype, device=h.device)
     if rows:
-        _swiglu[(rows, triton.cdiv(inner, BLOCK))](h, out, inner, h.stride(0), out.stride(0), BLOCK=BLOCK)
+        _swiglu[(rows, triton.cdiv(inner, BLOCK))](h, out, inner, h.stride(0), out.stride(0), BLOCK=BLOCK,
+                                                   **pdl.options(h.device))
     return out

@@ -16,6 +16,7 @@ import pytest
 import tiny_models
 import torch
 
+from kernels import pdl
 from support import CACHE
 from tfd.bench.workload import drive
 from tfd.checkpoint import Checkpoint
@@ -78,6 +79,16 @@ def test_graphs_equal_eager(gpu_model: HybridModel) -> None:
     asked = requests(5)
     assert drive(gpu_model, asked, ONE_PASS, graphs=False).tokens == \
         drive(gpu_model, asked, ONE_PASS, graphs=True).tokens
+
+
+@pytest.mark.gpu
+def test_dependent_launch_changes_no_bits(gpu_model: HybridModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kernels that start early (programmatic dependent launch) wait for their inputs: the same
+    tokens as every kernel launched after the last has finished."""
+    asked = requests(5)
+    early = drive(gpu_model, asked, ONE_PASS, graphs=True).tokens
+    monkeypatch.setattr(pdl, "ENABLED", False)
+    assert drive(gpu_model, asked, ONE_PASS, graphs=True).tokens == early
 
 
 def test_chunked_prefill_equals_one_pass(model: HybridModel) -> None:
