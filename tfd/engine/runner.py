@@ -7,6 +7,12 @@ over their spans, applies the head only to the rows that draw a token, and sampl
 device with the keyed sampler (again over the decode rows' logits when a lane cuts top-k/p or
 min-p, or when prompt rows draw too). Host-to-device copies go from pinned memory without waiting.
 One host sync a step: the drawn tokens come back to Python for the scheduler's bookkeeping.
+
+Decoding runs one step ahead: when a step's rows are all plain decode rows (no top-k/p, min-p or
+logprobs), the next step of its lanes is launched before the host waits for this one, its tokens
+fed from this step's draw on the device, so the host's bookkeeping overlaps the device's work. A
+lane that then stops (a stop token, a cancel) wasted one row in its own pages, which it gives back
+as usual; every other lane's rows are what the next plan asks for, the same bits as run then.
 """
 
 from __future__ import annotations
@@ -25,6 +31,30 @@ from tfd.families.hybrid import HybridModel
 from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
 from tfd.model.memory import LaneMemory, PageRows, Span, to_device
 from tfd.pool.pages import Pool
+
+
+@attrs.frozen
+class Launched:
+    """A batched decode step in flight: its lanes in column order, the row each runs, the drawn
+    tokens on the device (valid until the next replay) and their copy to the host."""
+
+    lanes: tuple[Lane, ...]
+    starts: tuple[int, ...]
+    device_tokens: torch.Tensor
+    host_tokens: torch.Tensor
+    copied: torch.cuda.Event | None  # recorded after the copy to the host (CUDA)
+
+    def tokens(self) -> list[int]:
+        """The drawn tokens, waiting for their copy: the step's one sync with the host."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        return list(self.host_tokens.tolist())
+
+    def covers(self, work: Work) -> bool:
+        """Whether this step ran ``work``'s row (its lane still open, at the same start)."""
+        ran = zip(self.lanes, self.starts, strict=True)
+        return work.decode and work.lane.lease is not None and any(
+            lane is work.lane and start == work.start for lane, start in ran)
 
 
 @attrs.frozen
@@ -55,6 +85,7 @@ class Runner:
             self.memory = DecodeMemory(pool, model.dtype)
             if graphs and self.device.type == "cuda":
                 self.graphs = DecodeGraphs(self._step, self.columns, pool.null_page, max_lanes, self.device)
+        self.ahead: Launched | None = None  # the decode step launched before its plan
 
     def open(self, lane: Lane) -> None:
         """Give an admitted lane (its lease promised) its state pieces, initialised.
@@ -91,23 +122,97 @@ class Runner:
 
     def _decode(self, works: Sequence[Work]) -> tuple[torch.Tensor, ...]:
         """``_step`` for decode works, all lanes in one batched step (a graph when captured)."""
+        tokens = [work.lane.generated[-1] for work in works]
+        return self._launch_step([work.lane for work in works], [work.start for work in works], tokens)
+
+    def _launch_step(self, lanes: Sequence[Lane], starts: Sequence[int], tokens: Sequence[int] | torch.Tensor
+                     ) -> tuple[torch.Tensor, ...]:
+        """``_step`` for ``lanes`` at rows ``starts`` fed ``tokens`` (host ints, or a device tensor the
+        step reads without the host waiting for it)."""
         columns = []
-        for work in works:
-            lane = work.lane
+        on_host = not isinstance(tokens, torch.Tensor)
+        for i, (lane, start) in enumerate(zip(lanes, starts, strict=True)):
             assert lane.lease is not None
             state_at, tail_at = self.offsets[lane.number]
-            columns.append(self.columns.column(lane.generated[-1], work.start, lane.seed,
+            columns.append(self.columns.column(int(tokens[i]) if on_host else 0, start, lane.seed,
                                                lane.request.sampling.temperature, state_at, tail_at,
                                                lane.lease.row_pages, self.pool.null_page))
         batch = DecodeBatch.of(columns, self.columns, self.device)
+        if isinstance(tokens, torch.Tensor):
+            batch.tokens.copy_(tokens)
         return self._step(batch) if self.graphs is None else self.graphs.run(batch.packed)
 
+    def _launch(self, lanes: Sequence[Lane], starts: Sequence[int], tokens: Sequence[int] | torch.Tensor
+                ) -> Launched:
+        """Launch a plain decode step and the copy of its draw to the host; nothing waits."""
+        drawn = self._launch_step(lanes, starts, tokens)[2]
+        if self.device.type != "cuda":
+            return Launched(tuple(lanes), tuple(starts), drawn, drawn, None)
+        host = torch.empty(drawn.shape, dtype=drawn.dtype, pin_memory=True)
+        host.copy_(drawn, non_blocking=True)
+        copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        copied.record()
+        return Launched(tuple(lanes), tuple(starts), drawn, host, copied)
+
+    def _ahead_of(self, step: Launched, works: Sequence[Work]) -> Launched | None:
+        """The step after ``step`` for the lanes of ``works`` (rows ``step`` ran) that will want one:
+        not cancelled, short of their ``max_tokens``. Fed ``step``'s draw on the device; None when
+        no lane will."""
+        at = {id(lane): i for i, lane in enumerate(step.lanes)}
+        going = [work for work in works
+                 if not work.lane.cancelled and len(work.lane.generated) + 1 < work.lane.request.max_tokens]
+        if not going:
+            return None
+        lanes = [work.lane for work in going]
+        starts = [work.start + 1 for work in going]
+        for lane, start in zip(lanes, starts, strict=True):
+            assert lane.lease is not None
+            lane.lease.take(start + 1)
+        rows = [at[id(lane)] for lane in lanes]
+        tokens = step.device_tokens if rows == list(range(len(step.lanes))) else \
+            step.device_tokens[to_device(torch.tensor(rows), self.device)]
+        return self._launch(lanes, starts, tokens)
+
+    def _plain_decode(self, works: Sequence[Work]) -> bool:
+        """Whether ``works`` are batched decode rows whose draws the step itself makes."""
+        return self.memory is not None and all(
+            work.decode and work.samples and plain(work.lane.request.sampling)
+            and work.lane.request.sampling.logprobs is None for work in works)
+
+    @torch.no_grad()
     def run(self, works: Sequence[Work]) -> list[Drawn]:
         """Run every work's rows (decode rows batched, prompt chunks as spans of one forward);
-        draw a token for each work that samples."""
+        draw a token for each work that samples. Rows the step run ahead already ran are not run
+        again; a plain decode step launches the next one before it waits."""
         for work in works:
             assert work.lane.lease is not None and work.lane.memory is not None
             work.lane.lease.take(work.start + work.length)
+        ahead, self.ahead = self.ahead, None
+        covered = [work for work in works if ahead is not None and ahead.covers(work)]
+        rest = [work for work in works if not (ahead is not None and ahead.covers(work))]
+        if ahead is not None and not rest:  # the whole step ran ahead: launch the next, then wait
+            if self._plain_decode(covered):
+                self.ahead = self._ahead_of(ahead, covered)
+            return self._drawn(covered, ahead)
+        if not covered and works and self._plain_decode(works):
+            step = self._launch([work.lane for work in works], [work.start for work in works],
+                                [work.lane.generated[-1] for work in works])
+            self.ahead = self._ahead_of(step, works)
+            return self._drawn(works, step)
+        drawn = self._run(rest)
+        if ahead is None or not covered:
+            return drawn
+        return self._drawn(covered, ahead) + drawn
+
+    @staticmethod
+    def _drawn(works: Sequence[Work], step: Launched) -> list[Drawn]:
+        """``works``' tokens from the decode step that ran their rows (it waits for them)."""
+        tokens = step.tokens()
+        where = {id(lane): i for i, lane in enumerate(step.lanes)}
+        return [Drawn(work, tokens[where[id(work.lane)]], None) for work in works]
+
+    def _run(self, works: Sequence[Work]) -> list[Drawn]:
+        """Run ``works`` and wait for their draws (a step nothing runs ahead of)."""
         batched = [work for work in works if work.decode and self.memory is not None]
         spanned = [work for work in works if not (work.decode and self.memory is not None)]
         drawing = [work for work in works if work.samples]
