@@ -50,11 +50,11 @@ class Launched:
             self.copied.synchronize()
         return list(self.host_tokens.tolist())
 
-    def covers(self, work: Work) -> bool:
-        """Whether this step ran ``work``'s row (its lane still open, at the same start)."""
-        ran = zip(self.lanes, self.starts, strict=True)
-        return work.decode and work.lane.lease is not None and any(
-            lane is work.lane and start == work.start for lane, start in ran)
+    def ran(self, works: Sequence[Work]) -> list[bool]:
+        """For each of ``works``, whether this step ran its row (its lane still open, same start)."""
+        starts = {id(lane): start for lane, start in zip(self.lanes, self.starts, strict=True)}
+        return [work.decode and work.lane.lease is not None and starts.get(id(work.lane)) == work.start
+                for work in works]
 
 
 @attrs.frozen
@@ -188,8 +188,9 @@ class Runner:
             assert work.lane.lease is not None and work.lane.memory is not None
             work.lane.lease.take(work.start + work.length)
         ahead, self.ahead = self.ahead, None
-        covered = [work for work in works if ahead is not None and ahead.covers(work)]
-        rest = [work for work in works if not (ahead is not None and ahead.covers(work))]
+        ran = ahead.ran(works) if ahead is not None else [False] * len(works)
+        covered = [work for work, done in zip(works, ran, strict=True) if done]
+        rest = [work for work, done in zip(works, ran, strict=True) if not done]
         if ahead is not None and not rest:  # the whole step ran ahead: launch the next, then wait
             if self._plain_decode(covered):
                 self.ahead = self._ahead_of(ahead, covered)
