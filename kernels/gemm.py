@@ -28,6 +28,8 @@ import triton
 import triton.language as tl
 
 from kernels import INTERPRETED, pdl
+from kernels.swiglu import PAIR, silu_mul
+from kernels.swiglu import swiglu as swiglu_rows
 
 TARGET_PROGRAMS = 264  # two per multiprocessor of an H200: fewer K segments beat more programs (sweep)
 SPREAD_ROWS = 64  # up to this many rows the segments run in programs of their own
@@ -97,9 +99,18 @@ def _segment(x, w, rows, cols, m, n, k, start, length, stride_xm, stride_wn,
 
 
 @triton.jit
+def _sum(partials, stride_ps, where, mask, segments):
+    """A tile's fp32 partials added in segment order."""
+    total = tl.load(partials + where, mask=mask, other=0.0, cache_modifier=".cg")
+    for other in range(1, segments):
+        total += tl.load(partials + other * stride_ps + where, mask=mask, other=0.0, cache_modifier=".cg")
+    return total
+
+
+@triton.jit
 def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride_ps, stride_pm, stride_om,
             segments, k_per_segment, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-            WIDEN: tl.constexpr, PDL: tl.constexpr):
+            WIDEN: tl.constexpr, SWIGLU: tl.constexpr, PAIR: tl.constexpr, PDL: tl.constexpr):
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     segment = tl.program_id(2)
@@ -113,10 +124,17 @@ def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride
     tile = counters + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
     if tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu") == segments - 1:
         # the tile's last program adds all partials, always in segment order, and rearms its counter
-        total = tl.load(partials + where, mask=mask, other=0.0, cache_modifier=".cg")
-        for other in range(1, segments):
-            total += tl.load(partials + other * stride_ps + where, mask=mask, other=0.0, cache_modifier=".cg")
-        tl.store(out + rows[:, None] * stride_om + cols[None, :], total.to(out.dtype.element_ty), mask=mask)
+        dtype = out.dtype.element_ty
+        if SWIGLU:  # the tile holds whole gate|up pairs: each pair's middle, rounded as kernels.swiglu
+            half = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+            gate_at = rows[:, None] * stride_pm + ((half // PAIR) * (2 * PAIR) + half % PAIR)[None, :]
+            live = (rows[:, None] < m) & (half[None, :] < n // 2)
+            gate = _sum(partials, stride_ps, gate_at, live, segments).to(dtype)
+            up = _sum(partials, stride_ps, gate_at + PAIR, live, segments).to(dtype)
+            tl.store(out + rows[:, None] * stride_om + half[None, :], silu_mul(gate, up, dtype), mask=live)
+        else:
+            total = _sum(partials, stride_ps, where, mask, segments)
+            tl.store(out + rows[:, None] * stride_om + cols[None, :], total.to(dtype), mask=mask)
         tl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")
 
 
@@ -136,9 +154,13 @@ def _whole(x, w, out, m, n, k, stride_xm, stride_wn, stride_om, segments, k_per_
              mask=(rows[:, None] < m) & (cols[None, :] < n))
 
 
-def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice: Plan | None = None
-           ) -> torch.Tensor:
+def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice: Plan | None = None,
+           swiglu: bool = False) -> torch.Tensor:
     """``x @ w.T`` for ``x`` [m, k] and ``w`` [n, k], both contiguous in k; the result in x's dtype.
+    With ``swiglu``, w is a gate|up weight laid out by ``kernels.swiglu.pair_rows`` and the result
+    is SwiGLU's middle [m, n / 2]: the spread form forms it as it adds the partials, the whole form
+    writes the product and ``kernels.swiglu`` reads it (the same bits as the plain product, then
+    ``swiglu`` on the unpaired columns).
 
     ``spread`` forces a launch form and ``choice`` a plan (tests, benchmarks); by default the form
     follows the number of rows and the plan the weight's shape. Scratch: fp32 partials of
@@ -148,31 +170,37 @@ def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice:
         raise ValueError(f"x is {list(x.shape)} but w is {list(w.shape)}: want [m, k] and [n, k]")
     m, k = x.shape
     n = w.shape[0]
+    if swiglu and n % (2 * PAIR):
+        raise ValueError(f"w has {n} rows; a paired gate|up weight has a multiple of {2 * PAIR}")
     if x.stride(1) != 1:
         x = x.contiguous()
     if w.stride(1) != 1:
         raise ValueError(f"w must be contiguous along k, its strides are {w.stride()}")
     choice = choice or plan(n, k)
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    if m == 0:
-        return out
     if spread is None:
         spread = m <= SPREAD_ROWS  # one segment too: the whole form's large tiles stream slowly at one row
+    out = torch.empty(m, n // 2 if swiglu and spread else n, dtype=x.dtype, device=x.device)
     if not spread:
         t = choice.whole
         grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m))
-        _whole[grid](x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0), choice.segments,
-                     choice.k_per_segment, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-                     WIDEN=INTERPRETED, num_warps=t.warps, num_stages=t.stages, **pdl.options(x.device))
+        if m:
+            _whole[grid](x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0), choice.segments,
+                         choice.k_per_segment, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+                         WIDEN=INTERPRETED, num_warps=t.warps, num_stages=t.stages, **pdl.options(x.device))
+        return swiglu_rows(out, paired=True) if swiglu else out
+    if m == 0:
         return out
     t = choice.spread_tiles(m)
+    if swiglu and t.block_n % (2 * PAIR):
+        raise ValueError(f"a {t.block_n}-column tile holds no whole gate|up pairs of {PAIR}")
     grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m))
     partials = torch.empty(choice.segments, m, n, dtype=torch.float32, device=x.device)
     _spread[(*grid, choice.segments)](x, w, partials, out, _counters(x.device, grid[0] * grid[1]), m, n, k,
                                       x.stride(0), w.stride(0), partials.stride(0), partials.stride(1),
                                       out.stride(0), choice.segments, choice.k_per_segment, BLOCK_M=t.block_m,
-                                      BLOCK_N=t.block_n, BLOCK_K=t.block_k, WIDEN=INTERPRETED,
-                                      num_warps=t.warps, num_stages=t.stages, **pdl.options(x.device))
+                                      BLOCK_N=t.block_n, BLOCK_K=t.block_k, WIDEN=INTERPRETED, SWIGLU=swiglu,
+                                      PAIR=PAIR, num_warps=t.warps, num_stages=t.stages,
+                                      **pdl.options(x.device))
     return out
 
 

@@ -2,7 +2,10 @@
 
 ``h`` [rows, 2 * inner] is the fused gate|up projection; the result [rows, inner] in h's dtype. The
 cast points follow ``tfd.model.ops``: silu in fp32 rounded to the model dtype, then the product in
-fp32 rounded again. Elementwise, so a row's bits never depend on the others.
+fp32 rounded again (``silu_mul``, which the paired product's epilogue in ``kernels.gemm`` shares).
+Elementwise, so a row's bits never depend on the others. ``paired``: h's columns come in blocks of
+``PAIR`` gate columns then the same ``PAIR`` up columns (``pair_rows`` lays a weight out so), as the
+paired product writes them when it does not form the middle itself.
 """
 
 from __future__ import annotations
@@ -14,27 +17,56 @@ import triton.language as tl
 from kernels import pdl
 
 BLOCK = 1024
+PAIR = 32  # columns of a paired block: PAIR gate columns, then their PAIR up columns
 
 
 @triton.jit
-def _swiglu(h, out, inner, stride_h, stride_o, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def silu_mul(gate, up, dtype: tl.constexpr):
+    """silu(gate) * up in ``dtype`` from gate and up already in it (widened to fp32 here)."""
+    gate, up = gate.to(tl.float32), up.to(tl.float32)
+    act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+    return (act * up).to(dtype)
+
+
+@triton.jit
+def _swiglu(h, out, inner, stride_h, stride_o, BLOCK: tl.constexpr, PAIRED: tl.constexpr,
+            PAIR: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inner
-    gate = tl.load(h + row * stride_h + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(h + row * stride_h + inner + cols, mask=mask, other=0.0).to(tl.float32)
-    act = (gate / (1.0 + tl.exp(-gate))).to(out.dtype.element_ty).to(tl.float32)
-    tl.store(out + row * stride_o + cols, (act * up).to(out.dtype.element_ty), mask=mask)
+    if PAIRED:
+        gate_cols = (cols // PAIR) * (2 * PAIR) + cols % PAIR
+        up_cols = gate_cols + PAIR
+    else:
+        gate_cols = cols
+        up_cols = inner + cols
+    gate = tl.load(h + row * stride_h + gate_cols, mask=mask, other=0.0)
+    up = tl.load(h + row * stride_h + up_cols, mask=mask, other=0.0)
+    tl.store(out + row * stride_o + cols, silu_mul(gate, up, out.dtype.element_ty), mask=mask)
 
 
-def swiglu(h: torch.Tensor) -> torch.Tensor:
-    """silu(h[:, :inner]) * h[:, inner:] for ``h`` [rows, 2 * inner], contiguous along columns."""
-    if h.dim() != 2 or h.shape[1] % 2 or h.stride(1) != 1:
-        raise ValueError(f"h must be [rows, 2 * inner] with unit column stride, got {list(h.shape)}")
+def swiglu(h: torch.Tensor, paired: bool = False) -> torch.Tensor:
+    """silu(h[:, :inner]) * h[:, inner:] for ``h`` [rows, 2 * inner], contiguous along columns; with
+    ``paired``, gate and up alternate in blocks of ``PAIR`` columns instead."""
+    if h.dim() != 2 or h.shape[1] % (2 * PAIR if paired else 2) or h.stride(1) != 1:
+        want = f"a multiple of {2 * PAIR} " if paired else ""
+        raise ValueError(f"h must be [rows, 2 * inner] with unit column stride and {want}columns, "
+                         f"got {list(h.shape)}")
     rows, inner = h.shape[0], h.shape[1] // 2
     out = torch.empty(rows, inner, dtype=h.dtype, device=h.device)
     if rows:
         _swiglu[(rows, triton.cdiv(inner, BLOCK))](h, out, inner, h.stride(0), out.stride(0), BLOCK=BLOCK,
-                                                   **pdl.options(h.device))
+                                                   PAIRED=paired, PAIR=PAIR, **pdl.options(h.device))
     return out
+
+
+def pair_rows(gate_up: torch.Tensor) -> torch.Tensor:
+    """A [2 * inner, k] gate|up weight with its rows in paired blocks (``PAIR`` gate rows, then the
+    same ``PAIR`` up rows), so a product's output tile holds whole pairs; inner a multiple of
+    ``PAIR``."""
+    two_inner, k = gate_up.shape
+    if two_inner % (2 * PAIR):
+        raise ValueError(f"gate_up has {two_inner} rows; pairing needs a multiple of {2 * PAIR}")
+    gate, up = gate_up.view(2, two_inner // (2 * PAIR), PAIR, k).unbind(0)
+    return torch.stack((gate, up), dim=1).reshape(two_inner, k)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import gemm
+from kernels import gemm, swiglu
 
 
 def weights(n: int, k: int, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
@@ -56,6 +56,29 @@ def test_a_row_alone_equals_the_row_in_a_batch() -> None:
         assert torch.equal(gemm.matmul(x[row:row + 1], w)[0], batch[row])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("spread", [True, False])
+def test_the_paired_product_forms_swiglus_middle_as_the_plain_product_then_swiglu(
+        dtype: torch.dtype, spread: bool) -> None:
+    inner, k = 96, 256
+    tiles = gemm.Tiles(16, 64, 64)  # one tile shape in both products and forms (see above)
+    choice = gemm.plan(2 * inner, k, spread=tiles, whole=tiles, few=tiles, mid=tiles)
+    gate_up = weights(2 * inner, k, dtype)
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(5)).to(dtype)
+    want = swiglu.swiglu(gemm.matmul(x, gate_up, spread=spread, choice=choice))
+    got = gemm.matmul(x, swiglu.pair_rows(gate_up), spread=spread, choice=choice, swiglu=True)
+    assert got.shape == (5, inner)
+    assert torch.equal(got, want)
+
+
+def test_paired_columns_read_as_the_plain_ones() -> None:
+    h = torch.randn(3, 2 * 64, generator=torch.Generator().manual_seed(3))
+    paired = swiglu.pair_rows(h.T.contiguous()).T.contiguous()  # the columns a paired product writes
+    assert torch.equal(swiglu.swiglu(paired, paired=True), swiglu.swiglu(h))
+    with pytest.raises(ValueError, match="multiple of 64"):
+        swiglu.pair_rows(torch.zeros(96, 8))
+
+
 def test_shapes_are_checked_by_name() -> None:
     with pytest.raises(ValueError, match="x is"):
         gemm.matmul(torch.zeros(2, 8), torch.zeros(4, 9))
@@ -71,3 +94,13 @@ def test_rows_are_batch_invariant_on_the_device(n: int, k: int) -> None:
         assert torch.equal(gemm.matmul(x[:m], w), whole[:m]), f"rows differ at m={m}"
     got, want = whole.float(), gemm.reference(x, w).float()
     assert ((got - want).abs() <= 2 ** -7 * want.abs() + 2e-3).all()
+
+
+@pytest.mark.gpu
+def test_the_paired_product_gives_the_plain_bits_on_the_device() -> None:
+    gate_up = weights(2 * 12288, 4096, torch.bfloat16, "cuda")
+    paired = swiglu.pair_rows(gate_up)
+    x = torch.randn(80, 4096, device="cuda", dtype=torch.bfloat16)
+    for m in (1, 17, 33, 64, 80):  # every spread tile, then the whole form
+        want = swiglu.swiglu(gemm.matmul(x[:m], gate_up))
+        assert torch.equal(gemm.matmul(x[:m], paired, swiglu=True), want), f"differs at m={m}"

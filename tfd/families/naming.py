@@ -18,7 +18,7 @@ import torch
 from tfd.families.config import HybridConfig
 from tfd.model.attention import AttentionWeights
 from tfd.model.gdn import GdnWeights
-from tfd.model.mlp import DenseMlp, MoeWeights
+from tfd.model.mlp import DenseMlp, MoeWeights, paired
 
 Shape = tuple[int, ...]
 _SHARD = re.compile(r"(.+)\.shard_(\d+)\.weight")
@@ -135,6 +135,11 @@ def dense_weights(get: Get, at: str) -> DenseMlp:
                     get(f"{at}.down_proj.weight"))
 
 
+def ffn_weights(get: Get, at: str) -> DenseMlp:
+    """A dense feed-forward block or a shared expert: ``dense_weights``, paired on CUDA."""
+    return paired(dense_weights(get, at))
+
+
 def moe_weights(cfg: HybridConfig, naming: Naming, get: Get, at: str) -> MoeWeights:
     if naming.fused_experts(at):
         gate_up, down = get(f"{at}.experts.gate_up_proj"), get(f"{at}.experts.down_proj")
@@ -143,6 +148,6 @@ def moe_weights(cfg: HybridConfig, naming: Naming, get: Get, at: str) -> MoeWeig
         gate_up = torch.stack([x.gate_up for x in experts])
         down = torch.stack([x.down for x in experts])
     return MoeWeights(router=get(f"{at}.gate.weight"), gate_up=gate_up, down=down,
-                      shared=dense_weights(get, f"{at}.shared_expert"),
+                      shared=ffn_weights(get, f"{at}.shared_expert"),
                       shared_gate=get(f"{at}.shared_expert_gate.weight"), top_k=cfg.top_k,
                       norm_top_k=cfg.norm_top_k)

@@ -15,7 +15,7 @@ from tfd.families.naming import (
     Naming,
     Shape,
     attention_weights,
-    dense_weights,
+    ffn_weights,
     gdn_projections,
     gdn_weights,
     moe_weights,
@@ -98,6 +98,6 @@ def build_layer(cfg: HybridConfig, naming: Naming, get: Get, project: Projection
     else:
         mixer = attention_weights(cfg, get, f"{at}.self_attn")
     ffn: DenseMlp | MoeWeights = moe_weights(cfg, naming, get, f"{at}.mlp") if moe \
-        else dense_weights(get, f"{at}.mlp")
+        else ffn_weights(get, f"{at}.mlp")
     return LayerWeights(name, mixer, ffn, input_norm=get(f"{at}.input_layernorm.weight"),
                         post_norm=get(f"{at}.post_attention_layernorm.weight"))

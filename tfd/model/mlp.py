@@ -13,13 +13,23 @@ import torch
 
 from kernels import moe as kernels_moe
 from kernels import router
-from tfd.model.ops import linear, sigmoid_gate, silu, swiglu
+from kernels import swiglu as swiglu_kernel
+from tfd.model.ops import linear, sigmoid_gate, silu, swiglu, swiglu_product
 
 
 @attrs.frozen
 class DenseMlp:
     gate_up: torch.Tensor  # [2 * inner, hidden]: gate rows, then up rows (one product for both)
     down: torch.Tensor  # [hidden, inner]
+    paired: bool = False  # gate_up's rows in kernels.swiglu.pair_rows blocks instead (CUDA)
+
+
+def paired(w: DenseMlp) -> DenseMlp:
+    """``w`` with its gate|up rows paired for the product that forms SwiGLU's middle itself, on
+    CUDA where inner allows; else ``w``."""
+    if not w.gate_up.is_cuda or w.paired or w.gate_up.shape[0] % (2 * swiglu_kernel.PAIR):
+        return w
+    return DenseMlp(swiglu_kernel.pair_rows(w.gate_up), w.down, paired=True)
 
 
 @attrs.frozen
@@ -34,6 +44,8 @@ class MoeWeights:
 
 
 def dense(w: DenseMlp, x: torch.Tensor) -> torch.Tensor:
+    if w.paired:
+        return linear(swiglu_product(x, w.gate_up), w.down)
     return linear(swiglu(linear(x, w.gate_up)), w.down)
 
 

@@ -66,6 +66,15 @@ def swiglu(h: torch.Tensor) -> torch.Tensor:
     return silu(h[..., :inner]) * h[..., inner:]
 
 
+def swiglu_product(x: torch.Tensor, paired: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's middle of ``x``'s product with a gate|up weight laid out by
+    ``kernels.swiglu.pair_rows`` (CUDA only): at few rows formed as the product's partial sums are
+    added, one launch for both; the same bits as ``swiglu(linear(x, gate_up))``."""
+    if not x.is_cuda:
+        raise ValueError("a paired gate|up weight is built for CUDA only; the CPU keeps gate then up")
+    return gemm.matmul(x, paired, swiglu=True)
+
+
 def softplus(x: torch.Tensor) -> torch.Tensor:
     """log(1 + exp(x)), elementwise in the same way at every position."""
     tame = torch.log1p(torch.exp(torch.clamp(x, max=SOFTPLUS_THRESHOLD)))
