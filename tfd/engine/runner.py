@@ -269,5 +269,5 @@ class Runner:
         assert lane.memory is not None
         ids = [lane.generated[-1]] if work.decode else \
             lane.request.prompt[work.start:work.start + work.length]
-        return Span(lane.memory, work.start, torch.tensor(ids, dtype=torch.long, device=self.device),
+        return Span(lane.memory, work.start, to_device(torch.tensor(ids, dtype=torch.long), self.device),
                     decode=work.decode)

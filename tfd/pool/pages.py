@@ -241,7 +241,7 @@ class Lease:
             return
         pages = self.pool._pages.take_lowest(extra)
         try:
-            self._table[len(self.row_pages):want] = torch.tensor(pages, dtype=torch.int32)
+            self._write_table(len(self.row_pages), pages)
         except BaseException:
             self.pool._pages.give(pages)
             raise
@@ -301,11 +301,19 @@ class Lease:
             raise
         self.state_pages = state
         if row:
-            self._table[:] = torch.tensor(row, dtype=torch.int32)
+            self._write_table(0, row)
             self.row_pages = row
         self._spend(len(pages))
         self._pieces = views
         return views
+
+    def _write_table(self, start: int, pages: list[int]) -> None:
+        """Page ids into the device table from ``start``, queued behind the device's work: from
+        pinned memory on CUDA, so the host does not wait for the steps in flight."""
+        held = torch.tensor(pages, dtype=torch.int32)
+        if self._table.is_cuda:
+            held = held.pin_memory()
+        self._table[start:start + len(pages)].copy_(held, non_blocking=True)
 
     def _spend(self, count: int) -> None:
         if count > self.promised:  # the promise was counted wrong: a bug, not a refusal
