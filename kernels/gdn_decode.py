@@ -23,11 +23,12 @@ number of lanes, so a lane's bits do not depend on its batch.
 
 from __future__ import annotations
 
+import attrs
 import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl
+from kernels import gdn_gates, pdl
 
 # Value columns per program and warps: measured best of 8/16/32/64 x 1..8 on the H200 at 16 to 96 lanes
 # (about 3.3 TB/s of state read plus written). The same for every path: the reductions' order follows them.
@@ -56,10 +57,10 @@ def _step(s, k, v, g, beta):
 
 @triton.jit
 def _rows(q, k, v, g, beta, states, state_at, write_at, log, log_at, out, rows, scale,
-          q_lane, q_row, k_lane, k_row, v_lane, v_row,
-          KEY_HEADS: tl.constexpr, VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr,
+          q_lane, q_row, k_lane, k_row, v_lane, v_row, a_log, dt_bias, g_lane, g_row, beta_lane, beta_row,
+          threshold, KEY_HEADS: tl.constexpr, VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr,
           VALUE_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, LOG: tl.constexpr,
-          PDL: tl.constexpr):
+          GATED: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     block, head, lane = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     key_head = head // (VALUE_HEADS // KEY_HEADS)
@@ -76,13 +77,17 @@ def _rows(q, k, v, g, beta, states, state_at, write_at, log, log_at, out, rows, 
     tile_live = k_live[:, None] & v_live[None, :]
     s = tl.load(states + at + tile, mask=tile_live, other=0.0)
     for r in range(rows):
-        row = lane * rows + r
         kn = _normed(k + lane * k_lane + r * k_row + key_head * KEY_DIM, ks, k_live)
         qn = _normed(q + lane * q_lane + r * q_row + key_head * KEY_DIM, ks, k_live) * scale
         vr = tl.load(v + lane * v_lane + r * v_row + head * VALUE_DIM + vs, mask=v_live, other=0.0)
         vr = vr.to(tl.float32)
-        gr = tl.load(g + row * VALUE_HEADS + head)
-        br = tl.load(beta + row * VALUE_HEADS + head)
+        if GATED:  # g holds the projection's a and beta its b: the gates formed here, as gdn_gates does
+            br, gr = gdn_gates.gate_values(tl.load(beta + lane * beta_lane + r * beta_row + head),
+                                           tl.load(g + lane * g_lane + r * g_row + head),
+                                           tl.load(a_log + head), tl.load(dt_bias + head), threshold)
+        else:
+            gr = tl.load(g + lane * g_lane + r * g_row + head)
+            br = tl.load(beta + lane * beta_lane + r * beta_row + head)
         s = _step(s, kn, vr, gr, br)
         tl.store(outs + r * VALUE_HEADS * VALUE_DIM, tl.sum(s * qn[:, None], axis=0), mask=v_live)
         if LOG:
@@ -139,9 +144,10 @@ def _check_view(name: str, view: torch.Tensor) -> None:
         raise ValueError(f"{name} must be the pool's 1-D float32 view, got {view.dtype} {view.dim()}-D")
 
 
-def _check_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                states: torch.Tensor, lead: int) -> tuple[int, int, int, int]:
-    """Shapes shared by decode and verify, ``lead`` the axes before the heads; the head dims."""
+def _check_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
+                beta: torch.Tensor | None, states: torch.Tensor, lead: int) -> tuple[int, int, int, int]:
+    """Shapes shared by decode and verify, ``lead`` the axes before the heads (g and beta when
+    given); the head dims."""
     if q.dim() != lead + 2 or v.dim() != lead + 2:
         raise ValueError(f"q and v need {lead + 2} axes, got {q.dim()} and {v.dim()}")
     key_heads, key_dim = q.shape[lead:]
@@ -150,8 +156,9 @@ def _check_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
         raise ValueError(f"v has {value_heads} heads, not a multiple of q's {key_heads}")
     _check("k", k, tuple(q.shape), q.dtype)
     _check("v", v, (*q.shape[:lead], value_heads, value_dim), q.dtype)
-    _check("g", g, (*q.shape[:lead], value_heads), torch.float32)
-    _check("beta", beta, (*q.shape[:lead], value_heads), torch.float32)
+    for name, gate in (("g", g), ("beta", beta)):
+        if gate is not None:
+            _check(name, gate, (*q.shape[:lead], value_heads), torch.float32)
     _check_view("states", states)
     return key_heads, value_heads, key_dim, value_dim
 
@@ -164,7 +171,30 @@ def _heads(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     return t, t.stride(0), t.stride(1) if t.dim() == 4 else 0
 
 
-def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+@attrs.frozen
+class Gates:
+    """A GDN layer's gates for the rule: ``g`` and ``beta`` (fp32) formed already, or, ``raw``, the
+    projection's ``a`` and ``b`` (model dtype, views) with the heads' ``a_log`` and ``dt_bias``,
+    from which the kernel forms them itself (``kernels.gdn_gates``' arithmetic, the same bits)."""
+
+    g: torch.Tensor  # [lanes(, rows), value_heads]: g, or a when raw
+    beta: torch.Tensor  # beta, or b when raw
+    a_log: torch.Tensor | None = None
+    dt_bias: torch.Tensor | None = None
+
+    @property
+    def raw(self) -> bool:
+        return self.a_log is not None
+
+
+def _strides(t: torch.Tensor) -> tuple[int, int]:
+    """A [lanes(, rows), heads] gate tensor's lane and row strides; its heads must be contiguous."""
+    if t.stride(-1) != 1:
+        raise ValueError(f"gates must have contiguous heads, their strides are {t.stride()}")
+    return t.stride(0), t.stride(1) if t.dim() == 3 else 0
+
+
+def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: Gates,
             states: torch.Tensor, state_at: torch.Tensor, write_at: torch.Tensor, log: torch.Tensor,
             log_at: torch.Tensor, out: torch.Tensor, rows: int, scale: float, logging: bool) -> None:
     lanes = q.shape[0]
@@ -175,10 +205,13 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
     block_k, block_v = _blocks(key_dim, value_dim)
     grid = (triton.cdiv(value_dim, block_v), value_heads, lanes)
     (q, *q_strides), (k, *k_strides), (v, *v_strides) = (_heads(t) for t in (q, k, v))
-    _rows[grid](q, k, v, g.contiguous(), beta.contiguous(), states, state_at, write_at, log, log_at, out,
-                rows, scale, *q_strides, *k_strides, *v_strides, KEY_HEADS=key_heads,
+    a_log = gates.a_log if gates.a_log is not None else gates.g  # not read unless raw
+    dt_bias = gates.dt_bias if gates.dt_bias is not None else gates.g
+    _rows[grid](q, k, v, gates.g, gates.beta, states, state_at, write_at, log, log_at, out,
+                rows, scale, *q_strides, *k_strides, *v_strides, a_log, dt_bias, *_strides(gates.g),
+                *_strides(gates.beta), gdn_gates.SOFTPLUS_THRESHOLD, KEY_HEADS=key_heads,
                 VALUE_HEADS=value_heads, KEY_DIM=key_dim, VALUE_DIM=value_dim, BLOCK_K=block_k,
-                BLOCK_V=block_v, LOG=logging, num_warps=NUM_WARPS, **pdl.options(q.device))
+                BLOCK_V=block_v, LOG=logging, GATED=gates.raw, num_warps=NUM_WARPS, **pdl.options(q.device))
 
 
 def decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -186,8 +219,27 @@ def decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b
     """One row per lane: q, k [lanes, key_heads, key_dim], v [lanes, value_heads, value_dim], g and
     beta [lanes, value_heads] fp32; each lane's state is updated in place; out fp32 like v."""
     _check_rows(q, k, v, g, beta, states, lead=1)
+    return _decode(q, k, v, Gates(g, beta), states, state_at, scale)
+
+
+def decode_gated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+                 a_log: torch.Tensor, dt_bias: torch.Tensor, states: torch.Tensor, state_at: torch.Tensor,
+                 scale: float) -> torch.Tensor:
+    """``decode`` with the gates formed in the kernel from the projection's ``b`` and ``a`` [lanes,
+    value_heads] (model dtype, any lane stride) and the heads' ``a_log`` and ``dt_bias``: the same
+    bits as ``decode`` given ``kernels.gdn_gates.gates(b, a, a_log, dt_bias)``, one launch less."""
+    _, value_heads, _, _ = _check_rows(q, k, v, None, None, states, lead=1)
+    for name, t in (("b", b), ("a", a)):
+        _check(name, t, (q.shape[0], value_heads), q.dtype)
+    for name, t in (("a_log", a_log), ("dt_bias", dt_bias)):
+        _check(name, t, (value_heads,))
+    return _decode(q, k, v, Gates(a, b, a_log, dt_bias), states, state_at, scale)
+
+
+def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: Gates, states: torch.Tensor,
+            state_at: torch.Tensor, scale: float) -> torch.Tensor:
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
-    _launch(q, k, v, g, beta, states, state_at, state_at, states, state_at, out, 1, scale, logging=False)
+    _launch(q, k, v, gates, states, state_at, state_at, states, state_at, out, 1, scale, logging=False)
     return out
 
 
@@ -199,7 +251,8 @@ def verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b
     _check_rows(q, k, v, g, beta, states, lead=2)
     _check_view("log", log)
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
-    _launch(q, k, v, g, beta, states, state_at, spare_at, log, log_at, out, q.shape[1], scale, logging=True)
+    _launch(q, k, v, Gates(g.contiguous(), beta.contiguous()), states, state_at, spare_at, log, log_at, out,
+            q.shape[1], scale, logging=True)
     return out
 
 

@@ -18,18 +18,26 @@ SOFTPLUS_THRESHOLD = 20.0
 
 
 @triton.jit
+def gate_values(raw_b, raw_a, a_log, dt_bias, threshold):
+    """(beta, g) in fp32 from loaded b and a (model dtype) and their heads' A_log and dt_bias; the
+    one arithmetic of this kernel and of the GDN decode kernel that forms its gates itself."""
+    sig = (1.0 / (1.0 + tl.exp(-raw_b.to(tl.float32)))).to(raw_b.dtype).to(tl.float32)
+    x = raw_a.to(tl.float32) + dt_bias.to(tl.float32)
+    soft = tl.where(x > threshold, x, tl.log(1.0 + tl.exp(tl.minimum(x, threshold))))
+    return sig, -tl.exp(a_log.to(tl.float32)) * soft
+
+
+@triton.jit
 def _gates(b, a, a_log, dt_bias, beta, g, heads, stride_b, stride_a, threshold, BLOCK: tl.constexpr,
            PDL: tl.constexpr):
     pdl.wait(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < heads
-    raw_b = tl.load(b + row * stride_b + cols, mask=mask, other=0.0)
-    sig = (1.0 / (1.0 + tl.exp(-raw_b.to(tl.float32)))).to(raw_b.dtype).to(tl.float32)
-    x = tl.load(a + row * stride_a + cols, mask=mask, other=0.0).to(tl.float32) + \
-        tl.load(dt_bias + cols, mask=mask, other=0.0).to(tl.float32)
-    soft = tl.where(x > threshold, x, tl.log(1.0 + tl.exp(tl.minimum(x, threshold))))
-    decay = -tl.exp(tl.load(a_log + cols, mask=mask, other=0.0).to(tl.float32)) * soft
+    sig, decay = gate_values(tl.load(b + row * stride_b + cols, mask=mask, other=0.0),
+                             tl.load(a + row * stride_a + cols, mask=mask, other=0.0),
+                             tl.load(a_log + cols, mask=mask, other=0.0),
+                             tl.load(dt_bias + cols, mask=mask, other=0.0), threshold)
     tl.store(beta + row * heads + cols, sig, mask=mask)
     tl.store(g + row * heads + cols, decay, mask=mask)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from gdn_shapes import ALIGN, TOL, Dims
 
-from kernels import gdn_decode
+from kernels import gdn_decode, gdn_gates
 from tfd.model.gdn import recurrent
 
 TINY = Dims(key_heads=2, value_heads=4, key_dim=16, value_dim=64)  # several value blocks a head
@@ -76,6 +76,35 @@ def check_decode(dims: Dims, lanes: int, dtype: torch.dtype, device: str) -> Non
     torch.testing.assert_close(pieces(pool, state_at, dims.state), pieces(expected, state_at, dims.state),
                                **TOL)
     assert torch.equal(splice(expected, pool, [state_at], dims.state), pool)
+
+
+def check_gated(dims: Dims, lanes: int, dtype: torch.dtype, device: str) -> None:
+    """Gates formed in the kernel from the projection's b and a: decode's bits with gdn_gates' g, beta."""
+    pool, (state_at,) = make_pool(lanes, [dims.state], [1], device)
+    q, k, v, _, _ = row(inputs(dims, lanes, 1, dtype, device), 0)
+    gen = torch.Generator().manual_seed(lanes)
+    projected = (torch.randn(lanes, 3 * dims.value_heads, generator=gen) * 4).to(dtype).to(device)
+    b, a = projected[:, dims.value_heads:2 * dims.value_heads], projected[:, 2 * dims.value_heads:]
+    a[0, 0] = 30.0  # past softplus's threshold
+    a_log = torch.rand(dims.value_heads, generator=gen).to(device)
+    dt_bias = torch.randn(dims.value_heads, generator=gen).to(dtype).to(device)
+    beta, g = gdn_gates.gates(b, a, a_log, dt_bias)
+    plain = pool.clone()
+    want = gdn_decode.decode(q, k, v, g, beta, plain.view(torch.float32), state_at, dims.scale)
+    got = gdn_decode.decode_gated(q, k, v, b, a, a_log, dt_bias, pool.view(torch.float32), state_at,
+                                  dims.scale)
+    assert torch.equal(got, want)
+    assert torch.equal(pool, plain)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gates_formed_in_the_kernel_give_decodes_bits(dtype: torch.dtype) -> None:
+    check_gated(TINY, 3, dtype, "cpu")
+    q, k, v, g, beta = row(inputs(TINY, 2, 1, dtype, "cpu"), 0)
+    pool, (state_at,) = make_pool(2, [TINY.state], [1], "cpu")
+    with pytest.raises(ValueError, match="a_log"):  # three heads' A_log for four value heads
+        gdn_decode.decode_gated(q, k, v, g.to(dtype), beta.to(dtype), g[0, :3], g[0],
+                                pool.view(torch.float32), state_at, TINY.scale)
 
 
 def check_alone(dims: Dims, lanes: int, dtype: torch.dtype, device: str) -> None:
@@ -202,6 +231,7 @@ def test_launchers_name_the_bad_argument() -> None:
 @pytest.mark.parametrize("dims", REAL, ids=lambda d: f"hv{d.value_heads}")
 def test_real_sizes_on_gpu(dims: Dims) -> None:
     check_decode(dims, 64, torch.bfloat16, "cuda")
+    check_gated(dims, 64, torch.bfloat16, "cuda")
     check_alone(dims, 8, torch.bfloat16, "cuda")
     check_verify(dims, 64, 4, torch.bfloat16, "cuda")
     check_identities(dims, 64, 4, torch.bfloat16, "cuda")

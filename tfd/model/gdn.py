@@ -49,12 +49,18 @@ class Projected:
     g: torch.Tensor  # [rows, value_heads] fp32
 
 
-def project(w: GdnWeights, x: torch.Tensor) -> Projected:
+def split_projection(w: GdnWeights, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The fused projection of ``x`` as views: conv input, z [rows, value_heads, value_dim], b, a."""
     rows, heads = x.shape[0], w.value_heads
     channels = 2 * w.key_heads * w.key_dim + heads * w.value_dim
     mixed, z, b, a = torch.split(linear(x, w.proj), [channels, heads * w.value_dim, heads, heads], dim=-1)
+    return mixed, z.view(rows, heads, w.value_dim), b, a
+
+
+def project(w: GdnWeights, x: torch.Tensor) -> Projected:
+    mixed, z, b, a = split_projection(w, x)
     beta, g = gates(b, a, w.a_log, w.dt_bias)
-    return Projected(mixed, z.view(rows, heads, w.value_dim), beta, g)
+    return Projected(mixed, z, beta, g)
 
 
 def gates(b: torch.Tensor, a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
@@ -136,12 +142,16 @@ def gdn_rows(w: GdnWeights, x: torch.Tensor, states: torch.Tensor, state_at: tor
     """One decode row per lane, batched: ``x`` [lanes, hidden]; each lane's state and conv tail sit
     in the pool views ``states`` (fp32) and ``tails`` (model dtype) at element offsets
     ``state_at`` / ``tail_at`` [lanes] (-1: a padding lane, whose memory is not touched). Triton
-    kernels on CUDA, their torch references elsewhere; either updates states and tails in place."""
+    kernels on CUDA, their torch references elsewhere; either updates states and tails in place.
+    On CUDA the rule's kernel forms the gates from the projection itself."""
+    if x.is_cuda:
+        mixed, z, b, a = split_projection(w, x)
+        q, k, v = split_heads(w, conv1d.decode(mixed, w.conv, tails, tail_at))
+        out = gdn_decode.decode_gated(q, k, v, b, a, w.a_log, w.dt_bias, states, state_at, w.key_dim ** -0.5)
+        return finish(w, out, z)
     p = project(w, x)
-    conv = conv1d.decode if x.is_cuda else conv1d.reference
-    q, k, v = split_heads(w, conv(p.mixed, w.conv, tails, tail_at))
-    rule = gdn_decode.decode if x.is_cuda else gdn_decode.reference
-    out = rule(q, k, v, p.g, p.beta, states, state_at, w.key_dim ** -0.5)
+    q, k, v = split_heads(w, conv1d.reference(p.mixed, w.conv, tails, tail_at))
+    out = gdn_decode.reference(q, k, v, p.g, p.beta, states, state_at, w.key_dim ** -0.5)
     return finish(w, out, p.z)
 
 
