@@ -147,7 +147,7 @@ def moe_weights(cfg: HybridConfig, naming: Naming, get: Get, at: str) -> MoeWeig
         experts = [dense_weights(get, f"{at}.experts.{e}") for e in range(cfg.experts)]
         gate_up = torch.stack([x.gate_up for x in experts])
         down = torch.stack([x.down for x in experts])
-    return MoeWeights(router=get(f"{at}.gate.weight"), gate_up=gate_up, down=down,
-                      shared=ffn_weights(get, f"{at}.shared_expert"),
-                      shared_gate=get(f"{at}.shared_expert_gate.weight"), top_k=cfg.top_k,
-                      norm_top_k=cfg.norm_top_k)
+    router = torch.cat((get(f"{at}.gate.weight"), get(f"{at}.shared_expert_gate.weight")))
+    shared = ffn_weights(get, f"{at}.shared_expert")
+    return MoeWeights(router=router, gate_up=gate_up, down=down, shared=shared,
+                      top_k=cfg.top_k, norm_top_k=cfg.norm_top_k)

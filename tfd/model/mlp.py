@@ -34,11 +34,10 @@ def paired(w: DenseMlp) -> DenseMlp:
 
 @attrs.frozen
 class MoeWeights:
-    router: torch.Tensor  # [experts, hidden]
+    router: torch.Tensor  # [experts + 1, hidden]: the router's rows, then the shared expert's gate row
     gate_up: torch.Tensor  # [experts, 2 * inner, hidden]: gate rows, then up rows
     down: torch.Tensor  # [experts, hidden, inner]
     shared: DenseMlp
-    shared_gate: torch.Tensor  # [1, hidden]
     top_k: int
     norm_top_k: bool
 
@@ -49,17 +48,20 @@ def dense(w: DenseMlp, x: torch.Tensor) -> torch.Tensor:
     return linear(swiglu(linear(x, w.gate_up)), w.down)
 
 
-def route(w: MoeWeights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's ``top_k`` experts and their weights (renormalised when ``norm_top_k``); among equal
-    probabilities the lower expert wins. One kernel on CUDA after the router's product."""
+def route(w: MoeWeights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's ``top_k`` experts and their weights (renormalised when ``norm_top_k``; among equal
+    probabilities the lower expert wins) and the shared expert's gate [rows, 1], from one product.
+    One kernel on CUDA after it for the choice."""
     logits = linear(x, w.router)
+    count = logits.shape[1] - 1
     choose = router.top_k if x.is_cuda else router.reference
-    return choose(logits, w.top_k, w.norm_top_k, x.dtype)
+    experts, weights = choose(logits[:, :count], w.top_k, w.norm_top_k, x.dtype)
+    return experts, weights, logits[:, count:]
 
 
 def moe(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:
-    experts, weights = route(w, x)
-    gate, shared = linear(x, w.shared_gate), dense(w.shared, x)
+    experts, weights, gate = route(w, x)
+    shared = dense(w.shared, x)
     if x.is_cuda:  # every selected expert in one grouped kernel, each read once
         return sigmoid_gate(shared, gate, kernels_moe.experts(x, w.gate_up, w.down, experts, weights))
     inner = w.down.shape[2]
