@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from kernels import INTERPRETED, pdl
+from kernels.sigmoid_gate import gated, sigmoid_gate
 
 BLOCK_M = 16  # pairs in a tile: one tensor-core row block
 GATE_N, GATE_K, GATE_STAGES = 64, 128, 4  # stage one: columns, reduction step, pipeline depth (H200 sweep)
@@ -188,14 +189,21 @@ def _down(h, down, buf, weights, layout, pair_at, dest_at, hidden, inner, stride
 
 
 @triton.jit
-def _combine(buf, out, hidden, top_k, stride_o, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+def _combine(buf, out, shared, shared_gate, hidden, top_k, stride_o, stride_s, stride_g,
+             SHARED: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     total = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for rank in range(0, top_k):  # ascending expert id, the same order for every row
         total += tl.load(buf + (row * top_k + rank) * hidden + cols, mask=cols < hidden, other=0.0)
-    tl.store(out + row * stride_o + cols, total.to(out.dtype.element_ty), mask=cols < hidden)
+    dtype = out.dtype.element_ty
+    result = total.to(dtype)
+    if SHARED:  # routed + shared * sigmoid(gate), rounded as kernels.sigmoid_gate rounds it
+        part = gated(tl.load(shared + row * stride_s + cols, mask=cols < hidden, other=0.0),
+                     tl.load(shared_gate + row * stride_g), dtype)
+        result = (result.to(tl.float32) + part.to(tl.float32)).to(dtype)
+    tl.store(out + row * stride_o + cols, result, mask=cols < hidden)
 
 
 def _check(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
@@ -223,15 +231,28 @@ def _check(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torc
 
 
 def experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
-            weights: torch.Tensor) -> torch.Tensor:
-    """The routed experts' output [rows, hidden] in x's dtype; ``ids`` must lie in [0, experts)."""
+            weights: torch.Tensor, shared: torch.Tensor | None = None,
+            shared_gate: torch.Tensor | None = None) -> torch.Tensor:
+    """The routed experts' output [rows, hidden] in x's dtype; ``ids`` must lie in [0, experts).
+    With ``shared`` [rows, hidden] and ``shared_gate`` [rows, 1] (unit column strides), the MoE
+    block's output instead: the routed sum rounded, plus ``shared * sigmoid(shared_gate)``, the bits
+    of ``kernels.sigmoid_gate.sigmoid_gate(shared, shared_gate, routed)``, in the same last launch."""
     _check(x, gate_up, down, ids, weights)
+    if (shared is None) != (shared_gate is None):
+        raise ValueError("shared and shared_gate come together")
+    if shared is not None and shared_gate is not None and (
+            shared.shape != x.shape or shared.dtype != x.dtype or shared.stride(1) != 1
+            or tuple(shared_gate.shape) != (x.shape[0], 1)):
+        raise ValueError(f"shared {list(shared.shape)} {shared.dtype} and shared_gate "
+                         f"{list(shared_gate.shape)} must be {list(x.shape)} {x.dtype} (unit column stride) "
+                         f"and [{x.shape[0]}, 1]")
     rows, hidden = x.shape
     n_experts, _, inner = down.shape
     top_k = ids.shape[1]
     out = torch.empty(rows, hidden, dtype=x.dtype, device=x.device)
     if rows == 0 or top_k == 0:
-        return out.zero_()
+        out.zero_()
+        return out if shared is None or shared_gate is None else sigmoid_gate(shared, shared_gate, out)
     x, ids, weights = x.contiguous(), ids.contiguous(), weights.contiguous()
     bins = triton.next_power_of_2(n_experts)
     precision = "ieee" if x.dtype == torch.float32 else "tf32"  # tf32 would round fp32 operands
@@ -270,8 +291,11 @@ def experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: tor
             down.stride(1), BINS=bins, PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=BLOCK_M,
             BLOCK_N=DOWN_N, BLOCK_K=DOWN_K, num_stages=DOWN_STAGES, **pdl.options(h.device))
         target = out[first:first + count]
-        _combine[(count, triton.cdiv(hidden, COMBINE_N))](buf, target, hidden, top_k, target.stride(0),
-                                                           BLOCK_N=COMBINE_N, **pdl.options(buf.device))
+        own = (shared[first:first + count], shared_gate[first:first + count]) if shared is not None and \
+            shared_gate is not None else (target, target)  # not read without SHARED
+        _combine[(count, triton.cdiv(hidden, COMBINE_N))](
+            buf, target, *own, hidden, top_k, target.stride(0), own[0].stride(0), own[1].stride(0),
+            SHARED=shared is not None, BLOCK_N=COMBINE_N, **pdl.options(buf.device))
     return out
 
 

@@ -21,6 +21,14 @@ BLOCK = 1024
 
 
 @triton.jit
+def gated(value, g, dtype: tl.constexpr):
+    """value * sigmoid(g) in ``dtype``: sigmoid in fp32 rounded to dtype, then the product rounded
+    (shared with the MoE kernel's last step, which adds the shared expert this way)."""
+    sig = (1.0 / (1.0 + tl.exp(-g.to(tl.float32)))).to(dtype).to(tl.float32)
+    return (value.to(tl.float32) * sig).to(dtype)
+
+
+@triton.jit
 def _sigmoid_gate(x, gate, base, out, width, stride_x, stride_g, stride_b, head_width, stride_head, gate_col,
                   HAS_BASE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
@@ -29,9 +37,7 @@ def _sigmoid_gate(x, gate, base, out, width, stride_x, stride_g, stride_b, head_
     mask = cols < width
     at = (cols // head_width) * stride_head + (cols % head_width) * gate_col  # gate_col 0: one a row
     g = tl.load(gate + row * stride_g + at, mask=mask, other=0.0)
-    sig = (1.0 / (1.0 + tl.exp(-g.to(tl.float32)))).to(out.dtype.element_ty).to(tl.float32)
-    value = tl.load(x + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    result = (value * sig).to(out.dtype.element_ty)
+    result = gated(tl.load(x + row * stride_x + cols, mask=mask, other=0.0), g, out.dtype.element_ty)
     if HAS_BASE:
         result = (tl.load(base + row * stride_b + cols, mask=mask, other=0.0).to(tl.float32) +
                   result.to(tl.float32)).to(out.dtype.element_ty)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import moe
+from kernels import moe, sigmoid_gate
 
 Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -114,6 +114,19 @@ def test_rows_past_a_chunk_come_out_the_same(monkeypatch: pytest.MonkeyPatch) ->
     assert torch.equal(moe.experts(*inputs), whole)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_shared_expert_added_last_is_the_gate_kernel_on_the_routed_sum(dtype: torch.dtype) -> None:
+    inputs = make(5, 3, dtype, seed=10)
+    generator = torch.Generator().manual_seed(10)
+    shared = (torch.randn(5, 64, generator=generator) * 2).to(dtype)
+    logits = (torch.randn(5, 9, generator=generator) * 3).to(dtype)  # the gate: the router product's last
+    gate = logits[:, 8:]
+    want = sigmoid_gate.sigmoid_gate(shared, gate, moe.experts(*inputs))
+    assert torch.equal(moe.experts(*inputs, shared, gate), want)
+    with pytest.raises(ValueError, match="come together"):
+        moe.experts(*inputs, shared)
+
+
 def test_no_rows() -> None:
     x, gate_up, down, ids, weights = make(0, 2, torch.float32, seed=8)
     assert moe.experts(x, gate_up, down, ids, weights).shape == (0, 64)
@@ -156,6 +169,15 @@ def test_gpu_rows_are_the_same_alone_and_in_batches(experts: int, top_k: int) ->
     assert torch.equal(moe.experts(x[sub], gate_up, down, ids[sub], weights[sub]), batch[sub])
     order = torch.randperm(256, device="cuda")
     assert torch.equal(moe.experts(x[order], gate_up, down, ids[order], weights[order]), batch[order])
+
+
+@pytest.mark.gpu
+def test_gpu_the_shared_expert_added_last_is_the_gate_kernel_on_the_routed_sum() -> None:
+    inputs = make_real(37, 256, 8, seed=14)
+    shared = torch.randn(37, 2048, device="cuda", dtype=torch.bfloat16)
+    gate = torch.randn(37, 257, device="cuda", dtype=torch.bfloat16)[:, 256:]
+    want = sigmoid_gate.sigmoid_gate(shared, gate, moe.experts(*inputs))
+    assert torch.equal(moe.experts(*inputs, shared, gate), want)
 
 
 @pytest.mark.gpu

@@ -62,8 +62,8 @@ def route(w: MoeWeights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
 def moe(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:
     experts, weights, gate = route(w, x)
     shared = dense(w.shared, x)
-    if x.is_cuda:  # every selected expert in one grouped kernel, each read once
-        return sigmoid_gate(shared, gate, kernels_moe.experts(x, w.gate_up, w.down, experts, weights))
+    if x.is_cuda:  # every selected expert in one grouped kernel, each read once; the shared expert added last
+        return kernels_moe.experts(x, w.gate_up, w.down, experts, weights, shared, gate)
     inner = w.down.shape[2]
     routed = torch.zeros_like(x)
     for row in range(x.shape[0]):
