@@ -51,10 +51,17 @@ class Launched:
         return list(self.host_tokens.tolist())
 
     def ran(self, works: Sequence[Work]) -> list[bool]:
-        """For each of ``works``, whether this step ran its row (its lane still open, same start)."""
+        """For each of ``works``, whether this step ran its row (its lane still open). Raises
+        ``RuntimeError`` for a lane it ran asked for another row: its state is past that row."""
         starts = {id(lane): start for lane, start in zip(self.lanes, self.starts, strict=True)}
-        return [work.decode and work.lane.lease is not None and starts.get(id(work.lane)) == work.start
-                for work in works]
+        found = []
+        for work in works:
+            start = starts.get(id(work.lane)) if work.lane.lease is not None else None
+            if start is not None and (not work.decode or start != work.start):
+                raise RuntimeError(f"request {work.lane.request.id}: the step run ahead ran row {start}, "
+                                   f"the plan asks for rows from {work.start}")
+            found.append(start is not None)
+        return found
 
 
 @attrs.frozen
