@@ -16,7 +16,8 @@ from kernels import pdl
 
 @triton.jit
 def _write(k, v, k_cache, v_cache, page_table, lengths, page_rows, stride_tl, stride_kl, stride_kh,
-           stride_cp, stride_cr, stride_ch, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+           stride_vl, stride_vh, stride_cp, stride_cr, stride_ch, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
+           PDL: tl.constexpr):
     pdl.wait(PDL)
     lane = tl.program_id(0)
     head = tl.program_id(1)
@@ -26,10 +27,11 @@ def _write(k, v, k_cache, v_cache, page_table, lengths, page_rows, stride_tl, st
         page = tl.load(page_table + lane * stride_tl + position // page_rows).to(tl.int64)
         dims = tl.arange(0, BLOCK)
         mask = dims < HEAD_DIM
-        source = lane * stride_kl + head * stride_kh + dims
         target = page * stride_cp + (position % page_rows) * stride_cr + head * stride_ch + dims
-        tl.store(k_cache + target, tl.load(k + source, mask=mask), mask=mask)
-        tl.store(v_cache + target, tl.load(v + source, mask=mask), mask=mask)
+        key = tl.load(k + lane * stride_kl + head * stride_kh + dims, mask=mask)
+        value = tl.load(v + lane * stride_vl + head * stride_vh + dims, mask=mask)
+        tl.store(k_cache + target, key, mask=mask)
+        tl.store(v_cache + target, value, mask=mask)
 
 
 def write(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -43,10 +45,11 @@ def write(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                          f"must have {lanes} lanes")
     if k_cache.stride(3) != 1:
         raise ValueError(f"k_cache must be contiguous along head_dim, its strides are {k_cache.stride()}")
-    k, v = k.contiguous(), v.contiguous()
+    k = k if k.stride(2) == 1 else k.contiguous()  # rows and heads at any stride: views of the projection
+    v = v if v.stride(2) == 1 else v.contiguous()
     _write[(lanes, heads)](k, v, k_cache, v_cache, page_table, lengths, k_cache.shape[1],
-                           page_table.stride(0), k.stride(0), k.stride(1), k_cache.stride(0),
-                           k_cache.stride(1), k_cache.stride(2), HEAD_DIM=dim,
+                           page_table.stride(0), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                           k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), HEAD_DIM=dim,
                            BLOCK=triton.next_power_of_2(dim), **pdl.options(k.device))
 
 

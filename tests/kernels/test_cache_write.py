@@ -17,7 +17,8 @@ def caches(device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("write", [cache_write.write, cache_write.reference])
 def test_rows_land_at_each_lanes_last_position(write: object) -> None:
     k_cache, v_cache = caches()
-    k, v = torch.randn(3, 2, 8), torch.randn(3, 2, 8)
+    # k as the norm/rope kernel leaves it (contiguous), v a view of the projection's rows, read in place
+    k, v = torch.randn(3, 2, 8), torch.randn(3, 40)[:, 24:].view(3, 2, 8)
     table = torch.tensor([[2, 0, 5], [4, 1, 5], [5, 5, 5]], dtype=torch.int32)
     lengths = torch.tensor([6, 3, 0], dtype=torch.int32)  # lane 2 pads
     write(k, v, k_cache, v_cache, table, lengths)  # type: ignore[operator]
