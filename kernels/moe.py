@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import INTERPRETED, pdl
+from kernels import INTERPRETED, pdl, router
 from kernels.sigmoid_gate import gated, sigmoid_gate
 
 BLOCK_M = 16  # pairs in a tile: one tensor-core row block
@@ -105,6 +105,25 @@ def _place(ids, hist, layout, pair_at, dest_at, pairs, top_k, BINS: tl.constexpr
 def _plan_one(ids, layout, pair_at, dest_at, pairs, top_k, BINS: tl.constexpr, BLOCK_P: tl.constexpr,
               SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
+    _plan_block(ids, layout, pair_at, dest_at, pairs, top_k, BINS, BLOCK_P, SLOTS, BLOCK_M)
+
+
+@triton.jit
+def _route_plan_one(logits, stride_l, ids, weights, rows, experts, layout, pair_at, dest_at, top_k,
+                    K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+                    BINS: tl.constexpr, BLOCK_P: tl.constexpr, SLOTS: tl.constexpr, BLOCK_M: tl.constexpr,
+                    PDL: tl.constexpr):
+    pdl.wait(PDL)
+    for row in range(rows):  # each row's choice, as kernels.router makes it
+        router.choose(logits + row * stride_l, ids + row * K, weights + row * K, experts, K, NORM, BLOCK_E,
+                      BLOCK_K)
+    tl.debug_barrier()  # the ids every thread wrote are there for every thread to read
+    _plan_block(ids, layout, pair_at, dest_at, rows * top_k, top_k, BINS, BLOCK_P, SLOTS, BLOCK_M)
+
+
+@triton.jit
+def _plan_block(ids, layout, pair_at, dest_at, pairs, top_k, BINS: tl.constexpr, BLOCK_P: tl.constexpr,
+                SLOTS: tl.constexpr, BLOCK_M: tl.constexpr):
     # Pairs that fit one block: positions by comparing every pair with every other, one launch in all.
     p = tl.arange(0, BLOCK_P)
     live = p < pairs
@@ -230,13 +249,33 @@ def _check(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torc
             raise ValueError(f"{name} is on {tensor.device}, x on {x.device}")
 
 
+def routed(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: torch.Tensor, top_k: int,
+           normalise: bool, shared: torch.Tensor | None = None, shared_gate: torch.Tensor | None = None
+           ) -> torch.Tensor:
+    """``experts`` for the choice ``kernels.router.top_k(logits, top_k, normalise, x.dtype)`` makes
+    from router ``logits`` [rows, experts] (unit column stride): the same bits, and when the rows'
+    pairs fit one planning block (decode) the choice and the grouping are one launch."""
+    rows = x.shape[0]
+    if logits.dim() != 2 or logits.shape != (rows, down.shape[0]):
+        raise ValueError(f"logits is {list(logits.shape)}, expected [{rows}, {down.shape[0]}]: rows, experts")
+    if rows == 0 or not 1 <= rows * top_k <= PLAN_BLOCK or logits.stride(1) != 1:
+        ids, weights = router.top_k(logits, top_k, normalise, x.dtype)  # refuses a bad top_k by name
+        return experts(x, gate_up, down, ids, weights, shared, shared_gate)
+    ids = torch.empty(rows, top_k, dtype=torch.int64, device=x.device)
+    weights = torch.empty(rows, top_k, dtype=x.dtype, device=x.device)
+    return experts(x, gate_up, down, ids, weights, shared, shared_gate, choice=(logits, normalise))
+
+
 def experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
             weights: torch.Tensor, shared: torch.Tensor | None = None,
-            shared_gate: torch.Tensor | None = None) -> torch.Tensor:
+            shared_gate: torch.Tensor | None = None, choice: tuple[torch.Tensor, bool] | None = None
+            ) -> torch.Tensor:
     """The routed experts' output [rows, hidden] in x's dtype; ``ids`` must lie in [0, experts).
     With ``shared`` [rows, hidden] and ``shared_gate`` [rows, 1] (unit column strides), the MoE
     block's output instead: the routed sum rounded, plus ``shared * sigmoid(shared_gate)``, the bits
-    of ``kernels.sigmoid_gate.sigmoid_gate(shared, shared_gate, routed)``, in the same last launch."""
+    of ``kernels.sigmoid_gate.sigmoid_gate(shared, shared_gate, routed)``, in the same last launch.
+    ``choice`` (``routed``'s): the router logits and normalisation that ids and weights are written
+    from, in the planning launch (pairs fitting one block only)."""
     _check(x, gate_up, down, ids, weights)
     if (shared is None) != (shared_gate is None):
         raise ValueError("shared and shared_gate come together")
@@ -269,7 +308,15 @@ def experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: tor
         chunk_ids, chunk_weights = ids[first:first + count], weights[first:first + count]
         blocks = triton.cdiv(pairs, PLAN_BLOCK)
         slots = triton.next_power_of_2(top_k)
-        if blocks == 1:
+        if choice is not None:  # routed(): the rows' choice, then the plan, one program
+            assert blocks == 1 and count == rows
+            logits, normalise = choice
+            _route_plan_one[(1,)](logits, logits.stride(0), ids, weights, rows, n_experts, layout, pair_at,
+                                  dest_at, top_k, K=top_k, NORM=normalise,
+                                  BLOCK_E=triton.next_power_of_2(n_experts),
+                                  BLOCK_K=triton.next_power_of_2(top_k), BINS=bins, BLOCK_P=PLAN_BLOCK,
+                                  SLOTS=slots, BLOCK_M=BLOCK_M, num_warps=8, **pdl.options(x.device))
+        elif blocks == 1:
             _plan_one[(1,)](chunk_ids, layout, pair_at, dest_at, pairs, top_k, BINS=bins,
                             BLOCK_P=PLAN_BLOCK, SLOTS=slots, BLOCK_M=BLOCK_M, num_warps=8,
                             **pdl.options(chunk_ids.device))

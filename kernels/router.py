@@ -19,9 +19,17 @@ def _top_k(logits, chosen, weights, experts, stride, K: tl.constexpr, NORM: tl.c
            BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     row = tl.program_id(0)
+    choose(logits + row * stride, chosen + row * K, weights + row * K, experts, K, NORM, BLOCK, BLOCK_K)
+
+
+@triton.jit
+def choose(logits, chosen, weights, experts, K: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr,
+           BLOCK_K: tl.constexpr):
+    """One row's choice: its ``experts`` logits at ``logits``, its K ids and weights written at
+    ``chosen`` and ``weights`` (shared with the MoE kernel that routes and plans in one launch)."""
     ids = tl.arange(0, BLOCK)
     live = ids < experts
-    x = tl.load(logits + row * stride + ids, mask=live, other=float("-inf")).to(tl.float32)
+    x = tl.load(logits + ids, mask=live, other=float("-inf")).to(tl.float32)
     scaled = tl.exp(x - tl.max(x, axis=0))
     left = tl.where(live, scaled / tl.sum(scaled, axis=0), -1.0)  # probabilities; -1 is never picked
     slots = tl.arange(0, BLOCK_K)
@@ -29,11 +37,11 @@ def _top_k(logits, chosen, weights, experts, stride, K: tl.constexpr, NORM: tl.c
     for slot in tl.static_range(K):
         best = tl.argmax(left, axis=0)  # the first of equal maxima: the lower expert id
         picked = tl.where(slots == slot, tl.max(left, axis=0), picked)
-        tl.store(chosen + row * K + slot, best.to(tl.int64))
+        tl.store(chosen + slot, best.to(tl.int64))
         left = tl.where(ids == best, -1.0, left)
     if NORM:
         picked = picked / tl.sum(picked, axis=0)
-    tl.store(weights + row * K + slots, picked.to(weights.dtype.element_ty), mask=slots < K)
+    tl.store(weights + slots, picked.to(weights.dtype.element_ty), mask=slots < K)
 
 
 def top_k(logits: torch.Tensor, k: int, normalise: bool, dtype: torch.dtype

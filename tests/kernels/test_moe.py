@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import moe, sigmoid_gate
+from kernels import moe, router, sigmoid_gate
 
 Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -127,6 +127,23 @@ def test_the_shared_expert_added_last_is_the_gate_kernel_on_the_routed_sum(dtype
         moe.experts(*inputs, shared)
 
 
+@pytest.mark.parametrize("normalise", [True, False])
+@pytest.mark.parametrize(("rows", "top_k"), [(1, 2), (5, 3), (40, 4)])  # 160 pairs: past one planning block
+def test_routing_from_logits_is_the_routers_choice_then_the_experts(rows: int, top_k: int,
+                                                                     normalise: bool) -> None:
+    x, gate_up, down, _, _ = make(rows, top_k, torch.bfloat16, seed=rows)
+    generator = torch.Generator().manual_seed(rows)
+    logits = (torch.randn(rows, 9, generator=generator) * 2).bfloat16()  # the router product, its gate last
+    logits[0, 3] = logits[0, 5] = 4.0  # a tie: the lower expert wins in both
+    shared = torch.randn(rows, 64, generator=generator).bfloat16()
+    ids, weights = router.top_k(logits[:, :8], top_k, normalise, x.dtype)
+    want = moe.experts(x, gate_up, down, ids, weights, shared, logits[:, 8:])
+    got = moe.routed(x, gate_up, down, logits[:, :8], top_k, normalise, shared, logits[:, 8:])
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="logits is"):
+        moe.routed(x, gate_up, down, logits, top_k, normalise)
+
+
 def test_no_rows() -> None:
     x, gate_up, down, ids, weights = make(0, 2, torch.float32, seed=8)
     assert moe.experts(x, gate_up, down, ids, weights).shape == (0, 64)
@@ -178,6 +195,18 @@ def test_gpu_the_shared_expert_added_last_is_the_gate_kernel_on_the_routed_sum()
     gate = torch.randn(37, 257, device="cuda", dtype=torch.bfloat16)[:, 256:]
     want = sigmoid_gate.sigmoid_gate(shared, gate, moe.experts(*inputs))
     assert torch.equal(moe.experts(*inputs, shared, gate), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("experts", "top_k"), REAL)
+@pytest.mark.parametrize("rows", [1, 12, 32])  # one planning block, then past it
+def test_gpu_routing_from_logits_is_the_routers_choice_then_the_experts(rows: int, experts: int,
+                                                                         top_k: int) -> None:
+    x, gate_up, down, _, _ = make_real(rows, experts, top_k, seed=15)
+    logits = torch.randn(rows, experts, device="cuda", dtype=torch.bfloat16)
+    ids, weights = router.top_k(logits, top_k, True, x.dtype)
+    assert torch.equal(moe.routed(x, gate_up, down, logits, top_k, True),
+                       moe.experts(x, gate_up, down, ids, weights))
 
 
 @pytest.mark.gpu

@@ -48,22 +48,17 @@ def dense(w: DenseMlp, x: torch.Tensor) -> torch.Tensor:
     return linear(swiglu(linear(x, w.gate_up)), w.down)
 
 
-def route(w: MoeWeights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each row's ``top_k`` experts and their weights (renormalised when ``norm_top_k``; among equal
-    probabilities the lower expert wins) and the shared expert's gate [rows, 1], from one product.
-    One kernel on CUDA after it for the choice."""
+def moe(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:
+    """Each row's ``top_k`` experts (softmax in fp32, renormalised when ``norm_top_k``; among equal
+    probabilities the lower expert wins) summed in ascending id, plus the gated shared expert. The
+    router and the shared gate are one product; on CUDA the choice, the grouping, the experts and
+    the shared expert's addition are ``kernels.moe.routed``."""
     logits = linear(x, w.router)
     count = logits.shape[1] - 1
-    choose = router.top_k if x.is_cuda else router.reference
-    experts, weights = choose(logits[:, :count], w.top_k, w.norm_top_k, x.dtype)
-    return experts, weights, logits[:, count:]
-
-
-def moe(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:
-    experts, weights, gate = route(w, x)
-    shared = dense(w.shared, x)
+    choice, gate, shared = logits[:, :count], logits[:, count:], dense(w.shared, x)
     if x.is_cuda:  # every selected expert in one grouped kernel, each read once; the shared expert added last
-        return kernels_moe.experts(x, w.gate_up, w.down, experts, weights, shared, gate)
+        return kernels_moe.routed(x, w.gate_up, w.down, choice, w.top_k, w.norm_top_k, shared, gate)
+    experts, weights = router.reference(choice, w.top_k, w.norm_top_k, x.dtype)
     inner = w.down.shape[2]
     routed = torch.zeros_like(x)
     for row in range(x.shape[0]):
