@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from kernels import pdl
+from kernels.sigmoid_gate import gated
 
 SEGMENT = 512  # keys a decode program covers: fixed, so a lane's split never depends on the batch
 STATS = 4  # partials' columns after head_dim: running max, sum of exp, two pads keeping 16-byte rows
@@ -136,9 +137,10 @@ def _decode_segment(q, k_cache, v_cache, page_table, lengths, partials, scale_lo
 
 
 @triton.jit
-def _decode_merge(partials, lengths, out, max_keys, stride_pb, stride_ps, stride_ph,
-                  stride_ob, stride_oh, stride_od,
-                  HEAD_DIM: tl.constexpr, SEG: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+def _decode_merge(partials, lengths, out, gate, max_keys, stride_pb, stride_ps, stride_ph,
+                  stride_ob, stride_oh, stride_od, stride_gb, stride_gh,
+                  HEAD_DIM: tl.constexpr, SEG: tl.constexpr, BLOCK_S: tl.constexpr, GATED: tl.constexpr,
+                  PDL: tl.constexpr):
     pdl.wait(PDL)
     lane = tl.program_id(0)
     head = tl.program_id(1)
@@ -163,8 +165,11 @@ def _decode_merge(partials, lengths, out, max_keys, stride_pb, stride_ps, stride
         acc += weight[:, None] * tl.load(base + segs[:, None] * stride_ps + dims[None, :],
                                          mask=live[:, None], other=0.0)
     denominator = tl.sum(total, 0)
-    result = tl.sum(acc, 0) / tl.where(denominator > 0, denominator, 1.0)  # a padding lane writes zeros
-    tl.store(out + lane * stride_ob + head * stride_oh + dims * stride_od, result.to(out.dtype.element_ty))
+    dtype = out.dtype.element_ty
+    result = (tl.sum(acc, 0) / tl.where(denominator > 0, denominator, 1.0)).to(dtype)
+    if GATED:  # attention's output gate, rounded as kernels.sigmoid_gate rounds it
+        result = gated(result, tl.load(gate + lane * stride_gb + head * stride_gh + dims), dtype)
+    tl.store(out + lane * stride_ob + head * stride_oh + dims * stride_od, result)  # padding lanes: zeros
 
 
 @triton.jit
@@ -256,9 +261,14 @@ def partials_for(lanes: int, heads: int, head_dim: int, max_keys: int, device: t
 
 def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
            lengths: torch.Tensor, scale: float, out: torch.Tensor, partials: torch.Tensor, *,
-           segment: int = SEGMENT) -> torch.Tensor:
+           segment: int = SEGMENT, gate: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of ``q`` [lanes, heads, head_dim] over each lane's first ``lengths[lane]`` keys, into
-    ``out``; a lane of length 0 gets zeros. ``partials`` comes from ``partials_for``. Returns ``out``."""
+    ``out``; a lane of length 0 gets zeros. ``partials`` comes from ``partials_for``. With ``gate``
+    (like q, unit last stride: attention's output gate), ``out`` is the gated output, the bits of
+    ``kernels.sigmoid_gate`` on the plain one. Returns ``out``."""
+    if gate is not None and (gate.shape != q.shape or gate.stride(2) != 1 or gate.dtype != out.dtype):
+        raise ValueError(f"gate is {list(gate.shape)} {gate.dtype}: want q's shape {list(q.shape)} in "
+                         f"{out.dtype}, unit last stride")
     lanes = q.shape[0] if q.dim() == 3 else -1
     group = _check(q, k_cache, v_cache, page_table, out, {"lengths": (lengths, lanes)})
     heads, head_dim = q.shape[1], q.shape[2]
@@ -280,8 +290,10 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_t
         *q.stride(), *_cache_strides(k_cache, v_cache, page_table), *partials.stride()[:3],
         PAGE_ROWS=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SEG=segment,
         WIDEN=_widen(), **_decode_config(head_dim, segment), **pdl.options(q.device))
-    _decode_merge[(lanes, heads)](partials, lengths, out, max_keys, *partials.stride()[:3], *out.stride(),
-                                  HEAD_DIM=head_dim, SEG=segment, BLOCK_S=MERGE_BLOCK, num_warps=4,
+    gates = out if gate is None else gate  # not read without GATED
+    _decode_merge[(lanes, heads)](partials, lengths, out, gates, max_keys, *partials.stride()[:3],
+                                  *out.stride(), gates.stride(0), gates.stride(1), HEAD_DIM=head_dim,
+                                  SEG=segment, BLOCK_S=MERGE_BLOCK, GATED=gate is not None, num_warps=4,
                                   **pdl.options(out.device))
     return out
 

@@ -13,6 +13,7 @@ import attrs
 import pytest
 import torch
 
+from kernels import sigmoid_gate
 from kernels.paged_attention import (
     decode,
     partials_for,
@@ -112,6 +113,19 @@ def test_decode_matches_reference(dtype: torch.dtype, kv_heads: int) -> None:
     assert torch.equal(got[1], torch.zeros_like(got[1]))  # the padding lane
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_with_the_output_gate_is_the_gate_kernel_on_the_plain_output(dtype: torch.dtype) -> None:
+    c = paged(LENGTHS, kv_heads=2, dtype=dtype)
+    q_gate = queries(len(LENGTHS), dtype, head_dim=2 * HEAD_DIM, seed=5)  # per head [query | gate]
+    q, gate = q_gate[..., :HEAD_DIM], q_gate[..., HEAD_DIM:]  # both read in place, as the model has them
+    table, length = c.table, torch.tensor(LENGTHS, dtype=torch.int32)
+    partials = partials_for(q.shape[0], q.shape[1], q.shape[2], table.shape[1] * c.k.shape[1], q.device)
+    plain = decode(q, c.k, c.v, table, length, c.scale, torch.empty(q.shape, dtype=dtype), partials)
+    want = sigmoid_gate.sigmoid_gate(plain.reshape(q.shape[0], -1), gate).view(q.shape)
+    got = decode(q, c.k, c.v, table, length, c.scale, torch.empty(q.shape, dtype=dtype), partials, gate=gate)
+    assert torch.equal(got, want)
+
+
 def test_decode_one_default_segment_agrees_with_many() -> None:
     c = paged(LENGTHS, kv_heads=2, dtype=torch.float32)
     q = queries(len(LENGTHS), torch.float32)
@@ -198,6 +212,12 @@ def test_decode_real_sizes_on_gpu(heads: int, kv_heads: int, page_rows: int) -> 
     q = queries(len(lengths), torch.bfloat16, heads=heads, head_dim=256, device="cuda")
     batch = run_decode(q, c, lengths, segment=512)
     torch.testing.assert_close(batch, ref_decode(q, c, lengths), **TOLERANCE[torch.bfloat16])
+    gate = torch.randn_like(q)
+    partials = partials_for(q.shape[0], q.shape[1], q.shape[2], c.table.shape[1] * c.k.shape[1], q.device,
+                            segment=512)
+    gated = decode(q, c.k, c.v, c.table, torch.tensor(lengths, dtype=torch.int32, device=q.device), c.scale,
+                   torch.empty_like(q), partials, segment=512, gate=gate)
+    assert torch.equal(gated, sigmoid_gate.sigmoid_gate(batch.reshape(q.shape[0], -1), gate).view(q.shape))
     for lane in (0, 3):
         alone = run_decode(q[lane:lane + 1], c, [lengths[lane]], segment=512, table=c.table[lane:lane + 1])
         assert torch.equal(alone[0], batch[lane])

@@ -77,14 +77,14 @@ def attention_rows(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin:
     write = cache_write.write if x.is_cuda else cache_write.reference
     write(p.key, p.value, k_cache, v_cache, page_table, lengths)
     out = torch.empty_like(p.query)
-    if x.is_cuda:
+    if x.is_cuda:  # the merge of the key segments applies the output gate too
         partials = paged_attention.partials_for(x.shape[0], w.heads, w.head_dim,
                                                 page_table.shape[1] * k_cache.shape[1], x.device)
         paged_attention.decode(p.query, k_cache, v_cache, page_table, lengths, w.head_dim ** -0.5, out,
-                               partials)
-    else:
-        paged_attention.reference_decode(p.query, k_cache, v_cache, page_table, lengths, w.head_dim ** -0.5,
-                                         out, None)
+                               partials, gate=p.gate)
+        return linear(out.reshape(out.shape[0], -1), w.o)
+    paged_attention.reference_decode(p.query, k_cache, v_cache, page_table, lengths, w.head_dim ** -0.5, out,
+                                     None)
     return finish(w, out, p.gate)
 
 
