@@ -18,9 +18,21 @@ from kernels import pdl
 
 @triton.jit
 def _norm_rope(x, weight, cos, sin, out, head_dim, rotary, stride_xr, stride_xh, stride_c, heads, eps,
-               BLOCK: tl.constexpr, PDL: tl.constexpr):
+               y, y_weight, y_out, stride_yr, stride_yh, y_heads, BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     row, head = tl.program_id(0), tl.program_id(1)
+    if head < heads:
+        _one(x, weight, cos, sin, out, head_dim, rotary, stride_xr, stride_xh, stride_c, heads, eps, row,
+             head, BLOCK)
+    else:  # the second tensor's heads follow the first's in the grid
+        _one(y, y_weight, cos, sin, y_out, head_dim, rotary, stride_yr, stride_yh, stride_c, y_heads, eps,
+             row, head - heads, BLOCK)
+
+
+@triton.jit
+def _one(x, weight, cos, sin, out, head_dim, rotary, stride_xr, stride_xh, stride_c, heads, eps, row, head,
+         BLOCK: tl.constexpr):
+    """One (row, head): the norm, then the rotation of its first ``rotary`` lanes."""
     cols = tl.arange(0, BLOCK)
     live = cols < head_dim
     base = x + row * stride_xr + head * stride_xh
@@ -46,17 +58,43 @@ def _norm_rope(x, weight, cos, sin, out, head_dim, rotary, stride_xr, stride_xh,
 def norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float
               ) -> torch.Tensor:
     """RoPE(zrms(x)) per head for ``x`` [rows, heads, head_dim]; a new contiguous tensor."""
+    _check(x, weight, cos, sin)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _launch(x, weight, out, x, weight, out, 0, cos, sin, eps)
+    return out
+
+
+def norm_rope_pair(x: torch.Tensor, x_weight: torch.Tensor, y: torch.Tensor, y_weight: torch.Tensor,
+                   cos: torch.Tensor, sin: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``norm_rope`` of x and of y (attention's q and k: the same rows, angles and head_dim, their
+    own weights and heads) in one launch; the same bits as two calls."""
+    _check(x, x_weight, cos, sin)
+    _check(y, y_weight, cos, sin)
+    if y.shape[0] != x.shape[0] or y.shape[2] != x.shape[2]:
+        raise ValueError(f"y {list(y.shape)} must have x's rows and head_dim, x is {list(x.shape)}")
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y_out = torch.empty(y.shape, dtype=y.dtype, device=y.device)
+    _launch(x, x_weight, out, y, y_weight, y_out, y.shape[1], cos, sin, eps)
+    return out, y_out
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     if x.dim() != 3 or x.stride(2) != 1:
         raise ValueError(f"x must be [rows, heads, head_dim] with unit last stride, got {list(x.shape)}")
-    rows, heads, head_dim = x.shape
+    rows, _, head_dim = x.shape
     rotary = cos.shape[1]
     if weight.shape != (head_dim,) or cos.shape != (rows, rotary) or sin.shape != cos.shape or rotary % 2 \
             or rotary > head_dim or cos.stride(1) != 1 or sin.stride() != cos.stride():
         raise ValueError(f"weight {list(weight.shape)}, cos {list(cos.shape)} and sin {list(sin.shape)} "
                          f"do not fit x {list(x.shape)}")
-    out = torch.empty(rows, heads, head_dim, dtype=x.dtype, device=x.device)
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, y: torch.Tensor, y_weight: torch.Tensor,
+            y_out: torch.Tensor, y_heads: int, cos: torch.Tensor, sin: torch.Tensor, eps: float) -> None:
+    """x's heads, then y's ``y_heads`` (none: y is not read), a program per (row, head)."""
+    rows, heads, head_dim = x.shape
     if rows:
-        _norm_rope[(rows, heads)](x, weight, cos, sin, out, head_dim, rotary, x.stride(0), x.stride(1),
-                                  cos.stride(0), heads, eps, BLOCK=triton.next_power_of_2(head_dim),
-                                  **pdl.options(x.device))
-    return out
+        _norm_rope[(rows, heads + y_heads)](x, weight, cos, sin, out, head_dim, cos.shape[1], x.stride(0),
+                                            x.stride(1), cos.stride(0), heads, eps, y, y_weight, y_out,
+                                            y.stride(0), y.stride(1), y_heads,
+                                            BLOCK=triton.next_power_of_2(head_dim), **pdl.options(x.device))

@@ -65,6 +65,23 @@ def test_norm_rope_matches_the_model_on_a_strided_query(rotary_dim: int) -> None
     assert torch.allclose(rope.norm_rope(query, weight, cos, sin, 1e-6), want, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_q_and_k_in_one_launch_are_two_launches_bit_for_bit(dtype: torch.dtype) -> None:
+    from tfd.model.rope import Rotary
+
+    rotary = Rotary.of(32, 0.5, 10000.0)
+    projected = rand(5, 3 * 64 + 32, scale=2.0).to(dtype)  # [q|gate heads x 3 | k head], as the product
+    query = projected[:, :192].view(5, 3, 64)[..., :32]
+    key = projected[:, 192:].view(5, 1, 32)
+    q_weight, k_weight = rand(32, seed=3, scale=0.2).to(dtype), rand(32, seed=4, scale=0.2).to(dtype)
+    cos, sin = rotary.angles(torch.arange(100, 105), dtype)
+    q, k = rope.norm_rope_pair(query, q_weight, key, k_weight, cos, sin, 1e-6)
+    assert torch.equal(q, rope.norm_rope(query, q_weight, cos, sin, 1e-6))
+    assert torch.equal(k, rope.norm_rope(key, k_weight, cos, sin, 1e-6))
+    with pytest.raises(ValueError, match="do not fit"):  # k of other rows than the angles
+        rope.norm_rope_pair(query, q_weight, key[:4], k_weight, cos, sin, 1e-6)
+
+
 def test_sigmoid_gate_per_element_from_a_projection_slice() -> None:
     both = rand(3, 4, 2 * 8, scale=3.0)  # per head [query | gate], as attention's projection
     gate, out = both[..., 8:], rand(3, 32, seed=1)
@@ -93,3 +110,17 @@ def test_sigmoid_gate_on_the_device() -> None:
     assert torch.equal(sigmoid_gate.sigmoid_gate(out[:5], both[:5, :, 256:]), got[:5])
     want = (out.cpu() * ops.sigmoid(both[..., 256:].cpu().reshape(48, -1))).float()
     assert ((got.cpu().float() - want).abs() <= 2 ** -7 * want.abs() + 1e-3).all()
+
+
+@pytest.mark.gpu
+def test_q_and_k_in_one_launch_on_the_device() -> None:
+    from tfd.model.rope import Rotary
+
+    rotary = Rotary.of(256, 0.25, 10000000.0, "cuda")  # the 9B's attention: 16 q heads, 4 kv heads of 256
+    projected = torch.randn(33, 16 * 512 + 4 * 256, device="cuda", dtype=torch.bfloat16)
+    query, key = projected[:, :8192].view(33, 16, 512)[..., :256], projected[:, 8192:].view(33, 4, 256)
+    q_weight, k_weight = (torch.randn(256, device="cuda", dtype=torch.bfloat16) * 0.1 for _ in range(2))
+    cos, sin = rotary.angles(torch.arange(1000, 1033, device="cuda"), torch.bfloat16)
+    q, k = rope.norm_rope_pair(query, q_weight, key, k_weight, cos, sin, 1e-6)
+    assert torch.equal(q, rope.norm_rope(query, q_weight, cos, sin, 1e-6))
+    assert torch.equal(k, rope.norm_rope(key, k_weight, cos, sin, 1e-6))

@@ -51,9 +51,8 @@ def project(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.
     query_gate = query_gate.view(count, w.heads, 2 * d)
     query, gate = query_gate[..., :d], query_gate[..., d:]
     key = key.view(count, w.kv_heads, d)
-    if x.is_cuda:  # norm and rotation in one kernel per tensor
-        query = rope_kernel.norm_rope(query, w.q_norm, cos, sin, w.eps)
-        key = rope_kernel.norm_rope(key, w.k_norm, cos, sin, w.eps)
+    if x.is_cuda:  # norm and rotation of q and k in one kernel
+        query, key = rope_kernel.norm_rope_pair(query, w.q_norm, key, w.k_norm, cos, sin, w.eps)
     else:
         query = rotary.apply(zrms(query, w.q_norm, w.eps), cos, sin)
         key = rotary.apply(zrms(key, w.k_norm, w.eps), cos, sin)
