@@ -50,6 +50,7 @@ FEW = Tiles(16, 64, 128, 4, 4)  # up to 16 rows: the fastest weight stream at on
 MID = Tiles(32, 64, 128, 4, 4)  # up to 32 rows: 25-30% faster there than 64-row tiles (sweep)
 SPREAD = Tiles(64, 64, 128, 4, 4)  # up to SPREAD_ROWS rows: many small programs keep every SM reading
 WHOLE = Tiles(128, 128, 64, 8, 3)  # many rows: large tiles reuse what they read
+WHOLE_ONE = Tiles(128, 256, 64, 8, 3)  # many rows, one K segment: one accumulator leaves room for 256 columns
 
 
 @attrs.frozen
@@ -62,23 +63,29 @@ class Plan:
     whole: Tiles = WHOLE
     few: Tiles = FEW
     mid: Tiles = MID
+    whole_one: Tiles = WHOLE_ONE
+
+    def whole_tiles(self) -> Tiles:
+        """The whole form's tile: wider with one K segment (no second accumulator; 184 registers
+        a thread at 128x256 on sm_90, where two accumulators spill)."""
+        return self.whole_one if self.segments == 1 else self.whole
 
     def spread_tiles(self, rows: int) -> Tiles:
         """The spread form's tile for ``rows`` rows: the smallest row block that holds them."""
         return self.few if rows <= self.few.block_m else self.mid if rows <= self.mid.block_m else self.spread
 
 
-def plan(n: int, k: int, spread: Tiles = SPREAD, whole: Tiles = WHOLE, few: Tiles = FEW, mid: Tiles = MID
-         ) -> Plan:
+def plan(n: int, k: int, spread: Tiles = SPREAD, whole: Tiles = WHOLE, few: Tiles = FEW, mid: Tiles = MID,
+         whole_one: Tiles = WHOLE_ONE) -> Plan:
     """K segments for a weight of shape [n, k]; the same for every number of rows. Segments are
     whole K steps of every tile."""
-    step = max(spread.block_k, whole.block_k, few.block_k, mid.block_k)
+    step = max(spread.block_k, whole.block_k, few.block_k, mid.block_k, whole_one.block_k)
     k_tiles = math.ceil(k / step)
     n_tiles = math.ceil(n / spread.block_n)
     segments = max(1, min(math.ceil(TARGET_PROGRAMS / n_tiles), k_tiles // 4))
     per_segment = math.ceil(k_tiles / segments)
     segments = math.ceil(k_tiles / per_segment)  # no segment left empty
-    return Plan(segments, per_segment * step, spread, whole, few, mid)
+    return Plan(segments, per_segment * step, spread, whole, few, mid, whole_one)
 
 
 @triton.jit
@@ -141,15 +148,16 @@ def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride
 @triton.jit
 def _whole(x, w, out, m, n, k, stride_xm, stride_wn, stride_om, segments, k_per_segment,
            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr,
-           PDL: tl.constexpr):
+           ONE_SEGMENT: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     total = _segment(x, w, rows, cols, m, n, k, 0, k_per_segment, stride_xm, stride_wn,
                      BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
-    for segment in range(1, segments):  # the same in-order sum as _spread's last program, in registers
-        total += _segment(x, w, rows, cols, m, n, k, segment * k_per_segment, k_per_segment, stride_xm,
-                          stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
+    if not ONE_SEGMENT:  # one accumulator alone when there is one segment: half the registers (sm_90)
+        for segment in range(1, segments):  # the same in-order sum as _spread's last program, in registers
+            total += _segment(x, w, rows, cols, m, n, k, segment * k_per_segment, k_per_segment, stride_xm,
+                              stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
     tl.store(out + rows[:, None] * stride_om + cols[None, :], total.to(out.dtype.element_ty),
              mask=(rows[:, None] < m) & (cols[None, :] < n))
 
@@ -181,12 +189,13 @@ def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice:
         spread = m <= SPREAD_ROWS  # one segment too: the whole form's large tiles stream slowly at one row
     out = torch.empty(m, n // 2 if swiglu and spread else n, dtype=x.dtype, device=x.device)
     if not spread:
-        t = choice.whole
+        t = choice.whole_tiles()
         grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m))
         if m:
             _whole[grid](x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0), choice.segments,
                          choice.k_per_segment, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-                         WIDEN=INTERPRETED, num_warps=t.warps, num_stages=t.stages, **pdl.options(x.device))
+                         WIDEN=INTERPRETED, ONE_SEGMENT=choice.segments == 1, num_warps=t.warps,
+                         num_stages=t.stages, **pdl.options(x.device))
         return swiglu_rows(out, paired=True) if swiglu else out
     if m == 0:
         return out

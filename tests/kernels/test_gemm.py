@@ -31,17 +31,21 @@ def test_plan_follows_the_weight_alone() -> None:
     plan = gemm.plan(4096, 12288)
     assert plan.segments > 1 and plan.segments * plan.k_per_segment >= 12288
     assert (plan.segments - 1) * plan.k_per_segment < 12288  # no empty segment
-    assert gemm.plan(248320, 4096).segments == 1  # enough programs already: no partial sums
+    assert plan.whole_tiles() == gemm.WHOLE
+    head = gemm.plan(248320, 4096)
+    assert head.segments == 1  # enough programs already: no partial sums
+    assert head.whole_tiles() == gemm.WHOLE_ONE  # one accumulator: the wider tile
 
 
-def test_both_launch_forms_give_the_same_bits() -> None:
+@pytest.mark.parametrize(("k", "one_segment"), [(1024, False), (256, True)])
+def test_both_launch_forms_give_the_same_bits(k: int, one_segment: bool) -> None:
     # Same tiles in both forms: the interpreter's dot (numpy) sums a tile in an order that follows
     # its shape, where the GPU's MMA does not (that part is the GPU test's).
     tiles = gemm.Tiles(16, 64, 64)
-    choice = gemm.plan(64, 1024, spread=tiles, whole=tiles, few=tiles, mid=tiles)
-    x = torch.randn(6, 1024, generator=torch.Generator().manual_seed(6))
-    w = weights(64, 1024, torch.float32)
-    assert choice.segments > 1
+    choice = gemm.plan(64, k, spread=tiles, whole=tiles, few=tiles, mid=tiles, whole_one=tiles)
+    x = torch.randn(6, k, generator=torch.Generator().manual_seed(6))
+    w = weights(64, k, torch.float32)
+    assert (choice.segments == 1) == one_segment
     assert torch.equal(gemm.matmul(x, w, spread=True, choice=choice),
                        gemm.matmul(x, w, spread=False, choice=choice))
     # every tile's last program rearmed its arrival counter, so the next product starts from zero
@@ -62,7 +66,7 @@ def test_the_paired_product_forms_swiglus_middle_as_the_plain_product_then_swigl
         dtype: torch.dtype, spread: bool) -> None:
     inner, k = 96, 256
     tiles = gemm.Tiles(16, 64, 64)  # one tile shape in both products and forms (see above)
-    choice = gemm.plan(2 * inner, k, spread=tiles, whole=tiles, few=tiles, mid=tiles)
+    choice = gemm.plan(2 * inner, k, spread=tiles, whole=tiles, few=tiles, mid=tiles, whole_one=tiles)
     gate_up = weights(2 * inner, k, dtype)
     x = torch.randn(5, k, generator=torch.Generator().manual_seed(5)).to(dtype)
     want = swiglu.swiglu(gemm.matmul(x, gate_up, spread=spread, choice=choice))
@@ -85,7 +89,8 @@ def test_shapes_are_checked_by_name() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("n", "k"), [(12288, 4096), (4096, 12288), (16448, 4096), (8192, 4096)])
+@pytest.mark.parametrize(("n", "k"), [(12288, 4096), (4096, 12288), (16448, 4096), (8192, 4096),
+                                      (24576, 4096)])  # the last: one K segment, the wider whole tile
 def test_rows_are_batch_invariant_on_the_device(n: int, k: int) -> None:
     w = weights(n, k, torch.bfloat16, "cuda")
     x = torch.randn(512, k, device="cuda", dtype=torch.bfloat16)
