@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels import sampling
 from kernels.sampling import BLOCK, SLICE, keyed_argmax
 from tfd.engine.sampling import draw
 
@@ -29,9 +30,13 @@ def test_the_kernel_draws_as_torch(vocab: int) -> None:
     assert keyed_argmax(*moved).cpu().tolist() == expected.tolist()
 
 
-def test_ties_go_to_the_lower_id_across_blocks_and_slices() -> None:
-    logits = torch.zeros(1, SLICE + 10)
-    logits[0, [SLICE + 3, BLOCK + 1, 7]] = 4.0
+@pytest.mark.parametrize("blocks", [1, 4])  # blocks a slice: the shipped slice, and a loop inside one
+def test_ties_go_to_the_lower_id_across_blocks_and_slices(blocks: int,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sampling, "SLICE", blocks * BLOCK)
+    slice_ = blocks * BLOCK
+    logits = torch.zeros(1, slice_ + 10)
+    logits[0, [slice_ + 3, BLOCK + 1, 7]] = 4.0
     one = torch.zeros(1, dtype=torch.int64)
     got = keyed_argmax(logits.to(DEVICE), torch.zeros(1).to(DEVICE), one.to(DEVICE), one.to(DEVICE))
     assert got.item() == 7
