@@ -187,6 +187,10 @@ class Gates:
         return self.a_log is not None
 
 
+def _heads_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 def _strides(t: torch.Tensor) -> tuple[int, int]:
     """A [lanes(, rows), heads] gate tensor's lane and row strides; its heads must be contiguous."""
     if t.stride(-1) != 1:
@@ -219,7 +223,7 @@ def decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b
     """One row per lane: q, k [lanes, key_heads, key_dim], v [lanes, value_heads, value_dim], g and
     beta [lanes, value_heads] fp32; each lane's state is updated in place; out fp32 like v."""
     _check_rows(q, k, v, g, beta, states, lead=1)
-    return _decode(q, k, v, Gates(g, beta), states, state_at, scale)
+    return _decode(q, k, v, Gates(_heads_contiguous(g), _heads_contiguous(beta)), states, state_at, scale)
 
 
 def decode_gated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, a: torch.Tensor,

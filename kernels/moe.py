@@ -256,10 +256,12 @@ def routed(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: t
     from router ``logits`` [rows, experts] (unit column stride): the same bits, and when the rows'
     pairs fit one planning block (decode) the choice and the grouping are one launch."""
     rows = x.shape[0]
+    if not 1 <= top_k <= down.shape[0]:
+        raise ValueError(f"top_k is {top_k}, expected 1 to {down.shape[0]} (the experts)")
     if logits.dim() != 2 or logits.shape != (rows, down.shape[0]):
         raise ValueError(f"logits is {list(logits.shape)}, expected [{rows}, {down.shape[0]}]: rows, experts")
-    if rows == 0 or not 1 <= rows * top_k <= PLAN_BLOCK or logits.stride(1) != 1:
-        ids, weights = router.top_k(logits, top_k, normalise, x.dtype)  # refuses a bad top_k by name
+    if rows == 0 or rows * top_k > PLAN_BLOCK or logits.stride(1) != 1:
+        ids, weights = router.top_k(logits, top_k, normalise, x.dtype)
         return experts(x, gate_up, down, ids, weights, shared, shared_gate)
     ids = torch.empty(rows, top_k, dtype=torch.int64, device=x.device)
     weights = torch.empty(rows, top_k, dtype=x.dtype, device=x.device)
@@ -315,7 +317,8 @@ def experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: tor
                                   dest_at, top_k, K=top_k, NORM=normalise,
                                   BLOCK_E=triton.next_power_of_2(n_experts),
                                   BLOCK_K=triton.next_power_of_2(top_k), BINS=bins, BLOCK_P=PLAN_BLOCK,
-                                  SLOTS=slots, BLOCK_M=BLOCK_M, num_warps=8, **pdl.options(x.device))
+                                  SLOTS=slots, BLOCK_M=BLOCK_M, num_warps=router.ROUTE_WARPS,
+                                  **pdl.options(x.device))
         elif blocks == 1:
             _plan_one[(1,)](chunk_ids, layout, pair_at, dest_at, pairs, top_k, BINS=bins,
                             BLOCK_P=PLAN_BLOCK, SLOTS=slots, BLOCK_M=BLOCK_M, num_warps=8,

@@ -19,6 +19,13 @@ from kernels import pdl
 ACTIVATIONS = {"silu": 0, "sigmoid": 1}
 
 
+def warps(block: int) -> int:
+    """Warps of a norm over ``block`` columns: the same for ``zrms`` and ``add_zrms``, so the two
+    sum a row's squares in one order (the prompt path normalises with one, decode with the other).
+    8 from 4096 up: 1.48 us a 4096-wide row on the H200, against 2.07 with Triton's default 4."""
+    return 8 if block >= 4096 else 4
+
+
 @triton.jit
 def _zrms(x, weight, out, width, stride_x, stride_o, stride_wg, eps, GROUP: tl.constexpr,
           GROUPS: tl.constexpr, PDL: tl.constexpr):
@@ -47,7 +54,7 @@ def zrms(x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = 
     block = triton.next_power_of_2(width)
     stride_wg = width if weight.shape[0] == x.shape[1] and group else 0
     _zrms[(x.shape[0],)](x, weight, out, width, x.stride(0), out.stride(0), stride_wg, eps, GROUP=block,
-                         GROUPS=x.shape[1] // width, **pdl.options(x.device))
+                         GROUPS=x.shape[1] // width, num_warps=warps(block), **pdl.options(x.device))
     return out
 
 
@@ -78,10 +85,9 @@ def add_zrms(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: fl
     x, delta = x.contiguous(), delta.contiguous()
     total, out = torch.empty_like(x), torch.empty_like(x)
     if x.shape[0]:
-        # 8 warps: 1.48 us a 4096-wide row on the H200, against 2.07 with Triton's default 4
-        _add_zrms[(x.shape[0],)](x, delta, total, out, weight, x.shape[1], eps,
-                                 BLOCK=triton.next_power_of_2(x.shape[1]), num_warps=8,
-                                 **pdl.options(x.device))
+        block = triton.next_power_of_2(x.shape[1])
+        _add_zrms[(x.shape[0],)](x, delta, total, out, weight, x.shape[1], eps, BLOCK=block,
+                                 num_warps=warps(block), **pdl.options(x.device))
     return total, out
 
 

@@ -6,7 +6,7 @@ another kernel reads or writes: ``wait`` returns once the kernel before has fini
 show, then lets the next kernel's programs start (they wait the same way). tfd's kernels wait first
 thing. (Asking L2 for a product's first weight tiles before ``wait`` measured slower on the H200.)
 Kernels launched without it, torch's included, are ordered as usual, so the two mix freely on a
-stream and in a CUDA graph. Off in the interpreter, on CPUs and below compute capability 9;
+stream and in a CUDA graph. Off in the interpreter, on CPUs, on ROCm and below compute capability 9;
 ``ENABLED`` turns it off for comparisons (same bits either way: only timing changes).
 """
 
@@ -25,7 +25,8 @@ ENABLED = True
 
 @functools.cache
 def _supported(device: torch.device) -> bool:
-    return not INTERPRETED and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    return (not INTERPRETED and device.type == "cuda" and torch.version.hip is None  # NVIDIA's griddepcontrol
+            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def options(device: torch.device) -> dict[str, bool]:

@@ -13,6 +13,10 @@ import triton.language as tl
 
 from kernels import pdl
 
+# Warps of a choice: the softmax's sums follow the thread layout, so the router kernel and the MoE
+# kernel that chooses and plans in one launch (kernels.moe.routed, 8 warps for its plan) use the same.
+ROUTE_WARPS = 8
+
 
 @triton.jit
 def _top_k(logits, chosen, weights, experts, stride, K: tl.constexpr, NORM: tl.constexpr,
@@ -59,7 +63,7 @@ def top_k(logits: torch.Tensor, k: int, normalise: bool, dtype: torch.dtype
     if rows:
         _top_k[(rows,)](logits, chosen, weights, experts, logits.stride(0), K=k, NORM=normalise,
                         BLOCK=triton.next_power_of_2(experts), BLOCK_K=triton.next_power_of_2(k),
-                        **pdl.options(logits.device))
+                        num_warps=ROUTE_WARPS, **pdl.options(logits.device))
     return chosen, weights
 
 

@@ -142,6 +142,8 @@ def test_routing_from_logits_is_the_routers_choice_then_the_experts(rows: int, t
     assert torch.equal(got, want)
     with pytest.raises(ValueError, match="logits is"):
         moe.routed(x, gate_up, down, logits, top_k, normalise)
+    with pytest.raises(ValueError, match="top_k"):
+        moe.routed(x, gate_up, down, logits[:, :8], 9, normalise)
 
 
 def test_no_rows() -> None:
@@ -207,6 +209,17 @@ def test_gpu_routing_from_logits_is_the_routers_choice_then_the_experts(rows: in
     ids, weights = router.top_k(logits, top_k, True, x.dtype)
     assert torch.equal(moe.routed(x, gate_up, down, logits, top_k, True),
                        moe.experts(x, gate_up, down, ids, weights))
+
+
+@pytest.mark.gpu
+def test_gpu_routing_is_the_same_on_both_sides_of_one_planning_block() -> None:
+    # 16 rows of top-8 choose and plan in one launch, 17 through the router kernel: the same bits
+    # (fp32, where a softmax summed in another order would show)
+    x, gate_up, down, _, _ = make_real(17, 256, 8, seed=16)
+    x, gate_up, down = x.float(), gate_up.float(), down.float()
+    logits = torch.randn(17, 256, device="cuda")
+    assert torch.equal(moe.routed(x[:16], gate_up, down, logits[:16], 8, True),
+                       moe.routed(x, gate_up, down, logits, 8, True)[:16])
 
 
 @pytest.mark.gpu

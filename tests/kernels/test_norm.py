@@ -58,6 +58,10 @@ def test_real_widths_on_the_device() -> None:
     assert torch.equal(norm.gated_rms(o[:5], gate[:5], ones, 1e-6, "silu"), gated[:5])
     # an fp32 input is rounded to the model dtype first (the interpreter truncates instead: GPU only)
     assert torch.equal(gated, norm.gated_rms(o.bfloat16(), gate, ones, 1e-6, "silu"))
+    # the decode path's residual add + norm gives the prompt path's add then norm, bit for bit
+    delta = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
+    total, normed = norm.add_zrms(x, delta, w, 1e-6)
+    assert torch.equal(total, x + delta) and torch.equal(normed, norm.zrms(x + delta, w, 1e-6))
 
 
 def test_add_zrms_is_the_sum_and_its_norm() -> None:

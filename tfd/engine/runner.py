@@ -158,7 +158,7 @@ class Runner:
         host = torch.empty(drawn.shape, dtype=drawn.dtype, pin_memory=True)
         host.copy_(drawn, non_blocking=True)
         copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        copied.record()
+        copied.record(torch.cuda.current_stream(self.device))
         return Launched(tuple(lanes), tuple(starts), drawn, host, copied)
 
     def _ahead_of(self, step: Launched, works: Sequence[Work]) -> Launched | None:
