@@ -12,7 +12,7 @@ out device time).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 import tokenizers
@@ -59,9 +59,12 @@ def run(model: HybridModel, workload: Workload, graphs: bool, seed: int = 0) -> 
     return drive(model, requests, workload.step_tokens, graphs)
 
 
-def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, graphs: bool) -> Timings:
+def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, graphs: bool,
+          leaves: Mapping[str, int] | None = None) -> Timings:
     """Run ``requests`` together, as the engine would, each to its ``max_tokens`` (stop ids are not
-    read), on a pool sized for all of them; every lane's pages go back at the end."""
+    read), on a pool sized for all of them; every lane's pages go back at the end (``Leak`` if not).
+    ``leaves``: request id to the tokens after which it is cancelled, as a client leaving would be
+    (it leaves at the next plan and gives its pages back)."""
     device = model.weights.embed.device
     window = max(request.window for request in requests)
     streams = len(requests)
@@ -88,6 +91,8 @@ def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, gra
     last: float | None = None  # the end of the previous step, when every stream decoded in it
     while not scheduler.idle:
         plan = scheduler.plan(admit)
+        for lane in plan.cancelled:
+            runner.close(lane)
         everyone = len(plan.works) == streams and all(work.decode for work in plan.works)
         drawn = runner.run(plan.works)  # ends in the step's one host sync
         after = time.perf_counter()
@@ -99,6 +104,8 @@ def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, gra
         for item in drawn:
             lane = item.work.lane
             lane.record(item.token, after - began)
+            if leaves is not None and len(lane.generated) == leaves.get(lane.request.id):
+                lane.cancelled = True
             if len(lane.generated) >= lane.request.max_tokens:
                 runner.close(lane)
                 scheduler.retire(lane)
