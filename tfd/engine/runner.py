@@ -129,8 +129,7 @@ class Runner:
 
     def _decode(self, works: Sequence[Work]) -> tuple[torch.Tensor, ...]:
         """``_step`` for decode works, all lanes in one batched step (a graph when captured)."""
-        tokens = [work.lane.generated[-1] for work in works]
-        return self._launch_step([work.lane for work in works], [work.start for work in works], tokens)
+        return self._launch_step(*_decode_inputs(works))
 
     def _launch_step(self, lanes: Sequence[Lane], starts: Sequence[int], tokens: Sequence[int] | torch.Tensor
                      ) -> tuple[torch.Tensor, ...]:
@@ -203,8 +202,7 @@ class Runner:
                 self.ahead = self._ahead_of(ahead, covered)
             return self._drawn(covered, ahead)
         if not covered and works and self._plain_decode(works):
-            step = self._launch([work.lane for work in works], [work.start for work in works],
-                                [work.lane.generated[-1] for work in works])
+            step = self._launch(*_decode_inputs(works))
             self.ahead = self._ahead_of(step, works)
             return self._drawn(works, step)
         drawn = self._run(rest)
@@ -278,3 +276,9 @@ class Runner:
             lane.request.prompt[work.start:work.start + work.length]
         return Span(lane.memory, work.start, to_device(torch.tensor(ids, dtype=torch.long), self.device),
                     decode=work.decode)
+
+
+def _decode_inputs(works: Sequence[Work]) -> tuple[list[Lane], list[int], list[int]]:
+    """Decode works' lanes, rows and tokens (each lane's last drawn token), for a launch."""
+    lanes = [work.lane for work in works]
+    return lanes, [work.start for work in works], [lane.generated[-1] for lane in lanes]
