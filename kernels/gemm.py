@@ -31,7 +31,7 @@ from kernels import INTERPRETED, pdl
 from kernels.swiglu import PAIR, silu_mul
 from kernels.swiglu import swiglu as swiglu_rows
 
-TARGET_PROGRAMS = 264  # two per multiprocessor of an H200: fewer K segments beat more programs (sweep)
+PROGRAMS = 132  # K segments rounded down to one program per multiprocessor of an H200 at most (probe)
 SPREAD_ROWS = 64  # up to this many rows the segments run in programs of their own
 
 
@@ -49,8 +49,8 @@ class Tiles:
 FEW = Tiles(16, 64, 128, 4, 4)  # up to 16 rows: the fastest weight stream at one row
 MID = Tiles(32, 64, 128, 4, 4)  # up to 32 rows: 25-30% faster there than 64-row tiles (sweep)
 SPREAD = Tiles(64, 64, 128, 4, 4)  # up to SPREAD_ROWS rows: many small programs keep every SM reading
-WHOLE = Tiles(128, 128, 64, 8, 3)  # many rows: large tiles reuse what they read
-WHOLE_ONE = Tiles(128, 256, 64, 8, 3)  # many rows, one K segment: one accumulator leaves room for 256 columns
+WHOLE = Tiles(128, 128, 128, 8, 3)  # many rows: large tiles reuse what they read (453-525 TFLOP/s at 8192)
+WHOLE_ONE = Tiles(256, 128, 64, 8, 4)  # many rows, one K segment: one accumulator leaves room for 256 rows
 
 
 @attrs.frozen
@@ -66,8 +66,8 @@ class Plan:
     whole_one: Tiles = WHOLE_ONE
 
     def whole_tiles(self) -> Tiles:
-        """The whole form's tile: wider with one K segment (no second accumulator; 184 registers
-        a thread at 128x256 on sm_90, where two accumulators spill)."""
+        """The whole form's tile: taller with one K segment (no second accumulator, where two
+        spill on sm_90)."""
         return self.whole_one if self.segments == 1 else self.whole
 
     def spread_tiles(self, rows: int) -> Tiles:
@@ -82,7 +82,7 @@ def plan(n: int, k: int, spread: Tiles = SPREAD, whole: Tiles = WHOLE, few: Tile
     step = max(spread.block_k, whole.block_k, few.block_k, mid.block_k, whole_one.block_k)
     k_tiles = math.ceil(k / step)
     n_tiles = math.ceil(n / spread.block_n)
-    segments = max(1, min(math.ceil(TARGET_PROGRAMS / n_tiles), k_tiles // 4))
+    segments = max(1, min(PROGRAMS // n_tiles, k_tiles // 4))
     per_segment = math.ceil(k_tiles / segments)
     segments = math.ceil(k_tiles / per_segment)  # no segment left empty
     return Plan(segments, per_segment * step, spread, whole, few, mid, whole_one)
@@ -148,7 +148,7 @@ def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride
 @triton.jit
 def _whole(x, w, out, m, n, k, stride_xm, stride_wn, stride_om, segments, k_per_segment,
            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr,
-           ONE_SEGMENT: tl.constexpr, PDL: tl.constexpr):
+           ONE_SEGMENT: tl.constexpr, SWIGLU: tl.constexpr, PAIR: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -158,17 +158,28 @@ def _whole(x, w, out, m, n, k, stride_xm, stride_wn, stride_om, segments, k_per_
         for segment in range(1, segments):  # the same in-order sum as _spread's last program, in registers
             total += _segment(x, w, rows, cols, m, n, k, segment * k_per_segment, k_per_segment, stride_xm,
                               stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
-    tl.store(out + rows[:, None] * stride_om + cols[None, :], total.to(out.dtype.element_ty),
-             mask=(rows[:, None] < m) & (cols[None, :] < n))
+    dtype = out.dtype.element_ty
+    if SWIGLU:  # the tile holds whole gate|up pairs: split each block of pairs as _spread's last program does
+        pairs = tl.permute(tl.reshape(total, (BLOCK_M, BLOCK_N // (2 * PAIR), 2, PAIR)), (0, 1, 3, 2))
+        gate, up = tl.split(pairs)
+        gate = tl.reshape(gate, (BLOCK_M, BLOCK_N // 2)).to(dtype)
+        up = tl.reshape(up, (BLOCK_M, BLOCK_N // 2)).to(dtype)
+        half = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        tl.store(out + rows[:, None] * stride_om + half[None, :], silu_mul(gate, up, dtype),
+                 mask=(rows[:, None] < m) & (half[None, :] < n // 2))
+    else:
+        tl.store(out + rows[:, None] * stride_om + cols[None, :], total.to(dtype),
+                 mask=(rows[:, None] < m) & (cols[None, :] < n))
 
 
 def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice: Plan | None = None,
            swiglu: bool = False) -> torch.Tensor:
     """``x @ w.T`` for ``x`` [m, k] and ``w`` [n, k], both contiguous in k; the result in x's dtype.
     With ``swiglu``, w is a gate|up weight laid out by ``kernels.swiglu.pair_rows`` and the result
-    is SwiGLU's middle [m, n / 2]: the spread form forms it as it adds the partials, the whole form
-    writes the product and ``kernels.swiglu`` reads it (the same bits as the plain product, then
-    ``swiglu`` on the unpaired columns).
+    is SwiGLU's middle [m, n / 2]: each form forms it from the summed tile before it stores (the
+    whole form only when its tile holds whole pairs; else it writes the product and
+    ``kernels.swiglu`` reads it), the same bits as the plain product, then ``swiglu`` on the
+    unpaired columns.
 
     ``spread`` forces a launch form and ``choice`` a plan (tests, benchmarks); by default the form
     follows the number of rows and the plan the weight's shape. Scratch: fp32 partials of
@@ -187,16 +198,18 @@ def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice:
     choice = choice or plan(n, k)
     if spread is None:
         spread = m <= SPREAD_ROWS  # one segment too: the whole form's large tiles stream slowly at one row
-    out = torch.empty(m, n // 2 if swiglu and spread else n, dtype=x.dtype, device=x.device)
+    whole = choice.whole_tiles()
+    forms_middle = swiglu and (spread or whole.block_n % (2 * PAIR) == 0)  # the tile holds whole pairs
+    out = torch.empty(m, n // 2 if forms_middle else n, dtype=x.dtype, device=x.device)
     if not spread:
-        t = choice.whole_tiles()
-        grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m))
+        grid = (triton.cdiv(n, whole.block_n), triton.cdiv(m, whole.block_m))
         if m:
             _whole[grid](x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0), choice.segments,
-                         choice.k_per_segment, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-                         WIDEN=INTERPRETED, ONE_SEGMENT=choice.segments == 1, num_warps=t.warps,
-                         num_stages=t.stages, **pdl.options(x.device))
-        return swiglu_rows(out, paired=True) if swiglu else out
+                         choice.k_per_segment, BLOCK_M=whole.block_m, BLOCK_N=whole.block_n,
+                         BLOCK_K=whole.block_k, WIDEN=INTERPRETED, ONE_SEGMENT=choice.segments == 1,
+                         SWIGLU=forms_middle, PAIR=PAIR, num_warps=whole.warps,
+                         num_stages=whole.stages, **pdl.options(x.device))
+        return swiglu_rows(out, paired=True) if swiglu and not forms_middle else out
     if m == 0:
         return out
     t = choice.spread_tiles(m)

@@ -34,7 +34,7 @@ def test_plan_follows_the_weight_alone() -> None:
     assert plan.whole_tiles() == gemm.WHOLE
     head = gemm.plan(248320, 4096)
     assert head.segments == 1  # enough programs already: no partial sums
-    assert head.whole_tiles() == gemm.WHOLE_ONE  # one accumulator: the wider tile
+    assert head.whole_tiles() == gemm.WHOLE_ONE  # one accumulator: the taller tile
 
 
 @pytest.mark.parametrize(("k", "one_segment"), [(1024, False), (256, True)])
@@ -102,10 +102,18 @@ def test_rows_are_batch_invariant_on_the_device(n: int, k: int) -> None:
 
 
 @pytest.mark.gpu
-def test_the_paired_product_gives_the_plain_bits_on_the_device() -> None:
-    gate_up = weights(2 * 12288, 4096, torch.bfloat16, "cuda")
+@pytest.mark.parametrize("inner", [12288, 2048])  # one K segment (the taller whole tile), then two
+def test_the_paired_product_gives_the_plain_bits_on_the_device(inner: int) -> None:
+    gate_up = weights(2 * inner, 4096, torch.bfloat16, "cuda")
     paired = swiglu.pair_rows(gate_up)
     x = torch.randn(80, 4096, device="cuda", dtype=torch.bfloat16)
     for m in (1, 17, 33, 64, 80):  # every spread tile, then the whole form
         want = swiglu.swiglu(gemm.matmul(x[:m], gate_up))
         assert torch.equal(gemm.matmul(x[:m], paired, swiglu=True), want), f"differs at m={m}"
+
+
+def test_k_segments_stop_at_one_program_per_multiprocessor() -> None:
+    # decode shapes of qwen3_5-9b: at most gemm.PROGRAMS programs of 64 columns, at least one segment
+    for n, k, segments in ((12352, 4096, 1), (10240, 4096, 1), (4096, 4096, 2), (4096, 12288, 2),
+                           (2048, 4096, 4), (24576, 4096, 1)):
+        assert gemm.plan(n, k).segments == segments, (n, k)
