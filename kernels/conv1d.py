@@ -10,7 +10,8 @@ for one lane, and the model's span path (tfd.model.gdn) uses it as its causal co
 The tail then holds the last ``width - 1`` rows of the window. ``decode`` takes one row per lane
 ([lanes, channels]), ``prefill`` concatenated rows of several lanes split by ``cu_seqlens``.
 
-Tails are [width - 1, channels] in the model dtype at element offsets ``tail_at`` into the pool's
+The input's rows may sit at any stride (a slice of the projection, read in place); the output is
+contiguous. Tails are [width - 1, channels] in the model dtype at element offsets ``tail_at`` into the pool's
 view of that dtype. Besides the new output, memory written is only those tails. A lane whose
 offset is -1 is padding: none of the pool is read or written for it and its output rows are
 zeros. Every element is computed on its own, so a lane's bits never depend on the other lanes.
@@ -29,17 +30,17 @@ BLOCK_T = 16  # prefill rows per program; at least width - 1, so only a lane's f
 
 
 @triton.jit
-def _window(x, tails, tail, start, j, cs, channels, live, WIDTH: tl.constexpr):
+def _window(x, stride_x, tails, tail, start, j, cs, channels, live, WIDTH: tl.constexpr):
     # Rows j of a lane's window counted from its first new row: j >= 0 are inputs, j < 0 the tail.
     new = (j >= 0)[:, None]
-    from_x = tl.load(x + (start + j)[:, None] * channels + cs[None, :], mask=live & new, other=0.0)
+    from_x = tl.load(x + (start + j)[:, None] * stride_x + cs[None, :], mask=live & new, other=0.0)
     from_tail = tl.load(tails + tail + (j + WIDTH - 1)[:, None] * channels + cs[None, :], mask=live & ~new,
                         other=0.0)
     return tl.where(new, from_x, from_tail)
 
 
 @triton.jit
-def _conv(x, weight, tails, tail_at, out, start, rows, lane, first, channels,
+def _conv(x, stride_x, weight, tails, tail_at, out, start, rows, lane, first, channels,
           WIDTH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr):
     """Rows ``first`` .. ``first + BLOCK_T`` of a lane's ``rows`` rows at ``start``; one channel block."""
     i = first + tl.arange(0, BLOCK_T)
@@ -53,7 +54,7 @@ def _conv(x, weight, tails, tail_at, out, start, rows, lane, first, channels,
         return
     acc = tl.zeros([BLOCK_T, BLOCK_C], tl.float32)
     for tap in tl.static_range(WIDTH):  # taps in order, as the reference sums them
-        value = _window(x, tails, tail, start, i + tap - (WIDTH - 1), cs, channels, live, WIDTH)
+        value = _window(x, stride_x, tails, tail, start, i + tap - (WIDTH - 1), cs, channels, live, WIDTH)
         w = tl.load(weight + cs * WIDTH + tap, mask=c_live).to(tl.float32)
         acc = acc + value.to(tl.float32) * w[None, :]
     y = acc.to(out.dtype.element_ty).to(tl.float32)
@@ -61,21 +62,21 @@ def _conv(x, weight, tails, tail_at, out, start, rows, lane, first, channels,
     if first == 0:  # the only block that read the old tail writes the new one
         t = tl.arange(0, BLOCK_W)
         keep = (t < WIDTH - 1)[:, None] & c_live[None, :]
-        fresh = _window(x, tails, tail, start, rows + t - (WIDTH - 1), cs, channels, keep, WIDTH)
+        fresh = _window(x, stride_x, tails, tail, start, rows + t - (WIDTH - 1), cs, channels, keep, WIDTH)
         tl.debug_barrier()  # every thread's reads of the old tail come before any write to it
         tl.store(tails + tail + t[:, None] * channels + cs[None, :], fresh, mask=keep)
 
 
 @triton.jit
-def _decode(x, weight, tails, tail_at, out, channels,
+def _decode(x, stride_x, weight, tails, tail_at, out, channels,
             WIDTH: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     lane = tl.program_id(1)
-    _conv(x, weight, tails, tail_at, out, lane, 1, lane, 0, channels, WIDTH, 1, BLOCK_C, BLOCK_W)
+    _conv(x, stride_x, weight, tails, tail_at, out, lane, 1, lane, 0, channels, WIDTH, 1, BLOCK_C, BLOCK_W)
 
 
 @triton.jit
-def _prefill(x, weight, tails, tail_at, out, cu_seqlens, channels,
+def _prefill(x, stride_x, weight, tails, tail_at, out, cu_seqlens, channels,
              WIDTH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
              PDL: tl.constexpr):
     pdl.wait(PDL)
@@ -83,8 +84,8 @@ def _prefill(x, weight, tails, tail_at, out, cu_seqlens, channels,
     start = tl.load(cu_seqlens + lane)
     rows = tl.load(cu_seqlens + lane + 1) - start
     if (first == 0) | (first < rows):  # blocks past a lane's rows have nothing to do
-        _conv(x, weight, tails, tail_at, out, start, rows, lane, first, channels, WIDTH, BLOCK_T, BLOCK_C,
-              BLOCK_W)
+        _conv(x, stride_x, weight, tails, tail_at, out, start, rows, lane, first, channels, WIDTH, BLOCK_T,
+              BLOCK_C, BLOCK_W)
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, tails: torch.Tensor, tail_at: torch.Tensor,
@@ -102,13 +103,19 @@ def _check(x: torch.Tensor, weight: torch.Tensor, tails: torch.Tensor, tail_at: 
     return int(weight.shape[1])
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x as read: its rows at any stride (the conv input is a slice of the GDN projection), its
+    channels contiguous."""
+    return x if x.stride(1) == 1 else x.contiguous()
+
+
 def decode(x: torch.Tensor, weight: torch.Tensor, tails: torch.Tensor, tail_at: torch.Tensor) -> torch.Tensor:
     """One row per lane, x [lanes, channels]; the lanes' tails move forward one row."""
     width = _check(x, weight, tails, tail_at, x.shape[0])
-    x, weight = x.contiguous(), weight.contiguous()
-    out = torch.empty_like(x)
+    x, weight = _rows(x), weight.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(x.shape[1], BLOCK_C), x.shape[0])
-    _decode[grid](x, weight, tails, tail_at, out, x.shape[1], WIDTH=width, BLOCK_C=BLOCK_C,
+    _decode[grid](x, x.stride(0), weight, tails, tail_at, out, x.shape[1], WIDTH=width, BLOCK_C=BLOCK_C,
                   BLOCK_W=triton.next_power_of_2(width - 1), **pdl.options(x.device))
     return out
 
@@ -124,11 +131,12 @@ def prefill(x: torch.Tensor, weight: torch.Tensor, tails: torch.Tensor, tail_at:
                          f"{list(cu_seqlens.shape)}")
     if width - 1 > BLOCK_T:
         raise ValueError(f"weight's width {width} is over {BLOCK_T + 1}")
-    x, weight = x.contiguous(), weight.contiguous()
-    out = torch.empty_like(x)
+    x, weight = _rows(x), weight.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(x.shape[1], BLOCK_C), max(1, triton.cdiv(max_rows, BLOCK_T)), lanes)
-    _prefill[grid](x, weight, tails, tail_at, out, cu_seqlens, x.shape[1], WIDTH=width, BLOCK_T=BLOCK_T,
-                   BLOCK_C=BLOCK_C, BLOCK_W=triton.next_power_of_2(width - 1), **pdl.options(x.device))
+    _prefill[grid](x, x.stride(0), weight, tails, tail_at, out, cu_seqlens, x.shape[1], WIDTH=width,
+                   BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C, BLOCK_W=triton.next_power_of_2(width - 1),
+                   **pdl.options(x.device))
     return out
 
 

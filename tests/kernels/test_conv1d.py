@@ -179,3 +179,22 @@ def test_decode_replays_in_a_cuda_graph() -> None:
     graph.replay()
     assert torch.equal(out, expected)
     assert torch.equal(pool, eager)
+
+
+def test_rows_of_a_wider_projection_are_read_in_place() -> None:
+    # the conv input is the first columns of the GDN projection: its rows sit at the projection's stride
+    lengths = [3, 6]
+    x, weight = tensors(sum(lengths), CHANNELS, torch.float32, "cpu")
+    wide = torch.cat([x, torch.full((x.shape[0], 17), float("nan"))], dim=1)
+    for rows, call in ((x.shape[0], "decode"), (len(lengths), "prefill")):
+        outs, pools = [], []
+        for given in (x, wide[:, :CHANNELS]):
+            pool, tail_at = make_pool(rows, CHANNELS, torch.float32, [], "cpu")
+            if call == "decode":
+                outs.append(conv1d.decode(given, weight, pool.view(torch.float32), tail_at))
+            else:
+                outs.append(conv1d.prefill(given, weight, pool.view(torch.float32), tail_at,
+                                           bounds(lengths, "cpu"), max(lengths)))
+            pools.append(pool)
+        assert not wide[:, :CHANNELS].is_contiguous()
+        assert torch.equal(outs[0], outs[1]) and torch.equal(pools[0], pools[1]), call
