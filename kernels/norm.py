@@ -17,6 +17,7 @@ import triton.language as tl
 from kernels import pdl
 
 ACTIVATIONS = {"silu": 0, "sigmoid": 1}
+GATED_HEADS = 4  # heads a gated-norm program takes: one head of 128 was one value a thread (262k programs)
 
 
 def warps(block: int) -> int:
@@ -93,22 +94,24 @@ def add_zrms(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: fl
 
 @triton.jit
 def _gated(x, gate, weight, out, width, heads, x_row, gate_row, eps, ACTIVATION: tl.constexpr,
-           BLOCK: tl.constexpr, PDL: tl.constexpr):
+           HEADS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
-    row, head = tl.program_id(0), tl.program_id(1)
+    row = tl.program_id(0)
+    hs = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
     cols = tl.arange(0, BLOCK)
-    mask = cols < width
-    w = tl.load(weight + cols, mask=mask, other=0.0)
+    mask = (hs < heads)[:, None] & (cols < width)[None, :]
+    at = hs[:, None] * width + cols[None, :]
+    w = tl.load(weight + cols, mask=cols < width, other=0.0)
     # the reference rounds the layer's output to the model dtype before the norm
-    values = tl.load(x + row * x_row + head * width + cols, mask=mask, other=0.0)
+    values = tl.load(x + row * x_row + at, mask=mask, other=0.0)
     values = values.to(out.dtype.element_ty).to(tl.float32)
-    mean = tl.sum(values * values, axis=0) / width
-    normed = (values * tl.rsqrt(mean + eps)).to(out.dtype.element_ty)
-    weighted = (w.to(tl.float32) * normed.to(tl.float32)).to(out.dtype.element_ty)
-    g = tl.load(gate + row * gate_row + head * width + cols, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(values * values, axis=1) / width  # each head's own statistics
+    normed = (values * tl.rsqrt(mean + eps)[:, None]).to(out.dtype.element_ty)
+    weighted = (w.to(tl.float32)[None, :] * normed.to(tl.float32)).to(out.dtype.element_ty)
+    g = tl.load(gate + row * gate_row + at, mask=mask, other=0.0).to(tl.float32)
     act = g / (1.0 + tl.exp(-g)) if ACTIVATION == 0 else 1.0 / (1.0 + tl.exp(-g))
     result = (weighted.to(tl.float32) * act).to(out.dtype.element_ty)
-    tl.store(out + (row * heads + head) * width + cols, result, mask=mask)
+    tl.store(out + row * heads * width + at, result, mask=mask)
 
 
 def _heads_packed(t: torch.Tensor) -> torch.Tensor:
@@ -120,8 +123,8 @@ def gated_rms(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: fl
               activation: str) -> torch.Tensor:
     """RMSNorm of each head of ``x`` [rows, heads, width] times ``weight``, times act(``gate``);
     the result in ``gate``'s dtype (the model dtype), to which ``x`` is rounded first. One program a
-    (row, head); x and gate are read in place when each row's heads are packed (a slice of a fused
-    projection is)."""
+    row and ``GATED_HEADS`` heads; x and gate are read in place when each row's heads are packed (a
+    slice of a fused projection is)."""
     if x.dim() != 3 or gate.shape != x.shape:
         raise ValueError(f"x {list(x.shape)} and gate {list(gate.shape)} must both be [rows, heads, width]")
     if activation not in ACTIVATIONS:
@@ -130,7 +133,8 @@ def gated_rms(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: fl
     rows, heads, width = x.shape
     out = torch.empty(rows, heads, width, dtype=gate.dtype, device=gate.device)
     if rows:
-        _gated[(rows, heads)](x, gate, weight, out, width, heads, x.stride(0), gate.stride(0), eps,
-                              ACTIVATION=ACTIVATIONS[activation], BLOCK=triton.next_power_of_2(width),
-                              **pdl.options(x.device))
+        _gated[(rows, triton.cdiv(heads, GATED_HEADS))](
+            x, gate, weight, out, width, heads, x.stride(0), gate.stride(0), eps,
+            ACTIVATION=ACTIVATIONS[activation], HEADS=GATED_HEADS, BLOCK=triton.next_power_of_2(width),
+            **pdl.options(x.device))
     return out

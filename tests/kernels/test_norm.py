@@ -34,6 +34,9 @@ def test_gated_rms_matches_the_reference(activation: str) -> None:
     fused = torch.cat([rand(4, 40, seed=3), gate.reshape(4, -1)], dim=1)  # the gate read in place
     sliced = fused[:, 40:].view(4, 3, 32)
     assert sliced.stride(0) == 136 and torch.equal(norm.gated_rms(x, sliced, w, 1e-6, activation), got)
+    x, gate = rand(2, 6, 32, seed=4), rand(2, 6, 32, seed=5)  # heads over a program's block, the last partial
+    want = ops.gated_rms(x, gate, w, 1e-6, activation)
+    assert torch.allclose(norm.gated_rms(x, gate, w, 1e-6, activation), want, atol=1e-6)
 
 
 def test_rows_do_not_depend_on_the_batch() -> None:
