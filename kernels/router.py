@@ -14,7 +14,7 @@ import triton.language as tl
 from kernels import pdl
 
 # Warps of a choice: the softmax's sums follow the thread layout, so the router kernel and the MoE
-# kernel that chooses and plans in one launch (kernels.moe.routed, 8 warps for its plan) use the same.
+# kernel that chooses and plans in one launch (kernels.moe_plan, 8 warps for its plan) use the same.
 ROUTE_WARPS = 8
 
 

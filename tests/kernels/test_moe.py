@@ -1,11 +1,12 @@
-"""The routed-experts kernel: against its torch reference, and a row's bits whatever the batch."""
+"""The grouped-experts kernels: against their torch reference, and a row's bits whatever the batch,
+routed experts alone and with the shared expert run beside them as one more expert."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels import moe, router, sigmoid_gate
+from kernels import moe, moe_plan, router, sigmoid_gate
 
 Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -25,6 +26,31 @@ def make(rows: int, top_k: int, dtype: torch.dtype, seed: int, *, experts: int =
     ids = torch.rand(rows, experts - 1, generator=generator, device=device).argsort(dim=1)[:, :top_k]
     weights = torch.rand(rows, top_k, generator=generator, device=device) + 0.1
     return x, gate_up, down, ids, weights
+
+
+def router_product(rows: int, experts: int, dtype: torch.dtype, seed: int, device: str = "cpu"
+                   ) -> torch.Tensor:
+    """Random router logits [rows, experts + 1], the shared expert's gate last (the model's one product)."""
+    generator = torch.Generator(device).manual_seed(seed + 1000)
+    return (torch.randn(rows, experts + 1, generator=generator, device=device) * 3).to(dtype)
+
+
+def make_shared(rows: int, dtype: torch.dtype, seed: int, *, experts: int = 8, hidden: int = 64,
+                inner: int = 32, device: str = "cpu") -> moe.Shared:
+    """A random shared expert of ``inner``, its gate read in place from ``router_product``'s last column."""
+    generator = torch.Generator(device).manual_seed(seed + 2000)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, device=device)
+
+    return moe.Shared((randn(2 * inner, hidden) * hidden ** -0.5).to(dtype),
+                      (randn(hidden, inner) * inner ** -0.5).to(dtype),
+                      router_product(rows, experts, dtype, seed, device)[:, experts:])
+
+
+def gate_rows(shared: moe.Shared, rows: slice | torch.Tensor) -> moe.Shared:
+    """The shared expert with its gate's ``rows`` (the rows x keeps)."""
+    return shared._replace(gate=shared.gate[rows])
 
 
 def rows_alone(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
@@ -83,10 +109,12 @@ def test_a_plan_over_several_blocks_places_pairs_as_one_block_does(monkeypatch: 
     """80 pairs: by default one program compares all pairs; here five count and place (histograms)."""
     x, gate_up, down, ids, weights = make(40, 2, torch.float32, seed=4)
     ids[:, 1] = torch.where(ids[:, 0] == 3, 5, 3)
-    whole = moe.experts(x, gate_up, down, ids, weights)
-    monkeypatch.setattr(moe, "PLAN_BLOCK", 16)
-    monkeypatch.setattr(moe, "SCAN_BLOCK", 2)
-    assert torch.equal(moe.experts(x, gate_up, down, ids, weights), whole)
+    shared = make_shared(40, torch.float32, seed=4)
+    whole = moe.experts(x, gate_up, down, ids, weights), moe.experts(x, gate_up, down, ids, weights, shared)
+    monkeypatch.setattr(moe_plan, "PLAN_BLOCK", 16)
+    monkeypatch.setattr(moe_plan, "SCAN_BLOCK", 2)
+    assert torch.equal(moe.experts(x, gate_up, down, ids, weights), whole[0])
+    assert torch.equal(moe.experts(x, gate_up, down, ids, weights, shared), whole[1])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -109,22 +137,56 @@ def test_int32_ids_and_weights_in_the_model_dtype() -> None:
 
 def test_rows_past_a_chunk_come_out_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     inputs = make(10, 2, torch.float32, seed=7)
-    whole = moe.experts(*inputs)
+    shared = make_shared(10, torch.float32, seed=7, inner=48)
+    whole = moe.experts(*inputs), moe.experts(*inputs, shared)
     monkeypatch.setattr(moe, "ROW_CHUNK", 4)
-    assert torch.equal(moe.experts(*inputs), whole)
+    assert torch.equal(moe.experts(*inputs), whole[0])
+    assert torch.equal(moe.experts(*inputs, shared), whole[1])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_shared_expert_added_last_is_the_gate_kernel_on_the_routed_sum(dtype: torch.dtype) -> None:
-    inputs = make(5, 3, dtype, seed=10)
-    generator = torch.Generator().manual_seed(10)
-    shared = (torch.randn(5, 64, generator=generator) * 2).to(dtype)
-    logits = (torch.randn(5, 9, generator=generator) * 3).to(dtype)  # the gate: the router product's last
-    gate = logits[:, 8:]
-    want = sigmoid_gate.sigmoid_gate(shared, gate, moe.experts(*inputs))
-    assert torch.equal(moe.experts(*inputs, shared, gate), want)
-    with pytest.raises(ValueError, match="come together"):
-        moe.experts(*inputs, shared)
+@pytest.mark.parametrize(("rows", "top_k", "inner"), [(1, 2, 32), (5, 3, 48), (12, 3, 16), (40, 4, 32)])
+def test_the_shared_expert_matches_the_reference(rows: int, top_k: int, inner: int,
+                                                  dtype: torch.dtype) -> None:
+    """The shared expert's inner size as the routed experts', wider, narrower; 160 pairs: past one
+    planning block."""
+    inputs = make(rows, top_k, dtype, seed=rows + inner)
+    shared = make_shared(rows, dtype, seed=rows, inner=inner)
+    out = moe.experts(*inputs, shared)
+    assert out.dtype == dtype and out.shape == inputs[0].shape
+    assert_near(out, moe.reference(*inputs, shared))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("rows", "top_k"), [(5, 3), (40, 4)])
+def test_the_shared_expert_is_one_expert_more_then_the_gate_kernel(rows: int, top_k: int,
+                                                                   dtype: torch.dtype) -> None:
+    """Bit for bit: the shared expert's output is a routed expert's of weight 1 holding its weights,
+    rounded; the block's output is kernels.sigmoid_gate's of that on the routed sum."""
+    x, gate_up, down, ids, weights = make(rows, top_k, dtype, seed=20 + rows)
+    shared = make_shared(rows, dtype, seed=20)
+    stacked = torch.cat([gate_up, shared.gate_up[None]]), torch.cat([down, shared.down[None]])
+    alone = moe.experts(x, *stacked, torch.full((rows, 1), len(gate_up)), torch.ones(rows, 1))
+    want = sigmoid_gate.sigmoid_gate(alone, shared.gate, moe.experts(x, gate_up, down, ids, weights))
+    assert torch.equal(moe.experts(x, gate_up, down, ids, weights, shared), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_with_the_shared_expert_a_row_alone_equals_the_row_in_any_batch(dtype: torch.dtype) -> None:
+    """33 rows of top-4 plan in three launches (132 pairs), 1, 2 and 5 rows in one."""
+    x, gate_up, down, ids, weights = make(33, 4, dtype, seed=21)
+    shared = make_shared(33, dtype, seed=21, inner=48)
+    batch = moe.experts(x, gate_up, down, ids, weights, shared)
+    for rows in (1, 2, 5):
+        got = moe.experts(x[:rows], gate_up, down, ids[:rows], weights[:rows], gate_rows(shared, slice(rows)))
+        assert torch.equal(got, batch[:rows])
+    for row in (3, 32):
+        part = slice(row, row + 1)
+        alone = moe.experts(x[part], gate_up, down, ids[part], weights[part], gate_rows(shared, part))
+        assert torch.equal(alone[0], batch[row])
+    order = torch.randperm(33, generator=torch.Generator().manual_seed(22))
+    moved = moe.experts(x[order], gate_up, down, ids[order], weights[order], gate_rows(shared, order))
+    assert torch.equal(moved, batch[order])
 
 
 @pytest.mark.parametrize("normalise", [True, False])
@@ -132,23 +194,37 @@ def test_the_shared_expert_added_last_is_the_gate_kernel_on_the_routed_sum(dtype
 def test_routing_from_logits_is_the_routers_choice_then_the_experts(rows: int, top_k: int,
                                                                      normalise: bool) -> None:
     x, gate_up, down, _, _ = make(rows, top_k, torch.bfloat16, seed=rows)
-    generator = torch.Generator().manual_seed(rows)
-    logits = (torch.randn(rows, 9, generator=generator) * 2).bfloat16()  # the router product, its gate last
+    logits = router_product(rows, 8, torch.bfloat16, seed=rows)
+    shared = make_shared(rows, torch.bfloat16, seed=rows)
     logits[0, 3] = logits[0, 5] = 4.0  # a tie: the lower expert wins in both
-    shared = torch.randn(rows, 64, generator=generator).bfloat16()
     ids, weights = router.top_k(logits[:, :8], top_k, normalise, x.dtype)
-    want = moe.experts(x, gate_up, down, ids, weights, shared, logits[:, 8:])
-    got = moe.routed(x, gate_up, down, logits[:, :8], top_k, normalise, shared, logits[:, 8:])
-    assert torch.equal(got, want)
+    for given in (None, shared):
+        want = moe.experts(x, gate_up, down, ids, weights, given)
+        assert torch.equal(moe.routed(x, gate_up, down, logits[:, :8], top_k, normalise, given), want)
     with pytest.raises(ValueError, match="logits is"):
         moe.routed(x, gate_up, down, logits, top_k, normalise)
     with pytest.raises(ValueError, match="top_k"):
         moe.routed(x, gate_up, down, logits[:, :8], 9, normalise)
 
 
-def test_no_rows() -> None:
+def test_routed_rows_are_the_same_in_one_planning_launch_and_past_it() -> None:
+    """1 to 32 rows of top-4 choose and plan in one launch; 33 through the router and three plan launches."""
+    x, gate_up, down, _, _ = make(33, 4, torch.float32, seed=23)
+    logits = router_product(33, 8, torch.float32, seed=23)
+    shared = make_shared(33, torch.float32, seed=23)
+    whole = moe.routed(x, gate_up, down, logits[:, :8], 4, True, shared)
+    for rows in (1, 2, 5, 32):
+        got = moe.routed(x[:rows], gate_up, down, logits[:rows, :8], 4, True, gate_rows(shared, slice(rows)))
+        assert torch.equal(got, whole[:rows])
+
+
+def test_no_rows_and_no_routed_experts() -> None:
     x, gate_up, down, ids, weights = make(0, 2, torch.float32, seed=8)
     assert moe.experts(x, gate_up, down, ids, weights).shape == (0, 64)
+    assert moe.experts(x, gate_up, down, ids, weights, make_shared(0, torch.float32, seed=8)).shape == (0, 64)
+    x, gate_up, down, ids, weights = make(3, 2, torch.float32, seed=8)
+    with pytest.raises(ValueError, match=r"^ids must be \[3, top_k >= 1\]"):
+        moe.experts(x, gate_up, down, ids[:, :0], weights[:, :0])
 
 
 @pytest.mark.parametrize("argument", ["x", "gate_up", "down", "ids", "weights"])
@@ -162,11 +238,24 @@ def test_a_wrong_shape_or_dtype_names_the_argument(argument: str) -> None:
         moe.experts(**given)
 
 
+@pytest.mark.parametrize("part", ["gate_up", "down", "gate"])
+def test_a_wrong_shared_expert_names_its_part(part: str) -> None:
+    inputs = make(3, 2, torch.float32, seed=9)
+    shared = make_shared(3, torch.float32, seed=9)
+    wrong = {"gate_up": shared.gate_up[:-1], "down": shared.down.bfloat16(), "gate": shared.gate[:2]}
+    with pytest.raises(ValueError, match=rf"^shared\.{part} "):
+        moe.experts(*inputs, shared._replace(**{part: wrong[part]}))
+
+
 REAL = [(256, 8), (512, 10)]  # Qwen3.5-35B-A3B and Qwen3-Next-80B-A3B: experts, top_k
 
 
 def make_real(rows: int, experts: int, top_k: int, seed: int) -> Inputs:
     return make(rows, top_k, torch.bfloat16, seed, experts=experts, hidden=2048, inner=512, device="cuda")
+
+
+def make_real_shared(rows: int, experts: int, seed: int) -> moe.Shared:
+    return make_shared(rows, torch.bfloat16, seed, experts=experts, hidden=2048, inner=512, device="cuda")
 
 
 @pytest.mark.gpu
@@ -191,12 +280,49 @@ def test_gpu_rows_are_the_same_alone_and_in_batches(experts: int, top_k: int) ->
 
 
 @pytest.mark.gpu
-def test_gpu_the_shared_expert_added_last_is_the_gate_kernel_on_the_routed_sum() -> None:
-    inputs = make_real(37, 256, 8, seed=14)
-    shared = torch.randn(37, 2048, device="cuda", dtype=torch.bfloat16)
-    gate = torch.randn(37, 257, device="cuda", dtype=torch.bfloat16)[:, 256:]
-    want = sigmoid_gate.sigmoid_gate(shared, gate, moe.experts(*inputs))
-    assert torch.equal(moe.experts(*inputs, shared, gate), want)
+@pytest.mark.parametrize(("experts", "top_k"), REAL)
+def test_gpu_the_shared_expert_matches_the_reference_and_rows_are_the_same_in_any_batch(experts: int,
+                                                                                         top_k: int) -> None:
+    """At 1, 2, 8 and 32 rows: the first rows of 32 as the 32 have them, and as the reference does."""
+    x, gate_up, down, ids, weights = make_real(32, experts, top_k, seed=17)
+    shared = make_real_shared(32, experts, seed=17)
+    batch = moe.experts(x, gate_up, down, ids, weights, shared)
+    assert_near(batch, moe.reference(x, gate_up, down, ids, weights, shared))
+    for rows in (1, 2, 8):
+        got = moe.experts(x[:rows], gate_up, down, ids[:rows], weights[:rows], gate_rows(shared, slice(rows)))
+        assert torch.equal(got, batch[:rows])
+    for row in (7, 31):
+        part = slice(row, row + 1)
+        alone = moe.experts(x[part], gate_up, down, ids[part], weights[part], gate_rows(shared, part))
+        assert torch.equal(alone[0], batch[row])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("experts", "top_k"), REAL)
+def test_gpu_routed_with_the_shared_expert_is_the_same_in_one_planning_launch_and_past_it(experts: int,
+                                                                                          top_k: int) -> None:
+    """1, 2 and 8 rows choose and plan in one launch; 32 through the router kernel and three plan launches."""
+    x, gate_up, down, _, _ = make_real(32, experts, top_k, seed=18)
+    logits = router_product(32, experts, torch.bfloat16, seed=18, device="cuda")
+    shared = make_real_shared(32, experts, seed=18)
+    ids, weights = router.top_k(logits[:, :experts], top_k, True, x.dtype)
+    whole = moe.routed(x, gate_up, down, logits[:, :experts], top_k, True, shared)
+    assert torch.equal(whole, moe.experts(x, gate_up, down, ids, weights, shared))
+    for rows in (1, 2, 8):
+        got = moe.routed(x[:rows], gate_up, down, logits[:rows, :experts], top_k, True,
+                         gate_rows(shared, slice(rows)))
+        assert torch.equal(got, whole[:rows])
+
+
+@pytest.mark.gpu
+def test_gpu_the_shared_expert_is_one_expert_more_then_the_gate_kernel() -> None:
+    x, gate_up, down, ids, weights = make_real(37, 256, 8, seed=14)
+    shared = make_real_shared(37, 256, seed=14)
+    stacked = torch.cat([gate_up, shared.gate_up[None]]), torch.cat([down, shared.down[None]])
+    ids_e, ones = torch.full((37, 1), 256, device="cuda"), torch.ones(37, 1, device="cuda")
+    alone = moe.experts(x, *stacked, ids_e, ones)
+    want = sigmoid_gate.sigmoid_gate(alone, shared.gate, moe.experts(x, gate_up, down, ids, weights))
+    assert torch.equal(moe.experts(x, gate_up, down, ids, weights, shared), want)
 
 
 @pytest.mark.gpu
@@ -245,3 +371,21 @@ def test_gpu_a_captured_graph_replays_new_routes() -> None:
     weights.copy_(fresh_weights)
     graph.replay()
     assert torch.equal(out, moe.experts(fresh_x, gate_up, down, fresh_ids, fresh_weights))
+
+
+@pytest.mark.gpu
+def test_gpu_a_captured_decode_step_with_the_shared_expert_replays_new_rows() -> None:
+    x, gate_up, down, _, _ = make_real(1, 256, 8, seed=19)
+    logits = router_product(1, 256, torch.bfloat16, seed=19, device="cuda")
+    shared = make_real_shared(1, 256, seed=19)._replace(gate=logits[:, 256:])
+    moe.routed(x, gate_up, down, logits[:, :256], 8, True, shared)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = moe.routed(x, gate_up, down, logits[:, :256], 8, True, shared)
+    fresh_x = torch.randn(1, 2048, device="cuda").bfloat16()
+    fresh_logits = router_product(1, 256, torch.bfloat16, seed=20, device="cuda")
+    x.copy_(fresh_x)
+    logits.copy_(fresh_logits)
+    graph.replay()
+    fresh_shared = shared._replace(gate=fresh_logits[:, 256:])
+    assert torch.equal(out, moe.routed(fresh_x, gate_up, down, fresh_logits[:, :256], 8, True, fresh_shared))

@@ -136,11 +136,13 @@ def dense_weights(get: Get, at: str) -> DenseMlp:
 
 
 def ffn_weights(get: Get, at: str) -> DenseMlp:
-    """A dense feed-forward block or a shared expert: ``dense_weights``, paired on CUDA."""
+    """A dense feed-forward block: ``dense_weights``, paired on CUDA."""
     return paired(dense_weights(get, at))
 
 
 def moe_weights(cfg: HybridConfig, naming: Naming, get: Get, at: str) -> MoeWeights:
+    """The routed experts stacked, the router with the shared gate's row last (one product), and the
+    shared expert as stored (gate then up, never paired: on CUDA the grouped kernels read it in place)."""
     if naming.fused_experts(at):
         gate_up, down = get(f"{at}.experts.gate_up_proj"), get(f"{at}.experts.down_proj")
     else:
@@ -148,6 +150,6 @@ def moe_weights(cfg: HybridConfig, naming: Naming, get: Get, at: str) -> MoeWeig
         gate_up = torch.stack([x.gate_up for x in experts])
         down = torch.stack([x.down for x in experts])
     router = torch.cat((get(f"{at}.gate.weight"), get(f"{at}.shared_expert_gate.weight")))
-    shared = ffn_weights(get, f"{at}.shared_expert")
+    shared = dense_weights(get, f"{at}.shared_expert")
     return MoeWeights(router=router, gate_up=gate_up, down=down, shared=shared,
                       top_k=cfg.top_k, norm_top_k=cfg.norm_top_k)

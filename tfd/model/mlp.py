@@ -2,8 +2,10 @@
 
 The router runs its softmax in fp32; each row's routed experts are summed in ascending expert
 order, one row at a time, so a row's output never depends on which other rows chose the expert.
-On CUDA the routed experts run as one grouped kernel (``kernels.moe``) with the same order, its sum
-in fp32 rather than the model dtype.
+On CUDA the block after the router's product is ``grouped_moe``: the grouped kernels of
+``kernels.moe`` run the routed experts in the same order, their sum in fp32 rather than the model
+dtype and each expert's SwiGLU middle rounded once rather than after each step, and the shared
+expert as one more expert of every row in the same launches (no products of its own).
 """
 
 from __future__ import annotations
@@ -37,9 +39,14 @@ class MoeWeights:
     router: torch.Tensor  # [experts + 1, hidden]: the router's rows, then the shared expert's gate row
     gate_up: torch.Tensor  # [experts, 2 * inner, hidden]: gate rows, then up rows
     down: torch.Tensor  # [experts, hidden, inner]
-    shared: DenseMlp
+    shared: DenseMlp = attrs.field()  # gate rows, then up rows (never paired): kernels.moe reads them so
     top_k: int
     norm_top_k: bool
+
+    @shared.validator
+    def _unpaired(self, _: attrs.Attribute[DenseMlp], shared: DenseMlp) -> None:
+        if shared.paired:
+            raise ValueError("shared must keep gate rows then up rows, as kernels.moe reads them, not paired")
 
 
 def dense(w: DenseMlp, x: torch.Tensor) -> torch.Tensor:
@@ -51,13 +58,12 @@ def dense(w: DenseMlp, x: torch.Tensor) -> torch.Tensor:
 def moe(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:
     """Each row's ``top_k`` experts (softmax in fp32, renormalised when ``norm_top_k``; among equal
     probabilities the lower expert wins) summed in ascending id, plus the gated shared expert. The
-    router and the shared gate are one product; on CUDA the choice, the grouping, the experts and
-    the shared expert's addition are ``kernels.moe.routed``."""
+    router and the shared gate are one product; on CUDA the rest is ``grouped_moe``."""
     logits = linear(x, w.router)
+    if x.is_cuda:  # every selected expert and the shared one in the grouped kernels, each read once
+        return grouped_moe(w, x, logits)
     count = logits.shape[1] - 1
     choice, gate, shared = logits[:, :count], logits[:, count:], dense(w.shared, x)
-    if x.is_cuda:  # every selected expert in one grouped kernel, each read once; the shared expert added last
-        return kernels_moe.routed(x, w.gate_up, w.down, choice, w.top_k, w.norm_top_k, shared, gate)
     experts, weights = router.reference(choice, w.top_k, w.norm_top_k, x.dtype)
     inner = w.down.shape[2]
     routed = torch.zeros_like(x)
@@ -68,3 +74,13 @@ def moe(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:
             hidden = silu(gate_up[:, :inner]) * gate_up[:, inner:]
             routed[row] += (linear(hidden, w.down[expert]) * weight)[0]
     return sigmoid_gate(shared, gate, routed)
+
+
+def grouped_moe(w: MoeWeights, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """The block from the router's product ``logits`` [rows, experts + 1] (the shared gate last) by
+    ``kernels.moe.routed``: the choice and the grouping, the routed experts with the shared expert
+    beside them, and the gated sum; CUDA's path (any device the kernels run on, the interpreter's
+    CPU in tests). Scratch and errors: ``kernels.moe.experts``'."""
+    count = logits.shape[1] - 1
+    shared = kernels_moe.Shared(w.shared.gate_up, w.shared.down, logits[:, count:])
+    return kernels_moe.routed(x, w.gate_up, w.down, logits[:, :count], w.top_k, w.norm_top_k, shared)

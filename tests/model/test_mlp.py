@@ -1,0 +1,64 @@
+"""The MoE block: CUDA's path (``grouped_moe``, the grouped kernels, run here in Triton's interpreter)
+against the CPU reference path ``moe`` takes here, and a row's bits whatever the batch."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import torch
+
+from tfd.model.mlp import DenseMlp, MoeWeights, grouped_moe, moe
+from tfd.model.ops import linear
+
+EXPERTS, TOP_K, HIDDEN, INNER = 8, 4, 64, 32
+# The CPU path sums the routed experts in the model dtype and rounds each SwiGLU step; the kernels
+# sum in fp32 and round the middle once: in bf16 a few units in the last place of the output.
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
+
+
+def weights(shared_inner: int, dtype: torch.dtype, seed: int = 0) -> MoeWeights:
+    generator = torch.Generator().manual_seed(seed)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=generator) / shape[-1] ** 0.5).to(dtype)
+
+    shared = DenseMlp(randn(2 * shared_inner, HIDDEN), randn(HIDDEN, shared_inner))
+    return MoeWeights(router=randn(EXPERTS + 1, HIDDEN) * 4, gate_up=randn(EXPERTS, 2 * INNER, HIDDEN),
+                      down=randn(EXPERTS, HIDDEN, INNER), shared=shared, top_k=TOP_K, norm_top_k=True)
+
+
+def rows(count: int, dtype: torch.dtype, seed: int = 1) -> torch.Tensor:
+    return torch.randn(count, HIDDEN, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def grouped(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:
+    return grouped_moe(w, x, linear(x, w.router))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shared_inner", [INNER, 48])  # the real models' equal sizes; the tiny models' 48
+@pytest.mark.parametrize("count", [1, 6, 40])  # 40 rows of top-4: past one planning block
+def test_the_grouped_path_is_the_cpu_path(count: int, shared_inner: int, dtype: torch.dtype) -> None:
+    w, x = weights(shared_inner, dtype), rows(count, dtype)
+    want = moe(w, x)
+    got = grouped(w, x)
+    assert got.dtype == dtype and got.shape == x.shape
+    torch.testing.assert_close(got, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+    # the shared expert is in both: without it the block is far from either
+    unshared = attrs.evolve(w, shared=DenseMlp(w.shared.gate_up * 0, w.shared.down))
+    assert not torch.allclose(grouped(unshared, x), want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_grouped_row_is_the_same_alone_and_in_any_batch(dtype: torch.dtype) -> None:
+    w, x = weights(INNER, dtype), rows(40, dtype)
+    batch = grouped(w, x)
+    for first, stop in ((0, 1), (0, 2), (3, 8), (39, 40)):
+        assert torch.equal(grouped(w, x[first:stop]), batch[first:stop])
+
+
+def test_a_paired_shared_expert_is_refused() -> None:
+    """The grouped kernels read the shared expert's gate rows, then its up rows."""
+    w = weights(INNER, torch.float32)
+    with pytest.raises(ValueError, match=r"^shared must keep gate rows then up rows"):
+        attrs.evolve(w, shared=DenseMlp(w.shared.gate_up, w.shared.down, paired=True))
