@@ -33,6 +33,7 @@ from kernels.swiglu import swiglu as swiglu_rows
 
 PROGRAMS = 132  # K segments rounded down to one program per multiprocessor of an H200 at most (probe)
 SPREAD_ROWS = 64  # up to this many rows the segments run in programs of their own
+SHARED_BYTES = 227 * 1024  # shared memory a program may take on an H200 (232,448 bytes)
 
 
 @attrs.frozen
@@ -65,10 +66,15 @@ class Plan:
     mid: Tiles = MID
     whole_one: Tiles = WHOLE_ONE
 
-    def whole_tiles(self) -> Tiles:
+    def whole_tiles(self, element_size: int = 2) -> Tiles:
         """The whole form's tile: taller with one K segment (no second accumulator, where two
-        spill on sm_90)."""
-        return self.whole_one if self.segments == 1 else self.whole
+        spill on sm_90); its K step halved while its stages of ``element_size``-byte operands
+        overflow shared memory (fp32 inputs)."""
+        tiles = self.whole_one if self.segments == 1 else self.whole
+        while tiles.block_k > 16 and tiles.stages * (tiles.block_m + tiles.block_n) * tiles.block_k \
+                * element_size > SHARED_BYTES:
+            tiles = attrs.evolve(tiles, block_k=tiles.block_k // 2)
+        return tiles
 
     def spread_tiles(self, rows: int) -> Tiles:
         """The spread form's tile for ``rows`` rows: the smallest row block that holds them."""
@@ -198,7 +204,7 @@ def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice:
     choice = choice or plan(n, k)
     if spread is None:
         spread = m <= SPREAD_ROWS  # one segment too: the whole form's large tiles stream slowly at one row
-    whole = choice.whole_tiles()
+    whole = choice.whole_tiles(x.element_size())
     forms_middle = swiglu and (spread or whole.block_n % (2 * PAIR) == 0)  # the tile holds whole pairs
     out = torch.empty(m, n // 2 if forms_middle else n, dtype=x.dtype, device=x.device)
     if not spread:

@@ -117,3 +117,10 @@ def test_k_segments_stop_at_one_program_per_multiprocessor() -> None:
     for n, k, segments in ((12352, 4096, 1), (10240, 4096, 1), (4096, 4096, 2), (4096, 12288, 2),
                            (2048, 4096, 4), (24576, 4096, 1)):
         assert gemm.plan(n, k).segments == segments, (n, k)
+
+
+def test_fp32_operands_take_a_shorter_k_step_so_the_stages_fit() -> None:
+    for choice in (gemm.plan(4096, 12288), gemm.plan(248320, 4096)):
+        wide, narrow = choice.whole_tiles(2), choice.whole_tiles(4)
+        assert narrow.block_k == wide.block_k // 2 and narrow.block_m == wide.block_m
+        assert narrow.stages * (narrow.block_m + narrow.block_n) * narrow.block_k * 4 <= gemm.SHARED_BYTES
