@@ -31,7 +31,10 @@ from kernels import INTERPRETED, pdl
 from kernels.swiglu import PAIR, silu_mul
 from kernels.swiglu import swiglu as swiglu_rows
 
-PROGRAMS = 132  # K segments rounded down to one program per multiprocessor of an H200 at most (probe)
+# K segments rounded up to two programs per multiprocessor of an H200: in the 9B's decode step 4.63 ms
+# against 4.79 with segments rounded down to one (6.57 against 7.02 at 32 lanes), though the products
+# replayed alone favoured fewer (.dev probes, docs/bench.md).
+TARGET_PROGRAMS = 264
 SPREAD_ROWS = 64  # up to this many rows the segments run in programs of their own
 SHARED_BYTES = 227 * 1024  # shared memory a program may take on an H200 (232,448 bytes)
 
@@ -88,7 +91,7 @@ def plan(n: int, k: int, spread: Tiles = SPREAD, whole: Tiles = WHOLE, few: Tile
     step = max(spread.block_k, whole.block_k, few.block_k, mid.block_k, whole_one.block_k)
     k_tiles = math.ceil(k / step)
     n_tiles = math.ceil(n / spread.block_n)
-    segments = max(1, min(PROGRAMS // n_tiles, k_tiles // 4))
+    segments = max(1, min(math.ceil(TARGET_PROGRAMS / n_tiles), k_tiles // 4))
     per_segment = math.ceil(k_tiles / segments)
     segments = math.ceil(k_tiles / per_segment)  # no segment left empty
     return Plan(segments, per_segment * step, spread, whole, few, mid, whole_one)
