@@ -15,6 +15,10 @@ the same for every tile tried, 16 to 128 rows (mma and wgmma), 32 to 256 columns
 step, 4 or 8 warps, as long as the K segments were the same (tfd bench --gemm and the GPU tests
 check this property). Tiles below come from that sweep.
 
+Many rows take the whole form through tensor descriptors (TMA) where the GPU and the operands allow,
+its programs ordered so that groups of row blocks share weight tiles in L2: the same sums, the same
+bits as the pointer loads (H200 probe).
+
 ``matmul`` is the launcher, ``reference`` the torch reference, ``plan`` the shape's fixed choice.
 """
 
@@ -26,6 +30,7 @@ import attrs
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import INTERPRETED, pdl
 from kernels.swiglu import PAIR, silu_mul
@@ -36,6 +41,7 @@ from kernels.swiglu import swiglu as swiglu_rows
 # replayed alone favoured fewer (.dev probes, docs/bench.md).
 TARGET_PROGRAMS = 264
 SPREAD_ROWS = 64  # up to this many rows the segments run in programs of their own
+GROUP_M = 8  # row blocks of the whole form that share weight tiles through L2 (probe: 8 beat 16)
 SHARED_BYTES = 227 * 1024  # shared memory a program may take on an H200 (232,448 bytes)
 
 
@@ -155,30 +161,68 @@ def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride
 
 
 @triton.jit
-def _whole(x, w, out, m, n, k, stride_xm, stride_wn, stride_om, segments, k_per_segment,
+def _segment_tma(x, w, first_row, first_col, start, length, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """``_segment`` through tensor descriptors: the same sum (K past the end reads as zero)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for offset in range(0, length, BLOCK_K):
+        acc = tl.dot(x.load([first_row, start + offset]), w.load([first_col, start + offset]).T, acc,
+                     input_precision="ieee")
+    return acc
+
+
+@triton.jit
+def _whole(x, w, out, m, n, k, stride_xm, stride_wn, stride_om, segments, k_per_segment, n_tiles, m_tiles,
            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr,
-           ONE_SEGMENT: tl.constexpr, SWIGLU: tl.constexpr, PAIR: tl.constexpr, PDL: tl.constexpr):
+           ONE_SEGMENT: tl.constexpr, TMA: tl.constexpr, GROUP: tl.constexpr, SWIGLU: tl.constexpr,
+           PAIR: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    total = _segment(x, w, rows, cols, m, n, k, 0, k_per_segment, stride_xm, stride_wn,
-                     BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
+    # GROUP row blocks walk the columns together, so each weight tile they share is read from L2
+    per_group = GROUP * n_tiles
+    first_m = (tl.program_id(0) // per_group) * GROUP
+    size = tl.minimum(m_tiles - first_m, GROUP)
+    tile_n = (tl.program_id(0) % per_group) // size
+    tile_m = first_m + (tl.program_id(0) % per_group) % size
+    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if TMA:
+        total = _segment_tma(x, w, tile_m * BLOCK_M, tile_n * BLOCK_N, 0, k_per_segment, BLOCK_M, BLOCK_N,
+                             BLOCK_K)
+    else:
+        total = _segment(x, w, rows, cols, m, n, k, 0, k_per_segment, stride_xm, stride_wn,
+                         BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
     if not ONE_SEGMENT:  # one accumulator alone when there is one segment: half the registers (sm_90)
         for segment in range(1, segments):  # the same in-order sum as _spread's last program, in registers
-            total += _segment(x, w, rows, cols, m, n, k, segment * k_per_segment, k_per_segment, stride_xm,
-                              stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
+            if TMA:
+                total += _segment_tma(x, w, tile_m * BLOCK_M, tile_n * BLOCK_N, segment * k_per_segment,
+                                      k_per_segment, BLOCK_M, BLOCK_N, BLOCK_K)
+            else:
+                total += _segment(x, w, rows, cols, m, n, k, segment * k_per_segment, k_per_segment,
+                                  stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
     dtype = out.dtype.element_ty
     if SWIGLU:  # the tile holds whole gate|up pairs: split each block of pairs as _spread's last program does
         pairs = tl.permute(tl.reshape(total, (BLOCK_M, BLOCK_N // (2 * PAIR), 2, PAIR)), (0, 1, 3, 2))
         gate, up = tl.split(pairs)
         gate = tl.reshape(gate, (BLOCK_M, BLOCK_N // 2)).to(dtype)
         up = tl.reshape(up, (BLOCK_M, BLOCK_N // 2)).to(dtype)
-        half = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        half = tile_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         tl.store(out + rows[:, None] * stride_om + half[None, :], silu_mul(gate, up, dtype),
                  mask=(rows[:, None] < m) & (half[None, :] < n // 2))
     else:
         tl.store(out + rows[:, None] * stride_om + cols[None, :], total.to(dtype),
                  mask=(rows[:, None] < m) & (cols[None, :] < n))
+
+
+def _described(x: torch.Tensor, w: torch.Tensor, t: Tiles) -> tuple[object, object] | None:
+    """Tensor descriptors of x and w for the whole form's tile, where TMA can read them: a GPU of
+    compute capability 9 or above, 16-bit operands, 16-byte aligned bases and row strides; else None."""
+    if INTERPRETED or x.device.type != "cuda" or x.element_size() != 2 or \
+            torch.cuda.get_device_capability(x.device)[0] < 9:
+        return None
+    if any(a.data_ptr() % 16 or (a.stride(0) * a.element_size()) % 16 for a in (x, w)):
+        return None
+    return (TensorDescriptor.from_tensor(x, [t.block_m, t.block_k]),
+            TensorDescriptor.from_tensor(w, [t.block_n, t.block_k]))
 
 
 def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice: Plan | None = None,
@@ -211,13 +255,16 @@ def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice:
     forms_middle = swiglu and (spread or whole.block_n % (2 * PAIR) == 0)  # the tile holds whole pairs
     out = torch.empty(m, n // 2 if forms_middle else n, dtype=x.dtype, device=x.device)
     if not spread:
-        grid = (triton.cdiv(n, whole.block_n), triton.cdiv(m, whole.block_m))
+        n_tiles, m_tiles = triton.cdiv(n, whole.block_n), triton.cdiv(m, whole.block_m)
         if m:
-            _whole[grid](x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0), choice.segments,
-                         choice.k_per_segment, BLOCK_M=whole.block_m, BLOCK_N=whole.block_n,
-                         BLOCK_K=whole.block_k, WIDEN=INTERPRETED, ONE_SEGMENT=choice.segments == 1,
-                         SWIGLU=forms_middle, PAIR=PAIR, num_warps=whole.warps,
-                         num_stages=whole.stages, **pdl.options(x.device))
+            described = _described(x, w, whole)
+            xs, ws = described if described is not None else (x, w)
+            _whole[(n_tiles * m_tiles,)](
+                xs, ws, out, m, n, k, x.stride(0), w.stride(0), out.stride(0), choice.segments,
+                choice.k_per_segment, n_tiles, m_tiles, BLOCK_M=whole.block_m, BLOCK_N=whole.block_n,
+                BLOCK_K=whole.block_k, WIDEN=INTERPRETED, ONE_SEGMENT=choice.segments == 1,
+                TMA=described is not None, GROUP=GROUP_M, SWIGLU=forms_middle, PAIR=PAIR,
+                num_warps=whole.warps, num_stages=whole.stages, **pdl.options(x.device))
         return swiglu_rows(out, paired=True) if swiglu and not forms_middle else out
     if m == 0:
         return out
