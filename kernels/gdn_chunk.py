@@ -101,17 +101,25 @@ def _decay(total, t, STRICT: tl.constexpr):
 
 
 @triton.jit
+def lane_of(chunk_at, slot, lanes, LANES_BLOCK: tl.constexpr):
+    """The lane whose chunks hold ``slot``: the number of lanes whose chunks all come before it
+    (chunk_at: [lanes + 1] offsets); ``lanes`` for a slot past the last chunk."""
+    lane = 0
+    for b in range(0, lanes, LANES_BLOCK):
+        bs = b + tl.arange(0, LANES_BLOCK)
+        ends = tl.load(chunk_at + 1 + bs, mask=bs < lanes, other=slot + 1)
+        lane += tl.sum((ends <= slot).to(tl.int32), axis=0)
+    return lane
+
+
+@triton.jit
 def _chunks(q, k, v, g, beta, cu_seqlens, starts, chunk_at, w, u, p, f, tri, scale, q_row, k_row, v_row,
             lanes, rows_all, KEY_HEADS: tl.constexpr, VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr,
             VALUE_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, PIECE: tl.constexpr,
             LANES_BLOCK: tl.constexpr, CHUNK: tl.constexpr, LOG_CHUNK: tl.constexpr):
     """Role ``role`` of chunk slot ``slot`` for value head ``head``, as the module docstring lays out."""
     slot, head, role = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    lane = 0  # the number of lanes whose chunks all come before this slot (chunk_at: [lanes + 1])
-    for b in range(0, lanes, LANES_BLOCK):
-        bs = b + tl.arange(0, LANES_BLOCK)
-        ends = tl.load(chunk_at + 1 + bs, mask=bs < lanes, other=slot + 1)
-        lane += tl.sum((ends <= slot).to(tl.int32), axis=0)
+    lane = lane_of(chunk_at, slot, lanes, LANES_BLOCK)
     if lane >= lanes:
         return  # a slot past the last chunk: the grid is a bound, fixed without a host sync
     first = tl.load(cu_seqlens + lane)

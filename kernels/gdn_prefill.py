@@ -11,26 +11,31 @@ the UT transform of tfd.model.gdn.chunk::
     T = (I + strict_lower(beta K K^T o D))^-1;  W = T (beta e^G K);  U = T (beta V)
     V' = U - W S;  O = (e^G Q) S + (Q K^T o D) V';  S <- e^G_last S + (e^(G_last - G) K)^T V'
 
-Two launches. Phase one (``_chunks``, kernels/gdn_chunk.py) runs every chunk of every live lane at
+Three launches. Phase one (``_chunks``, kernels/gdn_chunk.py) runs every chunk of every live lane at
 once, one program per (chunk slot, value head, role), and writes all that does not depend on S:
 W, U, P = Q K^T o D and three per-row factors, with a as scratch. Its grid is a bound on the chunks,
 cdiv-free and fixed without a host sync: the lanes' chunk offsets are a cumsum on the device and
 surplus slots return. Phase two (``_scan``) runs one program per (value block, value head, lane),
 walking the lane's chunks in order with S [key_dim, BLOCK_V] in registers:
 
-    V' = U - W S;  O = f_q o (Q S) + P V';  S <- e^G_last S + K^T (f_k o V')
+    keep S;  V' = U - W S;  S <- e^G_last S + K^T (f_k o V')
 
-on the raw q and k rows (f_q = scale e^G |q|^-1 and f_k = e^(G_last - G) |k|^-1 scale the products'
-rows), loading each step's operands a key piece at a time so nothing spills.
+on the raw k rows (f_k = e^(G_last - G) |k|^-1 scales the product's rows), loading each step's
+operands a key piece at a time so nothing spills; it keeps the S entering each chunk and writes V'
+over U. Phase three (``_output``) runs every chunk at once again, one program per (value block, value
+head, chunk slot): O = f_q o (Q S) + P V' on the raw q rows (f_q = scale e^G |q|^-1), so the
+sequential walk does two products a chunk instead of four.
 
 Memory: besides the new fp32 output, the kernels read the inputs and each live lane's state at
 element offset ``state_at[b]`` of the pool's fp32 view, write that state back, and use fp32 scratch of
 (key_dim + value_dim + 2 CHUNK + 3) values per row and value head (1.5 KB at the real dims, 406 MB
-for 8192 rows of 32 heads), written by phase one and read by phase two; nothing else. A lane whose offset
-is -1 is padding: it has no chunks, none of the pool is read or written for it and its output rows
-are zeros. Products are fp32 by ``tl.dot`` at ``gdn_chunk.PRECISION`` (tf32x3).
+for 8192 rows of 32 heads), written by phase one and read by phases two and three, and one S
+(key_dim x value_dim) per chunk and value head (268 MB for 8192 rows of 32 heads), written by phase
+two and read by phase three; nothing else. A lane whose offset is -1 is padding: it has no chunks,
+none of the pool is read or written for it and its output rows are zeros. Products are fp32 by
+``tl.dot`` at ``gdn_chunk.PRECISION`` (tf32x3).
 
-Exact across splits: both phases place lane row i at tile row (starts[b] + i) % CHUNK, so a chunk's
+Exact across splits: every phase places lane row i at tile row (starts[b] + i) % CHUNK, so a chunk's
 arithmetic depends only on its own rows and the state entering it, and every block shape follows the
 head dims alone. A prefill split at a multiple of CHUNK therefore runs the same chunks on the same
 states (stored to the pool and read back as fp32, exactly) and gives the same bits as one pass, and a
@@ -64,10 +69,11 @@ def _blocks(key_dim: int, value_dim: int) -> tuple[int, int]:
 
 
 @triton.jit
-def _scan(q, k, w, u, p, f, states, state_at, cu_seqlens, starts, out, q_row, k_row, rows_all,
+def _scan(k, w, u, f, h, states, state_at, cu_seqlens, starts, chunk_at, out, k_row, rows_all,
           KEY_HEADS: tl.constexpr, VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr, VALUE_DIM: tl.constexpr,
           BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PIECE: tl.constexpr, CHUNK: tl.constexpr):
-    """Phase two: value columns ``block`` of head ``head``'s S for lane ``lane``, through its chunks."""
+    """Phase two: value columns ``block`` of head ``head``'s S for lane ``lane``, through its chunks;
+    keeps the S entering each chunk in ``h`` and its V' in place of U, for phase three."""
     block, head, lane = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     key_head = head // (VALUE_HEADS // KEY_HEADS)
     first = tl.load(cu_seqlens + lane)
@@ -76,9 +82,9 @@ def _scan(q, k, w, u, p, f, states, state_at, cu_seqlens, starts, out, q_row, k_
     ps = tl.arange(0, PIECE)
     vs = block * BLOCK_V + tl.arange(0, BLOCK_V)
     v_live = vs < VALUE_DIM
-    outs = out + head * VALUE_DIM + vs[None, :]
     at = tl.load(state_at + lane)
-    if at < 0:
+    if at < 0:  # padding: no chunks, so phase three writes nothing; its rows are zeros
+        outs = out + head * VALUE_DIM + vs[None, :]
         for c in range(0, tl.cdiv(rows, CHUNK)):
             i = c * CHUNK + t
             tl.store(outs + (first + i)[:, None] * (VALUE_HEADS * VALUE_DIM),
@@ -94,23 +100,23 @@ def _scan(q, k, w, u, p, f, states, state_at, cu_seqlens, starts, out, q_row, k_
         s += (tl.load(tile + ks[:, None] * VALUE_DIM + vs[None, :], mask=kept, other=0.0),)  # type: ignore[assignment]
     lead = tl.load(starts + lane) % CHUNK  # tile rows before the lane's first row in its first chunk
     chunks = tl.where(rows > 0, tl.cdiv(rows + lead, CHUNK), 0)  # no rows: the state is left bit for bit
+    slots = h + (tl.load(chunk_at + lane) * VALUE_HEADS + head) * KEY_DIM * VALUE_DIM
     for c in range(0, chunks):
         i = c * CHUNK - lead + t  # the lane row at each tile row, whatever row a launch began at
         live = (i >= 0) & (i < rows)
         r = first + i
         at_r = r * VALUE_HEADS + head  # the rows' offsets into phase one's w, u, p and f
         rv = live[:, None] & v_live[None, :]
-        ws, qs = tl.zeros([CHUNK, BLOCK_V], tl.float32), tl.zeros([CHUNK, BLOCK_V], tl.float32)
+        entering = slots + c * VALUE_HEADS * KEY_DIM * VALUE_DIM
+        ws = tl.zeros([CHUNK, BLOCK_V], tl.float32)
         for n in tl.static_range(BLOCK_K // PIECE):
             ks = n * PIECE + ps
-            rk = live[:, None] & (ks < KEY_DIM)[None, :]
-            ws = dot(tl.load(w + at_r[:, None] * KEY_DIM + ks[None, :], mask=rk, other=0.0), s[n], ws)
-            qn = tl.load(q + r[:, None] * q_row + key_head * KEY_DIM + ks[None, :], mask=rk, other=0.0)
-            qs = dot(qn.to(tl.float32), s[n], qs)
+            tl.store(entering + ks[:, None] * VALUE_DIM + vs[None, :], s[n],
+                     mask=(ks < KEY_DIM)[:, None] & v_live[None, :])
+            ws = dot(tl.load(w + at_r[:, None] * KEY_DIM + ks[None, :],
+                             mask=live[:, None] & (ks < KEY_DIM)[None, :], other=0.0), s[n], ws)
         fresh = tl.load(u + at_r[:, None] * VALUE_DIM + vs[None, :], mask=rv, other=0.0) - ws
-        qs *= tl.load(f + at_r, mask=live, other=0.0)[:, None]
-        pc = tl.load(p + at_r[:, None] * CHUNK + t[None, :], mask=live[:, None], other=0.0)
-        tl.store(outs + r[:, None] * (VALUE_HEADS * VALUE_DIM), dot(pc, fresh, qs), mask=rv)
+        tl.store(u + at_r[:, None] * VALUE_DIM + vs[None, :], fresh, mask=rv)  # only this program reads it
         end = first + tl.minimum(rows - 1, c * CHUNK - lead + CHUNK - 1)  # the chunk's last row
         g_last = tl.exp(tl.load(f + (2 * rows_all + end) * VALUE_HEADS + head))
         fresh *= tl.load(f + rows_all * VALUE_HEADS + at_r, mask=live, other=0.0)[:, None]
@@ -125,6 +131,45 @@ def _scan(q, k, w, u, p, f, states, state_at, cu_seqlens, starts, out, q_row, k_
         ks = n * PIECE + ps
         kept = (ks < KEY_DIM)[:, None] & v_live[None, :]
         tl.store(tile + ks[:, None] * VALUE_DIM + vs[None, :], s[n], mask=kept)
+
+
+@triton.jit
+def _output(q, u, p, f, h, cu_seqlens, starts, chunk_at, out, q_row, lanes, KEY_HEADS: tl.constexpr,
+            VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr, VALUE_DIM: tl.constexpr, BLOCK_K: tl.constexpr,
+            BLOCK_V: tl.constexpr, PIECE: tl.constexpr, CHUNK: tl.constexpr,
+            LANES_BLOCK: tl.constexpr):
+    """Phase three: chunk slot ``slot``'s output rows for value columns ``block`` of head ``head``,
+    O = f_q o (Q S) + P V', from the S that entered the chunk and its V' (phase two's)."""
+    block, head, slot = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    lane = gdn_chunk.lane_of(chunk_at, slot, lanes, LANES_BLOCK)
+    if lane >= lanes:
+        return  # a slot past the last chunk
+    first = tl.load(cu_seqlens + lane)
+    rows = tl.load(cu_seqlens + lane + 1) - first
+    t = tl.arange(0, CHUNK)
+    ps = tl.arange(0, PIECE)
+    vs = block * BLOCK_V + tl.arange(0, BLOCK_V)
+    v_live = vs < VALUE_DIM
+    i = (slot - tl.load(chunk_at + lane)) * CHUNK - tl.load(starts + lane) % CHUNK + t
+    live = (i >= 0) & (i < rows)
+    r = first + i
+    at_r = r * VALUE_HEADS + head
+    rv = live[:, None] & v_live[None, :]
+    entering = h + (slot * VALUE_HEADS + head) * KEY_DIM * VALUE_DIM
+    key_head = head // (VALUE_HEADS // KEY_HEADS)
+    qs = tl.zeros([CHUNK, BLOCK_V], tl.float32)
+    for n in tl.static_range(BLOCK_K // PIECE):
+        ks = n * PIECE + ps
+        qn = tl.load(q + r[:, None] * q_row + key_head * KEY_DIM + ks[None, :],
+                     mask=live[:, None] & (ks < KEY_DIM)[None, :], other=0.0)
+        sn = tl.load(entering + ks[:, None] * VALUE_DIM + vs[None, :],
+                     mask=(ks < KEY_DIM)[:, None] & v_live[None, :], other=0.0)
+        qs = dot(qn.to(tl.float32), sn, qs)
+    qs *= tl.load(f + at_r, mask=live, other=0.0)[:, None]
+    pc = tl.load(p + at_r[:, None] * CHUNK + t[None, :], mask=live[:, None], other=0.0)
+    fresh = tl.load(u + at_r[:, None] * VALUE_DIM + vs[None, :], mask=rv, other=0.0)
+    outs = out + r[:, None] * (VALUE_HEADS * VALUE_DIM) + head * VALUE_DIM + vs[None, :]
+    tl.store(outs, dot(pc, fresh, qs), mask=rv)
 
 
 def _check(name: str, t: torch.Tensor, shape: tuple[int, ...], *dtypes: torch.dtype) -> None:
@@ -199,10 +244,17 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
             BLOCK_K=block_k, BLOCK_D=block_d, PIECE=min(gdn_chunk.PIECE, block_k, block_d),
             LANES_BLOCK=gdn_chunk.LANES_BLOCK, CHUNK=CHUNK, LOG_CHUNK=CHUNK.bit_length() - 1,
             num_warps=gdn_chunk.NUM_WARPS)
+    h = torch.empty(slots, value_heads, key_dim, value_dim, dtype=torch.float32, device=q.device)
     _scan[(triton.cdiv(value_dim, block_v), value_heads, lanes)](
-        q, k, w, u, p, f, states, state_at, cu_seqlens, starts, out, q_row, k_row, rows, KEY_HEADS=key_heads,
+        k, w, u, f, h, states, state_at, cu_seqlens, starts, chunk_at, out, k_row, rows, KEY_HEADS=key_heads,
         VALUE_HEADS=value_heads, KEY_DIM=key_dim, VALUE_DIM=value_dim, BLOCK_K=block_k, BLOCK_V=block_v,
         PIECE=min(gdn_chunk.PIECE, block_k), CHUNK=CHUNK, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    if slots:
+        _output[(triton.cdiv(value_dim, block_v), value_heads, slots)](
+            q, u, p, f, h, cu_seqlens, starts, chunk_at, out, q_row, lanes, KEY_HEADS=key_heads,
+            VALUE_HEADS=value_heads, KEY_DIM=key_dim, VALUE_DIM=value_dim, BLOCK_K=block_k, BLOCK_V=block_v,
+            PIECE=min(gdn_chunk.PIECE, block_k), CHUNK=CHUNK, LANES_BLOCK=gdn_chunk.LANES_BLOCK,
+            num_warps=NUM_WARPS)
     return out
 
 
