@@ -30,6 +30,42 @@ BLOCK_T = 16  # prefill rows per program; at least width - 1, so only a lane's f
 
 
 @triton.jit
+def silu_out(acc, dtype: tl.constexpr):
+    """The conv's output from its fp32 sum: cast to the model dtype, SiLU in fp32, cast again."""
+    y = acc.to(dtype).to(tl.float32)
+    return (y / (1.0 + tl.exp(-y))).to(dtype)
+
+
+@triton.jit
+def conv_rows(new, rows, row_live, cs, weight, tails, tail_at, channels, WIDTH: tl.constexpr):
+    """One new row per lane (``new`` [rows, cs] in the model dtype; lane = row) through the lanes'
+    tails, the arithmetic of ``_conv``; each lane's tail moves forward one row in place. Rows whose
+    offset is -1 (padding) or not ``row_live`` give zeros and touch no tail. Shared with the GEMM
+    that forms the projection (kernels.gemm, decode rows)."""
+    tail = tl.load(tail_at + rows, mask=row_live, other=-1)
+    c_live = cs < channels
+    live = ((tail >= 0) & row_live)[:, None] & c_live[None, :]
+    acc = tl.zeros(new.shape, tl.float32)
+    for tap in tl.static_range(WIDTH - 1):  # taps in order, as the reference sums them: the tail first
+        old = tl.load(tails + tail[:, None] + tap * channels + cs[None, :], mask=live, other=0.0)
+        w = tl.load(weight + cs * WIDTH + tap, mask=c_live).to(tl.float32)
+        acc = acc + old.to(tl.float32) * w[None, :]
+    w = tl.load(weight + cs * WIDTH + WIDTH - 1, mask=c_live).to(tl.float32)
+    acc = acc + new.to(tl.float32) * w[None, :]
+    result = tl.where(live, silu_out(acc, new.dtype), 0.0).to(new.dtype)
+    # the tail moves forward a row at a time, read again rather than held (registers: the GEMM's)
+    for tap in tl.static_range(WIDTH - 2):
+        tl.debug_barrier()  # every thread's reads of a row come before any write to it
+        moved = tl.load(tails + tail[:, None] + (tap + 1) * channels + cs[None, :], mask=live, other=0.0)
+        tl.debug_barrier()
+        tl.store(tails + tail[:, None] + tap * channels + cs[None, :], moved, mask=live)
+    tl.debug_barrier()
+    tl.store(tails + tail[:, None] + (WIDTH - 2) * channels + cs[None, :], new.to(tails.dtype.element_ty),
+             mask=live)
+    return result
+
+
+@triton.jit
 def _window(x, stride_x, tails, tail, start, j, cs, channels, live, WIDTH: tl.constexpr):
     # Rows j of a lane's window counted from its first new row: j >= 0 are inputs, j < 0 the tail.
     new = (j >= 0)[:, None]
@@ -57,8 +93,7 @@ def _conv(x, stride_x, weight, tails, tail_at, out, start, rows, lane, first, ch
         value = _window(x, stride_x, tails, tail, start, i + tap - (WIDTH - 1), cs, channels, live, WIDTH)
         w = tl.load(weight + cs * WIDTH + tap, mask=c_live).to(tl.float32)
         acc = acc + value.to(tl.float32) * w[None, :]
-    y = acc.to(out.dtype.element_ty).to(tl.float32)
-    tl.store(targets, (y / (1.0 + tl.exp(-y))).to(out.dtype.element_ty), mask=live)
+    tl.store(targets, silu_out(acc, out.dtype.element_ty), mask=live)
     if first == 0:  # the only block that read the old tail writes the new one
         t = tl.arange(0, BLOCK_W)
         keep = (t < WIDTH - 1)[:, None] & c_live[None, :]
@@ -93,10 +128,17 @@ def _check(x: torch.Tensor, weight: torch.Tensor, tails: torch.Tensor, tail_at: 
     """The conv width, once the arguments shared by decode and prefill are checked."""
     if x.dim() != 2:
         raise ValueError(f"x must be [rows, channels], got {list(x.shape)}")
-    if weight.dim() != 2 or weight.shape[0] != x.shape[1] or weight.shape[1] < 2:
-        raise ValueError(f"weight must be [{x.shape[1]}, width >= 2], got {list(weight.shape)}")
-    if tails.dim() != 1 or tails.dtype != x.dtype:
-        raise ValueError(f"tails must be the pool's 1-D view as {x.dtype}, got {tails.dtype} {tails.dim()}-D")
+    return checked_width(x.shape[1], x.dtype, weight, tails, tail_at, lanes)
+
+
+def checked_width(channels: int, dtype: torch.dtype, weight: torch.Tensor, tails: torch.Tensor,
+                  tail_at: torch.Tensor, lanes: int) -> int:
+    """The conv width of ``weight`` for ``lanes`` rows of ``channels`` in ``dtype``, once the
+    weight, the tails' view and the offsets are checked (ValueError naming the one at fault)."""
+    if weight.dim() != 2 or weight.shape[0] != channels or weight.shape[1] < 2:
+        raise ValueError(f"weight must be [{channels}, width >= 2], got {list(weight.shape)}")
+    if tails.dim() != 1 or tails.dtype != dtype:
+        raise ValueError(f"tails must be the pool's 1-D view as {dtype}, got {tails.dtype} {tails.dim()}-D")
     if tuple(tail_at.shape) != (lanes,) or tail_at.dtype != torch.int64 or not tail_at.is_contiguous():
         raise ValueError(f"tail_at must be contiguous int64 [{lanes}], got {tail_at.dtype} "
                          f"{list(tail_at.shape)} strides {tail_at.stride()}")

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels import INTERPRETED, pdl
+from kernels import INTERPRETED, conv1d, pdl
 from kernels.swiglu import PAIR, silu_mul
 from kernels.swiglu import swiglu as swiglu_rows
 
@@ -42,7 +42,10 @@ from kernels.swiglu import swiglu as swiglu_rows
 TARGET_PROGRAMS = 264
 SPREAD_ROWS = 64  # up to this many rows the segments run in programs of their own
 GROUP_M = 8  # row blocks of the whole form that share weight tiles through L2 (probe: 8 beat 16)
-SHARED_BYTES = 227 * 1024  # shared memory a program may take on an H200 (232,448 bytes)
+SHARED_BYTES = 227 * 1024
+# Rows up to which the spread form applies a conv as it stores: its epilogue takes 114 registers a thread
+# at 16-row tiles (64 without), 172 at 32 (80 without: a third fewer programs resident), sm_90 ptxas.
+CONV_ROWS = 16  # shared memory a program may take on an H200 (232,448 bytes)
 
 
 @attrs.frozen
@@ -61,6 +64,16 @@ MID = Tiles(32, 64, 128, 4, 4)  # up to 32 rows: 25-30% faster there than 64-row
 SPREAD = Tiles(64, 64, 128, 4, 4)  # up to SPREAD_ROWS rows: many small programs keep every SM reading
 WHOLE = Tiles(128, 128, 128, 8, 3)  # many rows: large tiles reuse what they read (453-525 TFLOP/s at 8192)
 WHOLE_ONE = Tiles(256, 128, 64, 8, 4)  # many rows, one K segment: one accumulator leaves room for 256 rows
+
+
+@attrs.frozen
+class Conv:
+    """The depthwise causal conv of ``kernels.conv1d.decode`` over a product's first
+    ``weight.shape[0]`` columns, each row a lane's new input: the GDN projection's conv columns."""
+
+    weight: torch.Tensor  # [channels, width]
+    tails: torch.Tensor  # the pool's view in the model dtype
+    tail_at: torch.Tensor  # [rows] int64 element offsets, -1 for padding
 
 
 @attrs.frozen
@@ -131,8 +144,9 @@ def _sum(partials, stride_ps, where, mask, segments):
 
 @triton.jit
 def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride_ps, stride_pm, stride_om,
-            segments, k_per_segment, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-            WIDEN: tl.constexpr, SWIGLU: tl.constexpr, PAIR: tl.constexpr, PDL: tl.constexpr):
+            segments, k_per_segment, conv_weight, tails, tail_at, channels, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr, SWIGLU: tl.constexpr,
+            PAIR: tl.constexpr, CONV: tl.constexpr, WIDTH: tl.constexpr, PDL: tl.constexpr):
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     segment = tl.program_id(2)
@@ -155,8 +169,12 @@ def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride
             up = _sum(partials, stride_ps, gate_at + PAIR, live, segments).to(dtype)
             tl.store(out + rows[:, None] * stride_om + half[None, :], silu_mul(gate, up, dtype), mask=live)
         else:
-            total = _sum(partials, stride_ps, where, mask, segments)
-            tl.store(out + rows[:, None] * stride_om + cols[None, :], total.to(dtype), mask=mask)
+            total = _sum(partials, stride_ps, where, mask, segments).to(dtype)
+            if CONV:  # noqa: SIM102 (compiled out without a conv; the test below runs on the device)
+                if tl.program_id(0) * BLOCK_N < channels:  # the conv's columns: a row is its lane's new input
+                    total = conv1d.conv_rows(total, rows, rows < m, cols, conv_weight, tails, tail_at,
+                                             channels, WIDTH)
+            tl.store(out + rows[:, None] * stride_om + cols[None, :], total, mask=mask)
         tl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")
 
 
@@ -226,13 +244,18 @@ def _described(x: torch.Tensor, w: torch.Tensor, t: Tiles) -> tuple[object, obje
 
 
 def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice: Plan | None = None,
-           swiglu: bool = False) -> torch.Tensor:
+           swiglu: bool = False, conv: Conv | None = None) -> torch.Tensor:
     """``x @ w.T`` for ``x`` [m, k] and ``w`` [n, k], both contiguous in k; the result in x's dtype.
     With ``swiglu``, w is a gate|up weight laid out by ``kernels.swiglu.pair_rows`` and the result
     is SwiGLU's middle [m, n / 2]: each form forms it from the summed tile before it stores (the
     whole form only when its tile holds whole pairs; else it writes the product and
     ``kernels.swiglu`` reads it), the same bits as the plain product, then ``swiglu`` on the
     unpaired columns.
+
+    With ``conv``, the result's first ``conv.weight.shape[0]`` columns are that conv's output instead
+    (``kernels.conv1d.decode``'s bits, its tails moved forward): the spread form applies it as it
+    stores, up to ``CONV_ROWS`` rows and when those columns are whole tiles; else the conv runs
+    after the product.
 
     ``spread`` forces a launch form and ``choice`` a plan (tests, benchmarks); by default the form
     follows the number of rows and the plan the weight's shape. Scratch: fp32 partials of
@@ -265,20 +288,45 @@ def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice:
                 BLOCK_K=whole.block_k, WIDEN=INTERPRETED, ONE_SEGMENT=choice.segments == 1,
                 TMA=described is not None, GROUP=GROUP_M, SWIGLU=forms_middle, PAIR=PAIR,
                 num_warps=whole.warps, num_stages=whole.stages, **pdl.options(x.device))
-        return swiglu_rows(out, paired=True) if swiglu and not forms_middle else out
+        out = swiglu_rows(out, paired=True) if swiglu and not forms_middle else out
+        return out if conv is None else _conv_after(out, conv)
     if m == 0:
-        return out
+        return out if conv is None else _conv_after(out, conv)
     t = choice.spread_tiles(m)
     if swiglu and t.block_n % (2 * PAIR):
         raise ValueError(f"a {t.block_n}-column tile holds no whole gate|up pairs of {PAIR}")
+    channels = 0 if conv is None else conv.weight.shape[0]
+    if conv is not None and (swiglu or channels > n or channels % t.block_n or t.block_m > CONV_ROWS):
+        return _conv_after(_spread_product(x, w, out, choice, t, swiglu, None), conv)
+    return _spread_product(x, w, out, choice, t, swiglu, conv)
+
+
+def _spread_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, choice: Plan, t: Tiles, swiglu: bool,
+                    conv: Conv | None) -> torch.Tensor:
+    """The spread form's launch into ``out``, with ``conv`` applied as each tile stores."""
+    m, k = x.shape
+    n = w.shape[0]
+    width = 2
+    if conv is not None:
+        width = conv1d.checked_width(conv.weight.shape[0], x.dtype, conv.weight, conv.tails, conv.tail_at, m)
     grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m))
     partials = torch.empty(choice.segments, m, n, dtype=torch.float32, device=x.device)
     _spread[(*grid, choice.segments)](x, w, partials, out, _counters(x.device, grid[0] * grid[1]), m, n, k,
                                       x.stride(0), w.stride(0), partials.stride(0), partials.stride(1),
-                                      out.stride(0), choice.segments, choice.k_per_segment, BLOCK_M=t.block_m,
-                                      BLOCK_N=t.block_n, BLOCK_K=t.block_k, WIDEN=INTERPRETED, SWIGLU=swiglu,
-                                      PAIR=PAIR, num_warps=t.warps, num_stages=t.stages,
+                                      out.stride(0), choice.segments, choice.k_per_segment,
+                                      *((conv.weight.contiguous(), conv.tails, conv.tail_at,
+                                         conv.weight.shape[0]) if conv is not None else (w, out, out, 0)),
+                                      BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+                                      WIDEN=INTERPRETED, SWIGLU=swiglu, PAIR=PAIR, CONV=conv is not None,
+                                      WIDTH=width, num_warps=t.warps, num_stages=t.stages,
                                       **pdl.options(x.device))
+    return out
+
+
+def _conv_after(out: torch.Tensor, conv: Conv) -> torch.Tensor:
+    """``out`` with ``conv`` run over its first columns by ``kernels.conv1d.decode`` (same bits)."""
+    channels = conv.weight.shape[0]
+    out[:, :channels] = conv1d.decode(out[:, :channels], conv.weight, conv.tails, conv.tail_at)
     return out
 
 

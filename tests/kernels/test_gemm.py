@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import gemm, swiglu
+from kernels import conv1d, gemm, swiglu
 
 
 def weights(n: int, k: int, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
@@ -124,3 +124,50 @@ def test_fp32_operands_take_a_shorter_k_step_so_the_stages_fit() -> None:
         wide, narrow = choice.whole_tiles(2), choice.whole_tiles(4)
         assert narrow.block_k == wide.block_k // 2 and narrow.block_m == wide.block_m
         assert narrow.stages * (narrow.block_m + narrow.block_n) * narrow.block_k * 4 <= gemm.SHARED_BYTES
+
+
+def conv_pool(lanes: int, channels: int, width: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pool view with each lane's conv tail at its own offset (lane 1 padding, offset -1)."""
+    gen = torch.Generator().manual_seed(lanes)
+    size = (width - 1) * channels
+    pool = torch.randn(lanes * size + 64, generator=gen).to(dtype)
+    tail_at = torch.tensor([64 + lane * size for lane in range(lanes)], dtype=torch.int64)
+    if lanes > 1:
+        tail_at[1] = -1
+    return pool, tail_at
+
+
+@pytest.mark.parametrize(("channels", "m", "spread"), [(128, 5, True), (128, 20, True), (96, 5, True), (128, 70, False)])
+def test_the_projection_with_its_conv_is_the_product_then_conv1d(channels: int, m: int, spread: bool) -> None:
+    # 128 of 192 columns: whole spread tiles, applied as they store; 96: a tile across the edge, so the
+    # conv runs after; 70 rows: the whole form, conv after. Either way conv1d.decode's bits and tails.
+    n, k, width = 192, 256, 4
+    tiles = gemm.Tiles(16, 64, 64)
+    choice = gemm.plan(n, k, spread=tiles, whole=tiles, few=tiles, mid=tiles, whole_one=tiles)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    w = weights(n, k, torch.float32)
+    conv_weight = torch.randn(channels, width, generator=torch.Generator().manual_seed(1)) / 2
+    fused_pool, tail_at = conv_pool(m, channels, width, torch.float32)
+    plain_pool = fused_pool.clone()
+    got = gemm.matmul(x, w, spread=spread, choice=choice, conv=gemm.Conv(conv_weight, fused_pool, tail_at))
+    want = gemm.matmul(x, w, spread=spread, choice=choice)
+    want[:, :channels] = conv1d.decode(want[:, :channels], conv_weight, plain_pool, tail_at)
+    assert torch.equal(got, want)
+    assert torch.equal(fused_pool, plain_pool)  # tails moved the same, the padding lane's untouched
+    assert not got[1, :channels].any()
+
+
+@pytest.mark.gpu
+def test_the_projection_with_its_conv_on_the_device() -> None:
+    # qwen3_5-9b's GDN projection: 8192 conv columns of 12352; every spread tile size, then the whole form
+    w = weights(12352, 4096, torch.bfloat16, "cuda")
+    conv_weight = (torch.randn(8192, 4, device="cuda") / 2).bfloat16()
+    for m in (1, 3, 17, 33, 64, 80):
+        x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        pool, tail_at = conv_pool(m, 8192, 4, torch.bfloat16)
+        pool, tail_at = pool.cuda(), tail_at.cuda()
+        plain = pool.clone()
+        got = gemm.matmul(x, w, conv=gemm.Conv(conv_weight, pool, tail_at))
+        want = gemm.matmul(x, w)
+        want[:, :8192] = conv1d.decode(want[:, :8192], conv_weight, plain, tail_at)
+        assert torch.equal(got, want) and torch.equal(pool, plain), f"differs at m={m}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kernels import conv1d, gdn_decode, gdn_gates, gdn_prefill
+from kernels import conv1d, gdn_decode, gdn_gates, gdn_prefill, gemm
 from tfd.model import GDN_CHUNK
 from tfd.model.memory import PromptLanes
 from tfd.model.ops import gated_rms, l2norm, linear, sigmoid, softplus
@@ -51,9 +51,13 @@ class Projected:
 
 def split_projection(w: GdnWeights, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The fused projection of ``x`` as views: conv input, z [rows, value_heads, value_dim], b, a."""
-    rows, heads = x.shape[0], w.value_heads
+    return _split(w, linear(x, w.proj))
+
+
+def _split(w: GdnWeights, projected: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    rows, heads = projected.shape[0], w.value_heads
     channels = 2 * w.key_heads * w.key_dim + heads * w.value_dim
-    mixed, z, b, a = torch.split(linear(x, w.proj), [channels, heads * w.value_dim, heads, heads], dim=-1)
+    mixed, z, b, a = torch.split(projected, [channels, heads * w.value_dim, heads, heads], dim=-1)
     return mixed, z.view(rows, heads, w.value_dim), b, a
 
 
@@ -143,10 +147,11 @@ def gdn_rows(w: GdnWeights, x: torch.Tensor, states: torch.Tensor, state_at: tor
     in the pool views ``states`` (fp32) and ``tails`` (model dtype) at element offsets
     ``state_at`` / ``tail_at`` [lanes] (-1: a padding lane, whose memory is not touched). Triton
     kernels on CUDA, their torch references elsewhere; either updates states and tails in place.
-    On CUDA the rule's kernel forms the gates from the projection itself."""
-    if x.is_cuda:
-        mixed, z, b, a = split_projection(w, x)
-        q, k, v = split_heads(w, conv1d.decode(mixed, w.conv, tails, tail_at))
+    On CUDA the projection's product applies the conv as it stores, and the rule's kernel forms the
+    gates from the projection itself."""
+    if x.is_cuda:  # the conv in the projection's last step (kernels.gemm.Conv): conv1d.decode's bits
+        mixed, z, b, a = _split(w, gemm.matmul(x, w.proj, conv=gemm.Conv(w.conv, tails, tail_at)))
+        q, k, v = split_heads(w, mixed)
         out = gdn_decode.decode_gated(q, k, v, b, a, w.a_log, w.dt_bias, states, state_at, w.key_dim ** -0.5)
         return finish(w, out, z)
     p = project(w, x)
