@@ -118,27 +118,28 @@ class PromptLanes:
         """From the spans' lanes, their pieces in the pool's bytes ``buffer`` and their page tables
         (``page_rows`` rows a page); one host-to-device copy (pinned, not waited on), one gather."""
         lanes = len(spans)
-        positions = [position for span in spans for position in range(span.start, span.end)]
-        owners = [lane for lane, span in enumerate(spans) for _ in range(span.length)]
-        # packed rows: cu_seqlens, starts, page index, owning lane, slot, position; then per GDN layer
-        # the state and tail offsets
-        table = [[0, *itertools.accumulate(span.length for span in spans)], [span.start for span in spans],
-                 [position // page_rows for position in positions], owners,
-                 [position % page_rows for position in positions], positions]
+        lengths = [span.length for span in spans]
+        # each row's position, page index, owning lane and slot, by torch on the host: a long prompt's
+        # rows as Python ints took tens of milliseconds while the device waited
+        positions = torch.cat([torch.arange(span.start, span.end, dtype=torch.int64) for span in spans])
+        owners = torch.repeat_interleave(torch.arange(lanes, dtype=torch.int64), torch.tensor(lengths))
+        per_row = torch.stack([positions // page_rows, owners, positions % page_rows, positions])
+        # per lane: cu_seqlens and starts, then each GDN layer's state and tail offsets
+        per_lane = [[0, *itertools.accumulate(lengths)], [span.start for span in spans] + [0]]
         for name in gdn_layers:
-            table.append([element_offset(buffer, span.lane.pieces[f"{name}.state"]) for span in spans])
-            table.append([element_offset(buffer, span.lane.pieces[f"{name}.conv_tail"]) for span in spans])
-        longest = max(lanes + 1, len(positions))
-        held = torch.tensor([row + [0] * (longest - len(row)) for row in table], dtype=torch.int64)
+            for piece in ("state", "conv_tail"):
+                at = [element_offset(buffer, span.lane.pieces[f"{name}.{piece}"]) for span in spans]
+                per_lane.append([*at, 0])
+        count = len(positions)
+        held = torch.cat([per_row.flatten(), torch.tensor(per_lane, dtype=torch.int64).flatten()])
         packed = to_device(held, buffer.device)
+        rowwise, lanewise = packed[:4 * count].view(4, count), packed[4 * count:].view(-1, lanes + 1)
         width = max(span.lane.page_table.shape[0] for span in spans)
         page_table = torch.stack([
             torch.nn.functional.pad(span.lane.page_table, (0, width - len(span.lane.page_table)),
                                     value=null_page) for span in spans])
-        count = len(positions)
-        offsets = {name: (packed[6 + 2 * i, :lanes], packed[7 + 2 * i, :lanes])
+        offsets = {name: (lanewise[2 + 2 * i, :lanes], lanewise[3 + 2 * i, :lanes])
                    for i, name in enumerate(gdn_layers)}
-        return cls(packed[0, :lanes + 1].to(torch.int32), packed[1, :lanes].to(torch.int32),
-                   max(span.length for span in spans), page_table,
-                   page_table[packed[3, :count], packed[2, :count]].long(), packed[4, :count],
-                   packed[5, :count], buffer.view(torch.float32), buffer.view(dtype), offsets)
+        return cls(lanewise[0].to(torch.int32), lanewise[1, :lanes].to(torch.int32), max(lengths), page_table,
+                   page_table[rowwise[1], rowwise[0]].long(), rowwise[2], rowwise[3],
+                   buffer.view(torch.float32), buffer.view(dtype), offsets)
