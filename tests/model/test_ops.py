@@ -60,3 +60,17 @@ def test_zero_centred_norm_per_group() -> None:
     halves = torch.cat([ops.zrms(x[:, :4], weight[:4], 1e-6), ops.zrms(x[:, 4:], weight[4:], 1e-6)], dim=1)
     torch.testing.assert_close(grouped, halves)
     torch.testing.assert_close(ops.zrms(x, torch.zeros(8), 1e-6).pow(2).mean(-1), torch.ones(5))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_sums_are_the_same_alone_and_in_a_batch(device: str, dtype: torch.dtype) -> None:
+    """PLE's scores: a lane's four stream sums of 2560 whether 1 or 64 lanes share the call."""
+    x = torch.randn(64, 4, 2560, generator=torch.Generator().manual_seed(1)).to(device=device, dtype=dtype)
+    sums = ops.row_sums(x)
+    assert sums.shape == (64, 4) and sums.dtype == dtype
+    for rows in (1, 2, 3, 8):
+        assert torch.equal(ops.row_sums(x[:rows]), sums[:rows]), rows
+    narrow = dtype == torch.bfloat16  # the sums rounded to bf16: a quarter near 50
+    torch.testing.assert_close(sums.float(), x.float().sum(dim=-1), rtol=2e-2 if narrow else 1e-5,
+                               atol=0.3 if narrow else 1e-3)

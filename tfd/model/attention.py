@@ -14,7 +14,7 @@ from kernels import cache_write, paged_attention, sparse_attention
 from kernels import rope as rope_kernel
 from tfd.model.memory import PageRows, PromptLanes, Span
 from tfd.model.ops import linear, sigmoid_gate, zrms
-from tfd.model.qsa import IndexerWeights, select, select_positions
+from tfd.model.qsa import IndexerWeights, select_positions
 from tfd.model.rope import Rotary
 
 
@@ -105,7 +105,8 @@ def attention_spans(w: AttentionWeights, x: torch.Tensor, lanes: PromptLanes, ke
 
 def attention(w: AttentionWeights, x: torch.Tensor, span: Span, rows: PageRows, layer: str,
               rotary: Rotary) -> torch.Tensor:
-    """The layer's output for ``span``'s rows ``x`` [rows, hidden]; stores their K and V."""
+    """The layer's output for ``span``'s rows ``x`` [rows, hidden]; stores their K and V (and for
+    QSA the index keys and the blocks the rows complete)."""
     count, d = x.shape[0], w.head_dim
     positions = torch.arange(span.start, span.end, device=x.device)
     cos, sin = rotary.angles(positions, x.dtype)
@@ -120,26 +121,20 @@ def attention(w: AttentionWeights, x: torch.Tensor, span: Span, rows: PageRows, 
         paged_attention.prefill(query, rows.views[f"{layer}.k"], rows.views[f"{layer}.v"],
                                 span.lane.page_table[None], starts, bounds, d ** -0.5, out, max_rows=count)
         return finish(w, out, p.gate)
-    if x.is_cuda:  # QSA: each row over its chosen positions, read in place
-        assert w.indexer is not None
+    if w.indexer is not None:  # QSA: each row over its chosen positions, read in place (CUDA) or gathered
         chosen_at, counts = select_positions(w.indexer, x, span, rows, layer, rotary, cos, sin)
         out = torch.empty_like(query)
         lane_of = torch.zeros(count, dtype=torch.int32, device=x.device)
-        sparse_attention.attend(query, rows.views[f"{layer}.k"], rows.views[f"{layer}.v"],
-                                span.lane.page_table[None], lane_of, chosen_at, counts, d ** -0.5, out)
+        attend_chosen = sparse_attention.attend if x.is_cuda else sparse_attention.reference
+        attend_chosen(query, rows.views[f"{layer}.k"], rows.views[f"{layer}.v"], span.lane.page_table[None],
+                      lane_of, chosen_at, counts, d ** -0.5, out)
         return finish(w, out, p.gate)
     keys = rows.read(f"{layer}.k", span.lane, span.end)
     values = rows.read(f"{layer}.v", span.lane, span.end)
-
-    chosen = (select(w.indexer, x, span, rows, layer, rotary, cos, sin)
-              if w.indexer is not None else None)
     out = torch.empty(count, w.heads, d, dtype=x.dtype, device=x.device)
     for row in range(count):
         visible = span.start + row + 1
-        if chosen is None:
-            out[row] = attend(query[row], keys[:visible], values[:visible], d ** -0.5)
-        else:
-            out[row] = attend(query[row], keys[chosen[row]], values[chosen[row]], d ** -0.5)
+        out[row] = attend(query[row], keys[:visible], values[:visible], d ** -0.5)
     return finish(w, out, p.gate)
 
 

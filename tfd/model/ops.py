@@ -37,6 +37,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.cat([F.linear(row, weight) for row in torch.split(x, 1)])
 
 
+def row_sums(x: torch.Tensor) -> torch.Tensor:
+    """Sums along the last axis, in x's dtype; each the same whatever else is in ``x``. On CUDA the
+    batch-invariant GEMM against a row of ones (fp32 accumulation), since torch's reduction there
+    splits a sum by the number of sums; elsewhere torch's last-axis sum."""
+    if x.is_cuda:
+        ones = torch.ones(1, x.shape[-1], dtype=x.dtype, device=x.device)
+        return gemm.matmul(x.reshape(-1, x.shape[-1]), ones).view(x.shape[:-1])
+    return x.sum(dim=-1)
+
+
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
     """1 / (1 + exp(-x)), the same at every position; computed in fp32 at least."""
     values = x.float() if x.dtype in _NARROW else x

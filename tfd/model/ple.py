@@ -4,6 +4,9 @@ and a dilated causal conv adds local context (reference/model.md 3.6 and 3.7).
 Per lane it keeps the last two token ids (the n-gram history, [EOS, EOS] at the start) and the
 conv's tail, the last ``(kernel - 1) * dilation`` normalised gated values. A token's context stops
 after the last EOS before it; its own EOS does not cut it.
+
+``ple`` runs one lane's rows through its piece views (the span path); ``ple_rows`` one row of each
+lane of a batched decode step through the pool at the lanes' offsets, with the same arithmetic a row.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from tfd.model.ops import linear, sigmoid, silu, zrms
+from kernels import lane_rows
+from tfd.model.ops import linear, row_sums, sigmoid, silu, zrms
 
 
 @attrs.frozen
@@ -27,10 +31,16 @@ class NgramTable:
     def dim(self) -> int:
         return int(self.shards[0].shape[1])
 
+    @property
+    def on_device(self) -> bool:
+        """Whether a lookup stays on the device (one shard); shards are looked up from the host."""
+        return len(self.shards) == 1
+
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows ``ids`` [rows, heads] as [rows, heads * dim], on ``ids``' device."""
+        """Rows ``ids`` [rows, heads] as [rows, heads * dim], on ``ids``' device. With several shards
+        the ids are read back to the host (a sync)."""
         height = self.shards[0].shape[0]
-        if len(self.shards) == 1:
+        if self.on_device:
             found = self.shards[0][ids.to(self.shards[0].device)]
         else:
             flat = ids.flatten().tolist()
@@ -63,6 +73,16 @@ class PleWeights:
         return (self.conv.shape[1] - 1) * self.dilation
 
 
+def _hashed(w: PleWeights, lagged: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Table rows [rows, heads] from each row's token ids at lags 0, 1, 2 (EOS where cut)."""
+    mixed = lagged[0] * w.multipliers[0]
+    hashed = []
+    for lag in range(1, len(w.multipliers)):
+        mixed = torch.bitwise_xor(mixed, lagged[lag] * w.multipliers[lag])
+        hashed.append(mixed[:, None].expand(-1, w.heads_per_ngram))
+    return torch.remainder(torch.cat(hashed, dim=1), w.sizes) + w.offsets
+
+
 def ngram_ids(w: PleWeights, history: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Table rows [rows, heads] of each token: bigram heads first, then trigram heads."""
     context = torch.cat((history.to(tokens), tokens)).long()
@@ -76,13 +96,42 @@ def ngram_ids(w: PleWeights, history: torch.Tensor, tokens: torch.Tensor) -> tor
         source = index - lag
         keep = source >= segment
         lagged.append(torch.where(keep, context[source.clamp_min(0)], torch.full_like(context, w.eos)))
-    mixed = lagged[0] * w.multipliers[0]
-    hashed = []
+    return _hashed(w, lagged)[history.shape[0]:]
+
+
+def ngram_rows(w: PleWeights, histories: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``ngram_ids`` of one token a lane: ``histories`` [lanes, ngram - 1] (oldest first), ``tokens``
+    [lanes]. An EOS in the history cuts every older id, as the segment rule does."""
+    lagged, cut = [tokens.long()], torch.zeros_like(tokens, dtype=torch.bool)
     for lag in range(1, len(w.multipliers)):
-        mixed = torch.bitwise_xor(mixed, lagged[lag] * w.multipliers[lag])
-        hashed.append(mixed[:, None].expand(-1, w.heads_per_ngram))
-    first = history.shape[0]
-    return (torch.remainder(torch.cat(hashed, dim=1), w.sizes) + w.offsets)[first:]
+        earlier = histories[:, -lag].long()
+        lagged.append(torch.where(cut, w.eos, earlier))
+        cut = cut | (earlier == w.eos)
+    return _hashed(w, lagged)
+
+
+def _gate(w: PleWeights, stack: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated values [rows, streams * width] for the residual ``stack`` and table rows ``ids``,
+    and their normalised form, the conv's input."""
+    split = (w.streams, w.width)
+    embedded = w.table.lookup(ids).to(stack.dtype)
+    keys = torch.unflatten(zrms(linear(embedded, w.key), w.norm_key, w.eps, group=w.width), -1, split)
+    value = linear(embedded, w.value)
+    queries = torch.unflatten(zrms(stack, w.norm_query, w.eps, group=w.width), -1, split)
+    score = row_sums(keys * queries)[..., None] / math.sqrt(w.width)
+    score = score.abs().clamp_min(1e-6).sqrt() * score.sign()
+    gated = (sigmoid(score) * value[:, None, :]).flatten(-2)
+    return gated, zrms(gated, w.norm_conv, w.eps, group=w.width)
+
+
+def _conv(w: PleWeights, window: torch.Tensor) -> torch.Tensor:
+    """The dilated conv (fp32) of the rows after the tail in ``window`` [..., taps + rows, channels]."""
+    rows = window.shape[-2] - w.taps
+    conv = window[..., 0:rows, :].float() * w.conv[:, 0].float()
+    for tap in range(1, w.conv.shape[1]):
+        start = tap * w.dilation
+        conv = conv + window[..., start:start + rows, :].float() * w.conv[:, tap].float()
+    return conv
 
 
 def ple(w: PleWeights, stack: torch.Tensor, tokens: torch.Tensor, tail: torch.Tensor,
@@ -91,21 +140,32 @@ def ple(w: PleWeights, stack: torch.Tensor, tokens: torch.Tensor, tail: torch.Te
 
     Moves the lane's ``tail`` and ``history`` views past the rows.
     """
-    rows, split = stack.shape[0], (w.streams, w.width)
-    embedded = w.table.lookup(ngram_ids(w, history, tokens)).to(stack.dtype)
-    keys = torch.unflatten(zrms(linear(embedded, w.key), w.norm_key, w.eps, group=w.width), -1, split)
-    value = linear(embedded, w.value)
-    queries = torch.unflatten(zrms(stack, w.norm_query, w.eps, group=w.width), -1, split)
-    score = (keys * queries).sum(dim=-1, keepdim=True) / math.sqrt(w.width)
-    score = score.abs().clamp_min(1e-6).sqrt() * score.sign()
-    gated = (sigmoid(score) * value[:, None, :]).flatten(-2)
-    normed = zrms(gated, w.norm_conv, w.eps, group=w.width)
-
+    gated, normed = _gate(w, stack, ngram_ids(w, history, tokens))
     window = torch.cat((tail.to(normed.dtype), normed))
-    conv = window[0:rows].float() * w.conv[:, 0].float()
-    for tap in range(1, w.conv.shape[1]):
-        start = tap * w.dilation
-        conv = conv + window[start:start + rows].float() * w.conv[:, tap].float()
+    conv = _conv(w, window)
     tail.copy_(window[-w.taps:])
     history.copy_(torch.cat((history.to(tokens), tokens))[-history.shape[0]:])
     return gated + silu(conv.to(stack.dtype))
+
+
+def ple_rows(w: PleWeights, stack: torch.Tensor, tokens: torch.Tensor, tails: torch.Tensor,
+             tail_at: torch.Tensor, histories: torch.Tensor, history_at: torch.Tensor) -> torch.Tensor:
+    """``ple`` for one row a lane, batched: ``stack`` [lanes, streams * width], ``tokens`` [lanes].
+
+    Each lane's conv tail and n-gram history sit in the pool views ``tails`` (the model dtype) and
+    ``histories`` (int64) at element offsets ``tail_at`` / ``history_at`` [lanes] (int64): read by
+    gathers, moved past the row by ``kernels.lane_rows`` (the kernel on CUDA, its reference
+    elsewhere). A padding lane (offsets -1) reads the pool's first elements, hashes an EOS history
+    and stores nothing. Needs a table looked up on the device (one shard)."""
+    lanes, kept = tokens.shape[0], len(w.multipliers) - 1
+    history = histories[history_at.clamp_min(0)[:, None] + torch.arange(kept, device=tokens.device)]
+    history = torch.where((history_at >= 0)[:, None], history, w.eos)
+    gated, normed = _gate(w, stack, ngram_rows(w, history, tokens))
+    width = normed.shape[1]
+    span = torch.arange(w.taps * width, device=tokens.device)
+    tail = tails[tail_at.clamp_min(0)[:, None] + span].view(lanes, w.taps, width)
+    window = torch.cat((tail.to(normed.dtype), normed[:, None, :]), dim=1)
+    store = lane_rows.store if stack.is_cuda else lane_rows.reference
+    store(window[:, 1:].reshape(lanes, -1), tails, tail_at)
+    store(torch.cat((history[:, 1:], tokens[:, None].long()), dim=1), histories, history_at)
+    return gated + silu(_conv(w, window)[:, 0].to(stack.dtype))

@@ -5,15 +5,18 @@ completes, its pooled key (mean of the raw keys in fp32, cast back, normed, rota
 first position) is kept too; completed blocks never change. A query at position p scores every
 complete block: sum over index heads of relu(q_h . K_b) / sqrt(dim) in fp32, takes the best
 ``budget / block`` (ties to the lower block), and adds the incomplete tail up to p.
+
+``select_positions`` chooses for a lane's rows (the span path), ``select_rows`` for one row of each
+lane of a batched decode step. Both score with ``kernels.block_scores`` and choose with ``choose``,
+so a row's positions have the same bits by either path and whatever else is in the call.
 """
 
 from __future__ import annotations
 
-import math
-
 import attrs
 import torch
 
+from kernels import block_scores, lane_rows
 from tfd.model.memory import PageRows, Span
 from tfd.model.ops import linear, zrms
 from tfd.model.rope import Rotary
@@ -31,74 +34,102 @@ class IndexerWeights:
     eps: float
 
 
-def _index(w: IndexerWeights, x: torch.Tensor, span: Span, rows: PageRows, layer: str, rotary: Rotary,
-           cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rows' index queries [count, heads, dim] and the lane's complete pooled blocks [done, dim]
-    (fp32), after storing the rows' raw index keys and the blocks they complete."""
-    count = x.shape[0]
+def index_rows(w: IndexerWeights, x: torch.Tensor, rotary: Rotary, cos: torch.Tensor, sin: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows' index queries [rows, heads, dim] (normed, rotated) and raw index keys [rows, dim]."""
+    rows = x.shape[0]
     projected = linear(x, w.qk)
-    query = projected[:, :w.heads * w.dim].view(count, w.heads, w.dim)
-    query = rotary.apply(zrms(query, w.q_norm, w.eps), cos, sin)
-    positions = torch.arange(span.start, span.end, device=x.device)
-    rows.write(f"{layer}.index", span.lane, positions, projected[:, w.heads * w.dim:])
-
-    first, done = span.start // w.block, span.end // w.block
-    if done > first:  # blocks this span completes
-        raw = rows.read(f"{layer}.index", span.lane, done * w.block)[first * w.block:]
-        pooled = raw.view(done - first, w.block, w.dim).float().mean(dim=1).to(x.dtype)
-        starts = torch.arange(first, done, device=x.device) * w.block
-        block_cos, block_sin = rotary.angles(starts, x.dtype)
-        pooled = rotary.apply(zrms(pooled, w.k_norm, w.eps)[:, None, :], block_cos, block_sin)[:, 0]
-        rows.write(f"{layer}.pooled", span.lane, torch.arange(first, done, device=x.device), pooled)
-    return query, rows.read(f"{layer}.pooled", span.lane, done).float()
+    query = projected[:, :w.heads * w.dim].view(rows, w.heads, w.dim)
+    return rotary.apply(zrms(query, w.q_norm, w.eps), cos, sin), projected[:, w.heads * w.dim:]
 
 
-def select(w: IndexerWeights, x: torch.Tensor, span: Span, rows: PageRows, layer: str, rotary: Rotary,
-           cos: torch.Tensor, sin: torch.Tensor) -> list[torch.Tensor]:
-    """For each row of ``span``, the ascending positions it attends; stores index keys and blocks."""
-    query, blocks = _index(w, x, span, rows, layer, rotary, cos, sin)
-    chosen = []
-    most = w.budget // w.block
-    for row in range(x.shape[0]):
-        position = span.start + row
-        complete = (position + 1) // w.block
-        scores = torch.relu(query[row].float() @ blocks[:complete].T).sum(dim=0) / math.sqrt(w.dim)
-        # A stable sort keeps the lower block first among equal scores.
-        best = torch.sort(scores, descending=True, stable=True).indices[:most]
-        picked = (best.sort().values[:, None] * w.block
-                  + torch.arange(w.block, device=x.device)).flatten()
-        tail = torch.arange(complete * w.block, position + 1, device=x.device)
-        chosen.append(torch.cat((picked, tail)))
-    return chosen
+def pool_blocks(w: IndexerWeights, raw: torch.Tensor, starts: torch.Tensor, rotary: Rotary) -> torch.Tensor:
+    """Pooled keys [blocks, dim] of raw keys [blocks, block, dim] whose first positions are ``starts``:
+    the fp32 mean (added in position order), cast back, normed, rotated at the first position."""
+    total = raw[:, 0].float()
+    for at in range(1, w.block):
+        total = total + raw[:, at].float()
+    mean = (total / w.block).to(raw.dtype)
+    cos, sin = rotary.angles(starts, raw.dtype)
+    return rotary.apply(zrms(mean, w.k_norm, w.eps)[:, None, :], cos, sin)[:, 0]
 
 
-def select_positions(w: IndexerWeights, x: torch.Tensor, span: Span, rows: PageRows, layer: str,
-                     rotary: Rotary, cos: torch.Tensor, sin: torch.Tensor
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``select`` for all rows at once, as ``kernels.sparse_attention`` reads it: positions int32
-    [count, width] (each row's ascending positions first, then -1) and their counts int32 [count].
-    Every step is per row: the scores' products by the batch-invariant GEMM, the heads' ReLUs added
-    in head order, a stable sort; so a row's choice never depends on the other rows."""
-    query, blocks = _index(w, x, span, rows, layer, rotary, cos, sin)
-    count, done, device = x.shape[0], blocks.shape[0], x.device
-    positions = torch.arange(span.start, span.end, device=device)
+def scores(query: torch.Tensor, pooled: torch.Tensor, page_table: torch.Tensor, lane_of: torch.Tensor,
+           complete: torch.Tensor, blocks: int) -> torch.Tensor:
+    """``kernels.block_scores`` on CUDA, its reference elsewhere."""
+    score = block_scores.scores if query.is_cuda else block_scores.reference
+    return score(query, pooled, page_table, lane_of, complete, blocks)
+
+
+def choose(w: IndexerWeights, scored: torch.Tensor, positions: torch.Tensor, never: int
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's positions from its block scores [rows, blocks] (-inf past its complete blocks) at
+    ``positions`` [rows]: int32 [rows, width] (ascending, then -1) and counts int32 [rows]. A stable
+    sort keeps the lower block first among equal scores; ``never`` is past every position."""
+    device = scored.device
     complete = (positions + 1) // w.block
-    never = span.end + w.block  # past every position: sorts last, then becomes -1
-    if done:
-        products = linear(query.float().reshape(count * w.heads, w.dim), blocks).view(count, w.heads, done)
-        scores = torch.relu(products[:, 0])
-        for head in range(1, w.heads):
-            scores = scores + torch.relu(products[:, head])
-        scores = scores / math.sqrt(w.dim)
-        visible = torch.arange(done, device=device)[None, :] < complete[:, None]
-        best = torch.sort(torch.where(visible, scores, float("-inf")), dim=-1, descending=True,
-                          stable=True).indices[:, :w.budget // w.block]
-        picked = (best[:, :, None] * w.block + torch.arange(w.block, device=device)).flatten(1)
-        picked = torch.where((best < complete[:, None]).repeat_interleave(w.block, dim=1), picked, never)
-    else:
-        picked = torch.empty(count, 0, dtype=torch.long, device=device)
+    best = torch.sort(scored, dim=-1, descending=True, stable=True).indices[:, :w.budget // w.block]
+    picked = (best[:, :, None] * w.block + torch.arange(w.block, device=device)).flatten(1)
+    counted = (best < complete[:, None])[:, :, None].expand(-1, -1, w.block).flatten(1)
+    picked = torch.where(counted, picked, never)
     tail = complete[:, None] * w.block + torch.arange(w.block - 1, device=device)
     tail = torch.where(tail <= positions[:, None], tail, never)
     ordered = torch.sort(torch.cat((picked, tail), dim=1), dim=1).values
     counts = (ordered < never).sum(dim=1)
     return torch.where(ordered < never, ordered, -1).to(torch.int32), counts.to(torch.int32)
+
+
+def select_positions(w: IndexerWeights, x: torch.Tensor, span: Span, rows: PageRows, layer: str,
+                     rotary: Rotary, cos: torch.Tensor, sin: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The positions each row of ``span`` attends, as ``kernels.sparse_attention`` reads them
+    (``choose``), after storing the rows' raw index keys and the blocks they complete."""
+    query, keys = index_rows(w, x, rotary, cos, sin)
+    positions = torch.arange(span.start, span.end, device=x.device)
+    rows.write(f"{layer}.index", span.lane, positions, keys)
+    first, done = span.start // w.block, span.end // w.block
+    if done > first:  # blocks this span completes
+        raw = rows.read(f"{layer}.index", span.lane, done * w.block)[first * w.block:]
+        starts = torch.arange(first, done, device=x.device) * w.block
+        pooled = pool_blocks(w, raw.view(done - first, w.block, w.dim), starts, rotary)
+        rows.write(f"{layer}.pooled", span.lane, torch.arange(first, done, device=x.device), pooled)
+    lane_of = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device)
+    scored = scores(query, rows.views[f"{layer}.pooled"], span.lane.page_table[None], lane_of,
+                    (positions + 1) // w.block, done)
+    return choose(w, scored, positions, span.end + w.block)
+
+
+def select_rows(w: IndexerWeights, x: torch.Tensor, rotary: Rotary, cos: torch.Tensor, sin: torch.Tensor,
+                index: torch.Tensor, pooled: torch.Tensor, page_table: torch.Tensor, lengths: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``select_positions`` for one decode row a lane, batched: ``x`` [lanes, hidden] at positions
+    ``lengths - 1`` (``lengths`` int64 [lanes], 0 for a padding lane), ``cos``/``sin`` their angles,
+    the lanes' ``page_table`` int32 [lanes, pages] into the layer's ``index`` and ``pooled`` parts.
+
+    Stores each live row's raw index key and, when the row completes a block, the block's pooled
+    key (``kernels.lane_rows``: the kernel on CUDA); a padding lane stores nothing. Every lane scores
+    all blocks its page table can hold (-inf past its complete ones), so shapes depend on the lane
+    count alone; a padding lane chooses position 0 of the null page."""
+    lanes, device = x.shape[0], x.device
+    query, keys = index_rows(w, x, rotary, cos, sin)
+    live = lengths > 0
+    positions = (lengths - 1).clamp_min(0)
+    page_rows, entries = index.shape[1], pooled.shape[1]
+    store = lane_rows.store if x.is_cuda else lane_rows.reference
+    rowed = torch.arange(lanes, device=device)
+    pages = page_table[rowed, positions // page_rows].long()
+    at = pages * index.stride(0) + (positions % page_rows) * index.stride(1)
+    store(keys.contiguous(), index, torch.where(live, at, -1))
+
+    # The last complete block, pooled from the raw keys just stored; kept where this row completed it.
+    last = ((positions + 1) // w.block - 1).clamp_min(0)
+    members = last[:, None] * w.block + torch.arange(w.block, device=device)
+    raw = index[page_table[rowed[:, None], members // page_rows].long(), members % page_rows]
+    pooled_keys = pool_blocks(w, raw, last * w.block, rotary)
+    completes = live & ((positions + 1) % w.block == 0)
+    at = page_table[rowed, last // entries].long() * pooled.stride(0) + (last % entries) * pooled.stride(1)
+    store(pooled_keys.contiguous(), pooled, torch.where(completes, at, -1))
+
+    blocks = page_table.shape[1] * entries
+    scored = scores(query, pooled, page_table, rowed.to(torch.int32), (positions + 1) // w.block, blocks)
+    return choose(w, scored, positions, page_table.shape[1] * page_rows + w.block)
