@@ -2,8 +2,8 @@
 kernels and CUDA graphs).
 
 Requests run through the engine's scheduler and runner (``tfd.bench.workload.drive``, the engine
-thread's loop without trio) on tiny checkpoints of every family: three take the batched decode
-path, Flash Next (qwen4_exp) decodes through spans, its QSA layers through the sparse kernel on CUDA.
+thread's loop without trio) on tiny checkpoints of every family; all four take the batched decode
+path (Flash Next, qwen4_exp, with its streams, PLE and QSA layers: block scores, the sparse kernel).
 Every gate compares token ids: concurrent == solo at 1/2/4/8 lanes, graphs == eager, a prompt
 prefilled in 64-row chunks == in one pass; and the GPU path against the CPU fp32 reference.
 """

@@ -22,7 +22,7 @@ from tfd.families.hybrid import HybridModel, load_model
 STEP_TOKENS = 256
 
 
-@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_next"])
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_next", "qwen4_exp"])
 def model(request: pytest.FixtureRequest) -> HybridModel:
     path = tiny_models.save(str(request.param), CACHE / "tiny-plain")
     return load_model(Checkpoint.open(path), "cpu", torch.float32, progress=False)

@@ -83,11 +83,12 @@ class Runner:
         self.pool = pool
         self.rows = PageRows(pool)
         self.device = pool.buffer.device
-        self.offsets: dict[int, tuple[list[int], list[int]]] = {}  # lane number: state_at, tail_at
+        self.offsets: dict[int, list[int]] = {}  # lane number: its offset fields, in Columns order
         self.memory: DecodeMemory | None = None
         self.graphs: DecodeGraphs | None = None
         self.gdn_names = model.gdn_layers().layers
-        self.columns = Columns(len(self.gdn_names), pool.layout.row_pages(context))
+        self.columns = Columns(len(self.gdn_names), pool.layout.row_pages(context),
+                               ple=model.ple_state() is not None)
         if model.batches_decode:
             self.memory = DecodeMemory(pool, model.dtype)
             if graphs and self.device.type == "cuda":
@@ -109,9 +110,7 @@ class Runner:
             raise
         lane.memory = LaneMemory(pieces, lease.page_table)
         if self.memory is not None:
-            names = self.gdn_names
-            self.offsets[lane.number] = ([self.memory.offset(pieces[f"{name}.state"]) for name in names],
-                                         [self.memory.offset(pieces[f"{name}.conv_tail"]) for name in names])
+            self.offsets[lane.number] = self.memory.lane_offsets(pieces, self.gdn_names, self.columns.ple)
 
     def close(self, lane: Lane) -> None:
         """Give the lane's pages back (again: nothing)."""
@@ -139,9 +138,8 @@ class Runner:
         on_host = not isinstance(tokens, torch.Tensor)
         for i, (lane, start) in enumerate(zip(lanes, starts, strict=True)):
             assert lane.lease is not None
-            state_at, tail_at = self.offsets[lane.number]
             columns.append(self.columns.column(int(tokens[i]) if on_host else 0, start, lane.seed,
-                                               lane.request.sampling.temperature, state_at, tail_at,
+                                               lane.request.sampling.temperature, self.offsets[lane.number],
                                                lane.lease.row_pages, self.pool.null_page))
         batch = DecodeBatch.of(columns, self.columns, self.device)
         if isinstance(tokens, torch.Tensor):

@@ -14,7 +14,7 @@ from kernels import cache_write, paged_attention, sparse_attention
 from kernels import rope as rope_kernel
 from tfd.model.memory import PageRows, PromptLanes, Span
 from tfd.model.ops import linear, sigmoid_gate, zrms
-from tfd.model.qsa import IndexerWeights, select_positions
+from tfd.model.qsa import IndexerWeights, select_positions, select_rows
 from tfd.model.rope import Rotary
 
 
@@ -30,6 +30,17 @@ class AttentionWeights:
     head_dim: int
     eps: float
     indexer: IndexerWeights | None = None
+
+
+@attrs.frozen
+class QsaCaches:
+    """A QSA layer's row parts as ``[pages + 1, entries a page, ...]`` views of the pool: K, V, raw
+    index keys, pooled blocks."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    index: torch.Tensor
+    pooled: torch.Tensor
 
 
 @attrs.frozen
@@ -100,6 +111,28 @@ def attention_spans(w: AttentionWeights, x: torch.Tensor, lanes: PromptLanes, ke
     out = torch.empty_like(p.query)
     paged_attention.prefill(p.query, keys, values, lanes.page_table, lanes.starts, lanes.cu_seqlens,
                             w.head_dim ** -0.5, out, max_rows=lanes.max_rows)
+    return finish(w, out, p.gate)
+
+
+def sparse_rows(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: Rotary,
+                caches: QsaCaches, page_table: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """``attention_rows`` for a QSA layer: one decode row per lane, batched, at positions
+    ``lengths - 1`` (``lengths`` int32 [lanes], 0 for a padding lane; ``page_table`` int32 [lanes,
+    pages]). Stores each live row's K and V, its raw index key and the block it completes in
+    ``caches`` (``qsa.select_rows``), then attends each row's chosen positions
+    (``kernels.sparse_attention``: the kernel on CUDA, its reference elsewhere), as ``attention``
+    does for a span's rows. A padding lane stores nothing and reads the null page."""
+    assert w.indexer is not None
+    p = project(w, x, cos, sin, rotary)
+    write = cache_write.write if x.is_cuda else cache_write.reference
+    write(p.key, p.value, caches.keys, caches.values, page_table, lengths)
+    chosen_at, counts = select_rows(w.indexer, x, rotary, cos, sin, caches.index, caches.pooled, page_table,
+                                    lengths.long())
+    out = torch.empty_like(p.query)
+    lane_of = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
+    attend_chosen = sparse_attention.attend if x.is_cuda else sparse_attention.reference
+    attend_chosen(p.query, caches.keys, caches.values, page_table, lane_of, chosen_at, counts,
+                  w.head_dim ** -0.5, out)
     return finish(w, out, p.gate)
 
 

@@ -7,24 +7,32 @@ int64 tensor (``DecodeBatch.packed``, one row per field so each field is contigu
 so a captured graph reads it from a fixed address; a padding lane (offsets -1, length 0) computes
 garbage that touches no memory of any lane.
 
-Only families whose layers are all plain residual blocks with GDN or dense attention take this
-path (Qwen3.5, Qwen3-Next); Flash Next's streams, PLE and QSA run through ``stack.run_stack``.
+Both residual forms take this path: Qwen3.5 and Qwen3-Next's plain blocks between RMSNorms, and
+Flash Next's streams (hyper-connection reads and writes, PLE at its lanes' tail and n-gram history
+offsets, QSA layers choosing each lane's blocks among all its page table can hold, the final mixer).
+A Flash Next row gets the bits ``stack.run_stack`` gives it as a one-row decode span, on the CPU
+exactly (the tests hold every pool byte to it); on CUDA its GDN layers run the decode kernels where
+the span path runs their torch references, as dense attention rows run ``paged_attention.decode``
+for Qwen. A Flash Next whose n-gram table is sharded looks rows up from the host, so it decodes
+through ``run_stack``.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 import torch
 
-from tfd.model.attention import AttentionWeights, attention_rows
+from tfd.model import hyper
+from tfd.model.attention import QsaCaches, attention_rows, sparse_rows
 from tfd.model.gdn import GdnWeights, gdn_rows
 from tfd.model.memory import element_offset, to_device
 from tfd.model.mlp import MoeWeights, dense, moe
 from tfd.model.ops import add_zrms, zrms
-from tfd.model.stack import StackWeights
+from tfd.model.ple import ple_rows
+from tfd.model.stack import LayerWeights, StackWeights
 from tfd.pool.pages import Pool
 
 FIXED = 5  # fields before the offsets: token, position, visible keys, seed, temperature
@@ -32,26 +40,38 @@ FIXED = 5  # fields before the offsets: token, position, visible keys, seed, tem
 
 @attrs.frozen
 class Columns:
-    """Which rows of ``DecodeBatch.packed`` hold each field (a lane's fields are one column)."""
+    """Which rows of ``DecodeBatch.packed`` hold each field (a lane's fields are one column): the
+    fixed fields, each GDN layer's state offset, each one's conv-tail offset, with ``ple`` the PLE
+    tail and n-gram history offsets, then the page table."""
 
     gdn_layers: int
     pages: int  # page-table width: the most row pages a lane may hold
+    ple: bool = False
+
+    @property
+    def offsets(self) -> int:
+        """Offset fields a lane has."""
+        return 2 * self.gdn_layers + (2 if self.ple else 0)
 
     @property
     def width(self) -> int:
-        return FIXED + 2 * self.gdn_layers + self.pages
+        return FIXED + self.offsets + self.pages
 
-    def column(self, token: int, position: int, seed: int, temperature: float, state_at: Sequence[int],
-               tail_at: Sequence[int], pages: Sequence[int], null_page: int) -> list[int]:
+    def column(self, token: int, position: int, seed: int, temperature: float, offsets: Sequence[int],
+               pages: Sequence[int], null_page: int) -> list[int]:
         """A live lane's fields: token, position, visible keys, its sampling key and temperature
-        (fp32 bits), offsets, page table padded with the null page."""
+        (fp32 bits), its offsets (``DecodeMemory.lane_offsets``), page table padded with the null
+        page. Raises ValueError for offsets or pages that do not fit the columns."""
+        if len(offsets) != self.offsets or len(pages) > self.pages:
+            raise ValueError(f"a lane has {self.offsets} offsets and at most {self.pages} pages, got "
+                             f"{len(offsets)} offsets and {len(pages)} pages")
         bits = struct.unpack("<i", struct.pack("<f", temperature))[0]
-        return [token, position, position + 1, seed, bits, *state_at, *tail_at, *pages,
+        return [token, position, position + 1, seed, bits, *offsets, *pages,
                 *[null_page] * (self.pages - len(pages))]
 
     def padding(self, null_page: int) -> list[int]:
         """A padding lane's fields: no keys, greedy, offsets -1, every page the null page."""
-        return [0, 0, 0, 0, 0, *[-1] * (2 * self.gdn_layers), *[null_page] * self.pages]
+        return [0, 0, 0, 0, 0, *[-1] * self.offsets, *[null_page] * self.pages]
 
 
 @attrs.frozen
@@ -95,32 +115,77 @@ class DecodeBatch:
         return self.packed[FIXED + self.columns.gdn_layers + layer]
 
     @property
+    def ple_tail_at(self) -> torch.Tensor:
+        """The PLE conv tail's offsets, in elements of the model dtype; ValueError without them."""
+        return self.packed[self._ple_row()]
+
+    @property
+    def ple_history_at(self) -> torch.Tensor:
+        """The n-gram history's offsets, in int64 elements; ValueError without them."""
+        return self.packed[self._ple_row() + 1]
+
+    def _ple_row(self) -> int:
+        if not self.columns.ple:
+            raise ValueError("the batch's columns hold no PLE offsets (Columns.ple is off) for a PLE layer")
+        return FIXED + 2 * self.columns.gdn_layers
+
+    @property
     def page_table(self) -> torch.Tensor:
-        return self.packed[FIXED + 2 * self.columns.gdn_layers:].T
+        return self.packed[FIXED + self.columns.offsets:].T
 
 
 class DecodeMemory:
-    """The pool as the decode kernels address it: typed views of the whole buffer and each
-    attention layer's K/V caches."""
+    """The pool as the decode kernels address it: typed views of the whole buffer (fp32 states, the
+    model dtype's tails, int64 n-gram histories) and each attention layer's row parts."""
 
     def __init__(self, pool: Pool, dtype: torch.dtype) -> None:
         self.pool = pool
         self.states = pool.buffer.view(torch.float32)
         self.tails = pool.buffer.view(dtype)
+        self.histories = pool.buffer.view(torch.int64)
         self.caches = {part.name: pool.rows(part.name) for part in pool.layout.row_parts}
 
     def offset(self, view: torch.Tensor) -> int:
         """A piece view's element offset in the pool view of its dtype."""
         return element_offset(self.pool.buffer, view)
 
+    def lane_offsets(self, pieces: Mapping[str, torch.Tensor], gdn_layers: Sequence[str], ple: bool
+                     ) -> list[int]:
+        """A lane's offset fields in ``Columns`` order, from its piece views: each GDN layer's state,
+        each one's conv tail, then (``ple``) the PLE tail and n-gram history."""
+        offsets = [self.offset(pieces[f"{name}.state"]) for name in gdn_layers]
+        offsets += [self.offset(pieces[f"{name}.conv_tail"]) for name in gdn_layers]
+        if ple:
+            offsets += [self.offset(pieces["ple.tail"]), self.offset(pieces["ple.history"])]
+        return offsets
+
+
+@attrs.frozen
+class _Step:
+    """What every layer of one step reads: the batch, the pool, the rows' angles, and the page table
+    and visible keys as int32 (the kernels' form)."""
+
+    batch: DecodeBatch
+    memory: DecodeMemory
+    cos: torch.Tensor
+    sin: torch.Tensor
+    table: torch.Tensor
+    lengths: torch.Tensor
+
 
 def run_decode(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory) -> torch.Tensor:
-    """The final-norm hidden rows [lanes, width] of one decode row per lane; states, tails and
-    caches move past the row."""
+    """The head's input rows [lanes, width] (after the final norm or mixer) of one decode row per
+    lane; states, tails, PLE pieces and row parts move past the row. Raises ValueError when the
+    stack has a PLE layer and the batch's columns no PLE offsets."""
     x = w.embed[batch.tokens]
     cos, sin = w.rotary.angles(batch.positions, x.dtype)
     table = batch.page_table.to(torch.int32, memory_format=torch.contiguous_format)
-    lengths = batch.lengths.to(torch.int32)
+    step = _Step(batch, memory, cos, sin, table, batch.lengths.to(torch.int32))
+    return _streams(w, x, step) if w.mixer is not None else _plain(w, x, step)
+
+
+def _plain(w: StackWeights, x: torch.Tensor, step: _Step) -> torch.Tensor:
+    """Blocks added to one residual between RMSNorms, each add joined with the next norm."""
     gdn_layer = 0
     delta: torch.Tensor | None = None  # the last block's output, added with the next norm
     for layer in w.layers:
@@ -129,22 +194,63 @@ def run_decode(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory) -> tor
             h = zrms(x, layer.input_norm, w.eps)
         else:
             x, h = add_zrms(x, delta, layer.input_norm, w.eps)
+        mixed = _mix(w, layer, h, gdn_layer, step)
         if isinstance(layer.mixer, GdnWeights):
-            mixed = gdn_rows(layer.mixer, h, memory.states, batch.state_at(gdn_layer), memory.tails,
-                             batch.tail_at(gdn_layer))
             gdn_layer += 1
-        else:
-            assert isinstance(layer.mixer, AttentionWeights) and layer.mixer.indexer is None
-            mixed = attention_rows(layer.mixer, h, cos, sin, w.rotary, memory.caches[f"{layer.name}.k"],
-                                   memory.caches[f"{layer.name}.v"], table, lengths)
         x, h = add_zrms(x, mixed, layer.post_norm, w.eps)
         delta = moe(layer.ffn, h) if isinstance(layer.ffn, MoeWeights) else dense(layer.ffn, h)
     assert w.final_norm is not None and delta is not None
     return add_zrms(x, delta, w.final_norm, w.eps)[1]
 
 
+def _streams(w: StackWeights, x: torch.Tensor, step: _Step) -> torch.Tensor:
+    """Flash Next's residual streams: PLE where a layer has it, each block read from the streams and
+    written back by its hyper-connection, then the final mixer (``stack.run_layer``'s order)."""
+    assert w.mixer is not None
+    batch, memory = step.batch, step.memory
+    x = x.repeat(1, w.streams)
+    gdn_layer = 0
+    for layer in w.layers:
+        assert layer.attn_hyper is not None and layer.mlp_hyper is not None
+        if layer.ple is not None:
+            x = x + ple_rows(layer.ple, x, batch.tokens, memory.tails, batch.ple_tail_at, memory.histories,
+                             batch.ple_history_at)
+        h, weights = hyper.read(layer.attn_hyper, x)
+        assert weights is not None
+        mixed = _mix(w, layer, h, gdn_layer, step)
+        if isinstance(layer.mixer, GdnWeights):
+            gdn_layer += 1
+        x = hyper.write(x, mixed, weights)
+        h, weights = hyper.read(layer.mlp_hyper, x)
+        assert weights is not None
+        fed = moe(layer.ffn, h) if isinstance(layer.ffn, MoeWeights) else dense(layer.ffn, h)
+        x = hyper.write(x, fed, weights)
+    return hyper.read(w.mixer, x)[0]
+
+
+def _mix(w: StackWeights, layer: LayerWeights, h: torch.Tensor, gdn_layer: int, step: _Step) -> torch.Tensor:
+    """The layer's token mixer over every lane's row: GDN, dense attention or QSA."""
+    batch, memory = step.batch, step.memory
+    if isinstance(layer.mixer, GdnWeights):
+        return gdn_rows(layer.mixer, h, memory.states, batch.state_at(gdn_layer), memory.tails,
+                        batch.tail_at(gdn_layer))
+    caches = memory.caches
+    keys, values = caches[f"{layer.name}.k"], caches[f"{layer.name}.v"]
+    if layer.mixer.indexer is None:
+        return attention_rows(layer.mixer, h, step.cos, step.sin, w.rotary, keys, values, step.table,
+                              step.lengths)
+    qsa = QsaCaches(keys, values, caches[f"{layer.name}.index"], caches[f"{layer.name}.pooled"])
+    return sparse_rows(layer.mixer, h, step.cos, step.sin, w.rotary, qsa, step.table, step.lengths)
+
+
 def batches(w: StackWeights) -> bool:
-    """Whether this stack takes the batched decode path (plain residual blocks, dense attention)."""
-    return w.streams == 1 and w.mixer is None and all(
-        layer.ple is None and layer.attn_hyper is None and
-        (isinstance(layer.mixer, GdnWeights) or layer.mixer.indexer is None) for layer in w.layers)
+    """Whether this stack takes the batched decode path: plain residual blocks, or Flash Next's
+    streams with hyper-connections on every layer and a final mixer; GDN, dense or QSA mixers; PLE
+    only with an n-gram table looked up on the device (one shard)."""
+    if w.mixer is None:
+        return w.streams == 1 and w.final_norm is not None and all(
+            layer.input_norm is not None and layer.post_norm is not None and layer.ple is None
+            and layer.attn_hyper is None for layer in w.layers)
+    return all(layer.attn_hyper is not None and layer.mlp_hyper is not None
+               and (layer.ple is None or layer.ple.table.on_device) for layer in w.layers)
+

@@ -1,0 +1,124 @@
+"""Flash Next's decode rows in one batched pass (``run_decode``) give the bits of the span path.
+
+The exactness contract: a lane's tokens must not depend on which path or batch ran it. Lanes at
+different positions, crossing pages and QSA block boundaries, a padding lane among them, EOS in the
+n-gram context: each step's head rows and every pool byte (GDN states and conv tails, PLE tail and
+n-gram history, K/V, raw index keys, pooled blocks, the null page) against the same rows run as
+decode spans. Then the engine's runner: the same requests with the batched path on and off.
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import tiny_models
+import torch
+
+from support import CACHE
+from tfd.bench.workload import drive
+from tfd.checkpoint import Checkpoint
+from tfd.engine import runner
+from tfd.engine.request import Request, Sampling
+from tfd.families.hybrid import HybridModel, load_model
+from tfd.model.decode import Columns, DecodeBatch, DecodeMemory, batches
+from tfd.model.memory import LaneMemory, PageRows, Span
+from tfd.model.ple import NgramTable
+from tfd.pool.pages import Lease, Pool
+
+PROMPTS = (9, 18, 37)  # decode rows from 9, 18 and 37: blocks of 4 complete at 11, 19, 23, 39
+STEPS = (6, 4, 6)  # the second lane stops early: later steps batch two lanes
+PADDING = 1  # the padding lane's column in every step
+
+
+@pytest.fixture(scope="module")
+def model() -> HybridModel:
+    path = tiny_models.save("qwen4_exp", CACHE / "tiny-plain")
+    return load_model(Checkpoint.open(path), "cpu", torch.float32, progress=False)
+
+
+class Lanes:
+    """A pool of small pages (lanes cross several) with one opened lane a prompt, prefilled."""
+
+    def __init__(self, model: HybridModel, prompts: list[torch.Tensor], window: int) -> None:
+        layout = model.layout(model.layout(4).smallest_page_rows())
+        self.pool = Pool(layout, len(prompts) * layout.need(window))
+        self.rows = PageRows(self.pool)
+        self.leases: list[Lease] = []
+        self.memories: list[LaneMemory] = []
+        for prompt in prompts:
+            lease = self.pool.promise(window)
+            pieces = lease.open(model.init_state)
+            lease.take(window)
+            self.leases.append(lease)
+            self.memories.append(LaneMemory(pieces, lease.page_table))
+            model.forward([Span(self.memories[-1], 0, prompt)], self.rows)
+
+
+def test_decode_steps_equal_the_span_path_bit_for_bit(model: HybridModel) -> None:
+    generator = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(8, tiny_models.VOCAB, (n,), generator=generator) for n in PROMPTS]
+    tokens = torch.randint(8, tiny_models.VOCAB, (max(STEPS), len(PROMPTS)), generator=generator)
+    tokens[1, 0] = tokens[2, 2] = tokens[3, 2] = tiny_models.EOS  # PLE's n-gram cut at decode
+    window = max(PROMPTS) + max(STEPS)
+    spans, batched = Lanes(model, prompts, window), Lanes(model, prompts, window)
+    assert torch.equal(spans.pool.buffer, batched.pool.buffer)
+
+    assert model.batches_decode
+    memory = DecodeMemory(batched.pool, model.dtype)
+    gdn = model.gdn_layers().layers
+    columns = Columns(len(gdn), batched.pool.layout.row_pages(window), ple=True)
+    null = batched.pool.null_page
+    for step in range(max(STEPS)):
+        live = [lane for lane, steps in enumerate(STEPS) if step < steps]
+        want = model.forward([Span(spans.memories[lane], PROMPTS[lane] + step, tokens[step, lane:lane + 1],
+                                   decode=True) for lane in live], spans.rows).hidden
+        packed = [columns.column(int(tokens[step, lane]), PROMPTS[lane] + step, 0, 0.0,
+                                 memory.lane_offsets(batched.memories[lane].pieces, gdn, ple=True),
+                                 batched.leases[lane].row_pages, null) for lane in live]
+        packed.insert(PADDING, columns.padding(null))
+        got = model.decode(DecodeBatch.of(packed, columns, batched.pool.buffer.device), memory)
+        assert torch.equal(torch.cat((got[:PADDING], got[PADDING + 1:])), want), f"step {step}"
+        assert torch.equal(batched.pool.buffer, spans.pool.buffer), f"step {step}"
+    assert spans.pool.census().null_clean and batched.pool.census().null_clean
+
+
+def test_the_runner_draws_the_same_tokens_and_leaves_the_same_pool_either_path(
+        model: HybridModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    generator = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(8, tiny_models.VOCAB, (7 + 11 * i,), generator=generator) for i in range(4)]
+    asked = [Request(f"r{i}", tuple(prompt.tolist()), 12 - 2 * i, Sampling(1.0, seed=60 + i))
+             for i, prompt in enumerate(prompts)]
+    pools: list[Pool] = []
+    made = runner.Runner.__init__
+
+    def keep_pool(self: runner.Runner, model: HybridModel, pool: Pool, *args: object,
+                  **kwargs: object) -> None:
+        pools.append(pool)
+        made(self, model, pool, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner.Runner, "__init__", keep_pool)
+    batched = drive(model, asked, 256, graphs=False).tokens
+    monkeypatch.setattr(HybridModel, "batches_decode", property(lambda self: False))
+    spanned = drive(model, asked, 256, graphs=False).tokens
+    assert [len(tokens) for tokens in batched] == [12, 10, 8, 6]
+    assert batched == spanned
+    assert torch.equal(pools[0].buffer, pools[1].buffer)  # every lane's rows and state, after the last step
+
+
+def test_a_sharded_table_keeps_flash_next_on_the_span_path(model: HybridModel) -> None:
+    """A lookup in several shards reads the ids on the host, which a captured step cannot."""
+    layers = [attrs.evolve(layer, ple=attrs.evolve(layer.ple, table=NgramTable(
+        torch.chunk(layer.ple.table.shards[0], 2)))) if layer.ple is not None else layer
+        for layer in model.weights.layers]
+    assert batches(model.weights)
+    assert not batches(attrs.evolve(model.weights, layers=tuple(layers)))
+
+
+def test_columns_refuse_offsets_that_do_not_fit() -> None:
+    columns = Columns(gdn_layers=2, pages=3, ple=True)
+    with pytest.raises(ValueError, match="offsets"):
+        columns.column(1, 0, 0, 1.0, [0, 0, 0, 0], [5], null_page=9)  # the PLE pair left out
+    plain = Columns(gdn_layers=2, pages=3)
+    batch = DecodeBatch.of([plain.padding(9)], plain, torch.device("cpu"))
+    with pytest.raises(ValueError, match="PLE"):
+        _ = batch.ple_tail_at
