@@ -137,7 +137,8 @@ def conv_pool(lanes: int, channels: int, width: int, dtype: torch.dtype) -> tupl
     return pool, tail_at
 
 
-@pytest.mark.parametrize(("channels", "m", "spread"), [(128, 5, True), (128, 20, True), (96, 5, True), (128, 70, False)])
+@pytest.mark.parametrize(("channels", "m", "spread"),
+                         [(128, 5, True), (128, 20, True), (96, 5, True), (128, 70, False)])
 def test_the_projection_with_its_conv_is_the_product_then_conv1d(channels: int, m: int, spread: bool) -> None:
     # 128 of 192 columns: whole spread tiles, applied as they store; 96: a tile across the edge, so the
     # conv runs after; 70 rows: the whole form, conv after. Either way conv1d.decode's bits and tails.
