@@ -21,7 +21,9 @@ Launches: the plan (``kernels.moe_plan``: one launch at decode sizes, the router
 when called through ``routed``); ``_gate_up`` computes h for a tile of pairs sharing an expert;
 ``_down`` multiplies h by the expert's down weight and the routing weight into the pair's buffer
 row, ranked by expert id within its row (the shared pairs' rows after all routed ones); ``_combine``
-sums a row's ranks in order and adds the gated shared expert. Every grid is fixed by the shapes (an
+sums a row's ranks in order and adds the gated shared expert, or (``routed_add_zrms``, decode)
+``_combine_add_zrms`` adds that to the residual stream and normalises it for the next block as
+``kernels.norm.add_zrms`` does, the same bits one launch sooner. Every grid is fixed by the shapes (an
 upper bound on the tiles; a program past the last tile exits at once), so a call can be captured
 in a CUDA graph.
 
@@ -40,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import INTERPRETED, moe_plan, pdl, router
+from kernels import INTERPRETED, moe_plan, norm, pdl, router
 from kernels.sigmoid_gate import gated
 
 BLOCK_M = 16  # pairs in a tile: one tensor-core row block
@@ -52,6 +54,14 @@ DOWN_N, DOWN_K, DOWN_STAGES = 64, 128, 3
 COMBINE_N = 256  # hidden columns of a combining program
 ROW_CHUNK = 2048  # rows a pass takes at most: bounds the fp32 buffer (rows never interact)
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+class Residual(NamedTuple):
+    """The residual stream an MoE block's output is added to, and the next norm's weight and eps."""
+
+    x: torch.Tensor  # [rows, hidden] in the model dtype
+    weight: torch.Tensor  # [hidden]: the zero-centred norm's
+    eps: float
 
 
 class Shared(NamedTuple):
@@ -154,21 +164,40 @@ def _down(h, down, shared_down, buf, weights, layout, pair_at, dest_at, pairs, e
 
 
 @triton.jit
-def _combine(buf, out, gate, pairs, hidden, top_k, stride_o, stride_g, SHARED: tl.constexpr,
-             BLOCK_N: tl.constexpr, PDL: tl.constexpr):
-    pdl.wait(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+def _combined(buf, gate, row, cols, pairs, hidden, top_k, stride_g, SHARED: tl.constexpr,
+              dtype: tl.constexpr):
+    """Row ``row``'s block output at ``cols``: its ranks summed in order and rounded, plus the gated
+    shared expert."""
+    total = tl.zeros(cols.shape, dtype=tl.float32)
     for rank in range(0, top_k):  # ascending expert id, the same order for every row
         total += tl.load(buf + (row * top_k + rank) * hidden + cols, mask=cols < hidden, other=0.0)
-    dtype = out.dtype.element_ty
     result = total.to(dtype)
     if SHARED:  # + the shared expert's output (rounded as a linear's) * sigmoid(gate), as sigmoid_gate rounds
         value = tl.load(buf + (pairs + row) * hidden + cols, mask=cols < hidden, other=0.0).to(dtype)
         part = gated(value, tl.load(gate + row * stride_g), dtype)
         result = (result.to(tl.float32) + part.to(tl.float32)).to(dtype)
+    return result
+
+
+@triton.jit
+def _combine(buf, out, gate, pairs, hidden, top_k, stride_o, stride_g, SHARED: tl.constexpr,
+             BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    result = _combined(buf, gate, row, cols, pairs, hidden, top_k, stride_g, SHARED, out.dtype.element_ty)
     tl.store(out + row * stride_o + cols, result, mask=cols < hidden)
+
+
+@triton.jit
+def _combine_add_zrms(buf, gate, residual, total, out, weight, pairs, hidden, top_k, stride_g, eps,
+                      SHARED: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """``_combine``'s row added to the residual and normalised, as ``kernels.norm.add_zrms`` does."""
+    pdl.wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    delta = _combined(buf, gate, row, cols, pairs, hidden, top_k, stride_g, SHARED, out.dtype.element_ty)
+    norm.add_zrms_row(residual, delta, total, out, weight, row, hidden, eps, BLOCK)
 
 
 def _check(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
@@ -221,6 +250,23 @@ def routed(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: t
     """``experts`` for the choice ``kernels.router.top_k(logits, top_k, normalise, x.dtype)`` makes
     from router ``logits`` [rows, experts] (unit column stride): the same bits, and when the rows'
     routed pairs fit one planning block (decode) the choice and the grouping are one launch."""
+    return _routed(x, gate_up, down, logits, top_k, normalise, shared, None)[0]
+
+
+def routed_add_zrms(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: torch.Tensor,
+                    top_k: int, normalise: bool, shared: Shared | None, residual: Residual
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``kernels.norm.add_zrms(residual.x, routed(...), residual.weight, residual.eps)`` with the
+    same bits, the addition and the norm in the experts' last launch (rows up to ``ROW_CHUNK``):
+    the residual stream and the next block's input."""
+    total, normed = _routed(x, gate_up, down, logits, top_k, normalise, shared, residual)
+    assert normed is not None
+    return total, normed
+
+
+def _routed(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: torch.Tensor, top_k: int,
+            normalise: bool, shared: Shared | None, residual: Residual | None
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
     rows = x.shape[0]
     if not 1 <= top_k <= down.shape[0]:
         raise ValueError(f"top_k is {top_k}, expected 1 to {down.shape[0]} (the experts)")
@@ -228,10 +274,10 @@ def routed(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: t
         raise ValueError(f"logits is {list(logits.shape)}, expected [{rows}, {down.shape[0]}]: rows, experts")
     if rows == 0 or rows * top_k > moe_plan.PLAN_BLOCK or logits.stride(1) != 1:
         ids, weights = router.top_k(logits, top_k, normalise, x.dtype)
-        return experts(x, gate_up, down, ids, weights, shared)
+        return _experts(x, gate_up, down, ids, weights, shared, None, residual)
     ids = torch.empty(rows, top_k, dtype=torch.int64, device=x.device)
     weights = torch.empty(rows, top_k, dtype=x.dtype, device=x.device)
-    return experts(x, gate_up, down, ids, weights, shared, choice=(logits, normalise))
+    return _experts(x, gate_up, down, ids, weights, shared, (logits, normalise), residual)
 
 
 def experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
@@ -244,13 +290,22 @@ def experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: tor
     (``routed``'s): the router logits and normalisation that ids and weights are written from, in
     the planning launch (routed pairs fitting one block only). A wrong shape, dtype or device raises
     ValueError naming the input."""
+    return _experts(x, gate_up, down, ids, weights, shared, choice, None)[0]
+
+
+def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
+             weights: torch.Tensor, shared: Shared | None, choice: tuple[torch.Tensor, bool] | None,
+             residual: Residual | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``experts``' output, or with ``residual`` the residual stream plus it and their norm."""
     _check(x, gate_up, down, ids, weights, shared)
+    if residual is not None:
+        _check_residual(x, residual)
     rows, hidden = x.shape
     n_experts, _, inner = down.shape
     top_k = ids.shape[1]
     out = torch.empty(rows, hidden, dtype=x.dtype, device=x.device)
     if rows == 0:
-        return out
+        return (out, None) if residual is None else (out, torch.empty_like(out))
     x, ids, weights = x.contiguous(), ids.contiguous(), weights.contiguous()
     # Without a shared expert no tile is its, so a routed expert's weights stand in, never read.
     own_gate_up, own_down = (gate_up[0], down[0]) if shared is None else (shared.gate_up, shared.down)
@@ -285,10 +340,29 @@ def experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: tor
             BLOCK_K=DOWN_K, num_stages=DOWN_STAGES, **pdl.options(x.device))
         target = out[first:first + count]
         gate = target if shared is None else shared.gate[first:first + count]  # not read without SHARED
+        if residual is not None and rows <= ROW_CHUNK:  # the sum, the residual add and the norm at once
+            normed = torch.empty_like(out)
+            block = triton.next_power_of_2(hidden)
+            _combine_add_zrms[(count,)](
+                buf, gate, residual.x.contiguous(), out, normed, residual.weight, pairs, hidden, top_k,
+                gate.stride(0), residual.eps, SHARED=shared is not None, BLOCK=block,
+                num_warps=norm.warps(block), **pdl.options(x.device))
+            return out, normed
         _combine[(count, triton.cdiv(hidden, COMBINE_N))](
             buf, target, gate, pairs, hidden, top_k, target.stride(0), gate.stride(0),
             SHARED=shared is not None, BLOCK_N=COMBINE_N, **pdl.options(x.device))
-    return out
+    if residual is not None:
+        return norm.add_zrms(residual.x, out, residual.weight, residual.eps)
+    return out, None
+
+
+def _check_residual(x: torch.Tensor, residual: Residual) -> None:
+    if residual.x.shape != x.shape or residual.x.dtype != x.dtype or residual.x.device != x.device:
+        raise ValueError(f"residual.x must be {list(x.shape)} {x.dtype} on {x.device}, not "
+                         f"{list(residual.x.shape)} {residual.x.dtype} on {residual.x.device}")
+    if tuple(residual.weight.shape) != (x.shape[1],) or residual.weight.device != x.device:
+        raise ValueError(f"residual.weight must be [{x.shape[1]}] on {x.device}, not "
+                         f"{list(residual.weight.shape)} on {residual.weight.device}")
 
 
 def _expert(gate_up: torch.Tensor, down: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -60,20 +60,30 @@ def zrms(x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = 
 
 
 @triton.jit
-def _add_zrms(x, delta, total, out, weight, width, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    pdl.wait(PDL)
-    row = tl.program_id(0)
+def add_zrms_row(x, delta, total, out, weight, row, width, eps, BLOCK: tl.constexpr):
+    """Row ``row`` of x + delta (``delta`` that row's values, [BLOCK] in the model dtype) into
+    ``total``, and its zero-centred norm into ``out``: ``_add_zrms``'s arithmetic, shared with the
+    MoE's last launch (kernels.moe), whose sum it adds to the residual."""
     cols = tl.arange(0, BLOCK)
     mask = cols < width
     at = row * width + cols
     # the residual sum is rounded to the model dtype, as x + delta would be, before it is normalised
-    values = (tl.load(x + at, mask=mask, other=0.0).to(tl.float32) +
-              tl.load(delta + at, mask=mask, other=0.0).to(tl.float32)).to(total.dtype.element_ty)
+    values = (tl.load(x + at, mask=mask, other=0.0).to(tl.float32) + delta.to(tl.float32)).to(
+        total.dtype.element_ty)
     tl.store(total + at, values, mask=mask)
     values = values.to(tl.float32)
     scaled = values * tl.rsqrt(tl.sum(values * values, axis=0) / width + eps)
     w = tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out + at, (scaled * (1.0 + w)).to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _add_zrms(x, delta, total, out, weight, width, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    delta_row = tl.load(delta + row * width + cols, mask=cols < width, other=0.0)
+    add_zrms_row(x, delta_row, total, out, weight, row, width, eps, BLOCK)
 
 
 def add_zrms(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float

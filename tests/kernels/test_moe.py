@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import moe, moe_plan, router, sigmoid_gate
+from kernels import moe, moe_plan, norm, router, sigmoid_gate
 
 Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -247,6 +247,40 @@ def test_a_wrong_shared_expert_names_its_part(part: str) -> None:
         moe.experts(*inputs, shared._replace(**{part: wrong[part]}))
 
 
+def residual_of(rows: int, dtype: torch.dtype, seed: int, hidden: int = 64, device: str = "cpu"
+                ) -> moe.Residual:
+    generator = torch.Generator(device).manual_seed(seed + 3000)
+    x = torch.randn(rows, hidden, generator=generator, device=device).to(dtype)
+    return moe.Residual(x, (torch.randn(hidden, generator=generator, device=device) * 0.1).to(dtype), 1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("rows", "top_k"), [(1, 2), (5, 3), (40, 4)])
+def test_the_block_added_to_the_residual_and_normalised_is_add_zrms_of_it(rows: int, top_k: int,
+                                                                         dtype: torch.dtype) -> None:
+    x, gate_up, down, _, _ = make(rows, top_k, dtype, seed=rows)
+    logits = router_product(rows, 8, dtype, seed=rows)
+    shared = make_shared(rows, dtype, seed=rows)
+    residual = residual_of(rows, dtype, seed=rows)
+    block = moe.routed(x, gate_up, down, logits[:, :8], top_k, True, shared)
+    want = norm.add_zrms(residual.x, block, residual.weight, residual.eps)
+    got = moe.routed_add_zrms(x, gate_up, down, logits[:, :8], top_k, True, shared, residual)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_the_residual_add_past_a_chunk_is_add_zrms_of_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    x, gate_up, down, _, _ = make(7, 2, torch.float32, seed=7)
+    logits, shared = router_product(7, 8, torch.float32, seed=7), make_shared(7, torch.float32, seed=7)
+    residual = residual_of(7, torch.float32, seed=7)
+    want = moe.routed_add_zrms(x, gate_up, down, logits[:, :8], 2, True, shared, residual)
+    monkeypatch.setattr(moe, "ROW_CHUNK", 3)  # three passes: the block first, then add_zrms
+    got = moe.routed_add_zrms(x, gate_up, down, logits[:, :8], 2, True, shared, residual)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with pytest.raises(ValueError, match=r"residual\.x"):
+        moe.routed_add_zrms(x, gate_up, down, logits[:, :8], 2, True, shared,
+                            residual._replace(x=residual.x[:3]))
+
+
 REAL = [(256, 8), (512, 10)]  # Qwen3.5-35B-A3B and Qwen3-Next-80B-A3B: experts, top_k
 
 
@@ -389,3 +423,16 @@ def test_gpu_a_captured_decode_step_with_the_shared_expert_replays_new_rows() ->
     graph.replay()
     fresh_shared = shared._replace(gate=fresh_logits[:, 256:])
     assert torch.equal(out, moe.routed(fresh_x, gate_up, down, fresh_logits[:, :256], 8, True, fresh_shared))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 8, 32])
+def test_gpu_the_block_added_to_the_residual_is_add_zrms_of_it(rows: int) -> None:
+    x, gate_up, down, _, _ = make_real(rows, 256, 8, seed=rows)
+    logits = router_product(rows, 256, torch.bfloat16, seed=rows, device="cuda")
+    shared = make_real_shared(rows, 256, seed=rows)
+    residual = residual_of(rows, torch.bfloat16, seed=rows, hidden=2048, device="cuda")
+    block = moe.routed(x, gate_up, down, logits[:, :256], 8, True, shared)
+    want = norm.add_zrms(residual.x, block, residual.weight, residual.eps)
+    got = moe.routed_add_zrms(x, gate_up, down, logits[:, :256], 8, True, shared, residual)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -29,7 +29,7 @@ from tfd.model import hyper
 from tfd.model.attention import QsaCaches, attention_rows, sparse_rows
 from tfd.model.gdn import GdnWeights, gdn_rows
 from tfd.model.memory import element_offset, to_device
-from tfd.model.mlp import MoeWeights, dense, moe
+from tfd.model.mlp import MoeWeights, dense, moe, moe_add_zrms
 from tfd.model.ops import add_zrms, zrms
 from tfd.model.ple import ple_rows
 from tfd.model.stack import LayerWeights, StackWeights
@@ -185,22 +185,24 @@ def run_decode(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory) -> tor
 
 
 def _plain(w: StackWeights, x: torch.Tensor, step: _Step) -> torch.Tensor:
-    """Blocks added to one residual between RMSNorms, each add joined with the next norm."""
+    """Blocks added to one residual between RMSNorms, each add joined with the next norm (an MoE
+    block's in its own last launch)."""
+    first = w.layers[0].input_norm
+    assert first is not None
+    following = [layer.input_norm for layer in w.layers[1:]] + [w.final_norm]
     gdn_layer = 0
-    delta: torch.Tensor | None = None  # the last block's output, added with the next norm
-    for layer in w.layers:
-        assert layer.input_norm is not None and layer.post_norm is not None
-        if delta is None:
-            h = zrms(x, layer.input_norm, w.eps)
-        else:
-            x, h = add_zrms(x, delta, layer.input_norm, w.eps)
+    h = zrms(x, first, w.eps)
+    for layer, norm in zip(w.layers, following, strict=True):
+        assert layer.post_norm is not None and norm is not None
         mixed = _mix(w, layer, h, gdn_layer, step)
         if isinstance(layer.mixer, GdnWeights):
             gdn_layer += 1
         x, h = add_zrms(x, mixed, layer.post_norm, w.eps)
-        delta = moe(layer.ffn, h) if isinstance(layer.ffn, MoeWeights) else dense(layer.ffn, h)
-    assert w.final_norm is not None and delta is not None
-    return add_zrms(x, delta, w.final_norm, w.eps)[1]
+        if isinstance(layer.ffn, MoeWeights):
+            x, h = moe_add_zrms(layer.ffn, h, x, norm, w.eps)
+        else:
+            x, h = add_zrms(x, dense(layer.ffn, h), norm, w.eps)
+    return h
 
 
 def _streams(w: StackWeights, x: torch.Tensor, step: _Step) -> torch.Tensor:

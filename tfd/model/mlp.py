@@ -16,7 +16,7 @@ import torch
 from kernels import moe as kernels_moe
 from kernels import router
 from kernels import swiglu as swiglu_kernel
-from tfd.model.ops import linear, sigmoid_gate, silu, swiglu, swiglu_product
+from tfd.model.ops import add_zrms, linear, sigmoid_gate, silu, swiglu, swiglu_product
 
 
 @attrs.frozen
@@ -76,11 +76,28 @@ def moe(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:
     return sigmoid_gate(shared, gate, routed)
 
 
+def moe_add_zrms(w: MoeWeights, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``add_zrms(residual, moe(w, x), weight, eps)``, the same bits; on CUDA the addition and the
+    norm run in the grouped kernels' last launch (decode: one launch fewer a layer)."""
+    if not x.is_cuda:
+        return add_zrms(residual, moe(w, x), weight, eps)
+    logits = linear(x, w.router)
+    choice, shared = _split_router(w, logits)
+    return kernels_moe.routed_add_zrms(x, w.gate_up, w.down, choice, w.top_k, w.norm_top_k, shared,
+                                       kernels_moe.Residual(residual, weight, eps))
+
+
 def grouped_moe(w: MoeWeights, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """The block from the router's product ``logits`` [rows, experts + 1] (the shared gate last) by
     ``kernels.moe.routed``: the choice and the grouping, the routed experts with the shared expert
     beside them, and the gated sum; CUDA's path (any device the kernels run on, the interpreter's
     CPU in tests). Scratch and errors: ``kernels.moe.experts``'."""
+    choice, shared = _split_router(w, logits)
+    return kernels_moe.routed(x, w.gate_up, w.down, choice, w.top_k, w.norm_top_k, shared)
+
+
+def _split_router(w: MoeWeights, logits: torch.Tensor) -> tuple[torch.Tensor, kernels_moe.Shared]:
+    """The router's product as the experts' logits and the shared expert with its gate column."""
     count = logits.shape[1] - 1
-    shared = kernels_moe.Shared(w.shared.gate_up, w.shared.down, logits[:, count:])
-    return kernels_moe.routed(x, w.gate_up, w.down, logits[:, :count], w.top_k, w.norm_top_k, shared)
+    return logits[:, :count], kernels_moe.Shared(w.shared.gate_up, w.shared.down, logits[:, count:])
