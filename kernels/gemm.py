@@ -42,10 +42,10 @@ from kernels.swiglu import swiglu as swiglu_rows
 TARGET_PROGRAMS = 264
 SPREAD_ROWS = 64  # up to this many rows the segments run in programs of their own
 GROUP_M = 8  # row blocks of the whole form that share weight tiles through L2 (probe: 8 beat 16)
-SHARED_BYTES = 227 * 1024
+SHARED_BYTES = 227 * 1024  # shared memory a program may take on an H200 (232,448 bytes)
 # Rows up to which the spread form applies a conv as it stores: its epilogue takes 114 registers a thread
 # at 16-row tiles (64 without), 172 at 32 (80 without: a third fewer programs resident), sm_90 ptxas.
-CONV_ROWS = 16  # shared memory a program may take on an H200 (232,448 bytes)
+CONV_ROWS = 16
 
 
 @attrs.frozen
