@@ -4,7 +4,8 @@
 [rows, rotary] hold each row's angles in the model dtype, rotary <= head_dim even. Lanes past
 ``rotary`` pass through normalised. The cast points follow ``tfd.model.ops.zrms`` and
 ``tfd.model.rope.Rotary.apply``: the norm rounds to the model dtype, each rotated product rounds,
-then their sum. One program per (row, head): nothing depends on the other rows.
+then their sum. One program per (row, head): nothing depends on the other rows. At decode
+``norm_rope_store`` also stores k, and v beside it, into the caches as ``kernels.cache_write`` does.
 """
 
 from __future__ import annotations
@@ -22,37 +23,65 @@ def _norm_rope(x, weight, cos, sin, out, head_dim, rotary, stride_xr, stride_xh,
     pdl.wait(PDL)
     row, head = tl.program_id(0), tl.program_id(1)
     if head < heads:
-        _one(x, weight, cos, sin, out, head_dim, rotary, stride_xr, stride_xh, stride_c, heads, eps, row,
-             head, BLOCK)
+        _one(x, weight, cos, sin, out + (row * heads + head) * head_dim, head_dim, rotary, stride_xr,
+             stride_xh, stride_c, eps, row, head, BLOCK)
     else:  # the second tensor's heads follow the first's in the grid
-        _one(y, y_weight, cos, sin, y_out, head_dim, rotary, stride_yr, stride_yh, stride_c, y_heads, eps,
-             row, head - heads, BLOCK)
+        _one(y, y_weight, cos, sin, y_out + (row * y_heads + head - heads) * head_dim, head_dim, rotary,
+             stride_yr, stride_yh, stride_c, eps, row, head - heads, BLOCK)
 
 
 @triton.jit
-def _one(x, weight, cos, sin, out, head_dim, rotary, stride_xr, stride_xh, stride_c, heads, eps, row, head,
+def _norm_rope_store(x, weight, cos, sin, out, head_dim, rotary, stride_xr, stride_xh, stride_c, heads, eps,
+                     y, y_weight, stride_yr, stride_yh, y_heads, v, stride_vr, stride_vh, k_cache, v_cache,
+                     page_table, lengths, page_rows, stride_tl, stride_cp, stride_cr, stride_ch,
+                     BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
+    row, head = tl.program_id(0), tl.program_id(1)
+    if head < heads:
+        _one(x, weight, cos, sin, out + (row * heads + head) * head_dim, head_dim, rotary, stride_xr,
+             stride_xh, stride_c, eps, row, head, BLOCK)
+    else:  # y's heads, then v's, each into its cache row at the lane's last position (none: padding)
+        length = tl.load(lengths + row)
+        if length > 0:
+            position = length - 1
+            page = tl.load(page_table + row * stride_tl + position // page_rows).to(tl.int64)
+            at = page * stride_cp + (position % page_rows) * stride_cr
+            kv = head - heads
+            if kv < y_heads:
+                _one(y, y_weight, cos, sin, k_cache + at + kv * stride_ch, head_dim, rotary, stride_yr,
+                     stride_yh, stride_c, eps, row, kv, BLOCK)
+            else:
+                kv -= y_heads
+                dims = tl.arange(0, BLOCK)
+                live = dims < head_dim
+                value = tl.load(v + row * stride_vr + kv * stride_vh + dims, mask=live)
+                tl.store(v_cache + at + kv * stride_ch + dims, value, mask=live)
+
+
+@triton.jit
+def _one(x, weight, cos, sin, dest, head_dim, rotary, stride_xr, stride_xh, stride_c, eps, row, head,
          BLOCK: tl.constexpr):
-    """One (row, head): the norm, then the rotation of its first ``rotary`` lanes."""
+    """One (row, head): the norm, then the rotation of its first ``rotary`` lanes, stored at ``dest``."""
     cols = tl.arange(0, BLOCK)
     live = cols < head_dim
     base = x + row * stride_xr + head * stride_xh
     values = tl.load(base + cols, mask=live, other=0.0).to(tl.float32)
     scale = tl.rsqrt(tl.sum(values * values, axis=0) / head_dim + eps)
     normed = (values * scale * (1.0 + tl.load(weight + cols, mask=live, other=0.0).to(tl.float32)))
-    normed = normed.to(out.dtype.element_ty).to(tl.float32)
+    normed = normed.to(dest.dtype.element_ty).to(tl.float32)
     half = rotary // 2
     turned = rotary > cols
     partner = tl.where(cols < half, cols + half, cols - half)
     other = tl.load(base + partner, mask=live & turned, other=0.0).to(tl.float32)
     other = (other * scale * (1.0 + tl.load(weight + partner, mask=live & turned, other=0.0).to(tl.float32)))
-    other = other.to(out.dtype.element_ty).to(tl.float32)
+    other = other.to(dest.dtype.element_ty).to(tl.float32)
     other = tl.where(cols < half, -other, other)
     c = tl.load(cos + row * stride_c + cols, mask=live & turned, other=1.0).to(tl.float32)
     s = tl.load(sin + row * stride_c + cols, mask=live & turned, other=0.0).to(tl.float32)
-    rotated = ((normed * c).to(out.dtype.element_ty).to(tl.float32) +
-               (other * s).to(out.dtype.element_ty).to(tl.float32))
+    rotated = ((normed * c).to(dest.dtype.element_ty).to(tl.float32) +
+               (other * s).to(dest.dtype.element_ty).to(tl.float32))
     result = tl.where(turned, rotated, normed)
-    tl.store(out + (row * heads + head) * head_dim + cols, result.to(out.dtype.element_ty), mask=live)
+    tl.store(dest + cols, result.to(dest.dtype.element_ty), mask=live)
 
 
 def norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float
@@ -76,6 +105,35 @@ def norm_rope_pair(x: torch.Tensor, x_weight: torch.Tensor, y: torch.Tensor, y_w
     y_out = torch.empty(y.shape, dtype=y.dtype, device=y.device)
     _launch(x, x_weight, out, y, y_weight, y_out, y.shape[1], cos, sin, eps)
     return out, y_out
+
+
+def norm_rope_store(x: torch.Tensor, x_weight: torch.Tensor, y: torch.Tensor, y_weight: torch.Tensor,
+                    v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, page_table: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """``norm_rope`` of x, returned, and of y with v stored into the caches at each lane's last
+    position as ``kernels.cache_write.write`` stores them (decode: a row per lane, ``lengths`` [lanes]
+    its visible keys, 0 for a padding lane, which stores nothing), all in one launch; the same bits
+    as ``norm_rope_pair`` then ``cache_write.write``."""
+    _check(x, x_weight, cos, sin)
+    _check(y, y_weight, cos, sin)
+    lanes, heads, dim = y.shape
+    if x.shape[0] != lanes or x.shape[2] != dim or v.shape != y.shape or v.stride(2) != 1:
+        raise ValueError(f"x {list(x.shape)}, y {list(y.shape)} and v {list(v.shape)} must share rows and "
+                         "head_dim, y and v their heads, v with unit last stride")
+    if k_cache.shape[2:] != (heads, dim) or v_cache.stride() != k_cache.stride() or k_cache.stride(3) != 1:
+        raise ValueError(f"caches {list(k_cache.shape)} (strides {k_cache.stride()}) do not fit "
+                         f"y {list(y.shape)}")
+    if page_table.shape[0] != lanes or lengths.shape != (lanes,):
+        raise ValueError(f"page_table {list(page_table.shape)} and lengths {list(lengths.shape)} "
+                         f"must have {lanes} lanes")
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if lanes:
+        _norm_rope_store[(lanes, x.shape[1] + 2 * heads)](
+            x, x_weight, cos, sin, out, dim, cos.shape[1], x.stride(0), x.stride(1), cos.stride(0),
+            x.shape[1], eps, y, y_weight, y.stride(0), y.stride(1), heads, v, v.stride(0), v.stride(1),
+            k_cache, v_cache, page_table, lengths, k_cache.shape[1], page_table.stride(0), k_cache.stride(0),
+            k_cache.stride(1), k_cache.stride(2), BLOCK=triton.next_power_of_2(dim), **pdl.options(x.device))
+    return out
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:

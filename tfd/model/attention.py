@@ -56,19 +56,23 @@ class Projected:
 
 def project(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             rotary: Rotary) -> Projected:
-    count, d = x.shape[0], w.head_dim
-    both = linear(x, w.qkv)
-    query_gate, key, value = torch.split(both, [w.heads * 2 * d, w.kv_heads * d, w.kv_heads * d], dim=-1)
-    query_gate = query_gate.view(count, w.heads, 2 * d)
-    query, gate = query_gate[..., :d], query_gate[..., d:]
-    key = key.view(count, w.kv_heads, d)
+    query, gate, key, value = _split(w, x)
     if x.is_cuda:  # norm and rotation of q and k in one kernel
         query, key = rope_kernel.norm_rope_pair(query, w.q_norm, key, w.k_norm, cos, sin, w.eps)
     else:
         query = rotary.apply(zrms(query, w.q_norm, w.eps), cos, sin)
         key = rotary.apply(zrms(key, w.k_norm, w.eps), cos, sin)
-    value = value.reshape(count, w.kv_heads, d)
     return Projected(query, gate, key, value)
+
+
+def _split(w: AttentionWeights, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The projection of ``x`` as views: raw queries, gates, raw keys [rows, heads, d], values."""
+    count, d = x.shape[0], w.head_dim
+    both = linear(x, w.qkv)
+    query_gate, key, value = torch.split(both, [w.heads * 2 * d, w.kv_heads * d, w.kv_heads * d], dim=-1)
+    query_gate = query_gate.view(count, w.heads, 2 * d)
+    return (query_gate[..., :d], query_gate[..., d:], key.view(count, w.kv_heads, d),
+            value.reshape(count, w.kv_heads, d))
 
 
 def finish(w: AttentionWeights, out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -83,16 +87,19 @@ def attention_rows(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin:
     (``cos``/``sin`` their angles). Stores each row's K and V through ``page_table`` [lanes,
     pages] (int32) into the layer's caches, then attends the lane's first ``lengths`` rows; a
     padding lane (length 0) stores nothing. Triton kernels on CUDA, torch references elsewhere."""
-    p = project(w, x, cos, sin, rotary)
-    write = cache_write.write if x.is_cuda else cache_write.reference
-    write(p.key, p.value, k_cache, v_cache, page_table, lengths)
-    out = torch.empty_like(p.query)
-    if x.is_cuda:  # the merge of the key segments applies the output gate too
+    if x.is_cuda:  # q normed and rotated, k too and stored with v, in one launch; the merge applies the gate
+        query, gate, key, value = _split(w, x)
+        query = rope_kernel.norm_rope_store(query, w.q_norm, key, w.k_norm, value, cos, sin, w.eps, k_cache,
+                                            v_cache, page_table, lengths)
+        out = torch.empty_like(query)
         partials = paged_attention.partials_for(x.shape[0], w.heads, w.head_dim,
                                                 page_table.shape[1] * k_cache.shape[1], x.device)
-        paged_attention.decode(p.query, k_cache, v_cache, page_table, lengths, w.head_dim ** -0.5, out,
-                               partials, gate=p.gate)
+        paged_attention.decode(query, k_cache, v_cache, page_table, lengths, w.head_dim ** -0.5, out,
+                               partials, gate=gate)
         return linear(out.reshape(out.shape[0], -1), w.o)
+    p = project(w, x, cos, sin, rotary)
+    cache_write.reference(p.key, p.value, k_cache, v_cache, page_table, lengths)
+    out = torch.empty_like(p.query)
     paged_attention.reference_decode(p.query, k_cache, v_cache, page_table, lengths, w.head_dim ** -0.5, out,
                                      None)
     return finish(w, out, p.gate)
