@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl
+from kernels import cache_write, pdl
 
 
 @triton.jit
@@ -43,9 +43,7 @@ def _norm_rope_store(x, weight, cos, sin, out, head_dim, rotary, stride_xr, stri
     else:  # y's heads, then v's, each into its cache row at the lane's last position (none: padding)
         length = tl.load(lengths + row)
         if length > 0:
-            position = length - 1
-            page = tl.load(page_table + row * stride_tl + position // page_rows).to(tl.int64)
-            at = page * stride_cp + (position % page_rows) * stride_cr
+            at = cache_write.last_row(page_table, stride_tl, row, length, page_rows, stride_cp, stride_cr)
             kv = head - heads
             if kv < y_heads:
                 _one(y, y_weight, cos, sin, k_cache + at + kv * stride_ch, head_dim, rotary, stride_yr,
@@ -116,16 +114,11 @@ def norm_rope_store(x: torch.Tensor, x_weight: torch.Tensor, y: torch.Tensor, y_
     as ``norm_rope_pair`` then ``cache_write.write``."""
     _check(x, x_weight, cos, sin)
     _check(y, y_weight, cos, sin)
+    cache_write.check(y, v, k_cache, v_cache, page_table, lengths)
     lanes, heads, dim = y.shape
-    if x.shape[0] != lanes or x.shape[2] != dim or v.shape != y.shape or v.stride(2) != 1:
-        raise ValueError(f"x {list(x.shape)}, y {list(y.shape)} and v {list(v.shape)} must share rows and "
-                         "head_dim, y and v their heads, v with unit last stride")
-    if k_cache.shape[2:] != (heads, dim) or v_cache.stride() != k_cache.stride() or k_cache.stride(3) != 1:
-        raise ValueError(f"caches {list(k_cache.shape)} (strides {k_cache.stride()}) do not fit "
-                         f"y {list(y.shape)}")
-    if page_table.shape[0] != lanes or lengths.shape != (lanes,):
-        raise ValueError(f"page_table {list(page_table.shape)} and lengths {list(lengths.shape)} "
-                         f"must have {lanes} lanes")
+    if x.shape[0] != lanes or x.shape[2] != dim or v.stride(2) != 1:
+        raise ValueError(f"x {list(x.shape)} and y {list(y.shape)} must share rows and head_dim, and v "
+                         f"{list(v.shape)} have a unit last stride")
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if lanes:
         _norm_rope_store[(lanes, x.shape[1] + 2 * heads)](
