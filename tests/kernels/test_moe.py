@@ -59,6 +59,19 @@ def rows_alone(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: 
                       for i in range(x.shape[0])])
 
 
+def assert_rows_as_in_the_batch(inputs: Inputs, shared: moe.Shared, batch: torch.Tensor,
+                                prefixes: tuple[int, ...], singles: tuple[int, ...]) -> None:
+    """The batch's first rows and single rows, run on their own with the shared expert, give its bits."""
+    x, gate_up, down, ids, weights = inputs
+    for rows in prefixes:
+        got = moe.experts(x[:rows], gate_up, down, ids[:rows], weights[:rows], gate_rows(shared, slice(rows)))
+        assert torch.equal(got, batch[:rows])
+    for row in singles:
+        part = slice(row, row + 1)
+        alone = moe.experts(x[part], gate_up, down, ids[part], weights[part], gate_rows(shared, part))
+        assert torch.equal(alone[0], batch[row])
+
+
 def assert_near(got: torch.Tensor, want: torch.Tensor) -> None:
     tolerance = TOLERANCE[got.dtype]
     torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
@@ -177,13 +190,7 @@ def test_with_the_shared_expert_a_row_alone_equals_the_row_in_any_batch(dtype: t
     x, gate_up, down, ids, weights = make(33, 4, dtype, seed=21)
     shared = make_shared(33, dtype, seed=21, inner=48)
     batch = moe.experts(x, gate_up, down, ids, weights, shared)
-    for rows in (1, 2, 5):
-        got = moe.experts(x[:rows], gate_up, down, ids[:rows], weights[:rows], gate_rows(shared, slice(rows)))
-        assert torch.equal(got, batch[:rows])
-    for row in (3, 32):
-        part = slice(row, row + 1)
-        alone = moe.experts(x[part], gate_up, down, ids[part], weights[part], gate_rows(shared, part))
-        assert torch.equal(alone[0], batch[row])
+    assert_rows_as_in_the_batch((x, gate_up, down, ids, weights), shared, batch, (1, 2, 5), (3, 32))
     order = torch.randperm(33, generator=torch.Generator().manual_seed(22))
     moved = moe.experts(x[order], gate_up, down, ids[order], weights[order], gate_rows(shared, order))
     assert torch.equal(moved, batch[order])
@@ -322,13 +329,7 @@ def test_gpu_the_shared_expert_matches_the_reference_and_rows_are_the_same_in_an
     shared = make_real_shared(32, experts, seed=17)
     batch = moe.experts(x, gate_up, down, ids, weights, shared)
     assert_near(batch, moe.reference(x, gate_up, down, ids, weights, shared))
-    for rows in (1, 2, 8):
-        got = moe.experts(x[:rows], gate_up, down, ids[:rows], weights[:rows], gate_rows(shared, slice(rows)))
-        assert torch.equal(got, batch[:rows])
-    for row in (7, 31):
-        part = slice(row, row + 1)
-        alone = moe.experts(x[part], gate_up, down, ids[part], weights[part], gate_rows(shared, part))
-        assert torch.equal(alone[0], batch[row])
+    assert_rows_as_in_the_batch((x, gate_up, down, ids, weights), shared, batch, (1, 2, 8), (7, 31))
 
 
 @pytest.mark.gpu
