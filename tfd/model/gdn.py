@@ -49,12 +49,8 @@ class Projected:
     g: torch.Tensor  # [rows, value_heads] fp32
 
 
-def split_projection(w: GdnWeights, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The fused projection of ``x`` as views: conv input, z [rows, value_heads, value_dim], b, a."""
-    return _split(w, linear(x, w.proj))
-
-
 def _split(w: GdnWeights, projected: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The fused projection as views: conv input, z [rows, value_heads, value_dim], b, a."""
     rows, heads = projected.shape[0], w.value_heads
     channels = 2 * w.key_heads * w.key_dim + heads * w.value_dim
     mixed, z, b, a = torch.split(projected, [channels, heads * w.value_dim, heads, heads], dim=-1)
@@ -62,7 +58,7 @@ def _split(w: GdnWeights, projected: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def project(w: GdnWeights, x: torch.Tensor) -> Projected:
-    mixed, z, b, a = split_projection(w, x)
+    mixed, z, b, a = _split(w, linear(x, w.proj))
     beta, g = gates(b, a, w.a_log, w.dt_bias)
     return Projected(mixed, z, beta, g)
 
