@@ -3,7 +3,8 @@
 The ``rows * top_k`` routed pairs are grouped by expert on the device with no host sync: per-block
 histograms (``_count``), their prefix over blocks (``_scan``) and a stable placement (``_place``)
 give each pair its position in expert order; when all pairs fit one block, ``_plan_one`` does it in
-one launch, and ``_route_plan_one`` makes the router's choice first in that same launch. With a
+one launch, and for up to ``CHOICE_PAIRS`` pairs (decode at a few lanes) ``_route_plan_one`` makes
+the router's choice first in that same launch, in the router's one warp. With a
 shared expert every row has one pair more, (row, expert ``experts``): its id is past every routed
 one, so those pairs form the last group, one a row in row order from position ``rows * top_k``; the
 layout reserves that group and nothing else places it (nor does the one-block bound count it).
@@ -28,6 +29,9 @@ from kernels import pdl, router
 
 PLAN_BLOCK = 128  # pairs a placement program takes
 SCAN_BLOCK = 8  # histogram rows the scan adds at a time
+# Pairs the router's choice and the plan take in one launch: its rows choose one after another in one
+# warp (kernels.router), so more rows go faster through the router's kernel, a row a program.
+CHOICE_PAIRS = 32
 
 
 @triton.jit
@@ -159,13 +163,14 @@ def plan(tables: Tables, ids: torch.Tensor, experts: int, shared: bool, block_m:
     options = pdl.options(ids.device)
     if choice is not None:
         logits, weights, normalise = choice
-        if blocks > 1:
-            raise ValueError(f"ids has {pairs} pairs; the choice is made in one plan block of {PLAN_BLOCK}")
+        if pairs > CHOICE_PAIRS:
+            raise ValueError(f"ids has {pairs} pairs; the choice is made with the plan for {CHOICE_PAIRS} "
+                             "at most")
         _route_plan_one[(1,)](logits, logits.stride(0), ids, weights, rows, experts, tables.layout,
                               tables.pair_at, tables.dest_at, top_k, shared_rows, K=top_k, NORM=normalise,
                               BLOCK_E=triton.next_power_of_2(experts), BLOCK_K=slots, BINS=bins,
-                              BLOCK_P=PLAN_BLOCK, SLOTS=slots, BLOCK_M=block_m, num_warps=router.ROUTE_WARPS,
-                              **options)
+                              BLOCK_P=CHOICE_PAIRS, SLOTS=slots, BLOCK_M=block_m,
+                              num_warps=router.ROUTE_WARPS, **options)
     elif blocks <= 1:
         _plan_one[(1,)](ids, tables.layout, tables.pair_at, tables.dest_at, pairs, top_k, experts,
                         shared_rows, BINS=bins, BLOCK_P=PLAN_BLOCK, SLOTS=slots, BLOCK_M=block_m, num_warps=8,

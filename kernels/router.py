@@ -14,8 +14,9 @@ import triton.language as tl
 from kernels import pdl
 
 # Warps of a choice: the softmax's sums follow the thread layout, so the router kernel and the MoE
-# kernel that chooses and plans in one launch (kernels.moe_plan, 8 warps for its plan) use the same.
-ROUTE_WARPS = 8
+# kernel that chooses and plans in one launch (kernels.moe_plan) use the same. One warp reduces by
+# shuffles alone, with no shared memory or barrier between a choice's nine reductions.
+ROUTE_WARPS = 1
 
 
 @triton.jit
@@ -38,11 +39,14 @@ def choose(logits, chosen, weights, experts, K: tl.constexpr, NORM: tl.constexpr
     left = tl.where(live, scaled / tl.sum(scaled, axis=0), -1.0)  # probabilities; -1 is never picked
     slots = tl.arange(0, BLOCK_K)
     picked = tl.zeros([BLOCK_K], tl.float32)
+    best = tl.zeros([BLOCK_K], tl.int64)
     for slot in tl.static_range(K):
-        best = tl.argmax(left, axis=0)  # the first of equal maxima: the lower expert id
-        picked = tl.where(slots == slot, tl.max(left, axis=0), picked)
-        tl.store(chosen + slot, best.to(tl.int64))
-        left = tl.where(ids == best, -1.0, left)
+        # the largest left and, of equal maxima, the first: the lower expert id (one reduction)
+        value, at = tl.max(left, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        picked = tl.where(slots == slot, value, picked)
+        best = tl.where(slots == slot, at.to(tl.int64), best)
+        left = tl.where(ids == at, -1.0, left)
+    tl.store(chosen + slots, best, mask=slots < K)
     if NORM:
         picked = picked / tl.sum(picked, axis=0)
     tl.store(weights + slots, picked.to(weights.dtype.element_ty), mask=slots < K)

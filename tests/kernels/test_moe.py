@@ -215,12 +215,14 @@ def test_routing_from_logits_is_the_routers_choice_then_the_experts(rows: int, t
 
 
 def test_routed_rows_are_the_same_in_one_planning_launch_and_past_it() -> None:
-    """1 to 32 rows of top-4 choose and plan in one launch; 33 through the router and three plan launches."""
+    """1 to 8 rows of top-4 choose and plan in one launch; 9 to 32 through the router and one plan
+    launch; 33 through the router and three plan launches."""
+    assert moe_plan.CHOICE_PAIRS == 32 and moe_plan.PLAN_BLOCK == 128
     x, gate_up, down, _, _ = make(33, 4, torch.float32, seed=23)
     logits = router_product(33, 8, torch.float32, seed=23)
     shared = make_shared(33, torch.float32, seed=23)
     whole = moe.routed(x, gate_up, down, logits[:, :8], 4, True, shared)
-    for rows in (1, 2, 5, 32):
+    for rows in (1, 2, 8, 9, 32):
         got = moe.routed(x[:rows], gate_up, down, logits[:rows, :8], 4, True, gate_rows(shared, slice(rows)))
         assert torch.equal(got, whole[:rows])
 
@@ -362,7 +364,7 @@ def test_gpu_the_shared_expert_is_one_expert_more_then_the_gate_kernel() -> None
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("experts", "top_k"), REAL)
-@pytest.mark.parametrize("rows", [1, 12, 32])  # one planning block, then past it
+@pytest.mark.parametrize("rows", [1, 4, 12, 32])  # the choice in the plan's launch, then past it
 def test_gpu_routing_from_logits_is_the_routers_choice_then_the_experts(rows: int, experts: int,
                                                                          top_k: int) -> None:
     x, gate_up, down, _, _ = make_real(rows, experts, top_k, seed=15)
@@ -374,13 +376,14 @@ def test_gpu_routing_from_logits_is_the_routers_choice_then_the_experts(rows: in
 
 @pytest.mark.gpu
 def test_gpu_routing_is_the_same_on_both_sides_of_one_planning_block() -> None:
-    # 16 rows of top-8 choose and plan in one launch, 17 through the router kernel: the same bits
+    # 4 rows of top-8 choose and plan in one launch, 5 through the router kernel: the same bits
     # (fp32, where a softmax summed in another order would show)
-    x, gate_up, down, _, _ = make_real(17, 256, 8, seed=16)
+    assert moe_plan.CHOICE_PAIRS == 32
+    x, gate_up, down, _, _ = make_real(5, 256, 8, seed=16)
     x, gate_up, down = x.float(), gate_up.float(), down.float()
-    logits = torch.randn(17, 256, device="cuda")
-    assert torch.equal(moe.routed(x[:16], gate_up, down, logits[:16], 8, True),
-                       moe.routed(x, gate_up, down, logits, 8, True)[:16])
+    logits = torch.randn(5, 256, device="cuda")
+    assert torch.equal(moe.routed(x[:4], gate_up, down, logits[:4], 8, True),
+                       moe.routed(x, gate_up, down, logits, 8, True)[:4])
 
 
 @pytest.mark.gpu
