@@ -12,8 +12,10 @@ Memory: K/V caches are ``[pages + 1, page_rows, kv_heads, head_dim]`` strided vi
 gather copy), q, and writes out. Decode also writes one fp32 partial per (lane, segment, head) into
 the caller's ``partials`` scratch (``partials_for``) and reads it back to merge.
 
-Batch invariance: a decode lane's keys are cut into segments of ``SEGMENT`` keys from position 0
-and each segment into key blocks of a size fixed by head_dim; one program does one (lane, kv head,
+Batch invariance: a decode lane's keys are cut into segments at fixed positions from 0: the first
+``SHORT_KEYS`` keys into segments of ``SHORT_SEGMENT`` (so a lane of a few thousand keys still
+spreads over many programs, each a short chain of key blocks), the rest into ``SEGMENT``; and each
+segment into key blocks of a size fixed by head_dim; one program does one (lane, kv head,
 segment), and the merge sums a lane's segments in a fixed order. Nothing of that depends on the
 other lanes, the number of lanes or the page-table width, so a lane's bits are the same alone or in
 any batch. Prefill tiles query rows at fixed multiples of ``BLOCK_Q`` absolute positions and walks
@@ -41,6 +43,10 @@ from kernels import pdl
 from kernels.sigmoid_gate import gated
 
 SEGMENT = 512  # keys a decode program covers: fixed, so a lane's split never depends on the batch
+# Keys up to SHORT_KEYS go in segments of SHORT_SEGMENT: a lane of 1,100 keys was 3 programs a kv head
+# of 16 dependent key blocks each (about 20 us a layer at one lane on the H200), now 9 of 4.
+SHORT_SEGMENT = 128
+SHORT_KEYS = 4096
 STATS = 4  # partials' columns after head_dim: running max, sum of exp, two pads keeping 16-byte rows
 PREFILL_M = 128  # prefill tile rows along M: query rows x group members
 MERGE_BLOCK = 16  # segments the merge loads at once
@@ -97,22 +103,49 @@ def attend_block(query, k_cache, v_cache, pages, slots, valid, seen, kv_head, di
 
 
 @triton.jit
+def _segment_keys(segment, length, SHORT: tl.constexpr, SHORT_KEYS: tl.constexpr, SEG: tl.constexpr):
+    """Segment ``segment``'s first key and its end within ``length`` keys."""
+    if segment < SHORT_KEYS // SHORT:
+        first = segment * SHORT
+        end = first + SHORT
+    else:
+        first = SHORT_KEYS + (segment - SHORT_KEYS // SHORT) * SEG
+        end = first + SEG
+    return first, tl.minimum(end, length)
+
+
+@triton.jit
+def _segment_count(length, SHORT: tl.constexpr, SHORT_KEYS: tl.constexpr, SEG: tl.constexpr):
+    """Segments that ``length`` keys span."""
+    return tl.where(length <= SHORT_KEYS, tl.cdiv(length, SHORT),
+                    SHORT_KEYS // SHORT + tl.cdiv(length - SHORT_KEYS, SEG))
+
+
+def segments_for(max_keys: int, segment: int = SEGMENT) -> int:
+    """Decode segments of a lane of ``max_keys`` keys: ``SHORT_KEYS`` in short ones, then ``segment``
+    at a time (a segment below ``SHORT_SEGMENT`` is short everywhere)."""
+    short = min(SHORT_SEGMENT, segment)
+    if max_keys <= SHORT_KEYS:
+        return triton.cdiv(max_keys, short)
+    return SHORT_KEYS // short + triton.cdiv(max_keys - SHORT_KEYS, segment)
+
+
+@triton.jit
 def _decode_segment(q, k_cache, v_cache, page_table, lengths, partials, scale_log2, max_keys,
                     stride_qb, stride_qh, stride_qd, stride_kp, stride_ks, stride_kh, stride_kd,
                     stride_vp, stride_vs, stride_vh, stride_vd, stride_tb, stride_tp,
                     stride_pb, stride_ps, stride_ph,
                     PAGE_ROWS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                    HEAD_DIM: tl.constexpr, SEG: tl.constexpr, BLOCK_N: tl.constexpr, WIDEN: tl.constexpr,
-                    PDL: tl.constexpr):
+                    HEAD_DIM: tl.constexpr, SHORT: tl.constexpr, SHORT_KEYS: tl.constexpr, SEG: tl.constexpr,
+                    BLOCK_N: tl.constexpr, WIDEN: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     lane = tl.program_id(0)
     kv_head = tl.program_id(1)
     segment = tl.program_id(2)
     length = tl.minimum(tl.load(lengths + lane), max_keys)
-    first = segment * SEG
+    first, end = _segment_keys(segment, length, SHORT, SHORT_KEYS, SEG)
     if first >= length:  # the grid covers the widest lane; this segment is past this one's keys
         return
-    end = tl.minimum(first + SEG, length)
     members = tl.arange(0, GROUP_PAD)
     dims = tl.arange(0, HEAD_DIM)
     heads = kv_head * GROUP + members
@@ -139,12 +172,12 @@ def _decode_segment(q, k_cache, v_cache, page_table, lengths, partials, scale_lo
 @triton.jit
 def _decode_merge(partials, lengths, out, gate, max_keys, stride_pb, stride_ps, stride_ph,
                   stride_ob, stride_oh, stride_od, stride_gb, stride_gh,
-                  HEAD_DIM: tl.constexpr, SEG: tl.constexpr, BLOCK_S: tl.constexpr, GATED: tl.constexpr,
-                  PDL: tl.constexpr):
+                  HEAD_DIM: tl.constexpr, SHORT: tl.constexpr, SHORT_KEYS: tl.constexpr, SEG: tl.constexpr,
+                  BLOCK_S: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     lane = tl.program_id(0)
     head = tl.program_id(1)
-    count = tl.cdiv(tl.minimum(tl.load(lengths + lane), max_keys), SEG)
+    count = _segment_count(tl.minimum(tl.load(lengths + lane), max_keys), SHORT, SHORT_KEYS, SEG)
     base = partials + lane * stride_pb + head * stride_ph
     dims = tl.arange(0, HEAD_DIM)
     blocks = tl.arange(0, BLOCK_S)
@@ -255,7 +288,7 @@ def _cache_strides(k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: tor
 def partials_for(lanes: int, heads: int, head_dim: int, max_keys: int, device: torch.device | str, *,
                  segment: int = SEGMENT) -> torch.Tensor:
     """Decode's fp32 scratch for ``lanes`` lanes of at most ``max_keys`` keys (pages x page_rows)."""
-    return torch.empty(lanes, triton.cdiv(max_keys, segment), heads, head_dim + STATS,
+    return torch.empty(lanes, segments_for(max_keys, segment), heads, head_dim + STATS,
                        dtype=torch.float32, device=device)
 
 
@@ -277,7 +310,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_t
     if segment < 16 or segment & (segment - 1):
         raise ValueError(f"segment must be a power of two of at least 16, got {segment}")
     max_keys = page_table.shape[1] * k_cache.shape[1]
-    segments = triton.cdiv(max_keys, segment)
+    segments = segments_for(max_keys, segment)
+    short = min(SHORT_SEGMENT, segment)
     if (partials.dim() != 4 or partials.dtype != torch.float32 or partials.shape[0] != lanes
             or partials.shape[1] < segments or partials.shape[2:] != (heads, head_dim + STATS)
             or partials.stride(3) != 1 or partials.device != q.device):
@@ -288,13 +322,14 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_t
     _decode_segment[(lanes, kv_heads, segments)](
         q, k_cache, v_cache, page_table, lengths, partials, scale * LOG2E, max_keys,
         *q.stride(), *_cache_strides(k_cache, v_cache, page_table), *partials.stride()[:3],
-        PAGE_ROWS=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SEG=segment,
-        WIDEN=_widen(), **_decode_config(head_dim, segment), **pdl.options(q.device))
+        PAGE_ROWS=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SHORT=short,
+        SHORT_KEYS=SHORT_KEYS, SEG=segment, WIDEN=_widen(), **_decode_config(head_dim, short),
+        **pdl.options(q.device))
     gates = out if gate is None else gate  # not read without GATED
     _decode_merge[(lanes, heads)](partials, lengths, out, gates, max_keys, *partials.stride()[:3],
                                   *out.stride(), gates.stride(0), gates.stride(1), HEAD_DIM=head_dim,
-                                  SEG=segment, BLOCK_S=MERGE_BLOCK, GATED=gate is not None, num_warps=4,
-                                  **pdl.options(out.device))
+                                  SHORT=short, SHORT_KEYS=SHORT_KEYS, SEG=segment, BLOCK_S=MERGE_BLOCK,
+                                  GATED=gate is not None, num_warps=4, **pdl.options(out.device))
     return out
 
 

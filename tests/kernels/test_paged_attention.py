@@ -13,7 +13,7 @@ import attrs
 import pytest
 import torch
 
-from kernels import sigmoid_gate
+from kernels import paged_attention, sigmoid_gate
 from kernels.paged_attention import (
     decode,
     partials_for,
@@ -126,11 +126,27 @@ def test_decode_with_the_output_gate_is_the_gate_kernel_on_the_plain_output(dtyp
     assert torch.equal(got, want)
 
 
-def test_decode_one_default_segment_agrees_with_many() -> None:
+def test_decode_one_default_segment_agrees_with_many(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(paged_attention, "SHORT_KEYS", 0)  # no short segments: every lane in one
     c = paged(LENGTHS, kv_heads=2, dtype=torch.float32)
     q = queries(len(LENGTHS), torch.float32)
     torch.testing.assert_close(run_decode(q, c, LENGTHS, segment=512), run_decode(q, c, LENGTHS),
                                **TOLERANCE[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_short_segments_then_long_ones(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
+    # keys 0-255 in segments of 64, then of 128: lane 300 crosses over, 256 ends on the edge, 129 inside
+    monkeypatch.setattr(paged_attention, "SHORT_KEYS", 256)
+    monkeypatch.setattr(paged_attention, "SHORT_SEGMENT", 64)
+    assert paged_attention.segments_for(300, SEGMENT) == 5 and paged_attention.segments_for(256, SEGMENT) == 4
+    c = paged(LENGTHS, kv_heads=2, dtype=dtype)
+    q = queries(len(LENGTHS), dtype)
+    got = run_decode(q, c, LENGTHS)
+    torch.testing.assert_close(got, ref_decode(q, c, LENGTHS), **TOLERANCE[dtype])
+    for lane in (0, 4, 5):
+        alone = run_decode(q[lane:lane + 1], c, [LENGTHS[lane]], table=c.table[lane:lane + 1])
+        assert torch.equal(alone[0], got[lane])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
