@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import gdn_gates, l2, pdl
+from kernels import gdn_gates, pdl
 
 # Value columns per program and warps: measured best of 8/16/32/64 x 1..8 on the H200 at 16 to 96 lanes
 # (about 3.3 TB/s of state read plus written). The same for every path: the reductions' order follows them.
@@ -58,15 +58,11 @@ def _step(s, k, v, g, beta):
 @triton.jit
 def _rows(q, k, v, g, beta, states, state_at, write_at, log, log_at, out, rows, scale,
           q_lane, q_row, k_lane, k_row, v_lane, v_row, a_log, dt_bias, g_lane, g_row, beta_lane, beta_row,
-          threshold, ahead, ahead_bytes, KEY_HEADS: tl.constexpr, VALUE_HEADS: tl.constexpr,
-          KEY_DIM: tl.constexpr, VALUE_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-          LOG: tl.constexpr, GATED: tl.constexpr, AHEAD: tl.constexpr, PDL: tl.constexpr):
+          threshold, KEY_HEADS: tl.constexpr, VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr,
+          VALUE_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, LOG: tl.constexpr,
+          GATED: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     block, head, lane = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if AHEAD:  # the next product's weights into L2 (kernels.l2), a share a program
-        blocks = tl.num_programs(0)
-        l2.lines(ahead, ahead_bytes, (lane * VALUE_HEADS + head) * blocks + block,
-                 blocks * VALUE_HEADS * tl.num_programs(2), 128)
     key_head = head // (VALUE_HEADS // KEY_HEADS)
     ks = tl.arange(0, BLOCK_K)
     vs = block * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -204,8 +200,7 @@ def _strides(t: torch.Tensor) -> tuple[int, int]:
 
 def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: Gates,
             states: torch.Tensor, state_at: torch.Tensor, write_at: torch.Tensor, log: torch.Tensor,
-            log_at: torch.Tensor, out: torch.Tensor, rows: int, scale: float, logging: bool,
-            ahead: torch.Tensor | None = None) -> None:
+            log_at: torch.Tensor, out: torch.Tensor, rows: int, scale: float, logging: bool) -> None:
     lanes = q.shape[0]
     key_heads, key_dim = q.shape[-2:]
     value_heads, value_dim = v.shape[-2:]
@@ -216,13 +211,11 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: Gates,
     (q, *q_strides), (k, *k_strides), (v, *v_strides) = (_heads(t) for t in (q, k, v))
     a_log = gates.a_log if gates.a_log is not None else gates.g  # not read unless raw
     dt_bias = gates.dt_bias if gates.dt_bias is not None else gates.g
-    ahead, ahead_bytes, asks = l2.ahead(ahead, lanes)
     _rows[grid](q, k, v, gates.g, gates.beta, states, state_at, write_at, log, log_at, out,
                 rows, scale, *q_strides, *k_strides, *v_strides, a_log, dt_bias, *_strides(gates.g),
-                *_strides(gates.beta), gdn_gates.SOFTPLUS_THRESHOLD, out if ahead is None else ahead,
-                ahead_bytes, KEY_HEADS=key_heads, VALUE_HEADS=value_heads, KEY_DIM=key_dim,
-                VALUE_DIM=value_dim, BLOCK_K=block_k, BLOCK_V=block_v, LOG=logging, GATED=gates.raw,
-                AHEAD=asks, num_warps=NUM_WARPS, **pdl.options(q.device))
+                *_strides(gates.beta), gdn_gates.SOFTPLUS_THRESHOLD, KEY_HEADS=key_heads,
+                VALUE_HEADS=value_heads, KEY_DIM=key_dim, VALUE_DIM=value_dim, BLOCK_K=block_k,
+                BLOCK_V=block_v, LOG=logging, GATED=gates.raw, num_warps=NUM_WARPS, **pdl.options(q.device))
 
 
 def decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -235,24 +228,22 @@ def decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b
 
 def decode_gated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
                  a_log: torch.Tensor, dt_bias: torch.Tensor, states: torch.Tensor, state_at: torch.Tensor,
-                 scale: float, ahead: torch.Tensor | None = None) -> torch.Tensor:
+                 scale: float) -> torch.Tensor:
     """``decode`` with the gates formed in the kernel from the projection's ``b`` and ``a`` [lanes,
     value_heads] (model dtype, any lane stride) and the heads' ``a_log`` and ``dt_bias``: the same
-    bits as ``decode`` given ``kernels.gdn_gates.gates(b, a, a_log, dt_bias)``, one launch less.
-    ``ahead``: the next product's weight, which the launch asks L2 for at a few lanes (``kernels.l2``)."""
+    bits as ``decode`` given ``kernels.gdn_gates.gates(b, a, a_log, dt_bias)``, one launch less."""
     _, value_heads, _, _ = _check_rows(q, k, v, None, None, states, lead=1)
     for name, t in (("b", b), ("a", a)):
         _check(name, t, (q.shape[0], value_heads), q.dtype)
     for name, t in (("a_log", a_log), ("dt_bias", dt_bias)):
         _check(name, t, (value_heads,))
-    return _decode(q, k, v, Gates(a, b, a_log, dt_bias), states, state_at, scale, ahead)
+    return _decode(q, k, v, Gates(a, b, a_log, dt_bias), states, state_at, scale)
 
 
 def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: Gates, states: torch.Tensor,
-            state_at: torch.Tensor, scale: float, ahead: torch.Tensor | None = None) -> torch.Tensor:
+            state_at: torch.Tensor, scale: float) -> torch.Tensor:
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
-    _launch(q, k, v, gates, states, state_at, state_at, states, state_at, out, 1, scale, logging=False,
-            ahead=ahead)
+    _launch(q, k, v, gates, states, state_at, state_at, states, state_at, out, 1, scale, logging=False)
     return out
 
 

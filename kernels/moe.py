@@ -15,9 +15,7 @@ Memory: each selected expert's ``gate_up`` and ``down`` weights are read once pe
 ``BLOCK_M`` rows); an expert no row chose is never touched. Beside the weights a call writes and
 reads back ``h`` (pairs x the wider inner size, model dtype), an fp32 buffer of one hidden vector per
 pair, and the plan's int32 tables (``kernels.moe_plan``), all sized by shapes alone and for at most
-``ROW_CHUNK`` rows (more rows take several passes). Up to ``PREFETCH_PAIRS`` routed pairs,
-``_gate_up`` asks L2 for the chosen experts' down weights (``kernels.l2``), so ``_down`` reads them
-from there.
+``ROW_CHUNK`` rows (more rows take several passes).
 
 Launches: the plan (``kernels.moe_plan``: one launch at decode sizes, the router's choice included
 when called through ``routed``), which lists each tile's expert and pairs; ``_gate_up`` computes h
@@ -45,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import INTERPRETED, l2, moe_plan, norm, pdl, router
+from kernels import INTERPRETED, moe_plan, norm, pdl, router
 from kernels.sigmoid_gate import gated
 
 BLOCK_M = 16  # pairs in a tile: one tensor-core row block
@@ -56,9 +54,6 @@ GATE_N, GATE_K, GATE_STAGES = 32, 128, 4
 DOWN_N, DOWN_K, DOWN_STAGES = 64, 128, 3
 COMBINE_N = 256  # hidden columns of a combining program
 ROW_CHUNK = 2048  # rows a pass takes at most: bounds the fp32 buffer (rows never interact)
-# Routed pairs up to which _gate_up asks L2 for the chosen experts' down weights (kernels.l2): one row
-# of top-8 or top-10, whose experts' down weights (19-36 MB) fit the H200's 50 MB of L2.
-PREFETCH_PAIRS = 10
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -103,21 +98,14 @@ def _weight(routed, shared, expert, experts, stride_e, stride_n, stride_sn, inne
 
 @triton.jit
 def _gate_up(x, gate_up, shared_gate_up, h, tiles, tile_count, pair_at, pairs, top_k, experts, hidden, inner,
-             shared_inner, width, stride_x, stride_ge, stride_gn, stride_sn, down, shared_down, down_bytes,
-             shared_down_bytes, stride_de, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
-             PDL: tl.constexpr):
+             shared_inner, width, stride_x, stride_ge, stride_gn, stride_sn,
+             PRECISION: tl.constexpr, WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     expert, first, stop = _tile(tiles, tile_count)
-    if first >= stop:  # past the last tile
-        return
-    if PREFETCH:  # the tile's share of its expert's down weights into L2, for _down (a few rows only)
-        own = expert == experts
-        l2.lines(tl.where(own, shared_down, down + expert.to(tl.int64) * stride_de),
-                 tl.where(own, shared_down_bytes, down_bytes), tl.program_id(1), tl.num_programs(1), 128)
     gate, stride_n, size = _weight(gate_up, shared_gate_up, expert, experts, stride_ge, stride_gn, stride_sn,
                                    inner, shared_inner)
-    if tl.program_id(1) * BLOCK_N >= size:  # past the expert's columns
+    if (first >= stop) | (tl.program_id(1) * BLOCK_N >= size):  # past the last tile, or the expert's columns
         return
     q = first + tl.arange(0, BLOCK_M)
     live = q < stop
@@ -131,13 +119,10 @@ def _gate_up(x, gate_up, shared_gate_up, h, tiles, tile_count, pair_at, pairs, t
     for start in range(0, hidden, BLOCK_K):
         ks = start + tl.arange(0, BLOCK_K)
         wmask = (cols[:, None] < size) & (ks[None, :] < hidden)
-        # the weights asked for first: they wait on nothing, the rows on their pair indices
-        w_gate = tl.load(gate + ks[None, :], mask=wmask, other=0.0)
-        w_up = tl.load(up + ks[None, :], mask=wmask, other=0.0)
         a = tl.load(x + token[:, None] * stride_x + ks[None, :], mask=live[:, None] & (ks[None, :] < hidden),
                     other=0.0)
-        acc_gate = _dot(a, w_gate, acc_gate, PRECISION, WIDEN)
-        acc_up = _dot(a, w_up, acc_up, PRECISION, WIDEN)
+        acc_gate = _dot(a, tl.load(gate + ks[None, :], mask=wmask, other=0.0), acc_gate, PRECISION, WIDEN)
+        acc_up = _dot(a, tl.load(up + ks[None, :], mask=wmask, other=0.0), acc_up, PRECISION, WIDEN)
     act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
     tl.store(h + q[:, None] * width + cols[None, :], act.to(h.dtype.element_ty),
              mask=live[:, None] & (cols[None, :] < size))
@@ -342,11 +327,8 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
         _gate_up[(tiles, triton.cdiv(width, GATE_N))](
             x[first:first + count], gate_up, own_gate_up, h, tables.tiles, tiles, tables.pair_at, pairs,
             top_k, n_experts, hidden, inner, shared_inner, width, x.stride(0), gate_up.stride(0),
-            gate_up.stride(1), own_gate_up.stride(0), down, own_down, down.stride(0) * down.element_size(),
-            own_down.shape[0] * own_down.stride(0) * own_down.element_size(), down.stride(0),
-            PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=BLOCK_M, BLOCK_N=GATE_N, BLOCK_K=GATE_K,
-            PREFETCH=pairs <= PREFETCH_PAIRS and l2.enabled(x.device), num_stages=GATE_STAGES,
-            **pdl.options(x.device))
+            gate_up.stride(1), own_gate_up.stride(0), PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=BLOCK_M,
+            BLOCK_N=GATE_N, BLOCK_K=GATE_K, num_stages=GATE_STAGES, **pdl.options(x.device))
         _down[(tiles, triton.cdiv(hidden, DOWN_N))](
             h, down, own_down, buf, chunk_weights, tables.tiles, tiles, tables.pair_at, tables.dest_at, pairs,
             n_experts, hidden, inner, shared_inner, width, down.stride(0), down.stride(1), own_down.stride(0),

@@ -51,7 +51,7 @@ TILE_BLOCK = 16  # tiles the layout's launch places at a time (4 in the router's
 def tile_count(pairs: int, experts: int, shared_rows: int, block_m: int) -> int:
     """Tiles of ``block_m`` pairs at most, whatever the choice: each routed expert with pairs takes
     one, plus one per full ``block_m`` of them; the shared expert's group one per ``block_m`` rows."""
-    return min(experts, pairs) + pairs // block_m + (shared_rows + block_m - 1) // block_m
+    return min(experts, pairs) + pairs // block_m + triton.cdiv(shared_rows, block_m)
 
 
 @triton.jit

@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import l2, pdl
+from kernels import pdl
 from kernels.sigmoid_gate import gated
 
 SEGMENT = 512  # keys a decode program covers: fixed, so a lane's split never depends on the batch
@@ -126,26 +126,22 @@ def segments_for(max_keys: int, segment: int = SEGMENT) -> int:
     at a time (a segment below ``SHORT_SEGMENT`` is short everywhere)."""
     short = min(SHORT_SEGMENT, segment)
     if max_keys <= SHORT_KEYS:
-        return -(-max_keys // short)
-    return SHORT_KEYS // short - (-(max_keys - SHORT_KEYS) // segment)  # ceiling divisions
+        return triton.cdiv(max_keys, short)
+    return SHORT_KEYS // short + triton.cdiv(max_keys - SHORT_KEYS, segment)
 
 
 @triton.jit
 def _decode_segment(q, k_cache, v_cache, page_table, lengths, partials, scale_log2, max_keys,
                     stride_qb, stride_qh, stride_qd, stride_kp, stride_ks, stride_kh, stride_kd,
                     stride_vp, stride_vs, stride_vh, stride_vd, stride_tb, stride_tp,
-                    stride_pb, stride_ps, stride_ph, ahead, ahead_bytes,
+                    stride_pb, stride_ps, stride_ph,
                     PAGE_ROWS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                     HEAD_DIM: tl.constexpr, SHORT: tl.constexpr, SHORT_KEYS: tl.constexpr, SEG: tl.constexpr,
-                    BLOCK_N: tl.constexpr, WIDEN: tl.constexpr, AHEAD: tl.constexpr, PDL: tl.constexpr):
+                    BLOCK_N: tl.constexpr, WIDEN: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     lane = tl.program_id(0)
     kv_head = tl.program_id(1)
     segment = tl.program_id(2)
-    if AHEAD:  # the output projection's weights into L2 (kernels.l2), a share a program
-        segments = tl.num_programs(2)
-        l2.lines(ahead, ahead_bytes, (lane * tl.num_programs(1) + kv_head) * segments + segment,
-                 tl.num_programs(0) * tl.num_programs(1) * segments, 128)
     length = tl.minimum(tl.load(lengths + lane), max_keys)
     first, end = _segment_keys(segment, length, SHORT, SHORT_KEYS, SEG)
     if first >= length:  # the grid covers the widest lane; this segment is past this one's keys
@@ -298,13 +294,11 @@ def partials_for(lanes: int, heads: int, head_dim: int, max_keys: int, device: t
 
 def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
            lengths: torch.Tensor, scale: float, out: torch.Tensor, partials: torch.Tensor, *,
-           segment: int = SEGMENT, gate: torch.Tensor | None = None, ahead: torch.Tensor | None = None
-           ) -> torch.Tensor:
+           segment: int = SEGMENT, gate: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of ``q`` [lanes, heads, head_dim] over each lane's first ``lengths[lane]`` keys, into
     ``out``; a lane of length 0 gets zeros. ``partials`` comes from ``partials_for``. With ``gate``
     (like q, unit last stride: attention's output gate), ``out`` is the gated output, the bits of
-    ``kernels.sigmoid_gate`` on the plain one. ``ahead``: the output projection's weight, which the
-    launch asks L2 for at a few lanes (``kernels.l2``). Returns ``out``."""
+    ``kernels.sigmoid_gate`` on the plain one. Returns ``out``."""
     if gate is not None and (gate.shape != q.shape or gate.stride(2) != 1 or gate.dtype != out.dtype):
         raise ValueError(f"gate is {list(gate.shape)} {gate.dtype}: want q's shape {list(q.shape)} in "
                          f"{out.dtype}, unit last stride")
@@ -325,13 +319,12 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_t
                          f"{q.device} (see partials_for), got {list(partials.shape)} {partials.dtype}")
     kv_heads = k_cache.shape[2]
     group_pad = max(16, triton.next_power_of_2(group))  # tl.dot needs M >= 16
-    ahead, ahead_bytes, asks = l2.ahead(ahead, lanes)
     _decode_segment[(lanes, kv_heads, segments)](
         q, k_cache, v_cache, page_table, lengths, partials, scale * LOG2E, max_keys,
         *q.stride(), *_cache_strides(k_cache, v_cache, page_table), *partials.stride()[:3],
-        partials if ahead is None else ahead, ahead_bytes, PAGE_ROWS=k_cache.shape[1], GROUP=group,
-        GROUP_PAD=group_pad, HEAD_DIM=head_dim, SHORT=short, SHORT_KEYS=SHORT_KEYS, SEG=segment,
-        WIDEN=_widen(), AHEAD=asks, **_decode_config(head_dim, short), **pdl.options(q.device))
+        PAGE_ROWS=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SHORT=short,
+        SHORT_KEYS=SHORT_KEYS, SEG=segment, WIDEN=_widen(), **_decode_config(head_dim, short),
+        **pdl.options(q.device))
     gates = out if gate is None else gate  # not read without GATED
     _decode_merge[(lanes, heads)](partials, lengths, out, gates, max_keys, *partials.stride()[:3],
                                   *out.stride(), gates.stride(0), gates.stride(1), HEAD_DIM=head_dim,
