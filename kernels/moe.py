@@ -18,8 +18,7 @@ pair, and the plan's int32 tables (``kernels.moe_plan``), all sized by shapes al
 ``ROW_CHUNK`` rows (more rows take several passes).
 
 Launches: the plan (``kernels.moe_plan``: one launch at decode sizes, the router's choice included
-when called through ``routed``), which lists each tile's expert and pairs; ``_gate_up`` computes h
-for a tile of pairs sharing an expert;
+when called through ``routed``); ``_gate_up`` computes h for a tile of pairs sharing an expert;
 ``_down`` multiplies h by the expert's down weight and the routing weight into the pair's buffer
 row, ranked by expert id within its row (the shared pairs' rows after all routed ones); ``_combine``
 sums a row's ranks in order and adds the gated shared expert, or (``routed_add_zrms``, decode)
@@ -81,11 +80,16 @@ def _dot(a, b, acc, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
 
 
 @triton.jit
-def _tile(tiles, tile_count):
-    """This program's tile from the plan's table: its expert, first grouped position and the end of
-    its expert's pairs (0 past the last tile)."""
-    tile = tl.program_id(0)
-    return tl.load(tiles + tile), tl.load(tiles + tile_count + tile), tl.load(tiles + 2 * tile_count + tile)
+def _tile(layout, tile, BINS: tl.constexpr, BLOCK_M: tl.constexpr):
+    bins = tl.arange(0, BINS)
+    ends = tl.load(layout + 2 * BINS + bins)
+    expert = tl.sum((ends <= tile).to(tl.int32), axis=0)  # BINS when the tile is past the last
+    safe = tl.minimum(expert, BINS - 1)
+    start, count = tl.load(layout + safe), tl.load(layout + BINS + safe)
+    end = tl.load(layout + 2 * BINS + safe)
+    first = start + (tile - end + (count + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
+    stop = tl.where(expert < BINS, start + count, 0)
+    return safe, first, stop
 
 
 @triton.jit
@@ -97,12 +101,12 @@ def _weight(routed, shared, expert, experts, stride_e, stride_n, stride_sn, inne
 
 
 @triton.jit
-def _gate_up(x, gate_up, shared_gate_up, h, tiles, tile_count, pair_at, pairs, top_k, experts, hidden, inner,
-             shared_inner, width, stride_x, stride_ge, stride_gn, stride_sn,
+def _gate_up(x, gate_up, shared_gate_up, h, layout, pair_at, pairs, top_k, experts, hidden, inner,
+             shared_inner, width, stride_x, stride_ge, stride_gn, stride_sn, BINS: tl.constexpr,
              PRECISION: tl.constexpr, WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
-    expert, first, stop = _tile(tiles, tile_count)
+    expert, first, stop = _tile(layout, tl.program_id(0), BINS, BLOCK_M)
     gate, stride_n, size = _weight(gate_up, shared_gate_up, expert, experts, stride_ge, stride_gn, stride_sn,
                                    inner, shared_inner)
     if (first >= stop) | (tl.program_id(1) * BLOCK_N >= size):  # past the last tile, or the expert's columns
@@ -129,12 +133,12 @@ def _gate_up(x, gate_up, shared_gate_up, h, tiles, tile_count, pair_at, pairs, t
 
 
 @triton.jit
-def _down(h, down, shared_down, buf, weights, tiles, tile_count, pair_at, dest_at, pairs, experts, hidden,
-          inner, shared_inner, width, stride_de, stride_dn, stride_sn, PRECISION: tl.constexpr,
+def _down(h, down, shared_down, buf, weights, layout, pair_at, dest_at, pairs, experts, hidden, inner,
+          shared_inner, width, stride_de, stride_dn, stride_sn, BINS: tl.constexpr, PRECISION: tl.constexpr,
           WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
           PDL: tl.constexpr):
     pdl.wait(PDL)
-    expert, first, stop = _tile(tiles, tile_count)
+    expert, first, stop = _tile(layout, tl.program_id(0), BINS, BLOCK_M)
     if first >= stop:
         return
     w, stride_n, size = _weight(down, shared_down, expert, experts, stride_de, stride_dn, stride_sn, inner,
@@ -316,23 +320,26 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
     h = torch.empty(chunk * per_row, width, dtype=x.dtype, device=x.device)
     buf = torch.empty(chunk * per_row, hidden, dtype=torch.float32, device=x.device)
     bins = triton.next_power_of_2(n_experts + (shared is not None))  # a bin for the shared expert's id too
-    tables = moe_plan.Tables.empty(chunk * top_k, bins, moe_plan.tile_count(
-        chunk * top_k, n_experts, chunk if shared is not None else 0, BLOCK_M), x.device)
+    tables = moe_plan.Tables.empty(chunk * top_k, bins, x.device)
     for first in range(0, rows, ROW_CHUNK):
         count = min(ROW_CHUNK, rows - first)
         pairs = count * top_k
         chunk_ids, chunk_weights = ids[first:first + count], weights[first:first + count]
         made = None if choice is None else (choice[0][first:first + count], chunk_weights, choice[1])
-        tiles = moe_plan.plan(tables, chunk_ids, n_experts, shared is not None, BLOCK_M, made)
+        moe_plan.plan(tables, chunk_ids, n_experts, shared is not None, BLOCK_M, made)
+        # Each routed expert that has pairs takes at least one tile, plus one per full BLOCK_M of them;
+        # the shared expert's group takes a tile per BLOCK_M rows.
+        tiles = min(n_experts, pairs) + pairs // BLOCK_M
+        tiles += 0 if shared is None else triton.cdiv(count, BLOCK_M)
         _gate_up[(tiles, triton.cdiv(width, GATE_N))](
-            x[first:first + count], gate_up, own_gate_up, h, tables.tiles, tiles, tables.pair_at, pairs,
-            top_k, n_experts, hidden, inner, shared_inner, width, x.stride(0), gate_up.stride(0),
-            gate_up.stride(1), own_gate_up.stride(0), PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=BLOCK_M,
+            x[first:first + count], gate_up, own_gate_up, h, tables.layout, tables.pair_at, pairs, top_k,
+            n_experts, hidden, inner, shared_inner, width, x.stride(0), gate_up.stride(0), gate_up.stride(1),
+            own_gate_up.stride(0), BINS=bins, PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=BLOCK_M,
             BLOCK_N=GATE_N, BLOCK_K=GATE_K, num_stages=GATE_STAGES, **pdl.options(x.device))
         _down[(tiles, triton.cdiv(hidden, DOWN_N))](
-            h, down, own_down, buf, chunk_weights, tables.tiles, tiles, tables.pair_at, tables.dest_at, pairs,
+            h, down, own_down, buf, chunk_weights, tables.layout, tables.pair_at, tables.dest_at, pairs,
             n_experts, hidden, inner, shared_inner, width, down.stride(0), down.stride(1), own_down.stride(0),
-            PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=BLOCK_M, BLOCK_N=DOWN_N,
+            BINS=bins, PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=BLOCK_M, BLOCK_N=DOWN_N,
             BLOCK_K=DOWN_K, num_stages=DOWN_STAGES, **pdl.options(x.device))
         target = out[first:first + count]
         gate = target if shared is None else shared.gate[first:first + count]  # not read without SHARED

@@ -11,10 +11,7 @@ layout reserves that group and nothing else places it (nor does the one-block bo
 
 Tables (``Tables``, int32, sized by shapes alone, so a plan can be captured in a CUDA graph):
 ``layout`` [3, bins] holds each expert's first grouped position, its pairs, and the end of its tiles
-(a running sum of ``ceil(pairs / BLOCK_M)``); ``tiles`` [3, tile_count] each tile's expert, first
-grouped position and the end of its expert's pairs (a tile past the last: end 0), so an expert
-kernel's program finds its tile in one load rather than a search of ``layout`` that its weight
-loads waited on; ``pair_at`` [pairs] the routed pair (row * top_k +
+(a running sum of ``ceil(pairs / BLOCK_M)``); ``pair_at`` [pairs] the routed pair (row * top_k +
 slot) at each grouped position; ``dest_at`` [pairs] that pair's buffer row: row * top_k + its rank
 among its row's experts by (id, slot), which depends on its own row alone; ``hist`` [blocks, bins]
 the blocks' histograms, then in place their prefixes.
@@ -45,42 +42,18 @@ def _count(ids, hist, pairs, BINS: tl.constexpr, BLOCK_P: tl.constexpr, PDL: tl.
     tl.store(hist + tl.program_id(0) * BINS + tl.arange(0, BINS), tl.histogram(expert, BINS, mask=p < pairs))
 
 
-TILE_BLOCK = 16  # tiles the layout's launch places at a time (4 in the router's one warp)
-
-
-def tile_count(pairs: int, experts: int, shared_rows: int, block_m: int) -> int:
-    """Tiles of ``block_m`` pairs at most, whatever the choice: each routed expert with pairs takes
-    one, plus one per full ``block_m`` of them; the shared expert's group one per ``block_m`` rows."""
-    return min(experts, pairs) + pairs // block_m + triton.cdiv(shared_rows, block_m)
-
-
 @triton.jit
-def _layout(layout, tiles, counts, experts, shared_rows, tile_count, BINS: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_T: tl.constexpr):
+def _layout(layout, counts, experts, shared_rows, BINS: tl.constexpr, BLOCK_M: tl.constexpr):
     bins = tl.arange(0, BINS)
     counts = tl.where(bins == experts, shared_rows, counts)  # the shared expert's group: a pair a row, last
-    starts = tl.cumsum(counts, axis=0) - counts
-    ends = tl.cumsum((counts + BLOCK_M - 1) // BLOCK_M, axis=0)
-    tl.store(layout + bins, starts)  # an expert's first grouped position
+    tl.store(layout + bins, tl.cumsum(counts, axis=0) - counts)  # an expert's first grouped position
     tl.store(layout + BINS + bins, counts)  # its pairs
-    tl.store(layout + 2 * BINS + bins, ends)  # its tiles' end
-    tl.debug_barrier()  # the layout every thread wrote is there for every thread to read
-    for first_tile in range(0, tile_count, BLOCK_T):
-        tile = first_tile + tl.arange(0, BLOCK_T)
-        expert = tl.sum((ends[None, :] <= tile[:, None]).to(tl.int32), axis=1)  # BINS past the last tile
-        safe = tl.minimum(expert, BINS - 1)
-        start, count = tl.load(layout + safe), tl.load(layout + BINS + safe)
-        end = tl.load(layout + 2 * BINS + safe)
-        first = start + (tile - end + (count + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
-        live = tile < tile_count
-        tl.store(tiles + tile, safe, mask=live)
-        tl.store(tiles + tile_count + tile, first, mask=live)
-        tl.store(tiles + 2 * tile_count + tile, tl.where(expert < BINS, start + count, 0), mask=live)
+    tl.store(layout + 2 * BINS + bins, tl.cumsum((counts + BLOCK_M - 1) // BLOCK_M, axis=0))  # its tiles' end
 
 
 @triton.jit
-def _scan(hist, layout, tiles, blocks, experts, shared_rows, tile_count, BINS: tl.constexpr,
-          BLOCK_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr):
+def _scan(hist, layout, blocks, experts, shared_rows, BINS: tl.constexpr, BLOCK_B: tl.constexpr,
+          BLOCK_M: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     bins = tl.arange(0, BINS)
     running = tl.zeros([BINS], dtype=tl.int32)
@@ -92,7 +65,7 @@ def _scan(hist, layout, tiles, blocks, experts, shared_rows, tile_count, BINS: t
         # In place: each block's count becomes the pairs of that expert in the blocks before it.
         tl.store(where, running[None, :] + tl.cumsum(counts, axis=0) - counts, mask=live)
         running += tl.sum(counts, axis=0)
-    _layout(layout, tiles, running, experts, shared_rows, tile_count, BINS, BLOCK_M, BLOCK_T)
+    _layout(layout, running, experts, shared_rows, BINS, BLOCK_M)
 
 
 @triton.jit
@@ -123,81 +96,70 @@ def _place(ids, hist, layout, pair_at, dest_at, pairs, top_k, BINS: tl.constexpr
 
 
 @triton.jit
-def _plan_one(ids, layout, tiles, pair_at, dest_at, pairs, top_k, experts, shared_rows, tile_count,
-              BINS: tl.constexpr, BLOCK_P: tl.constexpr, SLOTS: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_T: tl.constexpr, PDL: tl.constexpr):
+def _plan_one(ids, layout, pair_at, dest_at, pairs, top_k, experts, shared_rows, BINS: tl.constexpr,
+              BLOCK_P: tl.constexpr, SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
-    _plan_block(ids, layout, tiles, pair_at, dest_at, pairs, top_k, experts, shared_rows, tile_count, BINS,
-                BLOCK_P, SLOTS, BLOCK_M, BLOCK_T)
+    _plan_block(ids, layout, pair_at, dest_at, pairs, top_k, experts, shared_rows, BINS, BLOCK_P, SLOTS,
+                BLOCK_M)
 
 
 @triton.jit
-def _route_plan_one(logits, stride_l, ids, weights, rows, experts, layout, tiles, pair_at, dest_at, top_k,
-                    shared_rows, tile_count, K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr,
+def _route_plan_one(logits, stride_l, ids, weights, rows, experts, layout, pair_at, dest_at, top_k,
+                    shared_rows, K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr,
                     BLOCK_K: tl.constexpr, BINS: tl.constexpr, BLOCK_P: tl.constexpr, SLOTS: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr):
+                    BLOCK_M: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     for row in range(rows):  # each row's choice, as kernels.router makes it
         router.choose(logits + row * stride_l, ids + row * K, weights + row * K, experts, K, NORM, BLOCK_E,
                       BLOCK_K)
     tl.debug_barrier()  # the ids every thread wrote are there for every thread to read
-    _plan_block(ids, layout, tiles, pair_at, dest_at, rows * top_k, top_k, experts, shared_rows, tile_count,
-                BINS, BLOCK_P, SLOTS, BLOCK_M, BLOCK_T)
+    _plan_block(ids, layout, pair_at, dest_at, rows * top_k, top_k, experts, shared_rows, BINS, BLOCK_P,
+                SLOTS, BLOCK_M)
 
 
 @triton.jit
-def _plan_block(ids, layout, tiles, pair_at, dest_at, pairs, top_k, experts, shared_rows, tile_count,
-                BINS: tl.constexpr, BLOCK_P: tl.constexpr, SLOTS: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_T: tl.constexpr):
+def _plan_block(ids, layout, pair_at, dest_at, pairs, top_k, experts, shared_rows, BINS: tl.constexpr,
+                BLOCK_P: tl.constexpr, SLOTS: tl.constexpr, BLOCK_M: tl.constexpr):
     # Pairs that fit one block: positions by comparing every pair with every other, one launch in all.
     p = tl.arange(0, BLOCK_P)
     live = p < pairs
     expert = tl.load(ids + p, mask=live, other=0).to(tl.int32)
     before = live[None, :] & ((expert[None, :] < expert[:, None])
                               | ((expert[None, :] == expert[:, None]) & (p[None, :] < p[:, None])))
-    _layout(layout, tiles, tl.histogram(expert, BINS, mask=live), experts, shared_rows, tile_count, BINS,
-            BLOCK_M, BLOCK_T)
+    _layout(layout, tl.histogram(expert, BINS, mask=live), experts, shared_rows, BINS, BLOCK_M)
     _route(ids, pair_at, dest_at, p, live, expert, tl.sum(before.to(tl.int32), axis=1), top_k, SLOTS)
 
 
 class Tables(NamedTuple):
     """A plan's int32 tables (the module docstring says what each holds), for up to ``pairs``
-    routed pairs among experts counted by ``bins`` (a power of two above every expert id), in up to
-    ``tiles`` tiles (``tile_count``)."""
+    routed pairs among experts counted by ``bins`` (a power of two above every expert id)."""
 
     layout: torch.Tensor
-    tiles: torch.Tensor
     pair_at: torch.Tensor
     dest_at: torch.Tensor
     hist: torch.Tensor
 
     @classmethod
-    def empty(cls, pairs: int, bins: int, tiles: int, device: torch.device) -> Tables:
+    def empty(cls, pairs: int, bins: int, device: torch.device) -> Tables:
         def table(*shape: int) -> torch.Tensor:
             return torch.empty(*shape, dtype=torch.int32, device=device)
 
-        return cls(table(3, bins), table(3 * tiles), table(pairs), table(pairs),
-                   table(triton.cdiv(pairs, PLAN_BLOCK), bins))
+        return cls(table(3, bins), table(pairs), table(pairs), table(triton.cdiv(pairs, PLAN_BLOCK), bins))
 
 
 def plan(tables: Tables, ids: torch.Tensor, experts: int, shared: bool, block_m: int,
-         choice: tuple[torch.Tensor, torch.Tensor, bool] | None = None) -> int:
+         choice: tuple[torch.Tensor, torch.Tensor, bool] | None = None) -> None:
     """Fill ``tables`` for the pairs of ``ids`` [rows, top_k] (contiguous, ids in [0, experts)),
     in tiles of ``block_m`` pairs; with ``shared``, one more group of ``rows`` pairs of expert
-    ``experts`` after them. Returns the tiles the table lists (``tile_count``: the expert kernels'
-    grid), the first that many entries of each of ``tables.tiles``' three rows. ``choice`` (logits
-    [rows, experts] with unit column stride, the weights [rows, top_k] to write, and whether to
-    renormalise them): the router's choice writes ``ids`` and those weights in the same launch
-    first; there must then be at most ``CHOICE_PAIRS`` pairs. Tables too small: ValueError."""
+    ``experts`` after them. ``choice`` (logits [rows, experts] with unit column stride, the weights
+    [rows, top_k] to write, and whether to renormalise them): the router's choice writes ``ids`` and
+    those weights in the same launch first; all pairs must then fit one block (ValueError)."""
     rows, top_k = ids.shape
     pairs = rows * top_k
     blocks = triton.cdiv(pairs, PLAN_BLOCK)
     bins = tables.layout.shape[1]
     shared_rows = rows if shared else 0
     slots = triton.next_power_of_2(top_k)
-    count = tile_count(pairs, experts, shared_rows, block_m)
-    if 3 * count > tables.tiles.numel():
-        raise ValueError(f"tables hold {tables.tiles.numel() // 3} tiles, the plan needs {count}")
     options = pdl.options(ids.device)
     if choice is not None:
         logits, weights, normalise = choice
@@ -205,18 +167,17 @@ def plan(tables: Tables, ids: torch.Tensor, experts: int, shared: bool, block_m:
             raise ValueError(f"ids has {pairs} pairs; the choice is made with the plan for {CHOICE_PAIRS} "
                              "at most")
         _route_plan_one[(1,)](logits, logits.stride(0), ids, weights, rows, experts, tables.layout,
-                              tables.tiles, tables.pair_at, tables.dest_at, top_k, shared_rows, count,
-                              K=top_k, NORM=normalise, BLOCK_E=triton.next_power_of_2(experts), BLOCK_K=slots,
-                              BINS=bins, BLOCK_P=CHOICE_PAIRS, SLOTS=slots, BLOCK_M=block_m,
-                              BLOCK_T=TILE_BLOCK // 4, num_warps=router.ROUTE_WARPS, **options)
+                              tables.pair_at, tables.dest_at, top_k, shared_rows, K=top_k, NORM=normalise,
+                              BLOCK_E=triton.next_power_of_2(experts), BLOCK_K=slots, BINS=bins,
+                              BLOCK_P=CHOICE_PAIRS, SLOTS=slots, BLOCK_M=block_m,
+                              num_warps=router.ROUTE_WARPS, **options)
     elif blocks <= 1:
-        _plan_one[(1,)](ids, tables.layout, tables.tiles, tables.pair_at, tables.dest_at, pairs, top_k,
-                        experts, shared_rows, count, BINS=bins, BLOCK_P=PLAN_BLOCK, SLOTS=slots,
-                        BLOCK_M=block_m, BLOCK_T=TILE_BLOCK, num_warps=8, **options)
+        _plan_one[(1,)](ids, tables.layout, tables.pair_at, tables.dest_at, pairs, top_k, experts,
+                        shared_rows, BINS=bins, BLOCK_P=PLAN_BLOCK, SLOTS=slots, BLOCK_M=block_m, num_warps=8,
+                        **options)
     else:
         _count[(blocks,)](ids, tables.hist, pairs, BINS=bins, BLOCK_P=PLAN_BLOCK, **options)
-        _scan[(1,)](tables.hist, tables.layout, tables.tiles, blocks, experts, shared_rows, count, BINS=bins,
-                    BLOCK_B=SCAN_BLOCK, BLOCK_M=block_m, BLOCK_T=TILE_BLOCK, **options)
+        _scan[(1,)](tables.hist, tables.layout, blocks, experts, shared_rows, BINS=bins, BLOCK_B=SCAN_BLOCK,
+                    BLOCK_M=block_m, **options)
         _place[(blocks,)](ids, tables.hist, tables.layout, tables.pair_at, tables.dest_at, pairs, top_k,
                           BINS=bins, BLOCK_P=PLAN_BLOCK, SLOTS=slots, num_warps=8, **options)
-    return count
