@@ -126,8 +126,8 @@ def segments_for(max_keys: int, segment: int = SEGMENT) -> int:
     at a time (a segment below ``SHORT_SEGMENT`` is short everywhere)."""
     short = min(SHORT_SEGMENT, segment)
     if max_keys <= SHORT_KEYS:
-        return triton.cdiv(max_keys, short)
-    return SHORT_KEYS // short + triton.cdiv(max_keys - SHORT_KEYS, segment)
+        return -(-max_keys // short)  # ceiling divisions in ints (triton.cdiv is untyped)
+    return SHORT_KEYS // short - (-(max_keys - SHORT_KEYS) // segment)
 
 
 @triton.jit
