@@ -10,6 +10,7 @@ import tiny_models
 
 from support import CACHE, clean_environ, run_tfd
 from tfd.bench import roofline
+from tfd.bench.profile import by_grid
 from tfd.bench.shapes import PRESETS, fit, weight_bytes
 from tfd.families.config import read_config
 
@@ -93,3 +94,21 @@ def test_bench_profiles_each_run_by_phase(tmp_path: Path) -> None:
         table = next(tmp_path.glob(f"*-2x40-4-{phase}.txt")).read_text()
         assert f"{steps} decode steps" in table.splitlines()[0]
         assert "aten::" in table  # on the CPU the table lists the host ops
+
+
+def test_kernels_are_told_apart_by_their_launch_grid() -> None:
+    def kernel(name: str, grid: list[int], dur: float) -> dict[str, object]:
+        return {"ph": "X", "cat": "kernel", "name": name, "dur": dur,
+                "args": {"grid": grid, "block": [128, 1, 1]}}
+
+    trace = {"traceEvents": [
+        kernel("_spread", [193, 1, 2], 12.0), kernel("_spread", [193, 1, 2], 13.0),
+        kernel("_spread", [32, 1, 8], 6.5), kernel("_rows", [8, 32, 1], 3.5),
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "dur": 50.0, "args": {}},  # host ops left out
+    ]}
+    lines = by_grid(trace, rows=2).splitlines()
+    assert lines[0].split()[:3] == ["kernel", "grid", "calls"]
+    assert lines[1].split() == ["_spread", "[193,", "1,", "2]", "2", "25.0", "12.50"]
+    assert lines[2].split() == ["_spread", "[32,", "1,", "8]", "1", "6.5", "6.50"]
+    assert len(lines) == 3  # two rows asked for: _rows left out, aten::add never counted
+

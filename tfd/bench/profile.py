@@ -3,10 +3,19 @@
 Two short runs a workload, each profiled alone: its prompts with one new token each (the prefill),
 and 16-token prompts with 33 new tokens each at the same concurrency (the decode steps). Each gives
 a table of the device kernels (host ops on a CPU) by their own time, with the run's step count, so a
-kernel's time a step is its total over the steps. A profiled run is slower than the timed one.
+kernel's time a step is its total over the steps. On a GPU a second table splits the same kernels by
+their launch grid, which tells apart the launches of one kernel on different shapes (the products of
+every weight are one Triton kernel; its grid is [column tiles, row tiles, K segments]). A profiled run
+is slower than the timed one.
 """
 
 from __future__ import annotations
+
+import json
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -38,7 +47,28 @@ def kernel_table(model: HybridModel, workload: Workload, graphs: bool) -> str:
             f"({timings.decode_steps} timed end to end in {timings.decode_s * 1e3:.1f} ms; profiled)\n")
     table: str = profiled.key_averages().table(
         sort_by="self_device_time_total" if cuda else "self_cpu_time_total", row_limit=ROWS)
+    if cuda:
+        with tempfile.TemporaryDirectory() as folder:
+            trace = Path(folder) / "trace.json"
+            profiled.export_chrome_trace(str(trace))
+            table += "\n" + by_grid(json.loads(trace.read_text()), ROWS)
     return head + table
+
+
+def by_grid(trace: dict[str, Any], rows: int) -> str:
+    """The device kernels of a Chrome trace (torch's profiler export) grouped by name and launch
+    grid, the most total time first: calls, total and mean microseconds, ``rows`` lines at most."""
+    groups: dict[tuple[str, tuple[int, ...]], list[float]] = defaultdict(list)
+    for event in trace.get("traceEvents", []):
+        if event.get("cat") == "kernel" and event.get("ph") == "X":
+            grid = tuple(event.get("args", {}).get("grid", ()))
+            groups[(event["name"], grid)].append(float(event.get("dur", 0.0)))
+    ranked = sorted(groups.items(), key=lambda item: -sum(item[1]))[:rows]
+    lines = [f"{'kernel':<40} {'grid':<20} {'calls':>7} {'total us':>11} {'mean us':>9}"]
+    for (name, grid), times in ranked:
+        lines.append(f"{name[:40]:<40} {list(grid)!s:<20} {len(times):>7} {sum(times):>11.1f} "
+                     f"{sum(times) / len(times):>9.2f}")
+    return "\n".join(lines) + "\n"
 
 
 def profiles(model: HybridModel, workload: Workload, graphs: bool) -> dict[str, str]:
