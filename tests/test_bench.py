@@ -111,4 +111,3 @@ def test_kernels_are_told_apart_by_their_launch_grid() -> None:
     assert lines[1].split() == ["_spread", "[193,", "1,", "2]", "2", "25.0", "12.50"]
     assert lines[2].split() == ["_spread", "[32,", "1,", "8]", "1", "6.5", "6.50"]
     assert len(lines) == 3  # two rows asked for: _rows left out, aten::add never counted
-
