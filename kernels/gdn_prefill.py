@@ -69,6 +69,17 @@ def _blocks(key_dim: int, value_dim: int) -> tuple[int, int]:
 
 
 @triton.jit
+def _lane_tile(cu_seqlens, lane, block, VALUE_DIM: tl.constexpr, BLOCK_V: tl.constexpr, PIECE: tl.constexpr,
+               CHUNK: tl.constexpr):
+    """What phases two and three share of a program's place: the lane's first row and its rows, a
+    chunk's tile rows, a piece's key dims, and the program's value columns with which are real."""
+    first = tl.load(cu_seqlens + lane)
+    vs = block * BLOCK_V + tl.arange(0, BLOCK_V)
+    return (first, tl.load(cu_seqlens + lane + 1) - first, tl.arange(0, CHUNK), tl.arange(0, PIECE), vs,
+            vs < VALUE_DIM)
+
+
+@triton.jit
 def _scan(k, w, u, f, h, states, state_at, cu_seqlens, starts, chunk_at, out, k_row, rows_all,
           KEY_HEADS: tl.constexpr, VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr, VALUE_DIM: tl.constexpr,
           BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PIECE: tl.constexpr, CHUNK: tl.constexpr):
@@ -76,12 +87,7 @@ def _scan(k, w, u, f, h, states, state_at, cu_seqlens, starts, chunk_at, out, k_
     keeps the S entering each chunk in ``h`` and its V' in place of U, for phase three."""
     block, head, lane = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     key_head = head // (VALUE_HEADS // KEY_HEADS)
-    first = tl.load(cu_seqlens + lane)
-    rows = tl.load(cu_seqlens + lane + 1) - first
-    t = tl.arange(0, CHUNK)
-    ps = tl.arange(0, PIECE)
-    vs = block * BLOCK_V + tl.arange(0, BLOCK_V)
-    v_live = vs < VALUE_DIM
+    first, rows, t, ps, vs, v_live = _lane_tile(cu_seqlens, lane, block, VALUE_DIM, BLOCK_V, PIECE, CHUNK)
     at = tl.load(state_at + lane)
     if at < 0:  # padding: no chunks, so phase three writes nothing; its rows are zeros
         outs = out + head * VALUE_DIM + vs[None, :]
@@ -144,12 +150,7 @@ def _output(q, u, p, f, h, cu_seqlens, starts, chunk_at, out, q_row, lanes, KEY_
     lane = gdn_chunk.lane_of(chunk_at, slot, lanes, LANES_BLOCK)
     if lane >= lanes:
         return  # a slot past the last chunk
-    first = tl.load(cu_seqlens + lane)
-    rows = tl.load(cu_seqlens + lane + 1) - first
-    t = tl.arange(0, CHUNK)
-    ps = tl.arange(0, PIECE)
-    vs = block * BLOCK_V + tl.arange(0, BLOCK_V)
-    v_live = vs < VALUE_DIM
+    first, rows, t, ps, vs, v_live = _lane_tile(cu_seqlens, lane, block, VALUE_DIM, BLOCK_V, PIECE, CHUNK)
     i = (slot - tl.load(chunk_at + lane)) * CHUNK - tl.load(starts + lane) % CHUNK + t
     live = (i >= 0) & (i < rows)
     r = first + i
