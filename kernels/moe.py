@@ -291,8 +291,8 @@ def experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: tor
     each row's ``ids`` [rows, top_k] (in [0, experts)) and ``weights``; with ``shared``, the MoE
     block's output (the module docstring says how it is rounded), in the same launches. ``choice``
     (``routed``'s): the router logits and normalisation that ids and weights are written from, in
-    the planning launch (routed pairs fitting one block only). A wrong shape, dtype or device raises
-    ValueError naming the input."""
+    the planning launch (at most ``kernels.moe_plan.CHOICE_PAIRS`` routed pairs). A wrong shape, dtype
+    or device raises ValueError naming the input."""
     return _experts(x, gate_up, down, ids, weights, shared, choice, None)[0]
 
 
