@@ -18,7 +18,10 @@ pair, and the plan's int32 tables (``kernels.moe_plan``), all sized by shapes al
 ``ROW_CHUNK`` rows (more rows take several passes).
 
 Launches: the plan (``kernels.moe_plan``: one launch at decode sizes, the router's choice included
-when called through ``routed``); ``_gate_up`` computes h for a tile of pairs sharing an expert;
+when called through ``routed``); ``_gate_up`` computes h for a tile of pairs sharing an expert; at
+one row through ``routed`` there is no plan launch: each ``_gate_up`` program makes the router's
+choice itself (``kernels.router.choice``, in the same warps as every other choice), takes the
+chosen expert of its tile's rank by id (the shared expert last) and writes what ``_down`` reads;
 ``_down`` multiplies h by the expert's down weight and the routing weight into the pair's buffer
 row, ranked by expert id within its row (the shared pairs' rows after all routed ones); ``_combine``
 sums a row's ranks in order and adds the gated shared expert, or (``routed_add_zrms``, decode)
@@ -93,6 +96,30 @@ def _tile(layout, tile, BINS: tl.constexpr, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _chosen_tile(logits, weights, pair_at, dest_at, tile_expert, experts, K: tl.constexpr, NORM: tl.constexpr,
+                 BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    """At one row, this program's tile from the router's choice, which every program of the launch
+    makes for itself (``kernels.router.choice``): tile t < K is the chosen expert of rank t by id,
+    tile K the shared expert. A tile's first column program writes what the plan would for it: its
+    pair's weight (in slot order, as the router kernel writes it), its slot, its rank, its expert."""
+    tile = tl.program_id(0)
+    best, picked = router.choice(logits, experts, K, NORM, BLOCK_E, BLOCK_K)
+    slots = tl.arange(0, BLOCK_K)
+    live = slots < K
+    rank = tl.sum((live[None, :] & (best[None, :] < best[:, None])).to(tl.int32), axis=1)  # ids are distinct
+    mine = live & (rank == tile)
+    expert = tl.where(tile < K, tl.sum(tl.where(mine, best, 0), axis=0).to(tl.int32), experts)
+    if tl.program_id(1) == 0:
+        if tile < K:
+            slot = tl.sum(tl.where(mine, slots, 0), axis=0)
+            tl.store(weights + slot, tl.sum(tl.where(mine, picked, 0.0), axis=0).to(weights.dtype.element_ty))
+            tl.store(pair_at + tile, slot)
+            tl.store(dest_at + tile, tile)
+        tl.store(tile_expert + tile, expert)
+    return expert, tile, tile + 1
+
+
+@triton.jit
 def _weight(routed, shared, expert, experts, stride_e, stride_n, stride_sn, inner, shared_inner):
     # An expert's matrix, its row stride and inner size: the shared expert (id ``experts``) has its own.
     own = expert == experts
@@ -102,11 +129,17 @@ def _weight(routed, shared, expert, experts, stride_e, stride_n, stride_sn, inne
 
 @triton.jit
 def _gate_up(x, gate_up, shared_gate_up, h, layout, pair_at, pairs, top_k, experts, hidden, inner,
-             shared_inner, width, stride_x, stride_ge, stride_gn, stride_sn, BINS: tl.constexpr,
-             PRECISION: tl.constexpr, WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+             shared_inner, width, stride_x, stride_ge, stride_gn, stride_sn, logits, weights, dest_at,
+             tile_expert, BINS: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_ROW: tl.constexpr,
+             K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, SLOTS: tl.constexpr,
+             PDL: tl.constexpr):
     pdl.wait(PDL)
-    expert, first, stop = _tile(layout, tl.program_id(0), BINS, BLOCK_M)
+    if ONE_ROW:  # the choice made here, no plan launch before
+        expert, first, stop = _chosen_tile(logits, weights, pair_at, dest_at, tile_expert, experts, K, NORM,
+                                           BLOCK_E, SLOTS)
+    else:
+        expert, first, stop = _tile(layout, tl.program_id(0), BINS, BLOCK_M)
     gate, stride_n, size = _weight(gate_up, shared_gate_up, expert, experts, stride_ge, stride_gn, stride_sn,
                                    inner, shared_inner)
     if (first >= stop) | (tl.program_id(1) * BLOCK_N >= size):  # past the last tile, or the expert's columns
@@ -114,7 +147,11 @@ def _gate_up(x, gate_up, shared_gate_up, h, layout, pair_at, pairs, top_k, exper
     q = first + tl.arange(0, BLOCK_M)
     live = q < stop
     # A routed pair's row from its pair index; the shared group holds one pair a row, in row order.
-    token = tl.where(q < pairs, tl.load(pair_at + q, mask=live & (q < pairs), other=0) // top_k, q - pairs)
+    if ONE_ROW:
+        token = tl.zeros([BLOCK_M], tl.int32)
+    else:
+        at = tl.load(pair_at + q, mask=live & (q < pairs), other=0)
+        token = tl.where(q < pairs, at // top_k, q - pairs)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     gate = gate + cols[:, None] * stride_n
     up = gate + size * stride_n
@@ -134,11 +171,14 @@ def _gate_up(x, gate_up, shared_gate_up, h, layout, pair_at, pairs, top_k, exper
 
 @triton.jit
 def _down(h, down, shared_down, buf, weights, layout, pair_at, dest_at, pairs, experts, hidden, inner,
-          shared_inner, width, stride_de, stride_dn, stride_sn, BINS: tl.constexpr, PRECISION: tl.constexpr,
-          WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-          PDL: tl.constexpr):
+          shared_inner, width, stride_de, stride_dn, stride_sn, tile_expert, BINS: tl.constexpr,
+          PRECISION: tl.constexpr, WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+          BLOCK_K: tl.constexpr, ONE_ROW: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
-    expert, first, stop = _tile(layout, tl.program_id(0), BINS, BLOCK_M)
+    if ONE_ROW:  # tile t is pair t, of the expert the first launch wrote
+        expert, first, stop = tl.load(tile_expert + tl.program_id(0)), tl.program_id(0), tl.program_id(0) + 1
+    else:
+        expert, first, stop = _tile(layout, tl.program_id(0), BINS, BLOCK_M)
     if first >= stop:
         return
     w, stride_n, size = _weight(down, shared_down, expert, experts, stride_de, stride_dn, stride_sn, inner,
@@ -321,26 +361,35 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
     buf = torch.empty(chunk * per_row, hidden, dtype=torch.float32, device=x.device)
     bins = triton.next_power_of_2(n_experts + (shared is not None))  # a bin for the shared expert's id too
     tables = moe_plan.Tables.empty(chunk * top_k, bins, x.device)
+    one_row = choice is not None and rows == 1  # the choice in the experts' first launch, no plan launch
+    tile_expert = torch.empty(per_row, dtype=torch.int32, device=x.device) if one_row else tables.pair_at
     for first in range(0, rows, ROW_CHUNK):
         count = min(ROW_CHUNK, rows - first)
         pairs = count * top_k
         chunk_ids, chunk_weights = ids[first:first + count], weights[first:first + count]
-        made = None if choice is None else (choice[0][first:first + count], chunk_weights, choice[1])
-        moe_plan.plan(tables, chunk_ids, n_experts, shared is not None, BLOCK_M, made)
-        # Each routed expert that has pairs takes at least one tile, plus one per full BLOCK_M of them;
-        # the shared expert's group takes a tile per BLOCK_M rows.
-        tiles = min(n_experts, pairs) + pairs // BLOCK_M
-        tiles += 0 if shared is None else triton.cdiv(count, BLOCK_M)
+        if one_row:
+            tiles = per_row
+        else:
+            made = None if choice is None else (choice[0][first:first + count], chunk_weights, choice[1])
+            moe_plan.plan(tables, chunk_ids, n_experts, shared is not None, BLOCK_M, made)
+            # Each routed expert that has pairs takes at least one tile, plus one per full BLOCK_M of
+            # them; the shared expert's group takes a tile per BLOCK_M rows.
+            tiles = min(n_experts, pairs) + pairs // BLOCK_M
+            tiles += 0 if shared is None else triton.cdiv(count, BLOCK_M)
+        logits, normalise = choice if one_row and choice is not None else (x, False)  # read at one row only
         _gate_up[(tiles, triton.cdiv(width, GATE_N))](
             x[first:first + count], gate_up, own_gate_up, h, tables.layout, tables.pair_at, pairs, top_k,
             n_experts, hidden, inner, shared_inner, width, x.stride(0), gate_up.stride(0), gate_up.stride(1),
-            own_gate_up.stride(0), BINS=bins, PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=BLOCK_M,
-            BLOCK_N=GATE_N, BLOCK_K=GATE_K, num_stages=GATE_STAGES, **pdl.options(x.device))
+            own_gate_up.stride(0), logits, chunk_weights, tables.dest_at, tile_expert, BINS=bins,
+            PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=BLOCK_M, BLOCK_N=GATE_N, BLOCK_K=GATE_K,
+            ONE_ROW=one_row, K=top_k, NORM=normalise,
+            BLOCK_E=triton.next_power_of_2(n_experts), SLOTS=triton.next_power_of_2(top_k),
+            num_warps=router.ROUTE_WARPS, num_stages=GATE_STAGES, **pdl.options(x.device))
         _down[(tiles, triton.cdiv(hidden, DOWN_N))](
             h, down, own_down, buf, chunk_weights, tables.layout, tables.pair_at, tables.dest_at, pairs,
             n_experts, hidden, inner, shared_inner, width, down.stride(0), down.stride(1), own_down.stride(0),
-            BINS=bins, PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=BLOCK_M, BLOCK_N=DOWN_N,
-            BLOCK_K=DOWN_K, num_stages=DOWN_STAGES, **pdl.options(x.device))
+            tile_expert, BINS=bins, PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=BLOCK_M, BLOCK_N=DOWN_N,
+            BLOCK_K=DOWN_K, ONE_ROW=one_row, num_stages=DOWN_STAGES, **pdl.options(x.device))
         target = out[first:first + count]
         gate = target if shared is None else shared.gate[first:first + count]  # not read without SHARED
         if residual is not None and rows <= ROW_CHUNK:  # the sum, the residual add and the norm at once

@@ -4,7 +4,8 @@ The ``rows * top_k`` routed pairs are grouped by expert on the device with no ho
 histograms (``_count``), their prefix over blocks (``_scan``) and a stable placement (``_place``)
 give each pair its position in expert order; when all pairs fit one block, ``_plan_one`` does it in
 one launch, and for up to ``CHOICE_PAIRS`` pairs (decode at a few lanes) ``_route_plan_one`` makes
-the router's choice first in that same launch, in the router's one warp. With a
+the router's choice first in that same launch (``kernels.moe`` makes it in its first launch at one
+row, with no plan launch). With a
 shared expert every row has one pair more, (row, expert ``experts``): its id is past every routed
 one, so those pairs form the last group, one a row in row order from position ``rows * top_k``; the
 layout reserves that group and nothing else places it (nor does the one-block bound count it).
@@ -29,8 +30,8 @@ from kernels import pdl, router
 
 PLAN_BLOCK = 128  # pairs a placement program takes
 SCAN_BLOCK = 8  # histogram rows the scan adds at a time
-# Pairs the router's choice and the plan take in one launch: its rows choose one after another in one
-# warp (kernels.router), so more rows go faster through the router's kernel, a row a program.
+# Pairs the router's choice and the plan take in one launch: its rows choose one after another
+# (kernels.router), so more rows go faster through the router's kernel, a row a program.
 CHOICE_PAIRS = 32
 
 

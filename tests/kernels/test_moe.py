@@ -197,7 +197,9 @@ def test_with_the_shared_expert_a_row_alone_equals_the_row_in_any_batch(dtype: t
 
 
 @pytest.mark.parametrize("normalise", [True, False])
-@pytest.mark.parametrize(("rows", "top_k"), [(1, 2), (5, 3), (40, 4)])  # 160 pairs: past one planning block
+# one row (the choice in the experts' first launch, top_k 3 and 5 not powers of two), 15 pairs (the
+# choice in the plan's launch), 160 pairs (past one planning block)
+@pytest.mark.parametrize(("rows", "top_k"), [(1, 2), (1, 3), (1, 5), (5, 3), (40, 4)])
 def test_routing_from_logits_is_the_routers_choice_then_the_experts(rows: int, top_k: int,
                                                                      normalise: bool) -> None:
     x, gate_up, down, _, _ = make(rows, top_k, torch.bfloat16, seed=rows)
@@ -215,8 +217,8 @@ def test_routing_from_logits_is_the_routers_choice_then_the_experts(rows: int, t
 
 
 def test_routed_rows_are_the_same_in_one_planning_launch_and_past_it() -> None:
-    """1 to 8 rows of top-4 choose and plan in one launch; 9 to 32 through the router and one plan
-    launch; 33 through the router and three plan launches."""
+    """1 row chooses in the experts' first launch; 2 to 8 rows of top-4 choose and plan in one
+    launch; 9 to 32 through the router and one plan launch; 33 through the router and three."""
     assert moe_plan.CHOICE_PAIRS == 32 and moe_plan.PLAN_BLOCK == 128
     x, gate_up, down, _, _ = make(33, 4, torch.float32, seed=23)
     logits = router_product(33, 8, torch.float32, seed=23)
