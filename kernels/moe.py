@@ -26,9 +26,10 @@ chosen expert of its tile's rank by id (the shared expert last) and writes what 
 row, ranked by expert id within its row (the shared pairs' rows after all routed ones); ``_combine``
 sums a row's ranks in order and adds the gated shared expert, or (``routed_add_zrms``, decode)
 ``_combine_add_zrms`` adds that to the residual stream and normalises it for the next block as
-``kernels.norm.add_zrms`` does, the same bits one launch sooner. Every grid is fixed by the shapes (an
-upper bound on the tiles; a program past the last tile exits at once), so a call can be captured
-in a CUDA graph.
+``kernels.norm.add_zrms`` does, the same bits one launch sooner; at one row ``_down``'s last program
+to finish (an arrival counter) does that in its own launch, in the same warps. Every grid is fixed
+by the shapes (an upper bound on the tiles; a program past the last tile exits at once), so a call
+can be captured in a CUDA graph.
 
 Batch invariance: a pair's products run over ``hidden`` and its expert's inner size in tiles and an
 order fixed by the weight shapes (a dot's row is the same whatever rows share its tile); its rank
@@ -171,9 +172,11 @@ def _gate_up(x, gate_up, shared_gate_up, h, layout, pair_at, pairs, top_k, exper
 
 @triton.jit
 def _down(h, down, shared_down, buf, weights, layout, pair_at, dest_at, pairs, experts, hidden, inner,
-          shared_inner, width, stride_de, stride_dn, stride_sn, tile_expert, BINS: tl.constexpr,
-          PRECISION: tl.constexpr, WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-          BLOCK_K: tl.constexpr, ONE_ROW: tl.constexpr, PDL: tl.constexpr):
+          shared_inner, width, stride_de, stride_dn, stride_sn, tile_expert, gate, residual, total, normed,
+          norm_weight, stride_g, eps, arrivals, BINS: tl.constexpr, PRECISION: tl.constexpr,
+          WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+          ONE_ROW: tl.constexpr, FINISH: tl.constexpr, TOP_K: tl.constexpr, SHARED: tl.constexpr,
+          HIDDEN_BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     if ONE_ROW:  # tile t is pair t, of the expert the first launch wrote
         expert, first, stop = tl.load(tile_expert + tl.program_id(0)), tl.program_id(0), tl.program_id(0) + 1
@@ -201,6 +204,14 @@ def _down(h, down, shared_down, buf, weights, layout, pair_at, dest_at, pairs, e
         acc = _dot(a, b, acc, PRECISION, WIDEN)
     tl.store(buf + dest[:, None].to(tl.int64) * hidden + cols[None, :], acc * weight[:, None],
              mask=live[:, None] & (cols[None, :] < hidden))
+    if FINISH:  # one row: the last program to finish does _combine_add_zrms' work, in its warps
+        tl.debug_barrier()  # every thread's part of the tile is written before it is counted
+        programs = tl.num_programs(0) * tl.num_programs(1)
+        if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == programs - 1:
+            delta = _combined(buf, gate, 0, tl.arange(0, HIDDEN_BLOCK), pairs, hidden, stride_g, TOP_K,
+                              SHARED, total.dtype.element_ty)
+            norm.add_zrms_row(residual, delta, total, normed, norm_weight, 0, hidden, eps, HIDDEN_BLOCK)
+            tl.atomic_xchg(arrivals, 0, sem="relaxed", scope="gpu")  # rearmed for the next call
 
 
 @triton.jit
@@ -211,11 +222,14 @@ def _combined(buf, gate, row, cols, pairs, hidden, stride_g, TOP_K: tl.constexpr
     total = tl.zeros(cols.shape, dtype=tl.float32)
     # Unrolled, so every rank's load is in flight at once (a loop waited out each in turn: 6.9 us a
     # row at one row); the adds stay in ascending expert id, the same order for every row.
+    # (.cg: from L2, where another program's stores are, whichever launch made them)
     for rank in tl.static_range(TOP_K):
-        total += tl.load(buf + (row * TOP_K + rank) * hidden + cols, mask=cols < hidden, other=0.0)
+        total += tl.load(buf + (row * TOP_K + rank) * hidden + cols, mask=cols < hidden, other=0.0,
+                         cache_modifier=".cg")
     result = total.to(dtype)
     if SHARED:  # + the shared expert's output (rounded as a linear's) * sigmoid(gate), as sigmoid_gate rounds
-        value = tl.load(buf + (pairs + row) * hidden + cols, mask=cols < hidden, other=0.0).to(dtype)
+        value = tl.load(buf + (pairs + row) * hidden + cols, mask=cols < hidden, other=0.0,
+                        cache_modifier=".cg").to(dtype)
         part = gated(value, tl.load(gate + row * stride_g), dtype)
         result = (result.to(tl.float32) + part.to(tl.float32)).to(dtype)
     return result
@@ -385,16 +399,23 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
             ONE_ROW=one_row, K=top_k, NORM=normalise,
             BLOCK_E=triton.next_power_of_2(n_experts), SLOTS=triton.next_power_of_2(top_k),
             num_warps=router.ROUTE_WARPS, num_stages=GATE_STAGES, **pdl.options(x.device))
+        target = out[first:first + count]
+        gate = target if shared is None else shared.gate[first:first + count]  # not read without SHARED
+        block = triton.next_power_of_2(hidden)
+        finish = one_row and residual is not None  # the sum, the residual add and the norm in _down
+        normed = torch.empty_like(out) if residual is not None else out
+        held = residual if residual is not None else Residual(out, out[0], 0.0)  # not read unless finishing
         _down[(tiles, triton.cdiv(hidden, DOWN_N))](
             h, down, own_down, buf, chunk_weights, tables.layout, tables.pair_at, tables.dest_at, pairs,
             n_experts, hidden, inner, shared_inner, width, down.stride(0), down.stride(1), own_down.stride(0),
-            tile_expert, BINS=bins, PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=BLOCK_M, BLOCK_N=DOWN_N,
-            BLOCK_K=DOWN_K, ONE_ROW=one_row, num_stages=DOWN_STAGES, **pdl.options(x.device))
-        target = out[first:first + count]
-        gate = target if shared is None else shared.gate[first:first + count]  # not read without SHARED
+            tile_expert, gate, held.x.contiguous(), out, normed, held.weight, gate.stride(0), held.eps,
+            _arrivals(x.device), BINS=bins, PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=BLOCK_M,
+            BLOCK_N=DOWN_N, BLOCK_K=DOWN_K, ONE_ROW=one_row, FINISH=finish, TOP_K=top_k,
+            SHARED=shared is not None, HIDDEN_BLOCK=block, num_warps=norm.warps(block) if finish else 4,
+            num_stages=DOWN_STAGES, **pdl.options(x.device))
+        if finish:
+            return out, normed
         if residual is not None and rows <= ROW_CHUNK:  # the sum, the residual add and the norm at once
-            normed = torch.empty_like(out)
-            block = triton.next_power_of_2(hidden)
             _combine_add_zrms[(count,)](
                 buf, gate, residual.x.contiguous(), out, normed, residual.weight, pairs, hidden,
                 gate.stride(0), residual.eps, TOP_K=top_k, SHARED=shared is not None, BLOCK=block,
@@ -406,6 +427,18 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
     if residual is not None:
         return norm.add_zrms(residual.x, out, residual.weight, residual.eps)
     return out, None
+
+
+_ARRIVALS: dict[torch.device, torch.Tensor] = {}
+
+
+def _arrivals(device: torch.device) -> torch.Tensor:
+    """The device's arrival counter of ``_down`` at one row: zero between launches (the last program
+    rearms it), allocated once so CUDA graphs capture a fixed address."""
+    found = _ARRIVALS.get(device)
+    if found is None:
+        found = _ARRIVALS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return found
 
 
 def _check_residual(x: torch.Tensor, residual: Residual) -> None:

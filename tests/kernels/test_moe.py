@@ -277,6 +277,7 @@ def test_the_block_added_to_the_residual_and_normalised_is_add_zrms_of_it(rows: 
     want = norm.add_zrms(residual.x, block, residual.weight, residual.eps)
     got = moe.routed_add_zrms(x, gate_up, down, logits[:, :8], top_k, True, shared, residual)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert not moe._arrivals(x.device).any()  # one row's last program rearmed the counter it finished on
 
 
 def test_the_residual_add_past_a_chunk_is_add_zrms_of_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
