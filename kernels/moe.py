@@ -97,12 +97,12 @@ def _tile(layout, tile, BINS: tl.constexpr, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _chosen_tile(logits, weights, pair_at, dest_at, tile_expert, experts, K: tl.constexpr, NORM: tl.constexpr,
-                 BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+def _chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts, K: tl.constexpr,
+                 NORM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
     """At one row, this program's tile from the router's choice, which every program of the launch
     makes for itself (``kernels.router.choice``): tile t < K is the chosen expert of rank t by id,
-    tile K the shared expert. A tile's first column program writes what the plan would for it: its
-    pair's weight (in slot order, as the router kernel writes it), its slot, its rank, its expert."""
+    tile K the shared expert. A tile's first column program writes what the router kernel and the
+    plan would for it: its pair's id and weight (in slot order), its slot, its rank, its expert."""
     tile = tl.program_id(0)
     best, picked = router.choice(logits, experts, K, NORM, BLOCK_E, BLOCK_K)
     slots = tl.arange(0, BLOCK_K)
@@ -113,6 +113,7 @@ def _chosen_tile(logits, weights, pair_at, dest_at, tile_expert, experts, K: tl.
     if tl.program_id(1) == 0:
         if tile < K:
             slot = tl.sum(tl.where(mine, slots, 0), axis=0)
+            tl.store(ids + slot, expert.to(tl.int64))
             tl.store(weights + slot, tl.sum(tl.where(mine, picked, 0.0), axis=0).to(weights.dtype.element_ty))
             tl.store(pair_at + tile, slot)
             tl.store(dest_at + tile, tile)
@@ -130,15 +131,15 @@ def _weight(routed, shared, expert, experts, stride_e, stride_n, stride_sn, inne
 
 @triton.jit
 def _gate_up(x, gate_up, shared_gate_up, h, layout, pair_at, pairs, top_k, experts, hidden, inner,
-             shared_inner, width, stride_x, stride_ge, stride_gn, stride_sn, logits, weights, dest_at,
+             shared_inner, width, stride_x, stride_ge, stride_gn, stride_sn, logits, ids, weights, dest_at,
              tile_expert, BINS: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_ROW: tl.constexpr,
              K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, SLOTS: tl.constexpr,
              PDL: tl.constexpr):
     pdl.wait(PDL)
     if ONE_ROW:  # the choice made here, no plan launch before
-        expert, first, stop = _chosen_tile(logits, weights, pair_at, dest_at, tile_expert, experts, K, NORM,
-                                           BLOCK_E, SLOTS)
+        expert, first, stop = _chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts, K,
+                                           NORM, BLOCK_E, SLOTS)
     else:
         expert, first, stop = _tile(layout, tl.program_id(0), BINS, BLOCK_M)
     gate, stride_n, size = _weight(gate_up, shared_gate_up, expert, experts, stride_ge, stride_gn, stride_sn,
@@ -394,7 +395,7 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
         _gate_up[(tiles, triton.cdiv(width, GATE_N))](
             x[first:first + count], gate_up, own_gate_up, h, tables.layout, tables.pair_at, pairs, top_k,
             n_experts, hidden, inner, shared_inner, width, x.stride(0), gate_up.stride(0), gate_up.stride(1),
-            own_gate_up.stride(0), logits, chunk_weights, tables.dest_at, tile_expert, BINS=bins,
+            own_gate_up.stride(0), logits, chunk_ids, chunk_weights, tables.dest_at, tile_expert, BINS=bins,
             PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=BLOCK_M, BLOCK_N=GATE_N, BLOCK_K=GATE_K,
             ONE_ROW=one_row, K=top_k, NORM=normalise,
             BLOCK_E=triton.next_power_of_2(n_experts), SLOTS=triton.next_power_of_2(top_k),

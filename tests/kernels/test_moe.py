@@ -216,6 +216,18 @@ def test_routing_from_logits_is_the_routers_choice_then_the_experts(rows: int, t
         moe.routed(x, gate_up, down, logits[:, :8], 9, normalise)
 
 
+@pytest.mark.parametrize("rows", [1, 3])  # the choice in the experts' first launch, then in the plan's
+def test_a_choice_made_in_the_launches_writes_the_routers_ids_and_weights(rows: int) -> None:
+    x, gate_up, down, _, _ = make(rows, 3, torch.float32, seed=31)
+    logits = router_product(rows, 8, torch.float32, seed=31)[:, :8]
+    ids = torch.full((rows, 3), -1, dtype=torch.int64)
+    weights = torch.zeros(rows, 3)
+    shared = make_shared(rows, torch.float32, seed=31)
+    moe.experts(x, gate_up, down, ids, weights, shared, choice=(logits, True))
+    want_ids, want_weights = router.top_k(logits, 3, True, torch.float32)
+    assert torch.equal(ids, want_ids) and torch.equal(weights, want_weights)
+
+
 def test_routed_rows_are_the_same_in_one_planning_launch_and_past_it() -> None:
     """1 row chooses in the experts' first launch; 2 to 8 rows of top-4 choose and plan in one
     launch; 9 to 32 through the router and one plan launch; 33 through the router and three."""
