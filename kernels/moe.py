@@ -57,6 +57,9 @@ GATE_N, GATE_K, GATE_STAGES = 32, 128, 4
 DOWN_N, DOWN_K, DOWN_STAGES = 64, 128, 3
 COMBINE_N = 256  # hidden columns of a combining program
 ROW_CHUNK = 2048  # rows a pass takes at most: bounds the fp32 buffer (rows never interact)
+# One row through ``routed``: the choice in the experts' first launch and the combine in the last
+# program of their second; off, the plan's launch and the combining launch (comparisons: same bits).
+ONE_ROW = True
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -376,7 +379,7 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
     buf = torch.empty(chunk * per_row, hidden, dtype=torch.float32, device=x.device)
     bins = triton.next_power_of_2(n_experts + (shared is not None))  # a bin for the shared expert's id too
     tables = moe_plan.Tables.empty(chunk * top_k, bins, x.device)
-    one_row = choice is not None and rows == 1  # the choice in the experts' first launch, no plan launch
+    one_row = ONE_ROW and choice is not None and rows == 1  # the choice in the experts' first launch
     tile_expert = torch.empty(per_row, dtype=torch.int32, device=x.device) if one_row else tables.pair_at
     for first in range(0, rows, ROW_CHUNK):
         count = min(ROW_CHUNK, rows - first)

@@ -292,6 +292,19 @@ def test_the_block_added_to_the_residual_and_normalised_is_add_zrms_of_it(rows: 
     assert not moe._arrivals(x.device).any()  # one row's last program rearmed the counter it finished on
 
 
+def test_one_row_gives_the_same_bits_in_its_own_launches_as_through_the_plans(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    x, gate_up, down, _, _ = make(1, 3, torch.bfloat16, seed=41)
+    logits = router_product(1, 8, torch.bfloat16, seed=41)
+    shared = make_shared(1, torch.bfloat16, seed=41)
+    residual = residual_of(1, torch.bfloat16, seed=41)
+    monkeypatch.setattr(moe, "ONE_ROW", True)
+    want = moe.routed_add_zrms(x, gate_up, down, logits[:, :8], 3, True, shared, residual)
+    monkeypatch.setattr(moe, "ONE_ROW", False)
+    got = moe.routed_add_zrms(x, gate_up, down, logits[:, :8], 3, True, shared, residual)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 def test_the_residual_add_past_a_chunk_is_add_zrms_of_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
     x, gate_up, down, _, _ = make(7, 2, torch.float32, seed=7)
     logits, shared = router_product(7, 8, torch.float32, seed=7), make_shared(7, torch.float32, seed=7)
