@@ -23,11 +23,11 @@ one row through ``routed`` there is no plan launch: each ``_gate_up`` program ma
 choice itself (``kernels.router.choice``, in the same warps as every other choice), takes the
 chosen expert of its tile's rank by id (the shared expert last) and writes what ``_down`` reads;
 ``_down`` multiplies h by the expert's down weight and the routing weight into the pair's buffer
-row, ranked by expert id within its row (the shared pairs' rows after all routed ones); ``_combine``
-sums a row's ranks in order and adds the gated shared expert, or (``routed_add_zrms``, decode)
-``_combine_add_zrms`` adds that to the residual stream and normalises it for the next block as
-``kernels.norm.add_zrms`` does, the same bits one launch sooner; at one row ``_down``'s last program
-to finish (an arrival counter) does that in its own launch, in the same warps. Every grid is fixed
+row, ranked by expert id within its row (the shared pairs' rows after all routed ones);
+``kernels.moe_sum`` sums a row's ranks in order and adds the gated shared expert, or
+(``routed_add_zrms``, decode) adds that to the residual stream and normalises it for the next block
+as ``kernels.norm.add_zrms`` does, the same bits one launch sooner; at one row ``_down``'s last
+program to finish (an arrival counter) does that in its own launch, in the same warps. Every grid is fixed
 by the shapes (an upper bound on the tiles; a program past the last tile exits at once), so a call
 can be captured in a CUDA graph.
 
@@ -46,8 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import INTERPRETED, moe_plan, norm, pdl, router
-from kernels.sigmoid_gate import gated
+from kernels import INTERPRETED, moe_plan, moe_sum, norm, pdl, router
 
 BLOCK_M = 16  # pairs in a tile: one tensor-core row block
 # Stage one's columns, reduction step and pipeline depth, then stage two's: the best pair of a 24-pair
@@ -55,7 +54,6 @@ BLOCK_M = 16  # pairs in a tile: one tensor-core row block
 # rows 234.5 against 235.7 us, a 230.7 us weight floor); the same bits for every pair tried.
 GATE_N, GATE_K, GATE_STAGES = 32, 128, 4
 DOWN_N, DOWN_K, DOWN_STAGES = 64, 128, 3
-COMBINE_N = 256  # hidden columns of a combining program
 ROW_CHUNK = 2048  # rows a pass takes at most: bounds the fp32 buffer (rows never interact)
 # One row through ``routed``: the choice in the experts' first launch and the combine in the last
 # program of their second; off, the plan's launch and the combining launch (comparisons: same bits).
@@ -87,44 +85,6 @@ def _dot(a, b, acc, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
 
 
 @triton.jit
-def _tile(layout, tile, BINS: tl.constexpr, BLOCK_M: tl.constexpr):
-    bins = tl.arange(0, BINS)
-    ends = tl.load(layout + 2 * BINS + bins)
-    expert = tl.sum((ends <= tile).to(tl.int32), axis=0)  # BINS when the tile is past the last
-    safe = tl.minimum(expert, BINS - 1)
-    start, count = tl.load(layout + safe), tl.load(layout + BINS + safe)
-    end = tl.load(layout + 2 * BINS + safe)
-    first = start + (tile - end + (count + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
-    stop = tl.where(expert < BINS, start + count, 0)
-    return safe, first, stop
-
-
-@triton.jit
-def _chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts, K: tl.constexpr,
-                 NORM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
-    """At one row, this program's tile from the router's choice, which every program of the launch
-    makes for itself (``kernels.router.choice``): tile t < K is the chosen expert of rank t by id,
-    tile K the shared expert. A tile's first column program writes what the router kernel and the
-    plan would for it: its pair's id and weight (in slot order), its slot, its rank, its expert."""
-    tile = tl.program_id(0)
-    best, picked = router.choice(logits, experts, K, NORM, BLOCK_E, BLOCK_K)
-    slots = tl.arange(0, BLOCK_K)
-    live = slots < K
-    rank = tl.sum((live[None, :] & (best[None, :] < best[:, None])).to(tl.int32), axis=1)  # ids are distinct
-    mine = live & (rank == tile)
-    expert = tl.where(tile < K, tl.sum(tl.where(mine, best, 0), axis=0).to(tl.int32), experts)
-    if tl.program_id(1) == 0:
-        if tile < K:
-            slot = tl.sum(tl.where(mine, slots, 0), axis=0)
-            tl.store(ids + slot, expert.to(tl.int64))
-            tl.store(weights + slot, tl.sum(tl.where(mine, picked, 0.0), axis=0).to(weights.dtype.element_ty))
-            tl.store(pair_at + tile, slot)
-            tl.store(dest_at + tile, tile)
-        tl.store(tile_expert + tile, expert)
-    return expert, tile, tile + 1
-
-
-@triton.jit
 def _weight(routed, shared, expert, experts, stride_e, stride_n, stride_sn, inner, shared_inner):
     # An expert's matrix, its row stride and inner size: the shared expert (id ``experts``) has its own.
     own = expert == experts
@@ -141,10 +101,10 @@ def _gate_up(x, gate_up, shared_gate_up, h, layout, pair_at, pairs, top_k, exper
              PDL: tl.constexpr):
     pdl.wait(PDL)
     if ONE_ROW:  # the choice made here, no plan launch before
-        expert, first, stop = _chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts, K,
-                                           NORM, BLOCK_E, SLOTS)
+        expert, first, stop = moe_plan.chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert,
+                                                   experts, K, NORM, BLOCK_E, SLOTS)
     else:
-        expert, first, stop = _tile(layout, tl.program_id(0), BINS, BLOCK_M)
+        expert, first, stop = moe_plan.tile_of(layout, tl.program_id(0), BINS, BLOCK_M)
     gate, stride_n, size = _weight(gate_up, shared_gate_up, expert, experts, stride_ge, stride_gn, stride_sn,
                                    inner, shared_inner)
     if (first >= stop) | (tl.program_id(1) * BLOCK_N >= size):  # past the last tile, or the expert's columns
@@ -185,7 +145,7 @@ def _down(h, down, shared_down, buf, weights, layout, pair_at, dest_at, pairs, e
     if ONE_ROW:  # tile t is pair t, of the expert the first launch wrote
         expert, first, stop = tl.load(tile_expert + tl.program_id(0)), tl.program_id(0), tl.program_id(0) + 1
     else:
-        expert, first, stop = _tile(layout, tl.program_id(0), BINS, BLOCK_M)
+        expert, first, stop = moe_plan.tile_of(layout, tl.program_id(0), BINS, BLOCK_M)
     if first >= stop:
         return
     w, stride_n, size = _weight(down, shared_down, expert, experts, stride_de, stride_dn, stride_sn, inner,
@@ -212,52 +172,10 @@ def _down(h, down, shared_down, buf, weights, layout, pair_at, dest_at, pairs, e
         tl.debug_barrier()  # every thread's part of the tile is written before it is counted
         programs = tl.num_programs(0) * tl.num_programs(1)
         if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == programs - 1:
-            delta = _combined(buf, gate, 0, tl.arange(0, HIDDEN_BLOCK), pairs, hidden, stride_g, TOP_K,
-                              SHARED, total.dtype.element_ty)
+            delta = moe_sum.combined(buf, gate, 0, tl.arange(0, HIDDEN_BLOCK), pairs, hidden, stride_g,
+                                     TOP_K, SHARED, total.dtype.element_ty)
             norm.add_zrms_row(residual, delta, total, normed, norm_weight, 0, hidden, eps, HIDDEN_BLOCK)
             tl.atomic_xchg(arrivals, 0, sem="relaxed", scope="gpu")  # rearmed for the next call
-
-
-@triton.jit
-def _combined(buf, gate, row, cols, pairs, hidden, stride_g, TOP_K: tl.constexpr, SHARED: tl.constexpr,
-              dtype: tl.constexpr):
-    """Row ``row``'s block output at ``cols``: its ranks summed in order and rounded, plus the gated
-    shared expert."""
-    total = tl.zeros(cols.shape, dtype=tl.float32)
-    # Unrolled, so every rank's load is in flight at once (a loop waited out each in turn: 6.9 us a
-    # row at one row); the adds stay in ascending expert id, the same order for every row.
-    # (.cg: from L2, where another program's stores are, whichever launch made them)
-    for rank in tl.static_range(TOP_K):
-        total += tl.load(buf + (row * TOP_K + rank) * hidden + cols, mask=cols < hidden, other=0.0,
-                         cache_modifier=".cg")
-    result = total.to(dtype)
-    if SHARED:  # + the shared expert's output (rounded as a linear's) * sigmoid(gate), as sigmoid_gate rounds
-        value = tl.load(buf + (pairs + row) * hidden + cols, mask=cols < hidden, other=0.0,
-                        cache_modifier=".cg").to(dtype)
-        part = gated(value, tl.load(gate + row * stride_g), dtype)
-        result = (result.to(tl.float32) + part.to(tl.float32)).to(dtype)
-    return result
-
-
-@triton.jit
-def _combine(buf, out, gate, pairs, hidden, stride_o, stride_g, TOP_K: tl.constexpr, SHARED: tl.constexpr,
-             BLOCK_N: tl.constexpr, PDL: tl.constexpr):
-    pdl.wait(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    result = _combined(buf, gate, row, cols, pairs, hidden, stride_g, TOP_K, SHARED, out.dtype.element_ty)
-    tl.store(out + row * stride_o + cols, result, mask=cols < hidden)
-
-
-@triton.jit
-def _combine_add_zrms(buf, gate, residual, total, out, weight, pairs, hidden, stride_g, eps,
-                      TOP_K: tl.constexpr, SHARED: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """``_combine``'s row added to the residual and normalised, as ``kernels.norm.add_zrms`` does."""
-    pdl.wait(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    delta = _combined(buf, gate, row, cols, pairs, hidden, stride_g, TOP_K, SHARED, out.dtype.element_ty)
-    norm.add_zrms_row(residual, delta, total, out, weight, row, hidden, eps, BLOCK)
 
 
 def _check(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
@@ -420,14 +338,10 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
         if finish:
             return out, normed
         if residual is not None and rows <= ROW_CHUNK:  # the sum, the residual add and the norm at once
-            _combine_add_zrms[(count,)](
-                buf, gate, residual.x.contiguous(), out, normed, residual.weight, pairs, hidden,
-                gate.stride(0), residual.eps, TOP_K=top_k, SHARED=shared is not None, BLOCK=block,
-                num_warps=norm.warps(block), **pdl.options(x.device))
+            moe_sum.combine_add_zrms(buf, gate, residual.x.contiguous(), out, normed, residual.weight, pairs,
+                                     top_k, shared is not None, residual.eps)
             return out, normed
-        _combine[(count, triton.cdiv(hidden, COMBINE_N))](
-            buf, target, gate, pairs, hidden, target.stride(0), gate.stride(0), TOP_K=top_k,
-            SHARED=shared is not None, BLOCK_N=COMBINE_N, **pdl.options(x.device))
+        moe_sum.combine(buf, target, gate, pairs, top_k, shared is not None)
     if residual is not None:
         return norm.add_zrms(residual.x, out, residual.weight, residual.eps)
     return out, None
