@@ -18,14 +18,18 @@ pair, and the plan's int32 tables (``kernels.moe_plan``), all sized by shapes al
 ``ROW_CHUNK`` rows (more rows take several passes).
 
 Launches: the plan (``kernels.moe_plan``: one launch at decode sizes, the router's choice included
-when called through ``routed``); ``_gate_up`` computes h for a tile of pairs sharing an expert;
+when called through ``routed``); ``_gate_up`` computes h for a tile of pairs sharing an expert; at
+one row through ``routed`` there is no plan launch: each ``_gate_up`` program makes the router's
+choice itself (``kernels.router.choice``, in the same warps as every other choice), takes the
+chosen expert of its tile's rank by id (the shared expert last) and writes what ``_down`` reads;
 ``_down`` multiplies h by the expert's down weight and the routing weight into the pair's buffer
-row, ranked by expert id within its row (the shared pairs' rows after all routed ones); ``_combine``
-sums a row's ranks in order and adds the gated shared expert, or (``routed_add_zrms``, decode)
-``_combine_add_zrms`` adds that to the residual stream and normalises it for the next block as
-``kernels.norm.add_zrms`` does, the same bits one launch sooner. Every grid is fixed by the shapes (an
-upper bound on the tiles; a program past the last tile exits at once), so a call can be captured
-in a CUDA graph.
+row, ranked by expert id within its row (the shared pairs' rows after all routed ones);
+``kernels.moe_sum`` sums a row's ranks in order and adds the gated shared expert, or
+(``routed_add_zrms``, decode) adds that to the residual stream and normalises it for the next block
+as ``kernels.norm.add_zrms`` does, the same bits one launch sooner; at one row ``_down``'s last
+program to finish (an arrival counter) does that in its own launch, in the same warps. Every grid is fixed
+by the shapes (an upper bound on the tiles; a program past the last tile exits at once), so a call
+can be captured in a CUDA graph.
 
 Batch invariance: a pair's products run over ``hidden`` and its expert's inner size in tiles and an
 order fixed by the weight shapes (a dot's row is the same whatever rows share its tile); its rank
@@ -42,8 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import INTERPRETED, moe_plan, norm, pdl, router
-from kernels.sigmoid_gate import gated
+from kernels import INTERPRETED, moe_plan, moe_sum, norm, pdl, router
 
 BLOCK_M = 16  # pairs in a tile: one tensor-core row block
 # Stage one's columns, reduction step and pipeline depth, then stage two's: the best pair of a 24-pair
@@ -51,8 +54,10 @@ BLOCK_M = 16  # pairs in a tile: one tensor-core row block
 # rows 234.5 against 235.7 us, a 230.7 us weight floor); the same bits for every pair tried.
 GATE_N, GATE_K, GATE_STAGES = 32, 128, 4
 DOWN_N, DOWN_K, DOWN_STAGES = 64, 128, 3
-COMBINE_N = 256  # hidden columns of a combining program
 ROW_CHUNK = 2048  # rows a pass takes at most: bounds the fp32 buffer (rows never interact)
+# One row through ``routed``: the choice in the experts' first launch and the combine in the last
+# program of their second; off, the plan's launch and the combining launch (comparisons: same bits).
+ONE_ROW = True
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -80,19 +85,6 @@ def _dot(a, b, acc, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
 
 
 @triton.jit
-def _tile(layout, tile, BINS: tl.constexpr, BLOCK_M: tl.constexpr):
-    bins = tl.arange(0, BINS)
-    ends = tl.load(layout + 2 * BINS + bins)
-    expert = tl.sum((ends <= tile).to(tl.int32), axis=0)  # BINS when the tile is past the last
-    safe = tl.minimum(expert, BINS - 1)
-    start, count = tl.load(layout + safe), tl.load(layout + BINS + safe)
-    end = tl.load(layout + 2 * BINS + safe)
-    first = start + (tile - end + (count + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
-    stop = tl.where(expert < BINS, start + count, 0)
-    return safe, first, stop
-
-
-@triton.jit
 def _weight(routed, shared, expert, experts, stride_e, stride_n, stride_sn, inner, shared_inner):
     # An expert's matrix, its row stride and inner size: the shared expert (id ``experts``) has its own.
     own = expert == experts
@@ -102,11 +94,17 @@ def _weight(routed, shared, expert, experts, stride_e, stride_n, stride_sn, inne
 
 @triton.jit
 def _gate_up(x, gate_up, shared_gate_up, h, layout, pair_at, pairs, top_k, experts, hidden, inner,
-             shared_inner, width, stride_x, stride_ge, stride_gn, stride_sn, BINS: tl.constexpr,
-             PRECISION: tl.constexpr, WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+             shared_inner, width, stride_x, stride_ge, stride_gn, stride_sn, logits, ids, weights, dest_at,
+             tile_expert, BINS: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_ROW: tl.constexpr,
+             K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, SLOTS: tl.constexpr,
+             PDL: tl.constexpr):
     pdl.wait(PDL)
-    expert, first, stop = _tile(layout, tl.program_id(0), BINS, BLOCK_M)
+    if ONE_ROW:  # the choice made here, no plan launch before
+        expert, first, stop = moe_plan.chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert,
+                                                   experts, K, NORM, BLOCK_E, SLOTS)
+    else:
+        expert, first, stop = moe_plan.tile_of(layout, tl.program_id(0), BINS, BLOCK_M)
     gate, stride_n, size = _weight(gate_up, shared_gate_up, expert, experts, stride_ge, stride_gn, stride_sn,
                                    inner, shared_inner)
     if (first >= stop) | (tl.program_id(1) * BLOCK_N >= size):  # past the last tile, or the expert's columns
@@ -114,7 +112,11 @@ def _gate_up(x, gate_up, shared_gate_up, h, layout, pair_at, pairs, top_k, exper
     q = first + tl.arange(0, BLOCK_M)
     live = q < stop
     # A routed pair's row from its pair index; the shared group holds one pair a row, in row order.
-    token = tl.where(q < pairs, tl.load(pair_at + q, mask=live & (q < pairs), other=0) // top_k, q - pairs)
+    if ONE_ROW:
+        token = tl.zeros([BLOCK_M], tl.int32)
+    else:
+        at = tl.load(pair_at + q, mask=live & (q < pairs), other=0)
+        token = tl.where(q < pairs, at // top_k, q - pairs)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     gate = gate + cols[:, None] * stride_n
     up = gate + size * stride_n
@@ -134,11 +136,16 @@ def _gate_up(x, gate_up, shared_gate_up, h, layout, pair_at, pairs, top_k, exper
 
 @triton.jit
 def _down(h, down, shared_down, buf, weights, layout, pair_at, dest_at, pairs, experts, hidden, inner,
-          shared_inner, width, stride_de, stride_dn, stride_sn, BINS: tl.constexpr, PRECISION: tl.constexpr,
+          shared_inner, width, stride_de, stride_dn, stride_sn, tile_expert, gate, residual, total, normed,
+          norm_weight, stride_g, eps, arrivals, BINS: tl.constexpr, PRECISION: tl.constexpr,
           WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-          PDL: tl.constexpr):
+          ONE_ROW: tl.constexpr, FINISH: tl.constexpr, TOP_K: tl.constexpr, SHARED: tl.constexpr,
+          HIDDEN_BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
-    expert, first, stop = _tile(layout, tl.program_id(0), BINS, BLOCK_M)
+    if ONE_ROW:  # tile t is pair t, of the expert the first launch wrote
+        expert, first, stop = tl.load(tile_expert + tl.program_id(0)), tl.program_id(0), tl.program_id(0) + 1
+    else:
+        expert, first, stop = moe_plan.tile_of(layout, tl.program_id(0), BINS, BLOCK_M)
     if first >= stop:
         return
     w, stride_n, size = _weight(down, shared_down, expert, experts, stride_de, stride_dn, stride_sn, inner,
@@ -161,45 +168,14 @@ def _down(h, down, shared_down, buf, weights, layout, pair_at, dest_at, pairs, e
         acc = _dot(a, b, acc, PRECISION, WIDEN)
     tl.store(buf + dest[:, None].to(tl.int64) * hidden + cols[None, :], acc * weight[:, None],
              mask=live[:, None] & (cols[None, :] < hidden))
-
-
-@triton.jit
-def _combined(buf, gate, row, cols, pairs, hidden, stride_g, TOP_K: tl.constexpr, SHARED: tl.constexpr,
-              dtype: tl.constexpr):
-    """Row ``row``'s block output at ``cols``: its ranks summed in order and rounded, plus the gated
-    shared expert."""
-    total = tl.zeros(cols.shape, dtype=tl.float32)
-    # Unrolled, so every rank's load is in flight at once (a loop waited out each in turn: 6.9 us a
-    # row at one row); the adds stay in ascending expert id, the same order for every row.
-    for rank in tl.static_range(TOP_K):
-        total += tl.load(buf + (row * TOP_K + rank) * hidden + cols, mask=cols < hidden, other=0.0)
-    result = total.to(dtype)
-    if SHARED:  # + the shared expert's output (rounded as a linear's) * sigmoid(gate), as sigmoid_gate rounds
-        value = tl.load(buf + (pairs + row) * hidden + cols, mask=cols < hidden, other=0.0).to(dtype)
-        part = gated(value, tl.load(gate + row * stride_g), dtype)
-        result = (result.to(tl.float32) + part.to(tl.float32)).to(dtype)
-    return result
-
-
-@triton.jit
-def _combine(buf, out, gate, pairs, hidden, stride_o, stride_g, TOP_K: tl.constexpr, SHARED: tl.constexpr,
-             BLOCK_N: tl.constexpr, PDL: tl.constexpr):
-    pdl.wait(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    result = _combined(buf, gate, row, cols, pairs, hidden, stride_g, TOP_K, SHARED, out.dtype.element_ty)
-    tl.store(out + row * stride_o + cols, result, mask=cols < hidden)
-
-
-@triton.jit
-def _combine_add_zrms(buf, gate, residual, total, out, weight, pairs, hidden, stride_g, eps,
-                      TOP_K: tl.constexpr, SHARED: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """``_combine``'s row added to the residual and normalised, as ``kernels.norm.add_zrms`` does."""
-    pdl.wait(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    delta = _combined(buf, gate, row, cols, pairs, hidden, stride_g, TOP_K, SHARED, out.dtype.element_ty)
-    norm.add_zrms_row(residual, delta, total, out, weight, row, hidden, eps, BLOCK)
+    if FINISH:  # one row: the last program to finish does _combine_add_zrms' work, in its warps
+        tl.debug_barrier()  # every thread's part of the tile is written before it is counted
+        programs = tl.num_programs(0) * tl.num_programs(1)
+        if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == programs - 1:
+            delta = moe_sum.combined(buf, gate, 0, tl.arange(0, HIDDEN_BLOCK), pairs, hidden, stride_g,
+                                     TOP_K, SHARED, total.dtype.element_ty)
+            norm.add_zrms_row(residual, delta, total, normed, norm_weight, 0, hidden, eps, HIDDEN_BLOCK)
+            tl.atomic_xchg(arrivals, 0, sem="relaxed", scope="gpu")  # rearmed for the next call
 
 
 def _check(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
@@ -321,42 +297,66 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
     buf = torch.empty(chunk * per_row, hidden, dtype=torch.float32, device=x.device)
     bins = triton.next_power_of_2(n_experts + (shared is not None))  # a bin for the shared expert's id too
     tables = moe_plan.Tables.empty(chunk * top_k, bins, x.device)
+    one_row = ONE_ROW and choice is not None and rows == 1  # the choice in the experts' first launch
+    tile_expert = torch.empty(per_row, dtype=torch.int32, device=x.device) if one_row else tables.pair_at
     for first in range(0, rows, ROW_CHUNK):
         count = min(ROW_CHUNK, rows - first)
         pairs = count * top_k
         chunk_ids, chunk_weights = ids[first:first + count], weights[first:first + count]
-        made = None if choice is None else (choice[0][first:first + count], chunk_weights, choice[1])
-        moe_plan.plan(tables, chunk_ids, n_experts, shared is not None, BLOCK_M, made)
-        # Each routed expert that has pairs takes at least one tile, plus one per full BLOCK_M of them;
-        # the shared expert's group takes a tile per BLOCK_M rows.
-        tiles = min(n_experts, pairs) + pairs // BLOCK_M
-        tiles += 0 if shared is None else triton.cdiv(count, BLOCK_M)
+        if one_row:
+            tiles = per_row
+        else:
+            made = None if choice is None else (choice[0][first:first + count], chunk_weights, choice[1])
+            moe_plan.plan(tables, chunk_ids, n_experts, shared is not None, BLOCK_M, made)
+            # Each routed expert that has pairs takes at least one tile, plus one per full BLOCK_M of
+            # them; the shared expert's group takes a tile per BLOCK_M rows.
+            tiles = min(n_experts, pairs) + pairs // BLOCK_M
+            tiles += 0 if shared is None else triton.cdiv(count, BLOCK_M)
+        logits, normalise = choice if one_row and choice is not None else (x, False)  # read at one row only
         _gate_up[(tiles, triton.cdiv(width, GATE_N))](
             x[first:first + count], gate_up, own_gate_up, h, tables.layout, tables.pair_at, pairs, top_k,
             n_experts, hidden, inner, shared_inner, width, x.stride(0), gate_up.stride(0), gate_up.stride(1),
-            own_gate_up.stride(0), BINS=bins, PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=BLOCK_M,
-            BLOCK_N=GATE_N, BLOCK_K=GATE_K, num_stages=GATE_STAGES, **pdl.options(x.device))
+            own_gate_up.stride(0), logits, chunk_ids, chunk_weights, tables.dest_at, tile_expert, BINS=bins,
+            PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=BLOCK_M, BLOCK_N=GATE_N, BLOCK_K=GATE_K,
+            ONE_ROW=one_row, K=top_k, NORM=normalise,
+            BLOCK_E=triton.next_power_of_2(n_experts), SLOTS=triton.next_power_of_2(top_k),
+            num_warps=router.ROUTE_WARPS, num_stages=GATE_STAGES, **pdl.options(x.device))
+        target = out[first:first + count]
+        gate = target if shared is None else shared.gate[first:first + count]  # not read without SHARED
+        block = triton.next_power_of_2(hidden)
+        finish = one_row and residual is not None  # the sum, the residual add and the norm in _down
+        normed = torch.empty_like(out) if residual is not None else out
+        held = residual if residual is not None else Residual(out, out[0], 0.0)  # not read unless finishing
         _down[(tiles, triton.cdiv(hidden, DOWN_N))](
             h, down, own_down, buf, chunk_weights, tables.layout, tables.pair_at, tables.dest_at, pairs,
             n_experts, hidden, inner, shared_inner, width, down.stride(0), down.stride(1), own_down.stride(0),
-            BINS=bins, PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=BLOCK_M, BLOCK_N=DOWN_N,
-            BLOCK_K=DOWN_K, num_stages=DOWN_STAGES, **pdl.options(x.device))
-        target = out[first:first + count]
-        gate = target if shared is None else shared.gate[first:first + count]  # not read without SHARED
-        if residual is not None and rows <= ROW_CHUNK:  # the sum, the residual add and the norm at once
-            normed = torch.empty_like(out)
-            block = triton.next_power_of_2(hidden)
-            _combine_add_zrms[(count,)](
-                buf, gate, residual.x.contiguous(), out, normed, residual.weight, pairs, hidden,
-                gate.stride(0), residual.eps, TOP_K=top_k, SHARED=shared is not None, BLOCK=block,
-                num_warps=norm.warps(block), **pdl.options(x.device))
+            tile_expert, gate, held.x.contiguous(), out, normed, held.weight, gate.stride(0), held.eps,
+            _arrivals(x.device), BINS=bins, PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=BLOCK_M,
+            BLOCK_N=DOWN_N, BLOCK_K=DOWN_K, ONE_ROW=one_row, FINISH=finish, TOP_K=top_k,
+            SHARED=shared is not None, HIDDEN_BLOCK=block, num_warps=norm.warps(block) if finish else 4,
+            num_stages=DOWN_STAGES, **pdl.options(x.device))
+        if finish:
             return out, normed
-        _combine[(count, triton.cdiv(hidden, COMBINE_N))](
-            buf, target, gate, pairs, hidden, target.stride(0), gate.stride(0), TOP_K=top_k,
-            SHARED=shared is not None, BLOCK_N=COMBINE_N, **pdl.options(x.device))
+        if residual is not None and rows <= ROW_CHUNK:  # the sum, the residual add and the norm at once
+            moe_sum.combine_add_zrms(buf, gate, residual.x.contiguous(), out, normed, residual.weight, pairs,
+                                     top_k, shared is not None, residual.eps)
+            return out, normed
+        moe_sum.combine(buf, target, gate, pairs, top_k, shared is not None)
     if residual is not None:
         return norm.add_zrms(residual.x, out, residual.weight, residual.eps)
     return out, None
+
+
+_ARRIVALS: dict[torch.device, torch.Tensor] = {}
+
+
+def _arrivals(device: torch.device) -> torch.Tensor:
+    """The device's arrival counter of ``_down`` at one row: zero between launches (the last program
+    rearms it), allocated once so CUDA graphs capture a fixed address."""
+    found = _ARRIVALS.get(device)
+    if found is None:
+        found = _ARRIVALS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return found
 
 
 def _check_residual(x: torch.Tensor, residual: Residual) -> None:

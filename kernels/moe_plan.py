@@ -4,10 +4,14 @@ The ``rows * top_k`` routed pairs are grouped by expert on the device with no ho
 histograms (``_count``), their prefix over blocks (``_scan``) and a stable placement (``_place``)
 give each pair its position in expert order; when all pairs fit one block, ``_plan_one`` does it in
 one launch, and for up to ``CHOICE_PAIRS`` pairs (decode at a few lanes) ``_route_plan_one`` makes
-the router's choice first in that same launch, in the router's one warp. With a
+the router's choice first in that same launch (``kernels.moe`` makes it in its first launch at one
+row, with no plan launch). With a
 shared expert every row has one pair more, (row, expert ``experts``): its id is past every routed
 one, so those pairs form the last group, one a row in row order from position ``rows * top_k``; the
 layout reserves that group and nothing else places it (nor does the one-block bound count it).
+
+Expert kernels find their tile's pairs with ``tile_of`` (from the layout) or, at one row with no
+plan launch, ``chosen_tile`` (from the router's logits, every program choosing for itself).
 
 Tables (``Tables``, int32, sized by shapes alone, so a plan can be captured in a CUDA graph):
 ``layout`` [3, bins] holds each expert's first grouped position, its pairs, and the end of its tiles
@@ -29,8 +33,8 @@ from kernels import pdl, router
 
 PLAN_BLOCK = 128  # pairs a placement program takes
 SCAN_BLOCK = 8  # histogram rows the scan adds at a time
-# Pairs the router's choice and the plan take in one launch: its rows choose one after another in one
-# warp (kernels.router), so more rows go faster through the router's kernel, a row a program.
+# Pairs the router's choice and the plan take in one launch: its rows choose one after another
+# (kernels.router), so more rows go faster through the router's kernel, a row a program.
 CHOICE_PAIRS = 32
 
 
@@ -181,3 +185,43 @@ def plan(tables: Tables, ids: torch.Tensor, experts: int, shared: bool, block_m:
                     BLOCK_M=block_m, **options)
         _place[(blocks,)](ids, tables.hist, tables.layout, tables.pair_at, tables.dest_at, pairs, top_k,
                           BINS=bins, BLOCK_P=PLAN_BLOCK, SLOTS=slots, num_warps=8, **options)
+
+
+@triton.jit
+def tile_of(layout, tile, BINS: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Tile ``tile``'s expert, first grouped position and the end of its expert's pairs, from the
+    plan's ``layout`` (end 0 past the last tile): how an expert kernel's program finds its pairs."""
+    bins = tl.arange(0, BINS)
+    ends = tl.load(layout + 2 * BINS + bins)
+    expert = tl.sum((ends <= tile).to(tl.int32), axis=0)  # BINS when the tile is past the last
+    safe = tl.minimum(expert, BINS - 1)
+    start, count = tl.load(layout + safe), tl.load(layout + BINS + safe)
+    end = tl.load(layout + 2 * BINS + safe)
+    first = start + (tile - end + (count + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
+    stop = tl.where(expert < BINS, start + count, 0)
+    return safe, first, stop
+
+
+@triton.jit
+def chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts, K: tl.constexpr,
+                NORM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    """At one row, this program's tile from the router's choice, which every program of the launch
+    makes for itself (``kernels.router.choice``): tile t < K is the chosen expert of rank t by id,
+    tile K the shared expert. A tile's first column program writes what the router kernel and the
+    plan would for it: its pair's id and weight (in slot order), its slot, its rank, its expert."""
+    tile = tl.program_id(0)
+    best, picked = router.choice(logits, experts, K, NORM, BLOCK_E, BLOCK_K)
+    slots = tl.arange(0, BLOCK_K)
+    live = slots < K
+    rank = tl.sum((live[None, :] & (best[None, :] < best[:, None])).to(tl.int32), axis=1)  # ids are distinct
+    mine = live & (rank == tile)
+    expert = tl.where(tile < K, tl.sum(tl.where(mine, best, 0), axis=0).to(tl.int32), experts)
+    if tl.program_id(1) == 0:
+        if tile < K:
+            slot = tl.sum(tl.where(mine, slots, 0), axis=0)
+            tl.store(ids + slot, expert.to(tl.int64))
+            tl.store(weights + slot, tl.sum(tl.where(mine, picked, 0.0), axis=0).to(weights.dtype.element_ty))
+            tl.store(pair_at + tile, slot)
+            tl.store(dest_at + tile, tile)
+        tl.store(tile_expert + tile, expert)
+    return expert, tile, tile + 1

@@ -13,10 +13,10 @@ import triton.language as tl
 
 from kernels import pdl
 
-# Warps of a choice: the softmax's sums follow the thread layout, so the router kernel and the MoE
-# kernel that chooses and plans in one launch (kernels.moe_plan) use the same. One warp reduces by
-# shuffles alone, with no shared memory or barrier between a choice's nine reductions.
-ROUTE_WARPS = 1
+# Warps of a choice: the softmax's sums follow the thread layout, so every kernel that makes a choice
+# runs this many: the router kernel, the plan's launch that chooses first (kernels.moe_plan) and the
+# grouped experts' first launch at one row (kernels.moe), whose programs each choose for themselves.
+ROUTE_WARPS = 4
 
 
 @triton.jit
@@ -28,10 +28,9 @@ def _top_k(logits, chosen, weights, experts, stride, K: tl.constexpr, NORM: tl.c
 
 
 @triton.jit
-def choose(logits, chosen, weights, experts, K: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr,
-           BLOCK_K: tl.constexpr):
-    """One row's choice: its ``experts`` logits at ``logits``, its K ids and weights written at
-    ``chosen`` and ``weights`` (shared with the MoE kernel that routes and plans in one launch)."""
+def choice(logits, experts, K: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One row's choice from its ``experts`` logits at ``logits``: ([BLOCK_K] ids, [BLOCK_K] fp32
+    weights), slots from K on zero."""
     ids = tl.arange(0, BLOCK)
     live = ids < experts
     x = tl.load(logits + ids, mask=live, other=float("-inf")).to(tl.float32)
@@ -46,9 +45,18 @@ def choose(logits, chosen, weights, experts, K: tl.constexpr, NORM: tl.constexpr
         picked = tl.where(slots == slot, value, picked)
         best = tl.where(slots == slot, at.to(tl.int64), best)
         left = tl.where(ids == at, -1.0, left)
-    tl.store(chosen + slots, best, mask=slots < K)
     if NORM:
         picked = picked / tl.sum(picked, axis=0)
+    return best, picked
+
+
+@triton.jit
+def choose(logits, chosen, weights, experts, K: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr,
+           BLOCK_K: tl.constexpr):
+    """``choice`` written out: K ids at ``chosen``, K weights (their dtype) at ``weights``."""
+    best, picked = choice(logits, experts, K, NORM, BLOCK, BLOCK_K)
+    slots = tl.arange(0, BLOCK_K)
+    tl.store(chosen + slots, best, mask=slots < K)
     tl.store(weights + slots, picked.to(weights.dtype.element_ty), mask=slots < K)
 
 

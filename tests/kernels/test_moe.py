@@ -197,7 +197,9 @@ def test_with_the_shared_expert_a_row_alone_equals_the_row_in_any_batch(dtype: t
 
 
 @pytest.mark.parametrize("normalise", [True, False])
-@pytest.mark.parametrize(("rows", "top_k"), [(1, 2), (5, 3), (40, 4)])  # 160 pairs: past one planning block
+# one row (the choice in the experts' first launch, top_k 3 and 5 not powers of two), 15 pairs (the
+# choice in the plan's launch), 160 pairs (past one planning block)
+@pytest.mark.parametrize(("rows", "top_k"), [(1, 2), (1, 3), (1, 5), (5, 3), (40, 4)])
 def test_routing_from_logits_is_the_routers_choice_then_the_experts(rows: int, top_k: int,
                                                                      normalise: bool) -> None:
     x, gate_up, down, _, _ = make(rows, top_k, torch.bfloat16, seed=rows)
@@ -214,9 +216,21 @@ def test_routing_from_logits_is_the_routers_choice_then_the_experts(rows: int, t
         moe.routed(x, gate_up, down, logits[:, :8], 9, normalise)
 
 
+@pytest.mark.parametrize("rows", [1, 3])  # the choice in the experts' first launch, then in the plan's
+def test_a_choice_made_in_the_launches_writes_the_routers_ids_and_weights(rows: int) -> None:
+    x, gate_up, down, _, _ = make(rows, 3, torch.float32, seed=31)
+    logits = router_product(rows, 8, torch.float32, seed=31)[:, :8]
+    ids = torch.full((rows, 3), -1, dtype=torch.int64)
+    weights = torch.zeros(rows, 3)
+    shared = make_shared(rows, torch.float32, seed=31)
+    moe.experts(x, gate_up, down, ids, weights, shared, choice=(logits, True))
+    want_ids, want_weights = router.top_k(logits, 3, True, torch.float32)
+    assert torch.equal(ids, want_ids) and torch.equal(weights, want_weights)
+
+
 def test_routed_rows_are_the_same_in_one_planning_launch_and_past_it() -> None:
-    """1 to 8 rows of top-4 choose and plan in one launch; 9 to 32 through the router and one plan
-    launch; 33 through the router and three plan launches."""
+    """1 row chooses in the experts' first launch; 2 to 8 rows of top-4 choose and plan in one
+    launch; 9 to 32 through the router and one plan launch; 33 through the router and three."""
     assert moe_plan.CHOICE_PAIRS == 32 and moe_plan.PLAN_BLOCK == 128
     x, gate_up, down, _, _ = make(33, 4, torch.float32, seed=23)
     logits = router_product(33, 8, torch.float32, seed=23)
@@ -274,6 +288,20 @@ def test_the_block_added_to_the_residual_and_normalised_is_add_zrms_of_it(rows: 
     block = moe.routed(x, gate_up, down, logits[:, :8], top_k, True, shared)
     want = norm.add_zrms(residual.x, block, residual.weight, residual.eps)
     got = moe.routed_add_zrms(x, gate_up, down, logits[:, :8], top_k, True, shared, residual)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert not moe._arrivals(x.device).any()  # one row's last program rearmed the counter it finished on
+
+
+def test_one_row_gives_the_same_bits_in_its_own_launches_as_through_the_plans(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    x, gate_up, down, _, _ = make(1, 3, torch.bfloat16, seed=41)
+    logits = router_product(1, 8, torch.bfloat16, seed=41)
+    shared = make_shared(1, torch.bfloat16, seed=41)
+    residual = residual_of(1, torch.bfloat16, seed=41)
+    monkeypatch.setattr(moe, "ONE_ROW", True)
+    want = moe.routed_add_zrms(x, gate_up, down, logits[:, :8], 3, True, shared, residual)
+    monkeypatch.setattr(moe, "ONE_ROW", False)
+    got = moe.routed_add_zrms(x, gate_up, down, logits[:, :8], 3, True, shared, residual)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 

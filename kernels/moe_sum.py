@@ -1,0 +1,81 @@
+"""The last step of an MoE block (``kernels.moe``): a row's ranked expert outputs (fp32 rows of the
+experts' buffer, ``top_k`` a row in ascending expert id, then the shared expert's rows after every
+routed one) summed in that order and rounded, plus the shared expert's output times sigmoid(gate)
+rounded as ``kernels.sigmoid_gate`` rounds it; ``combine_add_zrms`` also adds the residual stream and
+normalises the sum for the next block as ``kernels.norm.add_zrms`` does (the same bits, one launch).
+``combined`` is the row arithmetic, shared with the experts' own last program at one row.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import norm, pdl
+from kernels.sigmoid_gate import gated
+
+COMBINE_N = 256  # hidden columns of a combining program
+
+
+@triton.jit
+def combined(buf, gate, row, cols, pairs, hidden, stride_g, TOP_K: tl.constexpr, SHARED: tl.constexpr,
+              dtype: tl.constexpr):
+    """Row ``row``'s block output at ``cols``: its ranks summed in order and rounded, plus the gated
+    shared expert."""
+    total = tl.zeros(cols.shape, dtype=tl.float32)
+    # Unrolled, so every rank's load is in flight at once (a loop waited out each in turn: 6.9 us a
+    # row at one row); the adds stay in ascending expert id, the same order for every row.
+    # (.cg: from L2, where another program's stores are, whichever launch made them)
+    for rank in tl.static_range(TOP_K):
+        total += tl.load(buf + (row * TOP_K + rank) * hidden + cols, mask=cols < hidden, other=0.0,
+                         cache_modifier=".cg")
+    result = total.to(dtype)
+    if SHARED:  # + the shared expert's output (rounded as a linear's) * sigmoid(gate), as sigmoid_gate rounds
+        value = tl.load(buf + (pairs + row) * hidden + cols, mask=cols < hidden, other=0.0,
+                        cache_modifier=".cg").to(dtype)
+        part = gated(value, tl.load(gate + row * stride_g), dtype)
+        result = (result.to(tl.float32) + part.to(tl.float32)).to(dtype)
+    return result
+
+
+@triton.jit
+def _combine(buf, out, gate, pairs, hidden, stride_o, stride_g, TOP_K: tl.constexpr, SHARED: tl.constexpr,
+             BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    result = combined(buf, gate, row, cols, pairs, hidden, stride_g, TOP_K, SHARED, out.dtype.element_ty)
+    tl.store(out + row * stride_o + cols, result, mask=cols < hidden)
+
+
+@triton.jit
+def _combine_add_zrms(buf, gate, residual, total, out, weight, pairs, hidden, stride_g, eps,
+                      TOP_K: tl.constexpr, SHARED: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """``_combine``'s row added to the residual and normalised, as ``kernels.norm.add_zrms`` does."""
+    pdl.wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    delta = combined(buf, gate, row, cols, pairs, hidden, stride_g, TOP_K, SHARED, out.dtype.element_ty)
+    norm.add_zrms_row(residual, delta, total, out, weight, row, hidden, eps, BLOCK)
+
+
+def combine(buf: torch.Tensor, out: torch.Tensor, gate: torch.Tensor, pairs: int, top_k: int,
+            shared: bool) -> None:
+    """Each row of ``out`` [rows, hidden] from ``buf`` (``gate`` [rows, 1] read with ``shared``)."""
+    rows, hidden = out.shape
+    _combine[(rows, triton.cdiv(hidden, COMBINE_N))](
+        buf, out, gate, pairs, hidden, out.stride(0), gate.stride(0), TOP_K=top_k, SHARED=shared,
+        BLOCK_N=COMBINE_N, **pdl.options(out.device))
+
+
+def combine_add_zrms(buf: torch.Tensor, gate: torch.Tensor, residual: torch.Tensor, total: torch.Tensor,
+                     out: torch.Tensor, weight: torch.Tensor, pairs: int, top_k: int, shared: bool,
+                     eps: float) -> None:
+    """``total`` = ``residual`` + each row's sum, ``out`` = its zero-centred norm (``weight``, ``eps``),
+    a program a row, in ``kernels.norm``'s warps for the row's width."""
+    rows, hidden = total.shape
+    block = triton.next_power_of_2(hidden)
+    _combine_add_zrms[(rows,)](buf, gate, residual, total, out, weight, pairs, hidden, gate.stride(0), eps,
+                               TOP_K=top_k, SHARED=shared, BLOCK=block, num_warps=norm.warps(block),
+                               **pdl.options(total.device))
