@@ -50,16 +50,15 @@ def conv_rows(new, rows, row_live, cs, weight, tails, tail_at, channels, WIDTH: 
         old = tl.load(tails + tail[:, None] + tap * channels + cs[None, :], mask=live, other=0.0)
         w = tl.load(weight + cs * WIDTH + tap, mask=c_live).to(tl.float32)
         acc = acc + old.to(tl.float32) * w[None, :]
+        if tap > 0:  # the tail moves forward a row: this row's values, as loaded, one row down. Safe
+            # without a barrier of its own: every thread read the row below and used it (the tap
+            # before) ahead of this store in program order, and a store in another thread's layout
+            # follows the layout change's barrier (sm_90: the stores take another layout than the loads)
+            tl.store(tails + tail[:, None] + (tap - 1) * channels + cs[None, :], old, mask=live)
     w = tl.load(weight + cs * WIDTH + WIDTH - 1, mask=c_live).to(tl.float32)
     acc = acc + new.to(tl.float32) * w[None, :]
     result = tl.where(live, silu_out(acc, new.dtype), 0.0).to(new.dtype)
-    # the tail moves forward a row at a time, read again rather than held (registers: the GEMM's)
-    for tap in tl.static_range(WIDTH - 2):
-        tl.debug_barrier()  # every thread's reads of a row come before any write to it
-        moved = tl.load(tails + tail[:, None] + (tap + 1) * channels + cs[None, :], mask=live, other=0.0)
-        tl.debug_barrier()
-        tl.store(tails + tail[:, None] + tap * channels + cs[None, :], moved, mask=live)
-    tl.debug_barrier()
+    tl.debug_barrier()  # the new row may sit in other threads than the tail's last row: all reads first
     tl.store(tails + tail[:, None] + (WIDTH - 2) * channels + cs[None, :], new.to(tails.dtype.element_ty),
              mask=live)
     return result
