@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import INTERPRETED, moe_plan, moe_sum, norm, pdl, router
+from kernels import INTERPRETED, moe_one, moe_plan, moe_sum, moe_tiles, norm, pdl, router
 
 BLOCK_M = 16  # pairs in a tile: one tensor-core row block
 # Stage one's columns, reduction step and pipeline depth, then stage two's: the best pair of a 24-pair
@@ -58,6 +58,8 @@ ROW_CHUNK = 2048  # rows a pass takes at most: bounds the fp32 buffer (rows neve
 # One row through ``routed``: the choice in the experts' first launch and the combine in the last
 # program of their second; off, the plan's launch and the combining launch (comparisons: same bits).
 ONE_ROW = True
+# One row through ``routed``: both products in one launch (kernels.moe_one); off, two (same bits).
+ONE_LAUNCH = True
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -78,21 +80,6 @@ class Shared(NamedTuple):
 
 
 @triton.jit
-def _dot(a, b, acc, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
-    if WIDEN:  # the interpreter's bf16 dot is wrong (kernels/__init__.py); fp32 holds the products exactly
-        a, b = a.to(tl.float32), b.to(tl.float32)
-    return tl.dot(a, tl.trans(b), acc, input_precision=PRECISION)
-
-
-@triton.jit
-def _weight(routed, shared, expert, experts, stride_e, stride_n, stride_sn, inner, shared_inner):
-    # An expert's matrix, its row stride and inner size: the shared expert (id ``experts``) has its own.
-    own = expert == experts
-    matrix = tl.where(own, shared, routed + expert.to(tl.int64) * stride_e)
-    return matrix, tl.where(own, stride_sn, stride_n), tl.where(own, shared_inner, inner)
-
-
-@triton.jit
 def _gate_up(x, gate_up, shared_gate_up, h, layout, pair_at, pairs, top_k, experts, hidden, inner,
              shared_inner, width, stride_x, stride_ge, stride_gn, stride_sn, logits, ids, weights, dest_at,
              tile_expert, BINS: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
@@ -101,12 +88,13 @@ def _gate_up(x, gate_up, shared_gate_up, h, layout, pair_at, pairs, top_k, exper
              PDL: tl.constexpr):
     pdl.wait(PDL)
     if ONE_ROW:  # the choice made here, no plan launch before
-        expert, first, stop = moe_plan.chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert,
-                                                   experts, K, NORM, BLOCK_E, SLOTS)
+        expert, _ = moe_plan.chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts,
+                                         tl.program_id(0), tl.program_id(1) == 0, K, NORM, BLOCK_E, SLOTS)
+        first, stop = tl.program_id(0), tl.program_id(0) + 1
     else:
         expert, first, stop = moe_plan.tile_of(layout, tl.program_id(0), BINS, BLOCK_M)
-    gate, stride_n, size = _weight(gate_up, shared_gate_up, expert, experts, stride_ge, stride_gn, stride_sn,
-                                   inner, shared_inner)
+    gate, stride_n, size = moe_tiles.weight_of(gate_up, shared_gate_up, expert, experts, stride_ge, stride_gn,
+                                               stride_sn, inner, shared_inner)
     if (first >= stop) | (tl.program_id(1) * BLOCK_N >= size):  # past the last tile, or the expert's columns
         return
     q = first + tl.arange(0, BLOCK_M)
@@ -117,21 +105,8 @@ def _gate_up(x, gate_up, shared_gate_up, h, layout, pair_at, pairs, top_k, exper
     else:
         at = tl.load(pair_at + q, mask=live & (q < pairs), other=0)
         token = tl.where(q < pairs, at // top_k, q - pairs)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    gate = gate + cols[:, None] * stride_n
-    up = gate + size * stride_n
-    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for start in range(0, hidden, BLOCK_K):
-        ks = start + tl.arange(0, BLOCK_K)
-        wmask = (cols[:, None] < size) & (ks[None, :] < hidden)
-        a = tl.load(x + token[:, None] * stride_x + ks[None, :], mask=live[:, None] & (ks[None, :] < hidden),
-                    other=0.0)
-        acc_gate = _dot(a, tl.load(gate + ks[None, :], mask=wmask, other=0.0), acc_gate, PRECISION, WIDEN)
-        acc_up = _dot(a, tl.load(up + ks[None, :], mask=wmask, other=0.0), acc_up, PRECISION, WIDEN)
-    act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
-    tl.store(h + q[:, None] * width + cols[None, :], act.to(h.dtype.element_ty),
-             mask=live[:, None] & (cols[None, :] < size))
+    moe_tiles.gate_up_tile(x, gate, stride_n, size, h, q, live, token, hidden, width, stride_x,
+                           tl.program_id(1), PRECISION, WIDEN, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -148,8 +123,8 @@ def _down(h, down, shared_down, buf, weights, layout, pair_at, dest_at, pairs, e
         expert, first, stop = moe_plan.tile_of(layout, tl.program_id(0), BINS, BLOCK_M)
     if first >= stop:
         return
-    w, stride_n, size = _weight(down, shared_down, expert, experts, stride_de, stride_dn, stride_sn, inner,
-                                shared_inner)
+    w, stride_n, size = moe_tiles.weight_of(down, shared_down, expert, experts, stride_de, stride_dn,
+                                            stride_sn, inner, shared_inner)
     q = first + tl.arange(0, BLOCK_M)
     live = q < stop
     routed = live & (q < pairs)
@@ -157,17 +132,8 @@ def _down(h, down, shared_down, buf, weights, layout, pair_at, dest_at, pairs, e
     weight = tl.load(weights + tl.load(pair_at + q, mask=routed, other=0), mask=routed, other=0.0)
     weight = tl.where(q < pairs, weight.to(tl.float32), 1.0)
     dest = tl.where(q < pairs, tl.load(dest_at + q, mask=routed, other=0), q)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    w = w + cols[:, None] * stride_n
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for start in range(0, size, BLOCK_K):
-        ks = start + tl.arange(0, BLOCK_K)
-        kmask = ks[None, :] < size
-        a = tl.load(h + q[:, None] * width + ks[None, :], mask=live[:, None] & kmask, other=0.0)
-        b = tl.load(w + ks[None, :], mask=(cols[:, None] < hidden) & kmask, other=0.0)
-        acc = _dot(a, b, acc, PRECISION, WIDEN)
-    tl.store(buf + dest[:, None].to(tl.int64) * hidden + cols[None, :], acc * weight[:, None],
-             mask=live[:, None] & (cols[None, :] < hidden))
+    moe_tiles.down_tile(h, w, stride_n, size, buf, q, live, weight, dest, hidden, width, tl.program_id(1),
+                        PRECISION, WIDEN, BLOCK_M, BLOCK_N, BLOCK_K, "")
     if FINISH:  # one row: the last program to finish does _combine_add_zrms' work, in its warps
         tl.debug_barrier()  # every thread's part of the tile is written before it is counted
         programs = tl.num_programs(0) * tl.num_programs(1)
@@ -299,6 +265,16 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
     tables = moe_plan.Tables.empty(chunk * top_k, bins, x.device)
     one_row = ONE_ROW and choice is not None and rows == 1  # the choice in the experts' first launch
     tile_expert = torch.empty(per_row, dtype=torch.int32, device=x.device) if one_row else tables.pair_at
+    if one_row and ONE_LAUNCH and choice is not None and moe_one.fits(hidden, per_row):
+        gate = out if shared is None else shared.gate
+        normed = torch.empty_like(out) if residual is not None else None
+        moe_one.launch(x, gate_up, own_gate_up, h, down, own_down, buf, choice[0], choice[1], ids, weights,
+                       tables, tile_expert, gate, shared is not None, out,
+                       None if residual is None or normed is None else
+                       (residual.x.contiguous(), residual.weight, residual.eps, normed),
+                       {"block_m": BLOCK_M, "gate_n": GATE_N, "gate_k": GATE_K, "down_n": DOWN_N,
+                        "down_k": DOWN_K, "stages": GATE_STAGES})
+        return out, normed
     for first in range(0, rows, ROW_CHUNK):
         count = min(ROW_CHUNK, rows - first)
         pairs = count * top_k

@@ -203,25 +203,26 @@ def tile_of(layout, tile, BINS: tl.constexpr, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts, K: tl.constexpr,
+def chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts, tile, writes, K: tl.constexpr,
                 NORM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
-    """At one row, this program's tile from the router's choice, which every program of the launch
-    makes for itself (``kernels.router.choice``): tile t < K is the chosen expert of rank t by id,
-    tile K the shared expert. A tile's first column program writes what the router kernel and the
-    plan would for it: its pair's id and weight (in slot order), its slot, its rank, its expert."""
-    tile = tl.program_id(0)
+    """At one row, tile ``tile``'s expert and its pair's fp32 routing weight (1 for the shared expert)
+    from the router's choice, which every program makes for itself (``kernels.router.choice``): tile
+    t < K is the chosen expert of rank t by id, tile K the shared expert. With ``writes`` (one
+    program a tile), what the router kernel and the plan would write for it: its pair's id and weight
+    (in slot order), its slot, its rank, its expert."""
     best, picked = router.choice(logits, experts, K, NORM, BLOCK_E, BLOCK_K)
     slots = tl.arange(0, BLOCK_K)
     live = slots < K
     rank = tl.sum((live[None, :] & (best[None, :] < best[:, None])).to(tl.int32), axis=1)  # ids are distinct
     mine = live & (rank == tile)
     expert = tl.where(tile < K, tl.sum(tl.where(mine, best, 0), axis=0).to(tl.int32), experts)
-    if tl.program_id(1) == 0:
+    weight = tl.sum(tl.where(mine, picked, 0.0), axis=0).to(weights.dtype.element_ty)
+    if writes:
         if tile < K:
             slot = tl.sum(tl.where(mine, slots, 0), axis=0)
             tl.store(ids + slot, expert.to(tl.int64))
-            tl.store(weights + slot, tl.sum(tl.where(mine, picked, 0.0), axis=0).to(weights.dtype.element_ty))
+            tl.store(weights + slot, weight)
             tl.store(pair_at + tile, slot)
             tl.store(dest_at + tile, tile)
         tl.store(tile_expert + tile, expert)
-    return expert, tile, tile + 1
+    return expert, tl.where(tile < K, weight.to(tl.float32), 1.0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import moe, moe_plan, norm, router, sigmoid_gate
+from kernels import moe, moe_one, moe_plan, norm, router, sigmoid_gate
 
 Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -305,6 +305,28 @@ def test_one_row_gives_the_same_bits_in_its_own_launches_as_through_the_plans(
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize(("top_k", "inner"), [(3, 16), (2, 24)])
+def test_one_row_gives_the_same_bits_in_one_launch_as_in_two(monkeypatch: pytest.MonkeyPatch, residual: bool,
+                                                             top_k: int, inner: int) -> None:
+    x, gate_up, down, _, _ = make(1, top_k, torch.bfloat16, seed=43 + top_k)
+    logits = router_product(1, 8, torch.bfloat16, seed=43 + top_k)
+    shared = make_shared(1, torch.bfloat16, seed=43 + top_k, inner=inner)
+    stream = residual_of(1, torch.bfloat16, seed=43 + top_k)
+
+    def block() -> tuple[torch.Tensor, ...]:
+        if residual:
+            return moe.routed_add_zrms(x, gate_up, down, logits[:, :8], top_k, True, shared, stream)
+        return (moe.routed(x, gate_up, down, logits[:, :8], top_k, True, shared),)
+
+    monkeypatch.setattr(moe, "ONE_LAUNCH", True)
+    got = block()
+    assert not moe_one.counters(x.device).any()  # the last program rearmed every counter
+    monkeypatch.setattr(moe, "ONE_LAUNCH", False)
+    want = block()
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
 def test_the_residual_add_past_a_chunk_is_add_zrms_of_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
     x, gate_up, down, _, _ = make(7, 2, torch.float32, seed=7)
     logits, shared = router_product(7, 8, torch.float32, seed=7), make_shared(7, torch.float32, seed=7)
@@ -468,3 +490,32 @@ def test_gpu_the_block_added_to_the_residual_is_add_zrms_of_it(rows: int) -> Non
     want = norm.add_zrms(residual.x, block, residual.weight, residual.eps)
     got = moe.routed_add_zrms(x, gate_up, down, logits[:, :256], 8, True, shared, residual)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("experts", "top_k"), REAL)
+def test_gpu_one_row_in_one_launch_is_two_launches_and_replays(monkeypatch: pytest.MonkeyPatch, experts: int,
+                                                               top_k: int) -> None:
+    x, gate_up, down, _, _ = make_real(1, experts, top_k, seed=23)
+    logits = router_product(1, experts, torch.bfloat16, seed=23, device="cuda")
+    shared = make_real_shared(1, experts, seed=23)._replace(gate=logits[:, experts:])
+    residual = residual_of(1, torch.bfloat16, seed=23, hidden=2048, device="cuda")
+
+    def block() -> tuple[torch.Tensor, torch.Tensor]:
+        return moe.routed_add_zrms(x, gate_up, down, logits[:, :experts], top_k, True, shared, residual)
+
+    monkeypatch.setattr(moe, "ONE_LAUNCH", False)
+    want = [block()]
+    logits.copy_(router_product(1, experts, torch.bfloat16, seed=24, device="cuda"))
+    want.append(block())
+    monkeypatch.setattr(moe, "ONE_LAUNCH", True)
+    logits.copy_(router_product(1, experts, torch.bfloat16, seed=23, device="cuda"))
+    block()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = block()
+    for seed, expected in zip((23, 24), want, strict=True):
+        logits.copy_(router_product(1, experts, torch.bfloat16, seed=seed, device="cuda"))
+        graph.replay()
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert not moe_one.counters(x.device).any()
