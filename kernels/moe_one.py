@@ -1,0 +1,128 @@
+"""An MoE block at one row in one launch after the router's product (``kernels.moe`` at decode, one
+lane): the same bits as its two-launch form, without the boundary between the two products.
+
+The launch's first programs are the gate/up programs (a tile's expert by ``kernels.moe_plan.
+chosen_tile``, the router's choice each makes for itself), then the down programs. A down program
+makes the same choice, so it knows its expert's weights and its pair's weight without reading
+anything the launch writes; it waits on its tile's ready counter (one arrival a gate/up program of
+the tile) before it reads h from L2. Its expert's down weights stream while other tiles' gate/up
+programs still run, which fills the gate/up programs' last wave. The last down program to finish
+(the arrival counter) sums the ranks, adds the shared expert, and at decode adds the residual and
+normalises (``kernels.moe_sum.combined``, ``kernels.norm.add_zrms_row``), then rearms every counter.
+
+Waiting inside a launch needs the programs it waits on to run: GPUs start a launch's programs in
+order of their index, and every gate/up program's index is below every down program's, so each one
+is running or done before any down program can wait. The interpreter runs programs in order.
+Scratch: the caller's h and buffer; the device's counters (``ready``: zero between launches).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import INTERPRETED, moe_plan, moe_sum, moe_tiles, norm, pdl, router
+
+READY = 64  # tiles of one launch at most: top_k routed experts and the shared one
+
+
+@triton.jit
+def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids, weights, pair_at, dest_at,
+             tile_expert, ready, arrivals, gate, residual, total, out, norm_weight, experts, hidden, inner,
+             shared_inner, width, stride_ge, stride_gn, stride_gs, stride_de, stride_dn, stride_ds, stride_g,
+             eps, K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, SLOTS: tl.constexpr,
+             TILES: tl.constexpr, GATE_COLS: tl.constexpr, DOWN_COLS: tl.constexpr, PRECISION: tl.constexpr,
+             WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, GATE_N: tl.constexpr, GATE_K: tl.constexpr,
+             DOWN_N: tl.constexpr, DOWN_K: tl.constexpr, SHARED: tl.constexpr, ADD_NORM: tl.constexpr,
+             HIDDEN_BLOCK: tl.constexpr, COUNTERS: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
+    program = tl.program_id(0)
+    q = tl.arange(0, BLOCK_M)
+    live = q < 1  # a tile is one pair at one row
+    if program < TILES * GATE_COLS:
+        tile, column = program // GATE_COLS, program % GATE_COLS
+        expert, _ = moe_plan.chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts, tile,
+                                         column == 0, K, NORM, BLOCK_E, SLOTS)
+        matrix, stride_n, size = moe_tiles.weight_of(gate_up, shared_gate_up, expert, experts, stride_ge,
+                                                     stride_gn, stride_gs, inner, shared_inner)
+        if column * GATE_N < size:
+            moe_tiles.gate_up_tile(x, matrix, stride_n, size, h, tile + q, live, q * 0, hidden, width, 0,
+                                   column, PRECISION, WIDEN, BLOCK_M, GATE_N, GATE_K)
+            tl.debug_barrier()  # every thread's part of h is stored before the tile counts it
+            tl.atomic_add(ready + tile, 1, sem="release", scope="gpu")
+    else:
+        tile, column = (program - TILES * GATE_COLS) // DOWN_COLS, (program - TILES * GATE_COLS) % DOWN_COLS
+        expert, weight = moe_plan.chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts,
+                                              tile, False, K, NORM, BLOCK_E, SLOTS)
+        matrix, stride_n, size = moe_tiles.weight_of(down, shared_down, expert, experts, stride_de, stride_dn,
+                                                     stride_ds, inner, shared_inner)
+        wanted = (size + GATE_N - 1) // GATE_N  # the tile's gate/up programs that store h
+        while tl.atomic_add(ready + tile, 0, sem="acquire", scope="gpu") < wanted:
+            pass
+        pair_weight = tl.full([BLOCK_M], 1.0, tl.float32) * weight
+        moe_tiles.down_tile(h, matrix, stride_n, size, buf, tile + q, live, pair_weight, tile + q, hidden,
+                            width, column, PRECISION, WIDEN, BLOCK_M, DOWN_N, DOWN_K, ".cg")
+        tl.debug_barrier()  # every thread's part of the tile is written before it is counted
+        if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == TILES * DOWN_COLS - 1:
+            cols = tl.arange(0, HIDDEN_BLOCK)
+            dtype = total.dtype.element_ty
+            delta = moe_sum.combined(buf, gate, 0, cols, K, hidden, stride_g, K, SHARED, dtype)
+            if ADD_NORM:
+                norm.add_zrms_row(residual, delta, total, out, norm_weight, 0, hidden, eps, HIDDEN_BLOCK)
+            else:
+                tl.store(total + cols, delta, mask=cols < hidden)
+            tiles = tl.arange(0, COUNTERS)
+            tl.store(ready + tiles, tl.zeros([COUNTERS], tl.int32), mask=tiles < TILES)  # rearmed
+            tl.atomic_xchg(arrivals, 0, sem="relaxed", scope="gpu")
+
+
+def fits(hidden: int, tiles: int) -> bool:
+    """Whether the one launch serves this block: its counters hold the tiles, and its warps (the
+    router's choice) are the warps of the norm it ends with (``kernels.norm.warps``)."""
+    return tiles <= READY and norm.warps(triton.next_power_of_2(hidden)) == router.ROUTE_WARPS
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def counters(device: torch.device) -> torch.Tensor:
+    """The device's counters: ``READY`` tiles' ready counts, then the down programs' arrivals; zero
+    between launches (the last program rearms them), allocated once so CUDA graphs capture a fixed
+    address."""
+    found = _COUNTERS.get(device)
+    if found is None:
+        found = _COUNTERS[device] = torch.zeros(READY + 1, dtype=torch.int32, device=device)
+    return found
+
+
+def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor, h: torch.Tensor,
+           down: torch.Tensor, shared_down: torch.Tensor, buf: torch.Tensor, logits: torch.Tensor,
+           normalise: bool, ids: torch.Tensor, weights: torch.Tensor, tables: moe_plan.Tables,
+           tile_expert: torch.Tensor, gate: torch.Tensor, shared: bool, total: torch.Tensor,
+           residual: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None,
+           tiles: dict[str, int]) -> None:
+    """One row's block into ``total`` (the residual stream at decode, with ``residual`` = (the
+    stream before, the norm's weight, eps, where the normed row goes)); the other arguments are
+    ``kernels.moe._experts``' (checked there), ``tiles`` its tile sizes. ``ids`` and ``weights``
+    are written as the router kernel would."""
+    experts, hidden, inner = down.shape
+    top_k = ids.shape[1]
+    count = top_k + shared
+    gate_cols = triton.cdiv(h.shape[1], tiles["gate_n"])
+    down_cols = triton.cdiv(hidden, tiles["down_n"])
+    found = counters(x.device)
+    stream, weight, eps, normed = residual if residual is not None else (total, total, 0.0, total)
+    block = triton.next_power_of_2(hidden)
+    _one_row[(count * (gate_cols + down_cols),)](
+        x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids, weights, tables.pair_at,
+        tables.dest_at, tile_expert, found, found[READY:], gate, stream, total, normed, weight, experts,
+        hidden, inner, shared_down.shape[1], h.shape[1], gate_up.stride(0), gate_up.stride(1),
+        shared_gate_up.stride(0), down.stride(0), down.stride(1), shared_down.stride(0), gate.stride(0), eps,
+        K=top_k, NORM=normalise,
+        BLOCK_E=triton.next_power_of_2(experts), SLOTS=triton.next_power_of_2(top_k), TILES=count,
+        GATE_COLS=gate_cols, DOWN_COLS=down_cols, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        WIDEN=INTERPRETED, BLOCK_M=tiles["block_m"], GATE_N=tiles["gate_n"], GATE_K=tiles["gate_k"],
+        DOWN_N=tiles["down_n"], DOWN_K=tiles["down_k"], SHARED=shared, ADD_NORM=residual is not None,
+        HIDDEN_BLOCK=block, COUNTERS=READY, num_warps=router.ROUTE_WARPS, num_stages=tiles["stages"],
+        **pdl.options(x.device))
