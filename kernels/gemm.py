@@ -8,7 +8,7 @@ order. Two launch forms give the same bits: few rows spread the segments over pr
 partials in memory; the last program of an output tile to finish, found by an arrival counter,
 adds them in order), enough to keep every multiprocessor reading weights;
 many rows keep a tile's segments in one program and add them in registers. Both run the same
-``_segment`` code, so the form may follow the number of rows.
+``segment_sum`` code, so the form may follow the number of rows.
 
 The tile shape may follow the number of rows too: on the H200 (Triton 3.6) a product's bits were
 the same for every tile tried, 16 to 128 rows (mma and wgmma), 32 to 256 columns, 64 or 128 K per
@@ -122,7 +122,7 @@ def plan(n: int, k: int, spread: Tiles = SPREAD, whole: Tiles = WHOLE, few: Tile
 
 
 @triton.jit
-def _segment(x, w, rows, cols, m, n, k, start, length, stride_xm, stride_wn,
+def segment_sum(x, w, rows, cols, m, n, k, start, length, stride_xm, stride_wn,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
     """One segment's fp32 sum over K tiles start .. start + length, from zero."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -139,7 +139,7 @@ def _segment(x, w, rows, cols, m, n, k, start, length, stride_xm, stride_wn,
 
 
 @triton.jit
-def _sum(partials, stride_ps, where, mask, SEGMENTS: tl.constexpr):
+def summed(partials, stride_ps, where, mask, SEGMENTS: tl.constexpr):
     """A tile's fp32 partials added in segment order. Unrolled, so every segment's load is in flight
     at once: a loop waited out one L2 round trip a segment (8 segments of a 2048x4096 product)."""
     total = tl.load(partials + where, mask=mask, other=0.0, cache_modifier=".cg")
@@ -159,7 +159,7 @@ def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     segment = tl.program_id(2)
     pdl.wait(PDL)
-    acc = _segment(x, w, rows, cols, m, n, k, segment * k_per_segment, k_per_segment, stride_xm, stride_wn,
+    acc = segment_sum(x, w, rows, cols, m, n, k, segment * k_per_segment, k_per_segment, stride_xm, stride_wn,
                    BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
     mask = (rows[:, None] < m) & (cols[None, :] < n)
     where = rows[:, None] * stride_pm + cols[None, :]
@@ -173,11 +173,11 @@ def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride
             half = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
             gate_at = rows[:, None] * stride_pm + ((half // PAIR) * (2 * PAIR) + half % PAIR)[None, :]
             live = (rows[:, None] < m) & (half[None, :] < n // 2)
-            gate = _sum(partials, stride_ps, gate_at, live, SEGMENTS).to(dtype)
-            up = _sum(partials, stride_ps, gate_at + PAIR, live, SEGMENTS).to(dtype)
+            gate = summed(partials, stride_ps, gate_at, live, SEGMENTS).to(dtype)
+            up = summed(partials, stride_ps, gate_at + PAIR, live, SEGMENTS).to(dtype)
             tl.store(out + rows[:, None] * stride_om + half[None, :], silu_mul(gate, up, dtype), mask=live)
         else:
-            total = _sum(partials, stride_ps, where, mask, SEGMENTS).to(dtype)
+            total = summed(partials, stride_ps, where, mask, SEGMENTS).to(dtype)
             if CONV:  # noqa: SIM102 (compiled out without a conv; the test below runs on the device)
                 if tl.program_id(0) * BLOCK_N < channels:  # the conv's columns: a row is its lane's new input
                     total = conv1d.conv_rows(total, rows, rows < m, cols, conv_weight, tails, tail_at,
@@ -200,7 +200,7 @@ def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride
 @triton.jit
 def _segment_tma(x, w, first_row, first_col, start, length, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr):
-    """``_segment`` through tensor descriptors: the same sum (K past the end reads as zero)."""
+    """``segment_sum`` through tensor descriptors: the same sum (K past the end reads as zero)."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for offset in range(0, length, BLOCK_K):
         acc = tl.dot(x.load([first_row, start + offset]), w.load([first_col, start + offset]).T, acc,
@@ -226,7 +226,7 @@ def _whole(x, w, out, m, n, k, stride_xm, stride_wn, stride_om, segments, k_per_
         total = _segment_tma(x, w, tile_m * BLOCK_M, tile_n * BLOCK_N, 0, k_per_segment, BLOCK_M, BLOCK_N,
                              BLOCK_K)
     else:
-        total = _segment(x, w, rows, cols, m, n, k, 0, k_per_segment, stride_xm, stride_wn,
+        total = segment_sum(x, w, rows, cols, m, n, k, 0, k_per_segment, stride_xm, stride_wn,
                          BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
     if not ONE_SEGMENT:  # one accumulator alone when there is one segment: half the registers (sm_90)
         for segment in range(1, segments):  # the same in-order sum as _spread's last program, in registers
@@ -234,7 +234,7 @@ def _whole(x, w, out, m, n, k, stride_xm, stride_wn, stride_om, segments, k_per_
                 total += _segment_tma(x, w, tile_m * BLOCK_M, tile_n * BLOCK_N, segment * k_per_segment,
                                       k_per_segment, BLOCK_M, BLOCK_N, BLOCK_K)
             else:
-                total += _segment(x, w, rows, cols, m, n, k, segment * k_per_segment, k_per_segment,
+                total += segment_sum(x, w, rows, cols, m, n, k, segment * k_per_segment, k_per_segment,
                                   stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
     dtype = out.dtype.element_ty
     if SWIGLU:  # the tile holds whole gate|up pairs: split each block of pairs as _spread's last program does

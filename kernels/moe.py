@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import INTERPRETED, moe_one, moe_plan, moe_sum, moe_tiles, norm, pdl, router
+from kernels import INTERPRETED, gemm, moe_one, moe_plan, moe_sum, moe_tiles, norm, pdl, router
 
 BLOCK_M = 16  # pairs in a tile: one tensor-core row block
 # Stage one's columns, reduction step and pipeline depth, then stage two's: the best pair of a 24-pair
@@ -60,6 +60,8 @@ ROW_CHUNK = 2048  # rows a pass takes at most: bounds the fp32 buffer (rows neve
 ONE_ROW = True
 # One row through ``routed``: both products in one launch (kernels.moe_one); off, two (same bits).
 ONE_LAUNCH = True
+# One row through ``block_add_zrms``: the router's product in that launch too; off, a launch before.
+ROUTER_IN_LAUNCH = True
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -89,7 +91,7 @@ def _gate_up(x, gate_up, shared_gate_up, h, layout, pair_at, pairs, top_k, exper
     pdl.wait(PDL)
     if ONE_ROW:  # the choice made here, no plan launch before
         expert, _ = moe_plan.chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts,
-                                         tl.program_id(0), tl.program_id(1) == 0, K, NORM, BLOCK_E, SLOTS)
+                                         tl.program_id(0), tl.program_id(1) == 0, K, NORM, BLOCK_E, SLOTS, "")
         first, stop = tl.program_id(0), tl.program_id(0) + 1
     else:
         expert, first, stop = moe_plan.tile_of(layout, tl.program_id(0), BINS, BLOCK_M)
@@ -209,20 +211,53 @@ def routed_add_zrms(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, 
     return total, normed
 
 
+def block_add_zrms(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                   top_k: int, normalise: bool, shared: tuple[torch.Tensor, torch.Tensor] | None,
+                   residual: Residual) -> tuple[torch.Tensor, torch.Tensor]:
+    """``routed_add_zrms`` from the block's input: the router's product ``kernels.gemm.matmul(x,
+    router_weight)`` first (``router_weight`` [experts, hidden], with a shared expert one row more
+    for its gate, last), and the shared expert's (gate_up, down); the same bits. At one row the
+    router's product runs in the experts' one launch (``kernels.moe_one``)."""
+    rows, hidden = x.shape
+    experts = down.shape[0]
+    if router_weight.shape != (experts + (shared is not None), hidden) or router_weight.dtype != x.dtype:
+        raise ValueError(f"router_weight is {list(router_weight.shape)} {router_weight.dtype}, expected "
+                         f"[{experts + (shared is not None)}, {hidden}] {x.dtype}")
+    logits = torch.empty(rows, router_weight.shape[0], dtype=x.dtype, device=x.device)
+    whole = None if shared is None else Shared(shared[0], shared[1], logits[:, experts:])
+    total, normed = _routed(x, gate_up, down, logits[:, :experts], top_k, normalise, whole, residual,
+                            (router_weight, logits))
+    assert normed is not None
+    return total, normed
+
+
 def _routed(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: torch.Tensor, top_k: int,
-            normalise: bool, shared: Shared | None, residual: Residual | None
+            normalise: bool, shared: Shared | None, residual: Residual | None,
+            product: tuple[torch.Tensor, torch.Tensor] | None = None
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``routed``; with ``product`` (the router's weight, the whole logits buffer ``logits`` views) the
+    logits are that product's, made here: in the experts' launch where it takes them, else first."""
     rows = x.shape[0]
     if not 1 <= top_k <= down.shape[0]:
         raise ValueError(f"top_k is {top_k}, expected 1 to {down.shape[0]} (the experts)")
     if logits.dim() != 2 or logits.shape != (rows, down.shape[0]):
         raise ValueError(f"logits is {list(logits.shape)}, expected [{rows}, {down.shape[0]}]: rows, experts")
+    if product is not None and not (_one_launch(rows, x.shape[1], top_k + (shared is not None), True)
+                                    and ROUTER_IN_LAUNCH and product[0].is_contiguous()
+                                    and moe_one.takes_router(*product[0].shape)):
+        product[1].copy_(gemm.matmul(x, product[0]))
+        product = None
     if rows == 0 or rows * top_k > moe_plan.CHOICE_PAIRS or logits.stride(1) != 1:
         ids, weights = router.top_k(logits, top_k, normalise, x.dtype)
         return _experts(x, gate_up, down, ids, weights, shared, None, residual)
     ids = torch.empty(rows, top_k, dtype=torch.int64, device=x.device)
     weights = torch.empty(rows, top_k, dtype=x.dtype, device=x.device)
-    return _experts(x, gate_up, down, ids, weights, shared, (logits, normalise), residual)
+    return _experts(x, gate_up, down, ids, weights, shared, (logits, normalise), residual, product)
+
+
+def _one_launch(rows: int, hidden: int, per_row: int, chosen: bool) -> bool:
+    """Whether the block's experts take one launch (``kernels.moe_one``): one row whose choice they make."""
+    return ONE_ROW and ONE_LAUNCH and chosen and rows == 1 and moe_one.fits(hidden, per_row)
 
 
 def experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
@@ -240,8 +275,10 @@ def experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: tor
 
 def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
              weights: torch.Tensor, shared: Shared | None, choice: tuple[torch.Tensor, bool] | None,
-             residual: Residual | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``experts``' output, or with ``residual`` the residual stream plus it and their norm."""
+             residual: Residual | None, product: tuple[torch.Tensor, torch.Tensor] | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``experts``' output, or with ``residual`` the residual stream plus it and their norm. With
+    ``product`` (``_routed``'s, only where the one launch runs), the launch makes the logits too."""
     _check(x, gate_up, down, ids, weights, shared)
     if residual is not None:
         _check_residual(x, residual)
@@ -265,7 +302,8 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
     tables = moe_plan.Tables.empty(chunk * top_k, bins, x.device)
     one_row = ONE_ROW and choice is not None and rows == 1  # the choice in the experts' first launch
     tile_expert = torch.empty(per_row, dtype=torch.int32, device=x.device) if one_row else tables.pair_at
-    if one_row and ONE_LAUNCH and choice is not None and moe_one.fits(hidden, per_row):
+    assert product is None or _one_launch(rows, hidden, per_row, choice is not None)
+    if _one_launch(rows, hidden, per_row, choice is not None) and choice is not None:
         gate = out if shared is None else shared.gate
         normed = torch.empty_like(out) if residual is not None else None
         moe_one.launch(x, gate_up, own_gate_up, h, down, own_down, buf, choice[0], choice[1], ids, weights,
@@ -273,7 +311,7 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
                        None if residual is None or normed is None else
                        (residual.x.contiguous(), residual.weight, residual.eps, normed),
                        {"block_m": BLOCK_M, "gate_n": GATE_N, "gate_k": GATE_K, "down_n": DOWN_N,
-                        "down_k": DOWN_K, "stages": GATE_STAGES})
+                        "down_k": DOWN_K, "stages": GATE_STAGES}, None if product is None else product[0])
         return out, normed
     for first in range(0, rows, ROW_CHUNK):
         count = min(ROW_CHUNK, rows - first)

@@ -22,39 +22,83 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import INTERPRETED, moe_plan, moe_sum, moe_tiles, norm, pdl, router
+from kernels import INTERPRETED, gemm, moe_plan, moe_sum, moe_tiles, norm, pdl, router
 
 READY = 64  # tiles of one launch at most: top_k routed experts and the shared one
+ROUTER_TILES = 16  # column tiles of the router's product at most, when it runs in the launch
+
+
+@triton.jit
+def _router_tile(x, w, partials, logits, counters, program, n, k, k_per_segment, stride_w,
+                 TILES: tl.constexpr, SEGMENTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
+    """One program of the router's product at one row, as ``kernels.gemm``'s spread form computes
+    it (the same segments, tiles and order): its last program of a tile stores the tile's logits
+    and counts the tile ready (``counters[TILES]``)."""
+    column, segment = program % TILES, program // TILES
+    rows = tl.arange(0, BLOCK_M)
+    cols = column * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = gemm.segment_sum(x, w, rows, cols, 1, n, k, segment * k_per_segment, k_per_segment, 0, stride_w,
+                           BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
+    mask = (rows[:, None] < 1) & (cols[None, :] < n)
+    where = rows[:, None] * n + cols[None, :]
+    tl.store(partials + segment * n + where, acc, mask=mask)
+    tl.debug_barrier()  # every thread's part of the partial is written before it is counted
+    if tl.atomic_add(counters + column, 1, sem="acq_rel", scope="gpu") == SEGMENTS - 1:
+        total = gemm.summed(partials, n, where, mask, SEGMENTS).to(logits.dtype.element_ty)
+        tl.store(logits + where, total, mask=mask)
+        tl.debug_barrier()  # the tile's logits are stored before it counts ready
+        tl.atomic_xchg(counters + column, 0, sem="relaxed", scope="gpu")
+        tl.atomic_add(counters + TILES, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _logits_wait(router_counters, ROUTER_TILES: tl.constexpr):
+    """With the router's product in the launch, wait until every tile of the logits is stored."""
+    if ROUTER_TILES > 0:
+        while tl.atomic_add(router_counters + ROUTER_TILES, 0, sem="acquire", scope="gpu") < ROUTER_TILES:
+            pass
 
 
 @triton.jit
 def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids, weights, pair_at, dest_at,
              tile_expert, ready, arrivals, gate, residual, total, out, norm_weight, experts, hidden, inner,
              shared_inner, width, stride_ge, stride_gn, stride_gs, stride_de, stride_dn, stride_ds, stride_g,
-             eps, K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, SLOTS: tl.constexpr,
+             eps, router_w, partials, router_counters, router_n, router_k_per_segment,
+             K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, SLOTS: tl.constexpr,
              TILES: tl.constexpr, GATE_COLS: tl.constexpr, DOWN_COLS: tl.constexpr, PRECISION: tl.constexpr,
              WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, GATE_N: tl.constexpr, GATE_K: tl.constexpr,
              DOWN_N: tl.constexpr, DOWN_K: tl.constexpr, SHARED: tl.constexpr, ADD_NORM: tl.constexpr,
-             HIDDEN_BLOCK: tl.constexpr, COUNTERS: tl.constexpr, PDL: tl.constexpr):
+             HIDDEN_BLOCK: tl.constexpr, COUNTERS: tl.constexpr, ROUTER_TILES: tl.constexpr,
+             ROUTER_SEGMENTS: tl.constexpr, ROUTER_M: tl.constexpr, ROUTER_N: tl.constexpr,
+             ROUTER_K: tl.constexpr, LOGITS_CACHE: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
-    program = tl.program_id(0)
+    program = tl.program_id(0) - ROUTER_TILES * ROUTER_SEGMENTS  # the router's programs first, if here
     q = tl.arange(0, BLOCK_M)
     live = q < 1  # a tile is one pair at one row
+    if program < 0:
+        _router_tile(x, router_w, partials, logits, router_counters, tl.program_id(0), router_n, hidden,
+                     router_k_per_segment, hidden, ROUTER_TILES, ROUTER_SEGMENTS, ROUTER_M, ROUTER_N,
+                     ROUTER_K, WIDEN)
+        return
     if program < TILES * GATE_COLS:
         tile, column = program // GATE_COLS, program % GATE_COLS
+        if column * GATE_N >= tl.where(tile < K, inner, shared_inner):  # past the expert's columns
+            return
+        _logits_wait(router_counters, ROUTER_TILES)
         expert, _ = moe_plan.chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts, tile,
-                                         column == 0, K, NORM, BLOCK_E, SLOTS)
+                                         column == 0, K, NORM, BLOCK_E, SLOTS, LOGITS_CACHE)
         matrix, stride_n, size = moe_tiles.weight_of(gate_up, shared_gate_up, expert, experts, stride_ge,
                                                      stride_gn, stride_gs, inner, shared_inner)
-        if column * GATE_N < size:
-            moe_tiles.gate_up_tile(x, matrix, stride_n, size, h, tile + q, live, q * 0, hidden, width, 0,
-                                   column, PRECISION, WIDEN, BLOCK_M, GATE_N, GATE_K)
-            tl.debug_barrier()  # every thread's part of h is stored before the tile counts it
-            tl.atomic_add(ready + tile, 1, sem="release", scope="gpu")
+        moe_tiles.gate_up_tile(x, matrix, stride_n, size, h, tile + q, live, q * 0, hidden, width, 0, column,
+                               PRECISION, WIDEN, BLOCK_M, GATE_N, GATE_K)
+        tl.debug_barrier()  # every thread's part of h is stored before the tile counts it
+        tl.atomic_add(ready + tile, 1, sem="release", scope="gpu")
     else:
         tile, column = (program - TILES * GATE_COLS) // DOWN_COLS, (program - TILES * GATE_COLS) % DOWN_COLS
+        _logits_wait(router_counters, ROUTER_TILES)
         expert, weight = moe_plan.chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts,
-                                              tile, False, K, NORM, BLOCK_E, SLOTS)
+                                              tile, False, K, NORM, BLOCK_E, SLOTS, LOGITS_CACHE)
         matrix, stride_n, size = moe_tiles.weight_of(down, shared_down, expert, experts, stride_de, stride_dn,
                                                      stride_ds, inner, shared_inner)
         wanted = (size + GATE_N - 1) // GATE_N  # the tile's gate/up programs that store h
@@ -74,6 +118,8 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
                 tl.store(total + cols, delta, mask=cols < hidden)
             tiles = tl.arange(0, COUNTERS)
             tl.store(ready + tiles, tl.zeros([COUNTERS], tl.int32), mask=tiles < TILES)  # rearmed
+            if ROUTER_TILES > 0:
+                tl.atomic_xchg(router_counters + ROUTER_TILES, 0, sem="relaxed", scope="gpu")
             tl.atomic_xchg(arrivals, 0, sem="relaxed", scope="gpu")
 
 
@@ -83,16 +129,24 @@ def fits(hidden: int, tiles: int) -> bool:
     return tiles <= READY and norm.warps(triton.next_power_of_2(hidden)) == router.ROUTE_WARPS
 
 
+def takes_router(n: int, hidden: int) -> bool:
+    """Whether the router's product ([n, hidden] weight) can run in the launch with the bits
+    ``kernels.gemm.matmul`` gives it at one row: its tiles fit the counters, and its spread tile has
+    the launch's warps."""
+    few = gemm.plan(n, hidden).few
+    return triton.cdiv(n, few.block_n) <= ROUTER_TILES and few.warps == router.ROUTE_WARPS
+
+
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
 def counters(device: torch.device) -> torch.Tensor:
-    """The device's counters: ``READY`` tiles' ready counts, then the down programs' arrivals; zero
-    between launches (the last program rearms them), allocated once so CUDA graphs capture a fixed
-    address."""
+    """The device's counters: ``READY`` tiles' ready counts, the down programs' arrivals, then the
+    router's ``ROUTER_TILES`` tiles' arrivals and its stored tiles; zero between launches (the
+    programs that finish rearm them), allocated once so CUDA graphs capture a fixed address."""
     found = _COUNTERS.get(device)
     if found is None:
-        found = _COUNTERS[device] = torch.zeros(READY + 1, dtype=torch.int32, device=device)
+        found = _COUNTERS[device] = torch.zeros(READY + ROUTER_TILES + 2, dtype=torch.int32, device=device)
     return found
 
 
@@ -101,11 +155,13 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
            normalise: bool, ids: torch.Tensor, weights: torch.Tensor, tables: moe_plan.Tables,
            tile_expert: torch.Tensor, gate: torch.Tensor, shared: bool, total: torch.Tensor,
            residual: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None,
-           tiles: dict[str, int]) -> None:
+           tiles: dict[str, int], router_weight: torch.Tensor | None = None) -> None:
     """One row's block into ``total`` (the residual stream at decode, with ``residual`` = (the
     stream before, the norm's weight, eps, where the normed row goes)); the other arguments are
     ``kernels.moe._experts``' (checked there), ``tiles`` its tile sizes. ``ids`` and ``weights``
-    are written as the router kernel would."""
+    are written as the router kernel would. With ``router_weight`` (contiguous, ``takes_router``),
+    the launch first writes ``logits`` (the whole row of the router's product, the experts' columns
+    first) = ``kernels.gemm.matmul(x, router_weight)``; scratch: its fp32 partials."""
     experts, hidden, inner = down.shape
     top_k = ids.shape[1]
     count = top_k + shared
@@ -114,15 +170,24 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
     found = counters(x.device)
     stream, weight, eps, normed = residual if residual is not None else (total, total, 0.0, total)
     block = triton.next_power_of_2(hidden)
-    _one_row[(count * (gate_cols + down_cols),)](
+    n_router, plan = 0, gemm.plan(1, 1)
+    if router_weight is not None:
+        n_router, plan = router_weight.shape[0], gemm.plan(*router_weight.shape)
+    router_tiles = triton.cdiv(n_router, plan.few.block_n)
+    partials = torch.empty(plan.segments if router_weight is not None else 1, n_router, dtype=torch.float32,
+                           device=x.device)
+    _one_row[(router_tiles * plan.segments + count * (gate_cols + down_cols),)](
         x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids, weights, tables.pair_at,
         tables.dest_at, tile_expert, found, found[READY:], gate, stream, total, normed, weight, experts,
         hidden, inner, shared_down.shape[1], h.shape[1], gate_up.stride(0), gate_up.stride(1),
         shared_gate_up.stride(0), down.stride(0), down.stride(1), shared_down.stride(0), gate.stride(0), eps,
-        K=top_k, NORM=normalise,
-        BLOCK_E=triton.next_power_of_2(experts), SLOTS=triton.next_power_of_2(top_k), TILES=count,
-        GATE_COLS=gate_cols, DOWN_COLS=down_cols, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        WIDEN=INTERPRETED, BLOCK_M=tiles["block_m"], GATE_N=tiles["gate_n"], GATE_K=tiles["gate_k"],
-        DOWN_N=tiles["down_n"], DOWN_K=tiles["down_k"], SHARED=shared, ADD_NORM=residual is not None,
-        HIDDEN_BLOCK=block, COUNTERS=READY, num_warps=router.ROUTE_WARPS, num_stages=tiles["stages"],
-        **pdl.options(x.device))
+        router_weight if router_weight is not None else x, partials, found[READY + 1:], n_router,
+        plan.k_per_segment, K=top_k, NORM=normalise, BLOCK_E=triton.next_power_of_2(experts),
+        SLOTS=triton.next_power_of_2(top_k), TILES=count, GATE_COLS=gate_cols, DOWN_COLS=down_cols,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", WIDEN=INTERPRETED, BLOCK_M=tiles["block_m"],
+        GATE_N=tiles["gate_n"], GATE_K=tiles["gate_k"], DOWN_N=tiles["down_n"], DOWN_K=tiles["down_k"],
+        SHARED=shared, ADD_NORM=residual is not None, HIDDEN_BLOCK=block, COUNTERS=READY,
+        ROUTER_TILES=router_tiles, ROUTER_SEGMENTS=plan.segments, ROUTER_M=plan.few.block_m,
+        ROUTER_N=plan.few.block_n, ROUTER_K=plan.few.block_k,
+        LOGITS_CACHE=".cg" if router_weight is not None else "", num_warps=router.ROUTE_WARPS,
+        num_stages=tiles["stages"], **pdl.options(x.device))

@@ -204,13 +204,13 @@ def tile_of(layout, tile, BINS: tl.constexpr, BLOCK_M: tl.constexpr):
 
 @triton.jit
 def chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts, tile, writes, K: tl.constexpr,
-                NORM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+                NORM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, CACHE: tl.constexpr):
     """At one row, tile ``tile``'s expert and its pair's fp32 routing weight (1 for the shared expert)
     from the router's choice, which every program makes for itself (``kernels.router.choice``): tile
     t < K is the chosen expert of rank t by id, tile K the shared expert. With ``writes`` (one
     program a tile), what the router kernel and the plan would write for it: its pair's id and weight
-    (in slot order), its slot, its rank, its expert."""
-    best, picked = router.choice(logits, experts, K, NORM, BLOCK_E, BLOCK_K)
+    (in slot order), its slot, its rank, its expert. ``CACHE``: as ``kernels.router.choice``'s."""
+    best, picked = router.choice(logits, experts, K, NORM, BLOCK_E, BLOCK_K, CACHE)
     slots = tl.arange(0, BLOCK_K)
     live = slots < K
     rank = tl.sum((live[None, :] & (best[None, :] < best[:, None])).to(tl.int32), axis=1)  # ids are distinct

@@ -28,12 +28,14 @@ def _top_k(logits, chosen, weights, experts, stride, K: tl.constexpr, NORM: tl.c
 
 
 @triton.jit
-def choice(logits, experts, K: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr):
+def choice(logits, experts, K: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+           CACHE: tl.constexpr):
     """One row's choice from its ``experts`` logits at ``logits``: ([BLOCK_K] ids, [BLOCK_K] fp32
-    weights), slots from K on zero."""
+    weights), slots from K on zero. ``CACHE``: the logits' load modifier (".cg" where other programs
+    of the same launch stored them)."""
     ids = tl.arange(0, BLOCK)
     live = ids < experts
-    x = tl.load(logits + ids, mask=live, other=float("-inf")).to(tl.float32)
+    x = tl.load(logits + ids, mask=live, other=float("-inf"), cache_modifier=CACHE).to(tl.float32)
     scaled = tl.exp(x - tl.max(x, axis=0))
     left = tl.where(live, scaled / tl.sum(scaled, axis=0), -1.0)  # probabilities; -1 is never picked
     slots = tl.arange(0, BLOCK_K)
@@ -54,7 +56,7 @@ def choice(logits, experts, K: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.const
 def choose(logits, chosen, weights, experts, K: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr,
            BLOCK_K: tl.constexpr):
     """``choice`` written out: K ids at ``chosen``, K weights (their dtype) at ``weights``."""
-    best, picked = choice(logits, experts, K, NORM, BLOCK, BLOCK_K)
+    best, picked = choice(logits, experts, K, NORM, BLOCK, BLOCK_K, "")
     slots = tl.arange(0, BLOCK_K)
     tl.store(chosen + slots, best, mask=slots < K)
     tl.store(weights + slots, picked.to(weights.dtype.element_ty), mask=slots < K)

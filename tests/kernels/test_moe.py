@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import moe, moe_one, moe_plan, norm, router, sigmoid_gate
+from kernels import gemm, moe, moe_one, moe_plan, norm, router, sigmoid_gate
 
 Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -327,6 +327,27 @@ def test_one_row_gives_the_same_bits_in_one_launch_as_in_two(monkeypatch: pytest
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("inside", [True, False])
+def test_the_block_from_its_input_is_the_routers_product_then_the_routed_block(
+        monkeypatch: pytest.MonkeyPatch, rows: int, inside: bool) -> None:
+    # at one row the router's product runs in the experts' launch; else first: the same bits
+    x, gate_up, down, _, _ = make(rows, 3, torch.bfloat16, seed=47 + rows)
+    shared = make_shared(rows, torch.bfloat16, seed=47 + rows)
+    stream = residual_of(rows, torch.bfloat16, seed=47 + rows)
+    router_weight = (torch.randn(9, 64, generator=torch.Generator().manual_seed(rows)) / 8).bfloat16()
+    logits = gemm.matmul(x, router_weight)
+    want = moe.routed_add_zrms(x, gate_up, down, logits[:, :8], 3, True, shared._replace(gate=logits[:, 8:]),
+                               stream)
+    monkeypatch.setattr(moe, "ROUTER_IN_LAUNCH", inside)
+    got = moe.block_add_zrms(x, router_weight, gate_up, down, 3, True, (shared.gate_up, shared.down), stream)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert not moe_one.counters(x.device).any()  # the router's counters rearmed too
+    with pytest.raises(ValueError, match="router_weight"):
+        moe.block_add_zrms(x, router_weight[:8], gate_up, down, 3, True, (shared.gate_up, shared.down),
+                           stream)
+
+
 def test_the_residual_add_past_a_chunk_is_add_zrms_of_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
     x, gate_up, down, _, _ = make(7, 2, torch.float32, seed=7)
     logits, shared = router_product(7, 8, torch.float32, seed=7), make_shared(7, torch.float32, seed=7)
@@ -517,5 +538,32 @@ def test_gpu_one_row_in_one_launch_is_two_launches_and_replays(monkeypatch: pyte
     for seed, expected in zip((23, 24), want, strict=True):
         logits.copy_(router_product(1, experts, torch.bfloat16, seed=seed, device="cuda"))
         graph.replay()
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert not moe_one.counters(x.device).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("experts", "top_k"), REAL)
+def test_gpu_the_block_from_its_input_in_one_launch_is_the_routers_product_then_the_block(experts: int,
+                                                                                          top_k: int) -> None:
+    x, gate_up, down, _, _ = make_real(1, experts, top_k, seed=29)
+    shared = make_real_shared(1, experts, seed=29)
+    residual = residual_of(1, torch.bfloat16, seed=29, hidden=2048, device="cuda")
+    router_weight = (torch.randn(experts + 1, 2048, device="cuda") / 45).bfloat16()
+
+    def want() -> tuple[torch.Tensor, torch.Tensor]:
+        logits = gemm.matmul(x, router_weight)
+        return moe.routed_add_zrms(x, gate_up, down, logits[:, :experts], top_k, True,
+                                   shared._replace(gate=logits[:, experts:]), residual)
+
+    moe.block_add_zrms(x, router_weight, gate_up, down, top_k, True, (shared.gate_up, shared.down), residual)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = moe.block_add_zrms(x, router_weight, gate_up, down, top_k, True, (shared.gate_up, shared.down),
+                                 residual)
+    for seed in (30, 31):
+        x.copy_(torch.randn(1, 2048, generator=torch.Generator("cuda").manual_seed(seed), device="cuda"))
+        graph.replay()
+        expected = want()
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
     assert not moe_one.counters(x.device).any()
