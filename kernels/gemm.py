@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels import INTERPRETED, conv1d, norm, pdl
+from kernels import INTERPRETED, conv1d, pdl
 from kernels.swiglu import PAIR, silu_mul
 from kernels.swiglu import swiglu as swiglu_rows
 
@@ -74,11 +74,6 @@ class Conv:
     weight: torch.Tensor  # [channels, width]
     tails: torch.Tensor  # the pool's view in the model dtype
     tail_at: torch.Tensor  # [rows] int64 element offsets, -1 for padding
-
-
-# What a product that adds the residual and normalises takes: the residual stream, where the normed rows
-# go, the norm's weight and eps (both streams with the product's strides).
-AddNorm = tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]
 
 
 @attrs.frozen
@@ -150,10 +145,9 @@ def summed(partials, stride_ps, where, mask, SEGMENTS: tl.constexpr):
 
 @triton.jit
 def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride_ps, stride_pm, stride_om,
-            k_per_segment, conv_weight, tails, tail_at, channels, residual, normed, norm_weight, eps,
-            finished, SEGMENTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_K: tl.constexpr, WIDEN: tl.constexpr, SWIGLU: tl.constexpr, PAIR: tl.constexpr,
-            CONV: tl.constexpr, WIDTH: tl.constexpr, ADD_NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
+            k_per_segment, conv_weight, tails, tail_at, channels, SEGMENTS: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr,
+            SWIGLU: tl.constexpr, PAIR: tl.constexpr, CONV: tl.constexpr, WIDTH: tl.constexpr,
             PDL: tl.constexpr):
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -182,19 +176,8 @@ def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride
                 if tl.program_id(0) * BLOCK_N < channels:  # the conv's columns: a row is its lane's new input
                     total = conv1d.conv_rows(total, rows, rows < m, cols, conv_weight, tails, tail_at,
                                              channels, WIDTH)
-            if ADD_NORM:  # the residual stream: rounded to the model dtype as x + delta is
-                stream = tl.load(residual + rows[:, None] * stride_om + cols[None, :], mask=mask, other=0.0)
-                total = (stream.to(tl.float32) + total.to(tl.float32)).to(dtype)
             tl.store(out + rows[:, None] * stride_om + cols[None, :], total, mask=mask)
         tl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")
-        if ADD_NORM:  # the last tile to finish normalises every row, as kernels.norm.zrms does
-            tl.debug_barrier()  # every thread's part of the tile is stored before it is counted
-            tiles = tl.num_programs(0) * tl.num_programs(1)
-            if tl.atomic_add(finished, 1, sem="acq_rel", scope="gpu") == tiles - 1:
-                for row in range(m):
-                    norm.zrms_stored(out + row * stride_om, norm_weight, normed + row * stride_om,
-                                     tl.arange(0, NORM_BLOCK), n, eps, ".cg")
-                tl.atomic_xchg(finished, 0, sem="relaxed", scope="gpu")  # rearmed for the next product
 
 
 @triton.jit
@@ -321,10 +304,8 @@ def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice:
 
 
 def _spread_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, choice: Plan, t: Tiles, swiglu: bool,
-                    conv: Conv | None, add_norm: AddNorm | None = None) -> torch.Tensor:
-    """The spread form's launch into ``out``, with ``conv`` applied as each tile stores; with
-    ``add_norm`` (residual, normed, the norm's weight, eps; ``out``'s strides) the residual added
-    as each tile stores and the rows normalised into ``normed`` by the last tile."""
+                    conv: Conv | None) -> torch.Tensor:
+    """The spread form's launch into ``out``, with ``conv`` applied as each tile stores."""
     m, k = x.shape
     n = w.shape[0]
     width = 2
@@ -332,17 +313,14 @@ def _spread_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, choice:
         width = conv1d.checked_width(conv.weight.shape[0], x.dtype, conv.weight, conv.tails, conv.tail_at, m)
     grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m))
     partials = torch.empty(choice.segments, m, n, dtype=torch.float32, device=x.device)
-    counters = _counters(x.device, grid[0] * grid[1])
-    _spread[(*grid, choice.segments)](x, w, partials, out, counters, m, n, k,
+    _spread[(*grid, choice.segments)](x, w, partials, out, _counters(x.device, grid[0] * grid[1]), m, n, k,
                                       x.stride(0), w.stride(0), partials.stride(0), partials.stride(1),
                                       out.stride(0), choice.k_per_segment,
                                       *((conv.weight.contiguous(), conv.tails, conv.tail_at,
                                          conv.weight.shape[0]) if conv is not None else (w, out, out, 0)),
-                                      *(add_norm or (out, out, w, 0.0)), counters[COUNTERS:],
                                       SEGMENTS=choice.segments, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                                       BLOCK_K=t.block_k, WIDEN=INTERPRETED, SWIGLU=swiglu, PAIR=PAIR,
-                                      CONV=conv is not None, WIDTH=width, ADD_NORM=add_norm is not None,
-                                      NORM_BLOCK=triton.next_power_of_2(n), num_warps=t.warps,
+                                      CONV=conv is not None, WIDTH=width, num_warps=t.warps,
                                       num_stages=t.stages, **pdl.options(x.device))
     return out
 
@@ -360,43 +338,14 @@ COUNTERS = 1 << 16  # output tiles of one spread product at most: 4 x 16-row til
 
 def _counters(device: torch.device, tiles: int) -> torch.Tensor:
     """The device's arrival counters of spread products, zero between launches (each tile's last
-    program rearms its own): ``COUNTERS`` tiles', then the finished tiles of a product that
-    normalises (its last tile rearms it). Shared by every product on the device, which run one at a
-    time on one stream; allocated once, so CUDA graphs capture a fixed address."""
+    program rearms its own). Shared by every product on the device, which run one at a time on
+    one stream; allocated once, so CUDA graphs capture a fixed address."""
     if tiles > COUNTERS:
         raise ValueError(f"a spread product of {tiles} output tiles, more than the {COUNTERS} counted")
     found = _COUNTERS.get(device)
     if found is None:
-        found = _COUNTERS[device] = torch.zeros(COUNTERS + 1, dtype=torch.int32, device=device)
+        found = _COUNTERS[device] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
     return found
-
-
-# Rows up to which a product added to the residual and normalised is one launch: its last tile
-# normalises the rows one after another (a separate norm launch takes a row a program).
-NORM_ROWS = 4
-
-
-def matmul_add_zrms(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``kernels.norm.add_zrms(residual, matmul(x, w), weight, eps)`` with the same bits: the residual
-    stream plus the product, and its zero-centred norm. Up to ``NORM_ROWS`` rows, where the spread
-    form's tile has the norm's warps (``kernels.norm.warps``), in the product's launch: each tile's
-    last program adds the residual as it stores, and the last tile to finish normalises the rows
-    (an arrival counter of the device's, rearmed by it). Else the product, then the norm's launch."""
-    if x.dim() != 2 or w.dim() != 2 or w.shape[1] != x.shape[1] or w.stride(1) != 1:
-        return norm.add_zrms(residual, matmul(x, w), weight, eps)  # matmul names what is wrong
-    (m, k), n = x.shape, w.shape[0]
-    if residual.shape != (m, n) or residual.dtype != x.dtype or weight.shape != (n,):
-        raise ValueError(f"residual is {list(residual.shape)} {residual.dtype} and weight "
-                         f"{list(weight.shape)}; want [{m}, {n}] {x.dtype} and [{n}]")
-    choice = plan(n, k)
-    tiles = choice.spread_tiles(m)
-    if not 0 < m <= NORM_ROWS or norm.warps(triton.next_power_of_2(n)) != tiles.warps:
-        return norm.add_zrms(residual, matmul(x, w, choice=choice), weight, eps)
-    out, normed = torch.empty(m, n, dtype=x.dtype, device=x.device), torch.empty_like(residual)
-    _spread_product(x.contiguous(), w, out, choice, tiles, False, None,
-                    (residual.contiguous(), normed.contiguous(), weight, eps))
-    return out, normed
 
 
 def reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -34,22 +34,13 @@ def _zrms(x, weight, out, width, stride_x, stride_o, stride_wg, eps, GROUP: tl.c
     row = tl.program_id(0)
     cols = tl.arange(0, GROUP)
     for part in range(GROUPS):  # each group of the row normalised on its own
-        first = part * GROUP
-        zrms_stored(x + row * stride_x + first, weight + part * stride_wg, out + row * stride_o + first, cols,
-                    width, eps, "")
-
-
-@triton.jit
-def zrms_stored(x, weight, out, cols, width, eps, CACHE: tl.constexpr):
-    """The zero-centred norm of the ``width`` values at ``x + cols`` into ``out + cols``: ``_zrms``'s
-    arithmetic, shared with the spread product's last program (kernels.gemm), which normalises
-    the rows it added to the residual (``CACHE`` ".cg": other programs of its launch stored them)."""
-    mask = cols < width
-    values = tl.load(x + cols, mask=mask, other=0.0, cache_modifier=CACHE).to(tl.float32)
-    mean = tl.sum(values * values, axis=0) / width
-    scaled = values * tl.rsqrt(mean + eps)
-    w = tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out + cols, (scaled * (1.0 + w)).to(out.dtype.element_ty), mask=mask)
+        at = part * GROUP + cols
+        mask = cols < width
+        values = tl.load(x + row * stride_x + at, mask=mask, other=0.0).to(tl.float32)
+        mean = tl.sum(values * values, axis=0) / width
+        scaled = values * tl.rsqrt(mean + eps)
+        w = tl.load(weight + part * stride_wg + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out + row * stride_o + at, (scaled * (1.0 + w)).to(out.dtype.element_ty), mask=mask)
 
 
 def zrms(x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = None) -> torch.Tensor:

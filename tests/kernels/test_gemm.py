@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import conv1d, gemm, norm, swiglu
+from kernels import conv1d, gemm, swiglu
 
 
 def weights(n: int, k: int, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
@@ -172,52 +172,3 @@ def test_the_projection_with_its_conv_on_the_device() -> None:
         want = gemm.matmul(x, w)
         want[:, :8192] = conv1d.decode(want[:, :8192], conv_weight, plain, tail_at)
         assert torch.equal(got, want) and torch.equal(pool, plain), f"differs at m={m}"
-
-
-def residual_and_norm(m: int, n: int, dtype: torch.dtype, device: str = "cpu") -> tuple[torch.Tensor, ...]:
-    generator = torch.Generator(device).manual_seed(m * 7 + n)
-    residual = torch.randn(m, n, generator=generator, device=device).to(dtype)
-    return residual, (torch.randn(n, generator=generator, device=device) / 4).to(dtype)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("m", "n", "k"), [(1, 64, 256), (3, 96, 128), (4, 64, 512), (5, 64, 256),
-                                           (1, 8, 2048)])
-def test_the_product_added_to_the_residual_and_normalised_is_add_zrms_of_it(m: int, n: int, k: int,
-                                                                           dtype: torch.dtype) -> None:
-    # up to NORM_ROWS rows in the product's launch (the last tile normalises), past it two launches
-    w = weights(n, k, dtype, "cpu")
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + k)).to(dtype)
-    residual, weight = residual_and_norm(m, n, dtype)
-    got = gemm.matmul_add_zrms(x, w, residual, weight, 1e-6)
-    want = norm.add_zrms(residual, gemm.matmul(x, w), weight, 1e-6)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert not gemm._counters(x.device, 1).any()  # every tile's counter and the finished count rearmed
-
-
-def test_the_product_added_to_the_residual_names_a_wrong_residual() -> None:
-    w, x = weights(64, 128, torch.float32, "cpu"), torch.zeros(2, 128)
-    with pytest.raises(ValueError, match="residual is"):
-        gemm.matmul_add_zrms(x, w, torch.zeros(2, 32), torch.zeros(64), 1e-6)
-    with pytest.raises(ValueError, match="x is"):
-        gemm.matmul_add_zrms(torch.zeros(2, 64), w, torch.zeros(2, 64), torch.zeros(64), 1e-6)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize(("n", "k"), [(2048, 4096), (2048, 512), (4096, 4096)])  # the last: two launches
-def test_the_product_added_to_the_residual_on_the_device_is_add_zrms_of_it(n: int, k: int) -> None:
-    w = weights(n, k, torch.bfloat16, "cuda")
-    x = torch.randn(8, k, device="cuda", dtype=torch.bfloat16)
-    residual, weight = residual_and_norm(8, n, torch.bfloat16, "cuda")
-    for m in (1, 2, 4, 8):
-        got = gemm.matmul_add_zrms(x[:m], w, residual[:m], weight, 1e-6)
-        want = norm.add_zrms(residual[:m], gemm.matmul(x[:m], w), weight, 1e-6)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"differs at m={m}"
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        got = gemm.matmul_add_zrms(x[:1], w, residual[:1], weight, 1e-6)
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    want = norm.add_zrms(residual[:1], gemm.matmul(x[:1], w), weight, 1e-6)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert not gemm._counters(x.device, 1).any()

@@ -13,7 +13,7 @@ import torch
 from kernels import cache_write, paged_attention, sparse_attention
 from kernels import rope as rope_kernel
 from tfd.model.memory import PageRows, PromptLanes, Span
-from tfd.model.ops import Unprojected, linear, sigmoid_gate, zrms
+from tfd.model.ops import linear, sigmoid_gate, zrms
 from tfd.model.qsa import IndexerWeights, select_positions, select_rows
 from tfd.model.rope import Rotary
 
@@ -77,19 +77,13 @@ def _split(w: AttentionWeights, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 def finish(w: AttentionWeights, out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """The gated heads [rows, heads, d] through the output projection."""
-    return gated(w, out, gate).project()
-
-
-def gated(w: AttentionWeights, out: torch.Tensor, gate: torch.Tensor) -> Unprojected:
-    """The gated heads [rows, heads, d], before the output projection."""
-    return Unprojected(sigmoid_gate(out.reshape(out.shape[0], -1), gate), w.o)
+    return linear(sigmoid_gate(out.reshape(out.shape[0], -1), gate), w.o)
 
 
 def attention_rows(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    rotary: Rotary, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
-                   lengths: torch.Tensor) -> Unprojected:
-    """One decode row per lane, batched, up to the output projection (the caller's:
-    ``Unprojected``): ``x`` [lanes, hidden] at positions ``lengths - 1``
+                   lengths: torch.Tensor) -> torch.Tensor:
+    """One decode row per lane, batched: ``x`` [lanes, hidden] at positions ``lengths - 1``
     (``cos``/``sin`` their angles). Stores each row's K and V through ``page_table`` [lanes,
     pages] (int32) into the layer's caches, then attends the lane's first ``lengths`` rows; a
     padding lane (length 0) stores nothing. Triton kernels on CUDA, torch references elsewhere."""
@@ -102,13 +96,13 @@ def attention_rows(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin:
                                                 page_table.shape[1] * k_cache.shape[1], x.device)
         paged_attention.decode(query, k_cache, v_cache, page_table, lengths, w.head_dim ** -0.5, out,
                                partials, gate=gate)
-        return Unprojected(out.reshape(out.shape[0], -1), w.o)
+        return linear(out.reshape(out.shape[0], -1), w.o)
     p = project(w, x, cos, sin, rotary)
     cache_write.reference(p.key, p.value, k_cache, v_cache, page_table, lengths)
     out = torch.empty_like(p.query)
     paged_attention.reference_decode(p.query, k_cache, v_cache, page_table, lengths, w.head_dim ** -0.5, out,
                                      None)
-    return gated(w, out, p.gate)
+    return finish(w, out, p.gate)
 
 
 def attention_spans(w: AttentionWeights, x: torch.Tensor, lanes: PromptLanes, keys: torch.Tensor,
@@ -128,7 +122,7 @@ def attention_spans(w: AttentionWeights, x: torch.Tensor, lanes: PromptLanes, ke
 
 
 def sparse_rows(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: Rotary,
-                caches: QsaCaches, page_table: torch.Tensor, lengths: torch.Tensor) -> Unprojected:
+                caches: QsaCaches, page_table: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """``attention_rows`` for a QSA layer: one decode row per lane, batched, at positions
     ``lengths - 1`` (``lengths`` int32 [lanes], 0 for a padding lane; ``page_table`` int32 [lanes,
     pages]). Stores each live row's K and V, its raw index key and the block it completes in
@@ -146,7 +140,7 @@ def sparse_rows(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: to
     attend_chosen = sparse_attention.attend if x.is_cuda else sparse_attention.reference
     attend_chosen(p.query, caches.keys, caches.values, page_table, lane_of, chosen_at, counts,
                   w.head_dim ** -0.5, out)
-    return gated(w, out, p.gate)
+    return finish(w, out, p.gate)
 
 
 def attention(w: AttentionWeights, x: torch.Tensor, span: Span, rows: PageRows, layer: str,

@@ -30,7 +30,7 @@ from tfd.model.attention import QsaCaches, attention_rows, sparse_rows
 from tfd.model.gdn import GdnWeights, gdn_rows
 from tfd.model.memory import element_offset, to_device
 from tfd.model.mlp import MoeWeights, dense, moe, moe_add_zrms
-from tfd.model.ops import Unprojected, add_zrms, linear_add_zrms, zrms
+from tfd.model.ops import add_zrms, zrms
 from tfd.model.ple import ple_rows
 from tfd.model.stack import LayerWeights, StackWeights
 from tfd.pool.pages import Pool
@@ -185,8 +185,8 @@ def run_decode(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory) -> tor
 
 
 def _plain(w: StackWeights, x: torch.Tensor, step: _Step) -> torch.Tensor:
-    """Blocks added to one residual between RMSNorms, each add joined with the next norm (a mixer's in
-    its output projection's launch at a few lanes, an MoE block's in its own last launch)."""
+    """Blocks added to one residual between RMSNorms, each add joined with the next norm (an MoE
+    block's in its own last launch)."""
     first = w.layers[0].input_norm
     assert first is not None
     following = [layer.input_norm for layer in w.layers[1:]] + [w.final_norm]
@@ -197,7 +197,7 @@ def _plain(w: StackWeights, x: torch.Tensor, step: _Step) -> torch.Tensor:
         mixed = _mix(w, layer, h, gdn_layer, step)
         if isinstance(layer.mixer, GdnWeights):
             gdn_layer += 1
-        x, h = linear_add_zrms(mixed.rows, mixed.weight, x, layer.post_norm, w.eps)
+        x, h = add_zrms(x, mixed, layer.post_norm, w.eps)
         if isinstance(layer.ffn, MoeWeights):
             x, h = moe_add_zrms(layer.ffn, h, x, norm, w.eps)
         else:
@@ -219,7 +219,7 @@ def _streams(w: StackWeights, x: torch.Tensor, step: _Step) -> torch.Tensor:
                              batch.ple_history_at)
         h, weights = hyper.read(layer.attn_hyper, x)
         assert weights is not None
-        mixed = _mix(w, layer, h, gdn_layer, step).project()
+        mixed = _mix(w, layer, h, gdn_layer, step)
         if isinstance(layer.mixer, GdnWeights):
             gdn_layer += 1
         x = hyper.write(x, mixed, weights)
@@ -230,9 +230,8 @@ def _streams(w: StackWeights, x: torch.Tensor, step: _Step) -> torch.Tensor:
     return hyper.read(w.mixer, x)[0]
 
 
-def _mix(w: StackWeights, layer: LayerWeights, h: torch.Tensor, gdn_layer: int, step: _Step) -> Unprojected:
-    """The layer's token mixer over every lane's row (GDN, dense attention or QSA), up to its output
-    projection, which the caller joins with what follows."""
+def _mix(w: StackWeights, layer: LayerWeights, h: torch.Tensor, gdn_layer: int, step: _Step) -> torch.Tensor:
+    """The layer's token mixer over every lane's row: GDN, dense attention or QSA."""
     batch, memory = step.batch, step.memory
     if isinstance(layer.mixer, GdnWeights):
         return gdn_rows(layer.mixer, h, memory.states, batch.state_at(gdn_layer), memory.tails,

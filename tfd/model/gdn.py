@@ -15,7 +15,7 @@ import torch
 from kernels import conv1d, gdn_decode, gdn_gates, gdn_prefill, gemm
 from tfd.model import GDN_CHUNK
 from tfd.model.memory import PromptLanes
-from tfd.model.ops import Unprojected, gated_rms, l2norm, linear, sigmoid, softplus
+from tfd.model.ops import gated_rms, l2norm, linear, sigmoid, softplus
 
 CHUNK = GDN_CHUNK
 
@@ -82,12 +82,7 @@ def split_heads(w: GdnWeights, mixed: torch.Tensor) -> tuple[torch.Tensor, torch
 
 def finish(w: GdnWeights, out: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     """The gated norm of the rule's output [rows, value_heads, value_dim], then the out projection."""
-    return normed(w, out, z).project()
-
-
-def normed(w: GdnWeights, out: torch.Tensor, z: torch.Tensor) -> Unprojected:
-    """The gated norm of the rule's output, before the out projection."""
-    return Unprojected(gated_rms(out, z, w.norm, w.eps, w.activation).reshape(out.shape[0], -1), w.out)
+    return linear(gated_rms(out, z, w.norm, w.eps, w.activation).reshape(out.shape[0], -1), w.out)
 
 
 def gdn(w: GdnWeights, x: torch.Tensor, state: torch.Tensor, tail: torch.Tensor, start: int,
@@ -143,9 +138,8 @@ def _prompt(w: GdnWeights, x: torch.Tensor, states: torch.Tensor, state_at: torc
 
 
 def gdn_rows(w: GdnWeights, x: torch.Tensor, states: torch.Tensor, state_at: torch.Tensor,
-             tails: torch.Tensor, tail_at: torch.Tensor) -> Unprojected:
-    """One decode row per lane, batched, up to the out projection (the caller's: ``Unprojected``):
-    ``x`` [lanes, hidden]; each lane's state and conv tail sit
+             tails: torch.Tensor, tail_at: torch.Tensor) -> torch.Tensor:
+    """One decode row per lane, batched: ``x`` [lanes, hidden]; each lane's state and conv tail sit
     in the pool views ``states`` (fp32) and ``tails`` (model dtype) at element offsets
     ``state_at`` / ``tail_at`` [lanes] (-1: a padding lane, whose memory is not touched). Triton
     kernels on CUDA, their torch references elsewhere; either updates states and tails in place.
@@ -155,11 +149,11 @@ def gdn_rows(w: GdnWeights, x: torch.Tensor, states: torch.Tensor, state_at: tor
         mixed, z, b, a = _split(w, gemm.matmul(x, w.proj, conv=gemm.Conv(w.conv, tails, tail_at)))
         q, k, v = split_heads(w, mixed)
         out = gdn_decode.decode_gated(q, k, v, b, a, w.a_log, w.dt_bias, states, state_at, w.key_dim ** -0.5)
-        return normed(w, out, z)
+        return finish(w, out, z)
     p = project(w, x)
     q, k, v = split_heads(w, conv1d.reference(p.mixed, w.conv, tails, tail_at))
     out = gdn_decode.reference(q, k, v, p.g, p.beta, states, state_at, w.key_dim ** -0.5)
-    return normed(w, out, p.z)
+    return finish(w, out, p.z)
 
 
 def recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

@@ -16,7 +16,6 @@ Elementwise CUDA kernels apply the same function to every element, so the others
 
 from __future__ import annotations
 
-import attrs
 import torch
 import torch.nn.functional as F
 
@@ -116,28 +115,6 @@ def add_zrms(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: fl
         return norm.add_zrms(x, delta, weight, eps)
     total = x + delta
     return total, zrms(total, weight, eps)
-
-
-def linear_add_zrms(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
-                    eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``add_zrms(residual, linear(x, weight), norm_weight, eps)``, the same bits; on CUDA at a few
-    rows in the product's own launch (``kernels.gemm.matmul_add_zrms``)."""
-    if x.is_cuda:
-        return gemm.matmul_add_zrms(x, weight, residual, norm_weight, eps)
-    return add_zrms(residual, linear(x, weight), norm_weight, eps)
-
-
-@attrs.frozen
-class Unprojected:
-    """A mixer's rows before its output projection: ``linear(rows, weight)`` is the mixer's output,
-    left to the caller so it can join the product with what follows (``linear_add_zrms``)."""
-
-    rows: torch.Tensor  # [rows, inner]
-    weight: torch.Tensor  # [hidden, inner]
-
-    def project(self) -> torch.Tensor:
-        """The mixer's output."""
-        return linear(self.rows, self.weight)
 
 
 def gated_rms(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
