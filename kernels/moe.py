@@ -27,9 +27,10 @@ row, ranked by expert id within its row (the shared pairs' rows after all routed
 ``kernels.moe_sum`` sums a row's ranks in order and adds the gated shared expert, or
 (``routed_add_zrms``, decode) adds that to the residual stream and normalises it for the next block
 as ``kernels.norm.add_zrms`` does, the same bits one launch sooner; at one row ``_down``'s last
-program to finish (an arrival counter) does that in its own launch, in the same warps. Every grid is fixed
-by the shapes (an upper bound on the tiles; a program past the last tile exits at once), so a call
-can be captured in a CUDA graph.
+program to finish (an arrival counter) does that in its own launch, in the same warps; with
+``ONE_LAUNCH`` both products are one launch (``kernels.moe_one``), and through ``block_add_zrms``
+the router's product too. Every grid is fixed by the shapes (an upper bound on the tiles; a program
+past the last tile exits at once), so a call can be captured in a CUDA graph.
 
 Batch invariance: a pair's products run over ``hidden`` and its expert's inner size in tiles and an
 order fixed by the weight shapes (a dot's row is the same whatever rows share its tile); its rank

@@ -1,19 +1,21 @@
-"""An MoE block at one row in one launch after the router's product (``kernels.moe`` at decode, one
-lane): the same bits as its two-launch form, without the boundary between the two products.
+"""An MoE block at one row in one launch (``kernels.moe`` at decode, one lane): the same bits as its
+launches one after another, without the boundaries between them.
 
-The launch's first programs are the gate/up programs (a tile's expert by ``kernels.moe_plan.
-chosen_tile``, the router's choice each makes for itself), then the down programs. A down program
-makes the same choice, so it knows its expert's weights and its pair's weight without reading
-anything the launch writes; it waits on its tile's ready counter (one arrival a gate/up program of
-the tile) before it reads h from L2. Its expert's down weights stream while other tiles' gate/up
-programs still run, which fills the gate/up programs' last wave. The last down program to finish
-(the arrival counter) sums the ranks, adds the shared expert, and at decode adds the residual and
-normalises (``kernels.moe_sum.combined``, ``kernels.norm.add_zrms_row``), then rearms every counter.
+The launch's first programs make the router's product when it is given (``kernels.gemm``'s
+segments, tiles and order; each tile's last program stores its logits and counts it), then come
+the gate/up programs (a tile's expert by ``kernels.moe_plan.chosen_tile``, the router's choice each
+makes for itself once the logits are stored), then the down programs. A down program makes the
+same choice, so it knows its expert's weights and its pair's weight without reading anything else
+the launch writes; it waits on its tile's ready counter (one arrival a gate/up program of the tile)
+before it reads h from L2. The last down program to finish (the arrival counter) sums the ranks,
+adds the shared expert, and at decode adds the residual and normalises (``kernels.moe_sum.combined``,
+``kernels.norm.add_zrms_row``), then rearms every counter.
 
 Waiting inside a launch needs the programs it waits on to run: GPUs start a launch's programs in
-order of their index, and every gate/up program's index is below every down program's, so each one
-is running or done before any down program can wait. The interpreter runs programs in order.
-Scratch: the caller's h and buffer; the device's counters (``ready``: zero between launches).
+order of their index, and every program waits only on programs of lower index (down on gate/up,
+both on the router's), so each one is running or done before any program can wait on it. The
+interpreter runs programs in order. Scratch: the caller's h, buffer and logits, the router's fp32
+partials; the device's counters (zero between launches).
 """
 
 from __future__ import annotations
