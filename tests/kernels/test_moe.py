@@ -319,12 +319,17 @@ def test_one_row_gives_the_same_bits_in_one_launch_as_in_two(monkeypatch: pytest
             return moe.routed_add_zrms(x, gate_up, down, logits[:, :8], top_k, True, shared, stream)
         return (moe.routed(x, gate_up, down, logits[:, :8], top_k, True, shared),)
 
+    launches: list[int] = []
+    one = moe_one.launch
+    monkeypatch.setattr(moe_one, "launch",
+                        lambda *args, **kwargs: (launches.append(1), one(*args, **kwargs))[1])
     monkeypatch.setattr(moe, "ONE_LAUNCH", True)
     got = block()
+    assert launches == [1]  # the one launch served it
     assert not moe_one.counters(x.device).any()  # the last program rearmed every counter
     monkeypatch.setattr(moe, "ONE_LAUNCH", False)
     want = block()
-    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert launches == [1] and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
 @pytest.mark.parametrize("rows", [1, 3])
@@ -340,7 +345,12 @@ def test_the_block_from_its_input_is_the_routers_product_then_the_routed_block(
     want = moe.routed_add_zrms(x, gate_up, down, logits[:, :8], 3, True, shared._replace(gate=logits[:, 8:]),
                                stream)
     monkeypatch.setattr(moe, "ROUTER_IN_LAUNCH", inside)
+    products: list[int] = []
+    product = gemm.matmul
+    monkeypatch.setattr(gemm, "matmul",
+                        lambda *args, **kwargs: (products.append(1), product(*args, **kwargs))[1])
     got = moe.block_add_zrms(x, router_weight, gate_up, down, 3, True, (shared.gate_up, shared.down), stream)
+    assert len(products) == (0 if inside and rows == 1 else 1)  # in the launch at one row, else before it
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert not moe_one.counters(x.device).any()  # the router's counters rearmed too
     with pytest.raises(ValueError, match="router_weight"):
