@@ -7,4 +7,17 @@ such operands to fp32 there first (exact: a bf16 product fits an fp32 mantissa).
 
 import os
 
+import torch
+
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+_COUNTERS: dict[tuple[str, torch.device], torch.Tensor] = {}
+
+
+def counters(name: str, size: int, device: torch.device) -> torch.Tensor:
+    """The device's int32 counters called ``name``, ``size`` of them: zero between launches (the
+    kernels that count on them rearm them), allocated once so CUDA graphs capture fixed addresses."""
+    found = _COUNTERS.get((name, device))
+    if found is None:
+        found = _COUNTERS[(name, device)] = torch.zeros(size, dtype=torch.int32, device=device)
+    return found

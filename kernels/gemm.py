@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+import kernels
 from kernels import INTERPRETED, conv1d, pdl
 from kernels.swiglu import PAIR, silu_mul
 from kernels.swiglu import swiglu as swiglu_rows
@@ -118,7 +119,7 @@ def plan(n: int, k: int, spread: Tiles = SPREAD, whole: Tiles = WHOLE, few: Tile
 
 @triton.jit
 def segment_sum(x, w, rows, cols, m, n, k, start, length, stride_xm, stride_wn,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
     """One segment's fp32 sum over K tiles start .. start + length, from zero."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for offset in range(0, length, BLOCK_K):
@@ -154,7 +155,7 @@ def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride
     segment = tl.program_id(2)
     pdl.wait(PDL)
     acc = segment_sum(x, w, rows, cols, m, n, k, segment * k_per_segment, k_per_segment, stride_xm, stride_wn,
-                   BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
+                      BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
     mask = (rows[:, None] < m) & (cols[None, :] < n)
     where = rows[:, None] * stride_pm + cols[None, :]
     tl.store(partials + segment * stride_ps + where, acc, mask=mask)
@@ -210,7 +211,7 @@ def _whole(x, w, out, m, n, k, stride_xm, stride_wn, stride_om, segments, k_per_
                              BLOCK_K)
     else:
         total = segment_sum(x, w, rows, cols, m, n, k, 0, k_per_segment, stride_xm, stride_wn,
-                         BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
+                            BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
     if not ONE_SEGMENT:  # one accumulator alone when there is one segment: half the registers (sm_90)
         for segment in range(1, segments):  # the same in-order sum as _spread's last program, in registers
             if TMA:
@@ -218,7 +219,7 @@ def _whole(x, w, out, m, n, k, stride_xm, stride_wn, stride_om, segments, k_per_
                                       k_per_segment, BLOCK_M, BLOCK_N, BLOCK_K)
             else:
                 total += segment_sum(x, w, rows, cols, m, n, k, segment * k_per_segment, k_per_segment,
-                                  stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
+                                     stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
     dtype = out.dtype.element_ty
     if SWIGLU:  # the tile holds whole gate|up pairs: split each block of pairs as _spread's last program does
         pairs = tl.permute(tl.reshape(total, (BLOCK_M, BLOCK_N // (2 * PAIR), 2, PAIR)), (0, 1, 3, 2))
@@ -332,20 +333,15 @@ def _conv_after(out: torch.Tensor, conv: Conv) -> torch.Tensor:
     return out
 
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
 COUNTERS = 1 << 16  # output tiles of one spread product at most: 4 x 16-row tiles of a 248,320-wide head
 
 
 def _counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """The device's arrival counters of spread products, zero between launches (each tile's last
-    program rearms its own). Shared by every product on the device, which run one at a time on
-    one stream; allocated once, so CUDA graphs capture a fixed address."""
+    """The device's arrival counters of spread products (each tile's last program rearms its own),
+    shared by every product on the device, which run one at a time on one stream."""
     if tiles > COUNTERS:
         raise ValueError(f"a spread product of {tiles} output tiles, more than the {COUNTERS} counted")
-    found = _COUNTERS.get(device)
-    if found is None:
-        found = _COUNTERS[device] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
-    return found
+    return kernels.counters("gemm.spread", COUNTERS, device)
 
 
 def reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

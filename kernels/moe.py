@@ -47,6 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
+import kernels
 from kernels import INTERPRETED, gemm, moe_one, moe_plan, moe_sum, moe_tiles, norm, pdl, router
 
 BLOCK_M = 16  # pairs in a tile: one tensor-core row block
@@ -141,9 +142,8 @@ def _down(h, down, shared_down, buf, weights, layout, pair_at, dest_at, pairs, e
         tl.debug_barrier()  # every thread's part of the tile is written before it is counted
         programs = tl.num_programs(0) * tl.num_programs(1)
         if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == programs - 1:
-            delta = moe_sum.combined(buf, gate, 0, tl.arange(0, HIDDEN_BLOCK), pairs, hidden, stride_g,
-                                     TOP_K, SHARED, total.dtype.element_ty)
-            norm.add_zrms_row(residual, delta, total, normed, norm_weight, 0, hidden, eps, HIDDEN_BLOCK)
+            moe_sum.combined_add_zrms(buf, gate, residual, total, normed, norm_weight, 0, pairs, hidden,
+                                      stride_g, eps, TOP_K, SHARED, HIDDEN_BLOCK)
             tl.atomic_xchg(arrivals, 0, sem="relaxed", scope="gpu")  # rearmed for the next call
 
 
@@ -362,16 +362,9 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
     return out, None
 
 
-_ARRIVALS: dict[torch.device, torch.Tensor] = {}
-
-
 def _arrivals(device: torch.device) -> torch.Tensor:
-    """The device's arrival counter of ``_down`` at one row: zero between launches (the last program
-    rearms it), allocated once so CUDA graphs capture a fixed address."""
-    found = _ARRIVALS.get(device)
-    if found is None:
-        found = _ARRIVALS[device] = torch.zeros(1, dtype=torch.int32, device=device)
-    return found
+    """The device's arrival counter of ``_down`` at one row (its last program rearms it)."""
+    return kernels.counters("moe.down", 1, device)
 
 
 def _check_residual(x: torch.Tensor, residual: Residual) -> None:

@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+import kernels
 from kernels import INTERPRETED, gemm, moe_plan, moe_sum, moe_tiles, norm, pdl, router
 
 READY = 64  # tiles of one launch at most: top_k routed experts and the shared one
@@ -111,12 +112,13 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
                             width, column, PRECISION, WIDEN, BLOCK_M, DOWN_N, DOWN_K, ".cg")
         tl.debug_barrier()  # every thread's part of the tile is written before it is counted
         if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == TILES * DOWN_COLS - 1:
-            cols = tl.arange(0, HIDDEN_BLOCK)
-            dtype = total.dtype.element_ty
-            delta = moe_sum.combined(buf, gate, 0, cols, K, hidden, stride_g, K, SHARED, dtype)
             if ADD_NORM:
-                norm.add_zrms_row(residual, delta, total, out, norm_weight, 0, hidden, eps, HIDDEN_BLOCK)
+                moe_sum.combined_add_zrms(buf, gate, residual, total, out, norm_weight, 0, K, hidden,
+                                          stride_g, eps, K, SHARED, HIDDEN_BLOCK)
             else:
+                cols = tl.arange(0, HIDDEN_BLOCK)
+                dtype = total.dtype.element_ty
+                delta = moe_sum.combined(buf, gate, 0, cols, K, hidden, stride_g, K, SHARED, dtype)
                 tl.store(total + cols, delta, mask=cols < hidden)
             tiles = tl.arange(0, COUNTERS)
             tl.store(ready + tiles, tl.zeros([COUNTERS], tl.int32), mask=tiles < TILES)  # rearmed
@@ -139,17 +141,11 @@ def takes_router(n: int, hidden: int) -> bool:
     return triton.cdiv(n, few.block_n) <= ROUTER_TILES and few.warps == router.ROUTE_WARPS
 
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
 def counters(device: torch.device) -> torch.Tensor:
     """The device's counters: ``READY`` tiles' ready counts, the down programs' arrivals, then the
-    router's ``ROUTER_TILES`` tiles' arrivals and its stored tiles; zero between launches (the
-    programs that finish rearm them), allocated once so CUDA graphs capture a fixed address."""
-    found = _COUNTERS.get(device)
-    if found is None:
-        found = _COUNTERS[device] = torch.zeros(READY + ROUTER_TILES + 2, dtype=torch.int32, device=device)
-    return found
+    router's ``ROUTER_TILES`` tiles' arrivals and its stored tiles (the programs that finish rearm
+    them)."""
+    return kernels.counters("moe_one", READY + ROUTER_TILES + 2, device)
 
 
 def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor, h: torch.Tensor,

@@ -54,9 +54,18 @@ def _combine_add_zrms(buf, gate, residual, total, out, weight, pairs, hidden, st
                       TOP_K: tl.constexpr, SHARED: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """``_combine``'s row added to the residual and normalised, as ``kernels.norm.add_zrms`` does."""
     pdl.wait(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    delta = combined(buf, gate, row, cols, pairs, hidden, stride_g, TOP_K, SHARED, out.dtype.element_ty)
+    combined_add_zrms(buf, gate, residual, total, out, weight, tl.program_id(0).to(tl.int64), pairs, hidden,
+                      stride_g, eps, TOP_K, SHARED, BLOCK)
+
+
+@triton.jit
+def combined_add_zrms(buf, gate, residual, total, out, weight, row, pairs, hidden, stride_g, eps,
+                      TOP_K: tl.constexpr, SHARED: tl.constexpr, BLOCK: tl.constexpr):
+    """Row ``row``'s block output (``combined``) added to the residual into ``total`` and normalised
+    into ``out`` (``kernels.norm.add_zrms_row``): the work of ``_combine_add_zrms``'s program, shared
+    with the experts' own last program at one row (kernels.moe, kernels.moe_one)."""
+    delta = combined(buf, gate, row, tl.arange(0, BLOCK), pairs, hidden, stride_g, TOP_K, SHARED,
+                     total.dtype.element_ty)
     norm.add_zrms_row(residual, delta, total, out, weight, row, hidden, eps, BLOCK)
 
 
