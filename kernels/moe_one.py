@@ -29,6 +29,10 @@ from kernels import INTERPRETED, gemm, moe_plan, moe_sum, moe_tiles, norm, pdl, 
 
 READY = 64  # tiles of one launch at most: top_k routed experts and the shared one
 ROUTER_TILES = 16  # column tiles of the router's product at most, when it runs in the launch
+# The shared expert's programs first, not waiting for the router's choice (off: in rank order, after it).
+SHARED_FIRST = True
+# A down program asks for its weights (four K steps) before it waits for h; off, it reads them after.
+PRELOAD_DOWN = True
 
 
 @triton.jit
@@ -64,6 +68,15 @@ def _logits_wait(router_counters, ROUTER_TILES: tl.constexpr):
 
 
 @triton.jit
+def _tile_first(index, K: tl.constexpr, TILES: tl.constexpr, SHARED_FIRST: tl.constexpr):
+    """The tile of a program's place among the tiles: with ``SHARED_FIRST`` the shared expert's
+    (tile K) first, so its programs start while the router's choice is still being made."""
+    if SHARED_FIRST and TILES > K:
+        index = (index + K) % TILES
+    return index
+
+
+@triton.jit
 def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids, weights, pair_at, dest_at,
              tile_expert, ready, arrivals, gate, residual, total, out, norm_weight, experts, hidden, inner,
              shared_inner, width, stride_ge, stride_gn, stride_gs, stride_de, stride_dn, stride_ds, stride_g,
@@ -74,7 +87,8 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
              DOWN_N: tl.constexpr, DOWN_K: tl.constexpr, SHARED: tl.constexpr, ADD_NORM: tl.constexpr,
              HIDDEN_BLOCK: tl.constexpr, COUNTERS: tl.constexpr, ROUTER_TILES: tl.constexpr,
              ROUTER_SEGMENTS: tl.constexpr, ROUTER_M: tl.constexpr, ROUTER_N: tl.constexpr,
-             ROUTER_K: tl.constexpr, LOGITS_CACHE: tl.constexpr, PDL: tl.constexpr):
+             ROUTER_K: tl.constexpr, LOGITS_CACHE: tl.constexpr, SHARED_FIRST: tl.constexpr,
+             PRELOAD: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     program = tl.program_id(0) - ROUTER_TILES * ROUTER_SEGMENTS  # the router's programs first, if here
     q = tl.arange(0, BLOCK_M)
@@ -85,12 +99,17 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
                      ROUTER_K, WIDEN)
         return
     if program < TILES * GATE_COLS:
-        tile, column = program // GATE_COLS, program % GATE_COLS
+        tile, column = _tile_first(program // GATE_COLS, K, TILES, SHARED_FIRST), program % GATE_COLS
         if column * GATE_N >= tl.where(tile < K, inner, shared_inner):  # past the expert's columns
             return
-        _logits_wait(router_counters, ROUTER_TILES)
-        expert, _ = moe_plan.chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts, tile,
-                                         column == 0, K, NORM, BLOCK_E, SLOTS, LOGITS_CACHE)
+        if SHARED_FIRST and tile == K:  # the shared expert needs no choice
+            expert = tl.full([], 0, tl.int32) + experts
+            if column == 0:
+                tl.store(tile_expert + tile, expert)
+        else:
+            _logits_wait(router_counters, ROUTER_TILES)
+            expert, _ = moe_plan.chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts,
+                                             tile, column == 0, K, NORM, BLOCK_E, SLOTS, LOGITS_CACHE)
         matrix, stride_n, size = moe_tiles.weight_of(gate_up, shared_gate_up, expert, experts, stride_ge,
                                                      stride_gn, stride_gs, inner, shared_inner)
         moe_tiles.gate_up_tile(x, matrix, stride_n, size, h, tile + q, live, q * 0, hidden, width, 0, column,
@@ -98,18 +117,32 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
         tl.debug_barrier()  # every thread's part of h is stored before the tile counts it
         tl.atomic_add(ready + tile, 1, sem="release", scope="gpu")
     else:
-        tile, column = (program - TILES * GATE_COLS) // DOWN_COLS, (program - TILES * GATE_COLS) % DOWN_COLS
-        _logits_wait(router_counters, ROUTER_TILES)
-        expert, weight = moe_plan.chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts,
-                                              tile, False, K, NORM, BLOCK_E, SLOTS, LOGITS_CACHE)
+        index = program - TILES * GATE_COLS
+        tile, column = _tile_first(index // DOWN_COLS, K, TILES, SHARED_FIRST), index % DOWN_COLS
+        if SHARED_FIRST and tile == K:
+            expert, weight = tl.full([], 0, tl.int32) + experts, tl.full([], 1.0, tl.float32)
+        else:
+            _logits_wait(router_counters, ROUTER_TILES)
+            expert, weight = moe_plan.chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert,
+                                                  experts, tile, False, K, NORM, BLOCK_E, SLOTS, LOGITS_CACHE)
         matrix, stride_n, size = moe_tiles.weight_of(down, shared_down, expert, experts, stride_de, stride_dn,
                                                      stride_ds, inner, shared_inner)
+        pair_weight = tl.full([BLOCK_M], 1.0, tl.float32) * weight
+        if PRELOAD == 4:  # the weights asked for before the wait: they arrive while gate/up runs
+            b0 = moe_tiles.down_weights(matrix, stride_n, hidden, column, 0, DOWN_N, DOWN_K)
+            b1 = moe_tiles.down_weights(matrix, stride_n, hidden, column, DOWN_K, DOWN_N, DOWN_K)
+            b2 = moe_tiles.down_weights(matrix, stride_n, hidden, column, 2 * DOWN_K, DOWN_N, DOWN_K)
+            b3 = moe_tiles.down_weights(matrix, stride_n, hidden, column, 3 * DOWN_K, DOWN_N, DOWN_K)
         wanted = (size + GATE_N - 1) // GATE_N  # the tile's gate/up programs that store h
         while tl.atomic_add(ready + tile, 0, sem="acquire", scope="gpu") < wanted:
             pass
-        pair_weight = tl.full([BLOCK_M], 1.0, tl.float32) * weight
-        moe_tiles.down_tile(h, matrix, stride_n, size, buf, tile + q, live, pair_weight, tile + q, hidden,
-                            width, column, PRECISION, WIDEN, BLOCK_M, DOWN_N, DOWN_K, ".cg")
+        if PRELOAD == 4:
+            acc = moe_tiles.down_four(h, b0, b1, b2, b3, tile + q, live, width, PRECISION, WIDEN, BLOCK_M,
+                                      DOWN_N, DOWN_K)
+            moe_tiles.down_store(buf, acc, live, pair_weight, tile + q, hidden, column, DOWN_N)
+        else:
+            moe_tiles.down_tile(h, matrix, stride_n, size, buf, tile + q, live, pair_weight, tile + q, hidden,
+                                width, column, PRECISION, WIDEN, BLOCK_M, DOWN_N, DOWN_K, ".cg")
         tl.debug_barrier()  # every thread's part of the tile is written before it is counted
         if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == TILES * DOWN_COLS - 1:
             if ADD_NORM:
@@ -172,6 +205,8 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
     if router_weight is not None:
         n_router, plan = router_weight.shape[0], gemm.plan(*router_weight.shape)
     router_tiles = triton.cdiv(n_router, plan.few.block_n)
+    # four K steps of weights a down program, the shared expert's as the routed ones'
+    preload = PRELOAD_DOWN and inner == 4 * tiles["down_k"] and (not shared or shared_down.shape[1] == inner)
     partials = torch.empty(plan.segments if router_weight is not None else 1, n_router, dtype=torch.float32,
                            device=x.device)
     _one_row[(router_tiles * plan.segments + count * (gate_cols + down_cols),)](
@@ -187,5 +222,6 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
         SHARED=shared, ADD_NORM=residual is not None, HIDDEN_BLOCK=block, COUNTERS=READY,
         ROUTER_TILES=router_tiles, ROUTER_SEGMENTS=plan.segments, ROUTER_M=plan.few.block_m,
         ROUTER_N=plan.few.block_n, ROUTER_K=plan.few.block_k,
-        LOGITS_CACHE=".cg" if router_weight is not None else "", num_warps=router.ROUTE_WARPS,
+        LOGITS_CACHE=".cg" if router_weight is not None else "", SHARED_FIRST=SHARED_FIRST and shared,
+        PRELOAD=4 if preload else 0, num_warps=router.ROUTE_WARPS,
         num_stages=tiles["stages"], **pdl.options(x.device))

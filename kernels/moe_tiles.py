@@ -69,5 +69,41 @@ def down_tile(h, w, stride_n, size, buf, q, live, weight, dest, hidden, width, c
                     cache_modifier=H_CACHE)
         b = tl.load(w + ks[None, :], mask=(cols[:, None] < hidden) & kmask, other=0.0)
         acc = dot(a, b, acc, PRECISION, WIDEN)
+    down_store(buf, acc, live, weight, dest, hidden, column_tile, BLOCK_N)
+
+
+@triton.jit
+def down_store(buf, acc, live, weight, dest, hidden, column_tile, BLOCK_N: tl.constexpr):
+    """A down tile's sum times each pair's fp32 ``weight`` into buffer rows ``dest``."""
+    cols = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     tl.store(buf + dest[:, None].to(tl.int64) * hidden + cols[None, :], acc * weight[:, None],
              mask=live[:, None] & (cols[None, :] < hidden))
+
+
+@triton.jit
+def down_weights(w, stride_n, hidden, column_tile, start, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """K step ``start`` of a down tile's weights (the expert's inner size a whole number of steps)."""
+    cols = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = start + tl.arange(0, BLOCK_K)
+    return tl.load(w + cols[:, None] * stride_n + ks[None, :], mask=cols[:, None] < hidden, other=0.0)
+
+
+@triton.jit
+def down_step(h, b, acc, q, live, width, start, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
+              BLOCK_K: tl.constexpr, H_CACHE: tl.constexpr):
+    """``down_tile``'s step at K offset ``start`` with its weights ``b`` already loaded."""
+    ks = start + tl.arange(0, BLOCK_K)
+    a = tl.load(h + q[:, None] * width + ks[None, :], mask=live[:, None], other=0.0, cache_modifier=H_CACHE)
+    return dot(a, b, acc, PRECISION, WIDEN)
+
+
+@triton.jit
+def down_four(h, b0, b1, b2, b3, q, live, width, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``down_tile``'s sum over an inner size of four K steps, their weights ``b0``..``b3`` loaded
+    (``down_weights``); h stored by another program of the launch (read through L2)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = down_step(h, b0, acc, q, live, width, 0, PRECISION, WIDEN, BLOCK_K, ".cg")
+    acc = down_step(h, b1, acc, q, live, width, BLOCK_K, PRECISION, WIDEN, BLOCK_K, ".cg")
+    acc = down_step(h, b2, acc, q, live, width, 2 * BLOCK_K, PRECISION, WIDEN, BLOCK_K, ".cg")
+    return down_step(h, b3, acc, q, live, width, 3 * BLOCK_K, PRECISION, WIDEN, BLOCK_K, ".cg")

@@ -306,9 +306,13 @@ def test_one_row_gives_the_same_bits_in_its_own_launches_as_through_the_plans(
 
 
 @pytest.mark.parametrize("residual", [False, True])
-@pytest.mark.parametrize(("top_k", "inner"), [(3, 16), (2, 24)])
+@pytest.mark.parametrize(("top_k", "inner", "down_k"), [(3, 16, None), (2, 24, None), (3, 32, 8)])
 def test_one_row_gives_the_same_bits_in_one_launch_as_in_two(monkeypatch: pytest.MonkeyPatch, residual: bool,
-                                                             top_k: int, inner: int) -> None:
+                                                             top_k: int, inner: int,
+                                                             down_k: int | None) -> None:
+    # down_k 8: the experts' inner size (32) is four K steps, so the down programs load them before h
+    if down_k is not None:
+        monkeypatch.setattr(moe, "DOWN_K", down_k)
     x, gate_up, down, _, _ = make(1, top_k, torch.bfloat16, seed=43 + top_k)
     logits = router_product(1, 8, torch.bfloat16, seed=43 + top_k)
     shared = make_shared(1, torch.bfloat16, seed=43 + top_k, inner=inner)
