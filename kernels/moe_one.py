@@ -7,7 +7,9 @@ the gate/up programs (a tile's expert by ``kernels.moe_plan.chosen_tile``, the r
 makes for itself once the logits are stored), then the down programs. A down program makes the
 same choice, so it knows its expert's weights and its pair's weight without reading anything else
 the launch writes; it waits on its tile's ready counter (one arrival a gate/up program of the tile)
-before it reads h from L2. The last down program to finish (the arrival counter) sums the ranks,
+before it reads h from L2, its weights (four K steps) already asked for. The shared expert's
+programs come first and make no choice, so they read while the router's product runs. The last down
+program to finish (the arrival counter) sums the ranks,
 adds the shared expert, and at decode adds the residual and normalises (``kernels.moe_sum.combined``,
 ``kernels.norm.add_zrms_row``), then rearms every counter.
 
