@@ -9,9 +9,9 @@ same choice, so it knows its expert's weights and its pair's weight without read
 the launch writes; it waits on its tile's ready counter (one arrival a gate/up program of the tile)
 before it reads h from L2, its weights (four K steps) already asked for. The shared expert's
 programs come first and make no choice, so they read while the router's product runs. The last down
-program to finish (the arrival counter) sums the ranks,
-adds the shared expert, and at decode adds the residual and normalises (``kernels.moe_sum.combined``,
-``kernels.norm.add_zrms_row``), then rearms every counter.
+program to finish (the arrival counter) sums the ranks, adds the shared expert, and at decode adds
+the residual and normalises (``kernels.moe_sum.combined``, ``kernels.norm.add_zrms_row``), then
+rearms every counter.
 
 Waiting inside a launch needs the programs it waits on to run: GPUs start a launch's programs in
 order of their index, and every program waits only on programs of lower index (down on gate/up,
