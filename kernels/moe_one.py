@@ -131,16 +131,16 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
                                                      stride_ds, inner, shared_inner)
         pair_weight = tl.full([BLOCK_M], 1.0, tl.float32) * weight
         if PRELOAD == 4:  # the weights asked for before the wait: they arrive while gate/up runs
-            b0 = moe_tiles.down_weights(matrix, stride_n, hidden, column, 0, DOWN_N, DOWN_K)
-            b1 = moe_tiles.down_weights(matrix, stride_n, hidden, column, DOWN_K, DOWN_N, DOWN_K)
-            b2 = moe_tiles.down_weights(matrix, stride_n, hidden, column, 2 * DOWN_K, DOWN_N, DOWN_K)
-            b3 = moe_tiles.down_weights(matrix, stride_n, hidden, column, 3 * DOWN_K, DOWN_N, DOWN_K)
+            b0 = moe_tiles.down_weights(matrix, stride_n, size, hidden, column, 0, DOWN_N, DOWN_K)
+            b1 = moe_tiles.down_weights(matrix, stride_n, size, hidden, column, DOWN_K, DOWN_N, DOWN_K)
+            b2 = moe_tiles.down_weights(matrix, stride_n, size, hidden, column, 2 * DOWN_K, DOWN_N, DOWN_K)
+            b3 = moe_tiles.down_weights(matrix, stride_n, size, hidden, column, 3 * DOWN_K, DOWN_N, DOWN_K)
         wanted = (size + GATE_N - 1) // GATE_N  # the tile's gate/up programs that store h
         while tl.atomic_add(ready + tile, 0, sem="acquire", scope="gpu") < wanted:
             pass
         if PRELOAD == 4:
-            acc = moe_tiles.down_four(h, b0, b1, b2, b3, tile + q, live, width, PRECISION, WIDEN, BLOCK_M,
-                                      DOWN_N, DOWN_K)
+            acc = moe_tiles.down_four(h, b0, b1, b2, b3, tile + q, live, width, size, PRECISION, WIDEN,
+                                      BLOCK_M, DOWN_N, DOWN_K)
             moe_tiles.down_store(buf, acc, live, pair_weight, tile + q, hidden, column, DOWN_N)
         else:
             moe_tiles.down_tile(h, matrix, stride_n, size, buf, tile + q, live, pair_weight, tile + q, hidden,

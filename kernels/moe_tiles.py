@@ -59,16 +59,10 @@ def down_tile(h, w, stride_n, size, buf, q, live, weight, dest, hidden, width, c
     """Pairs ``q``'s h times the expert's down matrix ``w`` over hidden columns of tile
     ``column_tile``, times each pair's fp32 ``weight``, into buffer rows ``dest``. ``H_CACHE``: the
     cache modifier of h's loads (".cg" where another program of the same launch stored it)."""
-    cols = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    w = w + cols[:, None] * stride_n
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for start in range(0, size, BLOCK_K):
-        ks = start + tl.arange(0, BLOCK_K)
-        kmask = ks[None, :] < size
-        a = tl.load(h + q[:, None] * width + ks[None, :], mask=live[:, None] & kmask, other=0.0,
-                    cache_modifier=H_CACHE)
-        b = tl.load(w + ks[None, :], mask=(cols[:, None] < hidden) & kmask, other=0.0)
-        acc = dot(a, b, acc, PRECISION, WIDEN)
+        b = down_weights(w, stride_n, size, hidden, column_tile, start, BLOCK_N, BLOCK_K)
+        acc = down_step(h, b, acc, q, live, width, size, start, PRECISION, WIDEN, BLOCK_K, H_CACHE)
     down_store(buf, acc, live, weight, dest, hidden, column_tile, BLOCK_N)
 
 
@@ -81,29 +75,31 @@ def down_store(buf, acc, live, weight, dest, hidden, column_tile, BLOCK_N: tl.co
 
 
 @triton.jit
-def down_weights(w, stride_n, hidden, column_tile, start, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """K step ``start`` of a down tile's weights (the expert's inner size a whole number of steps)."""
+def down_weights(w, stride_n, size, hidden, column_tile, start, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """K step ``start`` of a down tile's weights (zeros past the expert's inner ``size``)."""
     cols = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = start + tl.arange(0, BLOCK_K)
-    return tl.load(w + cols[:, None] * stride_n + ks[None, :], mask=cols[:, None] < hidden, other=0.0)
+    live = (cols[:, None] < hidden) & (ks[None, :] < size)
+    return tl.load(w + cols[:, None] * stride_n + ks[None, :], mask=live, other=0.0)
 
 
 @triton.jit
-def down_step(h, b, acc, q, live, width, start, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
+def down_step(h, b, acc, q, live, width, size, start, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
               BLOCK_K: tl.constexpr, H_CACHE: tl.constexpr):
-    """``down_tile``'s step at K offset ``start`` with its weights ``b`` already loaded."""
+    """``down_tile``'s step at K offset ``start``: ``acc`` plus h's K tile times the weights ``b``."""
     ks = start + tl.arange(0, BLOCK_K)
-    a = tl.load(h + q[:, None] * width + ks[None, :], mask=live[:, None], other=0.0, cache_modifier=H_CACHE)
+    a = tl.load(h + q[:, None] * width + ks[None, :], mask=live[:, None] & (ks[None, :] < size), other=0.0,
+                cache_modifier=H_CACHE)
     return dot(a, b, acc, PRECISION, WIDEN)
 
 
 @triton.jit
-def down_four(h, b0, b1, b2, b3, q, live, width, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
+def down_four(h, b0, b1, b2, b3, q, live, width, size, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """``down_tile``'s sum over an inner size of four K steps, their weights ``b0``..``b3`` loaded
     (``down_weights``); h stored by another program of the launch (read through L2)."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc = down_step(h, b0, acc, q, live, width, 0, PRECISION, WIDEN, BLOCK_K, ".cg")
-    acc = down_step(h, b1, acc, q, live, width, BLOCK_K, PRECISION, WIDEN, BLOCK_K, ".cg")
-    acc = down_step(h, b2, acc, q, live, width, 2 * BLOCK_K, PRECISION, WIDEN, BLOCK_K, ".cg")
-    return down_step(h, b3, acc, q, live, width, 3 * BLOCK_K, PRECISION, WIDEN, BLOCK_K, ".cg")
+    acc = down_step(h, b0, acc, q, live, width, size, 0, PRECISION, WIDEN, BLOCK_K, ".cg")
+    acc = down_step(h, b1, acc, q, live, width, size, BLOCK_K, PRECISION, WIDEN, BLOCK_K, ".cg")
+    acc = down_step(h, b2, acc, q, live, width, size, 2 * BLOCK_K, PRECISION, WIDEN, BLOCK_K, ".cg")
+    return down_step(h, b3, acc, q, live, width, size, 3 * BLOCK_K, PRECISION, WIDEN, BLOCK_K, ".cg")
