@@ -44,8 +44,9 @@ from kernels.sigmoid_gate import gated
 
 SEGMENT = 512  # keys a decode program covers: fixed, so a lane's split never depends on the batch
 # Keys up to SHORT_KEYS go in segments of SHORT_SEGMENT: a lane of 1,100 keys was 3 programs a kv head
-# of 16 dependent key blocks each (about 20 us a layer at one lane on the H200), now 9 of 4.
-SHORT_SEGMENT = 128
+# of 16 dependent key blocks each (about 20 us a layer at one lane on the H200), then 9 of 4, now 18 of 2
+# (64 against 128: 35B-A3B one stream 2.637 against 2.665 ms a step, docs/bench.md).
+SHORT_SEGMENT = 64
 SHORT_KEYS = 4096
 STATS = 4  # partials' columns after head_dim: running max, sum of exp, two pads keeping 16-byte rows
 PREFILL_M = 128  # prefill tile rows along M: query rows x group members
