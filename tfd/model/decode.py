@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 import torch
 
+from kernels import step_inputs
 from tfd.model import hyper
 from tfd.model.attention import QsaCaches, attention_rows, sparse_rows
 from tfd.model.gdn import GdnWeights, gdn_rows
@@ -32,6 +33,7 @@ from tfd.model.memory import element_offset, to_device
 from tfd.model.mlp import MoeWeights, dense, moe, moe_add_zrms
 from tfd.model.ops import add_zrms, zrms
 from tfd.model.ple import ple_rows
+from tfd.model.rope import Rotary
 from tfd.model.stack import LayerWeights, StackWeights
 from tfd.pool.pages import Pool
 
@@ -144,6 +146,17 @@ class DecodeMemory:
         self.tails = pool.buffer.view(dtype)
         self.histories = pool.buffer.view(torch.int64)
         self.caches = {part.name: pool.rows(part.name) for part in pool.layout.row_parts}
+        self._angles: dict[tuple[int, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def angle_tables(self, rotary: Rotary, pages: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) [positions, rotary.dim] of every position a lane of ``pages`` row pages can hold,
+        made once (on the pool's device, by ``rotary.angles``) for ``kernels.step_inputs`` to gather."""
+        rows = pages * self.pool.layout.page_rows
+        found = self._angles.get((rows, dtype))
+        if found is None:
+            positions = torch.arange(rows, dtype=torch.int64, device=self.pool.buffer.device)
+            found = self._angles[(rows, dtype)] = rotary.angles(positions, dtype)
+        return found
 
     def offset(self, view: torch.Tensor) -> int:
         """A piece view's element offset in the pool view of its dtype."""
@@ -177,10 +190,15 @@ def run_decode(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory) -> tor
     """The head's input rows [lanes, width] (after the final norm or mixer) of one decode row per
     lane; states, tails, PLE pieces and row parts move past the row. Raises ValueError when the
     stack has a PLE layer and the batch's columns no PLE offsets."""
-    x = w.embed[batch.tokens]
-    cos, sin = w.rotary.angles(batch.positions, x.dtype)
-    table = batch.page_table.to(torch.int32, memory_format=torch.contiguous_format)
-    step = _Step(batch, memory, cos, sin, table, batch.lengths.to(torch.int32))
+    if batch.packed.is_cuda:  # one launch for what torch takes ten
+        tables = memory.angle_tables(w.rotary, batch.columns.pages, w.embed.dtype)
+        inputs = step_inputs.gather(batch.packed, FIXED + batch.columns.offsets, w.embed, *tables)
+        x, step = inputs.x, _Step(batch, memory, inputs.cos, inputs.sin, inputs.table, inputs.lengths)
+    else:
+        x = w.embed[batch.tokens]
+        cos, sin = w.rotary.angles(batch.positions, x.dtype)
+        table = batch.page_table.to(torch.int32, memory_format=torch.contiguous_format)
+        step = _Step(batch, memory, cos, sin, table, batch.lengths.to(torch.int32))
     return _streams(w, x, step) if w.mixer is not None else _plain(w, x, step)
 
 
