@@ -48,16 +48,16 @@ def _gather(packed, stride_f, stride_l, embed, stride_e, cos_table, sin_table, s
         tl.store(x + lane * stride_x + cols, tl.load(embed + token * stride_e + cols, mask=keep), mask=keep)
     elif tile == EMBED_TILES:
         position = tl.load(fields + stride_f)
-        d = tl.arange(0, BLOCK_D)
-        keep = d < dim
-        tl.store(cos + lane * stride_a + d, tl.load(cos_table + position * stride_t + d, mask=keep), mask=keep)
-        tl.store(sin + lane * stride_a + d, tl.load(sin_table + position * stride_t + d, mask=keep), mask=keep)
+        d = tl.arange(0, BLOCK_D)  # names apart from the other branches': Triton merges them by name
+        live = d < dim
+        tl.store(cos + lane * stride_a + d, tl.load(cos_table + position * stride_t + d, mask=live), mask=live)
+        tl.store(sin + lane * stride_a + d, tl.load(sin_table + position * stride_t + d, mask=live), mask=live)
         tl.store(lengths + lane, tl.load(fields + 2 * stride_f).to(tl.int32))
     else:
-        cols = (tile - EMBED_TILES - 1) * BLOCK + tl.arange(0, BLOCK)
-        keep = cols < pages
-        entries = tl.load(fields + (table_field + cols) * stride_f, mask=keep)
-        tl.store(table + lane * stride_tb + cols, entries.to(tl.int32), mask=keep)
+        entry = (tile - EMBED_TILES - 1) * BLOCK + tl.arange(0, BLOCK)
+        held = entry < pages
+        entries = tl.load(fields + (table_field + entry) * stride_f, mask=held)
+        tl.store(table + lane * stride_tb + entry, entries.to(tl.int32), mask=held)
 
 
 def _check(packed: torch.Tensor, table_field: int, embed: torch.Tensor, cos_table: torch.Tensor,
