@@ -35,8 +35,8 @@ class StepInputs:
 
 
 @triton.jit
-def _gather(packed, stride_f, stride_l, embed, stride_e, cos_table, sin_table, stride_t, x, stride_x, cos, sin,
-            stride_a, table, stride_tb, lengths, hidden, dim, pages, table_field,
+def _gather(packed, stride_f, stride_l, embed, stride_e, cos_table, sin_table, stride_t, x, stride_x, cos,
+            sin, stride_a, table, stride_tb, lengths, hidden, dim, pages, table_field,
             EMBED_TILES: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     lane, tile = tl.program_id(0), tl.program_id(1)
@@ -50,8 +50,9 @@ def _gather(packed, stride_f, stride_l, embed, stride_e, cos_table, sin_table, s
         position = tl.load(fields + stride_f)
         d = tl.arange(0, BLOCK_D)  # names apart from the other branches': Triton merges them by name
         live = d < dim
-        tl.store(cos + lane * stride_a + d, tl.load(cos_table + position * stride_t + d, mask=live), mask=live)
-        tl.store(sin + lane * stride_a + d, tl.load(sin_table + position * stride_t + d, mask=live), mask=live)
+        angle = position * stride_t + d
+        tl.store(cos + lane * stride_a + d, tl.load(cos_table + angle, mask=live), mask=live)
+        tl.store(sin + lane * stride_a + d, tl.load(sin_table + angle, mask=live), mask=live)
         tl.store(lengths + lane, tl.load(fields + 2 * stride_f).to(tl.int32))
     else:
         entry = (tile - EMBED_TILES - 1) * BLOCK + tl.arange(0, BLOCK)
@@ -71,7 +72,8 @@ def _check(packed: torch.Tensor, table_field: int, embed: torch.Tensor, cos_tabl
     if (cos_table.shape != sin_table.shape or cos_table.dim() != 2 or not cos_table.is_contiguous()
             or not sin_table.is_contiguous() or cos_table.dtype != sin_table.dtype):
         raise ValueError(f"the angle tables must be contiguous [positions, dim] of one shape and dtype, got "
-                         f"{list(cos_table.shape)} {cos_table.dtype} and {list(sin_table.shape)} {sin_table.dtype}")
+                         f"{list(cos_table.shape)} {cos_table.dtype} and "
+                         f"{list(sin_table.shape)} {sin_table.dtype}")
 
 
 def gather(packed: torch.Tensor, table_field: int, embed: torch.Tensor, cos_table: torch.Tensor,
@@ -94,8 +96,8 @@ def gather(packed: torch.Tensor, table_field: int, embed: torch.Tensor, cos_tabl
     _gather[(lanes, embed_tiles + 1 + triton.cdiv(pages, BLOCK))](
         packed, packed.stride(0), packed.stride(1), embed, embed.stride(0), cos_table, sin_table,
         cos_table.stride(0), out.x, out.x.stride(0), out.cos, out.sin, out.cos.stride(0), out.table,
-        out.table.stride(0), out.lengths, hidden, dim, pages, table_field, EMBED_TILES=embed_tiles, BLOCK=BLOCK,
-        BLOCK_D=triton.next_power_of_2(dim), **pdl.options(device))
+        out.table.stride(0), out.lengths, hidden, dim, pages, table_field, EMBED_TILES=embed_tiles,
+        BLOCK=BLOCK, BLOCK_D=triton.next_power_of_2(dim), **pdl.options(device))
     return out
 
 

@@ -28,7 +28,8 @@ def packed_batch(lanes: int, pages: int, vocab: int, rows: int, device: str) -> 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("lanes", "hidden", "pages"), [(1, 40, 3), (3, 1100, 1030), (2, 64, 0)])
-def test_gathered_inputs_are_the_bits_torch_gives(dtype: torch.dtype, lanes: int, hidden: int, pages: int) -> None:
+def test_gathered_inputs_are_the_bits_torch_gives(dtype: torch.dtype, lanes: int, hidden: int,
+                                                  pages: int) -> None:
     packed, field = packed_batch(lanes, pages, vocab=50, rows=90, device=DEVICE)
     embed = torch.randn(50, hidden, dtype=dtype, device=DEVICE)
     cos, sin = torch.randn(2, 90, 12, dtype=dtype, device=DEVICE).unbind(0)

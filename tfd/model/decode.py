@@ -148,7 +148,8 @@ class DecodeMemory:
         self.caches = {part.name: pool.rows(part.name) for part in pool.layout.row_parts}
         self._angles: dict[tuple[int, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def angle_tables(self, rotary: Rotary, pages: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def angle_tables(self, rotary: Rotary, pages: int, dtype: torch.dtype
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) [positions, rotary.dim] of every position a lane of ``pages`` row pages can hold,
         made once (on the pool's device, by ``rotary.angles``) for ``kernels.step_inputs`` to gather."""
         rows = pages * self.pool.layout.page_rows
