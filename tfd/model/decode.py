@@ -56,8 +56,13 @@ class Columns:
         return 2 * self.gdn_layers + (2 if self.ple else 0)
 
     @property
+    def table_field(self) -> int:
+        """The field (a row of ``DecodeBatch.packed``) where the page table starts."""
+        return FIXED + self.offsets
+
+    @property
     def width(self) -> int:
-        return FIXED + self.offsets + self.pages
+        return self.table_field + self.pages
 
     def column(self, token: int, position: int, seed: int, temperature: float, offsets: Sequence[int],
                pages: Sequence[int], null_page: int) -> list[int]:
@@ -133,7 +138,7 @@ class DecodeBatch:
 
     @property
     def page_table(self) -> torch.Tensor:
-        return self.packed[FIXED + self.columns.offsets:].T
+        return self.packed[self.columns.table_field:].T
 
 
 class DecodeMemory:
@@ -193,7 +198,7 @@ def run_decode(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory) -> tor
     stack has a PLE layer and the batch's columns no PLE offsets."""
     if batch.packed.is_cuda:  # one launch for what torch takes ten
         tables = memory.angle_tables(w.rotary, batch.columns.pages, w.embed.dtype)
-        inputs = step_inputs.gather(batch.packed, FIXED + batch.columns.offsets, w.embed, *tables)
+        inputs = step_inputs.gather(batch.packed, batch.columns.table_field, w.embed, *tables)
         x, step = inputs.x, _Step(batch, memory, inputs.cos, inputs.sin, inputs.table, inputs.lengths)
     else:
         x = w.embed[batch.tokens]
