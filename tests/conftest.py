@@ -8,6 +8,12 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+# numpy's OpenBLAS picks its matrix kernel by the CPU, and some kernels sum a row in an order that follows
+# its place in the tile: the interpreter's dot (numpy) then gives a row other bits alone than in a batch
+# (an AMD EPYC's kernel broke three GEMM tests; the GPU's MMA has no such order). One kernel on every x86
+# CPU, set before numpy loads, makes the interpreter's sums the same wherever the suite runs.
+os.environ.setdefault("OPENBLAS_CORETYPE", "Sandybridge")
+
 import pytest
 import torch
 
