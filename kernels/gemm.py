@@ -118,32 +118,19 @@ def plan(n: int, k: int, spread: Tiles = SPREAD, whole: Tiles = WHOLE, few: Tile
 
 
 @triton.jit
-def weight_tile(w, cols, n, k, start, stride_wn, BLOCK_K: tl.constexpr):
-    """The weight's [columns, BLOCK_K] tile from K offset ``start`` (zero past n and k)."""
-    ks = start + tl.arange(0, BLOCK_K)
-    return tl.load(w + cols[:, None] * stride_wn + ks[None, :], mask=(cols[:, None] < n) & (ks[None, :] < k),
-                   other=0.0)
-
-
-@triton.jit
-def segment_step(x, b, acc, rows, m, k, start, stride_xm, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
-    """``acc`` plus rows' K tile from ``start`` times the weight tile ``b`` (``weight_tile``'s)."""
-    ks = start + tl.arange(0, BLOCK_K)
-    a = tl.load(x + rows[:, None] * stride_xm + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < k),
-                other=0.0)
-    if WIDEN:
-        a, b = a.to(tl.float32), b.to(tl.float32)
-    return tl.dot(a, tl.trans(b), acc, input_precision="ieee")  # fp32 stays fp32, never tf32
-
-
-@triton.jit
 def segment_sum(x, w, rows, cols, m, n, k, start, length, stride_xm, stride_wn,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
     """One segment's fp32 sum over K tiles start .. start + length, from zero."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for offset in range(0, length, BLOCK_K):
-        b = weight_tile(w, cols, n, k, start + offset, stride_wn, BLOCK_K)
-        acc = segment_step(x, b, acc, rows, m, k, start + offset, stride_xm, BLOCK_K, WIDEN)
+        ks = start + offset + tl.arange(0, BLOCK_K)
+        a = tl.load(x + rows[:, None] * stride_xm + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < k),
+                    other=0.0)
+        b = tl.load(w + cols[:, None] * stride_wn + ks[None, :], mask=(cols[:, None] < n) & (ks[None, :] < k),
+                    other=0.0)
+        if WIDEN:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")  # fp32 stays fp32, never tf32
     return acc
 
 

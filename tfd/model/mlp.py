@@ -14,7 +14,7 @@ import attrs
 import torch
 
 from kernels import moe as kernels_moe
-from kernels import norm_router, router
+from kernels import router
 from kernels import swiglu as swiglu_kernel
 from tfd.model.ops import add_zrms, linear, sigmoid_gate, silu, swiglu, swiglu_product
 
@@ -76,29 +76,13 @@ def moe(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:
     return sigmoid_gate(shared, gate, routed)
 
 
-def moe_input(w: MoeWeights, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """``add_zrms(x, delta, weight, eps)``, the residual stream and the MoE block's input, and where
-    ``kernels.norm_router`` takes them (CUDA, one row) the block's router product of that input made
-    in the same launch (the bits of ``linear(h, w.router)``); else None."""
-    if x.is_cuda and norm_router.takes(x.shape[0], w.router):
-        return norm_router.add_zrms_router(x, delta, weight, eps, w.router)
-    total, h = add_zrms(x, delta, weight, eps)
-    return total, h, None
-
-
-def moe_add_zrms(w: MoeWeights, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                 logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def moe_add_zrms(w: MoeWeights, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``add_zrms(residual, moe(w, x), weight, eps)``, the same bits; on CUDA the addition and the
     norm run in the grouped kernels' last launch (decode: one launch fewer a layer), and at one row
-    the router's product, the choice and both expert products in one launch; ``logits`` (CUDA): the
-    router's product of ``x``, made already (``moe_input``)."""
+    the router's product, the choice and both expert products in one launch."""
     if not x.is_cuda:
         return add_zrms(residual, moe(w, x), weight, eps)
-    if logits is not None:
-        choice, shared = _split_router(w, logits)
-        return kernels_moe.routed_add_zrms(x, w.gate_up, w.down, choice, w.top_k, w.norm_top_k, shared,
-                                           kernels_moe.Residual(residual, weight, eps))
     return kernels_moe.block_add_zrms(x, w.router, w.gate_up, w.down, w.top_k, w.norm_top_k,
                                       (w.shared.gate_up, w.shared.down),
                                       kernels_moe.Residual(residual, weight, eps))
