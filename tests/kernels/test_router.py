@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from kernels import router
 
@@ -43,6 +45,66 @@ def test_a_row_chooses_the_same_alone() -> None:
 def test_refuses_more_experts_than_there_are() -> None:
     with pytest.raises(ValueError, match="k is 9"):
         router.top_k(torch.zeros(2, 8), 9, True, torch.float32)
+
+
+@triton.jit
+def _both_forms(logits, ids, weights, experts, K: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr,
+                BLOCK_K: tl.constexpr):
+    """Each row's choice by both forms, all BLOCK_K slots: the rounds' at [0, row], the merged at [1, row]."""
+    row, rows = tl.program_id(0), tl.num_programs(0)
+    slots = tl.arange(0, BLOCK_K)
+    best, picked = router.choice_rounds(logits + row * experts, experts, K, NORM, BLOCK, BLOCK_K, "")
+    tl.store(ids + row * BLOCK_K + slots, best)
+    tl.store(weights + row * BLOCK_K + slots, picked)
+    best, picked = router.choice_merged(logits + row * experts, experts, K, NORM, BLOCK, BLOCK_K, "")
+    tl.store(ids + (rows + row) * BLOCK_K + slots, best)
+    tl.store(weights + (rows + row) * BLOCK_K + slots, picked)
+
+
+def hard_rows(experts: int, seed: int) -> torch.Tensor:
+    """Rows that test the order: exact ties (few distinct values, a tied top, all equal), probabilities
+    that underflow to zero (ties among them), one expert far ahead, random; last, logits an ulp or two
+    apart, whose probabilities may round to equal ones."""
+    g = torch.Generator().manual_seed(seed)
+    few = torch.randint(-3, 4, (3, experts), generator=g).float() / 2
+    tied_top = torch.randn(1, experts, generator=g)
+    tied_top[0, torch.randperm(experts, generator=g)[:5]] = 4.0
+    underflow = torch.randn(1, experts, generator=g) * 60
+    ahead = torch.randn(1, experts, generator=g)
+    ahead[0, experts // 3] = 90.0
+    spread = torch.randn(2, experts, generator=g) * 3
+    near = 1 + torch.randint(0, 3, (1, experts), generator=g) * 2.0 ** -23
+    return torch.cat([few, tied_top, torch.zeros(1, experts), underflow, ahead, spread, near])
+
+
+@pytest.mark.parametrize("normalise", [True, False])
+@pytest.mark.parametrize("k", [1, 2, 4, 8, 10])
+@pytest.mark.parametrize("experts", [8, 60, 64, 128, 256, 512])
+def test_both_forms_choose_alike(experts: int, k: int, normalise: bool) -> None:
+    if k > experts:
+        pytest.skip("k is past the experts")
+    x = hard_rows(experts, experts * 100 + k).to(DEVICE)
+    rows, slots = x.shape[0], triton.next_power_of_2(k)
+    ids = torch.full((2, rows, slots), -7, dtype=torch.int64, device=DEVICE)
+    weights = torch.full((2, rows, slots), -7.0, device=DEVICE)
+    _both_forms[(rows,)](x, ids, weights, experts, K=k, NORM=normalise, BLOCK=triton.next_power_of_2(experts),
+                         BLOCK_K=slots, num_warps=router.ROUTE_WARPS)
+    assert torch.equal(ids[1], ids[0])
+    if DEVICE == "cpu":  # torch's softmax may round the last row's neighbours otherwise
+        assert torch.equal(ids[0, :-1, :k], router.reference(x[:-1], k, normalise, torch.float32)[0])
+    assert not ids[:, :, k:].any() and not weights[:, :, k:].any()  # slots past k hold zero
+    if normalise and DEVICE == "cuda":  # the k weights' sum may add in another order
+        assert torch.allclose(weights[1], weights[0], rtol=2 ** -22, atol=0)
+    else:  # the same probabilities, and the interpreter sums k weights in slot order in both forms
+        assert torch.equal(weights[1], weights[0])
+
+
+def test_k_past_a_warp() -> None:
+    x = hard_rows(512, 5)[:-1]  # the last row: see test_both_forms_choose_alike
+    chosen, weights = router.top_k(x.to(DEVICE), 40, True, torch.float32)
+    want_chosen, want_weights = router.reference(x, 40, True, torch.float32)
+    assert torch.equal(chosen.cpu(), want_chosen)
+    assert torch.allclose(weights.cpu(), want_weights, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.gpu
