@@ -8,10 +8,17 @@ makes for itself once the logits are stored), then the down programs. A down pro
 same choice, so it knows its expert's weights and its pair's weight without reading anything else
 the launch writes; it waits on its tile's ready counter (one arrival a gate/up program of the tile)
 before it reads h from L2, its weights (four K steps) already asked for. The shared expert's
-programs come first and make no choice, so they read while the router's product runs. The last down
-program to finish (the arrival counter) sums the ranks, adds the shared expert, and at decode adds
-the residual and normalises (``kernels.moe_sum.combined``, ``kernels.norm.add_zrms_row``), then
-rearms every counter.
+programs come first and make no choice, so they read while the router's product runs.
+
+The finish is spread (``SPREAD_FINISH``, ``kernels.moe_sum.finish_spread``): the last down program
+of each column block to arrive (a counter a block) sums the block's ranks in order, adds the shared
+expert and at decode the residual, and stores those columns of the stream; the last block to finish
+(the arrival counter, counting blocks) reloads the stored row and normalises it with the norm's own
+code (``kernels.norm.zrms_row``, the same warps and reduction), then rearms the launch's counters.
+Each block's columns are elementwise and the norm reads back the rounded values it would have held,
+so the bits are those of the last down program doing all of it alone (the flag off: ~3 us a layer
+that one program spent while memory idled). Each program counts after a barrier and its stores
+(release) and reads what others stored only after the count that saw theirs (acquire), from L2.
 
 Waiting inside a launch needs the programs it waits on to run: GPUs start a launch's programs in
 order of their index, and every program waits only on programs of lower index (down on gate/up,
@@ -35,6 +42,10 @@ ROUTER_TILES = 16  # column tiles of the router's product at most, when it runs 
 SHARED_FIRST = True
 # A down program asks for its weights (four K steps) before it waits for h; off, it reads them after.
 PRELOAD_DOWN = True
+# Each column block's last down program sums its columns, the last of those normalises (off: the last
+# down program does all of it alone, ~3 us a layer at one row on the H200; same bits either way).
+SPREAD_FINISH = True
+COLUMNS = 64  # column blocks of the down programs at most, for SPREAD_FINISH's counters
 
 
 @triton.jit
@@ -80,9 +91,9 @@ def _tile_first(index, K: tl.constexpr, TILES: tl.constexpr, SHARED_FIRST: tl.co
 
 @triton.jit
 def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids, weights, pair_at, dest_at,
-             tile_expert, ready, arrivals, gate, residual, total, out, norm_weight, experts, hidden, inner,
-             shared_inner, width, stride_ge, stride_gn, stride_gs, stride_de, stride_dn, stride_ds, stride_g,
-             eps, router_w, partials, router_counters, router_n, router_k_per_segment,
+             tile_expert, ready, arrivals, blocks, gate, residual, total, out, norm_weight, experts, hidden,
+             inner, shared_inner, width, stride_ge, stride_gn, stride_gs, stride_de, stride_dn, stride_ds,
+             stride_g, eps, router_w, partials, router_counters, router_n, router_k_per_segment,
              K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, SLOTS: tl.constexpr,
              TILES: tl.constexpr, GATE_COLS: tl.constexpr, DOWN_COLS: tl.constexpr, PRECISION: tl.constexpr,
              WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, GATE_N: tl.constexpr, GATE_K: tl.constexpr,
@@ -90,7 +101,7 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
              HIDDEN_BLOCK: tl.constexpr, COUNTERS: tl.constexpr, ROUTER_TILES: tl.constexpr,
              ROUTER_SEGMENTS: tl.constexpr, ROUTER_M: tl.constexpr, ROUTER_N: tl.constexpr,
              ROUTER_K: tl.constexpr, LOGITS_CACHE: tl.constexpr, SHARED_FIRST: tl.constexpr,
-             PRELOAD: tl.constexpr, PDL: tl.constexpr):
+             PRELOAD: tl.constexpr, SPREAD: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     program = tl.program_id(0) - ROUTER_TILES * ROUTER_SEGMENTS  # the router's programs first, if here
     q = tl.arange(0, BLOCK_M)
@@ -146,20 +157,27 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
             moe_tiles.down_tile(h, matrix, stride_n, size, buf, tile + q, live, pair_weight, tile + q, hidden,
                                 width, column, PRECISION, WIDEN, BLOCK_M, DOWN_N, DOWN_K, ".cg")
         tl.debug_barrier()  # every thread's part of the tile is written before it is counted
-        if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == TILES * DOWN_COLS - 1:
-            if ADD_NORM:
-                moe_sum.combined_add_zrms(buf, gate, residual, total, out, norm_weight, 0, K, hidden,
-                                          stride_g, eps, K, SHARED, HIDDEN_BLOCK)
-            else:
-                cols = tl.arange(0, HIDDEN_BLOCK)
-                dtype = total.dtype.element_ty
-                delta = moe_sum.combined(buf, gate, 0, cols, K, hidden, stride_g, K, SHARED, dtype)
-                tl.store(total + cols, delta, mask=cols < hidden)
+        if SPREAD:  # the block's last program sums it, the last block's normalises (arrivals: the blocks)
+            last = moe_sum.finish_spread(buf, gate, residual, total, out, norm_weight, blocks, arrivals,
+                                         column, TILES, DOWN_COLS, K, hidden, stride_g, eps, K, SHARED,
+                                         ADD_NORM, DOWN_N, HIDDEN_BLOCK)
+        else:
+            last = tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == TILES * DOWN_COLS - 1
+            if last:
+                if ADD_NORM:
+                    moe_sum.combined_add_zrms(buf, gate, residual, total, out, norm_weight, 0, K, hidden,
+                                              stride_g, eps, K, SHARED, HIDDEN_BLOCK)
+                else:
+                    cols = tl.arange(0, HIDDEN_BLOCK)
+                    dtype = total.dtype.element_ty
+                    delta = moe_sum.combined(buf, gate, 0, cols, K, hidden, stride_g, K, SHARED, dtype)
+                    tl.store(total + cols, delta, mask=cols < hidden)
+                tl.atomic_xchg(arrivals, 0, sem="relaxed", scope="gpu")  # rearmed for the next launch
+        if last:  # every down program has passed its waits: the counters it waited on rearmed
             tiles = tl.arange(0, COUNTERS)
-            tl.store(ready + tiles, tl.zeros([COUNTERS], tl.int32), mask=tiles < TILES)  # rearmed
+            tl.store(ready + tiles, tl.zeros([COUNTERS], tl.int32), mask=tiles < TILES)
             if ROUTER_TILES > 0:
                 tl.atomic_xchg(router_counters + ROUTER_TILES, 0, sem="relaxed", scope="gpu")
-            tl.atomic_xchg(arrivals, 0, sem="relaxed", scope="gpu")
 
 
 def fits(hidden: int, tiles: int) -> bool:
@@ -177,10 +195,11 @@ def takes_router(n: int, hidden: int) -> bool:
 
 
 def counters(device: torch.device) -> torch.Tensor:
-    """The device's counters: ``READY`` tiles' ready counts, the down programs' arrivals, then the
-    router's ``ROUTER_TILES`` tiles' arrivals and its stored tiles (the programs that finish rearm
+    """The device's counters: ``READY`` tiles' ready counts, the down programs' arrivals (with
+    ``SPREAD_FINISH``, the column blocks' finished), the router's ``ROUTER_TILES`` tiles' arrivals
+    and its stored tiles, then ``COLUMNS`` column blocks' arrivals (the programs that finish rearm
     them)."""
-    return kernels.counters("moe_one", READY + ROUTER_TILES + 2, device)
+    return kernels.counters("moe_one", READY + ROUTER_TILES + 2 + COLUMNS, device)
 
 
 def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor, h: torch.Tensor,
@@ -211,10 +230,14 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
     preload = PRELOAD_DOWN and inner == 4 * tiles["down_k"] and (not shared or shared_down.shape[1] == inner)
     partials = torch.empty(plan.segments if router_weight is not None else 1, n_router, dtype=torch.float32,
                            device=x.device)
+    blocks = found[READY + ROUTER_TILES + 2:]  # the column blocks' counters, past the router's
+    # fp32 on a GPU: sm_90's code pairs the norm's squares into FMAs one way for a row in registers and
+    # another for a row loaded back, so there the last program normalises alone (2-byte dtypes agree).
+    exact = residual is None or x.dtype != torch.float32 or INTERPRETED
     _one_row[(router_tiles * plan.segments + count * (gate_cols + down_cols),)](
         x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids, weights, tables.pair_at,
-        tables.dest_at, tile_expert, found, found[READY:], gate, stream, total, normed, weight, experts,
-        hidden, inner, shared_down.shape[1], h.shape[1], gate_up.stride(0), gate_up.stride(1),
+        tables.dest_at, tile_expert, found, found[READY:], blocks, gate, stream, total, normed, weight,
+        experts, hidden, inner, shared_down.shape[1], h.shape[1], gate_up.stride(0), gate_up.stride(1),
         shared_gate_up.stride(0), down.stride(0), down.stride(1), shared_down.stride(0), gate.stride(0), eps,
         router_weight if router_weight is not None else x, partials, found[READY + 1:], n_router,
         plan.k_per_segment, K=top_k, NORM=normalise, BLOCK_E=triton.next_power_of_2(experts),
@@ -225,5 +248,5 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
         ROUTER_TILES=router_tiles, ROUTER_SEGMENTS=plan.segments, ROUTER_M=plan.few.block_m,
         ROUTER_N=plan.few.block_n, ROUTER_K=plan.few.block_k,
         LOGITS_CACHE=".cg" if router_weight is not None else "", SHARED_FIRST=SHARED_FIRST and shared,
-        PRELOAD=4 if preload else 0, num_warps=router.ROUTE_WARPS,
-        num_stages=tiles["stages"], **pdl.options(x.device))
+        PRELOAD=4 if preload else 0, SPREAD=SPREAD_FINISH and down_cols <= COLUMNS and exact,
+        num_warps=router.ROUTE_WARPS, num_stages=tiles["stages"], **pdl.options(x.device))

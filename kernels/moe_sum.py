@@ -3,7 +3,8 @@ experts' buffer, ``top_k`` a row in ascending expert id, then the shared expert'
 routed one) summed in that order and rounded, plus the shared expert's output times sigmoid(gate)
 rounded as ``kernels.sigmoid_gate`` rounds it; ``combine_add_zrms`` also adds the residual stream and
 normalises the sum for the next block as ``kernels.norm.add_zrms`` does (the same bits, one launch).
-``combined`` is the row arithmetic, shared with the experts' own last program at one row.
+``combined`` is the row arithmetic, shared with the experts' own last program at one row;
+``finish_spread`` is that work at one row spread over the experts' last programs of each column block.
 """
 
 from __future__ import annotations
@@ -67,6 +68,38 @@ def combined_add_zrms(buf, gate, residual, total, out, weight, row, pairs, hidde
     delta = combined(buf, gate, row, tl.arange(0, BLOCK), pairs, hidden, stride_g, TOP_K, SHARED,
                      total.dtype.element_ty)
     norm.add_zrms_row(residual, delta, total, out, weight, row, hidden, eps, BLOCK)
+
+
+@triton.jit
+def finish_spread(buf, gate, residual, total, out, weight, blocks, finished, column, tiles, columns, pairs,
+                  hidden, stride_g, eps, TOP_K: tl.constexpr, SHARED: tl.constexpr, ADD_NORM: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK: tl.constexpr):
+    """``combined_add_zrms``'s work at one row (without ``ADD_NORM``, ``combined``'s into ``total``)
+    spread over the down programs that wrote ``buf``: ``tiles`` of them a block of ``BLOCK_N``
+    columns, ``columns`` blocks; a program calls it once its columns of ``buf`` are stored and a
+    barrier has seen every thread's part. The last of a block's programs (its ``blocks`` counter)
+    sums the block's columns (elementwise, so the same bits as the whole row at once), adds the
+    residual and stores them into ``total``; the last of those (``finished``) normalises the stored
+    row as ``kernels.norm.add_zrms_row`` does. True for that last program; each counter is rearmed
+    by the program that completes it."""
+    last = column < 0  # false, of the counts' scalar type
+    if tl.atomic_add(blocks + column, 1, sem="acq_rel", scope="gpu") == tiles - 1:
+        cols = column * BLOCK_N + tl.arange(0, BLOCK_N)
+        dtype = total.dtype.element_ty
+        delta = combined(buf, gate, 0, cols, pairs, hidden, stride_g, TOP_K, SHARED, dtype)
+        if ADD_NORM:  # rounded to the model dtype as add_zrms_row rounds the residual sum
+            delta = norm.added(residual, delta, cols, cols < hidden, dtype)
+        tl.store(total + cols, delta, mask=cols < hidden)
+        tl.atomic_xchg(blocks + column, 0, sem="relaxed", scope="gpu")  # every program of the block counted
+        tl.debug_barrier()  # every thread's columns of total are stored before the block counts
+        last = tl.atomic_add(finished, 1, sem="acq_rel", scope="gpu") == columns - 1
+        if last:
+            if ADD_NORM:  # the whole row from L2, as rounded and stored: the norm's bits from the same values
+                every = tl.arange(0, BLOCK)
+                values = tl.load(total + every, mask=every < hidden, other=0.0, cache_modifier=".cg")
+                norm.zrms_row(values.to(tl.float32), out, weight, every, every, every < hidden, hidden, eps)
+            tl.atomic_xchg(finished, 0, sem="relaxed", scope="gpu")  # every block counted
+    return last
 
 
 def combine(buf: torch.Tensor, out: torch.Tensor, gate: torch.Tensor, pairs: int, top_k: int,

@@ -60,6 +60,26 @@ def zrms(x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = 
 
 
 @triton.jit
+def added(x, delta, at, mask, dtype: tl.constexpr):
+    """x at ``at`` + ``delta`` in fp32, rounded to ``dtype`` as the model's x + delta would be: the
+    residual sum, before it is normalised (``add_zrms_row``, and a block of columns of it in
+    kernels.moe_sum.finish_spread)."""
+    return (tl.load(x + at, mask=mask, other=0.0).to(tl.float32) + delta.to(tl.float32)).to(dtype)
+
+
+@triton.jit
+def zrms_row(values, out, weight, at, cols, mask, width, eps):
+    """The zero-centred norm of one row's ``values`` ([BLOCK] fp32 of the rounded residual sum, zeros
+    past ``width``) into ``out`` at ``at``: ``add_zrms_row``'s norm, shared with the MoE launch that
+    adds the sum in column blocks and normalises the stored row (kernels.moe_sum.finish_spread): one
+    arithmetic, and in one layout one order of the squares' sum (on sm_90 fp32 rows still pair the
+    squares into FMAs by where the values come from: kernels.moe_one keeps the last program there)."""
+    scaled = values * tl.rsqrt(tl.sum(values * values, axis=0) / width + eps)
+    w = tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out + at, (scaled * (1.0 + w)).to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def add_zrms_row(x, delta, total, out, weight, row, width, eps, BLOCK: tl.constexpr):
     """Row ``row`` of x + delta (``delta`` that row's values, [BLOCK] in the model dtype) into
     ``total``, and its zero-centred norm into ``out``: ``_add_zrms``'s arithmetic, shared with the
@@ -67,14 +87,9 @@ def add_zrms_row(x, delta, total, out, weight, row, width, eps, BLOCK: tl.conste
     cols = tl.arange(0, BLOCK)
     mask = cols < width
     at = row * width + cols
-    # the residual sum is rounded to the model dtype, as x + delta would be, before it is normalised
-    values = (tl.load(x + at, mask=mask, other=0.0).to(tl.float32) + delta.to(tl.float32)).to(
-        total.dtype.element_ty)
+    values = added(x, delta, at, mask, total.dtype.element_ty)
     tl.store(total + at, values, mask=mask)
-    values = values.to(tl.float32)
-    scaled = values * tl.rsqrt(tl.sum(values * values, axis=0) / width + eps)
-    w = tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out + at, (scaled * (1.0 + w)).to(out.dtype.element_ty), mask=mask)
+    zrms_row(values.to(tl.float32), out, weight, at, cols, mask, width, eps)
 
 
 @triton.jit

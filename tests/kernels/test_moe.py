@@ -3,6 +3,9 @@ routed experts alone and with the shared expert run beside them as one more expe
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 
@@ -360,6 +363,77 @@ def test_the_block_from_its_input_is_the_routers_product_then_the_routed_block(
     with pytest.raises(ValueError, match="router_weight"):
         moe.block_add_zrms(x, router_weight[:8], gate_up, down, 3, True, (shared.gate_up, shared.down),
                            stream)
+
+
+def spread_and_alone(monkeypatch: pytest.MonkeyPatch, block: Callable[[], tuple[torch.Tensor, ...]]
+                     ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], list[torch.Tensor]]:
+    """``block``'s outputs with the one launch's finish spread over its column blocks, then with its
+    last program finishing alone; each launch's ids and weights after it (the choice it wrote)."""
+    chosen: list[torch.Tensor] = []
+    one = moe_one.launch
+
+    def launch(*args: Any, **kwargs: Any) -> None:
+        one(*args, **kwargs)
+        chosen.extend((args[9].clone(), args[10].clone()))
+
+    monkeypatch.setattr(moe_one, "launch", launch)
+    monkeypatch.setattr(moe_one, "SPREAD_FINISH", True)
+    spread = block()
+    assert len(chosen) == 2  # the one launch served it
+    assert not moe_one.counters(spread[0].device).any()  # every counter rearmed, the column blocks' too
+    monkeypatch.setattr(moe_one, "SPREAD_FINISH", False)
+    return spread, block(), chosen
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_shared", [False, True])
+@pytest.mark.parametrize("residual", [False, True])
+def test_one_launch_gives_the_same_bits_with_its_finish_spread_over_column_blocks(
+        monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, with_shared: bool, residual: bool) -> None:
+    # 16 down columns a program over a row of 72: five column blocks, the last one half past the row
+    monkeypatch.setattr(moe, "DOWN_N", 16)
+    x, gate_up, down, _, _ = make(1, 3, dtype, seed=53, hidden=72)
+    logits = router_product(1, 8, dtype, seed=53)
+    shared = make_shared(1, dtype, seed=53, hidden=72) if with_shared else None
+    stream = residual_of(1, dtype, seed=53, hidden=72)
+
+    def block() -> tuple[torch.Tensor, ...]:
+        if residual:
+            return moe.routed_add_zrms(x, gate_up, down, logits[:, :8], 3, True, shared, stream)
+        return (moe.routed(x, gate_up, down, logits[:, :8], 3, True, shared),)
+
+    spread, alone, chosen = spread_and_alone(monkeypatch, block)
+    assert all(torch.equal(a, b) for a, b in zip(spread, alone, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(chosen[:2], chosen[2:], strict=True))
+    ids, weights = router.top_k(logits[:, :8], 3, True, dtype)
+    assert torch.equal(chosen[0], ids) and torch.equal(chosen[1], weights)  # the router kernel's choice
+    monkeypatch.setattr(moe, "ONE_LAUNCH", False)  # the launches one after another: the same bits
+    assert all(torch.equal(a, b) for a, b in zip(spread, block(), strict=True))
+    if residual:  # and add_zrms of the block, as routed_add_zrms promises
+        routed = moe.routed(x, gate_up, down, logits[:, :8], 3, True, shared)
+        want = norm.add_zrms(stream.x, routed, stream.weight, stream.eps)
+        assert torch.equal(spread[0], want[0]) and torch.equal(spread[1], want[1])
+
+
+def test_the_block_from_its_input_spreading_the_finish_gives_the_same_bits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the router's product in the launch too: the last block's program rearms its counters as well
+    monkeypatch.setattr(moe, "DOWN_N", 16)
+    x, gate_up, down, _, _ = make(1, 3, torch.bfloat16, seed=59, hidden=72)
+    shared = make_shared(1, torch.bfloat16, seed=59, hidden=72)
+    stream = residual_of(1, torch.bfloat16, seed=59, hidden=72)
+    router_weight = (torch.randn(9, 72, generator=torch.Generator().manual_seed(59)) / 8).bfloat16()
+
+    def block() -> tuple[torch.Tensor, ...]:
+        return moe.block_add_zrms(x, router_weight, gate_up, down, 3, True, (shared.gate_up, shared.down),
+                                  stream)
+
+    spread, alone, _ = spread_and_alone(monkeypatch, block)
+    assert all(torch.equal(a, b) for a, b in zip(spread, alone, strict=True))
+    logits = gemm.matmul(x, router_weight)
+    want = moe.routed_add_zrms(x, gate_up, down, logits[:, :8], 3, True, shared._replace(gate=logits[:, 8:]),
+                               stream)
+    assert all(torch.equal(a, b) for a, b in zip(spread, want, strict=True))
 
 
 def test_the_residual_add_past_a_chunk_is_add_zrms_of_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
