@@ -143,7 +143,7 @@ def _down(h, down, shared_down, buf, weights, layout, pair_at, dest_at, pairs, e
         programs = tl.num_programs(0) * tl.num_programs(1)
         if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == programs - 1:
             moe_sum.combined_add_zrms(buf, gate, residual, total, normed, norm_weight, 0, pairs, hidden,
-                                      stride_g, eps, TOP_K, SHARED, HIDDEN_BLOCK)
+                                      stride_g, eps, TOP_K, SHARED, HIDDEN_BLOCK, 0)
             tl.atomic_xchg(arrivals, 0, sem="relaxed", scope="gpu")  # rearmed for the next call
 
 

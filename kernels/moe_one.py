@@ -2,9 +2,10 @@
 launches one after another, without the boundaries between them.
 
 The launch's first programs make the router's product when it is given (``kernels.gemm``'s
-segments, tiles and order; each tile's last program stores its logits and counts it), then come
-the gate/up programs (a tile's expert by ``kernels.moe_plan.chosen_tile``, the router's choice each
-makes for itself once the logits are stored), then the down programs. A down program makes the
+segments and order, in ``ROUTER_N``-column tiles; each program stores its fp32 partial and counts
+it), then come the gate/up programs (a tile's expert by ``kernels.moe_plan.chosen_tile_of``, the
+router's choice each makes for itself once every partial is stored, from the partials summed in
+segment order and rounded as the logits: ``FROM_PARTIALS``), then the down programs. A down program makes the
 same choice, so it knows its expert's weights and its pair's weight without reading anything else
 the launch writes; it waits on its tile's ready counter (one arrival a gate/up program of the tile)
 before it reads h from L2, its weights (four K steps) already asked for. The shared expert's
@@ -37,7 +38,12 @@ import kernels
 from kernels import INTERPRETED, gemm, moe_plan, moe_sum, moe_tiles, norm, pdl, router
 
 READY = 64  # tiles of one launch at most: top_k routed experts and the shared one
-ROUTER_TILES = 16  # column tiles of the router's product at most, when it runs in the launch
+ROUTER_TILES = 32  # column tiles of the router's product at most, when it runs in the launch
+# Columns of a router program's tile (0: gemm's one-row tile, 64): narrower tiles are more programs that
+# each read less (35B-A3B one stream: 32 2.495 ms, 64 2.516, 16 2.521). The same bits on the GPU for any
+# width (its MMA sums a column alike; GPU test); the interpreter's numpy dot sums in an order that
+# follows the width, so there it keeps gemm's.
+ROUTER_N = 32
 # The shared expert's programs first, not waiting for the router's choice (off: in rank order, after it).
 SHARED_FIRST = True
 # A down program asks for its weights (four K steps) before it waits for h; off, it reads them after.
@@ -46,14 +52,20 @@ PRELOAD_DOWN = True
 # down program does all of it alone, ~3 us a layer at one row on the H200; same bits either way).
 SPREAD_FINISH = True
 COLUMNS = 64  # column blocks of the down programs at most, for SPREAD_FINISH's counters
+# With the router's product in the launch, the choosing programs sum its fp32 partials themselves (in
+# segment order, rounded as the logits: the same bits), so no tile's last program sums and stores logits
+# first; the finish sums the shared expert's gate from them too (2.516 against 2.543 ms a 35B-A3B step).
+# Off: each tile's last program sums and stores its logits, which the choosing programs read.
+FROM_PARTIALS = True
 
 
 @triton.jit
 def _router_tile(x, w, partials, logits, counters, program, n, k, k_per_segment, stride_w,
                  TILES: tl.constexpr, SEGMENTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
+                 BLOCK_K: tl.constexpr, WIDEN: tl.constexpr, FROM_PARTIALS: tl.constexpr):
     """One program of the router's product at one row, as ``kernels.gemm``'s spread form computes
-    it (the same segments, tiles and order): its last program of a tile stores the tile's logits
+    it (the same segments, tiles and order): it stores its fp32 partial; with ``FROM_PARTIALS`` it
+    counts it (``counters[TILES + 1]``), else the last program of a tile stores the tile's logits
     and counts the tile ready (``counters[TILES]``)."""
     column, segment = program % TILES, program // TILES
     rows = tl.arange(0, BLOCK_M)
@@ -64,7 +76,9 @@ def _router_tile(x, w, partials, logits, counters, program, n, k, k_per_segment,
     where = rows[:, None] * n + cols[None, :]
     tl.store(partials + segment * n + where, acc, mask=mask)
     tl.debug_barrier()  # every thread's part of the partial is written before it is counted
-    if tl.atomic_add(counters + column, 1, sem="acq_rel", scope="gpu") == SEGMENTS - 1:
+    if FROM_PARTIALS:  # the choosing programs sum the partials: count them stored, nothing more
+        tl.atomic_add(counters + TILES + 1, 1, sem="release", scope="gpu")
+    elif tl.atomic_add(counters + column, 1, sem="acq_rel", scope="gpu") == SEGMENTS - 1:
         total = gemm.summed(partials, n, where, mask, SEGMENTS).to(logits.dtype.element_ty)
         tl.store(logits + where, total, mask=mask)
         tl.debug_barrier()  # the tile's logits are stored before it counts ready
@@ -73,11 +87,39 @@ def _router_tile(x, w, partials, logits, counters, program, n, k, k_per_segment,
 
 
 @triton.jit
-def _logits_wait(router_counters, ROUTER_TILES: tl.constexpr):
-    """With the router's product in the launch, wait until every tile of the logits is stored."""
+def _logits_wait(router_counters, ROUTER_TILES: tl.constexpr, SEGMENTS: tl.constexpr,
+                 FROM_PARTIALS: tl.constexpr):
+    """With the router's product in the launch, wait until every tile of the logits is stored (with
+    ``FROM_PARTIALS``, every partial)."""
     if ROUTER_TILES > 0:
-        while tl.atomic_add(router_counters + ROUTER_TILES, 0, sem="acquire", scope="gpu") < ROUTER_TILES:
-            pass
+        if FROM_PARTIALS:
+            while tl.atomic_add(router_counters + ROUTER_TILES + 1, 0, sem="acquire", scope="gpu") \
+                    < ROUTER_TILES * SEGMENTS:
+                pass
+        else:
+            while tl.atomic_add(router_counters + ROUTER_TILES, 0, sem="acquire", scope="gpu") < ROUTER_TILES:
+                pass
+
+
+@triton.jit
+def _chosen(logits, partials, n, ids, weights, pair_at, dest_at, tile_expert, experts, tile, writes,
+            K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, SLOTS: tl.constexpr,
+            CACHE: tl.constexpr, SEGMENTS: tl.constexpr, FROM_PARTIALS: tl.constexpr):
+    """``kernels.moe_plan.chosen_tile``, its logits read or (``FROM_PARTIALS``) summed from the
+    router's partials as the tile's last program would sum them; a writing program of tile 0 then
+    stores them, as the logits the launch promises."""
+    if FROM_PARTIALS:
+        e = tl.arange(0, BLOCK_E)
+        summed = gemm.summed(partials, n, e, e < experts, SEGMENTS).to(logits.dtype.element_ty)
+        if writes and tile == 0:
+            tl.store(logits + e, summed, mask=e < experts)
+        x = tl.where(e < experts, summed.to(tl.float32), float("-inf"))
+        chosen = moe_plan.chosen_tile_of(x, ids, weights, pair_at, dest_at, tile_expert, experts, tile,
+                                         writes, K, NORM, BLOCK_E, SLOTS)
+    else:
+        chosen = moe_plan.chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts, tile,
+                                      writes, K, NORM, BLOCK_E, SLOTS, CACHE)
+    return chosen
 
 
 @triton.jit
@@ -101,7 +143,8 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
              HIDDEN_BLOCK: tl.constexpr, COUNTERS: tl.constexpr, ROUTER_TILES: tl.constexpr,
              ROUTER_SEGMENTS: tl.constexpr, ROUTER_M: tl.constexpr, ROUTER_N: tl.constexpr,
              ROUTER_K: tl.constexpr, LOGITS_CACHE: tl.constexpr, SHARED_FIRST: tl.constexpr,
-             PRELOAD: tl.constexpr, SPREAD: tl.constexpr, PDL: tl.constexpr):
+             PRELOAD: tl.constexpr, SPREAD: tl.constexpr, FROM_PARTIALS: tl.constexpr,
+             GATE_SEGMENTS: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     program = tl.program_id(0) - ROUTER_TILES * ROUTER_SEGMENTS  # the router's programs first, if here
     q = tl.arange(0, BLOCK_M)
@@ -109,7 +152,7 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
     if program < 0:
         _router_tile(x, router_w, partials, logits, router_counters, tl.program_id(0), router_n, hidden,
                      router_k_per_segment, hidden, ROUTER_TILES, ROUTER_SEGMENTS, ROUTER_M, ROUTER_N,
-                     ROUTER_K, WIDEN)
+                     ROUTER_K, WIDEN, FROM_PARTIALS)
         return
     if program < TILES * GATE_COLS:
         tile, column = _tile_first(program // GATE_COLS, K, TILES, SHARED_FIRST), program % GATE_COLS
@@ -120,9 +163,10 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
             if column == 0:
                 tl.store(tile_expert + tile, expert)
         else:
-            _logits_wait(router_counters, ROUTER_TILES)
-            expert, _ = moe_plan.chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts,
-                                             tile, column == 0, K, NORM, BLOCK_E, SLOTS, LOGITS_CACHE)
+            _logits_wait(router_counters, ROUTER_TILES, ROUTER_SEGMENTS, FROM_PARTIALS)
+            expert, _ = _chosen(logits, partials, router_n, ids, weights, pair_at, dest_at, tile_expert,
+                                experts, tile, column == 0, K, NORM, BLOCK_E, SLOTS, LOGITS_CACHE,
+                                ROUTER_SEGMENTS, FROM_PARTIALS)
         matrix, stride_n, size = moe_tiles.weight_of(gate_up, shared_gate_up, expert, experts, stride_ge,
                                                      stride_gn, stride_gs, inner, shared_inner)
         moe_tiles.gate_up_tile(x, matrix, stride_n, size, h, tile + q, live, q * 0, hidden, width, 0, column,
@@ -135,9 +179,10 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
         if SHARED_FIRST and tile == K:
             expert, weight = tl.full([], 0, tl.int32) + experts, tl.full([], 1.0, tl.float32)
         else:
-            _logits_wait(router_counters, ROUTER_TILES)
-            expert, weight = moe_plan.chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert,
-                                                  experts, tile, False, K, NORM, BLOCK_E, SLOTS, LOGITS_CACHE)
+            _logits_wait(router_counters, ROUTER_TILES, ROUTER_SEGMENTS, FROM_PARTIALS)
+            expert, weight = _chosen(logits, partials, router_n, ids, weights, pair_at, dest_at, tile_expert,
+                                     experts, tile, False, K, NORM, BLOCK_E, SLOTS, LOGITS_CACHE,
+                                     ROUTER_SEGMENTS, FROM_PARTIALS)
         matrix, stride_n, size = moe_tiles.weight_of(down, shared_down, expert, experts, stride_de, stride_dn,
                                                      stride_ds, inner, shared_inner)
         pair_weight = tl.full([BLOCK_M], 1.0, tl.float32) * weight
@@ -160,17 +205,18 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
         if SPREAD:  # the block's last program sums it, the last block's normalises (arrivals: the blocks)
             last = moe_sum.finish_spread(buf, gate, residual, total, out, norm_weight, blocks, arrivals,
                                          column, TILES, DOWN_COLS, K, hidden, stride_g, eps, K, SHARED,
-                                         ADD_NORM, DOWN_N, HIDDEN_BLOCK)
+                                         ADD_NORM, DOWN_N, HIDDEN_BLOCK, GATE_SEGMENTS)
         else:
             last = tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == TILES * DOWN_COLS - 1
             if last:
                 if ADD_NORM:
                     moe_sum.combined_add_zrms(buf, gate, residual, total, out, norm_weight, 0, K, hidden,
-                                              stride_g, eps, K, SHARED, HIDDEN_BLOCK)
+                                              stride_g, eps, K, SHARED, HIDDEN_BLOCK, GATE_SEGMENTS)
                 else:
                     cols = tl.arange(0, HIDDEN_BLOCK)
                     dtype = total.dtype.element_ty
-                    delta = moe_sum.combined(buf, gate, 0, cols, K, hidden, stride_g, K, SHARED, dtype)
+                    delta = moe_sum.combined(buf, gate, 0, cols, K, hidden, stride_g, K, SHARED, dtype,
+                                             GATE_SEGMENTS)
                     tl.store(total + cols, delta, mask=cols < hidden)
                 tl.atomic_xchg(arrivals, 0, sem="relaxed", scope="gpu")  # rearmed for the next launch
         if last:  # every down program has passed its waits: the counters it waited on rearmed
@@ -178,6 +224,7 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
             tl.store(ready + tiles, tl.zeros([COUNTERS], tl.int32), mask=tiles < TILES)
             if ROUTER_TILES > 0:
                 tl.atomic_xchg(router_counters + ROUTER_TILES, 0, sem="relaxed", scope="gpu")
+                tl.atomic_xchg(router_counters + ROUTER_TILES + 1, 0, sem="relaxed", scope="gpu")
 
 
 def fits(hidden: int, tiles: int) -> bool:
@@ -186,20 +233,25 @@ def fits(hidden: int, tiles: int) -> bool:
     return tiles <= READY and norm.warps(triton.next_power_of_2(hidden)) == router.ROUTE_WARPS
 
 
+def _router_n(few: gemm.Tiles) -> int:
+    """Columns of the router's tiles in the launch (``ROUTER_N``, gemm's in the interpreter)."""
+    return few.block_n if INTERPRETED or not ROUTER_N else ROUTER_N
+
+
 def takes_router(n: int, hidden: int) -> bool:
     """Whether the router's product ([n, hidden] weight) can run in the launch with the bits
     ``kernels.gemm.matmul`` gives it at one row: its tiles fit the counters, and its spread tile has
     the launch's warps."""
     few = gemm.plan(n, hidden).few
-    return triton.cdiv(n, few.block_n) <= ROUTER_TILES and few.warps == router.ROUTE_WARPS
+    return triton.cdiv(n, _router_n(few)) <= ROUTER_TILES and few.warps == router.ROUTE_WARPS
 
 
 def counters(device: torch.device) -> torch.Tensor:
     """The device's counters: ``READY`` tiles' ready counts, the down programs' arrivals (with
     ``SPREAD_FINISH``, the column blocks' finished), the router's ``ROUTER_TILES`` tiles' arrivals
-    and its stored tiles, then ``COLUMNS`` column blocks' arrivals (the programs that finish rearm
-    them)."""
-    return kernels.counters("moe_one", READY + ROUTER_TILES + 2 + COLUMNS, device)
+    and its stored tiles and stored partials, then ``COLUMNS`` column blocks' arrivals (the programs
+    that finish rearm them)."""
+    return kernels.counters("moe_one", READY + ROUTER_TILES + 3 + COLUMNS, device)
 
 
 def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor, h: torch.Tensor,
@@ -225,15 +277,18 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
     n_router, plan = 0, gemm.plan(1, 1)
     if router_weight is not None:
         n_router, plan = router_weight.shape[0], gemm.plan(*router_weight.shape)
-    router_tiles = triton.cdiv(n_router, plan.few.block_n)
+    router_tiles = triton.cdiv(n_router, _router_n(plan.few))
     # four K steps of weights a down program, the shared expert's as the routed ones'
     preload = PRELOAD_DOWN and inner == 4 * tiles["down_k"] and (not shared or shared_down.shape[1] == inner)
     partials = torch.empty(plan.segments if router_weight is not None else 1, n_router, dtype=torch.float32,
                            device=x.device)
-    blocks = found[READY + ROUTER_TILES + 2:]  # the column blocks' counters, past the router's
+    blocks = found[READY + ROUTER_TILES + 3:]  # the column blocks' counters, past the router's
     # fp32 on a GPU: sm_90's code pairs the norm's squares into FMAs one way for a row in registers and
     # another for a row loaded back, so there the last program normalises alone (2-byte dtypes agree).
     exact = residual is None or x.dtype != torch.float32 or INTERPRETED
+    from_partials = FROM_PARTIALS and router_weight is not None
+    if from_partials and shared:  # the finish sums the gate's column of the partials, a segment apart
+        gate = partials[:, experts:experts + 1]
     _one_row[(router_tiles * plan.segments + count * (gate_cols + down_cols),)](
         x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids, weights, tables.pair_at,
         tables.dest_at, tile_expert, found, found[READY:], blocks, gate, stream, total, normed, weight,
@@ -246,7 +301,8 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
         GATE_N=tiles["gate_n"], GATE_K=tiles["gate_k"], DOWN_N=tiles["down_n"], DOWN_K=tiles["down_k"],
         SHARED=shared, ADD_NORM=residual is not None, HIDDEN_BLOCK=block, COUNTERS=READY,
         ROUTER_TILES=router_tiles, ROUTER_SEGMENTS=plan.segments, ROUTER_M=plan.few.block_m,
-        ROUTER_N=plan.few.block_n, ROUTER_K=plan.few.block_k,
+        ROUTER_N=_router_n(plan.few), ROUTER_K=plan.few.block_k,
         LOGITS_CACHE=".cg" if router_weight is not None else "", SHARED_FIRST=SHARED_FIRST and shared,
         PRELOAD=4 if preload else 0, SPREAD=SPREAD_FINISH and down_cols <= COLUMNS and exact,
+        FROM_PARTIALS=from_partials, GATE_SEGMENTS=plan.segments if from_partials and shared else 0,
         num_warps=router.ROUTE_WARPS, num_stages=tiles["stages"], **pdl.options(x.device))

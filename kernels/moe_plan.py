@@ -210,7 +210,15 @@ def chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts, ti
     t < K is the chosen expert of rank t by id, tile K the shared expert. With ``writes`` (one
     program a tile), what the router kernel and the plan would write for it: its pair's id and weight
     (in slot order), its slot, its rank, its expert. ``CACHE``: as ``kernels.router.choice``'s."""
-    best, picked = router.choice(logits, experts, K, NORM, BLOCK_E, BLOCK_K, CACHE)
+    return chosen_tile_of(router.row_logits(logits, experts, BLOCK_E, CACHE), ids, weights, pair_at, dest_at,
+                          tile_expert, experts, tile, writes, K, NORM, BLOCK_E, BLOCK_K)
+
+
+@triton.jit
+def chosen_tile_of(x, ids, weights, pair_at, dest_at, tile_expert, experts, tile, writes, K: tl.constexpr,
+                   NORM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``chosen_tile`` from the row's logits ``x`` (``kernels.router.row_logits``' form)."""
+    best, picked = router.choice_of(x, experts, K, NORM, BLOCK_E, BLOCK_K)
     slots = tl.arange(0, BLOCK_K)
     live = slots < K
     rank = tl.sum((live[None, :] & (best[None, :] < best[:, None])).to(tl.int32), axis=1)  # ids are distinct

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import norm, pdl
+from kernels import gemm, norm, pdl
 from kernels.sigmoid_gate import gated
 
 COMBINE_N = 256  # hidden columns of a combining program
@@ -21,9 +21,10 @@ COMBINE_N = 256  # hidden columns of a combining program
 
 @triton.jit
 def combined(buf, gate, row, cols, pairs, hidden, stride_g, TOP_K: tl.constexpr, SHARED: tl.constexpr,
-              dtype: tl.constexpr):
+             dtype: tl.constexpr, GATE_SEGMENTS: tl.constexpr):
     """Row ``row``'s block output at ``cols``: its ranks summed in order and rounded, plus the gated
-    shared expert."""
+    shared expert. With ``GATE_SEGMENTS`` (one row), ``gate`` is the router product's fp32 partials at
+    the gate's column, ``stride_g`` apart: the gate is their sum in order, rounded as the product's."""
     total = tl.zeros(cols.shape, dtype=tl.float32)
     # Unrolled, so every rank's load is in flight at once (a loop waited out each in turn: 6.9 us a
     # row at one row); the adds stay in ascending expert id, the same order for every row.
@@ -35,7 +36,11 @@ def combined(buf, gate, row, cols, pairs, hidden, stride_g, TOP_K: tl.constexpr,
     if SHARED:  # + the shared expert's output (rounded as a linear's) * sigmoid(gate), as sigmoid_gate rounds
         value = tl.load(buf + (pairs + row) * hidden + cols, mask=cols < hidden, other=0.0,
                         cache_modifier=".cg").to(dtype)
-        part = gated(value, tl.load(gate + row * stride_g), dtype)
+        if GATE_SEGMENTS > 0:
+            g = gemm.summed(gate, stride_g, 0, True, GATE_SEGMENTS).to(dtype)
+        else:
+            g = tl.load(gate + row * stride_g)
+        part = gated(value, g, dtype)
         result = (result.to(tl.float32) + part.to(tl.float32)).to(dtype)
     return result
 
@@ -46,7 +51,7 @@ def _combine(buf, out, gate, pairs, hidden, stride_o, stride_g, TOP_K: tl.conste
     pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    result = combined(buf, gate, row, cols, pairs, hidden, stride_g, TOP_K, SHARED, out.dtype.element_ty)
+    result = combined(buf, gate, row, cols, pairs, hidden, stride_g, TOP_K, SHARED, out.dtype.element_ty, 0)
     tl.store(out + row * stride_o + cols, result, mask=cols < hidden)
 
 
@@ -56,24 +61,25 @@ def _combine_add_zrms(buf, gate, residual, total, out, weight, pairs, hidden, st
     """``_combine``'s row added to the residual and normalised, as ``kernels.norm.add_zrms`` does."""
     pdl.wait(PDL)
     combined_add_zrms(buf, gate, residual, total, out, weight, tl.program_id(0).to(tl.int64), pairs, hidden,
-                      stride_g, eps, TOP_K, SHARED, BLOCK)
+                      stride_g, eps, TOP_K, SHARED, BLOCK, 0)
 
 
 @triton.jit
 def combined_add_zrms(buf, gate, residual, total, out, weight, row, pairs, hidden, stride_g, eps,
-                      TOP_K: tl.constexpr, SHARED: tl.constexpr, BLOCK: tl.constexpr):
+                      TOP_K: tl.constexpr, SHARED: tl.constexpr, BLOCK: tl.constexpr,
+                      GATE_SEGMENTS: tl.constexpr):
     """Row ``row``'s block output (``combined``) added to the residual into ``total`` and normalised
     into ``out`` (``kernels.norm.add_zrms_row``): the work of ``_combine_add_zrms``'s program, shared
     with the experts' own last program at one row (kernels.moe, kernels.moe_one)."""
     delta = combined(buf, gate, row, tl.arange(0, BLOCK), pairs, hidden, stride_g, TOP_K, SHARED,
-                     total.dtype.element_ty)
+                     total.dtype.element_ty, GATE_SEGMENTS)
     norm.add_zrms_row(residual, delta, total, out, weight, row, hidden, eps, BLOCK)
 
 
 @triton.jit
 def finish_spread(buf, gate, residual, total, out, weight, blocks, finished, column, tiles, columns, pairs,
                   hidden, stride_g, eps, TOP_K: tl.constexpr, SHARED: tl.constexpr, ADD_NORM: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK: tl.constexpr):
+                  BLOCK_N: tl.constexpr, BLOCK: tl.constexpr, GATE_SEGMENTS: tl.constexpr):
     """``combined_add_zrms``'s work at one row (without ``ADD_NORM``, ``combined``'s into ``total``)
     spread over the down programs that wrote ``buf``: ``tiles`` of them a block of ``BLOCK_N``
     columns, ``columns`` blocks; a program calls it once its columns of ``buf`` are stored and a
@@ -86,7 +92,7 @@ def finish_spread(buf, gate, residual, total, out, weight, blocks, finished, col
     if tl.atomic_add(blocks + column, 1, sem="acq_rel", scope="gpu") == tiles - 1:
         cols = column * BLOCK_N + tl.arange(0, BLOCK_N)
         dtype = total.dtype.element_ty
-        delta = combined(buf, gate, 0, cols, pairs, hidden, stride_g, TOP_K, SHARED, dtype)
+        delta = combined(buf, gate, 0, cols, pairs, hidden, stride_g, TOP_K, SHARED, dtype, GATE_SEGMENTS)
         if ADD_NORM:  # rounded to the model dtype as add_zrms_row rounds the residual sum
             delta = norm.added(residual, delta, cols, cols < hidden, dtype)
         tl.store(total + cols, delta, mask=cols < hidden)

@@ -43,31 +43,42 @@ def choice(logits, experts, K: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.const
     """One row's choice from its ``experts`` logits at ``logits``: ([BLOCK_K] ids, [BLOCK_K] fp32
     weights), slots from K on zero. ``CACHE``: the logits' load modifier (".cg" where other programs
     of the same launch stored them). ``TWO_LEVEL`` picks the form; both choose alike."""
+    return choice_of(row_logits(logits, experts, BLOCK, CACHE), experts, K, NORM, BLOCK, BLOCK_K)
+
+
+@triton.jit
+def row_logits(logits, experts, BLOCK: tl.constexpr, CACHE: tl.constexpr):
+    """The row's logits at ``logits`` as fp32 [BLOCK], -inf past the experts: what ``choice_of`` takes."""
+    ids = tl.arange(0, BLOCK)
+    return tl.load(logits + ids, mask=ids < experts, other=float("-inf"), cache_modifier=CACHE).to(tl.float32)
+
+
+@triton.jit
+def choice_of(x, experts, K: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``choice`` from the row's logits ``x`` (``row_logits``' form), wherever they came from."""
     if TWO_LEVEL:
-        best, picked = choice_merged(logits, experts, K, NORM, BLOCK, BLOCK_K, CACHE)
+        best, picked = choice_merged(x, experts, K, NORM, BLOCK, BLOCK_K)
     else:
-        best, picked = choice_rounds(logits, experts, K, NORM, BLOCK, BLOCK_K, CACHE)
+        best, picked = choice_rounds(x, experts, K, NORM, BLOCK, BLOCK_K)
     return best, picked
 
 
 @triton.jit
-def _probabilities(logits, experts, BLOCK: tl.constexpr, CACHE: tl.constexpr):
+def _probabilities(x, experts, BLOCK: tl.constexpr):
     """The row's ids, which of them are experts, and the softmax's fp32 probabilities: one code for
     both forms, so that both compute the same bits (its sums follow the thread layout)."""
     ids = tl.arange(0, BLOCK)
-    live = ids < experts
-    x = tl.load(logits + ids, mask=live, other=float("-inf"), cache_modifier=CACHE).to(tl.float32)
     scaled = tl.exp(x - tl.max(x, axis=0))
-    return ids, live, scaled / tl.sum(scaled, axis=0)
+    return ids, ids < experts, scaled / tl.sum(scaled, axis=0)
 
 
 @triton.jit
-def choice_merged(logits, experts, K: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr,
-                  BLOCK_K: tl.constexpr, CACHE: tl.constexpr):
+def choice_merged(x, experts, K: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
     """``choice`` as one top-k (``top_keys``) over keys that are unique and ordered as the choice
     orders experts: the top k within each warp's part of the row (registers, shuffles), then the
     warps' parts merged in log2(ROUTE_WARPS) steps across warps, where the rounds take one a slot."""
-    ids, live, p = _probabilities(logits, experts, BLOCK, CACHE)
+    ids, live, p = _probabilities(x, experts, BLOCK)
     # The probability's bits (non-negative, so ordered as the values) above BLOCK - 1 - id: the larger
     # key is the larger probability and, of equal ones, the lower id; -1, below every expert, elsewhere.
     key = tl.where(live, (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BLOCK - 1 - ids), -1)
@@ -131,11 +142,11 @@ def top_keys(key, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def choice_rounds(logits, experts, K: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr,
-                  BLOCK_K: tl.constexpr, CACHE: tl.constexpr):
+def choice_rounds(x, experts, K: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
     """``choice`` in K rounds over the whole row, each one reduction across every warp (the form
     before ``choice_merged``, kept for comparisons)."""
-    ids, live, p = _probabilities(logits, experts, BLOCK, CACHE)
+    ids, live, p = _probabilities(x, experts, BLOCK)
     left = tl.where(live, p, -1.0)  # probabilities; -1 is never picked
     slots = tl.arange(0, BLOCK_K)
     picked = tl.zeros([BLOCK_K], tl.float32)

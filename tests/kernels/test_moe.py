@@ -632,8 +632,13 @@ def test_gpu_one_row_in_one_launch_is_two_launches_and_replays(monkeypatch: pyte
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("experts", "top_k"), REAL)
-def test_gpu_the_block_from_its_input_in_one_launch_is_the_routers_product_then_the_block(experts: int,
-                                                                                          top_k: int) -> None:
+@pytest.mark.parametrize(("router_n", "from_partials"), [(0, True), (0, False), (32, True), (16, True)])
+def test_gpu_the_block_from_its_input_in_one_launch_is_the_routers_product_then_the_block(
+        experts: int, top_k: int, router_n: int, from_partials: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the router's tiles of any width, its logits summed by tiles or by every choosing program: same bits
+    monkeypatch.setattr(moe_one, "ROUTER_N", router_n)
+    monkeypatch.setattr(moe_one, "FROM_PARTIALS", from_partials)
     x, gate_up, down, _, _ = make_real(1, experts, top_k, seed=29)
     shared = make_real_shared(1, experts, seed=29)
     residual = residual_of(1, torch.bfloat16, seed=29, hidden=2048, device="cuda")

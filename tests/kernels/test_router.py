@@ -53,10 +53,11 @@ def _both_forms(logits, ids, weights, experts, K: tl.constexpr, NORM: tl.constex
     """Each row's choice by both forms, all BLOCK_K slots: the rounds' at [0, row], the merged at [1, row]."""
     row, rows = tl.program_id(0), tl.num_programs(0)
     slots = tl.arange(0, BLOCK_K)
-    best, picked = router.choice_rounds(logits + row * experts, experts, K, NORM, BLOCK, BLOCK_K, "")
+    x = router.row_logits(logits + row * experts, experts, BLOCK, "")
+    best, picked = router.choice_rounds(x, experts, K, NORM, BLOCK, BLOCK_K)
     tl.store(ids + row * BLOCK_K + slots, best)
     tl.store(weights + row * BLOCK_K + slots, picked)
-    best, picked = router.choice_merged(logits + row * experts, experts, K, NORM, BLOCK, BLOCK_K, "")
+    best, picked = router.choice_merged(x, experts, K, NORM, BLOCK, BLOCK_K)
     tl.store(ids + (rows + row) * BLOCK_K + slots, best)
     tl.store(weights + (rows + row) * BLOCK_K + slots, picked)
 
