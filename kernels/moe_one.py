@@ -264,8 +264,10 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
     stream before, the norm's weight, eps, where the normed row goes)); the other arguments are
     ``kernels.moe._experts``' (checked there), ``tiles`` its tile sizes. ``ids`` and ``weights``
     are written as the router kernel would. With ``router_weight`` (contiguous, ``takes_router``),
-    the launch first writes ``logits`` (the whole row of the router's product, the experts' columns
-    first) = ``kernels.gemm.matmul(x, router_weight)``; scratch: its fp32 partials."""
+    the launch first makes ``kernels.gemm.matmul(x, router_weight)`` and writes its experts' columns
+    into ``logits`` (and, with ``FROM_PARTIALS`` off, the shared expert's gate after them, where
+    ``gate`` views it; on, the finish sums the gate from the partials and ``gate`` is not read);
+    scratch: its fp32 partials."""
     experts, hidden, inner = down.shape
     top_k = ids.shape[1]
     count = top_k + shared
