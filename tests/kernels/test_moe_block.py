@@ -1,0 +1,258 @@
+"""An MoE block at decode: added to the residual and normalised in its last launch, and at one row
+in one launch (kernels.moe_one) with the router's product, its finish spread over column blocks: the
+same bits as the launches one after another."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from moe_inputs import REAL, make, make_real, make_real_shared, make_shared, residual_of, router_product
+
+from kernels import gemm, moe, moe_one, norm, router
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("rows", "top_k"), [(1, 2), (5, 3), (40, 4)])
+def test_the_block_added_to_the_residual_and_normalised_is_add_zrms_of_it(rows: int, top_k: int,
+                                                                         dtype: torch.dtype) -> None:
+    x, gate_up, down, _, _ = make(rows, top_k, dtype, seed=rows)
+    logits = router_product(rows, 8, dtype, seed=rows)
+    shared = make_shared(rows, dtype, seed=rows)
+    residual = residual_of(rows, dtype, seed=rows)
+    block = moe.routed(x, gate_up, down, logits[:, :8], top_k, True, shared)
+    want = norm.add_zrms(residual.x, block, residual.weight, residual.eps)
+    got = moe.routed_add_zrms(x, gate_up, down, logits[:, :8], top_k, True, shared, residual)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert not moe._arrivals(x.device).any()  # one row's last program rearmed the counter it finished on
+
+
+def test_one_row_gives_the_same_bits_in_its_own_launches_as_through_the_plans(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    x, gate_up, down, _, _ = make(1, 3, torch.bfloat16, seed=41)
+    logits = router_product(1, 8, torch.bfloat16, seed=41)
+    shared = make_shared(1, torch.bfloat16, seed=41)
+    residual = residual_of(1, torch.bfloat16, seed=41)
+    monkeypatch.setattr(moe, "ONE_ROW", True)
+    want = moe.routed_add_zrms(x, gate_up, down, logits[:, :8], 3, True, shared, residual)
+    monkeypatch.setattr(moe, "ONE_ROW", False)
+    got = moe.routed_add_zrms(x, gate_up, down, logits[:, :8], 3, True, shared, residual)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize(("top_k", "inner", "down_k"), [(3, 16, None), (2, 24, None), (3, 32, 8)])
+def test_one_row_gives_the_same_bits_in_one_launch_as_in_two(monkeypatch: pytest.MonkeyPatch, residual: bool,
+                                                             top_k: int, inner: int,
+                                                             down_k: int | None) -> None:
+    # down_k 8: the experts' inner size (32) is four K steps, so the down programs load them before h
+    if down_k is not None:
+        monkeypatch.setattr(moe, "DOWN_K", down_k)
+    x, gate_up, down, _, _ = make(1, top_k, torch.bfloat16, seed=43 + top_k)
+    logits = router_product(1, 8, torch.bfloat16, seed=43 + top_k)
+    shared = make_shared(1, torch.bfloat16, seed=43 + top_k, inner=inner)
+    stream = residual_of(1, torch.bfloat16, seed=43 + top_k)
+
+    def block() -> tuple[torch.Tensor, ...]:
+        if residual:
+            return moe.routed_add_zrms(x, gate_up, down, logits[:, :8], top_k, True, shared, stream)
+        return (moe.routed(x, gate_up, down, logits[:, :8], top_k, True, shared),)
+
+    launches: list[int] = []
+    one = moe_one.launch
+    monkeypatch.setattr(moe_one, "launch",
+                        lambda *args, **kwargs: (launches.append(1), one(*args, **kwargs))[1])
+    monkeypatch.setattr(moe, "ONE_LAUNCH", True)
+    got = block()
+    assert launches == [1]  # the one launch served it
+    assert not moe_one.counters(x.device).any()  # the last program rearmed every counter
+    monkeypatch.setattr(moe, "ONE_LAUNCH", False)
+    want = block()
+    assert launches == [1] and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("inside", [True, False])
+def test_the_block_from_its_input_is_the_routers_product_then_the_routed_block(
+        monkeypatch: pytest.MonkeyPatch, rows: int, inside: bool) -> None:
+    # at one row the router's product runs in the experts' launch; else first: the same bits
+    x, gate_up, down, _, _ = make(rows, 3, torch.bfloat16, seed=47 + rows)
+    shared = make_shared(rows, torch.bfloat16, seed=47 + rows)
+    stream = residual_of(rows, torch.bfloat16, seed=47 + rows)
+    router_weight = (torch.randn(9, 64, generator=torch.Generator().manual_seed(rows)) / 8).bfloat16()
+    logits = gemm.matmul(x, router_weight)
+    want = moe.routed_add_zrms(x, gate_up, down, logits[:, :8], 3, True, shared._replace(gate=logits[:, 8:]),
+                               stream)
+    monkeypatch.setattr(moe, "ROUTER_IN_LAUNCH", inside)
+    products: list[int] = []
+    product = gemm.matmul
+    monkeypatch.setattr(gemm, "matmul",
+                        lambda *args, **kwargs: (products.append(1), product(*args, **kwargs))[1])
+    got = moe.block_add_zrms(x, router_weight, gate_up, down, 3, True, (shared.gate_up, shared.down), stream)
+    assert len(products) == (0 if inside and rows == 1 else 1)  # in the launch at one row, else before it
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert not moe_one.counters(x.device).any()  # the router's counters rearmed too
+    with pytest.raises(ValueError, match="router_weight"):
+        moe.block_add_zrms(x, router_weight[:8], gate_up, down, 3, True, (shared.gate_up, shared.down),
+                           stream)
+
+
+def spread_and_alone(monkeypatch: pytest.MonkeyPatch, block: Callable[[], tuple[torch.Tensor, ...]]
+                     ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], list[torch.Tensor]]:
+    """``block``'s outputs with the one launch's finish spread over its column blocks, then with its
+    last program finishing alone; each launch's ids and weights after it (the choice it wrote)."""
+    chosen: list[torch.Tensor] = []
+    one = moe_one.launch
+
+    def launch(*args: Any, **kwargs: Any) -> None:
+        one(*args, **kwargs)
+        chosen.extend((args[9].clone(), args[10].clone()))
+
+    monkeypatch.setattr(moe_one, "launch", launch)
+    monkeypatch.setattr(moe_one, "SPREAD_FINISH", True)
+    spread = block()
+    assert len(chosen) == 2  # the one launch served it
+    assert not moe_one.counters(spread[0].device).any()  # every counter rearmed, the column blocks' too
+    monkeypatch.setattr(moe_one, "SPREAD_FINISH", False)
+    return spread, block(), chosen
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_shared", [False, True])
+@pytest.mark.parametrize("residual", [False, True])
+def test_one_launch_gives_the_same_bits_with_its_finish_spread_over_column_blocks(
+        monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, with_shared: bool, residual: bool) -> None:
+    # 16 down columns a program over a row of 72: five column blocks, the last one half past the row
+    monkeypatch.setattr(moe, "DOWN_N", 16)
+    x, gate_up, down, _, _ = make(1, 3, dtype, seed=53, hidden=72)
+    logits = router_product(1, 8, dtype, seed=53)
+    shared = make_shared(1, dtype, seed=53, hidden=72) if with_shared else None
+    stream = residual_of(1, dtype, seed=53, hidden=72)
+
+    def block() -> tuple[torch.Tensor, ...]:
+        if residual:
+            return moe.routed_add_zrms(x, gate_up, down, logits[:, :8], 3, True, shared, stream)
+        return (moe.routed(x, gate_up, down, logits[:, :8], 3, True, shared),)
+
+    spread, alone, chosen = spread_and_alone(monkeypatch, block)
+    assert all(torch.equal(a, b) for a, b in zip(spread, alone, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(chosen[:2], chosen[2:], strict=True))
+    ids, weights = router.top_k(logits[:, :8], 3, True, dtype)
+    assert torch.equal(chosen[0], ids) and torch.equal(chosen[1], weights)  # the router kernel's choice
+    monkeypatch.setattr(moe, "ONE_LAUNCH", False)  # the launches one after another: the same bits
+    assert all(torch.equal(a, b) for a, b in zip(spread, block(), strict=True))
+    if residual:  # and add_zrms of the block, as routed_add_zrms promises
+        routed = moe.routed(x, gate_up, down, logits[:, :8], 3, True, shared)
+        want = norm.add_zrms(stream.x, routed, stream.weight, stream.eps)
+        assert torch.equal(spread[0], want[0]) and torch.equal(spread[1], want[1])
+
+
+def test_the_block_from_its_input_spreading_the_finish_gives_the_same_bits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the router's product in the launch too: the last block's program rearms its counters as well
+    monkeypatch.setattr(moe, "DOWN_N", 16)
+    x, gate_up, down, _, _ = make(1, 3, torch.bfloat16, seed=59, hidden=72)
+    shared = make_shared(1, torch.bfloat16, seed=59, hidden=72)
+    stream = residual_of(1, torch.bfloat16, seed=59, hidden=72)
+    router_weight = (torch.randn(9, 72, generator=torch.Generator().manual_seed(59)) / 8).bfloat16()
+
+    def block() -> tuple[torch.Tensor, ...]:
+        return moe.block_add_zrms(x, router_weight, gate_up, down, 3, True, (shared.gate_up, shared.down),
+                                  stream)
+
+    spread, alone, _ = spread_and_alone(monkeypatch, block)
+    assert all(torch.equal(a, b) for a, b in zip(spread, alone, strict=True))
+    logits = gemm.matmul(x, router_weight)
+    want = moe.routed_add_zrms(x, gate_up, down, logits[:, :8], 3, True, shared._replace(gate=logits[:, 8:]),
+                               stream)
+    assert all(torch.equal(a, b) for a, b in zip(spread, want, strict=True))
+
+
+def test_the_residual_add_past_a_chunk_is_add_zrms_of_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    x, gate_up, down, _, _ = make(7, 2, torch.float32, seed=7)
+    logits, shared = router_product(7, 8, torch.float32, seed=7), make_shared(7, torch.float32, seed=7)
+    residual = residual_of(7, torch.float32, seed=7)
+    want = moe.routed_add_zrms(x, gate_up, down, logits[:, :8], 2, True, shared, residual)
+    monkeypatch.setattr(moe, "ROW_CHUNK", 3)  # three passes: the block first, then add_zrms
+    got = moe.routed_add_zrms(x, gate_up, down, logits[:, :8], 2, True, shared, residual)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with pytest.raises(ValueError, match=r"residual\.x"):
+        moe.routed_add_zrms(x, gate_up, down, logits[:, :8], 2, True, shared,
+                            residual._replace(x=residual.x[:3]))
+
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 8, 32])
+def test_gpu_the_block_added_to_the_residual_is_add_zrms_of_it(rows: int) -> None:
+    x, gate_up, down, _, _ = make_real(rows, 256, 8, seed=rows)
+    logits = router_product(rows, 256, torch.bfloat16, seed=rows, device="cuda")
+    shared = make_real_shared(rows, 256, seed=rows)
+    residual = residual_of(rows, torch.bfloat16, seed=rows, hidden=2048, device="cuda")
+    block = moe.routed(x, gate_up, down, logits[:, :256], 8, True, shared)
+    want = norm.add_zrms(residual.x, block, residual.weight, residual.eps)
+    got = moe.routed_add_zrms(x, gate_up, down, logits[:, :256], 8, True, shared, residual)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("experts", "top_k"), REAL)
+def test_gpu_one_row_in_one_launch_is_two_launches_and_replays(monkeypatch: pytest.MonkeyPatch, experts: int,
+                                                               top_k: int) -> None:
+    x, gate_up, down, _, _ = make_real(1, experts, top_k, seed=23)
+    logits = router_product(1, experts, torch.bfloat16, seed=23, device="cuda")
+    shared = make_real_shared(1, experts, seed=23)._replace(gate=logits[:, experts:])
+    residual = residual_of(1, torch.bfloat16, seed=23, hidden=2048, device="cuda")
+
+    def block() -> tuple[torch.Tensor, torch.Tensor]:
+        return moe.routed_add_zrms(x, gate_up, down, logits[:, :experts], top_k, True, shared, residual)
+
+    monkeypatch.setattr(moe, "ONE_LAUNCH", False)
+    want = [block()]
+    logits.copy_(router_product(1, experts, torch.bfloat16, seed=24, device="cuda"))
+    want.append(block())
+    monkeypatch.setattr(moe, "ONE_LAUNCH", True)
+    logits.copy_(router_product(1, experts, torch.bfloat16, seed=23, device="cuda"))
+    block()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = block()
+    for seed, expected in zip((23, 24), want, strict=True):
+        logits.copy_(router_product(1, experts, torch.bfloat16, seed=seed, device="cuda"))
+        graph.replay()
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert not moe_one.counters(x.device).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("experts", "top_k"), REAL)
+@pytest.mark.parametrize(("router_n", "from_partials"), [(0, True), (0, False), (32, True), (16, True)])
+def test_gpu_the_block_from_its_input_in_one_launch_is_the_routers_product_then_the_block(
+        experts: int, top_k: int, router_n: int, from_partials: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the router's tiles of any width, its logits summed by tiles or by every choosing program: same bits
+    monkeypatch.setattr(moe_one, "ROUTER_N", router_n)
+    monkeypatch.setattr(moe_one, "FROM_PARTIALS", from_partials)
+    x, gate_up, down, _, _ = make_real(1, experts, top_k, seed=29)
+    shared = make_real_shared(1, experts, seed=29)
+    residual = residual_of(1, torch.bfloat16, seed=29, hidden=2048, device="cuda")
+    router_weight = (torch.randn(experts + 1, 2048, device="cuda") / 45).bfloat16()
+
+    def want() -> tuple[torch.Tensor, torch.Tensor]:
+        logits = gemm.matmul(x, router_weight)
+        return moe.routed_add_zrms(x, gate_up, down, logits[:, :experts], top_k, True,
+                                   shared._replace(gate=logits[:, experts:]), residual)
+
+    moe.block_add_zrms(x, router_weight, gate_up, down, top_k, True, (shared.gate_up, shared.down), residual)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = moe.block_add_zrms(x, router_weight, gate_up, down, top_k, True, (shared.gate_up, shared.down),
+                                 residual)
+    for seed in (30, 31):
+        x.copy_(torch.randn(1, 2048, generator=torch.Generator("cuda").manual_seed(seed), device="cuda"))
+        graph.replay()
+        expected = want()
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert not moe_one.counters(x.device).any()
