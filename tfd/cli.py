@@ -99,6 +99,11 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
     bench.add_argument("--gemm", action="store_true",
                        help="instead of workloads: the batch-invariant GEMM against cuBLAS at the model's "
                        "weight shapes (CUDA only)")
+    bench.add_argument("--variant", type=_variant, action="append", metavar="NAME=kernels.M.C=V[,...]",
+                       help="instead of one run a workload: kernel constants compared in this process, runs "
+                       "of the variants interleaved, tokens compared with the first's (repeat per variant; "
+                       "NAME= for the defaults)")
+    bench.add_argument("--rounds", type=_positive, default=2, metavar="N", help="runs a variant (2)")
     bench.add_argument("--out", type=Path, metavar="DIR", help="write one JSON file per run here")
     bench.add_argument("--commit", help="the revision to record (default: git's HEAD)")
     table.add_flags(bench, scopes=("core",))
@@ -248,6 +253,8 @@ def run_bench(table: Table, args: argparse.Namespace) -> int:
     if args.gemm:
         return gemm_bench(model, name, device, args.out)
     workloads = [Workload(n, args.prompt, args.new, args.step_tokens) for n in args.streams]
+    if args.variant:
+        return variant_bench(model, name, workloads, args.variant, args.rounds, not args.no_graphs, args.out)
     results = bench(model, name, size, workloads, not args.no_graphs, args.commit)
     if args.profile:
         profile_runs(model, results, workloads, not args.no_graphs, args.out)
@@ -274,6 +281,19 @@ def profile_runs(model: Any, results: list[dict[str, Any]], workloads: list[Any]
             else:
                 out.mkdir(parents=True, exist_ok=True)
                 (out / f"{run_name(result)}-{phase}.txt").write_text(table)
+
+
+def variant_bench(model: Any, name: str, workloads: list[Any], variants: list[Any], rounds: int, graphs: bool,
+                  out: Path | None) -> int:
+    from tfd.bench.variants import compare
+
+    for workload in workloads:
+        results = compare(model, workload, variants, rounds, graphs)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            run = f"{name}-{workload.streams}x{workload.prompt_tokens}-{workload.new_tokens}-variants.json"
+            (out / run).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
 
 
 def gemm_bench(model: Any, name: str, device: Any, out: Path | None) -> int:
@@ -314,6 +334,15 @@ def run_env(table: Table, args: argparse.Namespace) -> int:
 
 def _counts(text: str) -> list[int]:
     return [_positive(part) for part in text.split(",")]
+
+
+def _variant(text: str) -> Any:
+    from tfd.bench.variants import parse
+
+    try:
+        return parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _positive(text: str) -> int:
