@@ -97,20 +97,24 @@ def test_bench_profiles_each_run_by_phase(tmp_path: Path) -> None:
 
 
 def test_kernels_are_told_apart_by_their_launch_grid() -> None:
-    def kernel(name: str, grid: list[int], dur: float) -> dict[str, object]:
-        return {"ph": "X", "cat": "kernel", "name": name, "dur": dur,
+    def kernel(name: str, grid: list[int], ts: float, dur: float) -> dict[str, object]:
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur,
                 "args": {"grid": grid, "block": [128, 1, 1]}}
 
+    # listed out of order; the second product starts (dependent launch) 4 us before the first ends, the
+    # third 1 us after the second ends, _rows 1 us after that: own times 12, 9 (13 less the 4 it shared),
+    # 7.5 and 4.5 us (each with the gap it waited out)
     trace = {"traceEvents": [
-        kernel("_spread", [193, 1, 2], 12.0), kernel("_spread", [193, 1, 2], 13.0),
-        kernel("_spread", [32, 1, 8], 6.5), kernel("_rows", [8, 32, 1], 3.5),
-        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "dur": 50.0, "args": {}},  # host ops left out
+        kernel("_spread", [32, 1, 8], 22.0, 6.5), kernel("_spread", [193, 1, 2], 0.0, 12.0),
+        kernel("_spread", [193, 1, 2], 8.0, 13.0), kernel("_rows", [8, 32, 1], 29.5, 3.5),
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 1.0, "dur": 50.0, "args": {}},  # host op
     ]}
-    lines = by_grid(trace, rows=2).splitlines()
-    assert lines[0].split()[:3] == ["kernel", "grid", "calls"]
-    assert lines[1].split() == ["_spread", "[193,", "1,", "2]", "2", "25.0", "12.50"]
-    assert lines[2].split() == ["_spread", "[32,", "1,", "8]", "1", "6.5", "6.50"]
-    assert len(lines) == 3  # two rows asked for: _rows left out, aten::add never counted
+    lines = by_grid(trace, rows=3).splitlines()
+    assert lines[0].split() == ["kernel", "grid", "calls", "total", "us", "mean", "us", "own", "us"]
+    assert lines[1].split() == ["_spread", "[193,", "1,", "2]", "2", "25.0", "12.50", "10.50"]
+    assert lines[2].split() == ["_spread", "[32,", "1,", "8]", "1", "6.5", "6.50", "7.50"]
+    assert lines[3].split() == ["_rows", "[8,", "32,", "1]", "1", "3.5", "3.50", "4.50"]
+    assert len(lines) == 4  # three rows asked for; aten::add never counted
 
 
 def test_a_variant_names_kernel_constants_and_refuses_the_rest() -> None:

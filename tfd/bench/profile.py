@@ -5,8 +5,9 @@ and 16-token prompts with 33 new tokens each at the same concurrency (the decode
 a table of the device kernels (host ops on a CPU) by their own time, with the run's step count, so a
 kernel's time a step is its total over the steps. On a GPU a second table splits the same kernels by
 their launch grid, which tells apart the launches of one kernel on different shapes (the products of
-every weight are one Triton kernel; its grid is [column tiles, row tiles, K segments]). A profiled run
-is slower than the timed one.
+every weight are one Triton kernel; its grid is [column tiles, row tiles, K segments]), with each
+kernel's own share of the timeline (from the end of the kernels before it to its end), which adds up
+to the run's device time however launches overlap. A profiled run is slower than the timed one.
 """
 
 from __future__ import annotations
@@ -57,17 +58,28 @@ def kernel_table(model: HybridModel, workload: Workload, graphs: bool) -> str:
 
 def by_grid(trace: dict[str, Any], rows: int) -> str:
     """The device kernels of a Chrome trace (torch's profiler export) grouped by name and launch
-    grid, the most total time first: calls, total and mean microseconds, ``rows`` lines at most."""
-    groups: dict[tuple[str, tuple[int, ...]], list[float]] = defaultdict(list)
-    for event in trace.get("traceEvents", []):
-        if event.get("cat") == "kernel" and event.get("ph") == "X":
-            grid = tuple(event.get("args", {}).get("grid", ()))
-            groups[(event["name"], grid)].append(float(event.get("dur", 0.0)))
-    ranked = sorted(groups.items(), key=lambda item: -sum(item[1]))[:rows]
-    lines = [f"{'kernel':<40} {'grid':<20} {'calls':>7} {'total us':>11} {'mean us':>9}"]
+    grid: calls, total and mean microseconds, and the mean of each call's own time (from the end of
+    the kernels before it to its end: kernels that overlap share the timeline rather than count it
+    twice, and the gap a kernel waited out is its), the most own time first, ``rows`` lines at most."""
+    kernels = sorted((event for event in trace.get("traceEvents", [])
+                      if event.get("cat") == "kernel" and event.get("ph") == "X"),
+                     key=lambda event: float(event.get("ts", 0.0)))
+    groups: dict[tuple[str, tuple[int, ...]], list[tuple[float, float]]] = defaultdict(list)
+    reached: float | None = None  # the latest end of the kernels so far
+    for event in kernels:
+        duration = float(event.get("dur", 0.0))
+        end = float(event.get("ts", 0.0)) + duration
+        own = duration if reached is None else max(0.0, end - reached)
+        reached = end if reached is None else max(reached, end)
+        grid = tuple(event.get("args", {}).get("grid", ()))
+        groups[(event["name"], grid)].append((duration, own))
+    ranked = sorted(groups.items(), key=lambda item: -sum(own for _, own in item[1]))[:rows]
+    lines = [f"{'kernel':<40} {'grid':<20} {'calls':>7} {'total us':>11} {'mean us':>9} {'own us':>9}"]
     for (name, grid), times in ranked:
-        lines.append(f"{name[:40]:<40} {list(grid)!s:<20} {len(times):>7} {sum(times):>11.1f} "
-                     f"{sum(times) / len(times):>9.2f}")
+        total = sum(duration for duration, _ in times)
+        own = sum(own for _, own in times)
+        lines.append(f"{name[:40]:<40} {list(grid)!s:<20} {len(times):>7} {total:>11.1f} "
+                     f"{total / len(times):>9.2f} {own / len(times):>9.2f}")
     return "\n".join(lines) + "\n"
 
 
