@@ -13,8 +13,6 @@ from pathlib import Path
 # (an AMD EPYC's kernel broke three GEMM tests; the GPU's MMA has no such order). One kernel on every x86
 # CPU, set before numpy loads, makes the interpreter's sums the same wherever the suite runs.
 os.environ.setdefault("OPENBLAS_CORETYPE", "Sandybridge")
-# Likewise torch's MKL (tfd sets this too, for the daemon): bits independent of the operands' alignment.
-os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 import pytest
 import torch
