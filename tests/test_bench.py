@@ -143,7 +143,7 @@ def test_variants_run_interleaved_and_compare_tokens(tmp_path: Path) -> None:
     assert [line.split()[0] for line in lines] == ["main", "narrow"], done.stdout
     assert all("tokens the same as main's" in line for line in lines)  # the CPU path runs no kernel
     runs = json.loads(next(tmp_path.glob("*-1x20-4-variants.json")).read_text())
-    assert [run["variant"] for run in runs] == ["main", "narrow"]
+    assert [run["variant"] for run in runs] == ["main", "narrow"] and runs[0]["shape"] == runs[1]["shape"]
     assert runs[1]["values"] == {"kernels.moe_one.ROUTER_N": 16} and len(runs[1]["step_ms"]) == 2
     assert all(run["same_tokens"] and run["best_step_ms"] > 0 for run in runs)
     refused = run_tfd("bench", "--variant", "x=kernels.moe_one.NOPE=1", timeout=120)

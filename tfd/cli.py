@@ -285,14 +285,14 @@ def profile_runs(model: Any, results: list[dict[str, Any]], workloads: list[Any]
 
 def variant_bench(model: Any, name: str, workloads: list[Any], variants: list[Any], rounds: int, graphs: bool,
                   out: Path | None) -> int:
+    from tfd.bench.main import run_name
     from tfd.bench.variants import compare
 
     for workload in workloads:
-        results = compare(model, workload, variants, rounds, graphs)
+        results = compare(model, name, workload, variants, rounds, graphs)
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
-            run = f"{name}-{workload.streams}x{workload.prompt_tokens}-{workload.new_tokens}-variants.json"
-            (out / run).write_text(json.dumps(results, indent=2) + "\n")
+            (out / f"{run_name(results[0])}-variants.json").write_text(json.dumps(results, indent=2) + "\n")
     return 0
 
 

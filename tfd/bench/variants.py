@@ -78,8 +78,8 @@ def applied(variant: Variant, named: Sequence[tuple[str, str]]) -> Iterator[None
             setattr(modules[module], constant, value)
 
 
-def compare(model: HybridModel, workload: Workload, variants: Sequence[Variant], rounds: int, graphs: bool
-            ) -> list[dict[str, Any]]:
+def compare(model: HybridModel, shape: str, workload: Workload, variants: Sequence[Variant], rounds: int,
+            graphs: bool) -> list[dict[str, Any]]:
     """Each variant's decode step times over ``rounds`` interleaved runs of ``workload`` (after one
     untimed run of two new tokens, which compiles its kernels), and whether its tokens were the first
     variant's in every run; printed a line a variant, returned as objects."""
@@ -100,7 +100,7 @@ def compare(model: HybridModel, workload: Workload, variants: Sequence[Variant],
     for variant in variants:
         times = steps[variant.name]
         result = {"variant": variant.name, "values": {f"{m}.{c}": v for m, c, v in variant.values},
-                  "streams": workload.streams, "prompt_tokens": workload.prompt_tokens,
+                  "shape": shape, "streams": workload.streams, "prompt_tokens": workload.prompt_tokens,
                   "new_tokens": workload.new_tokens, "step_ms": times, "best_step_ms": min(times),
                   "same_tokens": same[variant.name]}
         verdict = "the same as" if same[variant.name] else "NOT the same as"
