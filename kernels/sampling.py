@@ -6,9 +6,11 @@ logits. Ties go to the lower token id. Tokens cut by top-k/top-p/min-p arrive as
 noise is splitmix64's finaliser of the mixed key in wrapping uint64 arithmetic, 24 bits of it made
 a uniform in (0, 1), then -log(-log(u)), as ``tfd.engine.sampling.gumbel`` does in torch.
 
-Memory: reads each row's logits once (fp32, unit column stride), writes a score and an id per
-slice of ``SLICE`` tokens, then one int64 per row. The slices are cut by the vocabulary alone and a
-row's programs read only that row, so a row's token never depends on the others.
+Memory: reads each row's logits once (fp32, or the model's 2-byte dtype widened to fp32 as it
+loads: the values ``logits.float()`` holds, without writing them; unit column stride), writes a
+score and an id per slice of ``SLICE`` tokens, then one int64 per row. The slices are cut by the
+vocabulary alone and a row's programs read only that row, so a row's token never depends on the
+others.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ SLICE = 2048
 
 
 @triton.jit
-def _slice_best(logits, temperature, seeds, positions, best_score, best_id, vocab, row_stride, slices,
+def _slice_best(logits, temperature, seeds, positions, offset, best_score, best_id, vocab, row_stride, slices,
                 SEED_MIX: tl.constexpr, POSITION_MIX: tl.constexpr, TOKEN_MIX: tl.constexpr,
                 M1: tl.constexpr, M2: tl.constexpr, BLOCK: tl.constexpr, SLICE: tl.constexpr,
                 PDL: tl.constexpr):
@@ -41,13 +43,14 @@ def _slice_best(logits, temperature, seeds, positions, best_score, best_id, voca
     noisy = t > 0
     scale = tl.where(noisy, t, 1.0)
     key = tl.load(seeds + row).to(tl.uint64) * SEED_MIX
-    key += tl.load(positions + row).to(tl.uint64) * POSITION_MIX
+    key += (tl.load(positions + row) + offset).to(tl.uint64) * POSITION_MIX
     best = tl.full([], float("-inf"), tl.float32)
     best_at = tl.full([], 0, tl.int64)
     for start in range(part * SLICE, part * SLICE + SLICE, BLOCK):
         ids = start + tl.arange(0, BLOCK)
         live = ids < vocab
-        score = tl.load(logits + row * row_stride + ids, mask=live, other=float("-inf")) / scale
+        score = tl.load(logits + row * row_stride + ids, mask=live, other=float("-inf")).to(tl.float32)
+        score = score / scale
         x = key + ids.to(tl.uint64) * TOKEN_MIX
         x = (x ^ (x >> 30)) * M1
         x = (x ^ (x >> 27)) * M2
@@ -73,13 +76,17 @@ def _row_best(best_score, best_id, out, slices, BLOCK: tl.constexpr, PDL: tl.con
     tl.store(out + row, tl.load(best_id + row * slices + top))
 
 
+LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def keyed_argmax(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
-                 positions: torch.Tensor) -> torch.Tensor:
-    """The drawn token [rows] int64 for ``logits`` [rows, vocab] fp32 and per-row fp32 temperature,
-    int64 seeds and positions (any 1-D views; no host sync, so it can be captured in a graph).
-    Two launches: the best of each slice of a row's tokens, then the best slice."""
-    if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
-        raise ValueError(f"logits must be [rows, vocab] fp32 with unit column stride, got "
+                 positions: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    """The drawn token [rows] int64 for ``logits`` [rows, vocab] (fp32, or bf16/fp16 drawn as their
+    fp32 values) and per-row fp32 temperature, int64 seeds and positions, each position keyed plus
+    ``offset`` (any 1-D views; no host sync, so it can be captured in a graph). Two launches: the
+    best of each slice of a row's tokens, then the best slice."""
+    if logits.dim() != 2 or logits.dtype not in LOGIT_DTYPES or logits.stride(1) != 1:
+        raise ValueError(f"logits must be [rows, vocab] fp32, bf16 or fp16 with unit column stride, got "
                          f"{logits.dtype} {list(logits.shape)}")
     rows, vocab = logits.shape
     for name, t, dtype in (("temperature", temperature, torch.float32), ("seeds", seeds, torch.int64),
@@ -93,7 +100,7 @@ def keyed_argmax(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.T
     scores = torch.empty(rows, slices, dtype=torch.float32, device=logits.device)
     ids = torch.empty(rows, slices, dtype=torch.int64, device=logits.device)
     _slice_best[(rows, slices)](logits, temperature.contiguous(), seeds.contiguous(), positions.contiguous(),
-                                scores, ids, vocab, logits.stride(0), slices, SEED_MIX=SEED_MIX,
+                                offset, scores, ids, vocab, logits.stride(0), slices, SEED_MIX=SEED_MIX,
                                 POSITION_MIX=POSITION_MIX, TOKEN_MIX=TOKEN_MIX, M1=M1, M2=M2, BLOCK=BLOCK,
                                 SLICE=SLICE, **pdl.options(logits.device))
     _row_best[(rows,)](scores, ids, out, slices, BLOCK=max(16, triton.next_power_of_2(slices)),

@@ -42,6 +42,18 @@ def test_ties_go_to_the_lower_id_across_blocks_and_slices(blocks: int,
     assert got.item() == 7
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_narrow_logits_draw_as_their_fp32_values_at_an_offset_position(dtype: torch.dtype) -> None:
+    # the decode step draws from the head's own dtype at position + 1, with no widened copy
+    logits, temperature, seeds, positions = _draws(6, BLOCK + 777, 3)
+    narrow = logits.to(dtype)
+    expected = draw(narrow.float(), temperature, seeds, positions + 1)
+    assert draw(narrow, temperature, seeds, positions, offset=1).tolist() == expected.tolist()
+    moved = (x.to(DEVICE) for x in (narrow, temperature, seeds, positions))
+    assert keyed_argmax(*moved, offset=1).cpu().tolist() == expected.tolist()
+    assert expected.tolist() != draw(narrow.float(), temperature, seeds, positions).tolist()
+
+
 def test_a_row_draws_the_same_alone() -> None:
     logits, temperature, seeds, positions = (x.to(DEVICE) for x in _draws(6, 300, 1))
     together = keyed_argmax(logits, temperature, seeds, positions)

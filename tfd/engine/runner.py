@@ -120,11 +120,12 @@ class Runner:
         self.offsets.pop(lane.number, None)
 
     def _step(self, batch: DecodeBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Hidden rows, fp32 logits and each lane's plain keyed draw: what a decode graph captures."""
+        """Hidden rows, logits in the model dtype and each lane's plain keyed draw (of their fp32
+        values, at the next position): what a decode graph captures."""
         assert self.memory is not None
         hidden = self.model.decode(batch, self.memory)
-        logits = self.model.logits(hidden).float()
-        return hidden, logits, draw(logits, batch.temperature, batch.seeds, batch.positions + 1)
+        logits = self.model.logits(hidden)
+        return hidden, logits, draw(logits, batch.temperature, batch.seeds, batch.positions, offset=1)
 
     def _decode(self, works: Sequence[Work]) -> tuple[torch.Tensor, ...]:
         """``_step`` for decode works, all lanes in one batched step (a graph when captured)."""
@@ -236,12 +237,12 @@ class Runner:
                         where[id(work)] = len(batched) + len(ends)
                         ends.append(at)  # the work's last row
                 if ends:
-                    parts.append(self.model.logits(hidden[self._indices(ends)]).float())
+                    parts.append(self.model.logits(hidden[self._indices(ends)]))
             if not drawing:
                 return []
             lanes = [work.lane for work in drawing]
             asked = [lane.request.sampling.logprobs for lane in lanes]
-            logits = parts[0] if len(parts) == 1 else torch.cat(parts)
+            logits = parts[0] if len(parts) == 1 else torch.cat(parts)  # the model dtype: widened when cut
             only_decode = [id(work) for work in drawing] == [id(work) for work in batched]
             if not only_decode:
                 logits = logits[self._indices([where[id(work)] for work in drawing])]
@@ -249,7 +250,7 @@ class Runner:
                                                                 for lane in lanes):
                 tokens = plain_tokens  # the draw the step already made, the same bits as ``sample``
             else:
-                tokens = sample(logits, Rows.of([lane.request.sampling for lane in lanes],
+                tokens = sample(logits.float(), Rows.of([lane.request.sampling for lane in lanes],
                                                 [lane.seed for lane in lanes],
                                                 [lane.next_position for lane in lanes], self.device))
             details: list[TokenLogprob | None] = [None] * len(lanes)
