@@ -1,30 +1,26 @@
-"""Softmax attention of query rows over K/V rows that sit in the pool's pages, read in place.
+"""Softmax attention of one query row per lane over K/V rows that sit in the pool's pages, read in place.
 
 ``decode`` takes one query row per lane (the lane's newest token) over its first ``lengths[lane]``
-keys; ``prefill`` takes a causal chunk of rows per lane over the cached prefix and the chunk itself.
-Query head h reads kv head h // (heads // kv_heads); a kv head's query group is packed along the M
-side of ``tl.dot`` so both use tensor cores. Scores, softmax and the P @ V sums are fp32; the output
-is cast to q's dtype. ``reference_decode`` and ``reference_prefill`` are the torch references.
+keys. Query head h reads kv head h // (heads // kv_heads); a kv head's query group is packed along
+the M side of ``tl.dot`` so it uses tensor cores. Scores, softmax and the P @ V sums are fp32; the
+output is cast to q's dtype. ``reference_decode`` is the torch reference. The pieces
+``kernels.paged_prefill`` and ``kernels.sparse_attention`` share live here too: a key block's step
+of the running softmax (``attend_block``), the argument checks and the torch references' attention.
 
 Memory: K/V caches are ``[pages + 1, page_rows, kv_heads, head_dim]`` strided views into the pool
 (any strides); position p of a lane is at page ``page_table[lane, p // page_rows]``, slot
-``p % page_rows``. Each kernel reads the page-table entries and K/V rows of the keys it needs (no
-gather copy), q, and writes out. Decode also writes one fp32 partial per (lane, segment, head) into
-the caller's ``partials`` scratch (``partials_for``) and reads it back to merge.
+``p % page_rows``. Decode reads the page-table entries and K/V rows of the keys it needs (no gather
+copy) and q, writes one fp32 partial per (lane, segment, head) into the caller's ``partials``
+scratch (``partials_for``), reads them back to merge, and writes out.
 
-Batch invariance: a decode lane's keys are cut into segments at fixed positions from 0: the first
+Batch invariance: a lane's keys are cut into segments at fixed positions from 0: the first
 ``SHORT_KEYS`` keys into segments of ``SHORT_SEGMENT`` (so a lane of a few thousand keys still
 spreads over many programs, each a short chain of key blocks), the rest into ``SEGMENT``; and each
 segment into key blocks of a size fixed by head_dim; one program does one (lane, kv head,
 segment), and the merge sums a lane's segments in a fixed order. Nothing of that depends on the
 other lanes, the number of lanes or the page-table width, so a lane's bits are the same alone or in
-any batch. Prefill tiles query rows at fixed multiples of ``BLOCK_Q`` absolute positions and walks
-key blocks aligned at multiples of the block size from position 0, always from block 0 upwards. A
-tile may visit blocks past some of its rows' last key: those rows see only -inf scores there, so
-their running max stays, the rescale factor is exactly 1 and they add exact zeros. A row's bits thus
-depend on its absolute position and its lane's keys only, not on the chunk or the other rows.
-The grids depend on shapes (and prefill's host ``max_rows``) only: no host sync, CUDA-graph safe.
-Lengths past the page table's ``max_pages * page_rows`` keys are clamped to it on the device.
+any batch. The grids depend on shapes only: no host sync, CUDA-graph safe. Lengths past the page
+table's ``max_pages * page_rows`` keys are clamped to it on the device.
 
 In Triton's interpreter (no GPU) bf16 dot operands are widened to fp32 first, which gives the same
 products: the interpreter would otherwise multiply bf16 bit patterns as integers.
@@ -33,13 +29,12 @@ products: the interpreter would otherwise multiply bf16 bit patterns as integers
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl
+from kernels import INTERPRETED, pdl
 from kernels.sigmoid_gate import gated
 
 SEGMENT = 512  # keys a decode program covers: fixed, so a lane's split never depends on the batch
@@ -49,7 +44,6 @@ SEGMENT = 512  # keys a decode program covers: fixed, so a lane's split never de
 SHORT_SEGMENT = 64
 SHORT_KEYS = 4096
 STATS = 4  # partials' columns after head_dim: running max, sum of exp, two pads keeping 16-byte rows
-PREFILL_M = 128  # prefill tile rows along M: query rows x group members
 MERGE_BLOCK = 16  # segments the merge loads at once
 LOG2E = math.log2(math.e)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -65,21 +59,12 @@ def _decode_config(head_dim: int, segment: int) -> dict[str, int]:
     return {"BLOCK_N": _key_block(head_dim, segment), "num_warps": 4, "num_stages": 2}
 
 
-def _prefill_config(group_pad: int) -> dict[str, int]:
-    """Tile and launch sizes of a prefill tile; best of those timed on an H200 at head_dim 256."""
-    return {"BLOCK_Q": max(1, PREFILL_M // group_pad), "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
-
-
 @triton.jit
 def _dot(a, b, acc, WIDEN: tl.constexpr):
     if WIDEN:  # the interpreter multiplies bf16 as raw integers; fp32 holds bf16 products exactly
         a = a.to(tl.float32)
         b = b.to(tl.float32)
     return tl.dot(a, b, acc, input_precision="ieee")
-
-
-def _widen() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit
@@ -206,53 +191,10 @@ def _decode_merge(partials, lengths, out, gate, max_keys, stride_pb, stride_ps, 
     tl.store(out + lane * stride_ob + head * stride_oh + dims * stride_od, result)  # padding lanes: zeros
 
 
-@triton.jit
-def _prefill_tile(q, k_cache, v_cache, page_table, starts, cu_seqlens, out, scale_log2, max_keys,
-                  stride_qt, stride_qh, stride_qd, stride_kp, stride_ks, stride_kh, stride_kd,
-                  stride_vp, stride_vs, stride_vh, stride_vd, stride_tb, stride_tp,
-                  stride_ot, stride_oh, stride_od,
-                  PAGE_ROWS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, WIDEN: tl.constexpr,
-                  PDL: tl.constexpr):
-    pdl.wait(PDL)
-    lane = tl.program_id(1)
-    kv_head = tl.program_id(2)
-    first_row = tl.load(cu_seqlens + lane)
-    start = tl.load(starts + lane)
-    end = tl.minimum(start + tl.load(cu_seqlens + lane + 1) - first_row, max_keys)
-    tile = start // BLOCK_Q + tl.program_id(0)  # tiles sit at multiples of BLOCK_Q absolute positions
-    if tile * BLOCK_Q >= end:
-        return
-    m = tl.arange(0, BLOCK_Q * GROUP_PAD)
-    positions = tile * BLOCK_Q + m // GROUP_PAD
-    members = m % GROUP_PAD
-    heads = kv_head * GROUP + members
-    live = (positions >= start) & (positions < end) & (members < GROUP)
-    limit = tl.minimum(positions, end - 1)  # rows outside the chunk still see key 0: no NaN anywhere
-    rows = (first_row + positions - start).to(tl.int64)
-    dims = tl.arange(0, HEAD_DIM)
-    query = tl.load(q + rows[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :] * stride_qd,
-                    mask=live[:, None], other=0.0)
-    m_i = tl.full((BLOCK_Q * GROUP_PAD,), float("-inf"), tl.float32)
-    l_i = tl.zeros((BLOCK_Q * GROUP_PAD,), tl.float32)
-    acc = tl.zeros((BLOCK_Q * GROUP_PAD, HEAD_DIM), tl.float32)
-    last = tl.minimum(tile * BLOCK_Q + BLOCK_Q, end)
-    for block in range(0, last, BLOCK_N):  # from key 0 upwards, blocks at fixed multiples
-        keys = block + tl.arange(0, BLOCK_N)
-        valid = keys < last
-        pages = tl.load(page_table + lane * stride_tb + (keys // PAGE_ROWS) * stride_tp, mask=valid, other=0)
-        seen = keys[None, :] <= limit[:, None]  # a row whose block is all hidden rescales by exactly 1
-        m_i, l_i, acc = attend_block(query, k_cache, v_cache, pages, keys % PAGE_ROWS, valid, seen, kv_head,
-                                     dims, scale_log2, m_i, l_i, acc, stride_kp, stride_ks, stride_kh,
-                                     stride_kd, stride_vp, stride_vs, stride_vh, stride_vd, WIDEN)
-    result = acc / l_i[:, None]
-    tl.store(out + rows[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :] * stride_od,
-             result.to(out.dtype.element_ty), mask=live[:, None])
-
-
-def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
-           out: torch.Tensor, vectors: dict[str, tuple[torch.Tensor, int]]) -> int:
-    """Raise ValueError naming the argument at fault; return the GQA group size."""
+def checked_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+                  out: torch.Tensor, vectors: dict[str, tuple[torch.Tensor, int]]) -> int:
+    """The GQA group size of a paged attention call (decode's or prefill's): raise ValueError naming
+    the argument at fault, ``vectors`` mapping each int32 vector's name to it and its length."""
     if q.dim() != 3 or q.dtype not in DTYPES:
         raise ValueError(f"q must be [rows, heads, head_dim] of bf16/fp16/fp32, got {list(q.shape)} "
                          f"{q.dtype}")
@@ -282,7 +224,8 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_t
     return heads // k_cache.shape[2]
 
 
-def _cache_strides(k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor) -> list[int]:
+def cache_strides(k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor) -> list[int]:
+    """The strides of the caches and the page table, in the order the kernels take them."""
     return [*k_cache.stride(), *v_cache.stride(), *page_table.stride()]
 
 
@@ -304,7 +247,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_t
         raise ValueError(f"gate is {list(gate.shape)} {gate.dtype}: want q's shape {list(q.shape)} in "
                          f"{out.dtype}, unit last stride")
     lanes = q.shape[0] if q.dim() == 3 else -1
-    group = _check(q, k_cache, v_cache, page_table, out, {"lengths": (lengths, lanes)})
+    group = checked_group(q, k_cache, v_cache, page_table, out, {"lengths": (lengths, lanes)})
     heads, head_dim = q.shape[1], q.shape[2]
     if page_table.shape[0] != lanes:
         raise ValueError(f"page_table has {page_table.shape[0]} lanes, q {lanes}")
@@ -322,9 +265,9 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_t
     group_pad = max(16, triton.next_power_of_2(group))  # tl.dot needs M >= 16
     _decode_segment[(lanes, kv_heads, segments)](
         q, k_cache, v_cache, page_table, lengths, partials, scale * LOG2E, max_keys,
-        *q.stride(), *_cache_strides(k_cache, v_cache, page_table), *partials.stride()[:3],
+        *q.stride(), *cache_strides(k_cache, v_cache, page_table), *partials.stride()[:3],
         PAGE_ROWS=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SHORT=short,
-        SHORT_KEYS=SHORT_KEYS, SEG=segment, WIDEN=_widen(), **_decode_config(head_dim, short),
+        SHORT_KEYS=SHORT_KEYS, SEG=segment, WIDEN=INTERPRETED, **_decode_config(head_dim, short),
         **pdl.options(q.device))
     gates = out if gate is None else gate  # not read without GATED
     _decode_merge[(lanes, heads)](partials, lengths, out, gates, max_keys, *partials.stride()[:3],
@@ -334,35 +277,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_t
     return out
 
 
-def prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
-            starts: torch.Tensor, cu_seqlens: torch.Tensor, scale: float, out: torch.Tensor, *,
-            max_rows: int | None = None) -> torch.Tensor:
-    """Causal attention of each lane's rows ``q[cu_seqlens[b]:cu_seqlens[b + 1]]`` (absolute positions
-    from ``starts[b]``) over its keys up to each row's position, into ``out``. ``max_rows`` bounds any
-    lane's rows (the grid's size); None reads it from ``cu_seqlens`` (a host sync). Returns ``out``."""
-    lanes = page_table.shape[0] if page_table.dim() == 2 else 0
-    group = _check(q, k_cache, v_cache, page_table, out,
-                   {"starts": (starts, lanes), "cu_seqlens": (cu_seqlens, lanes + 1)})
-    if max_rows is None:
-        max_rows = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if lanes else 0
-    if max_rows < 0:
-        raise ValueError(f"max_rows must be >= 0, got {max_rows}")
-    if lanes == 0 or max_rows == 0 or q.shape[0] == 0:
-        return out
-    head_dim, kv_heads = q.shape[2], k_cache.shape[2]
-    group_pad = triton.next_power_of_2(group)
-    config = _prefill_config(group_pad)
-    tiles = triton.cdiv(max_rows - 1, config["BLOCK_Q"]) + 1  # an unaligned chunk spans one more tile
-    _prefill_tile[(tiles, lanes, kv_heads)](
-        q, k_cache, v_cache, page_table, starts, cu_seqlens, out, scale * LOG2E,
-        page_table.shape[1] * k_cache.shape[1], *q.stride(), *_cache_strides(k_cache, v_cache, page_table),
-        *out.stride(), PAGE_ROWS=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
-        WIDEN=_widen(), **config, **pdl.options(q.device))
-    return out
-
-
-def _attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, last: torch.Tensor,
-            scale: float) -> torch.Tensor:
+def attend_rows(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, last: torch.Tensor,
+                scale: float) -> torch.Tensor:
     """Rows ``query`` [r, heads, d] over ``keys``/``values`` [n, kv_heads, d], row i seeing keys
     0..last[i]; fp32 throughout, cast to q's dtype."""
     kv_heads, d = keys.shape[1], keys.shape[2]
@@ -373,7 +289,8 @@ def _attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, last:
     return torch.einsum("rkgn,nkd->rkgd", weights, values.float()).reshape(query.shape).to(query.dtype)
 
 
-def _gather(cache: torch.Tensor, table: torch.Tensor, count: int) -> torch.Tensor:
+def gathered(cache: torch.Tensor, table: torch.Tensor, count: int) -> torch.Tensor:
+    """A lane's first ``count`` rows of ``cache``, in position order through its page-table row."""
     positions = torch.arange(count, device=cache.device)
     return cache[table[positions // cache.shape[1]].long(), positions % cache.shape[1]]
 
@@ -386,23 +303,8 @@ def reference_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         if length == 0:
             out[lane] = 0
             continue
-        keys, values = _gather(k_cache, page_table[lane], length), _gather(v_cache, page_table[lane], length)
+        table = page_table[lane]
+        keys, values = gathered(k_cache, table, length), gathered(v_cache, table, length)
         last = torch.tensor([length - 1], device=q.device)
-        out[lane] = _attend(q[lane:lane + 1], keys, values, last, scale)[0]
-    return out
-
-
-def reference_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
-                      starts: torch.Tensor, cu_seqlens: torch.Tensor, scale: float, out: torch.Tensor, *,
-                      max_rows: int | None = None) -> torch.Tensor:
-    """``prefill`` by torch, gathering rows through the page table (``max_rows`` unused)."""
-    bounds = cu_seqlens.tolist()
-    for lane, start in enumerate(starts.tolist()):
-        first, stop = bounds[lane], bounds[lane + 1]
-        if stop == first:
-            continue
-        end = start + stop - first
-        keys, values = _gather(k_cache, page_table[lane], end), _gather(v_cache, page_table[lane], end)
-        last = torch.arange(start, end, device=q.device)
-        out[first:stop] = _attend(q[first:stop], keys, values, last, scale)
+        out[lane] = attend_rows(q[lane:lane + 1], keys, values, last, scale)[0]
     return out

@@ -14,13 +14,8 @@ import pytest
 import torch
 
 from kernels import paged_attention, sigmoid_gate
-from kernels.paged_attention import (
-    decode,
-    partials_for,
-    prefill,
-    reference_decode,
-    reference_prefill,
-)
+from kernels.paged_attention import decode, partials_for, reference_decode
+from kernels.paged_prefill import prefill, reference_prefill
 
 HEADS, HEAD_DIM, PAGE_ROWS = 4, 32, 8
 SEGMENT = 128  # small, so lanes span several segments of two key blocks each
