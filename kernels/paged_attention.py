@@ -1,30 +1,39 @@
-"""Softmax attention of query rows over K/V rows that sit in the pool's pages, read in place.
+"""Softmax attention of one query row per lane over K/V rows that sit in the pool's pages, read in place.
 
 ``decode`` takes one query row per lane (the lane's newest token) over its first ``lengths[lane]``
-keys; ``prefill`` takes a causal chunk of rows per lane over the cached prefix and the chunk itself.
-Query head h reads kv head h // (heads // kv_heads); a kv head's query group is packed along the M
-side of ``tl.dot`` so both use tensor cores. Scores, softmax and the P @ V sums are fp32; the output
-is cast to q's dtype. ``reference_decode`` and ``reference_prefill`` are the torch references.
+keys. Query head h reads kv head h // (heads // kv_heads); a kv head's query group is packed along
+the M side of ``tl.dot`` so it uses tensor cores. Scores, softmax and the P @ V sums are fp32; the
+output is cast to q's dtype. ``reference_decode`` is the torch reference. The pieces
+``kernels.paged_prefill`` and ``kernels.sparse_attention`` share live here too: a key block's step
+of the running softmax (``attend_block``), the argument checks and the torch references' attention.
 
 Memory: K/V caches are ``[pages + 1, page_rows, kv_heads, head_dim]`` strided views into the pool
 (any strides); position p of a lane is at page ``page_table[lane, p // page_rows]``, slot
-``p % page_rows``. Each kernel reads the page-table entries and K/V rows of the keys it needs (no
-gather copy), q, and writes out. Decode also writes one fp32 partial per (lane, segment, head) into
-the caller's ``partials`` scratch (``partials_for``) and reads it back to merge.
+``p % page_rows``. Decode reads the page-table entries and K/V rows of the keys it needs (no gather
+copy) and q, writes one fp32 partial per (lane, segment, head) into the caller's ``partials``
+scratch (``partials_for``), reads them back to merge, and writes out. Folded (``MERGE_IN_SEGMENTS``)
+it also counts on the device's arrival counters (``kernels.counters``, one a (lane, kv head), zero
+between launches).
 
-Batch invariance: a decode lane's keys are cut into segments at fixed positions from 0: the first
+The merge, folded: each segment program stores its partials, then counts itself on its (lane, kv
+head)'s counter, those with no keys of their lane too; the last of the grid's segments to count
+merges every head of the kv group with the merge launch's code (``_merge_head``, the same warps),
+then rearms the counter, so a captured CUDA graph replays. ``_merge_head`` is compiled as a function
+of its own (noinline): Triton lays out its tiles from its own loads alone, where inlined into the
+segment program its partials' tile took the query's layout and summed the slots in another order.
+A program counts after a barrier and its stores (release) and the last reads the others' partials
+only after the count that saw theirs (acquire), from L2; no program waits on another, so the order
+programs start in does not matter. Unfolded, a second launch merges one (lane, head) a program; the
+bits are the same either way.
+
+Batch invariance: a lane's keys are cut into segments at fixed positions from 0: the first
 ``SHORT_KEYS`` keys into segments of ``SHORT_SEGMENT`` (so a lane of a few thousand keys still
 spreads over many programs, each a short chain of key blocks), the rest into ``SEGMENT``; and each
 segment into key blocks of a size fixed by head_dim; one program does one (lane, kv head,
 segment), and the merge sums a lane's segments in a fixed order. Nothing of that depends on the
 other lanes, the number of lanes or the page-table width, so a lane's bits are the same alone or in
-any batch. Prefill tiles query rows at fixed multiples of ``BLOCK_Q`` absolute positions and walks
-key blocks aligned at multiples of the block size from position 0, always from block 0 upwards. A
-tile may visit blocks past some of its rows' last key: those rows see only -inf scores there, so
-their running max stays, the rescale factor is exactly 1 and they add exact zeros. A row's bits thus
-depend on its absolute position and its lane's keys only, not on the chunk or the other rows.
-The grids depend on shapes (and prefill's host ``max_rows``) only: no host sync, CUDA-graph safe.
-Lengths past the page table's ``max_pages * page_rows`` keys are clamped to it on the device.
+any batch. The grids depend on shapes only: no host sync, CUDA-graph safe. Lengths past the page
+table's ``max_pages * page_rows`` keys are clamped to it on the device.
 
 In Triton's interpreter (no GPU) bf16 dot operands are widened to fp32 first, which gives the same
 products: the interpreter would otherwise multiply bf16 bit patterns as integers.
@@ -33,13 +42,13 @@ products: the interpreter would otherwise multiply bf16 bit patterns as integers
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl
+import kernels
+from kernels import INTERPRETED, pdl
 from kernels.sigmoid_gate import gated
 
 SEGMENT = 512  # keys a decode program covers: fixed, so a lane's split never depends on the batch
@@ -49,8 +58,12 @@ SEGMENT = 512  # keys a decode program covers: fixed, so a lane's split never de
 SHORT_SEGMENT = 64
 SHORT_KEYS = 4096
 STATS = 4  # partials' columns after head_dim: running max, sum of exp, two pads keeping 16-byte rows
-PREFILL_M = 128  # prefill tile rows along M: query rows x group members
 MERGE_BLOCK = 16  # segments the merge loads at once
+WARPS = 4  # a segment program's and a merge program's: the merge's layouts the same, folded or not
+# Each (lane, kv head)'s last segment program to arrive merges its group's heads (off: a merge launch
+# after the segments', measured at ~2.3 us a layer at one lane on the H200; same bits either way).
+MERGE_IN_SEGMENTS = True
+COUNTERS = 1 << 14  # (lane, kv head) pairs of one folded decode at most: 1,024 lanes of 16 kv heads
 LOG2E = math.log2(math.e)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -62,12 +75,7 @@ def _key_block(head_dim: int, segment: int) -> int:
 
 def _decode_config(head_dim: int, segment: int) -> dict[str, int]:
     """Tile and launch sizes of a decode segment; best of those timed on an H200 at 64 lanes x 8K keys."""
-    return {"BLOCK_N": _key_block(head_dim, segment), "num_warps": 4, "num_stages": 2}
-
-
-def _prefill_config(group_pad: int) -> dict[str, int]:
-    """Tile and launch sizes of a prefill tile; best of those timed on an H200 at head_dim 256."""
-    return {"BLOCK_Q": max(1, PREFILL_M // group_pad), "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+    return {"BLOCK_N": _key_block(head_dim, segment), "num_warps": WARPS, "num_stages": 2}
 
 
 @triton.jit
@@ -76,10 +84,6 @@ def _dot(a, b, acc, WIDEN: tl.constexpr):
         a = a.to(tl.float32)
         b = b.to(tl.float32)
     return tl.dot(a, b, acc, input_precision="ieee")
-
-
-def _widen() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit
@@ -132,53 +136,62 @@ def segments_for(max_keys: int, segment: int = SEGMENT) -> int:
 
 
 @triton.jit
-def _decode_segment(q, k_cache, v_cache, page_table, lengths, partials, scale_log2, max_keys,
-                    stride_qb, stride_qh, stride_qd, stride_kp, stride_ks, stride_kh, stride_kd,
+def _decode_segment(q, k_cache, v_cache, page_table, lengths, partials, out, gate, counters, scale_log2,
+                    max_keys, stride_qb, stride_qh, stride_qd, stride_kp, stride_ks, stride_kh, stride_kd,
                     stride_vp, stride_vs, stride_vh, stride_vd, stride_tb, stride_tp,
-                    stride_pb, stride_ps, stride_ph,
+                    stride_pb, stride_ps, stride_ph, stride_ob, stride_oh, stride_od, stride_gb, stride_gh,
                     PAGE_ROWS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                     HEAD_DIM: tl.constexpr, SHORT: tl.constexpr, SHORT_KEYS: tl.constexpr, SEG: tl.constexpr,
-                    BLOCK_N: tl.constexpr, WIDEN: tl.constexpr, PDL: tl.constexpr):
+                    BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, GATED: tl.constexpr, MERGE: tl.constexpr,
+                    WIDEN: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     lane = tl.program_id(0)
     kv_head = tl.program_id(1)
     segment = tl.program_id(2)
     length = tl.minimum(tl.load(lengths + lane), max_keys)
     first, end = _segment_keys(segment, length, SHORT, SHORT_KEYS, SEG)
-    if first >= length:  # the grid covers the widest lane; this segment is past this one's keys
-        return
     members = tl.arange(0, GROUP_PAD)
     dims = tl.arange(0, HEAD_DIM)
-    heads = kv_head * GROUP + members
-    query = tl.load(q + lane * stride_qb + heads[:, None] * stride_qh + dims[None, :] * stride_qd,
-                    mask=(members < GROUP)[:, None], other=0.0)
-    m_i = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
-    l_i = tl.zeros((GROUP_PAD,), tl.float32)
-    acc = tl.zeros((GROUP_PAD, HEAD_DIM), tl.float32)
-    for start in range(first, end, BLOCK_N):  # the segment's first block has a key: m_i turns finite
-        keys = start + tl.arange(0, BLOCK_N)
-        valid = keys < end
-        pages = tl.load(page_table + lane * stride_tb + (keys // PAGE_ROWS) * stride_tp, mask=valid, other=0)
-        m_i, l_i, acc = attend_block(query, k_cache, v_cache, pages, keys % PAGE_ROWS, valid,
-                                     valid[None, :], kv_head, dims, scale_log2, m_i, l_i, acc,
-                                     stride_kp, stride_ks, stride_kh, stride_kd,
-                                     stride_vp, stride_vs, stride_vh, stride_vd, WIDEN)
-    row = partials + lane * stride_pb + segment * stride_ps + heads * stride_ph
-    live = members < GROUP
-    tl.store(row[:, None] + dims[None, :], acc, mask=live[:, None])
-    tl.store(row + HEAD_DIM, m_i, mask=live)
-    tl.store(row + HEAD_DIM + 1, l_i, mask=live)
+    if first < length:  # the grid covers the widest lane; a segment past this one's keys attends nothing
+        heads = kv_head * GROUP + members
+        query = tl.load(q + lane * stride_qb + heads[:, None] * stride_qh + dims[None, :] * stride_qd,
+                        mask=(members < GROUP)[:, None], other=0.0)
+        m_i = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
+        l_i = tl.zeros((GROUP_PAD,), tl.float32)
+        acc = tl.zeros((GROUP_PAD, HEAD_DIM), tl.float32)
+        for start in range(first, end, BLOCK_N):  # the segment's first block has a key: m_i turns finite
+            keys = start + tl.arange(0, BLOCK_N)
+            valid = keys < end
+            pages = tl.load(page_table + lane * stride_tb + (keys // PAGE_ROWS) * stride_tp, mask=valid,
+                            other=0)
+            m_i, l_i, acc = attend_block(query, k_cache, v_cache, pages, keys % PAGE_ROWS, valid,
+                                         valid[None, :], kv_head, dims, scale_log2, m_i, l_i, acc,
+                                         stride_kp, stride_ks, stride_kh, stride_kd,
+                                         stride_vp, stride_vs, stride_vh, stride_vd, WIDEN)
+        row = partials + lane * stride_pb + segment * stride_ps + heads * stride_ph
+        live = members < GROUP
+        tl.store(row[:, None] + dims[None, :], acc, mask=live[:, None])
+        tl.store(row + HEAD_DIM, m_i, mask=live)
+        tl.store(row + HEAD_DIM + 1, l_i, mask=live)
+    if MERGE:  # every program of the (lane, kv head) counts, those past its keys too; the last merges
+        tl.debug_barrier()  # every thread's part of the partials is written before they are counted
+        arrivals = counters + lane * tl.num_programs(1) + kv_head
+        if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == tl.num_programs(2) - 1:
+            count = _segment_count(length, SHORT, SHORT_KEYS, SEG)
+            for member in range(GROUP):
+                _merge_head(partials, out, gate, lane, kv_head * GROUP + member, count,
+                            stride_pb, stride_ps, stride_ph, stride_ob, stride_oh, stride_od, stride_gb,
+                            stride_gh, HEAD_DIM, BLOCK_S, GATED)
+            tl.atomic_xchg(arrivals, 0, sem="relaxed", scope="gpu")  # rearmed for the next launch
 
 
-@triton.jit
-def _decode_merge(partials, lengths, out, gate, max_keys, stride_pb, stride_ps, stride_ph,
-                  stride_ob, stride_oh, stride_od, stride_gb, stride_gh,
-                  HEAD_DIM: tl.constexpr, SHORT: tl.constexpr, SHORT_KEYS: tl.constexpr, SEG: tl.constexpr,
-                  BLOCK_S: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr):
-    pdl.wait(PDL)
-    lane = tl.program_id(0)
-    head = tl.program_id(1)
-    count = _segment_count(tl.minimum(tl.load(lengths + lane), max_keys), SHORT, SHORT_KEYS, SEG)
+@triton.jit(noinline=True)  # compiled alone: its layouts, so its sums' orders, the same in both kernels
+def _merge_head(partials, out, gate, lane, head, count, stride_pb, stride_ps, stride_ph,
+                stride_ob, stride_oh, stride_od, stride_gb, stride_gh,
+                HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, GATED: tl.constexpr):
+    """A (lane, head)'s ``count`` segment partials merged in segment order, divided by their sum of
+    exp, gated with GATED, stored in out's dtype (zeros for no segments). Loads from L2: in the
+    folded form other programs of the same launch stored them."""
     base = partials + lane * stride_pb + head * stride_ph
     dims = tl.arange(0, HEAD_DIM)
     blocks = tl.arange(0, BLOCK_S)
@@ -186,18 +199,20 @@ def _decode_merge(partials, lengths, out, gate, max_keys, stride_pb, stride_ps, 
     for first in range(0, count, BLOCK_S):  # max is exact, so its order is free
         segs = first + blocks
         top = tl.maximum(top, tl.load(base + segs * stride_ps + HEAD_DIM, mask=segs < count,
-                                      other=float("-inf")))
+                                      other=float("-inf"), cache_modifier=".cg"))
     top_max = tl.max(top, 0)
     total = tl.zeros((BLOCK_S,), tl.float32)
     acc = tl.zeros((BLOCK_S, HEAD_DIM), tl.float32)
     for first in range(0, count, BLOCK_S):  # slot j sums segments j, j + BLOCK_S, ... in that order
         segs = first + blocks
         live = segs < count
-        m_s = tl.load(base + segs * stride_ps + HEAD_DIM, mask=live, other=float("-inf"))
+        m_s = tl.load(base + segs * stride_ps + HEAD_DIM, mask=live, other=float("-inf"),
+                      cache_modifier=".cg")
         weight = tl.where(live, tl.exp2(m_s - top_max), 0.0)
-        total += weight * tl.load(base + segs * stride_ps + HEAD_DIM + 1, mask=live, other=0.0)
+        total += weight * tl.load(base + segs * stride_ps + HEAD_DIM + 1, mask=live, other=0.0,
+                                  cache_modifier=".cg")
         acc += weight[:, None] * tl.load(base + segs[:, None] * stride_ps + dims[None, :],
-                                         mask=live[:, None], other=0.0)
+                                         mask=live[:, None], other=0.0, cache_modifier=".cg")
     denominator = tl.sum(total, 0)
     dtype = out.dtype.element_ty
     result = (tl.sum(acc, 0) / tl.where(denominator > 0, denominator, 1.0)).to(dtype)
@@ -207,52 +222,21 @@ def _decode_merge(partials, lengths, out, gate, max_keys, stride_pb, stride_ps, 
 
 
 @triton.jit
-def _prefill_tile(q, k_cache, v_cache, page_table, starts, cu_seqlens, out, scale_log2, max_keys,
-                  stride_qt, stride_qh, stride_qd, stride_kp, stride_ks, stride_kh, stride_kd,
-                  stride_vp, stride_vs, stride_vh, stride_vd, stride_tb, stride_tp,
-                  stride_ot, stride_oh, stride_od,
-                  PAGE_ROWS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, WIDEN: tl.constexpr,
-                  PDL: tl.constexpr):
+def _decode_merge(partials, lengths, out, gate, max_keys, stride_pb, stride_ps, stride_ph,
+                  stride_ob, stride_oh, stride_od, stride_gb, stride_gh,
+                  HEAD_DIM: tl.constexpr, SHORT: tl.constexpr, SHORT_KEYS: tl.constexpr, SEG: tl.constexpr,
+                  BLOCK_S: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
-    lane = tl.program_id(1)
-    kv_head = tl.program_id(2)
-    first_row = tl.load(cu_seqlens + lane)
-    start = tl.load(starts + lane)
-    end = tl.minimum(start + tl.load(cu_seqlens + lane + 1) - first_row, max_keys)
-    tile = start // BLOCK_Q + tl.program_id(0)  # tiles sit at multiples of BLOCK_Q absolute positions
-    if tile * BLOCK_Q >= end:
-        return
-    m = tl.arange(0, BLOCK_Q * GROUP_PAD)
-    positions = tile * BLOCK_Q + m // GROUP_PAD
-    members = m % GROUP_PAD
-    heads = kv_head * GROUP + members
-    live = (positions >= start) & (positions < end) & (members < GROUP)
-    limit = tl.minimum(positions, end - 1)  # rows outside the chunk still see key 0: no NaN anywhere
-    rows = (first_row + positions - start).to(tl.int64)
-    dims = tl.arange(0, HEAD_DIM)
-    query = tl.load(q + rows[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :] * stride_qd,
-                    mask=live[:, None], other=0.0)
-    m_i = tl.full((BLOCK_Q * GROUP_PAD,), float("-inf"), tl.float32)
-    l_i = tl.zeros((BLOCK_Q * GROUP_PAD,), tl.float32)
-    acc = tl.zeros((BLOCK_Q * GROUP_PAD, HEAD_DIM), tl.float32)
-    last = tl.minimum(tile * BLOCK_Q + BLOCK_Q, end)
-    for block in range(0, last, BLOCK_N):  # from key 0 upwards, blocks at fixed multiples
-        keys = block + tl.arange(0, BLOCK_N)
-        valid = keys < last
-        pages = tl.load(page_table + lane * stride_tb + (keys // PAGE_ROWS) * stride_tp, mask=valid, other=0)
-        seen = keys[None, :] <= limit[:, None]  # a row whose block is all hidden rescales by exactly 1
-        m_i, l_i, acc = attend_block(query, k_cache, v_cache, pages, keys % PAGE_ROWS, valid, seen, kv_head,
-                                     dims, scale_log2, m_i, l_i, acc, stride_kp, stride_ks, stride_kh,
-                                     stride_kd, stride_vp, stride_vs, stride_vh, stride_vd, WIDEN)
-    result = acc / l_i[:, None]
-    tl.store(out + rows[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :] * stride_od,
-             result.to(out.dtype.element_ty), mask=live[:, None])
+    lane = tl.program_id(0)
+    count = _segment_count(tl.minimum(tl.load(lengths + lane), max_keys), SHORT, SHORT_KEYS, SEG)
+    _merge_head(partials, out, gate, lane, tl.program_id(1), count, stride_pb, stride_ps, stride_ph,
+                stride_ob, stride_oh, stride_od, stride_gb, stride_gh, HEAD_DIM, BLOCK_S, GATED)
 
 
-def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
-           out: torch.Tensor, vectors: dict[str, tuple[torch.Tensor, int]]) -> int:
-    """Raise ValueError naming the argument at fault; return the GQA group size."""
+def checked_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+                  out: torch.Tensor, vectors: dict[str, tuple[torch.Tensor, int]]) -> int:
+    """The GQA group size of a paged attention call (decode's or prefill's): raise ValueError naming
+    the argument at fault, ``vectors`` mapping each int32 vector's name to it and its length."""
     if q.dim() != 3 or q.dtype not in DTYPES:
         raise ValueError(f"q must be [rows, heads, head_dim] of bf16/fp16/fp32, got {list(q.shape)} "
                          f"{q.dtype}")
@@ -282,8 +266,18 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_t
     return heads // k_cache.shape[2]
 
 
-def _cache_strides(k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor) -> list[int]:
+def cache_strides(k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor) -> list[int]:
+    """The strides of the caches and the page table, in the order the kernels take them."""
     return [*k_cache.stride(), *v_cache.stride(), *page_table.stride()]
+
+
+def _counters(device: torch.device, pairs: int) -> torch.Tensor:
+    """The device's arrival counters of folded decodes, one a (lane, kv head) (its last program rearms
+    it), shared by every decode on the device, which run one at a time on one stream."""
+    if pairs > COUNTERS:
+        raise ValueError(f"a folded decode of {pairs} (lane, kv head) pairs, more than the {COUNTERS} "
+                         "counted")
+    return kernels.counters("paged_attention.arrivals", COUNTERS, device)
 
 
 def partials_for(lanes: int, heads: int, head_dim: int, max_keys: int, device: torch.device | str, *,
@@ -299,12 +293,13 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_t
     """Attention of ``q`` [lanes, heads, head_dim] over each lane's first ``lengths[lane]`` keys, into
     ``out``; a lane of length 0 gets zeros. ``partials`` comes from ``partials_for``. With ``gate``
     (like q, unit last stride: attention's output gate), ``out`` is the gated output, the bits of
-    ``kernels.sigmoid_gate`` on the plain one. Returns ``out``."""
+    ``kernels.sigmoid_gate`` on the plain one. Returns ``out``. Raises ValueError naming the argument
+    at fault, or the (lane, kv head) pairs when a folded merge has more than ``COUNTERS``."""
     if gate is not None and (gate.shape != q.shape or gate.stride(2) != 1 or gate.dtype != out.dtype):
         raise ValueError(f"gate is {list(gate.shape)} {gate.dtype}: want q's shape {list(q.shape)} in "
                          f"{out.dtype}, unit last stride")
     lanes = q.shape[0] if q.dim() == 3 else -1
-    group = _check(q, k_cache, v_cache, page_table, out, {"lengths": (lengths, lanes)})
+    group = checked_group(q, k_cache, v_cache, page_table, out, {"lengths": (lengths, lanes)})
     heads, head_dim = q.shape[1], q.shape[2]
     if page_table.shape[0] != lanes:
         raise ValueError(f"page_table has {page_table.shape[0]} lanes, q {lanes}")
@@ -320,49 +315,25 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_t
                          f"{q.device} (see partials_for), got {list(partials.shape)} {partials.dtype}")
     kv_heads = k_cache.shape[2]
     group_pad = max(16, triton.next_power_of_2(group))  # tl.dot needs M >= 16
-    _decode_segment[(lanes, kv_heads, segments)](
-        q, k_cache, v_cache, page_table, lengths, partials, scale * LOG2E, max_keys,
-        *q.stride(), *_cache_strides(k_cache, v_cache, page_table), *partials.stride()[:3],
-        PAGE_ROWS=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SHORT=short,
-        SHORT_KEYS=SHORT_KEYS, SEG=segment, WIDEN=_widen(), **_decode_config(head_dim, short),
-        **pdl.options(q.device))
+    merge_here = MERGE_IN_SEGMENTS
+    counters = _counters(q.device, lanes * kv_heads) if merge_here else lengths  # not read unfolded
     gates = out if gate is None else gate  # not read without GATED
-    _decode_merge[(lanes, heads)](partials, lengths, out, gates, max_keys, *partials.stride()[:3],
-                                  *out.stride(), gates.stride(0), gates.stride(1), HEAD_DIM=head_dim,
-                                  SHORT=short, SHORT_KEYS=SHORT_KEYS, SEG=segment, BLOCK_S=MERGE_BLOCK,
-                                  GATED=gate is not None, num_warps=4, **pdl.options(out.device))
+    merging = {"HEAD_DIM": head_dim, "SHORT": short, "SHORT_KEYS": SHORT_KEYS, "SEG": segment,
+               "BLOCK_S": MERGE_BLOCK, "GATED": gate is not None, **pdl.options(q.device)}
+    _decode_segment[(lanes, kv_heads, segments)](
+        q, k_cache, v_cache, page_table, lengths, partials, out, gates, counters, scale * LOG2E, max_keys,
+        *q.stride(), *cache_strides(k_cache, v_cache, page_table), *partials.stride()[:3], *out.stride(),
+        gates.stride(0), gates.stride(1), PAGE_ROWS=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad,
+        MERGE=merge_here, WIDEN=INTERPRETED, **merging, **_decode_config(head_dim, short))
+    if not merge_here:
+        _decode_merge[(lanes, heads)](partials, lengths, out, gates, max_keys, *partials.stride()[:3],
+                                      *out.stride(), gates.stride(0), gates.stride(1), **merging,
+                                      num_warps=WARPS)
     return out
 
 
-def prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
-            starts: torch.Tensor, cu_seqlens: torch.Tensor, scale: float, out: torch.Tensor, *,
-            max_rows: int | None = None) -> torch.Tensor:
-    """Causal attention of each lane's rows ``q[cu_seqlens[b]:cu_seqlens[b + 1]]`` (absolute positions
-    from ``starts[b]``) over its keys up to each row's position, into ``out``. ``max_rows`` bounds any
-    lane's rows (the grid's size); None reads it from ``cu_seqlens`` (a host sync). Returns ``out``."""
-    lanes = page_table.shape[0] if page_table.dim() == 2 else 0
-    group = _check(q, k_cache, v_cache, page_table, out,
-                   {"starts": (starts, lanes), "cu_seqlens": (cu_seqlens, lanes + 1)})
-    if max_rows is None:
-        max_rows = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if lanes else 0
-    if max_rows < 0:
-        raise ValueError(f"max_rows must be >= 0, got {max_rows}")
-    if lanes == 0 or max_rows == 0 or q.shape[0] == 0:
-        return out
-    head_dim, kv_heads = q.shape[2], k_cache.shape[2]
-    group_pad = triton.next_power_of_2(group)
-    config = _prefill_config(group_pad)
-    tiles = triton.cdiv(max_rows - 1, config["BLOCK_Q"]) + 1  # an unaligned chunk spans one more tile
-    _prefill_tile[(tiles, lanes, kv_heads)](
-        q, k_cache, v_cache, page_table, starts, cu_seqlens, out, scale * LOG2E,
-        page_table.shape[1] * k_cache.shape[1], *q.stride(), *_cache_strides(k_cache, v_cache, page_table),
-        *out.stride(), PAGE_ROWS=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
-        WIDEN=_widen(), **config, **pdl.options(q.device))
-    return out
-
-
-def _attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, last: torch.Tensor,
-            scale: float) -> torch.Tensor:
+def attend_rows(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, last: torch.Tensor,
+                scale: float) -> torch.Tensor:
     """Rows ``query`` [r, heads, d] over ``keys``/``values`` [n, kv_heads, d], row i seeing keys
     0..last[i]; fp32 throughout, cast to q's dtype."""
     kv_heads, d = keys.shape[1], keys.shape[2]
@@ -373,7 +344,8 @@ def _attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, last:
     return torch.einsum("rkgn,nkd->rkgd", weights, values.float()).reshape(query.shape).to(query.dtype)
 
 
-def _gather(cache: torch.Tensor, table: torch.Tensor, count: int) -> torch.Tensor:
+def gathered(cache: torch.Tensor, table: torch.Tensor, count: int) -> torch.Tensor:
+    """A lane's first ``count`` rows of ``cache``, in position order through its page-table row."""
     positions = torch.arange(count, device=cache.device)
     return cache[table[positions // cache.shape[1]].long(), positions % cache.shape[1]]
 
@@ -386,23 +358,8 @@ def reference_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         if length == 0:
             out[lane] = 0
             continue
-        keys, values = _gather(k_cache, page_table[lane], length), _gather(v_cache, page_table[lane], length)
+        table = page_table[lane]
+        keys, values = gathered(k_cache, table, length), gathered(v_cache, table, length)
         last = torch.tensor([length - 1], device=q.device)
-        out[lane] = _attend(q[lane:lane + 1], keys, values, last, scale)[0]
-    return out
-
-
-def reference_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
-                      starts: torch.Tensor, cu_seqlens: torch.Tensor, scale: float, out: torch.Tensor, *,
-                      max_rows: int | None = None) -> torch.Tensor:
-    """``prefill`` by torch, gathering rows through the page table (``max_rows`` unused)."""
-    bounds = cu_seqlens.tolist()
-    for lane, start in enumerate(starts.tolist()):
-        first, stop = bounds[lane], bounds[lane + 1]
-        if stop == first:
-            continue
-        end = start + stop - first
-        keys, values = _gather(k_cache, page_table[lane], end), _gather(v_cache, page_table[lane], end)
-        last = torch.arange(start, end, device=q.device)
-        out[first:stop] = _attend(q[first:stop], keys, values, last, scale)
+        out[lane] = attend_rows(q[lane:lane + 1], keys, values, last, scale)[0]
     return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kernels import cache_write, paged_attention, sparse_attention
+from kernels import cache_write, paged_attention, paged_prefill, sparse_attention
 from kernels import rope as rope_kernel
 from tfd.model.memory import PageRows, PromptLanes, Span
 from tfd.model.ops import linear, sigmoid_gate, zrms
@@ -116,8 +116,8 @@ def attention_spans(w: AttentionWeights, x: torch.Tensor, lanes: PromptLanes, ke
     keys[lanes.pages, lanes.slots] = p.key.to(keys.dtype)
     values[lanes.pages, lanes.slots] = p.value.to(values.dtype)
     out = torch.empty_like(p.query)
-    paged_attention.prefill(p.query, keys, values, lanes.page_table, lanes.starts, lanes.cu_seqlens,
-                            w.head_dim ** -0.5, out, max_rows=lanes.max_rows)
+    paged_prefill.prefill(p.query, keys, values, lanes.page_table, lanes.starts, lanes.cu_seqlens,
+                          w.head_dim ** -0.5, out, max_rows=lanes.max_rows)
     return finish(w, out, p.gate)
 
 
@@ -158,8 +158,8 @@ def attention(w: AttentionWeights, x: torch.Tensor, span: Span, rows: PageRows, 
         out = torch.empty_like(query)
         bounds = torch.tensor([0, count], dtype=torch.int32, device=x.device)
         starts = torch.tensor([span.start], dtype=torch.int32, device=x.device)
-        paged_attention.prefill(query, rows.views[f"{layer}.k"], rows.views[f"{layer}.v"],
-                                span.lane.page_table[None], starts, bounds, d ** -0.5, out, max_rows=count)
+        paged_prefill.prefill(query, rows.views[f"{layer}.k"], rows.views[f"{layer}.v"],
+                              span.lane.page_table[None], starts, bounds, d ** -0.5, out, max_rows=count)
         return finish(w, out, p.gate)
     if w.indexer is not None:  # QSA: each row over its chosen positions, read in place (CUDA) or gathered
         chosen_at, counts = select_positions(w.indexer, x, span, rows, layer, rotary, cos, sin)
