@@ -11,20 +11,7 @@ Memory: K/V caches are ``[pages + 1, page_rows, kv_heads, head_dim]`` strided vi
 (any strides); position p of a lane is at page ``page_table[lane, p // page_rows]``, slot
 ``p % page_rows``. Decode reads the page-table entries and K/V rows of the keys it needs (no gather
 copy) and q, writes one fp32 partial per (lane, segment, head) into the caller's ``partials``
-scratch (``partials_for``), reads them back to merge, and writes out. Folded (``MERGE_IN_SEGMENTS``)
-it also counts on the device's arrival counters (``kernels.counters``, one a (lane, kv head), zero
-between launches).
-
-The merge, folded: each segment program stores its partials, then counts itself on its (lane, kv
-head)'s counter, those with no keys of their lane too; the last of the grid's segments to count
-merges every head of the kv group with the merge launch's code (``_merge_head``, the same warps),
-then rearms the counter, so a captured CUDA graph replays. ``_merge_head`` is compiled as a function
-of its own (noinline): Triton lays out its tiles from its own loads alone, where inlined into the
-segment program its partials' tile took the query's layout and summed the slots in another order.
-A program counts after a barrier and its stores (release) and the last reads the others' partials
-only after the count that saw theirs (acquire), from L2; no program waits on another, so the order
-programs start in does not matter. Unfolded, a second launch merges one (lane, head) a program; the
-bits are the same either way.
+scratch (``partials_for``), reads them back to merge, and writes out.
 
 Batch invariance: a lane's keys are cut into segments at fixed positions from 0: the first
 ``SHORT_KEYS`` keys into segments of ``SHORT_SEGMENT`` (so a lane of a few thousand keys still
@@ -47,7 +34,6 @@ import torch
 import triton
 import triton.language as tl
 
-import kernels
 from kernels import INTERPRETED, pdl
 from kernels.sigmoid_gate import gated
 
@@ -59,11 +45,6 @@ SHORT_SEGMENT = 64
 SHORT_KEYS = 4096
 STATS = 4  # partials' columns after head_dim: running max, sum of exp, two pads keeping 16-byte rows
 MERGE_BLOCK = 16  # segments the merge loads at once
-WARPS = 4  # a segment program's and a merge program's: the merge's layouts the same, folded or not
-# Each (lane, kv head)'s last segment program to arrive merges its group's heads (off: a merge launch
-# after the segments', measured at ~2.3 us a layer at one lane on the H200; same bits either way).
-MERGE_IN_SEGMENTS = True
-COUNTERS = 1 << 14  # (lane, kv head) pairs of one folded decode at most: 1,024 lanes of 16 kv heads
 LOG2E = math.log2(math.e)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -75,7 +56,7 @@ def _key_block(head_dim: int, segment: int) -> int:
 
 def _decode_config(head_dim: int, segment: int) -> dict[str, int]:
     """Tile and launch sizes of a decode segment; best of those timed on an H200 at 64 lanes x 8K keys."""
-    return {"BLOCK_N": _key_block(head_dim, segment), "num_warps": WARPS, "num_stages": 2}
+    return {"BLOCK_N": _key_block(head_dim, segment), "num_warps": 4, "num_stages": 2}
 
 
 @triton.jit
@@ -136,89 +117,42 @@ def segments_for(max_keys: int, segment: int = SEGMENT) -> int:
 
 
 @triton.jit
-def _decode_segment(q, k_cache, v_cache, page_table, lengths, partials, out, gate, counters, scale_log2,
-                    max_keys, stride_qb, stride_qh, stride_qd, stride_kp, stride_ks, stride_kh, stride_kd,
+def _decode_segment(q, k_cache, v_cache, page_table, lengths, partials, scale_log2, max_keys,
+                    stride_qb, stride_qh, stride_qd, stride_kp, stride_ks, stride_kh, stride_kd,
                     stride_vp, stride_vs, stride_vh, stride_vd, stride_tb, stride_tp,
-                    stride_pb, stride_ps, stride_ph, stride_ob, stride_oh, stride_od, stride_gb, stride_gh,
+                    stride_pb, stride_ps, stride_ph,
                     PAGE_ROWS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                     HEAD_DIM: tl.constexpr, SHORT: tl.constexpr, SHORT_KEYS: tl.constexpr, SEG: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, GATED: tl.constexpr, MERGE: tl.constexpr,
-                    WIDEN: tl.constexpr, PDL: tl.constexpr):
+                    BLOCK_N: tl.constexpr, WIDEN: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     lane = tl.program_id(0)
     kv_head = tl.program_id(1)
     segment = tl.program_id(2)
     length = tl.minimum(tl.load(lengths + lane), max_keys)
     first, end = _segment_keys(segment, length, SHORT, SHORT_KEYS, SEG)
+    if first >= length:  # the grid covers the widest lane; this segment is past this one's keys
+        return
     members = tl.arange(0, GROUP_PAD)
     dims = tl.arange(0, HEAD_DIM)
-    if first < length:  # the grid covers the widest lane; a segment past this one's keys attends nothing
-        heads = kv_head * GROUP + members
-        query = tl.load(q + lane * stride_qb + heads[:, None] * stride_qh + dims[None, :] * stride_qd,
-                        mask=(members < GROUP)[:, None], other=0.0)
-        m_i = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
-        l_i = tl.zeros((GROUP_PAD,), tl.float32)
-        acc = tl.zeros((GROUP_PAD, HEAD_DIM), tl.float32)
-        for start in range(first, end, BLOCK_N):  # the segment's first block has a key: m_i turns finite
-            keys = start + tl.arange(0, BLOCK_N)
-            valid = keys < end
-            pages = tl.load(page_table + lane * stride_tb + (keys // PAGE_ROWS) * stride_tp, mask=valid,
-                            other=0)
-            m_i, l_i, acc = attend_block(query, k_cache, v_cache, pages, keys % PAGE_ROWS, valid,
-                                         valid[None, :], kv_head, dims, scale_log2, m_i, l_i, acc,
-                                         stride_kp, stride_ks, stride_kh, stride_kd,
-                                         stride_vp, stride_vs, stride_vh, stride_vd, WIDEN)
-        row = partials + lane * stride_pb + segment * stride_ps + heads * stride_ph
-        live = members < GROUP
-        tl.store(row[:, None] + dims[None, :], acc, mask=live[:, None])
-        tl.store(row + HEAD_DIM, m_i, mask=live)
-        tl.store(row + HEAD_DIM + 1, l_i, mask=live)
-    if MERGE:  # every program of the (lane, kv head) counts, those past its keys too; the last merges
-        tl.debug_barrier()  # every thread's part of the partials is written before they are counted
-        arrivals = counters + lane * tl.num_programs(1) + kv_head
-        if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == tl.num_programs(2) - 1:
-            count = _segment_count(length, SHORT, SHORT_KEYS, SEG)
-            for member in range(GROUP):
-                _merge_head(partials, out, gate, lane, kv_head * GROUP + member, count,
-                            stride_pb, stride_ps, stride_ph, stride_ob, stride_oh, stride_od, stride_gb,
-                            stride_gh, HEAD_DIM, BLOCK_S, GATED)
-            tl.atomic_xchg(arrivals, 0, sem="relaxed", scope="gpu")  # rearmed for the next launch
-
-
-@triton.jit(noinline=True)  # compiled alone: its layouts, so its sums' orders, the same in both kernels
-def _merge_head(partials, out, gate, lane, head, count, stride_pb, stride_ps, stride_ph,
-                stride_ob, stride_oh, stride_od, stride_gb, stride_gh,
-                HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, GATED: tl.constexpr):
-    """A (lane, head)'s ``count`` segment partials merged in segment order, divided by their sum of
-    exp, gated with GATED, stored in out's dtype (zeros for no segments). Loads from L2: in the
-    folded form other programs of the same launch stored them."""
-    base = partials + lane * stride_pb + head * stride_ph
-    dims = tl.arange(0, HEAD_DIM)
-    blocks = tl.arange(0, BLOCK_S)
-    top = tl.full((BLOCK_S,), float("-inf"), tl.float32)
-    for first in range(0, count, BLOCK_S):  # max is exact, so its order is free
-        segs = first + blocks
-        top = tl.maximum(top, tl.load(base + segs * stride_ps + HEAD_DIM, mask=segs < count,
-                                      other=float("-inf"), cache_modifier=".cg"))
-    top_max = tl.max(top, 0)
-    total = tl.zeros((BLOCK_S,), tl.float32)
-    acc = tl.zeros((BLOCK_S, HEAD_DIM), tl.float32)
-    for first in range(0, count, BLOCK_S):  # slot j sums segments j, j + BLOCK_S, ... in that order
-        segs = first + blocks
-        live = segs < count
-        m_s = tl.load(base + segs * stride_ps + HEAD_DIM, mask=live, other=float("-inf"),
-                      cache_modifier=".cg")
-        weight = tl.where(live, tl.exp2(m_s - top_max), 0.0)
-        total += weight * tl.load(base + segs * stride_ps + HEAD_DIM + 1, mask=live, other=0.0,
-                                  cache_modifier=".cg")
-        acc += weight[:, None] * tl.load(base + segs[:, None] * stride_ps + dims[None, :],
-                                         mask=live[:, None], other=0.0, cache_modifier=".cg")
-    denominator = tl.sum(total, 0)
-    dtype = out.dtype.element_ty
-    result = (tl.sum(acc, 0) / tl.where(denominator > 0, denominator, 1.0)).to(dtype)
-    if GATED:  # attention's output gate, rounded as kernels.sigmoid_gate rounds it
-        result = gated(result, tl.load(gate + lane * stride_gb + head * stride_gh + dims), dtype)
-    tl.store(out + lane * stride_ob + head * stride_oh + dims * stride_od, result)  # padding lanes: zeros
+    heads = kv_head * GROUP + members
+    query = tl.load(q + lane * stride_qb + heads[:, None] * stride_qh + dims[None, :] * stride_qd,
+                    mask=(members < GROUP)[:, None], other=0.0)
+    m_i = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
+    l_i = tl.zeros((GROUP_PAD,), tl.float32)
+    acc = tl.zeros((GROUP_PAD, HEAD_DIM), tl.float32)
+    for start in range(first, end, BLOCK_N):  # the segment's first block has a key: m_i turns finite
+        keys = start + tl.arange(0, BLOCK_N)
+        valid = keys < end
+        pages = tl.load(page_table + lane * stride_tb + (keys // PAGE_ROWS) * stride_tp, mask=valid, other=0)
+        m_i, l_i, acc = attend_block(query, k_cache, v_cache, pages, keys % PAGE_ROWS, valid,
+                                     valid[None, :], kv_head, dims, scale_log2, m_i, l_i, acc,
+                                     stride_kp, stride_ks, stride_kh, stride_kd,
+                                     stride_vp, stride_vs, stride_vh, stride_vd, WIDEN)
+    row = partials + lane * stride_pb + segment * stride_ps + heads * stride_ph
+    live = members < GROUP
+    tl.store(row[:, None] + dims[None, :], acc, mask=live[:, None])
+    tl.store(row + HEAD_DIM, m_i, mask=live)
+    tl.store(row + HEAD_DIM + 1, l_i, mask=live)
 
 
 @triton.jit
@@ -228,9 +162,33 @@ def _decode_merge(partials, lengths, out, gate, max_keys, stride_pb, stride_ps, 
                   BLOCK_S: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     lane = tl.program_id(0)
+    head = tl.program_id(1)
     count = _segment_count(tl.minimum(tl.load(lengths + lane), max_keys), SHORT, SHORT_KEYS, SEG)
-    _merge_head(partials, out, gate, lane, tl.program_id(1), count, stride_pb, stride_ps, stride_ph,
-                stride_ob, stride_oh, stride_od, stride_gb, stride_gh, HEAD_DIM, BLOCK_S, GATED)
+    base = partials + lane * stride_pb + head * stride_ph
+    dims = tl.arange(0, HEAD_DIM)
+    blocks = tl.arange(0, BLOCK_S)
+    top = tl.full((BLOCK_S,), float("-inf"), tl.float32)
+    for first in range(0, count, BLOCK_S):  # max is exact, so its order is free
+        segs = first + blocks
+        top = tl.maximum(top, tl.load(base + segs * stride_ps + HEAD_DIM, mask=segs < count,
+                                      other=float("-inf")))
+    top_max = tl.max(top, 0)
+    total = tl.zeros((BLOCK_S,), tl.float32)
+    acc = tl.zeros((BLOCK_S, HEAD_DIM), tl.float32)
+    for first in range(0, count, BLOCK_S):  # slot j sums segments j, j + BLOCK_S, ... in that order
+        segs = first + blocks
+        live = segs < count
+        m_s = tl.load(base + segs * stride_ps + HEAD_DIM, mask=live, other=float("-inf"))
+        weight = tl.where(live, tl.exp2(m_s - top_max), 0.0)
+        total += weight * tl.load(base + segs * stride_ps + HEAD_DIM + 1, mask=live, other=0.0)
+        acc += weight[:, None] * tl.load(base + segs[:, None] * stride_ps + dims[None, :],
+                                         mask=live[:, None], other=0.0)
+    denominator = tl.sum(total, 0)
+    dtype = out.dtype.element_ty
+    result = (tl.sum(acc, 0) / tl.where(denominator > 0, denominator, 1.0)).to(dtype)
+    if GATED:  # attention's output gate, rounded as kernels.sigmoid_gate rounds it
+        result = gated(result, tl.load(gate + lane * stride_gb + head * stride_gh + dims), dtype)
+    tl.store(out + lane * stride_ob + head * stride_oh + dims * stride_od, result)  # padding lanes: zeros
 
 
 def checked_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
@@ -271,15 +229,6 @@ def cache_strides(k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torc
     return [*k_cache.stride(), *v_cache.stride(), *page_table.stride()]
 
 
-def _counters(device: torch.device, pairs: int) -> torch.Tensor:
-    """The device's arrival counters of folded decodes, one a (lane, kv head) (its last program rearms
-    it), shared by every decode on the device, which run one at a time on one stream."""
-    if pairs > COUNTERS:
-        raise ValueError(f"a folded decode of {pairs} (lane, kv head) pairs, more than the {COUNTERS} "
-                         "counted")
-    return kernels.counters("paged_attention.arrivals", COUNTERS, device)
-
-
 def partials_for(lanes: int, heads: int, head_dim: int, max_keys: int, device: torch.device | str, *,
                  segment: int = SEGMENT) -> torch.Tensor:
     """Decode's fp32 scratch for ``lanes`` lanes of at most ``max_keys`` keys (pages x page_rows)."""
@@ -293,8 +242,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_t
     """Attention of ``q`` [lanes, heads, head_dim] over each lane's first ``lengths[lane]`` keys, into
     ``out``; a lane of length 0 gets zeros. ``partials`` comes from ``partials_for``. With ``gate``
     (like q, unit last stride: attention's output gate), ``out`` is the gated output, the bits of
-    ``kernels.sigmoid_gate`` on the plain one. Returns ``out``. Raises ValueError naming the argument
-    at fault, or the (lane, kv head) pairs when a folded merge has more than ``COUNTERS``."""
+    ``kernels.sigmoid_gate`` on the plain one. Returns ``out``."""
     if gate is not None and (gate.shape != q.shape or gate.stride(2) != 1 or gate.dtype != out.dtype):
         raise ValueError(f"gate is {list(gate.shape)} {gate.dtype}: want q's shape {list(q.shape)} in "
                          f"{out.dtype}, unit last stride")
@@ -315,20 +263,17 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_t
                          f"{q.device} (see partials_for), got {list(partials.shape)} {partials.dtype}")
     kv_heads = k_cache.shape[2]
     group_pad = max(16, triton.next_power_of_2(group))  # tl.dot needs M >= 16
-    merge_here = MERGE_IN_SEGMENTS
-    counters = _counters(q.device, lanes * kv_heads) if merge_here else lengths  # not read unfolded
-    gates = out if gate is None else gate  # not read without GATED
-    merging = {"HEAD_DIM": head_dim, "SHORT": short, "SHORT_KEYS": SHORT_KEYS, "SEG": segment,
-               "BLOCK_S": MERGE_BLOCK, "GATED": gate is not None, **pdl.options(q.device)}
     _decode_segment[(lanes, kv_heads, segments)](
-        q, k_cache, v_cache, page_table, lengths, partials, out, gates, counters, scale * LOG2E, max_keys,
-        *q.stride(), *cache_strides(k_cache, v_cache, page_table), *partials.stride()[:3], *out.stride(),
-        gates.stride(0), gates.stride(1), PAGE_ROWS=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad,
-        MERGE=merge_here, WIDEN=INTERPRETED, **merging, **_decode_config(head_dim, short))
-    if not merge_here:
-        _decode_merge[(lanes, heads)](partials, lengths, out, gates, max_keys, *partials.stride()[:3],
-                                      *out.stride(), gates.stride(0), gates.stride(1), **merging,
-                                      num_warps=WARPS)
+        q, k_cache, v_cache, page_table, lengths, partials, scale * LOG2E, max_keys,
+        *q.stride(), *cache_strides(k_cache, v_cache, page_table), *partials.stride()[:3],
+        PAGE_ROWS=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SHORT=short,
+        SHORT_KEYS=SHORT_KEYS, SEG=segment, WIDEN=INTERPRETED, **_decode_config(head_dim, short),
+        **pdl.options(q.device))
+    gates = out if gate is None else gate  # not read without GATED
+    _decode_merge[(lanes, heads)](partials, lengths, out, gates, max_keys, *partials.stride()[:3],
+                                  *out.stride(), gates.stride(0), gates.stride(1), HEAD_DIM=head_dim,
+                                  SHORT=short, SHORT_KEYS=SHORT_KEYS, SEG=segment, BLOCK_S=MERGE_BLOCK,
+                                  GATED=gate is not None, num_warps=4, **pdl.options(out.device))
     return out
 
 

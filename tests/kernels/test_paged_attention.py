@@ -66,19 +66,6 @@ def run_decode(q: torch.Tensor, c: Paged, lengths: list[int], *, segment: int = 
     return decode(q, c.k, c.v, table, length, c.scale, torch.empty_like(q), partials, segment=segment)
 
 
-def decode_merged(monkeypatch: pytest.MonkeyPatch, q: torch.Tensor, c: Paged, lengths: list[int], *,
-                  in_segments: bool, gate: torch.Tensor | None = None,
-                  segment: int = SEGMENT) -> torch.Tensor:
-    """``decode`` with its merge folded into the segment launch or in a launch of its own, into an out
-    of NaNs (a head nobody merged stays NaN)."""
-    monkeypatch.setattr(paged_attention, "MERGE_IN_SEGMENTS", in_segments)
-    partials = partials_for(q.shape[0], q.shape[1], q.shape[2], c.table.shape[1] * c.k.shape[1], q.device,
-                            segment=segment)
-    length = torch.tensor(lengths, dtype=torch.int32, device=q.device)
-    return decode(q, c.k, c.v, c.table, length, c.scale, torch.full_like(q, float("nan")), partials,
-                  segment=segment, gate=gate)
-
-
 def ref_decode(q: torch.Tensor, c: Paged, lengths: list[int]) -> torch.Tensor:
     length = torch.tensor(lengths, dtype=torch.int32, device=q.device)
     return reference_decode(q, c.k, c.v, c.table, length, c.scale, torch.empty_like(q))
@@ -155,36 +142,6 @@ def test_decode_short_segments_then_long_ones(monkeypatch: pytest.MonkeyPatch, d
     for lane in (0, 4, 5):
         alone = run_decode(q[lane:lane + 1], c, [LENGTHS[lane]], table=c.table[lane:lane + 1])
         assert torch.equal(alone[0], got[lane])
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("gated", [False, True])
-def test_decode_merged_in_the_segment_launch_is_the_merge_launch(monkeypatch: pytest.MonkeyPatch,
-                                                                 dtype: torch.dtype, gated: bool) -> None:
-    # keys 0-255 in segments of 64, then of 128: a grid of 5 segments, of which the lanes use 0 to 5
-    monkeypatch.setattr(paged_attention, "SHORT_KEYS", 256)
-    c = paged(LENGTHS, kv_heads=2, dtype=dtype)  # two query heads a kv head
-    for seed in (5, 6):  # a second launch finds the counters rearmed by the first
-        q_gate = queries(len(LENGTHS), dtype, head_dim=2 * HEAD_DIM, seed=seed)  # per head [query | gate]
-        q, gate = q_gate[..., :HEAD_DIM], (q_gate[..., HEAD_DIM:] if gated else None)
-        apart = decode_merged(monkeypatch, q, c, LENGTHS, in_segments=False, gate=gate)
-        folded = decode_merged(monkeypatch, q, c, LENGTHS, in_segments=True, gate=gate)
-        assert torch.equal(folded, apart)
-        assert not paged_attention._counters(q.device, 0).any()  # each (lane, kv head)'s last rearmed it
-    want = ref_decode(q, c, LENGTHS)
-    if gate is not None:
-        want = (want.float() * torch.sigmoid(gate.float())).to(dtype)
-    torch.testing.assert_close(folded, want, **TOLERANCE[dtype])
-    assert torch.equal(folded[1], torch.zeros_like(folded[1]))  # the padding lane
-
-
-def test_decode_refuses_more_lanes_and_kv_heads_than_it_counts(monkeypatch: pytest.MonkeyPatch) -> None:
-    c = paged(LENGTHS, kv_heads=2, dtype=torch.float32)
-    q = queries(len(LENGTHS), torch.float32)
-    monkeypatch.setattr(paged_attention, "COUNTERS", 2 * len(LENGTHS) - 1)
-    with pytest.raises(ValueError, match="of 12 \\(lane, kv head\\) pairs"):
-        decode_merged(monkeypatch, q, c, LENGTHS, in_segments=True)
-    assert not decode_merged(monkeypatch, q, c, LENGTHS, in_segments=False).isnan().any()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -275,40 +232,6 @@ def test_decode_real_sizes_on_gpu(heads: int, kv_heads: int, page_rows: int) -> 
     for lane in (0, 3):
         alone = run_decode(q[lane:lane + 1], c, [lengths[lane]], segment=512, table=c.table[lane:lane + 1])
         assert torch.equal(alone[0], batch[lane])
-
-
-@pytest.mark.gpu
-def test_decode_merged_in_the_segment_launch_is_the_merge_launch_on_gpu(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    lengths = [4_999, 0, 1, 4_096, 64, 4_097, 2_000, 513]  # 66 segments in the grid: short ones, then long
-    c = paged(lengths, kv_heads=2, dtype=torch.bfloat16, heads=16, head_dim=256, page_rows=64,
-              max_pages=5_120 // 64, device="cuda")
-    q_gate = queries(len(lengths), torch.bfloat16, heads=16, head_dim=512, device="cuda")
-    q, gate = q_gate[..., :256], q_gate[..., 256:]
-    for lanes in (1, 2, 5, 8):
-        lane_c = attrs.evolve(c, table=c.table[:lanes])
-        for maybe_gate in (None, gate[:lanes]):
-            apart = decode_merged(monkeypatch, q[:lanes], lane_c, lengths[:lanes], in_segments=False,
-                                  gate=maybe_gate, segment=512)
-            folded = decode_merged(monkeypatch, q[:lanes], lane_c, lengths[:lanes], in_segments=True,
-                                   gate=maybe_gate, segment=512)
-            assert torch.equal(folded, apart)
-    # a captured folded decode replays new queries and lengths twice, its counters rearmed each time
-    partials = partials_for(8, 16, 256, c.table.shape[1] * c.k.shape[1], q.device, segment=512)
-    length = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-    out = torch.empty_like(q)
-    monkeypatch.setattr(paged_attention, "MERGE_IN_SEGMENTS", True)  # compiled above, at 8 lanes
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        decode(q, c.k, c.v, c.table, length, c.scale, out, partials, segment=512, gate=gate)
-    for seed, shifted in ((7, [5_000, 3, 0, 4_095, 65, 4_098, 1_999, 512]), (8, lengths)):
-        fresh = queries(8, torch.bfloat16, heads=16, head_dim=512, device="cuda", seed=seed)
-        q_gate.copy_(fresh)
-        length.copy_(torch.tensor(shifted, dtype=torch.int32))
-        out.fill_(float("nan"))
-        graph.replay()
-        want = decode_merged(monkeypatch, q, c, shifted, in_segments=False, gate=gate, segment=512)
-        assert torch.equal(out, want)
 
 
 @pytest.mark.gpu
