@@ -5,11 +5,13 @@ The launch's first programs make the router's product when it is given (``kernel
 segments and order, in ``ROUTER_N``-column tiles; each program stores its fp32 partial and counts
 it), then come the gate/up programs (a tile's expert by ``kernels.moe_plan.chosen_tile_of``, the
 router's choice each makes for itself once every partial is stored, from the partials summed in
-segment order and rounded as the logits: ``FROM_PARTIALS``), then the down programs. A down program makes the
-same choice, so it knows its expert's weights and its pair's weight without reading anything else
-the launch writes; it waits on its tile's ready counter (one arrival a gate/up program of the tile)
-before it reads h from L2, its weights (four K steps) already asked for. The shared expert's
-programs come first and make no choice, so they read while the router's product runs.
+segment order and rounded as the logits: ``FROM_PARTIALS``), then the down programs. A routed down
+program takes its tile's expert and pair weight from the tile's first gate/up program, which publishes
+them behind a flag once chosen (``DOWN_TAKES_CHOICE``; off, it makes the same choice itself, a third
+more programs choosing on the same multiprocessors); it waits on its tile's ready counter (one
+arrival a gate/up program of the tile) before it reads h from L2, its weights (four K steps) already
+asked for. The shared expert's programs come first and make no choice, so they read while the
+router's product runs (``SHARED_DOWN_LAST`` puts its down programs last instead).
 
 The finish is spread (``SPREAD_FINISH``, ``kernels.moe_sum.finish_spread``): the last down program
 of each column block to arrive (a counter a block) sums the block's ranks in order, adds the shared
@@ -46,6 +48,14 @@ ROUTER_TILES = 32  # column tiles of the router's product at most, when it runs 
 ROUTER_N = 32
 # The shared expert's programs first, not waiting for the router's choice (off: in rank order, after it).
 SHARED_FIRST = True
+# With SHARED_FIRST, the shared expert's down programs last all the same (off: first). On, the programs
+# that start late (468 programs, 396 resident) are the shared expert's downs, whose outputs every column
+# block's finish needs: 35B-A3B one stream 2.7098 ms against 2.6689 with both flags off (H200).
+SHARED_DOWN_LAST = False
+# A routed down program takes its tile's choice from the tile's first gate/up program (its expert and
+# weight, published behind a flag) instead of making it: the choosing programs share their multiprocessors
+# with a third as many choosing beside them (off: every down program chooses too; same bits).
+DOWN_TAKES_CHOICE = True
 # A down program asks for its weights (four K steps) before it waits for h; off, it reads them after.
 PRELOAD_DOWN = True
 # Each column block's last down program sums its columns, the last of those normalises (off: the last
@@ -133,9 +143,10 @@ def _tile_first(index, K: tl.constexpr, TILES: tl.constexpr, SHARED_FIRST: tl.co
 
 @triton.jit
 def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids, weights, pair_at, dest_at,
-             tile_expert, ready, arrivals, blocks, gate, residual, total, out, norm_weight, experts, hidden,
-             inner, shared_inner, width, stride_ge, stride_gn, stride_gs, stride_de, stride_dn, stride_ds,
-             stride_g, eps, router_w, partials, router_counters, router_n, router_k_per_segment,
+             tile_expert, tile_weight, chosen, ready, arrivals, blocks, gate, residual, total, out,
+             norm_weight, experts, hidden, inner, shared_inner, width, stride_ge, stride_gn, stride_gs,
+             stride_de, stride_dn, stride_ds, stride_g, eps, router_w, partials, router_counters, router_n,
+             router_k_per_segment,
              K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, SLOTS: tl.constexpr,
              TILES: tl.constexpr, GATE_COLS: tl.constexpr, DOWN_COLS: tl.constexpr, PRECISION: tl.constexpr,
              WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, GATE_N: tl.constexpr, GATE_K: tl.constexpr,
@@ -143,6 +154,7 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
              HIDDEN_BLOCK: tl.constexpr, COUNTERS: tl.constexpr, ROUTER_TILES: tl.constexpr,
              ROUTER_SEGMENTS: tl.constexpr, ROUTER_M: tl.constexpr, ROUTER_N: tl.constexpr,
              ROUTER_K: tl.constexpr, LOGITS_CACHE: tl.constexpr, SHARED_FIRST: tl.constexpr,
+             DOWN_SHARED_FIRST: tl.constexpr, TAKE_CHOICE: tl.constexpr,
              PRELOAD: tl.constexpr, SPREAD: tl.constexpr, FROM_PARTIALS: tl.constexpr,
              GATE_SEGMENTS: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
@@ -164,9 +176,13 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
                 tl.store(tile_expert + tile, expert)
         else:
             _logits_wait(router_counters, ROUTER_TILES, ROUTER_SEGMENTS, FROM_PARTIALS)
-            expert, _ = _chosen(logits, partials, router_n, ids, weights, pair_at, dest_at, tile_expert,
-                                experts, tile, column == 0, K, NORM, BLOCK_E, SLOTS, LOGITS_CACHE,
-                                ROUTER_SEGMENTS, FROM_PARTIALS)
+            expert, weight = _chosen(logits, partials, router_n, ids, weights, pair_at, dest_at, tile_expert,
+                                     experts, tile, column == 0, K, NORM, BLOCK_E, SLOTS, LOGITS_CACHE,
+                                     ROUTER_SEGMENTS, FROM_PARTIALS)
+            if TAKE_CHOICE and column == 0:  # published for the tile's down programs (tile_expert: stored)
+                tl.store(tile_weight + tile, weight)
+                tl.debug_barrier()  # every thread's stores are done before the flag shows them
+                tl.atomic_add(chosen + tile, 1, sem="release", scope="gpu")
         matrix, stride_n, size = moe_tiles.weight_of(gate_up, shared_gate_up, expert, experts, stride_ge,
                                                      stride_gn, stride_gs, inner, shared_inner)
         moe_tiles.gate_up_tile(x, matrix, stride_n, size, h, tile + q, live, q * 0, hidden, width, 0, column,
@@ -175,9 +191,14 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
         tl.atomic_add(ready + tile, 1, sem="release", scope="gpu")
     else:
         index = program - TILES * GATE_COLS
-        tile, column = _tile_first(index // DOWN_COLS, K, TILES, SHARED_FIRST), index % DOWN_COLS
+        tile, column = _tile_first(index // DOWN_COLS, K, TILES, DOWN_SHARED_FIRST), index % DOWN_COLS
         if SHARED_FIRST and tile == K:
             expert, weight = tl.full([], 0, tl.int32) + experts, tl.full([], 1.0, tl.float32)
+        elif TAKE_CHOICE:
+            while tl.atomic_add(chosen + tile, 0, sem="acquire", scope="gpu") < 1:
+                pass
+            expert = tl.load(tile_expert + tile, cache_modifier=".cg")
+            weight = tl.load(tile_weight + tile, cache_modifier=".cg")
         else:
             _logits_wait(router_counters, ROUTER_TILES, ROUTER_SEGMENTS, FROM_PARTIALS)
             expert, weight = _chosen(logits, partials, router_n, ids, weights, pair_at, dest_at, tile_expert,
@@ -222,6 +243,8 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
         if last:  # every down program has passed its waits: the counters it waited on rearmed
             tiles = tl.arange(0, COUNTERS)
             tl.store(ready + tiles, tl.zeros([COUNTERS], tl.int32), mask=tiles < TILES)
+            if TAKE_CHOICE:
+                tl.store(chosen + tiles, tl.zeros([COUNTERS], tl.int32), mask=tiles < TILES)
             if ROUTER_TILES > 0:
                 tl.atomic_xchg(router_counters + ROUTER_TILES, 0, sem="relaxed", scope="gpu")
                 tl.atomic_xchg(router_counters + ROUTER_TILES + 1, 0, sem="relaxed", scope="gpu")
@@ -249,9 +272,9 @@ def takes_router(n: int, hidden: int) -> bool:
 def counters(device: torch.device) -> torch.Tensor:
     """The device's counters: ``READY`` tiles' ready counts, the down programs' arrivals (with
     ``SPREAD_FINISH``, the column blocks' finished), the router's ``ROUTER_TILES`` tiles' arrivals
-    and its stored tiles and stored partials, then ``COLUMNS`` column blocks' arrivals (the programs
-    that finish rearm them)."""
-    return kernels.counters("moe_one", READY + ROUTER_TILES + 3 + COLUMNS, device)
+    and its stored tiles and stored partials, then ``COLUMNS`` column blocks' arrivals, then ``READY``
+    tiles' published choices (``DOWN_TAKES_CHOICE``); the programs that finish rearm them."""
+    return kernels.counters("moe_one", READY + ROUTER_TILES + 3 + COLUMNS + READY, device)
 
 
 def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor, h: torch.Tensor,
@@ -285,6 +308,7 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
     partials = torch.empty(plan.segments if router_weight is not None else 1, n_router, dtype=torch.float32,
                            device=x.device)
     blocks = found[READY + ROUTER_TILES + 3:]  # the column blocks' counters, past the router's
+    chosen = found[READY + ROUTER_TILES + 3 + COLUMNS:]  # the tiles' published choices, past the blocks'
     # fp32 on a GPU: sm_90's code pairs the norm's squares into FMAs one way for a row in registers and
     # another for a row loaded back, so there the last program normalises alone (2-byte dtypes agree).
     exact = residual is None or x.dtype != torch.float32 or INTERPRETED
@@ -293,7 +317,8 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
         gate = partials[:, experts:experts + 1]
     _one_row[(router_tiles * plan.segments + count * (gate_cols + down_cols),)](
         x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids, weights, tables.pair_at,
-        tables.dest_at, tile_expert, found, found[READY:], blocks, gate, stream, total, normed, weight,
+        tables.dest_at, tile_expert, torch.empty(count, dtype=torch.float32, device=x.device), chosen, found,
+        found[READY:], blocks, gate, stream, total, normed, weight,
         experts, hidden, inner, shared_down.shape[1], h.shape[1], gate_up.stride(0), gate_up.stride(1),
         shared_gate_up.stride(0), down.stride(0), down.stride(1), shared_down.stride(0), gate.stride(0), eps,
         router_weight if router_weight is not None else x, partials, found[READY + 1:], n_router,
@@ -305,6 +330,7 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
         ROUTER_TILES=router_tiles, ROUTER_SEGMENTS=plan.segments, ROUTER_M=plan.few.block_m,
         ROUTER_N=_router_n(plan.few), ROUTER_K=plan.few.block_k,
         LOGITS_CACHE=".cg" if router_weight is not None else "", SHARED_FIRST=SHARED_FIRST and shared,
+        DOWN_SHARED_FIRST=SHARED_FIRST and shared and not SHARED_DOWN_LAST, TAKE_CHOICE=DOWN_TAKES_CHOICE,
         PRELOAD=4 if preload else 0, SPREAD=SPREAD_FINISH and down_cols <= COLUMNS and exact,
         FROM_PARTIALS=from_partials, GATE_SEGMENTS=plan.segments if from_partials and shared else 0,
         num_warps=router.ROUTE_WARPS, num_stages=tiles["stages"], **pdl.options(x.device))
