@@ -42,18 +42,18 @@ def test_one_row_gives_the_same_bits_in_its_own_launches_as_through_the_plans(
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
-# taken: down programs take the tile's choice (the shared expert's last) or make it
-@pytest.mark.parametrize("taken", [True, False])
+# (taken, last): down programs take the tile's choice or make it; the shared expert's down programs last
+@pytest.mark.parametrize(("taken", "last"), [(True, False), (False, False), (True, True)])
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize(("top_k", "inner", "down_k"), [(3, 16, None), (2, 24, None), (3, 32, 8)])
 def test_one_row_gives_the_same_bits_in_one_launch_as_in_two(monkeypatch: pytest.MonkeyPatch, residual: bool,
                                                              top_k: int, inner: int, down_k: int | None,
-                                                             taken: bool) -> None:
+                                                             taken: bool, last: bool) -> None:
     # down_k 8: the experts' inner size (32) is four K steps, so the down programs load them before h
     if down_k is not None:
         monkeypatch.setattr(moe, "DOWN_K", down_k)
     monkeypatch.setattr(moe_one, "DOWN_TAKES_CHOICE", taken)
-    monkeypatch.setattr(moe_one, "SHARED_DOWN_LAST", taken)
+    monkeypatch.setattr(moe_one, "SHARED_DOWN_LAST", last)
     x, gate_up, down, _, _ = make(1, top_k, torch.bfloat16, seed=43 + top_k)
     logits = router_product(1, 8, torch.bfloat16, seed=43 + top_k)
     shared = make_shared(1, torch.bfloat16, seed=43 + top_k, inner=inner)
@@ -232,17 +232,19 @@ def test_gpu_one_row_in_one_launch_is_two_launches_and_replays(monkeypatch: pyte
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("experts", "top_k"), REAL)
-@pytest.mark.parametrize(("router_n", "from_partials", "taken"), [
-    (0, True, True), (0, False, True), (32, True, True), (16, True, True), (32, True, False)])
+@pytest.mark.parametrize(("router_n", "from_partials", "taken", "last"), [
+    (0, True, True, False), (0, False, True, False), (32, True, True, False), (16, True, True, False),
+    (32, True, False, False), (32, True, True, True)])
 def test_gpu_the_block_from_its_input_in_one_launch_is_the_routers_product_then_the_block(
-        experts: int, top_k: int, router_n: int, from_partials: bool, taken: bool,
+        experts: int, top_k: int, router_n: int, from_partials: bool, taken: bool, last: bool,
         monkeypatch: pytest.MonkeyPatch) -> None:
     # the router's tiles of any width, its logits summed by tiles or by every choosing program, the down
-    # programs taking the tile's choice (the shared expert's last) or making it: same bits
+    # programs taking the tile's choice or making it, the shared expert's down programs first or last:
+    # same bits
     monkeypatch.setattr(moe_one, "ROUTER_N", router_n)
     monkeypatch.setattr(moe_one, "FROM_PARTIALS", from_partials)
     monkeypatch.setattr(moe_one, "DOWN_TAKES_CHOICE", taken)
-    monkeypatch.setattr(moe_one, "SHARED_DOWN_LAST", taken)
+    monkeypatch.setattr(moe_one, "SHARED_DOWN_LAST", last)
     x, gate_up, down, _, _ = make_real(1, experts, top_k, seed=29)
     shared = make_real_shared(1, experts, seed=29)
     residual = residual_of(1, torch.bfloat16, seed=29, hidden=2048, device="cuda")
