@@ -80,11 +80,12 @@ LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def keyed_argmax(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
-                 positions: torch.Tensor, offset: int = 0) -> torch.Tensor:
+                 positions: torch.Tensor, offset: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
     """The drawn token [rows] int64 for ``logits`` [rows, vocab] (fp32, or bf16/fp16 drawn as their
     fp32 values) and per-row fp32 temperature, int64 seeds and positions, each position keyed plus
-    ``offset`` (any 1-D views; no host sync, so it can be captured in a graph). Two launches: the
-    best of each slice of a row's tokens, then the best slice."""
+    ``offset`` (any 1-D views; no host sync, so it can be captured in a graph), into ``out`` when
+    given (contiguous int64 [rows]). Two launches: the best of each slice of a row's tokens, then the
+    best slice."""
     if logits.dim() != 2 or logits.dtype not in LOGIT_DTYPES or logits.stride(1) != 1:
         raise ValueError(f"logits must be [rows, vocab] fp32, bf16 or fp16 with unit column stride, got "
                          f"{logits.dtype} {list(logits.shape)}")
@@ -93,7 +94,10 @@ def keyed_argmax(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.T
                            ("positions", positions, torch.int64)):
         if tuple(t.shape) != (rows,) or t.dtype != dtype:
             raise ValueError(f"{name} is {t.dtype} {list(t.shape)}, expected {dtype} [{rows}]")
-    out = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    if out is None:
+        out = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    elif tuple(out.shape) != (rows,) or out.dtype != torch.int64 or out.stride(0) != 1:
+        raise ValueError(f"out is {out.dtype} {list(out.shape)}, expected contiguous int64 [{rows}]")
     if rows == 0:
         return out
     slices = triton.cdiv(vocab, SLICE)

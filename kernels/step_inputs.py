@@ -8,9 +8,15 @@ int32 copies), about 20 us a step on the H200 at one lane; this takes one. The a
 per-position tables made once by the same torch expression (``Rotary.angles`` of every position),
 so a gathered row is the bits that expression gives at that position.
 
-Memory: reads the packed fields, one embedding row and one row of each angle table a lane; writes
-the five outputs, nothing else. Tokens must be below the vocabulary and positions below the tables'
-rows (the engine admits nothing else). Grids follow shapes only: no host sync, CUDA-graph safe.
+A token field below zero names the token the last decode step drew for another row: -(row + 1) is
+``feed[row]`` (the draws the decode step writes, so a step launched before the host has seen the last
+one's tokens is fed on the device, with no copy between the two); the resolved token is written back
+into the field, where the step's later readers (PLE's n-grams) find it.
+
+Memory: reads the packed fields, one embedding row and one row of each angle table a lane, and a fed
+lane's ``feed`` entry; writes the five outputs and fed lanes' token fields, nothing else. Tokens must
+be below the vocabulary, fed rows below the feed's and positions below the tables' rows (the engine
+admits nothing else). Grids follow shapes only: no host sync, CUDA-graph safe.
 """
 
 from __future__ import annotations
@@ -36,13 +42,19 @@ class StepInputs:
 
 @triton.jit
 def _gather(packed, stride_f, stride_l, embed, stride_e, cos_table, sin_table, stride_t, x, stride_x, cos,
-            sin, stride_a, table, stride_tb, lengths, hidden, dim, pages, table_field,
-            EMBED_TILES: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+            sin, stride_a, table, stride_tb, lengths, hidden, dim, pages, table_field, feed,
+            EMBED_TILES: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, FEED: tl.constexpr,
+            PDL: tl.constexpr):
     pdl.wait(PDL)
     lane, tile = tl.program_id(0), tl.program_id(1)
     fields = packed + lane * stride_l
     if tile < EMBED_TILES:
         token = tl.load(fields)
+        if FEED:  # -(row + 1): the last step's draw at that row (every embedding tile resolves it alike)
+            fed = token < 0
+            token = tl.where(fed, tl.load(feed + tl.where(fed, -token - 1, 0)), token)
+            if tile == 0:
+                tl.store(fields, token)
         cols = tile * BLOCK + tl.arange(0, BLOCK)
         keep = cols < hidden
         tl.store(x + lane * stride_x + cols, tl.load(embed + token * stride_e + cols, mask=keep), mask=keep)
@@ -62,7 +74,7 @@ def _gather(packed, stride_f, stride_l, embed, stride_e, cos_table, sin_table, s
 
 
 def _check(packed: torch.Tensor, table_field: int, embed: torch.Tensor, cos_table: torch.Tensor,
-           sin_table: torch.Tensor) -> None:
+           sin_table: torch.Tensor, feed: torch.Tensor | None) -> None:
     if packed.dim() != 2 or packed.dtype != torch.int64 or not 3 <= table_field <= packed.shape[0]:
         raise ValueError(f"packed must be int64 [fields, lanes] with the page table from field {table_field} "
                          f"(at least 3), got {packed.dtype} {list(packed.shape)}")
@@ -74,14 +86,19 @@ def _check(packed: torch.Tensor, table_field: int, embed: torch.Tensor, cos_tabl
         raise ValueError(f"the angle tables must be contiguous [positions, dim] of one shape and dtype, got "
                          f"{list(cos_table.shape)} {cos_table.dtype} and "
                          f"{list(sin_table.shape)} {sin_table.dtype}")
+    if feed is not None and (feed.dim() != 1 or feed.dtype != torch.int64 or not feed.numel()
+                             or feed.stride(0) != 1):
+        raise ValueError(f"feed must be contiguous int64 [rows] (at least one), got {feed.dtype} "
+                         f"{list(feed.shape)}")
 
 
 def gather(packed: torch.Tensor, table_field: int, embed: torch.Tensor, cos_table: torch.Tensor,
-           sin_table: torch.Tensor) -> StepInputs:
+           sin_table: torch.Tensor, feed: torch.Tensor | None = None) -> StepInputs:
     """The step's inputs from ``packed`` [fields, lanes] (field 0 the tokens, 1 the positions, 2 the
-    visible keys, ``table_field`` onwards the page table) and the angle tables [positions, dim].
-    Raises ValueError for shapes or dtypes that do not fit."""
-    _check(packed, table_field, embed, cos_table, sin_table)
+    visible keys, ``table_field`` onwards the page table) and the angle tables [positions, dim]; with
+    ``feed``, a token -(row + 1) is ``feed[row]``, written back into the token field (the row must be
+    below ``len(feed)``). Raises ValueError for shapes or dtypes that do not fit."""
+    _check(packed, table_field, embed, cos_table, sin_table, feed)
     lanes, hidden, dim = packed.shape[1], embed.shape[1], cos_table.shape[1]
     pages = packed.shape[0] - table_field
     device = packed.device
@@ -96,15 +113,23 @@ def gather(packed: torch.Tensor, table_field: int, embed: torch.Tensor, cos_tabl
     _gather[(lanes, embed_tiles + 1 + triton.cdiv(pages, BLOCK))](
         packed, packed.stride(0), packed.stride(1), embed, embed.stride(0), cos_table, sin_table,
         cos_table.stride(0), out.x, out.x.stride(0), out.cos, out.sin, out.cos.stride(0), out.table,
-        out.table.stride(0), out.lengths, hidden, dim, pages, table_field, EMBED_TILES=embed_tiles,
-        BLOCK=BLOCK, BLOCK_D=triton.next_power_of_2(dim), **pdl.options(device))
+        out.table.stride(0), out.lengths, hidden, dim, pages, table_field, packed if feed is None else feed,
+        EMBED_TILES=embed_tiles, BLOCK=BLOCK, BLOCK_D=triton.next_power_of_2(dim), FEED=feed is not None,
+        **pdl.options(device))
     return out
 
 
+def fed_tokens(tokens: torch.Tensor, feed: torch.Tensor) -> torch.Tensor:
+    """``tokens`` with each -(row + 1) replaced by ``feed[row]`` (torch, no host sync)."""
+    return torch.where(tokens < 0, feed[(-tokens - 1).clamp(min=0)], tokens)
+
+
 def reference(packed: torch.Tensor, table_field: int, embed: torch.Tensor, cos_table: torch.Tensor,
-              sin_table: torch.Tensor) -> StepInputs:
-    """``gather`` in torch."""
-    _check(packed, table_field, embed, cos_table, sin_table)
+              sin_table: torch.Tensor, feed: torch.Tensor | None = None) -> StepInputs:
+    """``gather`` in torch (fed tokens written back into ``packed`` as it does)."""
+    _check(packed, table_field, embed, cos_table, sin_table, feed)
+    if feed is not None:
+        packed[0] = fed_tokens(packed[0], feed)
     tokens, positions = packed[0], packed[1]
     return StepInputs(embed[tokens], cos_table[positions], sin_table[positions],
                       packed[table_field:].T.to(torch.int32, memory_format=torch.contiguous_format),

@@ -52,6 +52,9 @@ def test_narrow_logits_draw_as_their_fp32_values_at_an_offset_position(dtype: to
     moved = (x.to(DEVICE) for x in (narrow, temperature, seeds, positions))
     assert keyed_argmax(*moved, offset=1).cpu().tolist() == expected.tolist()
     assert expected.tolist() != draw(narrow.float(), temperature, seeds, positions).tolist()
+    into = torch.full((6,), -1, dtype=torch.int64, device=DEVICE)  # the decode step draws into its feed
+    moved = (x.to(DEVICE) for x in (narrow, temperature, seeds, positions))
+    assert keyed_argmax(*moved, offset=1, out=into) is into and into.cpu().tolist() == expected.tolist()
 
 
 def test_a_row_draws_the_same_alone() -> None:

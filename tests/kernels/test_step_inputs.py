@@ -41,6 +41,23 @@ def test_gathered_inputs_are_the_bits_torch_gives(dtype: torch.dtype, lanes: int
     assert torch.equal(want.x, embed[packed[0]]) and torch.equal(want.lengths.long(), packed[2])
 
 
+def test_a_fed_token_is_the_last_draw_at_its_row_and_is_written_back() -> None:
+    # a step launched before the host saw the last one's tokens names their rows: -(row + 1)
+    packed, field = packed_batch(3, 2, vocab=50, rows=90, device=DEVICE)
+    embed = torch.randn(50, 1100, device=DEVICE)  # two embedding tiles resolve the token alike
+    cos, sin = torch.randn(2, 90, 12, device=DEVICE).unbind(0)
+    feed = torch.tensor([41, 7, 19, 3], device=DEVICE)
+    tokens = torch.tensor([-3, 12, -1], device=DEVICE)
+    packed[0] = tokens
+    other = packed.clone()
+    got = step_inputs.gather(packed, field, embed, cos.contiguous(), sin.contiguous(), feed)
+    want = step_inputs.reference(other, field, embed, cos.contiguous(), sin.contiguous(), feed)
+    assert packed[0].tolist() == [19, 12, 41] and torch.equal(other, packed)
+    assert torch.equal(got.x, embed[torch.tensor([19, 12, 41], device=DEVICE)]) and torch.equal(got.x, want.x)
+    with pytest.raises(ValueError, match="feed must be"):
+        step_inputs.gather(packed, field, embed, cos.contiguous(), sin.contiguous(), feed.int())
+
+
 def test_inputs_that_do_not_fit_are_refused() -> None:
     packed, field = packed_batch(2, 3, vocab=10, rows=20, device="cpu")
     embed, table = torch.randn(10, 8), torch.randn(20, 4)

@@ -10,7 +10,9 @@ One host sync a step: the drawn tokens come back to Python for the scheduler's b
 
 Decoding runs one step ahead: when a step's rows are all plain decode rows (no top-k/p, min-p or
 logprobs), the next step of its lanes is launched before the host waits for this one, its tokens
-fed from this step's draw on the device, so the host's bookkeeping overlaps the device's work. A
+fed from this step's draw on the device (each lane's token field names its row of the draw, which
+every decode step writes into ``DecodeMemory.feed``), so the host's bookkeeping overlaps the device's
+work and nothing is copied between the two steps but the packed inputs. A
 lane that then stops (a stop token, a cancel) wasted one row in its own pages, which it gives back
 as usual; every other lane's rows are what the next plan asks for, the same bits as run then.
 """
@@ -35,12 +37,11 @@ from tfd.pool.pages import Pool
 
 @attrs.frozen
 class Launched:
-    """A batched decode step in flight: its lanes in column order, the row each runs, the drawn
-    tokens on the device (valid until the next replay) and their copy to the host."""
+    """A batched decode step in flight: its lanes in column order, the row each runs, and the copy
+    of its drawn tokens to the host."""
 
     lanes: tuple[Lane, ...]
     starts: tuple[int, ...]
-    device_tokens: torch.Tensor
     host_tokens: torch.Tensor
     copied: torch.cuda.Event | None  # recorded after the copy to the host (CUDA)
 
@@ -90,7 +91,7 @@ class Runner:
         self.columns = Columns(len(self.gdn_names), pool.layout.row_pages(context),
                                ple=model.ple_state() is not None)
         if model.batches_decode:
-            self.memory = DecodeMemory(pool, model.dtype)
+            self.memory = DecodeMemory(pool, model.dtype, max_lanes)
             if graphs and self.device.type == "cuda":
                 self.graphs = DecodeGraphs(self._step, self.columns, pool.null_page, max_lanes, self.device)
         self.ahead: Launched | None = None  # the decode step launched before its plan
@@ -121,48 +122,47 @@ class Runner:
 
     def _step(self, batch: DecodeBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Hidden rows, logits in the model dtype and each lane's plain keyed draw (of their fp32
-        values, at the next position): what a decode graph captures."""
+        values, at the next position) into the memory's feed, which the next step's token fields may
+        name: what a decode graph captures."""
         assert self.memory is not None
         hidden = self.model.decode(batch, self.memory)
         logits = self.model.logits(hidden)
-        return hidden, logits, draw(logits, batch.temperature, batch.seeds, batch.positions, offset=1)
+        feed = self.memory.feed[:batch.packed.shape[1]]
+        return hidden, logits, draw(logits, batch.temperature, batch.seeds, batch.positions, 1, feed)
 
     def _decode(self, works: Sequence[Work]) -> tuple[torch.Tensor, ...]:
         """``_step`` for decode works, all lanes in one batched step (a graph when captured)."""
         return self._launch_step(*_decode_inputs(works))
 
-    def _launch_step(self, lanes: Sequence[Lane], starts: Sequence[int], tokens: Sequence[int] | torch.Tensor
+    def _launch_step(self, lanes: Sequence[Lane], starts: Sequence[int], tokens: Sequence[int]
                      ) -> tuple[torch.Tensor, ...]:
-        """``_step`` for ``lanes`` at rows ``starts`` fed ``tokens`` (host ints, or a device tensor the
-        step reads without the host waiting for it)."""
+        """``_step`` for ``lanes`` at rows ``starts`` fed ``tokens``: token ids, or -(row + 1) for the
+        token the last decode step drew at that row (read on the device, the host not waiting)."""
         columns = []
-        on_host = not isinstance(tokens, torch.Tensor)
-        for i, (lane, start) in enumerate(zip(lanes, starts, strict=True)):
+        for token, lane, start in zip(tokens, lanes, starts, strict=True):
             assert lane.lease is not None
-            columns.append(self.columns.column(int(tokens[i]) if on_host else 0, start, lane.seed,
-                                               lane.request.sampling.temperature, self.offsets[lane.number],
-                                               lane.lease.row_pages, self.pool.null_page))
-        batch = DecodeBatch.of(columns, self.columns, self.device)
-        if isinstance(tokens, torch.Tensor):
-            batch.tokens.copy_(tokens)
-        return self._step(batch) if self.graphs is None else self.graphs.run(batch.packed)
+            columns.append(self.columns.column(token, start, lane.seed, lane.request.sampling.temperature,
+                                               self.offsets[lane.number], lane.lease.row_pages,
+                                               self.pool.null_page))
+        if self.graphs is not None:
+            return self.graphs.run(columns)
+        return self._step(DecodeBatch.of(columns, self.columns, self.device))
 
-    def _launch(self, lanes: Sequence[Lane], starts: Sequence[int], tokens: Sequence[int] | torch.Tensor
-                ) -> Launched:
+    def _launch(self, lanes: Sequence[Lane], starts: Sequence[int], tokens: Sequence[int]) -> Launched:
         """Launch a plain decode step and the copy of its draw to the host; nothing waits."""
         drawn = self._launch_step(lanes, starts, tokens)[2]
         if self.device.type != "cuda":
-            return Launched(tuple(lanes), tuple(starts), drawn, drawn, None)
+            return Launched(tuple(lanes), tuple(starts), drawn.clone(), None)
         host = torch.empty(drawn.shape, dtype=drawn.dtype, pin_memory=True)
         host.copy_(drawn, non_blocking=True)
         copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
         copied.record(torch.cuda.current_stream(self.device))
-        return Launched(tuple(lanes), tuple(starts), drawn, host, copied)
+        return Launched(tuple(lanes), tuple(starts), host, copied)
 
     def _ahead_of(self, step: Launched, works: Sequence[Work]) -> Launched | None:
-        """The step after ``step`` for the lanes of ``works`` (rows ``step`` ran) that will want one:
-        not cancelled, short of their ``max_tokens``. Fed ``step``'s draw on the device; None when
-        no lane will."""
+        """The step after ``step`` (the last decode step launched) for the lanes of ``works`` (rows
+        ``step`` ran) that will want one: not cancelled, short of their ``max_tokens``. Fed ``step``'s
+        draw on the device; None when no lane will."""
         at = {id(lane): i for i, lane in enumerate(step.lanes)}
         going = [work for work in works
                  if not work.lane.cancelled and len(work.lane.generated) + 1 < work.lane.request.max_tokens]
@@ -173,10 +173,7 @@ class Runner:
         for lane, start in zip(lanes, starts, strict=True):
             assert lane.lease is not None
             lane.lease.take(start + 1)
-        rows = [at[id(lane)] for lane in lanes]
-        tokens = step.device_tokens if rows == list(range(len(step.lanes))) else \
-            step.device_tokens[to_device(torch.tensor(rows), self.device)]
-        return self._launch(lanes, starts, tokens)
+        return self._launch(lanes, starts, [-(at[id(lane)] + 1) for lane in lanes])
 
     def _plain_decode(self, works: Sequence[Work]) -> bool:
         """Whether ``works`` are batched decode rows whose draws the step itself makes."""

@@ -76,17 +76,19 @@ class Rows:
 
 
 def draw(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
-         positions: torch.Tensor, offset: int = 0) -> torch.Tensor:
+         positions: torch.Tensor, offset: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
     """argmax of logits / temperature + noise (greedy rows: of the logits), a row at a time, each
-    row keyed at its position plus ``offset``: the one-pass kernel on CUDA, its torch form
-    elsewhere. Cut tokens come in as -inf; 2-byte logits are drawn as their fp32 values."""
+    row keyed at its position plus ``offset``, into ``out`` when given: the one-pass kernel on CUDA,
+    its torch form elsewhere. Cut tokens come in as -inf; 2-byte logits are drawn as their fp32
+    values."""
     if logits.is_cuda:
-        return keyed.keyed_argmax(logits, temperature, seeds, positions, offset)
+        return keyed.keyed_argmax(logits, temperature, seeds, positions, offset, out)
     logits, positions = logits.float(), positions + offset
     greedy = temperature <= 0
     noise = gumbel(seeds, positions, logits.shape[-1])
     scores = logits / torch.where(greedy, 1.0, temperature)[:, None] + noise
-    return torch.where(greedy, logits.argmax(dim=-1), scores.argmax(dim=-1))
+    tokens = torch.where(greedy, logits.argmax(dim=-1), scores.argmax(dim=-1))
+    return tokens if out is None else out.copy_(tokens)
 
 
 def sample(logits: torch.Tensor, rows: Rows) -> torch.Tensor:

@@ -66,9 +66,10 @@ class Columns:
 
     def column(self, token: int, position: int, seed: int, temperature: float, offsets: Sequence[int],
                pages: Sequence[int], null_page: int) -> list[int]:
-        """A live lane's fields: token, position, visible keys, its sampling key and temperature
-        (fp32 bits), its offsets (``DecodeMemory.lane_offsets``), page table padded with the null
-        page. Raises ValueError for offsets or pages that do not fit the columns."""
+        """A live lane's fields: token (or -(row + 1): the token the last decode step drew at that
+        row, ``DecodeMemory.feed``), position, visible keys, its sampling key and temperature (fp32
+        bits), its offsets (``DecodeMemory.lane_offsets``), page table padded with the null page.
+        Raises ValueError for offsets or pages that do not fit the columns."""
         if len(offsets) != self.offsets or len(pages) > self.pages:
             raise ValueError(f"a lane has {self.offsets} offsets and at most {self.pages} pages, got "
                              f"{len(offsets)} offsets and {len(pages)} pages")
@@ -143,14 +144,17 @@ class DecodeBatch:
 
 class DecodeMemory:
     """The pool as the decode kernels address it: typed views of the whole buffer (fp32 states, the
-    model dtype's tails, int64 n-gram histories) and each attention layer's row parts."""
+    model dtype's tails, int64 n-gram histories) and each attention layer's row parts; and ``feed``,
+    the tokens a decode step drew, a row a lane (``lanes`` rows), which the next step's token fields
+    name by row."""
 
-    def __init__(self, pool: Pool, dtype: torch.dtype) -> None:
+    def __init__(self, pool: Pool, dtype: torch.dtype, lanes: int = 1) -> None:
         self.pool = pool
         self.states = pool.buffer.view(torch.float32)
         self.tails = pool.buffer.view(dtype)
         self.histories = pool.buffer.view(torch.int64)
         self.caches = {part.name: pool.rows(part.name) for part in pool.layout.row_parts}
+        self.feed = torch.zeros(max(1, lanes), dtype=torch.int64, device=pool.buffer.device)
         self._angles: dict[tuple[int, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def angle_tables(self, rotary: Rotary, pages: int, dtype: torch.dtype
@@ -194,13 +198,15 @@ class _Step:
 
 def run_decode(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory) -> torch.Tensor:
     """The head's input rows [lanes, width] (after the final norm or mixer) of one decode row per
-    lane; states, tails, PLE pieces and row parts move past the row. Raises ValueError when the
-    stack has a PLE layer and the batch's columns no PLE offsets."""
+    lane; states, tails, PLE pieces and row parts move past the row. A fed token field (negative)
+    is resolved from ``memory.feed`` and written back. Raises ValueError when the stack has a PLE
+    layer and the batch's columns no PLE offsets."""
     if batch.packed.is_cuda:  # one launch for what torch takes ten
         tables = memory.angle_tables(w.rotary, batch.columns.pages, w.embed.dtype)
-        inputs = step_inputs.gather(batch.packed, batch.columns.table_field, w.embed, *tables)
+        inputs = step_inputs.gather(batch.packed, batch.columns.table_field, w.embed, *tables, memory.feed)
         x, step = inputs.x, _Step(batch, memory, inputs.cos, inputs.sin, inputs.table, inputs.lengths)
     else:
+        batch.tokens.copy_(step_inputs.fed_tokens(batch.tokens, memory.feed))
         x = w.embed[batch.tokens]
         cos, sin = w.rotary.angles(batch.positions, x.dtype)
         table = batch.page_table.to(torch.int32, memory_format=torch.contiguous_format)
