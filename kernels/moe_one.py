@@ -59,8 +59,9 @@ DOWN_TAKES_CHOICE = True
 # A down program asks for its weights (four K steps) before it waits for h; off, it reads them after.
 PRELOAD_DOWN = True
 # MB of the next layer's first weight (``launch``'s ``prefetch``) the routed down programs ask L2 to keep
-# once the router's partials are in, while HBM idles before the experts stream (``kernels.l2``; 0: off).
-# Not yet measured: on the H200 every L2 ask so far lost, but none was made in that idle window.
+# once the router's partials are in, while HBM idles before the experts stream (``kernels.l2``; 0: off;
+# a program's share rounded up to a power of two lines). Not yet measured: on the H200 every L2 ask so
+# far lost, but none was made in that idle window.
 PREFETCH_MB = 0
 # The experts' weights loaded evict_first, so their stream does not push prefetched lines out of L2.
 EVICT_FIRST = False
@@ -202,10 +203,13 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
         if SHARED_FIRST and tile == K:
             expert, weight = tl.full([], 0, tl.int32) + experts, tl.full([], 1.0, tl.float32)
         elif TAKE_CHOICE:
-            if PREFETCH > 0:  # once the router's reads are done: HBM idles until the experts stream
-                _logits_wait(router_counters, ROUTER_TILES, ROUTER_SEGMENTS, FROM_PARTIALS)
-                first = (tile * DOWN_COLS + column) * PREFETCH
-                l2.prefetch(next_weight, first, next_lines, PREFETCH, PER_LINE)
+            # once the router's reads are done HBM idles until the experts stream; a program that starts
+            # after the choice is out (no room for it before) asks for nothing: the stream is on by then
+            if PREFETCH > 0:  # noqa: SIM102 (compiled out when off; a Triton `and` would still read the flag)
+                if tl.atomic_add(chosen + tile, 0, sem="relaxed", scope="gpu") < 1:
+                    _logits_wait(router_counters, ROUTER_TILES, ROUTER_SEGMENTS, FROM_PARTIALS)
+                    first = (tile * DOWN_COLS + column) * PREFETCH
+                    l2.prefetch(next_weight, first, next_lines, PREFETCH, PER_LINE)
             while tl.atomic_add(chosen + tile, 0, sem="acquire", scope="gpu") < 1:
                 pass
             expert = tl.load(tile_expert + tile, cache_modifier=".cg")
