@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import INTERPRETED, gdn_gates, l2, pdl
+from kernels import gdn_gates, l2, pdl
 
 # Value columns per program and warps: measured best of 8/16/32/64 x 1..8 on the H200 at 16 to 96 lanes
 # (about 3.3 TB/s of state read plus written). The same for every path: the reductions' order follows them.
@@ -221,17 +221,13 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: Gates,
     (q, *q_strides), (k, *k_strides), (v, *v_strides) = (_heads(t) for t in (q, k, v))
     a_log = gates.a_log if gates.a_log is not None else gates.g  # not read unless raw
     dt_bias = gates.dt_bias if gates.dt_bias is not None else gates.g
-    hinted, lines, per_program = states, 1, 0  # the hints' tensor (not read without them), its lines, a share
-    if prefetch is not None and PREFETCH_MB and not INTERPRETED and q.is_cuda:
-        hinted, lines = prefetch, max(1, prefetch.numel() * prefetch.element_size() // l2.LINE_BYTES)
-        asked = min(lines, (PREFETCH_MB << 20) // l2.LINE_BYTES)
-        per_program = triton.next_power_of_2(triton.cdiv(asked, grid[0] * grid[1] * grid[2]))
+    hints = l2.shares(prefetch, PREFETCH_MB, grid[0] * grid[1] * grid[2], states)
     _rows[grid](q, k, v, gates.g, gates.beta, states, state_at, write_at, log, log_at, out,
                 rows, scale, *q_strides, *k_strides, *v_strides, a_log, dt_bias, *_strides(gates.g),
-                *_strides(gates.beta), gdn_gates.SOFTPLUS_THRESHOLD, hinted, lines, KEY_HEADS=key_heads,
-                VALUE_HEADS=value_heads, KEY_DIM=key_dim, VALUE_DIM=value_dim, BLOCK_K=block_k,
-                BLOCK_V=block_v, LOG=logging, GATED=gates.raw, PREFETCH=per_program,
-                PER_LINE=l2.LINE_BYTES // hinted.element_size(), num_warps=NUM_WARPS, **pdl.options(q.device))
+                *_strides(gates.beta), gdn_gates.SOFTPLUS_THRESHOLD, hints.tensor, hints.lines,
+                KEY_HEADS=key_heads, VALUE_HEADS=value_heads, KEY_DIM=key_dim, VALUE_DIM=value_dim,
+                BLOCK_K=block_k, BLOCK_V=block_v, LOG=logging, GATED=gates.raw, PREFETCH=hints.per_program,
+                PER_LINE=hints.per_line, num_warps=NUM_WARPS, **pdl.options(q.device))
 
 
 def decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

@@ -334,13 +334,8 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
     from_partials = FROM_PARTIALS and router_weight is not None
     if from_partials and shared:  # the finish sums the gate's column of the partials, a segment apart
         gate = partials[:, experts:experts + 1]
-    lines = per_program = 0  # the next weight's lines, and how many each routed down program asks for
-    asked_of = x  # the tensor the hints point into (not read without them)
-    if prefetch is not None and PREFETCH_MB and DOWN_TAKES_CHOICE and not INTERPRETED and x.is_cuda:
-        lines = prefetch.numel() * prefetch.element_size() // l2.LINE_BYTES
-        asked = min(lines, (PREFETCH_MB << 20) // l2.LINE_BYTES)
-        per_program = triton.next_power_of_2(triton.cdiv(asked, top_k * down_cols))
-        asked_of = prefetch
+    # the routed down programs ask, and only those that take their tile's choice
+    hints = l2.shares(prefetch, PREFETCH_MB if DOWN_TAKES_CHOICE else 0, top_k * down_cols, x)
     _one_row[(router_tiles * plan.segments + count * (gate_cols + down_cols),)](
         x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids, weights, tables.pair_at,
         tables.dest_at, tile_expert, torch.empty(count, dtype=torch.float32, device=x.device), chosen, found,
@@ -348,7 +343,7 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
         experts, hidden, inner, shared_down.shape[1], h.shape[1], gate_up.stride(0), gate_up.stride(1),
         shared_gate_up.stride(0), down.stride(0), down.stride(1), shared_down.stride(0), gate.stride(0), eps,
         router_weight if router_weight is not None else x, partials, found[READY + 1:], n_router,
-        plan.k_per_segment, asked_of, max(lines, 1),
+        plan.k_per_segment, hints.tensor, hints.lines,
         K=top_k, NORM=normalise, BLOCK_E=triton.next_power_of_2(experts),
         SLOTS=triton.next_power_of_2(top_k), TILES=count, GATE_COLS=gate_cols, DOWN_COLS=down_cols,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", WIDEN=INTERPRETED, BLOCK_M=tiles["block_m"],
@@ -360,6 +355,6 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
         DOWN_SHARED_FIRST=SHARED_FIRST and shared and not SHARED_DOWN_LAST, TAKE_CHOICE=DOWN_TAKES_CHOICE,
         PRELOAD=4 if preload else 0, SPREAD=SPREAD_FINISH and down_cols <= COLUMNS and exact,
         FROM_PARTIALS=from_partials, GATE_SEGMENTS=plan.segments if from_partials and shared else 0,
-        PREFETCH=per_program, PER_LINE=l2.LINE_BYTES // asked_of.element_size(),
+        PREFETCH=hints.per_program, PER_LINE=hints.per_line,
         EVICT="evict_first" if EVICT_FIRST else "",
         num_warps=router.ROUTE_WARPS, num_stages=tiles["stages"], **pdl.options(x.device))

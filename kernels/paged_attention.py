@@ -274,17 +274,14 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_t
                          f"{q.device} (see partials_for), got {list(partials.shape)} {partials.dtype}")
     kv_heads = k_cache.shape[2]
     group_pad = max(16, triton.next_power_of_2(group))  # tl.dot needs M >= 16
-    hinted, lines, per_program = q, 1, 0  # the hints' tensor (not read without them), its lines, a share
-    if prefetch is not None and PREFETCH_MB and not INTERPRETED and q.is_cuda:
-        hinted, lines = prefetch, max(1, prefetch.numel() * prefetch.element_size() // l2.LINE_BYTES)
-        asked = min(lines, (PREFETCH_MB << 20) // l2.LINE_BYTES)
-        per_program = triton.next_power_of_2(triton.cdiv(asked, lanes * kv_heads * segments))
+    hints = l2.shares(prefetch, PREFETCH_MB, lanes * kv_heads * segments, q)
     _decode_segment[(lanes, kv_heads, segments)](
         q, k_cache, v_cache, page_table, lengths, partials, scale * LOG2E, max_keys,
-        *q.stride(), *cache_strides(k_cache, v_cache, page_table), *partials.stride()[:3], hinted, lines,
+        *q.stride(), *cache_strides(k_cache, v_cache, page_table), *partials.stride()[:3], hints.tensor,
+        hints.lines,
         PAGE_ROWS=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SHORT=short,
-        SHORT_KEYS=SHORT_KEYS, SEG=segment, WIDEN=INTERPRETED, PREFETCH=per_program,
-        PER_LINE=l2.LINE_BYTES // hinted.element_size(), **_decode_config(head_dim, short),
+        SHORT_KEYS=SHORT_KEYS, SEG=segment, WIDEN=INTERPRETED, PREFETCH=hints.per_program,
+        PER_LINE=hints.per_line, **_decode_config(head_dim, short),
         **pdl.options(q.device))
     gates = out if gate is None else gate  # not read without GATED
     _decode_merge[(lanes, heads)](partials, lengths, out, gates, max_keys, *partials.stride()[:3],
