@@ -8,9 +8,10 @@ a uniform in (0, 1), then -log(-log(u)), as ``tfd.engine.sampling.gumbel`` does 
 
 Memory: reads each row's logits once (fp32, or the model's 2-byte dtype widened to fp32 as it
 loads: the values ``logits.float()`` holds, without writing them; unit column stride), writes a
-score and an id per slice of ``SLICE`` tokens, then one int64 per row. The slices are cut by the
-vocabulary alone and a row's programs read only that row, so a row's token never depends on the
-others.
+score and an id per slice of ``SLICE`` tokens, then one int64 per row (at its row of ``out``, or
+where a row index says: a decode step's draws go to the rows its lanes name, none for padding). The
+slices are cut by the vocabulary alone and a row's programs read only that row, so a row's token
+never depends on the others.
 """
 
 from __future__ import annotations
@@ -36,10 +37,12 @@ SLICE = 2048
 def _slice_best(logits, temperature, seeds, positions, offset, best_score, best_id, vocab, row_stride, slices,
                 SEED_MIX: tl.constexpr, POSITION_MIX: tl.constexpr, TOKEN_MIX: tl.constexpr,
                 M1: tl.constexpr, M2: tl.constexpr, BLOCK: tl.constexpr, SLICE: tl.constexpr,
-                PDL: tl.constexpr):
+                BITS: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     row, part = tl.program_id(0), tl.program_id(1)
     t = tl.load(temperature + row)
+    if BITS:  # int64 fields holding the fp32 bits in their low half (a decode batch's packed field)
+        t = t.to(tl.int32).to(tl.float32, bitcast=True)
     noisy = t > 0
     scale = tl.where(noisy, t, 1.0)
     key = tl.load(seeds + row).to(tl.uint64) * SEED_MIX
@@ -67,37 +70,52 @@ def _slice_best(logits, temperature, seeds, positions, offset, best_score, best_
 
 
 @triton.jit
-def _row_best(best_score, best_id, out, slices, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _row_best(best_score, best_id, out, out_rows, slices, BLOCK: tl.constexpr, ROWS: tl.constexpr,
+              PDL: tl.constexpr):
     pdl.wait(PDL)
     row = tl.program_id(0)
     parts = tl.arange(0, BLOCK)
     scores = tl.load(best_score + row * slices + parts, mask=parts < slices, other=float("-inf"))
     top = tl.argmax(scores, axis=0)  # the first slice holding the best: the lower id on a tie
-    tl.store(out + row, tl.load(best_id + row * slices + top))
+    where = row
+    if ROWS:
+        where = tl.load(out_rows + row)
+    if where >= 0:
+        tl.store(out + where, tl.load(best_id + row * slices + top))
 
 
 LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def keyed_argmax(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
-                 positions: torch.Tensor, offset: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
+                 positions: torch.Tensor, offset: int = 0, out: torch.Tensor | None = None,
+                 out_rows: torch.Tensor | None = None) -> torch.Tensor:
     """The drawn token [rows] int64 for ``logits`` [rows, vocab] (fp32, or bf16/fp16 drawn as their
-    fp32 values) and per-row fp32 temperature, int64 seeds and positions, each position keyed plus
-    ``offset`` (any 1-D views; no host sync, so it can be captured in a graph), into ``out`` when
-    given (contiguous int64 [rows]). Two launches: the best of each slice of a row's tokens, then the
-    best slice."""
+    fp32 values) and per-row temperature (fp32, or int64 holding its fp32 bits in the low half), int64
+    seeds and positions, each position keyed plus ``offset`` (any 1-D views; no host sync, so it can
+    be captured in a graph), into ``out`` when given (contiguous int64). Row r's token goes to
+    ``out[r]``, or with ``out_rows`` (int64 [rows]) to ``out[out_rows[r]]``, nowhere where that is
+    below 0 (``out`` is then required and returned whole; the indices must be below its length).
+    Two launches: the best of each slice of a row's tokens, then the best slice."""
     if logits.dim() != 2 or logits.dtype not in LOGIT_DTYPES or logits.stride(1) != 1:
         raise ValueError(f"logits must be [rows, vocab] fp32, bf16 or fp16 with unit column stride, got "
                          f"{logits.dtype} {list(logits.shape)}")
     rows, vocab = logits.shape
-    for name, t, dtype in (("temperature", temperature, torch.float32), ("seeds", seeds, torch.int64),
-                           ("positions", positions, torch.int64)):
-        if tuple(t.shape) != (rows,) or t.dtype != dtype:
+    if tuple(temperature.shape) != (rows,) or temperature.dtype not in (torch.float32, torch.int64):
+        raise ValueError(f"temperature is {temperature.dtype} {list(temperature.shape)}, expected float32 "
+                         f"(or int64 fp32 bits) [{rows}]")
+    for name, t, dtype in (("seeds", seeds, torch.int64), ("positions", positions, torch.int64),
+                           ("out_rows", out_rows, torch.int64)):
+        if t is not None and (tuple(t.shape) != (rows,) or t.dtype != dtype):
             raise ValueError(f"{name} is {t.dtype} {list(t.shape)}, expected {dtype} [{rows}]")
+    if out is None and out_rows is not None:
+        raise ValueError("out_rows names rows of out: give out")
     if out is None:
         out = torch.empty(rows, dtype=torch.int64, device=logits.device)
-    elif tuple(out.shape) != (rows,) or out.dtype != torch.int64 or out.stride(0) != 1:
-        raise ValueError(f"out is {out.dtype} {list(out.shape)}, expected contiguous int64 [{rows}]")
+    elif out.dim() != 1 or (out_rows is None and out.shape[0] != rows) or out.dtype != torch.int64 \
+            or out.stride(0) != 1:
+        raise ValueError(f"out is {out.dtype} {list(out.shape)}, expected contiguous int64 "
+                         f"[{rows if out_rows is None else 'rows named by out_rows'}]")
     if rows == 0:
         return out
     slices = triton.cdiv(vocab, SLICE)
@@ -106,7 +124,9 @@ def keyed_argmax(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.T
     _slice_best[(rows, slices)](logits, temperature.contiguous(), seeds.contiguous(), positions.contiguous(),
                                 offset, scores, ids, vocab, logits.stride(0), slices, SEED_MIX=SEED_MIX,
                                 POSITION_MIX=POSITION_MIX, TOKEN_MIX=TOKEN_MIX, M1=M1, M2=M2, BLOCK=BLOCK,
-                                SLICE=SLICE, **pdl.options(logits.device))
-    _row_best[(rows,)](scores, ids, out, slices, BLOCK=max(16, triton.next_power_of_2(slices)),
+                                SLICE=SLICE, BITS=temperature.dtype == torch.int64,
+                                **pdl.options(logits.device))
+    _row_best[(rows,)](scores, ids, out, out if out_rows is None else out_rows.contiguous(), slices,
+                       BLOCK=max(16, triton.next_power_of_2(slices)), ROWS=out_rows is not None,
                        **pdl.options(scores.device))
     return out

@@ -72,7 +72,7 @@ def test_decode_steps_equal_the_span_path_bit_for_bit(model: HybridModel) -> Non
         live = [lane for lane, steps in enumerate(STEPS) if step < steps]
         want = model.forward([Span(spans.memories[lane], PROMPTS[lane] + step, tokens[step, lane:lane + 1],
                                    decode=True) for lane in live], spans.rows).hidden
-        packed = [columns.column(int(tokens[step, lane]), PROMPTS[lane] + step, 0, 0.0,
+        packed = [columns.column(int(tokens[step, lane]), PROMPTS[lane] + step, 0, 0.0, lane,
                                  memory.lane_offsets(batched.memories[lane].pieces, gdn, ple=True),
                                  batched.leases[lane].row_pages, null) for lane in live]
         packed.insert(PADDING, columns.padding(null))
@@ -117,7 +117,7 @@ def test_a_sharded_table_keeps_flash_next_on_the_span_path(model: HybridModel) -
 def test_columns_refuse_offsets_that_do_not_fit() -> None:
     columns = Columns(gdn_layers=2, pages=3, ple=True)
     with pytest.raises(ValueError, match="offsets"):
-        columns.column(1, 0, 0, 1.0, [0, 0, 0, 0], [5], null_page=9)  # the PLE pair left out
+        columns.column(1, 0, 0, 1.0, 0, [0, 0, 0, 0], [5], null_page=9)  # the PLE pair left out
     plain = Columns(gdn_layers=2, pages=3)
     batch = DecodeBatch.of([plain.padding(9)], plain, torch.device("cpu"))
     with pytest.raises(ValueError, match="PLE"):

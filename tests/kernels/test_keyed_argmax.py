@@ -57,6 +57,26 @@ def test_narrow_logits_draw_as_their_fp32_values_at_an_offset_position(dtype: to
     assert keyed_argmax(*moved, offset=1, out=into) is into and into.cpu().tolist() == expected.tolist()
 
 
+def test_draws_go_to_the_named_rows_and_the_temperature_may_come_as_its_bits() -> None:
+    # a decode step's batch holds the temperature's fp32 bits in an int64 field and names the feed
+    # row each lane's draw goes to; a padding lane (-1) writes nothing
+    logits, temperature, seeds, positions = _draws(6, BLOCK + 777, 5)
+    expected = draw(logits, temperature, seeds, positions).tolist()
+    bits = temperature.view(torch.int32).to(torch.int64)
+    rows = torch.tensor([7, 2, -1, 0, 9, 4], dtype=torch.int64)
+    want = [-5] * 11
+    for row, token in zip(rows.tolist(), expected, strict=True):
+        if row >= 0:
+            want[row] = token
+    for form, device in ((draw, "cpu"), (keyed_argmax, DEVICE)):  # the torch form, the kernel
+        into = torch.full((11,), -5, dtype=torch.int64, device=device)
+        moved = [x.to(device) for x in (logits, bits, seeds, positions)]
+        assert form(*moved, out=into, out_rows=rows.to(device)) is into
+        assert into.cpu().tolist() == want
+    with pytest.raises(ValueError, match="give out"):
+        keyed_argmax(logits, temperature, seeds, positions, out_rows=rows)
+
+
 def test_a_row_draws_the_same_alone() -> None:
     logits, temperature, seeds, positions = (x.to(DEVICE) for x in _draws(6, 300, 1))
     together = keyed_argmax(logits, temperature, seeds, positions)

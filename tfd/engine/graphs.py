@@ -1,8 +1,9 @@
 """CUDA graphs of the batched decode step, one per bucket of lane counts, replayed with new inputs.
 
-The step is the runner's: the layers, the head and each lane's keyed draw, so a plain decode step
-is one copy of its packed inputs to the device, one replay and one copy of the drawn tokens back
-(a step fed the last one's draw names its rows in its token fields: nothing else moves between).
+The step is the runner's: the layers, the head and each lane's keyed draw into the feed row its
+column names, so a plain decode step is one copy of its packed inputs to the device, one replay and
+one copy of the drawn tokens back, on the runner's side stream (a step fed the last one's draw names
+its rows in its token fields: nothing else moves between).
 
 Capture happens once, at load: for each bucket (largest first, all sharing one memory pool) the
 step runs once eagerly on a side stream, which compiles every Triton kernel, then is captured

@@ -7,6 +7,9 @@ over their spans, applies the head only to the rows that draw a token, and sampl
 device with the keyed sampler (again over the decode rows' logits when a lane cuts top-k/p or
 min-p, or when prompt rows draw too). Host-to-device copies go from pinned memory without waiting.
 One host sync a step: the drawn tokens come back to Python for the scheduler's bookkeeping.
+A batched decode step draws into a half of ``DecodeMemory.feed`` (the halves alternate step by step)
+and its tokens go to the host from a side stream, so the copy does not hold up the next step (~9 us a
+step on the H200); a step waits for the copy out of its half two steps before, long done by then.
 
 Decoding runs one step ahead: when a step's rows are all plain decode rows (no top-k/p, min-p or
 logprobs), the next step of its lanes is launched before the host waits for this one, its tokens
@@ -44,6 +47,7 @@ class Launched:
     starts: tuple[int, ...]
     host_tokens: torch.Tensor
     copied: torch.cuda.Event | None  # recorded after the copy to the host (CUDA)
+    first_row: int  # the feed row of its first lane's draw; the others follow in column order
 
     def tokens(self) -> list[int]:
         """The drawn tokens, waiting for their copy: the step's one sync with the host."""
@@ -95,6 +99,9 @@ class Runner:
             if graphs and self.device.type == "cuda":
                 self.graphs = DecodeGraphs(self._step, self.columns, pool.null_page, max_lanes, self.device)
         self.ahead: Launched | None = None  # the decode step launched before its plan
+        self.parity = 0  # the feed half the next batched decode step draws into
+        self.copies: list[torch.cuda.Event | None] = [None, None]  # each half's last copy to the host
+        self.side = None if self.device.type != "cuda" else torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
 
     def open(self, lane: Lane) -> None:
         """Give an admitted lane (its lease promised) its state pieces, initialised.
@@ -120,44 +127,64 @@ class Runner:
         lane.lease, lane.memory = None, None
         self.offsets.pop(lane.number, None)
 
-    def _step(self, batch: DecodeBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Hidden rows, logits in the model dtype and each lane's plain keyed draw (of their fp32
-        values, at the next position) into the memory's feed, which the next step's token fields may
-        name: what a decode graph captures."""
+    def _step(self, batch: DecodeBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hidden rows and logits in the model dtype, and each lane's plain keyed draw (of their fp32
+        values, at the next position) into the feed row its column names, which a later step's token
+        fields may name: what a decode graph captures."""
         assert self.memory is not None
         hidden = self.model.decode(batch, self.memory)
         logits = self.model.logits(hidden)
-        feed = self.memory.feed[:batch.packed.shape[1]]
-        return hidden, logits, draw(logits, batch.temperature, batch.seeds, batch.positions, 1, feed)
+        draw(logits, batch.temperature_bits, batch.seeds, batch.positions, 1, self.memory.feed,
+             batch.draw_rows)
+        return hidden, logits
 
-    def _decode(self, works: Sequence[Work]) -> tuple[torch.Tensor, ...]:
-        """``_step`` for decode works, all lanes in one batched step (a graph when captured)."""
-        return self._launch_step(*_decode_inputs(works))
+    def _decode(self, works: Sequence[Work]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``_step`` for decode works, all lanes in one batched step (a graph when captured), and
+        their draws."""
+        (hidden, logits), drawn, _ = self._launch_step(*_decode_inputs(works))
+        return hidden, logits, drawn
 
     def _launch_step(self, lanes: Sequence[Lane], starts: Sequence[int], tokens: Sequence[int]
-                     ) -> tuple[torch.Tensor, ...]:
+                     ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, int]:
         """``_step`` for ``lanes`` at rows ``starts`` fed ``tokens``: token ids, or -(row + 1) for the
-        token the last decode step drew at that row (read on the device, the host not waiting)."""
+        token a decode step drew into that feed row (read on the device, the host not waiting). Its
+        outputs, its draws (a view of the feed) and the feed half they are in."""
+        assert self.memory is not None
+        parity, self.parity = self.parity, self.parity ^ 1
+        rows = self.memory.half(parity)
+        copied = self.copies[parity]
+        if copied is not None:  # the half's last copy to the host is done before this step draws over it
+            torch.cuda.current_stream(self.device).wait_event(copied)
         columns = []
-        for token, lane, start in zip(tokens, lanes, starts, strict=True):
+        for token, lane, start, row in zip(tokens, lanes, starts, rows[:len(lanes)], strict=True):
             assert lane.lease is not None
             columns.append(self.columns.column(token, start, lane.seed, lane.request.sampling.temperature,
-                                               self.offsets[lane.number], lane.lease.row_pages,
+                                               row, self.offsets[lane.number], lane.lease.row_pages,
                                                self.pool.null_page))
         if self.graphs is not None:
-            return self.graphs.run(columns)
-        return self._step(DecodeBatch.of(columns, self.columns, self.device))
+            outputs = self.graphs.run(columns)
+        else:
+            outputs = self._step(DecodeBatch.of(columns, self.columns, self.device))
+        return outputs, self.memory.feed[rows.start:rows.start + len(lanes)], parity
 
     def _launch(self, lanes: Sequence[Lane], starts: Sequence[int], tokens: Sequence[int]) -> Launched:
-        """Launch a plain decode step and the copy of its draw to the host; nothing waits."""
-        drawn = self._launch_step(lanes, starts, tokens)[2]
-        if self.device.type != "cuda":
-            return Launched(tuple(lanes), tuple(starts), drawn.clone(), None)
-        host = torch.empty(drawn.shape, dtype=drawn.dtype, pin_memory=True)
-        host.copy_(drawn, non_blocking=True)
-        copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        copied.record(torch.cuda.current_stream(self.device))
-        return Launched(tuple(lanes), tuple(starts), host, copied)
+        """Launch a plain decode step and the copy of its draw to the host (on the side stream, after
+        the step); nothing waits."""
+        _, drawn, parity = self._launch_step(lanes, starts, tokens)
+        assert self.memory is not None
+        first = self.memory.half(parity).start
+        if self.side is None:
+            return Launched(tuple(lanes), tuple(starts), drawn.clone(), None, first)
+        stepped = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        stepped.record(torch.cuda.current_stream(self.device))
+        self.side.wait_event(stepped)
+        with torch.cuda.stream(self.side):
+            host = torch.empty(drawn.shape, dtype=drawn.dtype, pin_memory=True)
+            host.copy_(drawn, non_blocking=True)
+            copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            copied.record(self.side)
+        self.copies[parity] = copied
+        return Launched(tuple(lanes), tuple(starts), host, copied, first)
 
     def _ahead_of(self, step: Launched, works: Sequence[Work]) -> Launched | None:
         """The step after ``step`` (the last decode step launched) for the lanes of ``works`` (rows
@@ -173,7 +200,7 @@ class Runner:
         for lane, start in zip(lanes, starts, strict=True):
             assert lane.lease is not None
             lane.lease.take(start + 1)
-        return self._launch(lanes, starts, [-(at[id(lane)] + 1) for lane in lanes])
+        return self._launch(lanes, starts, [-(step.first_row + at[id(lane)] + 1) for lane in lanes])
 
     def _plain_decode(self, works: Sequence[Work]) -> bool:
         """Whether ``works`` are batched decode rows whose draws the step itself makes."""

@@ -76,19 +76,29 @@ class Rows:
 
 
 def draw(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
-         positions: torch.Tensor, offset: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
+         positions: torch.Tensor, offset: int = 0, out: torch.Tensor | None = None,
+         out_rows: torch.Tensor | None = None) -> torch.Tensor:
     """argmax of logits / temperature + noise (greedy rows: of the logits), a row at a time, each
-    row keyed at its position plus ``offset``, into ``out`` when given: the one-pass kernel on CUDA,
-    its torch form elsewhere. Cut tokens come in as -inf; 2-byte logits are drawn as their fp32
-    values."""
+    row keyed at its position plus ``offset``, into ``out`` when given (row r at ``out_rows[r]`` with
+    those, none below 0): the one-pass kernel on CUDA, its torch form elsewhere. Cut tokens come in
+    as -inf; 2-byte logits are drawn as their fp32 values; temperature is fp32, or int64 fields
+    holding its fp32 bits (a decode batch's)."""
     if logits.is_cuda:
-        return keyed.keyed_argmax(logits, temperature, seeds, positions, offset, out)
+        return keyed.keyed_argmax(logits, temperature, seeds, positions, offset, out, out_rows)
+    if temperature.dtype == torch.int64:
+        temperature = temperature.to(torch.int32).view(torch.float32)
     logits, positions = logits.float(), positions + offset
     greedy = temperature <= 0
     noise = gumbel(seeds, positions, logits.shape[-1])
     scores = logits / torch.where(greedy, 1.0, temperature)[:, None] + noise
     tokens = torch.where(greedy, logits.argmax(dim=-1), scores.argmax(dim=-1))
-    return tokens if out is None else out.copy_(tokens)
+    if out is None:
+        return tokens
+    if out_rows is None:
+        return out.copy_(tokens)
+    kept = out_rows >= 0
+    out[out_rows[kept]] = tokens[kept]
+    return out
 
 
 def sample(logits: torch.Tensor, rows: Rows) -> torch.Tensor:

@@ -37,7 +37,7 @@ from tfd.model.rope import Rotary
 from tfd.model.stack import LayerWeights, StackWeights
 from tfd.pool.pages import Pool
 
-FIXED = 5  # fields before the offsets: token, position, visible keys, seed, temperature
+FIXED = 6  # fields before the offsets: token, position, visible keys, seed, temperature, draw row
 
 
 @attrs.frozen
@@ -64,22 +64,24 @@ class Columns:
     def width(self) -> int:
         return self.table_field + self.pages
 
-    def column(self, token: int, position: int, seed: int, temperature: float, offsets: Sequence[int],
-               pages: Sequence[int], null_page: int) -> list[int]:
-        """A live lane's fields: token (or -(row + 1): the token the last decode step drew at that
-        row, ``DecodeMemory.feed``), position, visible keys, its sampling key and temperature (fp32
-        bits), its offsets (``DecodeMemory.lane_offsets``), page table padded with the null page.
-        Raises ValueError for offsets or pages that do not fit the columns."""
+    def column(self, token: int, position: int, seed: int, temperature: float, draw_row: int,
+               offsets: Sequence[int], pages: Sequence[int], null_page: int) -> list[int]:
+        """A live lane's fields: token (or -(row + 1): the token a decode step drew into that row of
+        ``DecodeMemory.feed``), position, visible keys, its sampling key and temperature (fp32 bits),
+        the feed row its own draw goes to, its offsets (``DecodeMemory.lane_offsets``), page table
+        padded with the null page. Raises ValueError for offsets or pages that do not fit the
+        columns."""
         if len(offsets) != self.offsets or len(pages) > self.pages:
             raise ValueError(f"a lane has {self.offsets} offsets and at most {self.pages} pages, got "
                              f"{len(offsets)} offsets and {len(pages)} pages")
         bits = struct.unpack("<i", struct.pack("<f", temperature))[0]
-        return [token, position, position + 1, seed, bits, *offsets, *pages,
+        return [token, position, position + 1, seed, bits, draw_row, *offsets, *pages,
                 *[null_page] * (self.pages - len(pages))]
 
     def padding(self, null_page: int) -> list[int]:
-        """A padding lane's fields: no keys, greedy, offsets -1, every page the null page."""
-        return [0, 0, 0, 0, 0, *[-1] * self.offsets, *[null_page] * self.pages]
+        """A padding lane's fields: no keys, greedy, no draw kept, offsets -1, every page the null
+        page."""
+        return [0, 0, 0, 0, 0, -1, *[-1] * self.offsets, *[null_page] * self.pages]
 
 
 @attrs.frozen
@@ -112,9 +114,15 @@ class DecodeBatch:
         return self.packed[3]
 
     @property
-    def temperature(self) -> torch.Tensor:
-        """fp32 [lanes], from the bits each column holds."""
-        return self.packed[4].to(torch.int32).view(torch.float32)
+    def temperature_bits(self) -> torch.Tensor:
+        """int64 [lanes] holding each lane's fp32 temperature bits in the low half (the draw reads
+        them so, with no launch to convert them)."""
+        return self.packed[4]
+
+    @property
+    def draw_rows(self) -> torch.Tensor:
+        """The ``DecodeMemory.feed`` row each lane's draw goes to (-1: none, a padding lane)."""
+        return self.packed[5]
 
     def state_at(self, layer: int) -> torch.Tensor:
         return self.packed[FIXED + layer]
@@ -145,8 +153,9 @@ class DecodeBatch:
 class DecodeMemory:
     """The pool as the decode kernels address it: typed views of the whole buffer (fp32 states, the
     model dtype's tails, int64 n-gram histories) and each attention layer's row parts; and ``feed``,
-    the tokens a decode step drew, a row a lane (``lanes`` rows), which the next step's token fields
-    name by row."""
+    the tokens decode steps drew, at the rows their columns name, which a later step's token fields
+    name in turn: two halves of ``lanes`` rows, so a step draws into one while the last step's draws
+    in the other are still being copied to the host (``half``)."""
 
     def __init__(self, pool: Pool, dtype: torch.dtype, lanes: int = 1) -> None:
         self.pool = pool
@@ -154,7 +163,8 @@ class DecodeMemory:
         self.tails = pool.buffer.view(dtype)
         self.histories = pool.buffer.view(torch.int64)
         self.caches = {part.name: pool.rows(part.name) for part in pool.layout.row_parts}
-        self.feed = torch.zeros(max(1, lanes), dtype=torch.int64, device=pool.buffer.device)
+        self.lanes = max(1, lanes)
+        self.feed = torch.zeros(2 * self.lanes, dtype=torch.int64, device=pool.buffer.device)
         self._angles: dict[tuple[int, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def angle_tables(self, rotary: Rotary, pages: int, dtype: torch.dtype
@@ -167,6 +177,10 @@ class DecodeMemory:
             positions = torch.arange(rows, dtype=torch.int64, device=self.pool.buffer.device)
             found = self._angles[(rows, dtype)] = rotary.angles(positions, dtype)
         return found
+
+    def half(self, parity: int) -> range:
+        """The feed rows of half ``parity`` (0 or 1), a row a lane in column order."""
+        return range(parity * self.lanes, (parity + 1) * self.lanes)
 
     def offset(self, view: torch.Tensor) -> int:
         """A piece view's element offset in the pool view of its dtype."""
