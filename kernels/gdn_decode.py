@@ -28,17 +28,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import gdn_gates, l2, pdl
+from kernels import gdn_gates, pdl
 
 # Value columns per program and warps: measured best of 8/16/32/64 x 1..8 on the H200 at 16 to 96 lanes
 # (about 3.3 TB/s of state read plus written). The same for every path: the reductions' order follows them.
 BLOCK_V = 16
 NUM_WARPS = 4
-# MB of the weight the next product reads (``decode_gated``'s ``prefetch``: the layer's out projection,
-# after the gated norm) that the rule's programs ask L2 to keep once their state is asked for: the rule
-# moves ~4 MB in ~3.6 us at one lane, HBM mostly idle (``kernels.l2``; 0: off; no value changes).
-# Not yet measured.
-PREFETCH_MB = 0
 
 
 def _blocks(key_dim: int, value_dim: int) -> tuple[int, int]:
@@ -63,10 +58,9 @@ def _step(s, k, v, g, beta):
 @triton.jit
 def _rows(q, k, v, g, beta, states, state_at, write_at, log, log_at, out, rows, scale,
           q_lane, q_row, k_lane, k_row, v_lane, v_row, a_log, dt_bias, g_lane, g_row, beta_lane, beta_row,
-          threshold, hinted, hinted_lines, KEY_HEADS: tl.constexpr, VALUE_HEADS: tl.constexpr,
-          KEY_DIM: tl.constexpr, VALUE_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-          LOG: tl.constexpr, GATED: tl.constexpr, PREFETCH: tl.constexpr, PER_LINE: tl.constexpr,
-          PDL: tl.constexpr):
+          threshold, KEY_HEADS: tl.constexpr, VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr,
+          VALUE_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, LOG: tl.constexpr,
+          GATED: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     block, head, lane = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     key_head = head // (VALUE_HEADS // KEY_HEADS)
@@ -82,9 +76,6 @@ def _rows(q, k, v, g, beta, states, state_at, write_at, log, log_at, out, rows, 
     tile = head * KEY_DIM * VALUE_DIM + ks[:, None] * VALUE_DIM + vs[None, :]
     tile_live = k_live[:, None] & v_live[None, :]
     s = tl.load(states + at + tile, mask=tile_live, other=0.0)
-    if PREFETCH > 0:  # after the state is asked for: a share of the next product's weight
-        first = ((lane * VALUE_HEADS + head) * tl.num_programs(0) + block) * PREFETCH
-        l2.prefetch(hinted, first, hinted_lines, PREFETCH, PER_LINE)
     for r in range(rows):
         kn = _normed(k + lane * k_lane + r * k_row + key_head * KEY_DIM, ks, k_live)
         qn = _normed(q + lane * q_lane + r * q_row + key_head * KEY_DIM, ks, k_live) * scale
@@ -209,8 +200,7 @@ def _strides(t: torch.Tensor) -> tuple[int, int]:
 
 def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: Gates,
             states: torch.Tensor, state_at: torch.Tensor, write_at: torch.Tensor, log: torch.Tensor,
-            log_at: torch.Tensor, out: torch.Tensor, rows: int, scale: float, logging: bool,
-            prefetch: torch.Tensor | None = None) -> None:
+            log_at: torch.Tensor, out: torch.Tensor, rows: int, scale: float, logging: bool) -> None:
     lanes = q.shape[0]
     key_heads, key_dim = q.shape[-2:]
     value_heads, value_dim = v.shape[-2:]
@@ -221,13 +211,11 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: Gates,
     (q, *q_strides), (k, *k_strides), (v, *v_strides) = (_heads(t) for t in (q, k, v))
     a_log = gates.a_log if gates.a_log is not None else gates.g  # not read unless raw
     dt_bias = gates.dt_bias if gates.dt_bias is not None else gates.g
-    hints = l2.shares(prefetch, PREFETCH_MB, grid[0] * grid[1] * grid[2], states)
     _rows[grid](q, k, v, gates.g, gates.beta, states, state_at, write_at, log, log_at, out,
                 rows, scale, *q_strides, *k_strides, *v_strides, a_log, dt_bias, *_strides(gates.g),
-                *_strides(gates.beta), gdn_gates.SOFTPLUS_THRESHOLD, hints.tensor, hints.lines,
-                KEY_HEADS=key_heads, VALUE_HEADS=value_heads, KEY_DIM=key_dim, VALUE_DIM=value_dim,
-                BLOCK_K=block_k, BLOCK_V=block_v, LOG=logging, GATED=gates.raw, PREFETCH=hints.per_program,
-                PER_LINE=hints.per_line, num_warps=NUM_WARPS, **pdl.options(q.device))
+                *_strides(gates.beta), gdn_gates.SOFTPLUS_THRESHOLD, KEY_HEADS=key_heads,
+                VALUE_HEADS=value_heads, KEY_DIM=key_dim, VALUE_DIM=value_dim, BLOCK_K=block_k,
+                BLOCK_V=block_v, LOG=logging, GATED=gates.raw, num_warps=NUM_WARPS, **pdl.options(q.device))
 
 
 def decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -240,25 +228,22 @@ def decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b
 
 def decode_gated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
                  a_log: torch.Tensor, dt_bias: torch.Tensor, states: torch.Tensor, state_at: torch.Tensor,
-                 scale: float, prefetch: torch.Tensor | None = None) -> torch.Tensor:
+                 scale: float) -> torch.Tensor:
     """``decode`` with the gates formed in the kernel from the projection's ``b`` and ``a`` [lanes,
     value_heads] (model dtype, any lane stride) and the heads' ``a_log`` and ``dt_bias``: the same
-    bits as ``decode`` given ``kernels.gdn_gates.gates(b, a, a_log, dt_bias)``, one launch less.
-    With ``PREFETCH_MB`` on a GPU, the programs ask L2 for ``prefetch`` (the next product's weight:
-    a hint, no value changes)."""
+    bits as ``decode`` given ``kernels.gdn_gates.gates(b, a, a_log, dt_bias)``, one launch less."""
     _, value_heads, _, _ = _check_rows(q, k, v, None, None, states, lead=1)
     for name, t in (("b", b), ("a", a)):
         _check(name, t, (q.shape[0], value_heads), q.dtype)
     for name, t in (("a_log", a_log), ("dt_bias", dt_bias)):
         _check(name, t, (value_heads,))
-    return _decode(q, k, v, Gates(a, b, a_log, dt_bias), states, state_at, scale, prefetch)
+    return _decode(q, k, v, Gates(a, b, a_log, dt_bias), states, state_at, scale)
 
 
 def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: Gates, states: torch.Tensor,
-            state_at: torch.Tensor, scale: float, prefetch: torch.Tensor | None = None) -> torch.Tensor:
+            state_at: torch.Tensor, scale: float) -> torch.Tensor:
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
-    _launch(q, k, v, gates, states, state_at, state_at, states, state_at, out, 1, scale, logging=False,
-            prefetch=prefetch)
+    _launch(q, k, v, gates, states, state_at, state_at, states, state_at, out, 1, scale, logging=False)
     return out
 
 

@@ -110,7 +110,7 @@ def _gate_up(x, gate_up, shared_gate_up, h, layout, pair_at, pairs, top_k, exper
         at = tl.load(pair_at + q, mask=live & (q < pairs), other=0)
         token = tl.where(q < pairs, at // top_k, q - pairs)
     moe_tiles.gate_up_tile(x, gate, stride_n, size, h, q, live, token, hidden, width, stride_x,
-                           tl.program_id(1), PRECISION, WIDEN, BLOCK_M, BLOCK_N, BLOCK_K, "")
+                           tl.program_id(1), PRECISION, WIDEN, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -214,13 +214,11 @@ def routed_add_zrms(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, 
 
 def block_add_zrms(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
                    top_k: int, normalise: bool, shared: tuple[torch.Tensor, torch.Tensor] | None,
-                   residual: Residual, prefetch: torch.Tensor | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+                   residual: Residual) -> tuple[torch.Tensor, torch.Tensor]:
     """``routed_add_zrms`` from the block's input: the router's product ``kernels.gemm.matmul(x,
     router_weight)`` first (``router_weight`` [experts, hidden], with a shared expert one row more
     for its gate, last), and the shared expert's (gate_up, down); the same bits. At one row the
-    router's product runs in the experts' one launch (``kernels.moe_one``), which may ask L2 for
-    ``prefetch`` (the next layer's first weight) while it waits for the choice."""
+    router's product runs in the experts' one launch (``kernels.moe_one``)."""
     rows, hidden = x.shape
     experts = down.shape[0]
     if router_weight.shape != (experts + (shared is not None), hidden) or router_weight.dtype != x.dtype:
@@ -229,18 +227,17 @@ def block_add_zrms(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.
     logits = torch.empty(rows, router_weight.shape[0], dtype=x.dtype, device=x.device)
     whole = None if shared is None else Shared(shared[0], shared[1], logits[:, experts:])
     total, normed = _routed(x, gate_up, down, logits[:, :experts], top_k, normalise, whole, residual,
-                            (router_weight, logits), prefetch)
+                            (router_weight, logits))
     assert normed is not None
     return total, normed
 
 
 def _routed(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: torch.Tensor, top_k: int,
             normalise: bool, shared: Shared | None, residual: Residual | None,
-            product: tuple[torch.Tensor, torch.Tensor] | None = None, prefetch: torch.Tensor | None = None
+            product: tuple[torch.Tensor, torch.Tensor] | None = None
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``routed``; with ``product`` (the router's weight, the whole logits buffer ``logits`` views) the
-    logits are that product's, made here: in the experts' launch where it takes them, else first.
-    ``prefetch``: see ``block_add_zrms``."""
+    logits are that product's, made here: in the experts' launch where it takes them, else first."""
     rows = x.shape[0]
     if not 1 <= top_k <= down.shape[0]:
         raise ValueError(f"top_k is {top_k}, expected 1 to {down.shape[0]} (the experts)")
@@ -256,7 +253,7 @@ def _routed(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: 
         return _experts(x, gate_up, down, ids, weights, shared, None, residual)
     ids = torch.empty(rows, top_k, dtype=torch.int64, device=x.device)
     weights = torch.empty(rows, top_k, dtype=x.dtype, device=x.device)
-    return _experts(x, gate_up, down, ids, weights, shared, (logits, normalise), residual, product, prefetch)
+    return _experts(x, gate_up, down, ids, weights, shared, (logits, normalise), residual, product)
 
 
 def _one_launch(rows: int, hidden: int, per_row: int, chosen: bool) -> bool:
@@ -279,8 +276,8 @@ def experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: tor
 
 def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
              weights: torch.Tensor, shared: Shared | None, choice: tuple[torch.Tensor, bool] | None,
-             residual: Residual | None, product: tuple[torch.Tensor, torch.Tensor] | None = None,
-             prefetch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+             residual: Residual | None, product: tuple[torch.Tensor, torch.Tensor] | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``experts``' output, or with ``residual`` the residual stream plus it and their norm. With
     ``product`` (``_routed``'s, only where the one launch runs), the launch makes the logits too."""
     _check(x, gate_up, down, ids, weights, shared)
@@ -315,8 +312,7 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
                        None if residual is None or normed is None else
                        (residual.x.contiguous(), residual.weight, residual.eps, normed),
                        {"block_m": BLOCK_M, "gate_n": GATE_N, "gate_k": GATE_K, "down_n": DOWN_N,
-                        "down_k": DOWN_K, "stages": GATE_STAGES}, None if product is None else product[0],
-                       prefetch)
+                        "down_k": DOWN_K, "stages": GATE_STAGES}, None if product is None else product[0])
         return out, normed
     for first in range(0, rows, ROW_CHUNK):
         count = min(ROW_CHUNK, rows - first)

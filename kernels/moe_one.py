@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 import kernels
-from kernels import INTERPRETED, gemm, l2, moe_plan, moe_sum, moe_tiles, norm, pdl, router
+from kernels import INTERPRETED, gemm, moe_plan, moe_sum, moe_tiles, norm, pdl, router
 
 READY = 64  # tiles of one launch at most: top_k routed experts and the shared one
 ROUTER_TILES = 32  # column tiles of the router's product at most, when it runs in the launch
@@ -58,13 +58,6 @@ SHARED_DOWN_LAST = False
 DOWN_TAKES_CHOICE = True
 # A down program asks for its weights (four K steps) before it waits for h; off, it reads them after.
 PRELOAD_DOWN = True
-# MB of the next layer's first weight (``launch``'s ``prefetch``) the routed down programs ask L2 to keep
-# once the router's partials are in, while HBM idles before the experts stream (``kernels.l2``; 0: off;
-# a program's share rounded up to a power of two lines). Not yet measured: on the H200 every L2 ask so
-# far lost, but none was made in that idle window.
-PREFETCH_MB = 0
-# The experts' weights loaded evict_first, so their stream does not push prefetched lines out of L2.
-EVICT_FIRST = False
 # Each column block's last down program sums its columns, the last of those normalises (off: the last
 # down program does all of it alone, ~3 us a layer at one row on the H200; same bits either way).
 SPREAD_FINISH = True
@@ -153,7 +146,7 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
              tile_expert, tile_weight, chosen, ready, arrivals, blocks, gate, residual, total, out,
              norm_weight, experts, hidden, inner, shared_inner, width, stride_ge, stride_gn, stride_gs,
              stride_de, stride_dn, stride_ds, stride_g, eps, router_w, partials, router_counters, router_n,
-             router_k_per_segment, next_weight, next_lines,
+             router_k_per_segment,
              K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, SLOTS: tl.constexpr,
              TILES: tl.constexpr, GATE_COLS: tl.constexpr, DOWN_COLS: tl.constexpr, PRECISION: tl.constexpr,
              WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, GATE_N: tl.constexpr, GATE_K: tl.constexpr,
@@ -163,8 +156,7 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
              ROUTER_K: tl.constexpr, LOGITS_CACHE: tl.constexpr, SHARED_FIRST: tl.constexpr,
              DOWN_SHARED_FIRST: tl.constexpr, TAKE_CHOICE: tl.constexpr,
              PRELOAD: tl.constexpr, SPREAD: tl.constexpr, FROM_PARTIALS: tl.constexpr,
-             GATE_SEGMENTS: tl.constexpr, PREFETCH: tl.constexpr, PER_LINE: tl.constexpr,
-             EVICT: tl.constexpr, PDL: tl.constexpr):
+             GATE_SEGMENTS: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     program = tl.program_id(0) - ROUTER_TILES * ROUTER_SEGMENTS  # the router's programs first, if here
     q = tl.arange(0, BLOCK_M)
@@ -194,7 +186,7 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
         matrix, stride_n, size = moe_tiles.weight_of(gate_up, shared_gate_up, expert, experts, stride_ge,
                                                      stride_gn, stride_gs, inner, shared_inner)
         moe_tiles.gate_up_tile(x, matrix, stride_n, size, h, tile + q, live, q * 0, hidden, width, 0, column,
-                               PRECISION, WIDEN, BLOCK_M, GATE_N, GATE_K, EVICT)
+                               PRECISION, WIDEN, BLOCK_M, GATE_N, GATE_K)
         tl.debug_barrier()  # every thread's part of h is stored before the tile counts it
         tl.atomic_add(ready + tile, 1, sem="release", scope="gpu")
     else:
@@ -203,13 +195,6 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
         if SHARED_FIRST and tile == K:
             expert, weight = tl.full([], 0, tl.int32) + experts, tl.full([], 1.0, tl.float32)
         elif TAKE_CHOICE:
-            # once the router's reads are done HBM idles until the experts stream; a program that starts
-            # after the choice is out (no room for it before) asks for nothing: the stream is on by then
-            if PREFETCH > 0:  # noqa: SIM102 (compiled out when off; a Triton `and` would still read the flag)
-                if tl.atomic_add(chosen + tile, 0, sem="relaxed", scope="gpu") < 1:
-                    _logits_wait(router_counters, ROUTER_TILES, ROUTER_SEGMENTS, FROM_PARTIALS)
-                    first = (tile * DOWN_COLS + column) * PREFETCH
-                    l2.prefetch(next_weight, first, next_lines, PREFETCH, PER_LINE)
             while tl.atomic_add(chosen + tile, 0, sem="acquire", scope="gpu") < 1:
                 pass
             expert = tl.load(tile_expert + tile, cache_modifier=".cg")
@@ -223,12 +208,10 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
                                                      stride_ds, inner, shared_inner)
         pair_weight = tl.full([BLOCK_M], 1.0, tl.float32) * weight
         if PRELOAD == 4:  # the weights asked for before the wait: they arrive while gate/up runs
-            b0 = moe_tiles.down_weights(matrix, stride_n, size, hidden, column, 0, DOWN_N, DOWN_K, EVICT)
-            b1 = moe_tiles.down_weights(matrix, stride_n, size, hidden, column, DOWN_K, DOWN_N, DOWN_K, EVICT)
-            b2 = moe_tiles.down_weights(matrix, stride_n, size, hidden, column, 2 * DOWN_K, DOWN_N, DOWN_K,
-                                        EVICT)
-            b3 = moe_tiles.down_weights(matrix, stride_n, size, hidden, column, 3 * DOWN_K, DOWN_N, DOWN_K,
-                                        EVICT)
+            b0 = moe_tiles.down_weights(matrix, stride_n, size, hidden, column, 0, DOWN_N, DOWN_K)
+            b1 = moe_tiles.down_weights(matrix, stride_n, size, hidden, column, DOWN_K, DOWN_N, DOWN_K)
+            b2 = moe_tiles.down_weights(matrix, stride_n, size, hidden, column, 2 * DOWN_K, DOWN_N, DOWN_K)
+            b3 = moe_tiles.down_weights(matrix, stride_n, size, hidden, column, 3 * DOWN_K, DOWN_N, DOWN_K)
         wanted = (size + GATE_N - 1) // GATE_N  # the tile's gate/up programs that store h
         while tl.atomic_add(ready + tile, 0, sem="acquire", scope="gpu") < wanted:
             pass
@@ -299,8 +282,7 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
            normalise: bool, ids: torch.Tensor, weights: torch.Tensor, tables: moe_plan.Tables,
            tile_expert: torch.Tensor, gate: torch.Tensor, shared: bool, total: torch.Tensor,
            residual: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None,
-           tiles: dict[str, int], router_weight: torch.Tensor | None = None,
-           prefetch: torch.Tensor | None = None) -> None:
+           tiles: dict[str, int], router_weight: torch.Tensor | None = None) -> None:
     """One row's block into ``total`` (the residual stream at decode, with ``residual`` = (the
     stream before, the norm's weight, eps, where the normed row goes)); the other arguments are
     ``kernels.moe._experts``' (checked there), ``tiles`` its tile sizes. ``ids`` and ``weights``
@@ -308,8 +290,7 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
     the launch first makes ``kernels.gemm.matmul(x, router_weight)`` and writes its experts' columns
     into ``logits`` (and, with ``FROM_PARTIALS`` off, the shared expert's gate after them, where
     ``gate`` views it; on, the finish sums the gate from the partials and ``gate`` is not read);
-    scratch: its fp32 partials. ``prefetch`` (contiguous; the next layer's first weight) is asked of L2
-    by the waiting down programs with ``PREFETCH_MB`` on, on a GPU; no value changes."""
+    scratch: its fp32 partials."""
     experts, hidden, inner = down.shape
     top_k = ids.shape[1]
     count = top_k + shared
@@ -334,8 +315,6 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
     from_partials = FROM_PARTIALS and router_weight is not None
     if from_partials and shared:  # the finish sums the gate's column of the partials, a segment apart
         gate = partials[:, experts:experts + 1]
-    # the routed down programs ask, and only those that take their tile's choice
-    hints = l2.shares(prefetch, PREFETCH_MB if DOWN_TAKES_CHOICE else 0, top_k * down_cols, x)
     _one_row[(router_tiles * plan.segments + count * (gate_cols + down_cols),)](
         x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids, weights, tables.pair_at,
         tables.dest_at, tile_expert, torch.empty(count, dtype=torch.float32, device=x.device), chosen, found,
@@ -343,8 +322,7 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
         experts, hidden, inner, shared_down.shape[1], h.shape[1], gate_up.stride(0), gate_up.stride(1),
         shared_gate_up.stride(0), down.stride(0), down.stride(1), shared_down.stride(0), gate.stride(0), eps,
         router_weight if router_weight is not None else x, partials, found[READY + 1:], n_router,
-        plan.k_per_segment, hints.tensor, hints.lines,
-        K=top_k, NORM=normalise, BLOCK_E=triton.next_power_of_2(experts),
+        plan.k_per_segment, K=top_k, NORM=normalise, BLOCK_E=triton.next_power_of_2(experts),
         SLOTS=triton.next_power_of_2(top_k), TILES=count, GATE_COLS=gate_cols, DOWN_COLS=down_cols,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", WIDEN=INTERPRETED, BLOCK_M=tiles["block_m"],
         GATE_N=tiles["gate_n"], GATE_K=tiles["gate_k"], DOWN_N=tiles["down_n"], DOWN_K=tiles["down_k"],
@@ -355,6 +333,4 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
         DOWN_SHARED_FIRST=SHARED_FIRST and shared and not SHARED_DOWN_LAST, TAKE_CHOICE=DOWN_TAKES_CHOICE,
         PRELOAD=4 if preload else 0, SPREAD=SPREAD_FINISH and down_cols <= COLUMNS and exact,
         FROM_PARTIALS=from_partials, GATE_SEGMENTS=plan.segments if from_partials and shared else 0,
-        PREFETCH=hints.per_program, PER_LINE=hints.per_line,
-        EVICT="evict_first" if EVICT_FIRST else "",
         num_warps=router.ROUTE_WARPS, num_stages=tiles["stages"], **pdl.options(x.device))

@@ -32,10 +32,9 @@ def weight_of(routed, shared, expert, experts, stride_e, stride_n, stride_sn, in
 @triton.jit
 def gate_up_tile(x, gate, stride_n, size, h, q, live, token, hidden, width, stride_x, column_tile,
                  PRECISION: tl.constexpr, WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
+                 BLOCK_K: tl.constexpr):
     """The middle h of pairs ``q`` (rows ``token`` of x; ``live`` the real ones) over the expert's
-    inner columns of tile ``column_tile``, from its ``gate`` matrix (gate rows, then ``size`` up rows);
-    ``EVICT`` the weights' L2 eviction policy ("" or "evict_first")."""
+    inner columns of tile ``column_tile``, from its ``gate`` matrix (gate rows, then ``size`` up rows)."""
     cols = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     gate = gate + cols[:, None] * stride_n
     up = gate + size * stride_n
@@ -46,10 +45,8 @@ def gate_up_tile(x, gate, stride_n, size, h, q, live, token, hidden, width, stri
         wmask = (cols[:, None] < size) & (ks[None, :] < hidden)
         a = tl.load(x + token[:, None] * stride_x + ks[None, :], mask=live[:, None] & (ks[None, :] < hidden),
                     other=0.0)
-        acc_gate = dot(a, tl.load(gate + ks[None, :], mask=wmask, other=0.0, eviction_policy=EVICT), acc_gate,
-                       PRECISION, WIDEN)
-        acc_up = dot(a, tl.load(up + ks[None, :], mask=wmask, other=0.0, eviction_policy=EVICT), acc_up,
-                     PRECISION, WIDEN)
+        acc_gate = dot(a, tl.load(gate + ks[None, :], mask=wmask, other=0.0), acc_gate, PRECISION, WIDEN)
+        acc_up = dot(a, tl.load(up + ks[None, :], mask=wmask, other=0.0), acc_up, PRECISION, WIDEN)
     act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
     tl.store(h + q[:, None] * width + cols[None, :], act.to(h.dtype.element_ty),
              mask=live[:, None] & (cols[None, :] < size))
@@ -64,7 +61,7 @@ def down_tile(h, w, stride_n, size, buf, q, live, weight, dest, hidden, width, c
     cache modifier of h's loads (".cg" where another program of the same launch stored it)."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for start in range(0, size, BLOCK_K):
-        b = down_weights(w, stride_n, size, hidden, column_tile, start, BLOCK_N, BLOCK_K, "")
+        b = down_weights(w, stride_n, size, hidden, column_tile, start, BLOCK_N, BLOCK_K)
         acc = down_step(h, b, acc, q, live, width, size, start, PRECISION, WIDEN, BLOCK_K, H_CACHE)
     down_store(buf, acc, live, weight, dest, hidden, column_tile, BLOCK_N)
 
@@ -78,14 +75,12 @@ def down_store(buf, acc, live, weight, dest, hidden, column_tile, BLOCK_N: tl.co
 
 
 @triton.jit
-def down_weights(w, stride_n, size, hidden, column_tile, start, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVICT: tl.constexpr):
-    """K step ``start`` of a down tile's weights (zeros past the expert's inner ``size``), loaded with
-    L2 eviction policy ``EVICT``."""
+def down_weights(w, stride_n, size, hidden, column_tile, start, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """K step ``start`` of a down tile's weights (zeros past the expert's inner ``size``)."""
     cols = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = start + tl.arange(0, BLOCK_K)
     live = (cols[:, None] < hidden) & (ks[None, :] < size)
-    return tl.load(w + cols[:, None] * stride_n + ks[None, :], mask=live, other=0.0, eviction_policy=EVICT)
+    return tl.load(w + cols[:, None] * stride_n + ks[None, :], mask=live, other=0.0)
 
 
 @triton.jit

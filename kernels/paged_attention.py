@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import INTERPRETED, l2, pdl
+from kernels import INTERPRETED, pdl
 from kernels.sigmoid_gate import gated
 
 SEGMENT = 512  # keys a decode program covers: fixed, so a lane's split never depends on the batch
@@ -45,11 +45,6 @@ SHORT_SEGMENT = 64
 SHORT_KEYS = 4096
 STATS = 4  # partials' columns after head_dim: running max, sum of exp, two pads keeping 16-byte rows
 MERGE_BLOCK = 16  # segments the merge loads at once
-# MB of the weight the next product reads (``decode``'s ``prefetch``: the layer's out projection) that the
-# segment programs ask L2 to keep, those past their lane's keys too: at one lane of a few thousand keys
-# the segments move a few MB in ~5 us, HBM mostly idle (``kernels.l2``; 0: off; no value changes).
-# Not yet measured.
-PREFETCH_MB = 0
 LOG2E = math.log2(math.e)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -125,18 +120,14 @@ def segments_for(max_keys: int, segment: int = SEGMENT) -> int:
 def _decode_segment(q, k_cache, v_cache, page_table, lengths, partials, scale_log2, max_keys,
                     stride_qb, stride_qh, stride_qd, stride_kp, stride_ks, stride_kh, stride_kd,
                     stride_vp, stride_vs, stride_vh, stride_vd, stride_tb, stride_tp,
-                    stride_pb, stride_ps, stride_ph, hinted, hinted_lines,
+                    stride_pb, stride_ps, stride_ph,
                     PAGE_ROWS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                     HEAD_DIM: tl.constexpr, SHORT: tl.constexpr, SHORT_KEYS: tl.constexpr, SEG: tl.constexpr,
-                    BLOCK_N: tl.constexpr, WIDEN: tl.constexpr, PREFETCH: tl.constexpr,
-                    PER_LINE: tl.constexpr, PDL: tl.constexpr):
+                    BLOCK_N: tl.constexpr, WIDEN: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     lane = tl.program_id(0)
     kv_head = tl.program_id(1)
     segment = tl.program_id(2)
-    if PREFETCH > 0:  # a share of the next product's weight, asked of L2 by every program
-        index = (lane * tl.num_programs(1) + kv_head) * tl.num_programs(2) + segment
-        l2.prefetch(hinted, index * PREFETCH, hinted_lines, PREFETCH, PER_LINE)
     length = tl.minimum(tl.load(lengths + lane), max_keys)
     first, end = _segment_keys(segment, length, SHORT, SHORT_KEYS, SEG)
     if first >= length:  # the grid covers the widest lane; this segment is past this one's keys
@@ -247,13 +238,11 @@ def partials_for(lanes: int, heads: int, head_dim: int, max_keys: int, device: t
 
 def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
            lengths: torch.Tensor, scale: float, out: torch.Tensor, partials: torch.Tensor, *,
-           segment: int = SEGMENT, gate: torch.Tensor | None = None,
-           prefetch: torch.Tensor | None = None) -> torch.Tensor:
+           segment: int = SEGMENT, gate: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of ``q`` [lanes, heads, head_dim] over each lane's first ``lengths[lane]`` keys, into
     ``out``; a lane of length 0 gets zeros. ``partials`` comes from ``partials_for``. With ``gate``
     (like q, unit last stride: attention's output gate), ``out`` is the gated output, the bits of
-    ``kernels.sigmoid_gate`` on the plain one. With ``PREFETCH_MB`` on a GPU, the segment programs ask
-    L2 for ``prefetch`` (the next product's weight; a hint). Returns ``out``."""
+    ``kernels.sigmoid_gate`` on the plain one. Returns ``out``."""
     if gate is not None and (gate.shape != q.shape or gate.stride(2) != 1 or gate.dtype != out.dtype):
         raise ValueError(f"gate is {list(gate.shape)} {gate.dtype}: want q's shape {list(q.shape)} in "
                          f"{out.dtype}, unit last stride")
@@ -274,14 +263,11 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_t
                          f"{q.device} (see partials_for), got {list(partials.shape)} {partials.dtype}")
     kv_heads = k_cache.shape[2]
     group_pad = max(16, triton.next_power_of_2(group))  # tl.dot needs M >= 16
-    hints = l2.shares(prefetch, PREFETCH_MB, lanes * kv_heads * segments, q)
     _decode_segment[(lanes, kv_heads, segments)](
         q, k_cache, v_cache, page_table, lengths, partials, scale * LOG2E, max_keys,
-        *q.stride(), *cache_strides(k_cache, v_cache, page_table), *partials.stride()[:3], hints.tensor,
-        hints.lines,
+        *q.stride(), *cache_strides(k_cache, v_cache, page_table), *partials.stride()[:3],
         PAGE_ROWS=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SHORT=short,
-        SHORT_KEYS=SHORT_KEYS, SEG=segment, WIDEN=INTERPRETED, PREFETCH=hints.per_program,
-        PER_LINE=hints.per_line, **_decode_config(head_dim, short),
+        SHORT_KEYS=SHORT_KEYS, SEG=segment, WIDEN=INTERPRETED, **_decode_config(head_dim, short),
         **pdl.options(q.device))
     gates = out if gate is None else gate  # not read without GATED
     _decode_merge[(lanes, heads)](partials, lengths, out, gates, max_keys, *partials.stride()[:3],

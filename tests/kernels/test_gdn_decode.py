@@ -78,10 +78,8 @@ def check_decode(dims: Dims, lanes: int, dtype: torch.dtype, device: str) -> Non
     assert torch.equal(splice(expected, pool, [state_at], dims.state), pool)
 
 
-def check_gated(dims: Dims, lanes: int, dtype: torch.dtype, device: str,
-                hint: torch.Tensor | None = None) -> None:
-    """Gates formed in the kernel from the projection's b and a: decode's bits with gdn_gates' g, beta
-    (with ``hint`` asked of L2 by the gated launch)."""
+def check_gated(dims: Dims, lanes: int, dtype: torch.dtype, device: str) -> None:
+    """Gates formed in the kernel from the projection's b and a: decode's bits with gdn_gates' g, beta."""
     pool, (state_at,) = make_pool(lanes, [dims.state], [1], device)
     q, k, v, _, _ = row(inputs(dims, lanes, 1, dtype, device), 0)
     gen = torch.Generator().manual_seed(lanes)
@@ -94,7 +92,7 @@ def check_gated(dims: Dims, lanes: int, dtype: torch.dtype, device: str,
     plain = pool.clone()
     want = gdn_decode.decode(q, k, v, g, beta, plain.view(torch.float32), state_at, dims.scale)
     got = gdn_decode.decode_gated(q, k, v, b, a, a_log, dt_bias, pool.view(torch.float32), state_at,
-                                  dims.scale, prefetch=hint)
+                                  dims.scale)
     assert torch.equal(got, want)
     assert torch.equal(pool, plain)
 
@@ -237,13 +235,6 @@ def test_real_sizes_on_gpu(dims: Dims) -> None:
     check_alone(dims, 8, torch.bfloat16, "cuda")
     check_verify(dims, 64, 4, torch.bfloat16, "cuda")
     check_identities(dims, 64, 4, torch.bfloat16, "cuda")
-
-
-@pytest.mark.gpu
-def test_the_l2_hint_changes_no_bits(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the rule's programs ask L2 for the out projection that follows: a hint, the same bits
-    monkeypatch.setattr(gdn_decode, "PREFETCH_MB", 16)
-    check_gated(REAL[0], 8, torch.bfloat16, "cuda", hint=torch.randn(2048, 4096, device="cuda").bfloat16())
 
 
 @pytest.mark.gpu

@@ -266,24 +266,3 @@ def test_gpu_the_block_from_its_input_in_one_launch_is_the_routers_product_then_
         expected = want()
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
     assert not moe_one.counters(x.device).any()
-
-
-@pytest.mark.gpu
-def test_gpu_the_l2_hints_change_no_bits(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the waiting down programs ask L2 for the next layer's weight; the experts' loads marked evict_first
-    x, gate_up, down, _, _ = make_real(1, 256, 8, seed=37)
-    shared = make_real_shared(1, 256, seed=37)
-    residual = residual_of(1, torch.bfloat16, seed=37, hidden=2048, device="cuda")
-    router_weight = (torch.randn(257, 2048, device="cuda") / 45).bfloat16()
-    following = torch.randn(12352, 2048, device="cuda").bfloat16()
-
-    def block() -> tuple[torch.Tensor, torch.Tensor]:
-        return moe.block_add_zrms(x, router_weight, gate_up, down, 8, True, (shared.gate_up, shared.down),
-                                  residual, following)
-
-    want = block()
-    monkeypatch.setattr(moe_one, "PREFETCH_MB", 8)
-    monkeypatch.setattr(moe_one, "EVICT_FIRST", True)
-    got = block()
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert not moe_one.counters(x.device).any()

@@ -235,23 +235,6 @@ def test_decode_real_sizes_on_gpu(heads: int, kv_heads: int, page_rows: int) -> 
 
 
 @pytest.mark.gpu
-def test_decode_asking_l2_for_the_next_weight_changes_no_bits(monkeypatch: pytest.MonkeyPatch) -> None:
-    lengths = [1_024, 0, 5_000]
-    c = paged(lengths, kv_heads=2, dtype=torch.bfloat16, heads=16, head_dim=256, page_rows=64,
-              max_pages=8_192 // 64, device="cuda")
-    q = queries(len(lengths), torch.bfloat16, heads=16, head_dim=256, device="cuda")
-    gate = torch.randn_like(q)
-    partials = partials_for(3, 16, 256, c.table.shape[1] * c.k.shape[1], q.device)
-    keys = torch.tensor(lengths, dtype=torch.int32, device=q.device)
-    want = decode(q, c.k, c.v, c.table, keys, c.scale, torch.empty_like(q), partials, gate=gate)
-    monkeypatch.setattr(paged_attention, "PREFETCH_MB", 16)
-    following = torch.randn(2048, 4096, device="cuda").bfloat16()  # the out projection that reads next
-    got = decode(q, c.k, c.v, c.table, keys, c.scale, torch.empty_like(q), partials, gate=gate,
-                 prefetch=following)
-    assert torch.equal(got, want)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize(("heads", "kv_heads", "page_rows"), [(16, 2, 64), (32, 4, 16)])
 def test_prefill_real_sizes_on_gpu(heads: int, kv_heads: int, page_rows: int) -> None:
     start, rows = 1_000, 700

@@ -95,7 +95,7 @@ def attention_rows(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin:
         partials = paged_attention.partials_for(x.shape[0], w.heads, w.head_dim,
                                                 page_table.shape[1] * k_cache.shape[1], x.device)
         paged_attention.decode(query, k_cache, v_cache, page_table, lengths, w.head_dim ** -0.5, out,
-                               partials, gate=gate, prefetch=w.o)
+                               partials, gate=gate)
         return linear(out.reshape(out.shape[0], -1), w.o)
     p = project(w, x, cos, sin, rotary)
     cache_write.reference(p.key, p.value, k_cache, v_cache, page_table, lengths)

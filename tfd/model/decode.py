@@ -234,25 +234,19 @@ def _plain(w: StackWeights, x: torch.Tensor, step: _Step) -> torch.Tensor:
     first = w.layers[0].input_norm
     assert first is not None
     following = [layer.input_norm for layer in w.layers[1:]] + [w.final_norm]
-    reads_next = [_first_weight(layer) for layer in w.layers[1:]] + [w.head]
     gdn_layer = 0
     h = zrms(x, first, w.eps)
-    for layer, norm, next_weight in zip(w.layers, following, reads_next, strict=True):
+    for layer, norm in zip(w.layers, following, strict=True):
         assert layer.post_norm is not None and norm is not None
         mixed = _mix(w, layer, h, gdn_layer, step)
         if isinstance(layer.mixer, GdnWeights):
             gdn_layer += 1
         x, h = add_zrms(x, mixed, layer.post_norm, w.eps)
         if isinstance(layer.ffn, MoeWeights):
-            x, h = moe_add_zrms(layer.ffn, h, x, norm, w.eps, next_weight)
+            x, h = moe_add_zrms(layer.ffn, h, x, norm, w.eps)
         else:
             x, h = add_zrms(x, dense(layer.ffn, h), norm, w.eps)
     return h
-
-
-def _first_weight(layer: LayerWeights) -> torch.Tensor:
-    """The weight a layer's first product reads (its mixer's input projection)."""
-    return layer.mixer.proj if isinstance(layer.mixer, GdnWeights) else layer.mixer.qkv
 
 
 def _streams(w: StackWeights, x: torch.Tensor, step: _Step) -> torch.Tensor:

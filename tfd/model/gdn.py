@@ -148,8 +148,7 @@ def gdn_rows(w: GdnWeights, x: torch.Tensor, states: torch.Tensor, state_at: tor
     if x.is_cuda:  # the conv in the projection's last step (kernels.gemm.Conv): conv1d.decode's bits
         mixed, z, b, a = _split(w, gemm.matmul(x, w.proj, conv=gemm.Conv(w.conv, tails, tail_at)))
         q, k, v = split_heads(w, mixed)
-        out = gdn_decode.decode_gated(q, k, v, b, a, w.a_log, w.dt_bias, states, state_at, w.key_dim ** -0.5,
-                                      prefetch=w.out)
+        out = gdn_decode.decode_gated(q, k, v, b, a, w.a_log, w.dt_bias, states, state_at, w.key_dim ** -0.5)
         return finish(w, out, z)
     p = project(w, x)
     q, k, v = split_heads(w, conv1d.reference(p.mixed, w.conv, tails, tail_at))

@@ -76,17 +76,16 @@ def moe(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:
     return sigmoid_gate(shared, gate, routed)
 
 
-def moe_add_zrms(w: MoeWeights, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                 prefetch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def moe_add_zrms(w: MoeWeights, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``add_zrms(residual, moe(w, x), weight, eps)``, the same bits; on CUDA the addition and the
     norm run in the grouped kernels' last launch (decode: one launch fewer a layer), and at one row
-    the router's product, the choice and both expert products in one launch, which may ask L2 for
-    ``prefetch`` (the weight the next product reads first; a hint, no value changes)."""
+    the router's product, the choice and both expert products in one launch."""
     if not x.is_cuda:
         return add_zrms(residual, moe(w, x), weight, eps)
     return kernels_moe.block_add_zrms(x, w.router, w.gate_up, w.down, w.top_k, w.norm_top_k,
                                       (w.shared.gate_up, w.shared.down),
-                                      kernels_moe.Residual(residual, weight, eps), prefetch)
+                                      kernels_moe.Residual(residual, weight, eps))
 
 
 def grouped_moe(w: MoeWeights, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
