@@ -64,6 +64,9 @@ ONE_ROW = True
 ONE_LAUNCH = True
 # One row through ``block_add_zrms``: the router's product in that launch too; off, a launch before.
 ROUTER_IN_LAUNCH = True
+# One row through ``add_block_add_zrms``: the add and norm before the block formed by the launch's reading
+# programs (kernels.moe_one's ``added``); off, an ``add_zrms`` launch before (same bits). Not yet measured.
+ADD_IN_LAUNCH = False
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -214,11 +217,13 @@ def routed_add_zrms(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, 
 
 def block_add_zrms(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
                    top_k: int, normalise: bool, shared: tuple[torch.Tensor, torch.Tensor] | None,
-                   residual: Residual) -> tuple[torch.Tensor, torch.Tensor]:
+                   residual: Residual, added: tuple[torch.Tensor, torch.Tensor, float] | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """``routed_add_zrms`` from the block's input: the router's product ``kernels.gemm.matmul(x,
     router_weight)`` first (``router_weight`` [experts, hidden], with a shared expert one row more
     for its gate, last), and the shared expert's (gate_up, down); the same bits. At one row the
-    router's product runs in the experts' one launch (``kernels.moe_one``)."""
+    router's product runs in the experts' one launch (``kernels.moe_one``), which may take its input
+    before the add and norm (``added``, from ``add_block_add_zrms``)."""
     rows, hidden = x.shape
     experts = down.shape[0]
     if router_weight.shape != (experts + (shared is not None), hidden) or router_weight.dtype != x.dtype:
@@ -227,14 +232,36 @@ def block_add_zrms(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.
     logits = torch.empty(rows, router_weight.shape[0], dtype=x.dtype, device=x.device)
     whole = None if shared is None else Shared(shared[0], shared[1], logits[:, experts:])
     total, normed = _routed(x, gate_up, down, logits[:, :experts], top_k, normalise, whole, residual,
-                            (router_weight, logits))
+                            (router_weight, logits), added)
     assert normed is not None
     return total, normed
 
 
+def add_block_add_zrms(x: torch.Tensor, delta: torch.Tensor, before: tuple[torch.Tensor, float],
+                       router_weight: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k: int,
+                       normalise: bool, shared: tuple[torch.Tensor, torch.Tensor] | None,
+                       weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``block_add_zrms`` of the norm of ``kernels.norm.add_zrms(x, delta, *before)`` (``before``: that
+    norm's weight and eps), added to its sum, then the next norm (``weight``, ``eps``); the same bits.
+    At one row with ``ADD_IN_LAUNCH`` the first add and norm take no launch: the block's one launch
+    forms its input in each program that reads it (``kernels.moe_one``'s ``added``)."""
+    rows, hidden = x.shape
+    if (ADD_IN_LAUNCH and ROUTER_IN_LAUNCH and _one_launch(rows, hidden, top_k + (shared is not None), True)
+            and moe_one.spreads(x.dtype, hidden, DOWN_N) and router_weight.is_contiguous()
+            and moe_one.takes_router(*router_weight.shape) and delta.shape == x.shape
+            and delta.dtype == x.dtype and top_k <= moe_plan.CHOICE_PAIRS):
+        x = x.contiguous()
+        return block_add_zrms(x, router_weight, gate_up, down, top_k, normalise, shared,
+                              Residual(x, weight, eps), (delta.contiguous(), *before))
+    total, normed = norm.add_zrms(x, delta, *before)
+    return block_add_zrms(normed, router_weight, gate_up, down, top_k, normalise, shared,
+                          Residual(total, weight, eps))
+
+
 def _routed(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: torch.Tensor, top_k: int,
             normalise: bool, shared: Shared | None, residual: Residual | None,
-            product: tuple[torch.Tensor, torch.Tensor] | None = None
+            product: tuple[torch.Tensor, torch.Tensor] | None = None,
+            added: tuple[torch.Tensor, torch.Tensor, float] | None = None
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``routed``; with ``product`` (the router's weight, the whole logits buffer ``logits`` views) the
     logits are that product's, made here: in the experts' launch where it takes them, else first."""
@@ -246,14 +273,16 @@ def _routed(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: 
     if product is not None and not (_one_launch(rows, x.shape[1], top_k + (shared is not None), True)
                                     and ROUTER_IN_LAUNCH and product[0].is_contiguous()
                                     and moe_one.takes_router(*product[0].shape)):
+        assert added is None, "a block before its add and norm takes the router's product in its launch"
         product[1].copy_(gemm.matmul(x, product[0]))
         product = None
     if rows == 0 or rows * top_k > moe_plan.CHOICE_PAIRS or logits.stride(1) != 1:
+        assert added is None, "a block before its add and norm makes its choice in its launch"
         ids, weights = router.top_k(logits, top_k, normalise, x.dtype)
         return _experts(x, gate_up, down, ids, weights, shared, None, residual)
     ids = torch.empty(rows, top_k, dtype=torch.int64, device=x.device)
     weights = torch.empty(rows, top_k, dtype=x.dtype, device=x.device)
-    return _experts(x, gate_up, down, ids, weights, shared, (logits, normalise), residual, product)
+    return _experts(x, gate_up, down, ids, weights, shared, (logits, normalise), residual, product, added)
 
 
 def _one_launch(rows: int, hidden: int, per_row: int, chosen: bool) -> bool:
@@ -276,10 +305,12 @@ def experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: tor
 
 def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
              weights: torch.Tensor, shared: Shared | None, choice: tuple[torch.Tensor, bool] | None,
-             residual: Residual | None, product: tuple[torch.Tensor, torch.Tensor] | None = None
+             residual: Residual | None, product: tuple[torch.Tensor, torch.Tensor] | None = None,
+             added: tuple[torch.Tensor, torch.Tensor, float] | None = None
              ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``experts``' output, or with ``residual`` the residual stream plus it and their norm. With
-    ``product`` (``_routed``'s, only where the one launch runs), the launch makes the logits too."""
+    ``product`` (``_routed``'s, only where the one launch runs), the launch makes the logits too; with
+    ``added`` (only there too) ``x`` is the stream before the add and norm that make its input."""
     _check(x, gate_up, down, ids, weights, shared)
     if residual is not None:
         _check_residual(x, residual)
@@ -303,7 +334,7 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
     tables = moe_plan.Tables.empty(chunk * top_k, bins, x.device)
     one_row = ONE_ROW and choice is not None and rows == 1  # the choice in the experts' first launch
     tile_expert = torch.empty(per_row, dtype=torch.int32, device=x.device) if one_row else tables.pair_at
-    assert product is None or _one_launch(rows, hidden, per_row, choice is not None)
+    assert (product is None and added is None) or _one_launch(rows, hidden, per_row, choice is not None)
     if _one_launch(rows, hidden, per_row, choice is not None) and choice is not None:
         gate = out if shared is None else shared.gate
         normed = torch.empty_like(out) if residual is not None else None
@@ -312,7 +343,8 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
                        None if residual is None or normed is None else
                        (residual.x.contiguous(), residual.weight, residual.eps, normed),
                        {"block_m": BLOCK_M, "gate_n": GATE_N, "gate_k": GATE_K, "down_n": DOWN_N,
-                        "down_k": DOWN_K, "stages": GATE_STAGES}, None if product is None else product[0])
+                        "down_k": DOWN_K, "stages": GATE_STAGES}, None if product is None else product[0],
+                       added)
         return out, normed
     for first in range(0, rows, ROW_CHUNK):
         count = min(ROW_CHUNK, rows - first)

@@ -13,6 +13,13 @@ arrival a gate/up program of the tile) before it reads h from L2, its weights (f
 asked for. The shared expert's programs come first and make no choice, so they read while the
 router's product runs (``SHARED_DOWN_LAST`` puts its down programs last instead).
 
+At decode the block's input may come as the residual stream and the mixer's output before their add
+and norm (``launch``'s ``added``): then each program that reads the input (the router's, the gate/up
+ones) forms it itself, the rounded sum normalised with the norm's own code (``kernels.norm.added``,
+``kernels.norm.zrms_row``, in the norm's warps: the bits of ``kernels.norm.add_zrms``) into a row of its
+own in ``slots``, and the finish adds the mixer's output to the stream before the block's sum: the add
+and norm take no launch of their own.
+
 The finish is spread (``SPREAD_FINISH``, ``kernels.moe_sum.finish_spread``): the last down program
 of each column block to arrive (a counter a block) sums the block's ranks in order, adds the shared
 expert and at decode the residual, and stores those columns of the stream; the last block to finish
@@ -142,11 +149,28 @@ def _tile_first(index, K: tl.constexpr, TILES: tl.constexpr, SHARED_FIRST: tl.co
 
 
 @triton.jit
+def _input(x, added_delta, added_weight, added_eps, slots, hidden, dtype: tl.constexpr,
+           HIDDEN_BLOCK: tl.constexpr, ADDED: tl.constexpr):
+    """The block's input row for a program that reads it: ``x``, or with ``ADDED`` the zero-centred
+    norm of x + the mixer's output, formed into the program's own row of ``slots`` (``_add_zrms``'s
+    arithmetic and warps, so its bits)."""
+    row = x
+    if ADDED:
+        every = tl.arange(0, HIDDEN_BLOCK)
+        whole = every < hidden
+        summed = norm.added(x, tl.load(added_delta + every, mask=whole, other=0.0), every, whole, dtype)
+        row = slots + tl.program_id(0) * hidden
+        norm.zrms_row(summed.to(tl.float32), row, added_weight, every, every, whole, hidden, added_eps)
+        tl.debug_barrier()  # every thread's part of the row is stored before any reads it back
+    return row
+
+
+@triton.jit
 def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids, weights, pair_at, dest_at,
              tile_expert, tile_weight, chosen, ready, arrivals, blocks, gate, residual, total, out,
              norm_weight, experts, hidden, inner, shared_inner, width, stride_ge, stride_gn, stride_gs,
              stride_de, stride_dn, stride_ds, stride_g, eps, router_w, partials, router_counters, router_n,
-             router_k_per_segment,
+             router_k_per_segment, added_delta, added_weight, added_eps, slots,
              K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, SLOTS: tl.constexpr,
              TILES: tl.constexpr, GATE_COLS: tl.constexpr, DOWN_COLS: tl.constexpr, PRECISION: tl.constexpr,
              WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, GATE_N: tl.constexpr, GATE_K: tl.constexpr,
@@ -156,12 +180,14 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
              ROUTER_K: tl.constexpr, LOGITS_CACHE: tl.constexpr, SHARED_FIRST: tl.constexpr,
              DOWN_SHARED_FIRST: tl.constexpr, TAKE_CHOICE: tl.constexpr,
              PRELOAD: tl.constexpr, SPREAD: tl.constexpr, FROM_PARTIALS: tl.constexpr,
-             GATE_SEGMENTS: tl.constexpr, PDL: tl.constexpr):
+             GATE_SEGMENTS: tl.constexpr, ADDED: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     program = tl.program_id(0) - ROUTER_TILES * ROUTER_SEGMENTS  # the router's programs first, if here
     q = tl.arange(0, BLOCK_M)
     live = q < 1  # a tile is one pair at one row
+    dtype = total.dtype.element_ty
     if program < 0:
+        x = _input(x, added_delta, added_weight, added_eps, slots, hidden, dtype, HIDDEN_BLOCK, ADDED)
         _router_tile(x, router_w, partials, logits, router_counters, tl.program_id(0), router_n, hidden,
                      router_k_per_segment, hidden, ROUTER_TILES, ROUTER_SEGMENTS, ROUTER_M, ROUTER_N,
                      ROUTER_K, WIDEN, FROM_PARTIALS)
@@ -170,6 +196,7 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
         tile, column = _tile_first(program // GATE_COLS, K, TILES, SHARED_FIRST), program % GATE_COLS
         if column * GATE_N >= tl.where(tile < K, inner, shared_inner):  # past the expert's columns
             return
+        x = _input(x, added_delta, added_weight, added_eps, slots, hidden, dtype, HIDDEN_BLOCK, ADDED)
         if SHARED_FIRST and tile == K:  # the shared expert needs no choice
             expert = tl.full([], 0, tl.int32) + experts
             if column == 0:
@@ -225,8 +252,8 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
         tl.debug_barrier()  # every thread's part of the tile is written before it is counted
         if SPREAD:  # the block's last program sums it, the last block's normalises (arrivals: the blocks)
             last = moe_sum.finish_spread(buf, gate, residual, total, out, norm_weight, blocks, arrivals,
-                                         column, TILES, DOWN_COLS, K, hidden, stride_g, eps, K, SHARED,
-                                         ADD_NORM, DOWN_N, HIDDEN_BLOCK, GATE_SEGMENTS)
+                                         column, TILES, DOWN_COLS, K, hidden, stride_g, eps, added_delta, K,
+                                         SHARED, ADD_NORM, DOWN_N, HIDDEN_BLOCK, GATE_SEGMENTS, ADDED)
         else:
             last = tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == TILES * DOWN_COLS - 1
             if last:
@@ -269,6 +296,13 @@ def takes_router(n: int, hidden: int) -> bool:
     return triton.cdiv(n, _router_n(few)) <= ROUTER_TILES and few.warps == router.ROUTE_WARPS
 
 
+def spreads(dtype: torch.dtype, hidden: int, down_n: int) -> bool:
+    """Whether the launch's finish is spread over the column blocks at decode (``SPREAD_FINISH``), as a
+    block taking its input before the add and norm (``launch``'s ``added``) needs."""
+    exact = dtype != torch.float32 or INTERPRETED  # see launch's exact
+    return SPREAD_FINISH and triton.cdiv(hidden, down_n) <= COLUMNS and exact
+
+
 def counters(device: torch.device) -> torch.Tensor:
     """The device's counters: ``READY`` tiles' ready counts, the down programs' arrivals (with
     ``SPREAD_FINISH``, the column blocks' finished), the router's ``ROUTER_TILES`` tiles' arrivals
@@ -282,7 +316,8 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
            normalise: bool, ids: torch.Tensor, weights: torch.Tensor, tables: moe_plan.Tables,
            tile_expert: torch.Tensor, gate: torch.Tensor, shared: bool, total: torch.Tensor,
            residual: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None,
-           tiles: dict[str, int], router_weight: torch.Tensor | None = None) -> None:
+           tiles: dict[str, int], router_weight: torch.Tensor | None = None,
+           added: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> None:
     """One row's block into ``total`` (the residual stream at decode, with ``residual`` = (the
     stream before, the norm's weight, eps, where the normed row goes)); the other arguments are
     ``kernels.moe._experts``' (checked there), ``tiles`` its tile sizes. ``ids`` and ``weights``
@@ -290,7 +325,11 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
     the launch first makes ``kernels.gemm.matmul(x, router_weight)`` and writes its experts' columns
     into ``logits`` (and, with ``FROM_PARTIALS`` off, the shared expert's gate after them, where
     ``gate`` views it; on, the finish sums the gate from the partials and ``gate`` is not read);
-    scratch: its fp32 partials."""
+    scratch: its fp32 partials. With ``added`` = (the mixer's output [1, hidden], the norm's weight,
+    eps), ``x`` and the residual stream are the stream before that output was added: the block's input
+    is their sum's norm (``kernels.norm.add_zrms``), formed by each program that reads it (scratch: a
+    row each), and the stream the block adds to is their rounded sum; it needs ``residual`` and
+    ``spreads``. ValueError otherwise."""
     experts, hidden, inner = down.shape
     top_k = ids.shape[1]
     count = top_k + shared
@@ -312,6 +351,13 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
     # fp32 on a GPU: sm_90's code pairs the norm's squares into FMAs one way for a row in registers and
     # another for a row loaded back, so there the last program normalises alone (2-byte dtypes agree).
     exact = residual is None or x.dtype != torch.float32 or INTERPRETED
+    spread = SPREAD_FINISH and down_cols <= COLUMNS and exact
+    if added is not None and (residual is None or not spread or residual[0].data_ptr() != x.data_ptr()):
+        raise ValueError("a block given its input before the add and norm (added) needs the residual stream "
+                         "as x and a spread finish (kernels.moe_one.spreads)")
+    readers = router_tiles * plan.segments + count * gate_cols  # the programs that read the input
+    delta, added_weight, added_eps = added if added is not None else (x, x, 0.0)
+    slots = torch.empty(readers if added is not None else 1, hidden, dtype=x.dtype, device=x.device)
     from_partials = FROM_PARTIALS and router_weight is not None
     if from_partials and shared:  # the finish sums the gate's column of the partials, a segment apart
         gate = partials[:, experts:experts + 1]
@@ -322,7 +368,8 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
         experts, hidden, inner, shared_down.shape[1], h.shape[1], gate_up.stride(0), gate_up.stride(1),
         shared_gate_up.stride(0), down.stride(0), down.stride(1), shared_down.stride(0), gate.stride(0), eps,
         router_weight if router_weight is not None else x, partials, found[READY + 1:], n_router,
-        plan.k_per_segment, K=top_k, NORM=normalise, BLOCK_E=triton.next_power_of_2(experts),
+        plan.k_per_segment, delta, added_weight, added_eps, slots, K=top_k, NORM=normalise,
+        BLOCK_E=triton.next_power_of_2(experts),
         SLOTS=triton.next_power_of_2(top_k), TILES=count, GATE_COLS=gate_cols, DOWN_COLS=down_cols,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", WIDEN=INTERPRETED, BLOCK_M=tiles["block_m"],
         GATE_N=tiles["gate_n"], GATE_K=tiles["gate_k"], DOWN_N=tiles["down_n"], DOWN_K=tiles["down_k"],
@@ -331,6 +378,6 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
         ROUTER_N=_router_n(plan.few), ROUTER_K=plan.few.block_k,
         LOGITS_CACHE=".cg" if router_weight is not None else "", SHARED_FIRST=SHARED_FIRST and shared,
         DOWN_SHARED_FIRST=SHARED_FIRST and shared and not SHARED_DOWN_LAST, TAKE_CHOICE=DOWN_TAKES_CHOICE,
-        PRELOAD=4 if preload else 0, SPREAD=SPREAD_FINISH and down_cols <= COLUMNS and exact,
+        PRELOAD=4 if preload else 0, SPREAD=spread, ADDED=added is not None,
         FROM_PARTIALS=from_partials, GATE_SEGMENTS=plan.segments if from_partials and shared else 0,
         num_warps=router.ROUTE_WARPS, num_stages=tiles["stages"], **pdl.options(x.device))

@@ -60,11 +60,16 @@ def zrms(x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = 
 
 
 @triton.jit
+def rounded_sum(a, b, dtype: tl.constexpr):
+    """a + b in fp32, rounded to ``dtype`` as the model's a + b would be."""
+    return (a.to(tl.float32) + b.to(tl.float32)).to(dtype)
+
+
+@triton.jit
 def added(x, delta, at, mask, dtype: tl.constexpr):
-    """x at ``at`` + ``delta`` in fp32, rounded to ``dtype`` as the model's x + delta would be: the
-    residual sum, before it is normalised (``add_zrms_row``, and a block of columns of it in
-    kernels.moe_sum.finish_spread)."""
-    return (tl.load(x + at, mask=mask, other=0.0).to(tl.float32) + delta.to(tl.float32)).to(dtype)
+    """x at ``at`` + ``delta`` (``rounded_sum``): the residual sum, before it is normalised
+    (``add_zrms_row``, and a block of columns of it in kernels.moe_sum.finish_spread)."""
+    return rounded_sum(tl.load(x + at, mask=mask, other=0.0), delta, dtype)
 
 
 @triton.jit

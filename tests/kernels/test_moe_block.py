@@ -174,6 +174,44 @@ def test_the_block_from_its_input_spreading_the_finish_gives_the_same_bits(
     assert all(torch.equal(a, b) for a, b in zip(spread, want, strict=True))
 
 
+def before_the_block(rows: int, hidden: int, seed: int, device: str = "cpu"
+                     ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, float]]:
+    """A residual stream, a mixer's output and the norm between them and an MoE block."""
+    generator = torch.Generator(device).manual_seed(seed + 5000)
+    stream = torch.randn(rows, hidden, generator=generator, device=device).bfloat16()
+    delta = torch.randn(rows, hidden, generator=generator, device=device).bfloat16()
+    return stream, delta, ((torch.randn(hidden, generator=generator, device=device) * 0.1).bfloat16(), 1e-6)
+
+
+@pytest.mark.parametrize(("rows", "inside"), [(1, True), (1, False), (3, True)])
+def test_the_block_before_its_add_and_norm_is_add_zrms_then_the_block(
+        monkeypatch: pytest.MonkeyPatch, rows: int, inside: bool) -> None:
+    # at one row (ADD_IN_LAUNCH) the launch's reading programs form the block's input: no add_zrms launch
+    monkeypatch.setattr(moe, "DOWN_N", 16)  # 72 columns: five column blocks, the finish spread
+    _, gate_up, down, _, _ = make(rows, 3, torch.bfloat16, seed=61, hidden=72)
+    shared = make_shared(rows, torch.bfloat16, seed=61, hidden=72)
+    after = residual_of(rows, torch.bfloat16, seed=61, hidden=72)
+    router_weight = (torch.randn(9, 72, generator=torch.Generator().manual_seed(61)) / 8).bfloat16()
+    stream, delta, before = before_the_block(rows, 72, seed=61)
+    total, normed = norm.add_zrms(stream, delta, *before)
+    want = moe.block_add_zrms(normed, router_weight, gate_up, down, 3, True, (shared.gate_up, shared.down),
+                              after._replace(x=total))
+    monkeypatch.setattr(moe, "ADD_IN_LAUNCH", inside)
+    adds: list[int] = []
+    add = norm.add_zrms
+    monkeypatch.setattr(norm, "add_zrms", lambda *args, **kwargs: (adds.append(1), add(*args, **kwargs))[1])
+    got = moe.add_block_add_zrms(stream, delta, before, router_weight, gate_up, down, 3, True,
+                                 (shared.gate_up, shared.down), after.weight, after.eps)
+    assert len(adds) == (0 if inside and rows == 1 else 1)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert not moe_one.counters(stream.device).any()
+    if inside and rows == 1:  # the launch refuses the input before its add and norm without a spread finish
+        monkeypatch.setattr(moe_one, "SPREAD_FINISH", False)
+        fallback = moe.add_block_add_zrms(stream, delta, before, router_weight, gate_up, down, 3, True,
+                                          (shared.gate_up, shared.down), after.weight, after.eps)
+        assert len(adds) == 1 and all(torch.equal(a, b) for a, b in zip(fallback, want, strict=True))
+
+
 def test_the_residual_add_past_a_chunk_is_add_zrms_of_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
     x, gate_up, down, _, _ = make(7, 2, torch.float32, seed=7)
     logits, shared = router_product(7, 8, torch.float32, seed=7), make_shared(7, torch.float32, seed=7)
@@ -266,3 +304,35 @@ def test_gpu_the_block_from_its_input_in_one_launch_is_the_routers_product_then_
         expected = want()
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
     assert not moe_one.counters(x.device).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("experts", "top_k"), REAL)
+def test_gpu_the_block_before_its_add_and_norm_in_one_launch_is_add_zrms_then_the_block(
+        experts: int, top_k: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # every reading program's norm has add_zrms's bits (the norm's warps), captured and replayed
+    monkeypatch.setattr(moe, "ADD_IN_LAUNCH", True)
+    _, gate_up, down, _, _ = make_real(1, experts, top_k, seed=67)
+    shared = make_real_shared(1, experts, seed=67)
+    after = residual_of(1, torch.bfloat16, seed=67, hidden=2048, device="cuda")
+    router_weight = (torch.randn(experts + 1, 2048, device="cuda") / 45).bfloat16()
+    stream, delta, before = before_the_block(1, 2048, seed=67, device="cuda")
+
+    def block(inside: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        if inside:
+            return moe.add_block_add_zrms(stream, delta, before, router_weight, gate_up, down, top_k, True,
+                                          (shared.gate_up, shared.down), after.weight, after.eps)
+        total, normed = norm.add_zrms(stream, delta, *before)
+        return moe.block_add_zrms(normed, router_weight, gate_up, down, top_k, True,
+                                  (shared.gate_up, shared.down), after._replace(x=total))
+
+    block(True)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = block(True)
+    for seed in (67, 68):
+        stream.copy_(before_the_block(1, 2048, seed=seed, device="cuda")[0])
+        want = block(False)
+        graph.replay()
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert not moe_one.counters(stream.device).any()

@@ -30,7 +30,7 @@ from tfd.model import hyper
 from tfd.model.attention import QsaCaches, attention_rows, sparse_rows
 from tfd.model.gdn import GdnWeights, gdn_rows
 from tfd.model.memory import element_offset, to_device
-from tfd.model.mlp import MoeWeights, dense, moe, moe_add_zrms
+from tfd.model.mlp import MoeWeights, add_moe_add_zrms, dense, moe
 from tfd.model.ops import add_zrms, zrms
 from tfd.model.ple import ple_rows
 from tfd.model.rope import Rotary
@@ -241,10 +241,10 @@ def _plain(w: StackWeights, x: torch.Tensor, step: _Step) -> torch.Tensor:
         mixed = _mix(w, layer, h, gdn_layer, step)
         if isinstance(layer.mixer, GdnWeights):
             gdn_layer += 1
-        x, h = add_zrms(x, mixed, layer.post_norm, w.eps)
         if isinstance(layer.ffn, MoeWeights):
-            x, h = moe_add_zrms(layer.ffn, h, x, norm, w.eps)
+            x, h = add_moe_add_zrms(layer.ffn, x, mixed, layer.post_norm, norm, w.eps)
         else:
+            x, h = add_zrms(x, mixed, layer.post_norm, w.eps)
             x, h = add_zrms(x, dense(layer.ffn, h), norm, w.eps)
     return h
 

@@ -88,6 +88,19 @@ def moe_add_zrms(w: MoeWeights, x: torch.Tensor, residual: torch.Tensor, weight:
                                       kernels_moe.Residual(residual, weight, eps))
 
 
+def add_moe_add_zrms(w: MoeWeights, x: torch.Tensor, delta: torch.Tensor, before: torch.Tensor,
+                     weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``moe_add_zrms`` of ``add_zrms(x, delta, before, eps)``: the residual add and norm before the
+    block (``before`` that norm's weight), the block, its add and the next norm (``weight``); the
+    same bits. On CUDA at one row the first add and norm may run inside the block's one launch
+    (``kernels.moe.ADD_IN_LAUNCH``)."""
+    if not x.is_cuda:
+        total, normed = add_zrms(x, delta, before, eps)
+        return moe_add_zrms(w, normed, total, weight, eps)
+    return kernels_moe.add_block_add_zrms(x, delta, (before, eps), w.router, w.gate_up, w.down, w.top_k,
+                                          w.norm_top_k, (w.shared.gate_up, w.shared.down), weight, eps)
+
+
 def grouped_moe(w: MoeWeights, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """The block from the router's product ``logits`` [rows, experts + 1] (the shared gate last) by
     ``kernels.moe.routed``: the choice and the grouping, the routed experts with the shared expert
