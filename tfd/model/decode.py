@@ -215,27 +215,32 @@ def run_decode(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory) -> tor
     lane; states, tails, PLE pieces and row parts move past the row. A fed token field (negative)
     is resolved from ``memory.feed`` and written back. Raises ValueError when the stack has a PLE
     layer and the batch's columns no PLE offsets."""
+    h = None  # the first layer's input, when the inputs' launch normalises it (plain blocks)
     if batch.packed.is_cuda:  # one launch for what torch takes ten
         tables = memory.angle_tables(w.rotary, batch.columns.pages, w.embed.dtype)
-        inputs = step_inputs.gather(batch.packed, batch.columns.table_field, w.embed, *tables, memory.feed)
-        x, step = inputs.x, _Step(batch, memory, inputs.cos, inputs.sin, inputs.table, inputs.lengths)
+        first = w.layers[0].input_norm if w.mixer is None and step_inputs.FIRST_NORM else None
+        inputs = step_inputs.gather(batch.packed, batch.columns.table_field, w.embed, *tables, memory.feed,
+                                    None if first is None else (first, w.eps))
+        x, h = inputs.x, inputs.h
+        step = _Step(batch, memory, inputs.cos, inputs.sin, inputs.table, inputs.lengths)
     else:
         batch.tokens.copy_(step_inputs.fed_tokens(batch.tokens, memory.feed))
         x = w.embed[batch.tokens]
         cos, sin = w.rotary.angles(batch.positions, x.dtype)
         table = batch.page_table.to(torch.int32, memory_format=torch.contiguous_format)
         step = _Step(batch, memory, cos, sin, table, batch.lengths.to(torch.int32))
-    return _streams(w, x, step) if w.mixer is not None else _plain(w, x, step)
+    return _streams(w, x, step) if w.mixer is not None else _plain(w, x, h, step)
 
 
-def _plain(w: StackWeights, x: torch.Tensor, step: _Step) -> torch.Tensor:
+def _plain(w: StackWeights, x: torch.Tensor, h: torch.Tensor | None, step: _Step) -> torch.Tensor:
     """Blocks added to one residual between RMSNorms, each add joined with the next norm (an MoE
-    block's in its own last launch)."""
+    block's in its own last launch); ``h`` is the first norm when the inputs' launch made it."""
     first = w.layers[0].input_norm
     assert first is not None
     following = [layer.input_norm for layer in w.layers[1:]] + [w.final_norm]
     gdn_layer = 0
-    h = zrms(x, first, w.eps)
+    if h is None:
+        h = zrms(x, first, w.eps)
     for layer, norm in zip(w.layers, following, strict=True):
         assert layer.post_norm is not None and norm is not None
         mixed = _mix(w, layer, h, gdn_layer, step)
