@@ -45,6 +45,7 @@ import triton.language as tl
 
 import kernels
 from kernels import INTERPRETED, gemm, moe_plan, moe_sum, moe_tiles, norm, pdl, router
+from kernels.moe_route import choice_of, logits_wait, router_tile, row_input
 
 READY = 64  # tiles of one launch at most: top_k routed experts and the shared one
 ROUTER_TILES = 32  # column tiles of the router's product at most, when it runs in the launch
@@ -77,92 +78,12 @@ FROM_PARTIALS = True
 
 
 @triton.jit
-def _router_tile(x, w, partials, logits, counters, program, n, k, k_per_segment, stride_w,
-                 TILES: tl.constexpr, SEGMENTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, WIDEN: tl.constexpr, FROM_PARTIALS: tl.constexpr):
-    """One program of the router's product at one row, as ``kernels.gemm``'s spread form computes
-    it (the same segments, tiles and order): it stores its fp32 partial; with ``FROM_PARTIALS`` it
-    counts it (``counters[TILES + 1]``), else the last program of a tile stores the tile's logits
-    and counts the tile ready (``counters[TILES]``)."""
-    column, segment = program % TILES, program // TILES
-    rows = tl.arange(0, BLOCK_M)
-    cols = column * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = gemm.segment_sum(x, w, rows, cols, 1, n, k, segment * k_per_segment, k_per_segment, 0, stride_w,
-                           BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
-    mask = (rows[:, None] < 1) & (cols[None, :] < n)
-    where = rows[:, None] * n + cols[None, :]
-    tl.store(partials + segment * n + where, acc, mask=mask)
-    tl.debug_barrier()  # every thread's part of the partial is written before it is counted
-    if FROM_PARTIALS:  # the choosing programs sum the partials: count them stored, nothing more
-        tl.atomic_add(counters + TILES + 1, 1, sem="release", scope="gpu")
-    elif tl.atomic_add(counters + column, 1, sem="acq_rel", scope="gpu") == SEGMENTS - 1:
-        total = gemm.summed(partials, n, where, mask, SEGMENTS).to(logits.dtype.element_ty)
-        tl.store(logits + where, total, mask=mask)
-        tl.debug_barrier()  # the tile's logits are stored before it counts ready
-        tl.atomic_xchg(counters + column, 0, sem="relaxed", scope="gpu")
-        tl.atomic_add(counters + TILES, 1, sem="release", scope="gpu")
-
-
-@triton.jit
-def _logits_wait(router_counters, ROUTER_TILES: tl.constexpr, SEGMENTS: tl.constexpr,
-                 FROM_PARTIALS: tl.constexpr):
-    """With the router's product in the launch, wait until every tile of the logits is stored (with
-    ``FROM_PARTIALS``, every partial)."""
-    if ROUTER_TILES > 0:
-        if FROM_PARTIALS:
-            while tl.atomic_add(router_counters + ROUTER_TILES + 1, 0, sem="acquire", scope="gpu") \
-                    < ROUTER_TILES * SEGMENTS:
-                pass
-        else:
-            while tl.atomic_add(router_counters + ROUTER_TILES, 0, sem="acquire", scope="gpu") < ROUTER_TILES:
-                pass
-
-
-@triton.jit
-def _chosen(logits, partials, n, ids, weights, pair_at, dest_at, tile_expert, experts, tile, writes,
-            K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, SLOTS: tl.constexpr,
-            CACHE: tl.constexpr, SEGMENTS: tl.constexpr, FROM_PARTIALS: tl.constexpr):
-    """``kernels.moe_plan.chosen_tile``, its logits read or (``FROM_PARTIALS``) summed from the
-    router's partials as the tile's last program would sum them; a writing program of tile 0 then
-    stores them, as the logits the launch promises."""
-    if FROM_PARTIALS:
-        e = tl.arange(0, BLOCK_E)
-        summed = gemm.summed(partials, n, e, e < experts, SEGMENTS).to(logits.dtype.element_ty)
-        if writes and tile == 0:
-            tl.store(logits + e, summed, mask=e < experts)
-        x = tl.where(e < experts, summed.to(tl.float32), float("-inf"))
-        chosen = moe_plan.chosen_tile_of(x, ids, weights, pair_at, dest_at, tile_expert, experts, tile,
-                                         writes, K, NORM, BLOCK_E, SLOTS)
-    else:
-        chosen = moe_plan.chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts, tile,
-                                      writes, K, NORM, BLOCK_E, SLOTS, CACHE)
-    return chosen
-
-
-@triton.jit
 def _tile_first(index, K: tl.constexpr, TILES: tl.constexpr, SHARED_FIRST: tl.constexpr):
     """The tile of a program's place among the tiles: with ``SHARED_FIRST`` the shared expert's
     (tile K) first, so its programs start while the router's choice is still being made."""
     if SHARED_FIRST and TILES > K:
         index = (index + K) % TILES
     return index
-
-
-@triton.jit
-def _input(x, added_delta, added_weight, added_eps, slots, hidden, dtype: tl.constexpr,
-           HIDDEN_BLOCK: tl.constexpr, ADDED: tl.constexpr):
-    """The block's input row for a program that reads it: ``x``, or with ``ADDED`` the zero-centred
-    norm of x + the mixer's output, formed into the program's own row of ``slots`` (``_add_zrms``'s
-    arithmetic and warps, so its bits)."""
-    row = x
-    if ADDED:
-        every = tl.arange(0, HIDDEN_BLOCK)
-        whole = every < hidden
-        summed = norm.added(x, tl.load(added_delta + every, mask=whole, other=0.0), every, whole, dtype)
-        row = slots + tl.program_id(0) * hidden
-        norm.zrms_row(summed.to(tl.float32), row, added_weight, every, every, whole, hidden, added_eps)
-        tl.debug_barrier()  # every thread's part of the row is stored before any reads it back
-    return row
 
 
 @triton.jit
@@ -180,32 +101,32 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
              ROUTER_K: tl.constexpr, LOGITS_CACHE: tl.constexpr, SHARED_FIRST: tl.constexpr,
              DOWN_SHARED_FIRST: tl.constexpr, TAKE_CHOICE: tl.constexpr,
              PRELOAD: tl.constexpr, SPREAD: tl.constexpr, FROM_PARTIALS: tl.constexpr,
-             GATE_SEGMENTS: tl.constexpr, ADDED: tl.constexpr, PDL: tl.constexpr):
+             GATE_SEGMENTS: tl.constexpr, ADDED: tl.constexpr, ROUTER_FOUR: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     program = tl.program_id(0) - ROUTER_TILES * ROUTER_SEGMENTS  # the router's programs first, if here
     q = tl.arange(0, BLOCK_M)
     live = q < 1  # a tile is one pair at one row
     dtype = total.dtype.element_ty
     if program < 0:
-        x = _input(x, added_delta, added_weight, added_eps, slots, hidden, dtype, HIDDEN_BLOCK, ADDED)
-        _router_tile(x, router_w, partials, logits, router_counters, tl.program_id(0), router_n, hidden,
-                     router_k_per_segment, hidden, ROUTER_TILES, ROUTER_SEGMENTS, ROUTER_M, ROUTER_N,
-                     ROUTER_K, WIDEN, FROM_PARTIALS)
+        router_tile(x, router_w, partials, logits, router_counters, tl.program_id(0), router_n, hidden,
+                    router_k_per_segment, hidden, added_delta, added_weight, added_eps, slots, dtype,
+                    ROUTER_TILES, ROUTER_SEGMENTS, ROUTER_M, ROUTER_N, ROUTER_K, WIDEN, FROM_PARTIALS,
+                    HIDDEN_BLOCK, ADDED, ROUTER_FOUR)
         return
     if program < TILES * GATE_COLS:
         tile, column = _tile_first(program // GATE_COLS, K, TILES, SHARED_FIRST), program % GATE_COLS
         if column * GATE_N >= tl.where(tile < K, inner, shared_inner):  # past the expert's columns
             return
-        x = _input(x, added_delta, added_weight, added_eps, slots, hidden, dtype, HIDDEN_BLOCK, ADDED)
+        x = row_input(x, added_delta, added_weight, added_eps, slots, hidden, dtype, HIDDEN_BLOCK, ADDED)
         if SHARED_FIRST and tile == K:  # the shared expert needs no choice
             expert = tl.full([], 0, tl.int32) + experts
             if column == 0:
                 tl.store(tile_expert + tile, expert)
         else:
-            _logits_wait(router_counters, ROUTER_TILES, ROUTER_SEGMENTS, FROM_PARTIALS)
-            expert, weight = _chosen(logits, partials, router_n, ids, weights, pair_at, dest_at, tile_expert,
-                                     experts, tile, column == 0, K, NORM, BLOCK_E, SLOTS, LOGITS_CACHE,
-                                     ROUTER_SEGMENTS, FROM_PARTIALS)
+            logits_wait(router_counters, ROUTER_TILES, ROUTER_SEGMENTS, FROM_PARTIALS)
+            expert, weight = choice_of(logits, partials, router_n, ids, weights, pair_at, dest_at,
+                                       tile_expert, experts, tile, column == 0, K, NORM, BLOCK_E, SLOTS,
+                                       LOGITS_CACHE, ROUTER_SEGMENTS, FROM_PARTIALS)
             if TAKE_CHOICE and column == 0:  # published for the tile's down programs (tile_expert: stored)
                 tl.store(tile_weight + tile, weight)
                 tl.debug_barrier()  # every thread's stores are done before the flag shows them
@@ -227,10 +148,10 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
             expert = tl.load(tile_expert + tile, cache_modifier=".cg")
             weight = tl.load(tile_weight + tile, cache_modifier=".cg")
         else:
-            _logits_wait(router_counters, ROUTER_TILES, ROUTER_SEGMENTS, FROM_PARTIALS)
-            expert, weight = _chosen(logits, partials, router_n, ids, weights, pair_at, dest_at, tile_expert,
-                                     experts, tile, False, K, NORM, BLOCK_E, SLOTS, LOGITS_CACHE,
-                                     ROUTER_SEGMENTS, FROM_PARTIALS)
+            logits_wait(router_counters, ROUTER_TILES, ROUTER_SEGMENTS, FROM_PARTIALS)
+            expert, weight = choice_of(logits, partials, router_n, ids, weights, pair_at, dest_at,
+                                       tile_expert, experts, tile, False, K, NORM, BLOCK_E, SLOTS,
+                                       LOGITS_CACHE, ROUTER_SEGMENTS, FROM_PARTIALS)
         matrix, stride_n, size = moe_tiles.weight_of(down, shared_down, expert, experts, stride_de, stride_dn,
                                                      stride_ds, inner, shared_inner)
         pair_weight = tl.full([BLOCK_M], 1.0, tl.float32) * weight
@@ -379,5 +300,6 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
         LOGITS_CACHE=".cg" if router_weight is not None else "", SHARED_FIRST=SHARED_FIRST and shared,
         DOWN_SHARED_FIRST=SHARED_FIRST and shared and not SHARED_DOWN_LAST, TAKE_CHOICE=DOWN_TAKES_CHOICE,
         PRELOAD=4 if preload else 0, SPREAD=spread, ADDED=added is not None,
+        ROUTER_FOUR=added is not None and plan.k_per_segment == 4 * plan.few.block_k,
         FROM_PARTIALS=from_partials, GATE_SEGMENTS=plan.segments if from_partials and shared else 0,
         num_warps=router.ROUTE_WARPS, num_stages=tiles["stages"], **pdl.options(x.device))

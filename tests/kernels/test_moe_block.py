@@ -183,16 +183,19 @@ def before_the_block(rows: int, hidden: int, seed: int, device: str = "cpu"
     return stream, delta, ((torch.randn(hidden, generator=generator, device=device) * 0.1).bfloat16(), 1e-6)
 
 
-@pytest.mark.parametrize(("rows", "inside"), [(1, True), (1, False), (3, True)])
+# hidden 1024: the router's segments are four K steps each, asked for before the input is formed
+@pytest.mark.parametrize(("rows", "inside", "hidden"), [(1, True, 72), (1, False, 72), (3, True, 72),
+                                                        (1, True, 1024)])
 def test_the_block_before_its_add_and_norm_is_add_zrms_then_the_block(
-        monkeypatch: pytest.MonkeyPatch, rows: int, inside: bool) -> None:
+        monkeypatch: pytest.MonkeyPatch, rows: int, inside: bool, hidden: int) -> None:
     # at one row (ADD_IN_LAUNCH) the launch's reading programs form the block's input: no add_zrms launch
-    monkeypatch.setattr(moe, "DOWN_N", 16)  # 72 columns: five column blocks, the finish spread
-    _, gate_up, down, _, _ = make(rows, 3, torch.bfloat16, seed=61, hidden=72)
-    shared = make_shared(rows, torch.bfloat16, seed=61, hidden=72)
-    after = residual_of(rows, torch.bfloat16, seed=61, hidden=72)
-    router_weight = (torch.randn(9, 72, generator=torch.Generator().manual_seed(61)) / 8).bfloat16()
-    stream, delta, before = before_the_block(rows, 72, seed=61)
+    if hidden == 72:
+        monkeypatch.setattr(moe, "DOWN_N", 16)  # five column blocks, the last one half past the row
+    _, gate_up, down, _, _ = make(rows, 3, torch.bfloat16, seed=61, hidden=hidden)
+    shared = make_shared(rows, torch.bfloat16, seed=61, hidden=hidden)
+    after = residual_of(rows, torch.bfloat16, seed=61, hidden=hidden)
+    router_weight = (torch.randn(9, hidden, generator=torch.Generator().manual_seed(61)) / 8).bfloat16()
+    stream, delta, before = before_the_block(rows, hidden, seed=61)
     total, normed = norm.add_zrms(stream, delta, *before)
     want = moe.block_add_zrms(normed, router_weight, gate_up, down, 3, True, (shared.gate_up, shared.down),
                               after._replace(x=total))
