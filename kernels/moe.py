@@ -28,7 +28,7 @@ row, ranked by expert id within its row (the shared pairs' rows after all routed
 (``routed_add_zrms``, decode) adds that to the residual stream and normalises it for the next block
 as ``kernels.norm.add_zrms`` does, the same bits one launch sooner; at one row ``_down``'s last
 program to finish (an arrival counter) does that in its own launch, in the same warps; with
-``ONE_LAUNCH`` both products are one launch (``kernels.moe_one``), and through ``block_add_zrms``
+``ONE_LAUNCH`` both products are one launch (``kernels.moe_one``), and through ``kernels.moe_block``
 the router's product too. Every grid is fixed by the shapes (an upper bound on the tiles; a program
 past the last tile exits at once), so a call can be captured in a CUDA graph.
 
@@ -62,11 +62,8 @@ ROW_CHUNK = 2048  # rows a pass takes at most: bounds the fp32 buffer (rows neve
 ONE_ROW = True
 # One row through ``routed``: both products in one launch (kernels.moe_one); off, two (same bits).
 ONE_LAUNCH = True
-# One row through ``block_add_zrms``: the router's product in that launch too; off, a launch before.
+# One row through ``kernels.moe_block``: the router's product in that launch too; off, a launch before.
 ROUTER_IN_LAUNCH = True
-# One row through ``add_block_add_zrms``: the add and norm before the block formed by the launch's reading
-# programs (kernels.moe_one's ``added``); off, an ``add_zrms`` launch before (same bits). Not yet measured.
-ADD_IN_LAUNCH = False
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -201,7 +198,7 @@ def routed(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: t
     from router ``logits`` [rows, experts] (unit column stride): the same bits, and when the rows'
     routed pairs are few (decode at a few lanes: ``kernels.moe_plan.CHOICE_PAIRS``) the choice and
     the grouping are one launch."""
-    return _routed(x, gate_up, down, logits, top_k, normalise, shared, None)[0]
+    return routed_with(x, gate_up, down, logits, top_k, normalise, shared, None)[0]
 
 
 def routed_add_zrms(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: torch.Tensor,
@@ -210,67 +207,27 @@ def routed_add_zrms(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, 
     """``kernels.norm.add_zrms(residual.x, routed(...), residual.weight, residual.eps)`` with the
     same bits, the addition and the norm in the experts' last launch (rows up to ``ROW_CHUNK``):
     the residual stream and the next block's input."""
-    total, normed = _routed(x, gate_up, down, logits, top_k, normalise, shared, residual)
+    total, normed = routed_with(x, gate_up, down, logits, top_k, normalise, shared, residual)
     assert normed is not None
     return total, normed
 
 
-def block_add_zrms(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-                   top_k: int, normalise: bool, shared: tuple[torch.Tensor, torch.Tensor] | None,
-                   residual: Residual, added: tuple[torch.Tensor, torch.Tensor, float] | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``routed_add_zrms`` from the block's input: the router's product ``kernels.gemm.matmul(x,
-    router_weight)`` first (``router_weight`` [experts, hidden], with a shared expert one row more
-    for its gate, last), and the shared expert's (gate_up, down); the same bits. At one row the
-    router's product runs in the experts' one launch (``kernels.moe_one``), which may take its input
-    before the add and norm (``added``, from ``add_block_add_zrms``)."""
-    rows, hidden = x.shape
-    experts = down.shape[0]
-    if router_weight.shape != (experts + (shared is not None), hidden) or router_weight.dtype != x.dtype:
-        raise ValueError(f"router_weight is {list(router_weight.shape)} {router_weight.dtype}, expected "
-                         f"[{experts + (shared is not None)}, {hidden}] {x.dtype}")
-    logits = torch.empty(rows, router_weight.shape[0], dtype=x.dtype, device=x.device)
-    whole = None if shared is None else Shared(shared[0], shared[1], logits[:, experts:])
-    total, normed = _routed(x, gate_up, down, logits[:, :experts], top_k, normalise, whole, residual,
-                            (router_weight, logits), added)
-    assert normed is not None
-    return total, normed
-
-
-def add_block_add_zrms(x: torch.Tensor, delta: torch.Tensor, before: tuple[torch.Tensor, float],
-                       router_weight: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k: int,
-                       normalise: bool, shared: tuple[torch.Tensor, torch.Tensor] | None,
-                       weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``block_add_zrms`` of the norm of ``kernels.norm.add_zrms(x, delta, *before)`` (``before``: that
-    norm's weight and eps), added to its sum, then the next norm (``weight``, ``eps``); the same bits.
-    At one row with ``ADD_IN_LAUNCH`` the first add and norm take no launch: the block's one launch
-    forms its input in each program that reads it (``kernels.moe_one``'s ``added``)."""
-    rows, hidden = x.shape
-    if (ADD_IN_LAUNCH and ROUTER_IN_LAUNCH and _one_launch(rows, hidden, top_k + (shared is not None), True)
-            and moe_one.spreads(x.dtype, hidden, DOWN_N) and router_weight.is_contiguous()
-            and moe_one.takes_router(*router_weight.shape) and delta.shape == x.shape
-            and delta.dtype == x.dtype and top_k <= moe_plan.CHOICE_PAIRS):
-        x = x.contiguous()
-        return block_add_zrms(x, router_weight, gate_up, down, top_k, normalise, shared,
-                              Residual(x, weight, eps), (delta.contiguous(), *before))
-    total, normed = norm.add_zrms(x, delta, *before)
-    return block_add_zrms(normed, router_weight, gate_up, down, top_k, normalise, shared,
-                          Residual(total, weight, eps))
-
-
-def _routed(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: torch.Tensor, top_k: int,
+def routed_with(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: torch.Tensor, top_k: int,
             normalise: bool, shared: Shared | None, residual: Residual | None,
             product: tuple[torch.Tensor, torch.Tensor] | None = None,
             added: tuple[torch.Tensor, torch.Tensor, float] | None = None
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``routed``; with ``product`` (the router's weight, the whole logits buffer ``logits`` views) the
-    logits are that product's, made here: in the experts' launch where it takes them, else first."""
+    """``routed``, or with ``residual`` ``routed_add_zrms``; with ``product`` (the router's weight, the
+    whole logits buffer ``logits`` views) the logits are that product's, made here: in the experts' launch
+    where it takes them, else first; with ``added`` (``kernels.moe_block.add_block_add_zrms``, only where
+    the one launch takes the router's product) ``x`` is the stream before the add and norm that make
+    the block's input."""
     rows = x.shape[0]
     if not 1 <= top_k <= down.shape[0]:
         raise ValueError(f"top_k is {top_k}, expected 1 to {down.shape[0]} (the experts)")
     if logits.dim() != 2 or logits.shape != (rows, down.shape[0]):
         raise ValueError(f"logits is {list(logits.shape)}, expected [{rows}, {down.shape[0]}]: rows, experts")
-    if product is not None and not (_one_launch(rows, x.shape[1], top_k + (shared is not None), True)
+    if product is not None and not (one_launch(rows, x.shape[1], top_k + (shared is not None), True)
                                     and ROUTER_IN_LAUNCH and product[0].is_contiguous()
                                     and moe_one.takes_router(*product[0].shape)):
         assert added is None, "a block before its add and norm takes the router's product in its launch"
@@ -285,7 +242,7 @@ def _routed(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: 
     return _experts(x, gate_up, down, ids, weights, shared, (logits, normalise), residual, product, added)
 
 
-def _one_launch(rows: int, hidden: int, per_row: int, chosen: bool) -> bool:
+def one_launch(rows: int, hidden: int, per_row: int, chosen: bool) -> bool:
     """Whether the block's experts take one launch (``kernels.moe_one``): one row whose choice they make."""
     return ONE_ROW and ONE_LAUNCH and chosen and rows == 1 and moe_one.fits(hidden, per_row)
 
@@ -309,7 +266,7 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
              added: tuple[torch.Tensor, torch.Tensor, float] | None = None
              ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``experts``' output, or with ``residual`` the residual stream plus it and their norm. With
-    ``product`` (``_routed``'s, only where the one launch runs), the launch makes the logits too; with
+    ``product`` (``routed_with``'s, only where the one launch runs), the launch makes the logits too; with
     ``added`` (only there too) ``x`` is the stream before the add and norm that make its input."""
     _check(x, gate_up, down, ids, weights, shared)
     if residual is not None:
@@ -334,8 +291,8 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
     tables = moe_plan.Tables.empty(chunk * top_k, bins, x.device)
     one_row = ONE_ROW and choice is not None and rows == 1  # the choice in the experts' first launch
     tile_expert = torch.empty(per_row, dtype=torch.int32, device=x.device) if one_row else tables.pair_at
-    assert (product is None and added is None) or _one_launch(rows, hidden, per_row, choice is not None)
-    if _one_launch(rows, hidden, per_row, choice is not None) and choice is not None:
+    assert (product is None and added is None) or one_launch(rows, hidden, per_row, choice is not None)
+    if one_launch(rows, hidden, per_row, choice is not None) and choice is not None:
         gate = out if shared is None else shared.gate
         normed = torch.empty_like(out) if residual is not None else None
         moe_one.launch(x, gate_up, own_gate_up, h, down, own_down, buf, choice[0], choice[1], ids, weights,

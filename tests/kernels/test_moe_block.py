@@ -11,7 +11,8 @@ import pytest
 import torch
 from moe_inputs import REAL, make, make_real, make_real_shared, make_shared, residual_of, router_product
 
-from kernels import gemm, moe, moe_one, norm, router
+from kernels import gemm, moe, moe_block, moe_one, norm, router
+from kernels.moe_block import add_block_add_zrms, block_add_zrms
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -94,13 +95,13 @@ def test_the_block_from_its_input_is_the_routers_product_then_the_routed_block(
     product = gemm.matmul
     monkeypatch.setattr(gemm, "matmul",
                         lambda *args, **kwargs: (products.append(1), product(*args, **kwargs))[1])
-    got = moe.block_add_zrms(x, router_weight, gate_up, down, 3, True, (shared.gate_up, shared.down), stream)
+    got = block_add_zrms(x, router_weight, gate_up, down, 3, True, (shared.gate_up, shared.down), stream)
     assert len(products) == (0 if inside and rows == 1 else 1)  # in the launch at one row, else before it
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert not moe_one.counters(x.device).any()  # the router's counters rearmed too
     with pytest.raises(ValueError, match="router_weight"):
-        moe.block_add_zrms(x, router_weight[:8], gate_up, down, 3, True, (shared.gate_up, shared.down),
-                           stream)
+        block_add_zrms(x, router_weight[:8], gate_up, down, 3, True, (shared.gate_up, shared.down),
+                       stream)
 
 
 def spread_and_alone(monkeypatch: pytest.MonkeyPatch, block: Callable[[], tuple[torch.Tensor, ...]]
@@ -163,8 +164,8 @@ def test_the_block_from_its_input_spreading_the_finish_gives_the_same_bits(
     router_weight = (torch.randn(9, 72, generator=torch.Generator().manual_seed(59)) / 8).bfloat16()
 
     def block() -> tuple[torch.Tensor, ...]:
-        return moe.block_add_zrms(x, router_weight, gate_up, down, 3, True, (shared.gate_up, shared.down),
-                                  stream)
+        return block_add_zrms(x, router_weight, gate_up, down, 3, True, (shared.gate_up, shared.down),
+                              stream)
 
     spread, alone, _ = spread_and_alone(monkeypatch, block)
     assert all(torch.equal(a, b) for a, b in zip(spread, alone, strict=True))
@@ -197,21 +198,21 @@ def test_the_block_before_its_add_and_norm_is_add_zrms_then_the_block(
     router_weight = (torch.randn(9, hidden, generator=torch.Generator().manual_seed(61)) / 8).bfloat16()
     stream, delta, before = before_the_block(rows, hidden, seed=61)
     total, normed = norm.add_zrms(stream, delta, *before)
-    want = moe.block_add_zrms(normed, router_weight, gate_up, down, 3, True, (shared.gate_up, shared.down),
-                              after._replace(x=total))
-    monkeypatch.setattr(moe, "ADD_IN_LAUNCH", inside)
+    want = block_add_zrms(normed, router_weight, gate_up, down, 3, True, (shared.gate_up, shared.down),
+                          after._replace(x=total))
+    monkeypatch.setattr(moe_block, "ADD_IN_LAUNCH", inside)
     adds: list[int] = []
     add = norm.add_zrms
     monkeypatch.setattr(norm, "add_zrms", lambda *args, **kwargs: (adds.append(1), add(*args, **kwargs))[1])
-    got = moe.add_block_add_zrms(stream, delta, before, router_weight, gate_up, down, 3, True,
-                                 (shared.gate_up, shared.down), after.weight, after.eps)
+    got = add_block_add_zrms(stream, delta, before, router_weight, gate_up, down, 3, True,
+                             (shared.gate_up, shared.down), after.weight, after.eps)
     assert len(adds) == (0 if inside and rows == 1 else 1)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert not moe_one.counters(stream.device).any()
     if inside and rows == 1:  # the launch refuses the input before its add and norm without a spread finish
         monkeypatch.setattr(moe_one, "SPREAD_FINISH", False)
-        fallback = moe.add_block_add_zrms(stream, delta, before, router_weight, gate_up, down, 3, True,
-                                          (shared.gate_up, shared.down), after.weight, after.eps)
+        fallback = add_block_add_zrms(stream, delta, before, router_weight, gate_up, down, 3, True,
+                                      (shared.gate_up, shared.down), after.weight, after.eps)
         assert len(adds) == 1 and all(torch.equal(a, b) for a, b in zip(fallback, want, strict=True))
 
 
@@ -296,11 +297,11 @@ def test_gpu_the_block_from_its_input_in_one_launch_is_the_routers_product_then_
         return moe.routed_add_zrms(x, gate_up, down, logits[:, :experts], top_k, True,
                                    shared._replace(gate=logits[:, experts:]), residual)
 
-    moe.block_add_zrms(x, router_weight, gate_up, down, top_k, True, (shared.gate_up, shared.down), residual)
+    block_add_zrms(x, router_weight, gate_up, down, top_k, True, (shared.gate_up, shared.down), residual)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        got = moe.block_add_zrms(x, router_weight, gate_up, down, top_k, True, (shared.gate_up, shared.down),
-                                 residual)
+        got = block_add_zrms(x, router_weight, gate_up, down, top_k, True, (shared.gate_up, shared.down),
+                             residual)
     for seed in (30, 31):
         x.copy_(torch.randn(1, 2048, generator=torch.Generator("cuda").manual_seed(seed), device="cuda"))
         graph.replay()
@@ -314,7 +315,7 @@ def test_gpu_the_block_from_its_input_in_one_launch_is_the_routers_product_then_
 def test_gpu_the_block_before_its_add_and_norm_in_one_launch_is_add_zrms_then_the_block(
         experts: int, top_k: int, monkeypatch: pytest.MonkeyPatch) -> None:
     # every reading program's norm has add_zrms's bits (the norm's warps), captured and replayed
-    monkeypatch.setattr(moe, "ADD_IN_LAUNCH", True)
+    monkeypatch.setattr(moe_block, "ADD_IN_LAUNCH", True)
     _, gate_up, down, _, _ = make_real(1, experts, top_k, seed=67)
     shared = make_real_shared(1, experts, seed=67)
     after = residual_of(1, torch.bfloat16, seed=67, hidden=2048, device="cuda")
@@ -323,11 +324,11 @@ def test_gpu_the_block_before_its_add_and_norm_in_one_launch_is_add_zrms_then_th
 
     def block(inside: bool) -> tuple[torch.Tensor, torch.Tensor]:
         if inside:
-            return moe.add_block_add_zrms(stream, delta, before, router_weight, gate_up, down, top_k, True,
-                                          (shared.gate_up, shared.down), after.weight, after.eps)
+            return add_block_add_zrms(stream, delta, before, router_weight, gate_up, down, top_k, True,
+                                      (shared.gate_up, shared.down), after.weight, after.eps)
         total, normed = norm.add_zrms(stream, delta, *before)
-        return moe.block_add_zrms(normed, router_weight, gate_up, down, top_k, True,
-                                  (shared.gate_up, shared.down), after._replace(x=total))
+        return block_add_zrms(normed, router_weight, gate_up, down, top_k, True,
+                              (shared.gate_up, shared.down), after._replace(x=total))
 
     block(True)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
