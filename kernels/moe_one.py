@@ -13,12 +13,13 @@ arrival a gate/up program of the tile) before it reads h from L2, its weights (f
 asked for. The shared expert's programs come first and make no choice, so they read while the
 router's product runs (``SHARED_DOWN_LAST`` puts its down programs last instead).
 
-At decode the block's input may come as the residual stream and the mixer's output before their add
-and norm (``launch``'s ``added``): then each program that reads the input (the router's, the gate/up
-ones) forms it itself, the rounded sum normalised with the norm's own code (``kernels.norm.added``,
-``kernels.norm.zrms_row``, in the norm's warps: the bits of ``kernels.norm.add_zrms``) into a row of its
-own in ``slots``, and the finish adds the mixer's output to the stream before the block's sum: the add
-and norm take no launch of their own.
+The router's programs, the wait for their partials, the choice and the input's forming are
+``kernels.moe_route``'s. At decode the block's input may come as the residual stream and the mixer's
+output before their add and norm (``launch``'s ``added``): then each program that reads the input
+(the router's, the gate/up ones) forms it itself, the rounded sum normalised with the norm's own code
+(``kernels.norm.added``, ``kernels.norm.zrms_row``, in the norm's warps: the bits of
+``kernels.norm.add_zrms``) into a row of its own in ``slots``, and the finish adds the mixer's output
+to the stream before the block's sum: the add and norm take no launch of their own.
 
 The finish is spread (``SPREAD_FINISH``, ``kernels.moe_sum.finish_spread``): the last down program
 of each column block to arrive (a counter a block) sums the block's ranks in order, adds the shared
@@ -183,7 +184,6 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
                                               stride_g, eps, K, SHARED, HIDDEN_BLOCK, GATE_SEGMENTS)
                 else:
                     cols = tl.arange(0, HIDDEN_BLOCK)
-                    dtype = total.dtype.element_ty
                     delta = moe_sum.combined(buf, gate, 0, cols, K, hidden, stride_g, K, SHARED, dtype,
                                              GATE_SEGMENTS)
                     tl.store(total + cols, delta, mask=cols < hidden)

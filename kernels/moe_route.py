@@ -16,7 +16,7 @@ from kernels import gemm, moe_plan, norm
 
 @triton.jit
 def row_input(x, added_delta, added_weight, added_eps, slots, hidden, dtype: tl.constexpr,
-           HIDDEN_BLOCK: tl.constexpr, ADDED: tl.constexpr):
+              HIDDEN_BLOCK: tl.constexpr, ADDED: tl.constexpr):
     """The block's input row for a program that reads it: ``x``, or with ``ADDED`` the zero-centred
     norm of x + the mixer's output, formed into the program's own row of ``slots`` (``_add_zrms``'s
     arithmetic and warps, so its bits)."""
@@ -51,16 +51,16 @@ def _router_step(x, b, acc, rows, k, start, BLOCK_K: tl.constexpr, WIDEN: tl.con
 
 @triton.jit
 def router_tile(x, w, partials, logits, counters, program, n, k, k_per_segment, stride_w, added_delta,
-                 added_weight, added_eps, slots, dtype: tl.constexpr, TILES: tl.constexpr,
-                 SEGMENTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 WIDEN: tl.constexpr, FROM_PARTIALS: tl.constexpr, HIDDEN_BLOCK: tl.constexpr,
-                 ADDED: tl.constexpr, FOUR: tl.constexpr):
-    """One program of the router's product at one row, as ``kernels.gemm``'s spread form computes
-    it (the same segments, tiles and order): it stores its fp32 partial; with ``FROM_PARTIALS`` it
-    counts it (``counters[TILES + 1]``), else the last program of a tile stores the tile's logits
-    and counts the tile ready (``counters[TILES]``). With ``ADDED`` it forms the row first
-    (``row_input``); with ``FOUR`` (a segment of four K steps) it asks for its weights before that, so
-    they arrive while the norm is made."""
+                added_weight, added_eps, slots, dtype: tl.constexpr, TILES: tl.constexpr,
+                SEGMENTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                WIDEN: tl.constexpr, FROM_PARTIALS: tl.constexpr, HIDDEN_BLOCK: tl.constexpr,
+                ADDED: tl.constexpr, FOUR: tl.constexpr):
+    """One program of the router's product at one row (``k`` the block's hidden size), as
+    ``kernels.gemm``'s spread form computes it (the same segments, tiles and order): it stores its fp32
+    partial; with ``FROM_PARTIALS`` it counts it (``counters[TILES + 1]``), else the last program of a
+    tile stores the tile's logits and counts the tile ready (``counters[TILES]``). With ``ADDED`` it
+    forms the row first (``row_input``); with ``FOUR`` (a segment of four K steps) it asks for its
+    weights before that, so they arrive while the norm is made."""
     column, segment = program % TILES, program // TILES
     rows = tl.arange(0, BLOCK_M)
     cols = column * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -96,7 +96,7 @@ def router_tile(x, w, partials, logits, counters, program, n, k, k_per_segment, 
 
 @triton.jit
 def logits_wait(router_counters, ROUTER_TILES: tl.constexpr, SEGMENTS: tl.constexpr,
-                 FROM_PARTIALS: tl.constexpr):
+                FROM_PARTIALS: tl.constexpr):
     """With the router's product in the launch, wait until every tile of the logits is stored (with
     ``FROM_PARTIALS``, every partial)."""
     if ROUTER_TILES > 0:
@@ -111,8 +111,8 @@ def logits_wait(router_counters, ROUTER_TILES: tl.constexpr, SEGMENTS: tl.conste
 
 @triton.jit
 def choice_of(logits, partials, n, ids, weights, pair_at, dest_at, tile_expert, experts, tile, writes,
-            K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, SLOTS: tl.constexpr,
-            CACHE: tl.constexpr, SEGMENTS: tl.constexpr, FROM_PARTIALS: tl.constexpr):
+              K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, SLOTS: tl.constexpr,
+              CACHE: tl.constexpr, SEGMENTS: tl.constexpr, FROM_PARTIALS: tl.constexpr):
     """``kernels.moe_plan.chosen_tile``, its logits read or (``FROM_PARTIALS``) summed from the
     router's partials as the tile's last program would sum them; a writing program of tile 0 then
     stores them, as the logits the launch promises."""
