@@ -222,11 +222,12 @@ def test_the_gated_product_on_the_device_is_the_norm_then_the_product_row_for_ro
     for rows in (1, 2, 16, 33, 64):
         alone = gemm.gated_matmul(o[:rows], gate[:rows], weight, 1e-6, "silu", w)
         assert torch.equal(alone, many[:rows]), rows
-    graph, one = torch.cuda.CUDAGraph(), o[:1].clone()
-    gemm.gated_matmul(one, gate[:1], weight, 1e-6, "silu", w)  # compile outside the capture
+    graph, one, its_gate = torch.cuda.CUDAGraph(), o[:1].clone(), gate[:1].clone()
+    gemm.gated_matmul(one, its_gate, weight, 1e-6, "silu", w)  # compile outside the capture
     with torch.cuda.graph(graph):
-        replayed = gemm.gated_matmul(one, gate[:1], weight, 1e-6, "silu", w)
+        replayed = gemm.gated_matmul(one, its_gate, weight, 1e-6, "silu", w)
     for row in (3, 77):
         one.copy_(o[row:row + 1])
+        its_gate.copy_(gate[row:row + 1])
         graph.replay()
         assert torch.equal(replayed, many[row:row + 1])
