@@ -227,9 +227,8 @@ def routed_with(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logi
         raise ValueError(f"top_k is {top_k}, expected 1 to {down.shape[0]} (the experts)")
     if logits.dim() != 2 or logits.shape != (rows, down.shape[0]):
         raise ValueError(f"logits is {list(logits.shape)}, expected [{rows}, {down.shape[0]}]: rows, experts")
-    if product is not None and not (one_launch(rows, x.shape[1], top_k + (shared is not None), True)
-                                    and ROUTER_IN_LAUNCH and product[0].is_contiguous()
-                                    and moe_one.takes_router(*product[0].shape)):
+    per_row = top_k + (shared is not None)
+    if product is not None and not router_in_launch(rows, x.shape[1], per_row, product[0]):
         assert added is None, "a block before its add and norm takes the router's product in its launch"
         product[1].copy_(gemm.matmul(x, product[0]))
         product = None
@@ -240,6 +239,12 @@ def routed_with(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logi
     ids = torch.empty(rows, top_k, dtype=torch.int64, device=x.device)
     weights = torch.empty(rows, top_k, dtype=x.dtype, device=x.device)
     return _experts(x, gate_up, down, ids, weights, shared, (logits, normalise), residual, product, added)
+
+
+def router_in_launch(rows: int, hidden: int, per_row: int, router_weight: torch.Tensor) -> bool:
+    """Whether the one launch makes the router's product (``router_weight``) too."""
+    return (one_launch(rows, hidden, per_row, True) and ROUTER_IN_LAUNCH and router_weight.is_contiguous()
+            and moe_one.takes_router(*router_weight.shape))
 
 
 def one_launch(rows: int, hidden: int, per_row: int, chosen: bool) -> bool:

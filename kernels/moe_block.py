@@ -52,10 +52,8 @@ def add_block_add_zrms(x: torch.Tensor, delta: torch.Tensor, before: tuple[torch
     norm's weight and eps), added to its sum, then the next norm (``weight``, ``eps``); the same bits.
     At one row with ``ADD_IN_LAUNCH`` the first add and norm take no launch of their own."""
     rows, hidden = x.shape
-    per_row = top_k + (shared is not None)
-    if (ADD_IN_LAUNCH and moe.ROUTER_IN_LAUNCH and moe.one_launch(rows, hidden, per_row, True)
-            and moe_one.spreads(x.dtype, hidden, moe.DOWN_N) and router_weight.is_contiguous()
-            and moe_one.takes_router(*router_weight.shape) and delta.shape == x.shape
+    if (ADD_IN_LAUNCH and moe.router_in_launch(rows, hidden, top_k + (shared is not None), router_weight)
+            and moe_one.spreads(x.dtype, hidden, moe.DOWN_N, True) and delta.shape == x.shape
             and delta.dtype == x.dtype and top_k <= moe_plan.CHOICE_PAIRS):
         x = x.contiguous()
         return block_add_zrms(x, router_weight, gate_up, down, top_k, normalise, shared,

@@ -217,10 +217,13 @@ def takes_router(n: int, hidden: int) -> bool:
     return triton.cdiv(n, _router_n(few)) <= ROUTER_TILES and few.warps == router.ROUTE_WARPS
 
 
-def spreads(dtype: torch.dtype, hidden: int, down_n: int) -> bool:
-    """Whether the launch's finish is spread over the column blocks at decode (``SPREAD_FINISH``), as a
-    block taking its input before the add and norm (``launch``'s ``added``) needs."""
-    exact = dtype != torch.float32 or INTERPRETED  # see launch's exact
+def spreads(dtype: torch.dtype, hidden: int, down_n: int, adds: bool) -> bool:
+    """Whether the launch's finish is spread over the column blocks (``SPREAD_FINISH``), as a block
+    taking its input before the add and norm (``launch``'s ``added``) needs; ``adds``: it adds the
+    residual and normalises (decode)."""
+    # fp32 on a GPU: sm_90's code pairs the norm's squares into FMAs one way for a row in registers and
+    # another for a row loaded back, so there the last program normalises alone (2-byte dtypes agree).
+    exact = not adds or dtype != torch.float32 or INTERPRETED
     return SPREAD_FINISH and triton.cdiv(hidden, down_n) <= COLUMNS and exact
 
 
@@ -269,10 +272,7 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
                            device=x.device)
     blocks = found[READY + ROUTER_TILES + 3:]  # the column blocks' counters, past the router's
     chosen = found[READY + ROUTER_TILES + 3 + COLUMNS:]  # the tiles' published choices, past the blocks'
-    # fp32 on a GPU: sm_90's code pairs the norm's squares into FMAs one way for a row in registers and
-    # another for a row loaded back, so there the last program normalises alone (2-byte dtypes agree).
-    exact = residual is None or x.dtype != torch.float32 or INTERPRETED
-    spread = SPREAD_FINISH and down_cols <= COLUMNS and exact
+    spread = spreads(x.dtype, hidden, tiles["down_n"], residual is not None)
     if added is not None and (residual is None or not spread or residual[0].data_ptr() != x.data_ptr()):
         raise ValueError("a block given its input before the add and norm (added) needs the residual stream "
                          "as x and a spread finish (kernels.moe_one.spreads)")

@@ -138,25 +138,9 @@ def pairwise_sum(x, BLOCK: tl.constexpr):
     """The sum of each row of ``x`` [rows, BLOCK] (a power of two, 2 to 1024) as a tree of neighbouring
     pairs: the same order whatever the layout or the kernel, where ``tl.sum``'s follows the layout."""
     tl.static_assert(BLOCK >= 2 and BLOCK <= 1024, "pairwise_sum takes rows of 2 to 1024")
-    if BLOCK >= 1024:
-        x = _pairs(x, 512)
-    if BLOCK >= 512:
-        x = _pairs(x, 256)
-    if BLOCK >= 256:
-        x = _pairs(x, 128)
-    if BLOCK >= 128:
-        x = _pairs(x, 64)
-    if BLOCK >= 64:
-        x = _pairs(x, 32)
-    if BLOCK >= 32:
-        x = _pairs(x, 16)
-    if BLOCK >= 16:
-        x = _pairs(x, 8)
-    if BLOCK >= 8:
-        x = _pairs(x, 4)
-    if BLOCK >= 4:
-        x = _pairs(x, 2)
-    x = _pairs(x, 1)
+    for level in tl.static_range(10):  # unrolled: each halving a width of its own, finest pairs first
+        if (BLOCK >> level) >= 2:
+            x = _pairs(x, BLOCK >> (level + 1))
     return tl.reshape(x, (x.shape[0],))
 
 
