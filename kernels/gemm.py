@@ -119,19 +119,36 @@ def plan(n: int, k: int, spread: Tiles = SPREAD, whole: Tiles = WHOLE, few: Tile
 
 
 @triton.jit
+def input_step(x, rows, m, k, ks, stride_xm):
+    """Rows ``rows`` of x at K step ``ks`` (zeros past m and k)."""
+    return tl.load(x + rows[:, None] * stride_xm + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < k),
+                   other=0.0)
+
+
+@triton.jit
+def weight_step(w, cols, n, k, ks, stride_wn):
+    """The weights of columns ``cols`` at K step ``ks`` (zeros past n and k)."""
+    return tl.load(w + cols[:, None] * stride_wn + ks[None, :], mask=(cols[:, None] < n) & (ks[None, :] < k),
+                   other=0.0)
+
+
+@triton.jit
+def step_sum(a, b, acc, WIDEN: tl.constexpr):
+    """``acc`` plus a K step's inputs ``a`` times its weights ``b``."""
+    if WIDEN:
+        a, b = a.to(tl.float32), b.to(tl.float32)
+    return tl.dot(a, tl.trans(b), acc, input_precision="ieee")  # fp32 stays fp32, never tf32
+
+
+@triton.jit
 def segment_sum(x, w, rows, cols, m, n, k, start, length, stride_xm, stride_wn,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
     """One segment's fp32 sum over K tiles start .. start + length, from zero."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for offset in range(0, length, BLOCK_K):
         ks = start + offset + tl.arange(0, BLOCK_K)
-        a = tl.load(x + rows[:, None] * stride_xm + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < k),
-                    other=0.0)
-        b = tl.load(w + cols[:, None] * stride_wn + ks[None, :], mask=(cols[:, None] < n) & (ks[None, :] < k),
-                    other=0.0)
-        if WIDEN:
-            a, b = a.to(tl.float32), b.to(tl.float32)
-        acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")  # fp32 stays fp32, never tf32
+        a = input_step(x, rows, m, k, ks, stride_xm)
+        acc = step_sum(a, weight_step(w, cols, n, k, ks, stride_wn), acc, WIDEN)
     return acc
 
 

@@ -32,24 +32,6 @@ def row_input(x, added_delta, added_weight, added_eps, slots, hidden, dtype: tl.
 
 
 @triton.jit
-def _router_weights(w, cols, n, k, start, stride_w, BLOCK_K: tl.constexpr):
-    """The router tile's weights of the K step at ``start``, as ``kernels.gemm.segment_sum`` loads them."""
-    ks = start + tl.arange(0, BLOCK_K)
-    return tl.load(w + cols[:, None] * stride_w + ks[None, :], mask=(cols[:, None] < n) & (ks[None, :] < k),
-                   other=0.0)
-
-
-@triton.jit
-def _router_step(x, b, acc, rows, k, start, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
-    """``acc`` plus the row's K step at ``start`` times the step's weights ``b``: ``segment_sum``'s step."""
-    ks = start + tl.arange(0, BLOCK_K)
-    a = tl.load(x + rows[:, None] * 0 + ks[None, :], mask=(rows[:, None] < 1) & (ks[None, :] < k), other=0.0)
-    if WIDEN:
-        a, b = a.to(tl.float32), b.to(tl.float32)
-    return tl.dot(a, tl.trans(b), acc, input_precision="ieee")
-
-
-@triton.jit
 def router_tile(x, w, partials, logits, counters, program, n, k, k_per_segment, stride_w, added_delta,
                 added_weight, added_eps, slots, dtype: tl.constexpr, TILES: tl.constexpr,
                 SEGMENTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -65,17 +47,18 @@ def router_tile(x, w, partials, logits, counters, program, n, k, k_per_segment, 
     rows = tl.arange(0, BLOCK_M)
     cols = column * BLOCK_N + tl.arange(0, BLOCK_N)
     start = segment * k_per_segment
-    if FOUR:
-        b0 = _router_weights(w, cols, n, k, start, stride_w, BLOCK_K)
-        b1 = _router_weights(w, cols, n, k, start + BLOCK_K, stride_w, BLOCK_K)
-        b2 = _router_weights(w, cols, n, k, start + 2 * BLOCK_K, stride_w, BLOCK_K)
-        b3 = _router_weights(w, cols, n, k, start + 3 * BLOCK_K, stride_w, BLOCK_K)
+    if FOUR:  # kernels.gemm.segment_sum's four steps, the weights asked for first
+        ks = start + tl.arange(0, BLOCK_K)
+        b0 = gemm.weight_step(w, cols, n, k, ks, stride_w)
+        b1 = gemm.weight_step(w, cols, n, k, ks + BLOCK_K, stride_w)
+        b2 = gemm.weight_step(w, cols, n, k, ks + 2 * BLOCK_K, stride_w)
+        b3 = gemm.weight_step(w, cols, n, k, ks + 3 * BLOCK_K, stride_w)
         x = row_input(x, added_delta, added_weight, added_eps, slots, k, dtype, HIDDEN_BLOCK, ADDED)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc = _router_step(x, b0, acc, rows, k, start, BLOCK_K, WIDEN)
-        acc = _router_step(x, b1, acc, rows, k, start + BLOCK_K, BLOCK_K, WIDEN)
-        acc = _router_step(x, b2, acc, rows, k, start + 2 * BLOCK_K, BLOCK_K, WIDEN)
-        acc = _router_step(x, b3, acc, rows, k, start + 3 * BLOCK_K, BLOCK_K, WIDEN)
+        acc = gemm.step_sum(gemm.input_step(x, rows, 1, k, ks, 0), b0, acc, WIDEN)
+        acc = gemm.step_sum(gemm.input_step(x, rows, 1, k, ks + BLOCK_K, 0), b1, acc, WIDEN)
+        acc = gemm.step_sum(gemm.input_step(x, rows, 1, k, ks + 2 * BLOCK_K, 0), b2, acc, WIDEN)
+        acc = gemm.step_sum(gemm.input_step(x, rows, 1, k, ks + 3 * BLOCK_K, 0), b3, acc, WIDEN)
     else:
         x = row_input(x, added_delta, added_weight, added_eps, slots, k, dtype, HIDDEN_BLOCK, ADDED)
         acc = gemm.segment_sum(x, w, rows, cols, 1, n, k, start, k_per_segment, 0, stride_w, BLOCK_M, BLOCK_N,
