@@ -84,8 +84,8 @@ def moe_add_zrms(w: MoeWeights, x: torch.Tensor, residual: torch.Tensor, weight:
     if not x.is_cuda:
         return add_zrms(residual, moe(w, x), weight, eps)
     return moe_block.block_add_zrms(x, w.router, w.gate_up, w.down, w.top_k, w.norm_top_k,
-                                      (w.shared.gate_up, w.shared.down),
-                                      kernels_moe.Residual(residual, weight, eps))
+                                    (w.shared.gate_up, w.shared.down),
+                                    kernels_moe.Residual(residual, weight, eps))
 
 
 def add_moe_add_zrms(w: MoeWeights, x: torch.Tensor, delta: torch.Tensor, before: torch.Tensor,
@@ -98,7 +98,7 @@ def add_moe_add_zrms(w: MoeWeights, x: torch.Tensor, delta: torch.Tensor, before
         total, normed = add_zrms(x, delta, before, eps)
         return moe_add_zrms(w, normed, total, weight, eps)
     return moe_block.add_block_add_zrms(x, delta, (before, eps), w.router, w.gate_up, w.down, w.top_k,
-                                          w.norm_top_k, (w.shared.gate_up, w.shared.down), weight, eps)
+                                        w.norm_top_k, (w.shared.gate_up, w.shared.down), weight, eps)
 
 
 def grouped_moe(w: MoeWeights, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
