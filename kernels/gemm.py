@@ -33,8 +33,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import kernels
-from kernels import INTERPRETED, conv1d, norm, pdl
-from kernels.gated_operand import segment_sum_gated
+from kernels import INTERPRETED, conv1d, pdl
 from kernels.swiglu import PAIR, silu_mul
 from kernels.swiglu import swiglu as swiglu_rows
 
@@ -119,36 +118,19 @@ def plan(n: int, k: int, spread: Tiles = SPREAD, whole: Tiles = WHOLE, few: Tile
 
 
 @triton.jit
-def input_step(x, rows, m, k, ks, stride_xm):
-    """Rows ``rows`` of x at K step ``ks`` (zeros past m and k)."""
-    return tl.load(x + rows[:, None] * stride_xm + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < k),
-                   other=0.0)
-
-
-@triton.jit
-def weight_step(w, cols, n, k, ks, stride_wn):
-    """The weights of columns ``cols`` at K step ``ks`` (zeros past n and k)."""
-    return tl.load(w + cols[:, None] * stride_wn + ks[None, :], mask=(cols[:, None] < n) & (ks[None, :] < k),
-                   other=0.0)
-
-
-@triton.jit
-def step_sum(a, b, acc, WIDEN: tl.constexpr):
-    """``acc`` plus a K step's inputs ``a`` times its weights ``b``."""
-    if WIDEN:
-        a, b = a.to(tl.float32), b.to(tl.float32)
-    return tl.dot(a, tl.trans(b), acc, input_precision="ieee")  # fp32 stays fp32, never tf32
-
-
-@triton.jit
 def segment_sum(x, w, rows, cols, m, n, k, start, length, stride_xm, stride_wn,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
     """One segment's fp32 sum over K tiles start .. start + length, from zero."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for offset in range(0, length, BLOCK_K):
         ks = start + offset + tl.arange(0, BLOCK_K)
-        a = input_step(x, rows, m, k, ks, stride_xm)
-        acc = step_sum(a, weight_step(w, cols, n, k, ks, stride_wn), acc, WIDEN)
+        a = tl.load(x + rows[:, None] * stride_xm + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < k),
+                    other=0.0)
+        b = tl.load(w + cols[:, None] * stride_wn + ks[None, :], mask=(cols[:, None] < n) & (ks[None, :] < k),
+                    other=0.0)
+        if WIDEN:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")  # fp32 stays fp32, never tf32
     return acc
 
 
@@ -164,21 +146,16 @@ def summed(partials, stride_ps, where, mask, SEGMENTS: tl.constexpr):
 
 @triton.jit
 def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride_ps, stride_pm, stride_om,
-            k_per_segment, conv_weight, tails, tail_at, channels, gate, stride_gm, norm_weight, eps,
-            SEGMENTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-            WIDEN: tl.constexpr, SWIGLU: tl.constexpr, PAIR: tl.constexpr, CONV: tl.constexpr,
-            WIDTH: tl.constexpr, GATED: tl.constexpr, ACTIVATION: tl.constexpr, PDL: tl.constexpr):
+            k_per_segment, conv_weight, tails, tail_at, channels, SEGMENTS: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr,
+            SWIGLU: tl.constexpr, PAIR: tl.constexpr, CONV: tl.constexpr, WIDTH: tl.constexpr,
+            PDL: tl.constexpr):
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     segment = tl.program_id(2)
     pdl.wait(PDL)
-    if GATED:  # x is GDN's rule output, its gated norm formed as it is read
-        acc = segment_sum_gated(x, gate, w, norm_weight, rows, cols, m, n, k, segment * k_per_segment,
-                                k_per_segment, stride_xm, stride_gm, stride_wn, eps, out.dtype.element_ty,
-                                ACTIVATION, BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
-    else:
-        acc = segment_sum(x, w, rows, cols, m, n, k, segment * k_per_segment, k_per_segment, stride_xm,
-                          stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
+    acc = segment_sum(x, w, rows, cols, m, n, k, segment * k_per_segment, k_per_segment, stride_xm, stride_wn,
+                      BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
     mask = (rows[:, None] < m) & (cols[None, :] < n)
     where = rows[:, None] * stride_pm + cols[None, :]
     tl.store(partials + segment * stride_ps + where, acc, mask=mask)
@@ -328,10 +305,8 @@ def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice:
 
 
 def _spread_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, choice: Plan, t: Tiles, swiglu: bool,
-                    conv: Conv | None, gated: tuple[torch.Tensor, torch.Tensor, float, int] | None = None
-                    ) -> torch.Tensor:
-    """The spread form's launch into ``out``, with ``conv`` applied as each tile stores; with ``gated``
-    (gate, the norm's weight, eps, activation: ``gated_matmul``'s) x is GDN's rule output."""
+                    conv: Conv | None) -> torch.Tensor:
+    """The spread form's launch into ``out``, with ``conv`` applied as each tile stores."""
     m, k = x.shape
     n = w.shape[0]
     width = 2
@@ -344,38 +319,11 @@ def _spread_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, choice:
                                       out.stride(0), choice.k_per_segment,
                                       *((conv.weight.contiguous(), conv.tails, conv.tail_at,
                                          conv.weight.shape[0]) if conv is not None else (w, out, out, 0)),
-                                      *((gated[0], gated[0].stride(0), gated[1], gated[2])
-                                        if gated is not None else (x, 0, x, 0.0)),
                                       SEGMENTS=choice.segments, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                                       BLOCK_K=t.block_k, WIDEN=INTERPRETED, SWIGLU=swiglu, PAIR=PAIR,
-                                      CONV=conv is not None, WIDTH=width, GATED=gated is not None,
-                                      ACTIVATION=gated[3] if gated is not None else 0, num_warps=t.warps,
+                                      CONV=conv is not None, WIDTH=width, num_warps=t.warps,
                                       num_stages=t.stages, **pdl.options(x.device))
     return out
-
-
-def gated_matmul(o: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, activation: str,
-                 w: torch.Tensor) -> torch.Tensor:
-    """``matmul(kernels.norm.gated_rms(o, gate, weight, eps, activation).reshape(rows, -1), w)``, the
-    same bits, for GDN's rule output ``o`` [rows, heads, width] (fp32) and its gate (the model dtype,
-    heads packed, any row stride): with ``kernels.norm.GATED_IN_PRODUCT``, at few rows (the spread form,
-    a head a K step) the product forms the norm as it reads its input, so the norm takes no launch of
-    its own. ValueError for shapes that do not fit (``kernels.norm.gated_rms``'s)."""
-    rows, heads, width = o.shape
-    choice = plan(w.shape[0], heads * width)
-    t = choice.spread_tiles(rows)
-    # stages of fp32 rows, their gates and the weights in shared memory at most
-    staged = t.stages * (t.block_m * width * (o.element_size() + gate.element_size()) + t.block_n * width * 2)
-    if not (norm.GATED_IN_PRODUCT and 0 < rows <= SPREAD_ROWS and t.block_k == width
-            and staged <= SHARED_BYTES and choice.k_per_segment % width == 0 and o.dtype == torch.float32
-            and o.is_contiguous()
-            and gate.shape == o.shape and gate.stride(2) == 1 and gate.stride(1) == width
-            and activation in norm.ACTIVATIONS and w.shape[1] == heads * width and w.stride(1) == 1
-            and tuple(weight.shape) == (width,)):
-        return matmul(norm.gated_rms(o, gate, weight, eps, activation).reshape(rows, -1), w)
-    out = torch.empty(rows, w.shape[0], dtype=gate.dtype, device=o.device)
-    return _spread_product(o.view(rows, heads * width), w, out, choice, t, False, None,
-                           (gate, weight, eps, norm.ACTIVATIONS[activation]))
 
 
 def _conv_after(out: torch.Tensor, conv: Conv) -> torch.Tensor:

@@ -28,7 +28,7 @@ row, ranked by expert id within its row (the shared pairs' rows after all routed
 (``routed_add_zrms``, decode) adds that to the residual stream and normalises it for the next block
 as ``kernels.norm.add_zrms`` does, the same bits one launch sooner; at one row ``_down``'s last
 program to finish (an arrival counter) does that in its own launch, in the same warps; with
-``ONE_LAUNCH`` both products are one launch (``kernels.moe_one``), and through ``kernels.moe_block``
+``ONE_LAUNCH`` both products are one launch (``kernels.moe_one``), and through ``block_add_zrms``
 the router's product too. Every grid is fixed by the shapes (an upper bound on the tiles; a program
 past the last tile exits at once), so a call can be captured in a CUDA graph.
 
@@ -62,7 +62,7 @@ ROW_CHUNK = 2048  # rows a pass takes at most: bounds the fp32 buffer (rows neve
 ONE_ROW = True
 # One row through ``routed``: both products in one launch (kernels.moe_one); off, two (same bits).
 ONE_LAUNCH = True
-# One row through ``kernels.moe_block``: the router's product in that launch too; off, a launch before.
+# One row through ``block_add_zrms``: the router's product in that launch too; off, a launch before.
 ROUTER_IN_LAUNCH = True
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -198,7 +198,7 @@ def routed(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: t
     from router ``logits`` [rows, experts] (unit column stride): the same bits, and when the rows'
     routed pairs are few (decode at a few lanes: ``kernels.moe_plan.CHOICE_PAIRS``) the choice and
     the grouping are one launch."""
-    return routed_with(x, gate_up, down, logits, top_k, normalise, shared, None)[0]
+    return _routed(x, gate_up, down, logits, top_k, normalise, shared, None)[0]
 
 
 def routed_add_zrms(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: torch.Tensor,
@@ -207,47 +207,56 @@ def routed_add_zrms(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, 
     """``kernels.norm.add_zrms(residual.x, routed(...), residual.weight, residual.eps)`` with the
     same bits, the addition and the norm in the experts' last launch (rows up to ``ROW_CHUNK``):
     the residual stream and the next block's input."""
-    total, normed = routed_with(x, gate_up, down, logits, top_k, normalise, shared, residual)
+    total, normed = _routed(x, gate_up, down, logits, top_k, normalise, shared, residual)
     assert normed is not None
     return total, normed
 
 
-def routed_with(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: torch.Tensor, top_k: int,
+def block_add_zrms(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                   top_k: int, normalise: bool, shared: tuple[torch.Tensor, torch.Tensor] | None,
+                   residual: Residual) -> tuple[torch.Tensor, torch.Tensor]:
+    """``routed_add_zrms`` from the block's input: the router's product ``kernels.gemm.matmul(x,
+    router_weight)`` first (``router_weight`` [experts, hidden], with a shared expert one row more
+    for its gate, last), and the shared expert's (gate_up, down); the same bits. At one row the
+    router's product runs in the experts' one launch (``kernels.moe_one``)."""
+    rows, hidden = x.shape
+    experts = down.shape[0]
+    if router_weight.shape != (experts + (shared is not None), hidden) or router_weight.dtype != x.dtype:
+        raise ValueError(f"router_weight is {list(router_weight.shape)} {router_weight.dtype}, expected "
+                         f"[{experts + (shared is not None)}, {hidden}] {x.dtype}")
+    logits = torch.empty(rows, router_weight.shape[0], dtype=x.dtype, device=x.device)
+    whole = None if shared is None else Shared(shared[0], shared[1], logits[:, experts:])
+    total, normed = _routed(x, gate_up, down, logits[:, :experts], top_k, normalise, whole, residual,
+                            (router_weight, logits))
+    assert normed is not None
+    return total, normed
+
+
+def _routed(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: torch.Tensor, top_k: int,
             normalise: bool, shared: Shared | None, residual: Residual | None,
-            product: tuple[torch.Tensor, torch.Tensor] | None = None,
-            added: tuple[torch.Tensor, torch.Tensor, float] | None = None
+            product: tuple[torch.Tensor, torch.Tensor] | None = None
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``routed``, or with ``residual`` ``routed_add_zrms``; with ``product`` (the router's weight, the
-    whole logits buffer ``logits`` views) the logits are that product's, made here: in the experts' launch
-    where it takes them, else first; with ``added`` (``kernels.moe_block.add_block_add_zrms``, only where
-    the one launch takes the router's product) ``x`` is the stream before the add and norm that make
-    the block's input."""
+    """``routed``; with ``product`` (the router's weight, the whole logits buffer ``logits`` views) the
+    logits are that product's, made here: in the experts' launch where it takes them, else first."""
     rows = x.shape[0]
     if not 1 <= top_k <= down.shape[0]:
         raise ValueError(f"top_k is {top_k}, expected 1 to {down.shape[0]} (the experts)")
     if logits.dim() != 2 or logits.shape != (rows, down.shape[0]):
         raise ValueError(f"logits is {list(logits.shape)}, expected [{rows}, {down.shape[0]}]: rows, experts")
-    per_row = top_k + (shared is not None)
-    if product is not None and not router_in_launch(rows, x.shape[1], per_row, product[0]):
-        assert added is None, "a block before its add and norm takes the router's product in its launch"
+    if product is not None and not (_one_launch(rows, x.shape[1], top_k + (shared is not None), True)
+                                    and ROUTER_IN_LAUNCH and product[0].is_contiguous()
+                                    and moe_one.takes_router(*product[0].shape)):
         product[1].copy_(gemm.matmul(x, product[0]))
         product = None
     if rows == 0 or rows * top_k > moe_plan.CHOICE_PAIRS or logits.stride(1) != 1:
-        assert added is None, "a block before its add and norm makes its choice in its launch"
         ids, weights = router.top_k(logits, top_k, normalise, x.dtype)
         return _experts(x, gate_up, down, ids, weights, shared, None, residual)
     ids = torch.empty(rows, top_k, dtype=torch.int64, device=x.device)
     weights = torch.empty(rows, top_k, dtype=x.dtype, device=x.device)
-    return _experts(x, gate_up, down, ids, weights, shared, (logits, normalise), residual, product, added)
+    return _experts(x, gate_up, down, ids, weights, shared, (logits, normalise), residual, product)
 
 
-def router_in_launch(rows: int, hidden: int, per_row: int, router_weight: torch.Tensor) -> bool:
-    """Whether the one launch makes the router's product (``router_weight``) too."""
-    return (one_launch(rows, hidden, per_row, True) and ROUTER_IN_LAUNCH and router_weight.is_contiguous()
-            and moe_one.takes_router(*router_weight.shape))
-
-
-def one_launch(rows: int, hidden: int, per_row: int, chosen: bool) -> bool:
+def _one_launch(rows: int, hidden: int, per_row: int, chosen: bool) -> bool:
     """Whether the block's experts take one launch (``kernels.moe_one``): one row whose choice they make."""
     return ONE_ROW and ONE_LAUNCH and chosen and rows == 1 and moe_one.fits(hidden, per_row)
 
@@ -267,12 +276,10 @@ def experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: tor
 
 def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
              weights: torch.Tensor, shared: Shared | None, choice: tuple[torch.Tensor, bool] | None,
-             residual: Residual | None, product: tuple[torch.Tensor, torch.Tensor] | None = None,
-             added: tuple[torch.Tensor, torch.Tensor, float] | None = None
+             residual: Residual | None, product: tuple[torch.Tensor, torch.Tensor] | None = None
              ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``experts``' output, or with ``residual`` the residual stream plus it and their norm. With
-    ``product`` (``routed_with``'s, only where the one launch runs), the launch makes the logits too; with
-    ``added`` (only there too) ``x`` is the stream before the add and norm that make its input."""
+    ``product`` (``_routed``'s, only where the one launch runs), the launch makes the logits too."""
     _check(x, gate_up, down, ids, weights, shared)
     if residual is not None:
         _check_residual(x, residual)
@@ -296,8 +303,8 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
     tables = moe_plan.Tables.empty(chunk * top_k, bins, x.device)
     one_row = ONE_ROW and choice is not None and rows == 1  # the choice in the experts' first launch
     tile_expert = torch.empty(per_row, dtype=torch.int32, device=x.device) if one_row else tables.pair_at
-    assert (product is None and added is None) or one_launch(rows, hidden, per_row, choice is not None)
-    if one_launch(rows, hidden, per_row, choice is not None) and choice is not None:
+    assert product is None or _one_launch(rows, hidden, per_row, choice is not None)
+    if _one_launch(rows, hidden, per_row, choice is not None) and choice is not None:
         gate = out if shared is None else shared.gate
         normed = torch.empty_like(out) if residual is not None else None
         moe_one.launch(x, gate_up, own_gate_up, h, down, own_down, buf, choice[0], choice[1], ids, weights,
@@ -305,8 +312,7 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
                        None if residual is None or normed is None else
                        (residual.x.contiguous(), residual.weight, residual.eps, normed),
                        {"block_m": BLOCK_M, "gate_n": GATE_N, "gate_k": GATE_K, "down_n": DOWN_N,
-                        "down_k": DOWN_K, "stages": GATE_STAGES}, None if product is None else product[0],
-                       added)
+                        "down_k": DOWN_K, "stages": GATE_STAGES}, None if product is None else product[0])
         return out, normed
     for first in range(0, rows, ROW_CHUNK):
         count = min(ROW_CHUNK, rows - first)

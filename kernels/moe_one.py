@@ -13,14 +13,6 @@ arrival a gate/up program of the tile) before it reads h from L2, its weights (f
 asked for. The shared expert's programs come first and make no choice, so they read while the
 router's product runs (``SHARED_DOWN_LAST`` puts its down programs last instead).
 
-The router's programs, the wait for their partials, the choice and the input's forming are
-``kernels.moe_route``'s. At decode the block's input may come as the residual stream and the mixer's
-output before their add and norm (``launch``'s ``added``): then each program that reads the input
-(the router's, the gate/up ones) forms it itself, the rounded sum normalised with the norm's own code
-(``kernels.norm.added``, ``kernels.norm.zrms_row``, in the norm's warps: the bits of
-``kernels.norm.add_zrms``) into a row of its own in ``slots``, and the finish adds the mixer's output
-to the stream before the block's sum: the add and norm take no launch of their own.
-
 The finish is spread (``SPREAD_FINISH``, ``kernels.moe_sum.finish_spread``): the last down program
 of each column block to arrive (a counter a block) sums the block's ranks in order, adds the shared
 expert and at decode the residual, and stores those columns of the stream; the last block to finish
@@ -46,7 +38,6 @@ import triton.language as tl
 
 import kernels
 from kernels import INTERPRETED, gemm, moe_plan, moe_sum, moe_tiles, norm, pdl, router
-from kernels.moe_route import choice_of, logits_wait, router_tile, row_input
 
 READY = 64  # tiles of one launch at most: top_k routed experts and the shared one
 ROUTER_TILES = 32  # column tiles of the router's product at most, when it runs in the launch
@@ -79,6 +70,69 @@ FROM_PARTIALS = True
 
 
 @triton.jit
+def _router_tile(x, w, partials, logits, counters, program, n, k, k_per_segment, stride_w,
+                 TILES: tl.constexpr, SEGMENTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, WIDEN: tl.constexpr, FROM_PARTIALS: tl.constexpr):
+    """One program of the router's product at one row, as ``kernels.gemm``'s spread form computes
+    it (the same segments, tiles and order): it stores its fp32 partial; with ``FROM_PARTIALS`` it
+    counts it (``counters[TILES + 1]``), else the last program of a tile stores the tile's logits
+    and counts the tile ready (``counters[TILES]``)."""
+    column, segment = program % TILES, program // TILES
+    rows = tl.arange(0, BLOCK_M)
+    cols = column * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = gemm.segment_sum(x, w, rows, cols, 1, n, k, segment * k_per_segment, k_per_segment, 0, stride_w,
+                           BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
+    mask = (rows[:, None] < 1) & (cols[None, :] < n)
+    where = rows[:, None] * n + cols[None, :]
+    tl.store(partials + segment * n + where, acc, mask=mask)
+    tl.debug_barrier()  # every thread's part of the partial is written before it is counted
+    if FROM_PARTIALS:  # the choosing programs sum the partials: count them stored, nothing more
+        tl.atomic_add(counters + TILES + 1, 1, sem="release", scope="gpu")
+    elif tl.atomic_add(counters + column, 1, sem="acq_rel", scope="gpu") == SEGMENTS - 1:
+        total = gemm.summed(partials, n, where, mask, SEGMENTS).to(logits.dtype.element_ty)
+        tl.store(logits + where, total, mask=mask)
+        tl.debug_barrier()  # the tile's logits are stored before it counts ready
+        tl.atomic_xchg(counters + column, 0, sem="relaxed", scope="gpu")
+        tl.atomic_add(counters + TILES, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _logits_wait(router_counters, ROUTER_TILES: tl.constexpr, SEGMENTS: tl.constexpr,
+                 FROM_PARTIALS: tl.constexpr):
+    """With the router's product in the launch, wait until every tile of the logits is stored (with
+    ``FROM_PARTIALS``, every partial)."""
+    if ROUTER_TILES > 0:
+        if FROM_PARTIALS:
+            while tl.atomic_add(router_counters + ROUTER_TILES + 1, 0, sem="acquire", scope="gpu") \
+                    < ROUTER_TILES * SEGMENTS:
+                pass
+        else:
+            while tl.atomic_add(router_counters + ROUTER_TILES, 0, sem="acquire", scope="gpu") < ROUTER_TILES:
+                pass
+
+
+@triton.jit
+def _chosen(logits, partials, n, ids, weights, pair_at, dest_at, tile_expert, experts, tile, writes,
+            K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, SLOTS: tl.constexpr,
+            CACHE: tl.constexpr, SEGMENTS: tl.constexpr, FROM_PARTIALS: tl.constexpr):
+    """``kernels.moe_plan.chosen_tile``, its logits read or (``FROM_PARTIALS``) summed from the
+    router's partials as the tile's last program would sum them; a writing program of tile 0 then
+    stores them, as the logits the launch promises."""
+    if FROM_PARTIALS:
+        e = tl.arange(0, BLOCK_E)
+        summed = gemm.summed(partials, n, e, e < experts, SEGMENTS).to(logits.dtype.element_ty)
+        if writes and tile == 0:
+            tl.store(logits + e, summed, mask=e < experts)
+        x = tl.where(e < experts, summed.to(tl.float32), float("-inf"))
+        chosen = moe_plan.chosen_tile_of(x, ids, weights, pair_at, dest_at, tile_expert, experts, tile,
+                                         writes, K, NORM, BLOCK_E, SLOTS)
+    else:
+        chosen = moe_plan.chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts, tile,
+                                      writes, K, NORM, BLOCK_E, SLOTS, CACHE)
+    return chosen
+
+
+@triton.jit
 def _tile_first(index, K: tl.constexpr, TILES: tl.constexpr, SHARED_FIRST: tl.constexpr):
     """The tile of a program's place among the tiles: with ``SHARED_FIRST`` the shared expert's
     (tile K) first, so its programs start while the router's choice is still being made."""
@@ -92,7 +146,7 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
              tile_expert, tile_weight, chosen, ready, arrivals, blocks, gate, residual, total, out,
              norm_weight, experts, hidden, inner, shared_inner, width, stride_ge, stride_gn, stride_gs,
              stride_de, stride_dn, stride_ds, stride_g, eps, router_w, partials, router_counters, router_n,
-             router_k_per_segment, added_delta, added_weight, added_eps, slots,
+             router_k_per_segment,
              K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, SLOTS: tl.constexpr,
              TILES: tl.constexpr, GATE_COLS: tl.constexpr, DOWN_COLS: tl.constexpr, PRECISION: tl.constexpr,
              WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, GATE_N: tl.constexpr, GATE_K: tl.constexpr,
@@ -102,32 +156,29 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
              ROUTER_K: tl.constexpr, LOGITS_CACHE: tl.constexpr, SHARED_FIRST: tl.constexpr,
              DOWN_SHARED_FIRST: tl.constexpr, TAKE_CHOICE: tl.constexpr,
              PRELOAD: tl.constexpr, SPREAD: tl.constexpr, FROM_PARTIALS: tl.constexpr,
-             GATE_SEGMENTS: tl.constexpr, ADDED: tl.constexpr, ROUTER_FOUR: tl.constexpr, PDL: tl.constexpr):
+             GATE_SEGMENTS: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     program = tl.program_id(0) - ROUTER_TILES * ROUTER_SEGMENTS  # the router's programs first, if here
     q = tl.arange(0, BLOCK_M)
     live = q < 1  # a tile is one pair at one row
-    dtype = total.dtype.element_ty
     if program < 0:
-        router_tile(x, router_w, partials, logits, router_counters, tl.program_id(0), router_n, hidden,
-                    router_k_per_segment, hidden, added_delta, added_weight, added_eps, slots, dtype,
-                    ROUTER_TILES, ROUTER_SEGMENTS, ROUTER_M, ROUTER_N, ROUTER_K, WIDEN, FROM_PARTIALS,
-                    HIDDEN_BLOCK, ADDED, ROUTER_FOUR)
+        _router_tile(x, router_w, partials, logits, router_counters, tl.program_id(0), router_n, hidden,
+                     router_k_per_segment, hidden, ROUTER_TILES, ROUTER_SEGMENTS, ROUTER_M, ROUTER_N,
+                     ROUTER_K, WIDEN, FROM_PARTIALS)
         return
     if program < TILES * GATE_COLS:
         tile, column = _tile_first(program // GATE_COLS, K, TILES, SHARED_FIRST), program % GATE_COLS
         if column * GATE_N >= tl.where(tile < K, inner, shared_inner):  # past the expert's columns
             return
-        x = row_input(x, added_delta, added_weight, added_eps, slots, hidden, dtype, HIDDEN_BLOCK, ADDED)
         if SHARED_FIRST and tile == K:  # the shared expert needs no choice
             expert = tl.full([], 0, tl.int32) + experts
             if column == 0:
                 tl.store(tile_expert + tile, expert)
         else:
-            logits_wait(router_counters, ROUTER_TILES, ROUTER_SEGMENTS, FROM_PARTIALS)
-            expert, weight = choice_of(logits, partials, router_n, ids, weights, pair_at, dest_at,
-                                       tile_expert, experts, tile, column == 0, K, NORM, BLOCK_E, SLOTS,
-                                       LOGITS_CACHE, ROUTER_SEGMENTS, FROM_PARTIALS)
+            _logits_wait(router_counters, ROUTER_TILES, ROUTER_SEGMENTS, FROM_PARTIALS)
+            expert, weight = _chosen(logits, partials, router_n, ids, weights, pair_at, dest_at, tile_expert,
+                                     experts, tile, column == 0, K, NORM, BLOCK_E, SLOTS, LOGITS_CACHE,
+                                     ROUTER_SEGMENTS, FROM_PARTIALS)
             if TAKE_CHOICE and column == 0:  # published for the tile's down programs (tile_expert: stored)
                 tl.store(tile_weight + tile, weight)
                 tl.debug_barrier()  # every thread's stores are done before the flag shows them
@@ -149,10 +200,10 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
             expert = tl.load(tile_expert + tile, cache_modifier=".cg")
             weight = tl.load(tile_weight + tile, cache_modifier=".cg")
         else:
-            logits_wait(router_counters, ROUTER_TILES, ROUTER_SEGMENTS, FROM_PARTIALS)
-            expert, weight = choice_of(logits, partials, router_n, ids, weights, pair_at, dest_at,
-                                       tile_expert, experts, tile, False, K, NORM, BLOCK_E, SLOTS,
-                                       LOGITS_CACHE, ROUTER_SEGMENTS, FROM_PARTIALS)
+            _logits_wait(router_counters, ROUTER_TILES, ROUTER_SEGMENTS, FROM_PARTIALS)
+            expert, weight = _chosen(logits, partials, router_n, ids, weights, pair_at, dest_at, tile_expert,
+                                     experts, tile, False, K, NORM, BLOCK_E, SLOTS, LOGITS_CACHE,
+                                     ROUTER_SEGMENTS, FROM_PARTIALS)
         matrix, stride_n, size = moe_tiles.weight_of(down, shared_down, expert, experts, stride_de, stride_dn,
                                                      stride_ds, inner, shared_inner)
         pair_weight = tl.full([BLOCK_M], 1.0, tl.float32) * weight
@@ -174,8 +225,8 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
         tl.debug_barrier()  # every thread's part of the tile is written before it is counted
         if SPREAD:  # the block's last program sums it, the last block's normalises (arrivals: the blocks)
             last = moe_sum.finish_spread(buf, gate, residual, total, out, norm_weight, blocks, arrivals,
-                                         column, TILES, DOWN_COLS, K, hidden, stride_g, eps, added_delta, K,
-                                         SHARED, ADD_NORM, DOWN_N, HIDDEN_BLOCK, GATE_SEGMENTS, ADDED)
+                                         column, TILES, DOWN_COLS, K, hidden, stride_g, eps, K, SHARED,
+                                         ADD_NORM, DOWN_N, HIDDEN_BLOCK, GATE_SEGMENTS)
         else:
             last = tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == TILES * DOWN_COLS - 1
             if last:
@@ -184,6 +235,7 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
                                               stride_g, eps, K, SHARED, HIDDEN_BLOCK, GATE_SEGMENTS)
                 else:
                     cols = tl.arange(0, HIDDEN_BLOCK)
+                    dtype = total.dtype.element_ty
                     delta = moe_sum.combined(buf, gate, 0, cols, K, hidden, stride_g, K, SHARED, dtype,
                                              GATE_SEGMENTS)
                     tl.store(total + cols, delta, mask=cols < hidden)
@@ -217,16 +269,6 @@ def takes_router(n: int, hidden: int) -> bool:
     return triton.cdiv(n, _router_n(few)) <= ROUTER_TILES and few.warps == router.ROUTE_WARPS
 
 
-def spreads(dtype: torch.dtype, hidden: int, down_n: int, adds: bool) -> bool:
-    """Whether the launch's finish is spread over the column blocks (``SPREAD_FINISH``), as a block
-    taking its input before the add and norm (``launch``'s ``added``) needs; ``adds``: it adds the
-    residual and normalises (decode)."""
-    # fp32 on a GPU: sm_90's code pairs the norm's squares into FMAs one way for a row in registers and
-    # another for a row loaded back, so there the last program normalises alone (2-byte dtypes agree).
-    exact = not adds or dtype != torch.float32 or INTERPRETED
-    return SPREAD_FINISH and triton.cdiv(hidden, down_n) <= COLUMNS and exact
-
-
 def counters(device: torch.device) -> torch.Tensor:
     """The device's counters: ``READY`` tiles' ready counts, the down programs' arrivals (with
     ``SPREAD_FINISH``, the column blocks' finished), the router's ``ROUTER_TILES`` tiles' arrivals
@@ -240,8 +282,7 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
            normalise: bool, ids: torch.Tensor, weights: torch.Tensor, tables: moe_plan.Tables,
            tile_expert: torch.Tensor, gate: torch.Tensor, shared: bool, total: torch.Tensor,
            residual: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None,
-           tiles: dict[str, int], router_weight: torch.Tensor | None = None,
-           added: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> None:
+           tiles: dict[str, int], router_weight: torch.Tensor | None = None) -> None:
     """One row's block into ``total`` (the residual stream at decode, with ``residual`` = (the
     stream before, the norm's weight, eps, where the normed row goes)); the other arguments are
     ``kernels.moe._experts``' (checked there), ``tiles`` its tile sizes. ``ids`` and ``weights``
@@ -249,11 +290,7 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
     the launch first makes ``kernels.gemm.matmul(x, router_weight)`` and writes its experts' columns
     into ``logits`` (and, with ``FROM_PARTIALS`` off, the shared expert's gate after them, where
     ``gate`` views it; on, the finish sums the gate from the partials and ``gate`` is not read);
-    scratch: its fp32 partials. With ``added`` = (the mixer's output [1, hidden], the norm's weight,
-    eps), ``x`` and the residual stream are the stream before that output was added: the block's input
-    is their sum's norm (``kernels.norm.add_zrms``), formed by each program that reads it (scratch: a
-    row each), and the stream the block adds to is their rounded sum; it needs ``residual`` and
-    ``spreads``. ValueError otherwise."""
+    scratch: its fp32 partials."""
     experts, hidden, inner = down.shape
     top_k = ids.shape[1]
     count = top_k + shared
@@ -272,13 +309,9 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
                            device=x.device)
     blocks = found[READY + ROUTER_TILES + 3:]  # the column blocks' counters, past the router's
     chosen = found[READY + ROUTER_TILES + 3 + COLUMNS:]  # the tiles' published choices, past the blocks'
-    spread = spreads(x.dtype, hidden, tiles["down_n"], residual is not None)
-    if added is not None and (residual is None or not spread or residual[0].data_ptr() != x.data_ptr()):
-        raise ValueError("a block given its input before the add and norm (added) needs the residual stream "
-                         "as x and a spread finish (kernels.moe_one.spreads)")
-    readers = router_tiles * plan.segments + count * gate_cols  # the programs that read the input
-    delta, added_weight, added_eps = added if added is not None else (x, x, 0.0)
-    slots = torch.empty(readers if added is not None else 1, hidden, dtype=x.dtype, device=x.device)
+    # fp32 on a GPU: sm_90's code pairs the norm's squares into FMAs one way for a row in registers and
+    # another for a row loaded back, so there the last program normalises alone (2-byte dtypes agree).
+    exact = residual is None or x.dtype != torch.float32 or INTERPRETED
     from_partials = FROM_PARTIALS and router_weight is not None
     if from_partials and shared:  # the finish sums the gate's column of the partials, a segment apart
         gate = partials[:, experts:experts + 1]
@@ -289,8 +322,7 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
         experts, hidden, inner, shared_down.shape[1], h.shape[1], gate_up.stride(0), gate_up.stride(1),
         shared_gate_up.stride(0), down.stride(0), down.stride(1), shared_down.stride(0), gate.stride(0), eps,
         router_weight if router_weight is not None else x, partials, found[READY + 1:], n_router,
-        plan.k_per_segment, delta, added_weight, added_eps, slots, K=top_k, NORM=normalise,
-        BLOCK_E=triton.next_power_of_2(experts),
+        plan.k_per_segment, K=top_k, NORM=normalise, BLOCK_E=triton.next_power_of_2(experts),
         SLOTS=triton.next_power_of_2(top_k), TILES=count, GATE_COLS=gate_cols, DOWN_COLS=down_cols,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", WIDEN=INTERPRETED, BLOCK_M=tiles["block_m"],
         GATE_N=tiles["gate_n"], GATE_K=tiles["gate_k"], DOWN_N=tiles["down_n"], DOWN_K=tiles["down_k"],
@@ -299,7 +331,6 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
         ROUTER_N=_router_n(plan.few), ROUTER_K=plan.few.block_k,
         LOGITS_CACHE=".cg" if router_weight is not None else "", SHARED_FIRST=SHARED_FIRST and shared,
         DOWN_SHARED_FIRST=SHARED_FIRST and shared and not SHARED_DOWN_LAST, TAKE_CHOICE=DOWN_TAKES_CHOICE,
-        PRELOAD=4 if preload else 0, SPREAD=spread, ADDED=added is not None,
-        ROUTER_FOUR=added is not None and plan.k_per_segment == 4 * plan.few.block_k,
+        PRELOAD=4 if preload else 0, SPREAD=SPREAD_FINISH and down_cols <= COLUMNS and exact,
         FROM_PARTIALS=from_partials, GATE_SEGMENTS=plan.segments if from_partials and shared else 0,
         num_warps=router.ROUTE_WARPS, num_stages=tiles["stages"], **pdl.options(x.device))

@@ -78,31 +78,23 @@ def combined_add_zrms(buf, gate, residual, total, out, weight, row, pairs, hidde
 
 @triton.jit
 def finish_spread(buf, gate, residual, total, out, weight, blocks, finished, column, tiles, columns, pairs,
-                  hidden, stride_g, eps, added, TOP_K: tl.constexpr, SHARED: tl.constexpr,
-                  ADD_NORM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK: tl.constexpr,
-                  GATE_SEGMENTS: tl.constexpr, ADDED: tl.constexpr):
+                  hidden, stride_g, eps, TOP_K: tl.constexpr, SHARED: tl.constexpr, ADD_NORM: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK: tl.constexpr, GATE_SEGMENTS: tl.constexpr):
     """``combined_add_zrms``'s work at one row (without ``ADD_NORM``, ``combined``'s into ``total``)
     spread over the down programs that wrote ``buf``: ``tiles`` of them a block of ``BLOCK_N``
     columns, ``columns`` blocks; a program calls it once its columns of ``buf`` are stored and a
     barrier has seen every thread's part. The last of a block's programs (its ``blocks`` counter)
     sums the block's columns (elementwise, so the same bits as the whole row at once), adds the
     residual and stores them into ``total``; the last of those (``finished``) normalises the stored
-    row as ``kernels.norm.add_zrms_row`` does. With ``ADDED`` the residual is the stream before the
-    mixer's output ``added`` was added to it: the two are summed and rounded first, as the add before
-    the block would have. True for that last program; each counter is rearmed by the program that
-    completes it."""
+    row as ``kernels.norm.add_zrms_row`` does. True for that last program; each counter is rearmed
+    by the program that completes it."""
     last = column < 0  # false, of the counts' scalar type
     if tl.atomic_add(blocks + column, 1, sem="acq_rel", scope="gpu") == tiles - 1:
         cols = column * BLOCK_N + tl.arange(0, BLOCK_N)
         dtype = total.dtype.element_ty
         delta = combined(buf, gate, 0, cols, pairs, hidden, stride_g, TOP_K, SHARED, dtype, GATE_SEGMENTS)
         if ADD_NORM:  # rounded to the model dtype as add_zrms_row rounds the residual sum
-            if ADDED:
-                stream = norm.added(residual, tl.load(added + cols, mask=cols < hidden, other=0.0), cols,
-                                    cols < hidden, dtype)
-                delta = norm.rounded_sum(stream, delta, dtype)
-            else:
-                delta = norm.added(residual, delta, cols, cols < hidden, dtype)
+            delta = norm.added(residual, delta, cols, cols < hidden, dtype)
         tl.store(total + cols, delta, mask=cols < hidden)
         tl.atomic_xchg(blocks + column, 0, sem="relaxed", scope="gpu")  # every program of the block counted
         tl.debug_barrier()  # every thread's columns of total are stored before the block counts

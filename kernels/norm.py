@@ -18,10 +18,6 @@ from kernels import pdl
 
 ACTIVATIONS = {"silu": 0, "sigmoid": 1}
 GATED_HEADS = 4  # heads a gated-norm program takes: one head of 128 was one value a thread (262k programs)
-# GDN's gated norm sums a head's squares pairwise (``pairwise_sum``), so that GDN's out projection at few
-# rows can form it as it reads its input with the same bits (``kernels.gemm.gated_matmul``); off, the
-# norm's own launch first, its sum ``tl.sum``'s. Not yet measured.
-GATED_IN_PRODUCT = False
 
 
 def warps(block: int) -> int:
@@ -64,16 +60,11 @@ def zrms(x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = 
 
 
 @triton.jit
-def rounded_sum(a, b, dtype: tl.constexpr):
-    """a + b in fp32, rounded to ``dtype`` as the model's a + b would be."""
-    return (a.to(tl.float32) + b.to(tl.float32)).to(dtype)
-
-
-@triton.jit
 def added(x, delta, at, mask, dtype: tl.constexpr):
-    """x at ``at`` + ``delta`` (``rounded_sum``): the residual sum, before it is normalised
-    (``add_zrms_row``, and a block of columns of it in kernels.moe_sum.finish_spread)."""
-    return rounded_sum(tl.load(x + at, mask=mask, other=0.0), delta, dtype)
+    """x at ``at`` + ``delta`` in fp32, rounded to ``dtype`` as the model's x + delta would be: the
+    residual sum, before it is normalised (``add_zrms_row``, and a block of columns of it in
+    kernels.moe_sum.finish_spread)."""
+    return (tl.load(x + at, mask=mask, other=0.0).to(tl.float32) + delta.to(tl.float32)).to(dtype)
 
 
 @triton.jit
@@ -127,55 +118,24 @@ def add_zrms(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: fl
 
 
 @triton.jit
-def _pairs(x, HALF: tl.constexpr):
-    """Each row's neighbouring pairs of ``x`` [rows, 2 * HALF] added: [rows, HALF]."""
-    even, odd = tl.split(tl.reshape(x, (x.shape[0], HALF, 2)))
-    return even + odd
-
-
-@triton.jit
-def pairwise_sum(x, BLOCK: tl.constexpr):
-    """The sum of each row of ``x`` [rows, BLOCK] (a power of two, 2 to 1024) as a tree of neighbouring
-    pairs: the same order whatever the layout or the kernel, where ``tl.sum``'s follows the layout."""
-    tl.static_assert(BLOCK >= 2 and BLOCK <= 1024, "pairwise_sum takes rows of 2 to 1024")
-    for level in tl.static_range(10):  # unrolled: each halving a width of its own, finest pairs first
-        if (BLOCK >> level) >= 2:
-            x = _pairs(x, BLOCK >> (level + 1))
-    return tl.reshape(x, (x.shape[0],))
-
-
-@triton.jit
-def gated_heads(values, g, w, width, eps, dtype: tl.constexpr, ACTIVATION: tl.constexpr,
-                BLOCK: tl.constexpr, PAIRWISE: tl.constexpr):
-    """The GDN output norm of heads ``values`` [heads, BLOCK] (fp32 of the layer's output rounded to
-    ``dtype``, zeros past ``width``) gated by ``g`` (fp32 of the gate) with the norm's ``w`` (fp32):
-    ``gated_rms``'s arithmetic, in ``dtype``; shared with the out projection that forms its input
-    (``kernels.gated_operand``), where both sum ``PAIRWISE`` and so give the same bits."""
-    if PAIRWISE:
-        mean = pairwise_sum(values * values, BLOCK) / width  # each head's own statistics
-    else:
-        mean = tl.sum(values * values, axis=1) / width
-    normed = (values * tl.rsqrt(mean + eps)[:, None]).to(dtype)
-    weighted = (w[None, :] * normed.to(tl.float32)).to(dtype)
-    act = g / (1.0 + tl.exp(-g)) if ACTIVATION == 0 else 1.0 / (1.0 + tl.exp(-g))
-    return (weighted.to(tl.float32) * act).to(dtype)
-
-
-@triton.jit
 def _gated(x, gate, weight, out, width, heads, x_row, gate_row, eps, ACTIVATION: tl.constexpr,
-           HEADS: tl.constexpr, BLOCK: tl.constexpr, PAIRWISE: tl.constexpr, PDL: tl.constexpr):
+           HEADS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     row = tl.program_id(0)
     hs = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
     cols = tl.arange(0, BLOCK)
     mask = (hs < heads)[:, None] & (cols < width)[None, :]
     at = hs[:, None] * width + cols[None, :]
-    w = tl.load(weight + cols, mask=cols < width, other=0.0).to(tl.float32)
+    w = tl.load(weight + cols, mask=cols < width, other=0.0)
     # the reference rounds the layer's output to the model dtype before the norm
     values = tl.load(x + row * x_row + at, mask=mask, other=0.0)
     values = values.to(out.dtype.element_ty).to(tl.float32)
+    mean = tl.sum(values * values, axis=1) / width  # each head's own statistics
+    normed = (values * tl.rsqrt(mean + eps)[:, None]).to(out.dtype.element_ty)
+    weighted = (w.to(tl.float32)[None, :] * normed.to(tl.float32)).to(out.dtype.element_ty)
     g = tl.load(gate + row * gate_row + at, mask=mask, other=0.0).to(tl.float32)
-    result = gated_heads(values, g, w, width, eps, out.dtype.element_ty, ACTIVATION, BLOCK, PAIRWISE)
+    act = g / (1.0 + tl.exp(-g)) if ACTIVATION == 0 else 1.0 / (1.0 + tl.exp(-g))
+    result = (weighted.to(tl.float32) * act).to(out.dtype.element_ty)
     tl.store(out + row * heads * width + at, result, mask=mask)
 
 
@@ -201,5 +161,5 @@ def gated_rms(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: fl
         _gated[(rows, triton.cdiv(heads, GATED_HEADS))](
             x, gate, weight, out, width, heads, x.stride(0), gate.stride(0), eps,
             ACTIVATION=ACTIVATIONS[activation], HEADS=GATED_HEADS, BLOCK=triton.next_power_of_2(width),
-            PAIRWISE=GATED_IN_PRODUCT, **pdl.options(x.device))
+            **pdl.options(x.device))
     return out

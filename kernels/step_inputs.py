@@ -1,6 +1,5 @@
-"""A decode step's inputs in one launch: each lane's embedding row (and, asked, its zero-centred
-norm: the first layer's input), its rotary angles, and the page table and visible keys as int32,
-gathered from the step's packed batch.
+"""A decode step's inputs in one launch: each lane's embedding row, its rotary angles, and the page
+table and visible keys as int32, gathered from the step's packed batch.
 
 A decode step starts from ``tfd.model.decode.DecodeBatch.packed`` ([fields, lanes] int64: token,
 position, visible keys, ..., page table). torch takes ten small launches to turn it into what the
@@ -14,12 +13,8 @@ A token field below zero names the token the last decode step drew for another r
 one's tokens is fed on the device, with no copy between the two); the resolved token is written back
 into the field, where the step's later readers (PLE's n-grams) find it.
 
-With ``norm``, one program a lane takes the whole embedding row and normalises it with the norm's
-own code and warps (``kernels.norm.zrms_row``, ``kernels.norm.warps``), so ``h`` has the bits
-``kernels.norm.zrms`` gives the row and the step needs no launch for it (``FIRST_NORM``).
-
 Memory: reads the packed fields, one embedding row and one row of each angle table a lane, and a fed
-lane's ``feed`` entry; writes the outputs and fed lanes' token fields, nothing else. Tokens must
+lane's ``feed`` entry; writes the five outputs and fed lanes' token fields, nothing else. Tokens must
 be below the vocabulary, fed rows below the feed's and positions below the tables' rows (the engine
 admits nothing else). Grids follow shapes only: no host sync, CUDA-graph safe.
 """
@@ -31,13 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import norm as norms
 from kernels import pdl
 
 BLOCK = 1024  # embedding columns (or page-table entries) a program copies
-# The decode step asks for the first layer's norm here (off: a zrms launch after; same bits). Not yet
-# measured.
-FIRST_NORM = False
 
 
 @attrs.frozen
@@ -47,14 +38,13 @@ class StepInputs:
     sin: torch.Tensor
     table: torch.Tensor  # [lanes, pages] int32, contiguous
     lengths: torch.Tensor  # [lanes] int32: visible keys
-    h: torch.Tensor | None = None  # [lanes, hidden]: x's zero-centred norm, when asked
 
 
 @triton.jit
 def _gather(packed, stride_f, stride_l, embed, stride_e, cos_table, sin_table, stride_t, x, stride_x, cos,
-            sin, stride_a, table, stride_tb, lengths, hidden, dim, pages, table_field, feed, h, weight, eps,
-            EMBED_TILES: tl.constexpr, EMBED_BLOCK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
-            FEED: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr):
+            sin, stride_a, table, stride_tb, lengths, hidden, dim, pages, table_field, feed,
+            EMBED_TILES: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, FEED: tl.constexpr,
+            PDL: tl.constexpr):
     pdl.wait(PDL)
     lane, tile = tl.program_id(0), tl.program_id(1)
     fields = packed + lane * stride_l
@@ -65,12 +55,9 @@ def _gather(packed, stride_f, stride_l, embed, stride_e, cos_table, sin_table, s
             token = tl.where(fed, tl.load(feed + tl.where(fed, -token - 1, 0)), token)
             if tile == 0:
                 tl.store(fields, token)
-        cols = tile * EMBED_BLOCK + tl.arange(0, EMBED_BLOCK)
+        cols = tile * BLOCK + tl.arange(0, BLOCK)
         keep = cols < hidden
-        row = tl.load(embed + token * stride_e + cols, mask=keep, other=0.0)
-        tl.store(x + lane * stride_x + cols, row, mask=keep)
-        if NORM:  # the whole row is this program's (EMBED_TILES 1)
-            norms.zrms_row(row.to(tl.float32), h, weight, lane * stride_x + cols, cols, keep, hidden, eps)
+        tl.store(x + lane * stride_x + cols, tl.load(embed + token * stride_e + cols, mask=keep), mask=keep)
     elif tile == EMBED_TILES:
         position = tl.load(fields + stride_f)
         d = tl.arange(0, BLOCK_D)  # names apart from the other branches': Triton merges them by name
@@ -106,16 +93,12 @@ def _check(packed: torch.Tensor, table_field: int, embed: torch.Tensor, cos_tabl
 
 
 def gather(packed: torch.Tensor, table_field: int, embed: torch.Tensor, cos_table: torch.Tensor,
-           sin_table: torch.Tensor, feed: torch.Tensor | None = None,
-           norm: tuple[torch.Tensor, float] | None = None) -> StepInputs:
+           sin_table: torch.Tensor, feed: torch.Tensor | None = None) -> StepInputs:
     """The step's inputs from ``packed`` [fields, lanes] (field 0 the tokens, 1 the positions, 2 the
     visible keys, ``table_field`` onwards the page table) and the angle tables [positions, dim]; with
     ``feed``, a token -(row + 1) is ``feed[row]``, written back into the token field (the row must be
-    below ``len(feed)``); with ``norm`` (weight [hidden], eps), ``h`` is ``kernels.norm.zrms(x)``'s
-    bits. Raises ValueError for shapes or dtypes that do not fit."""
+    below ``len(feed)``). Raises ValueError for shapes or dtypes that do not fit."""
     _check(packed, table_field, embed, cos_table, sin_table, feed)
-    if norm is not None and tuple(norm[0].shape) != (embed.shape[1],):
-        raise ValueError(f"the norm's weight is {list(norm[0].shape)}, expected [{embed.shape[1]}]")
     lanes, hidden, dim = packed.shape[1], embed.shape[1], cos_table.shape[1]
     pages = packed.shape[0] - table_field
     device = packed.device
@@ -124,21 +107,15 @@ def gather(packed: torch.Tensor, table_field: int, embed: torch.Tensor, cos_tabl
                      torch.empty(lanes, dim, dtype=cos_table.dtype, device=device),
                      torch.empty(lanes, pages, dtype=torch.int32, device=device),
                      torch.empty(lanes, dtype=torch.int32, device=device))
-    if norm is not None:
-        out = attrs.evolve(out, h=torch.empty_like(out.x))
     if lanes == 0:
         return out
-    # with the norm a lane's row is one program's, in the norm's warps (its reduction's order)
-    embed_block = triton.next_power_of_2(hidden) if norm is not None else BLOCK
-    embed_tiles = triton.cdiv(hidden, embed_block)
-    weight, eps = norm if norm is not None else (embed, 0.0)
+    embed_tiles = triton.cdiv(hidden, BLOCK)
     _gather[(lanes, embed_tiles + 1 + triton.cdiv(pages, BLOCK))](
         packed, packed.stride(0), packed.stride(1), embed, embed.stride(0), cos_table, sin_table,
         cos_table.stride(0), out.x, out.x.stride(0), out.cos, out.sin, out.cos.stride(0), out.table,
         out.table.stride(0), out.lengths, hidden, dim, pages, table_field, packed if feed is None else feed,
-        out.x if out.h is None else out.h, weight, eps, EMBED_TILES=embed_tiles, EMBED_BLOCK=embed_block,
-        BLOCK=BLOCK, BLOCK_D=triton.next_power_of_2(dim), FEED=feed is not None, NORM=norm is not None,
-        num_warps=norms.warps(embed_block) if norm is not None else 4, **pdl.options(device))
+        EMBED_TILES=embed_tiles, BLOCK=BLOCK, BLOCK_D=triton.next_power_of_2(dim), FEED=feed is not None,
+        **pdl.options(device))
     return out
 
 

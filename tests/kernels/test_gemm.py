@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import conv1d, gemm, norm, swiglu
+from kernels import conv1d, gemm, swiglu
 
 
 def weights(n: int, k: int, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
@@ -172,62 +172,3 @@ def test_the_projection_with_its_conv_on_the_device() -> None:
         want = gemm.matmul(x, w)
         want[:, :8192] = conv1d.decode(want[:, :8192], conv_weight, plain, tail_at)
         assert torch.equal(got, want) and torch.equal(pool, plain), f"differs at m={m}"
-
-
-def gdn_out(rows: int, heads: int, width: int, n: int, dtype: torch.dtype, device: str = "cpu"
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A GDN rule's output (fp32), its gate as a slice of a wider projection row, the norm's weight and
-    the out projection."""
-    gen = torch.Generator(device).manual_seed(rows * 31 + heads)
-    o = torch.randn(rows, heads, width, generator=gen, device=device)
-    projected = torch.randn(rows, heads * width + 40, generator=gen, device=device).to(dtype)
-    gate = projected[:, 24:24 + heads * width].view(rows, heads, width)
-    weight = (1 + 0.1 * torch.randn(width, generator=gen, device=device)).to(dtype)
-    w = (torch.randn(n, heads * width, generator=gen, device=device) / (heads * width) ** 0.5).to(dtype)
-    return o, gate, weight, w
-
-
-GATED_CASES = [(1, torch.bfloat16, "silu"), (3, torch.bfloat16, "sigmoid"), (2, torch.float32, "silu")]
-
-
-@pytest.mark.parametrize(("rows", "dtype", "activation"), GATED_CASES)
-def test_the_gated_product_forms_the_norm_as_it_reads_with_the_norms_bits(
-        rows: int, dtype: torch.dtype, activation: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # GDN's out projection: a K step is one head of 128 values, its gated norm formed as it is read
-    o, gate, weight, w = gdn_out(rows, 8, 128, 96, dtype)
-    gated = norm.gated_rms
-
-    def separate() -> torch.Tensor:  # the norm's launch, then the plain product
-        return gemm.matmul(gated(o, gate, weight, 1e-6, activation).reshape(rows, -1), w)
-
-    launches: list[int] = []
-    monkeypatch.setattr(norm, "gated_rms", lambda *a, **k: (launches.append(1), gated(*a, **k))[1])
-    for inside in (True, False):  # the pairwise sum, and tl.sum's
-        monkeypatch.setattr(norm, "GATED_IN_PRODUCT", inside)
-        got = gemm.gated_matmul(o, gate, weight, 1e-6, activation, w)
-        assert launches == ([] if inside else [1]) and got.dtype == dtype  # no norm launch when inside
-        assert torch.equal(got, separate())
-        assert not gemm._counters(o.device, 1).any()
-
-
-@pytest.mark.gpu
-def test_the_gated_product_on_the_device_is_the_norm_then_the_product_row_for_row(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    # a 35B-A3B out projection: rows formed in the product (up to the spread form's rows) give the
-    # bits of the norm's launch then the product, which many rows take
-    monkeypatch.setattr(norm, "GATED_IN_PRODUCT", True)
-    o, gate, weight, w = gdn_out(100, 32, 128, 2048, torch.bfloat16, "cuda")
-    many = gemm.gated_matmul(o, gate, weight, 1e-6, "silu", w)
-    assert torch.equal(many, gemm.matmul(norm.gated_rms(o, gate, weight, 1e-6, "silu").reshape(100, -1), w))
-    for rows in (1, 2, 16, 33, 64):
-        alone = gemm.gated_matmul(o[:rows], gate[:rows], weight, 1e-6, "silu", w)
-        assert torch.equal(alone, many[:rows]), rows
-    graph, one, its_gate = torch.cuda.CUDAGraph(), o[:1].clone(), gate[:1].clone()
-    gemm.gated_matmul(one, its_gate, weight, 1e-6, "silu", w)  # compile outside the capture
-    with torch.cuda.graph(graph):
-        replayed = gemm.gated_matmul(one, its_gate, weight, 1e-6, "silu", w)
-    for row in (3, 77):
-        one.copy_(o[row:row + 1])
-        its_gate.copy_(gate[row:row + 1])
-        graph.replay()
-        assert torch.equal(replayed, many[row:row + 1])

@@ -11,8 +11,7 @@ import pytest
 import torch
 from moe_inputs import REAL, make, make_real, make_real_shared, make_shared, residual_of, router_product
 
-from kernels import gemm, moe, moe_block, moe_one, norm, router
-from kernels.moe_block import add_block_add_zrms, block_add_zrms
+from kernels import gemm, moe, moe_one, norm, router
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -95,13 +94,13 @@ def test_the_block_from_its_input_is_the_routers_product_then_the_routed_block(
     product = gemm.matmul
     monkeypatch.setattr(gemm, "matmul",
                         lambda *args, **kwargs: (products.append(1), product(*args, **kwargs))[1])
-    got = block_add_zrms(x, router_weight, gate_up, down, 3, True, (shared.gate_up, shared.down), stream)
+    got = moe.block_add_zrms(x, router_weight, gate_up, down, 3, True, (shared.gate_up, shared.down), stream)
     assert len(products) == (0 if inside and rows == 1 else 1)  # in the launch at one row, else before it
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert not moe_one.counters(x.device).any()  # the router's counters rearmed too
     with pytest.raises(ValueError, match="router_weight"):
-        block_add_zrms(x, router_weight[:8], gate_up, down, 3, True, (shared.gate_up, shared.down),
-                       stream)
+        moe.block_add_zrms(x, router_weight[:8], gate_up, down, 3, True, (shared.gate_up, shared.down),
+                           stream)
 
 
 def spread_and_alone(monkeypatch: pytest.MonkeyPatch, block: Callable[[], tuple[torch.Tensor, ...]]
@@ -164,8 +163,8 @@ def test_the_block_from_its_input_spreading_the_finish_gives_the_same_bits(
     router_weight = (torch.randn(9, 72, generator=torch.Generator().manual_seed(59)) / 8).bfloat16()
 
     def block() -> tuple[torch.Tensor, ...]:
-        return block_add_zrms(x, router_weight, gate_up, down, 3, True, (shared.gate_up, shared.down),
-                              stream)
+        return moe.block_add_zrms(x, router_weight, gate_up, down, 3, True, (shared.gate_up, shared.down),
+                                  stream)
 
     spread, alone, _ = spread_and_alone(monkeypatch, block)
     assert all(torch.equal(a, b) for a, b in zip(spread, alone, strict=True))
@@ -173,47 +172,6 @@ def test_the_block_from_its_input_spreading_the_finish_gives_the_same_bits(
     want = moe.routed_add_zrms(x, gate_up, down, logits[:, :8], 3, True, shared._replace(gate=logits[:, 8:]),
                                stream)
     assert all(torch.equal(a, b) for a, b in zip(spread, want, strict=True))
-
-
-def before_the_block(rows: int, hidden: int, seed: int, device: str = "cpu"
-                     ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, float]]:
-    """A residual stream, a mixer's output and the norm between them and an MoE block."""
-    generator = torch.Generator(device).manual_seed(seed + 5000)
-    stream = torch.randn(rows, hidden, generator=generator, device=device).bfloat16()
-    delta = torch.randn(rows, hidden, generator=generator, device=device).bfloat16()
-    return stream, delta, ((torch.randn(hidden, generator=generator, device=device) * 0.1).bfloat16(), 1e-6)
-
-
-# hidden 1024: the router's segments are four K steps each, asked for before the input is formed
-@pytest.mark.parametrize(("rows", "inside", "hidden"), [(1, True, 72), (1, False, 72), (3, True, 72),
-                                                        (1, True, 1024)])
-def test_the_block_before_its_add_and_norm_is_add_zrms_then_the_block(
-        monkeypatch: pytest.MonkeyPatch, rows: int, inside: bool, hidden: int) -> None:
-    # at one row (ADD_IN_LAUNCH) the launch's reading programs form the block's input: no add_zrms launch
-    if hidden == 72:
-        monkeypatch.setattr(moe, "DOWN_N", 16)  # five column blocks, the last one half past the row
-    _, gate_up, down, _, _ = make(rows, 3, torch.bfloat16, seed=61, hidden=hidden)
-    shared = make_shared(rows, torch.bfloat16, seed=61, hidden=hidden)
-    after = residual_of(rows, torch.bfloat16, seed=61, hidden=hidden)
-    router_weight = (torch.randn(9, hidden, generator=torch.Generator().manual_seed(61)) / 8).bfloat16()
-    stream, delta, before = before_the_block(rows, hidden, seed=61)
-    total, normed = norm.add_zrms(stream, delta, *before)
-    want = block_add_zrms(normed, router_weight, gate_up, down, 3, True, (shared.gate_up, shared.down),
-                          after._replace(x=total))
-    monkeypatch.setattr(moe_block, "ADD_IN_LAUNCH", inside)
-    adds: list[int] = []
-    add = norm.add_zrms
-    monkeypatch.setattr(norm, "add_zrms", lambda *args, **kwargs: (adds.append(1), add(*args, **kwargs))[1])
-    got = add_block_add_zrms(stream, delta, before, router_weight, gate_up, down, 3, True,
-                             (shared.gate_up, shared.down), after.weight, after.eps)
-    assert len(adds) == (0 if inside and rows == 1 else 1)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert not moe_one.counters(stream.device).any()
-    if inside and rows == 1:  # the launch refuses the input before its add and norm without a spread finish
-        monkeypatch.setattr(moe_one, "SPREAD_FINISH", False)
-        fallback = add_block_add_zrms(stream, delta, before, router_weight, gate_up, down, 3, True,
-                                      (shared.gate_up, shared.down), after.weight, after.eps)
-        assert len(adds) == 1 and all(torch.equal(a, b) for a, b in zip(fallback, want, strict=True))
 
 
 def test_the_residual_add_past_a_chunk_is_add_zrms_of_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -297,46 +255,14 @@ def test_gpu_the_block_from_its_input_in_one_launch_is_the_routers_product_then_
         return moe.routed_add_zrms(x, gate_up, down, logits[:, :experts], top_k, True,
                                    shared._replace(gate=logits[:, experts:]), residual)
 
-    block_add_zrms(x, router_weight, gate_up, down, top_k, True, (shared.gate_up, shared.down), residual)
+    moe.block_add_zrms(x, router_weight, gate_up, down, top_k, True, (shared.gate_up, shared.down), residual)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        got = block_add_zrms(x, router_weight, gate_up, down, top_k, True, (shared.gate_up, shared.down),
-                             residual)
+        got = moe.block_add_zrms(x, router_weight, gate_up, down, top_k, True, (shared.gate_up, shared.down),
+                                 residual)
     for seed in (30, 31):
         x.copy_(torch.randn(1, 2048, generator=torch.Generator("cuda").manual_seed(seed), device="cuda"))
         graph.replay()
         expected = want()
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
     assert not moe_one.counters(x.device).any()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize(("experts", "top_k"), REAL)
-def test_gpu_the_block_before_its_add_and_norm_in_one_launch_is_add_zrms_then_the_block(
-        experts: int, top_k: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    # every reading program's norm has add_zrms's bits (the norm's warps), captured and replayed
-    monkeypatch.setattr(moe_block, "ADD_IN_LAUNCH", True)
-    _, gate_up, down, _, _ = make_real(1, experts, top_k, seed=67)
-    shared = make_real_shared(1, experts, seed=67)
-    after = residual_of(1, torch.bfloat16, seed=67, hidden=2048, device="cuda")
-    router_weight = (torch.randn(experts + 1, 2048, device="cuda") / 45).bfloat16()
-    stream, delta, before = before_the_block(1, 2048, seed=67, device="cuda")
-
-    def block(inside: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        if inside:
-            return add_block_add_zrms(stream, delta, before, router_weight, gate_up, down, top_k, True,
-                                      (shared.gate_up, shared.down), after.weight, after.eps)
-        total, normed = norm.add_zrms(stream, delta, *before)
-        return block_add_zrms(normed, router_weight, gate_up, down, top_k, True,
-                              (shared.gate_up, shared.down), after._replace(x=total))
-
-    block(True)  # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        got = block(True)
-    for seed in (67, 68):
-        stream.copy_(before_the_block(1, 2048, seed=seed, device="cuda")[0])
-        want = block(False)
-        graph.replay()
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert not moe_one.counters(stream.device).any()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import norm, step_inputs
+from kernels import step_inputs
 from tfd.model.rope import Rotary
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -80,23 +80,3 @@ def test_table_rows_are_the_angles_at_each_position_on_the_device(dtype: torch.d
     for at in (positions, positions[3:4], positions.flip(0)):
         cos, sin = rotary.angles(at, dtype)
         assert torch.equal(cos_table[at], cos) and torch.equal(sin_table[at], sin)
-
-
-# fp32 in the interpreter only: sm_90 pairs an fp32 row's squares into FMAs by where the values come from
-@pytest.mark.parametrize(("hidden", "dtype"), [(40, torch.bfloat16), (1100, torch.bfloat16),
-                                               (4096, torch.bfloat16),
-                                               *([(40, torch.float32)] if DEVICE == "cpu" else [])])
-def test_the_first_norm_gathered_is_the_bits_of_the_norms_kernel(hidden: int, dtype: torch.dtype) -> None:
-    # one program a lane takes the whole row, in the norm's warps: zrms's bits, the step's inputs unchanged
-    packed, field = packed_batch(3, 2, vocab=50, rows=90, device=DEVICE)
-    embed = torch.randn(50, hidden, dtype=dtype, device=DEVICE)
-    weight = (torch.randn(hidden, device=DEVICE) * 0.1).to(dtype)
-    cos, sin = torch.randn(2, 90, 12, dtype=dtype, device=DEVICE).unbind(0)
-    plain = step_inputs.gather(packed, field, embed, cos.contiguous(), sin.contiguous())
-    got = step_inputs.gather(packed, field, embed, cos.contiguous(), sin.contiguous(), norm=(weight, 1e-6))
-    assert plain.h is None and got.h is not None
-    assert torch.equal(got.h, norm.zrms(got.x, weight, 1e-6))
-    for name in ("x", "cos", "sin", "table", "lengths"):
-        assert torch.equal(getattr(got, name), getattr(plain, name)), name
-    with pytest.raises(ValueError, match="norm's weight"):
-        step_inputs.gather(packed, field, embed, cos.contiguous(), sin.contiguous(), norm=(weight[1:], 1e-6))

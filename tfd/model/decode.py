@@ -30,7 +30,7 @@ from tfd.model import hyper
 from tfd.model.attention import QsaCaches, attention_rows, sparse_rows
 from tfd.model.gdn import GdnWeights, gdn_rows
 from tfd.model.memory import element_offset, to_device
-from tfd.model.mlp import MoeWeights, add_moe_add_zrms, dense, moe
+from tfd.model.mlp import MoeWeights, dense, moe, moe_add_zrms
 from tfd.model.ops import add_zrms, zrms
 from tfd.model.ple import ple_rows
 from tfd.model.rope import Rotary
@@ -215,41 +215,36 @@ def run_decode(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory) -> tor
     lane; states, tails, PLE pieces and row parts move past the row. A fed token field (negative)
     is resolved from ``memory.feed`` and written back. Raises ValueError when the stack has a PLE
     layer and the batch's columns no PLE offsets."""
-    h = None  # the first layer's input, when the inputs' launch normalises it (plain blocks)
     if batch.packed.is_cuda:  # one launch for what torch takes ten
         tables = memory.angle_tables(w.rotary, batch.columns.pages, w.embed.dtype)
-        first = w.layers[0].input_norm if w.mixer is None and step_inputs.FIRST_NORM else None
-        inputs = step_inputs.gather(batch.packed, batch.columns.table_field, w.embed, *tables, memory.feed,
-                                    None if first is None else (first, w.eps))
-        x, h = inputs.x, inputs.h
-        step = _Step(batch, memory, inputs.cos, inputs.sin, inputs.table, inputs.lengths)
+        inputs = step_inputs.gather(batch.packed, batch.columns.table_field, w.embed, *tables, memory.feed)
+        x, step = inputs.x, _Step(batch, memory, inputs.cos, inputs.sin, inputs.table, inputs.lengths)
     else:
         batch.tokens.copy_(step_inputs.fed_tokens(batch.tokens, memory.feed))
         x = w.embed[batch.tokens]
         cos, sin = w.rotary.angles(batch.positions, x.dtype)
         table = batch.page_table.to(torch.int32, memory_format=torch.contiguous_format)
         step = _Step(batch, memory, cos, sin, table, batch.lengths.to(torch.int32))
-    return _streams(w, x, step) if w.mixer is not None else _plain(w, x, h, step)
+    return _streams(w, x, step) if w.mixer is not None else _plain(w, x, step)
 
 
-def _plain(w: StackWeights, x: torch.Tensor, h: torch.Tensor | None, step: _Step) -> torch.Tensor:
+def _plain(w: StackWeights, x: torch.Tensor, step: _Step) -> torch.Tensor:
     """Blocks added to one residual between RMSNorms, each add joined with the next norm (an MoE
-    block's in its own last launch); ``h`` is the first norm when the inputs' launch made it."""
+    block's in its own last launch)."""
     first = w.layers[0].input_norm
     assert first is not None
     following = [layer.input_norm for layer in w.layers[1:]] + [w.final_norm]
     gdn_layer = 0
-    if h is None:
-        h = zrms(x, first, w.eps)
+    h = zrms(x, first, w.eps)
     for layer, norm in zip(w.layers, following, strict=True):
         assert layer.post_norm is not None and norm is not None
         mixed = _mix(w, layer, h, gdn_layer, step)
         if isinstance(layer.mixer, GdnWeights):
             gdn_layer += 1
+        x, h = add_zrms(x, mixed, layer.post_norm, w.eps)
         if isinstance(layer.ffn, MoeWeights):
-            x, h = add_moe_add_zrms(layer.ffn, x, mixed, layer.post_norm, norm, w.eps)
+            x, h = moe_add_zrms(layer.ffn, h, x, norm, w.eps)
         else:
-            x, h = add_zrms(x, mixed, layer.post_norm, w.eps)
             x, h = add_zrms(x, dense(layer.ffn, h), norm, w.eps)
     return h
 

@@ -81,10 +81,7 @@ def split_heads(w: GdnWeights, mixed: torch.Tensor) -> tuple[torch.Tensor, torch
 
 
 def finish(w: GdnWeights, out: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """The gated norm of the rule's output [rows, value_heads, value_dim], then the out projection (on
-    CUDA ``kernels.gemm.gated_matmul``, which may form the norm inside the product: the same bits)."""
-    if out.is_cuda:
-        return gemm.gated_matmul(out, z, w.norm, w.eps, w.activation, w.out)
+    """The gated norm of the rule's output [rows, value_heads, value_dim], then the out projection."""
     return linear(gated_rms(out, z, w.norm, w.eps, w.activation).reshape(out.shape[0], -1), w.out)
 
 

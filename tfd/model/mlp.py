@@ -14,7 +14,7 @@ import attrs
 import torch
 
 from kernels import moe as kernels_moe
-from kernels import moe_block, router
+from kernels import router
 from kernels import swiglu as swiglu_kernel
 from tfd.model.ops import add_zrms, linear, sigmoid_gate, silu, swiglu, swiglu_product
 
@@ -83,22 +83,9 @@ def moe_add_zrms(w: MoeWeights, x: torch.Tensor, residual: torch.Tensor, weight:
     the router's product, the choice and both expert products in one launch."""
     if not x.is_cuda:
         return add_zrms(residual, moe(w, x), weight, eps)
-    return moe_block.block_add_zrms(x, w.router, w.gate_up, w.down, w.top_k, w.norm_top_k,
-                                    (w.shared.gate_up, w.shared.down),
-                                    kernels_moe.Residual(residual, weight, eps))
-
-
-def add_moe_add_zrms(w: MoeWeights, x: torch.Tensor, delta: torch.Tensor, before: torch.Tensor,
-                     weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``moe_add_zrms`` of ``add_zrms(x, delta, before, eps)``: the residual add and norm before the
-    block (``before`` that norm's weight), the block, its add and the next norm (``weight``); the
-    same bits. On CUDA at one row the first add and norm may run inside the block's one launch
-    (``kernels.moe_block.ADD_IN_LAUNCH``)."""
-    if not x.is_cuda:
-        total, normed = add_zrms(x, delta, before, eps)
-        return moe_add_zrms(w, normed, total, weight, eps)
-    return moe_block.add_block_add_zrms(x, delta, (before, eps), w.router, w.gate_up, w.down, w.top_k,
-                                        w.norm_top_k, (w.shared.gate_up, w.shared.down), weight, eps)
+    return kernels_moe.block_add_zrms(x, w.router, w.gate_up, w.down, w.top_k, w.norm_top_k,
+                                      (w.shared.gate_up, w.shared.down),
+                                      kernels_moe.Residual(residual, weight, eps))
 
 
 def grouped_moe(w: MoeWeights, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
