@@ -47,6 +47,11 @@ SHARED_BYTES = 227 * 1024  # shared memory a program may take on an H200 (232,44
 # Rows up to which the spread form applies a conv as it stores: its epilogue takes 114 registers a thread
 # at 16-row tiles (64 without), 172 at 32 (80 without: a third fewer programs resident), sm_90 ptxas.
 CONV_ROWS = 16
+# K steps of weights a spread program asks for before it waits for the kernel before (0 to 2): with a
+# conv (GDN's projection, after the MoE block at decode), and at few rows otherwise. Not yet measured
+# one product at a time (all products at once lost in the fifth session).
+EARLY_CONV = 0
+EARLY_FEW = 0
 
 
 @attrs.frozen
@@ -118,20 +123,40 @@ def plan(n: int, k: int, spread: Tiles = SPREAD, whole: Tiles = WHOLE, few: Tile
 
 
 @triton.jit
+def weight_tile(w, cols, n, k, start, stride_wn, BLOCK_K: tl.constexpr):
+    """The weight's K tile at ``start`` for columns ``cols`` (zeros past n and k)."""
+    ks = start + tl.arange(0, BLOCK_K)
+    return tl.load(w + cols[:, None] * stride_wn + ks[None, :], mask=(cols[:, None] < n) & (ks[None, :] < k),
+                   other=0.0)
+
+
+@triton.jit
+def tile_dot(x, b, acc, rows, m, k, start, stride_xm, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
+    """``acc`` plus x's K tile at ``start`` times the weight tile ``b``: one step of a segment."""
+    ks = start + tl.arange(0, BLOCK_K)
+    a = tl.load(x + rows[:, None] * stride_xm + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < k),
+                other=0.0)
+    if WIDEN:
+        a, b = a.to(tl.float32), b.to(tl.float32)
+    return tl.dot(a, tl.trans(b), acc, input_precision="ieee")  # fp32 stays fp32, never tf32
+
+
+@triton.jit
+def segment_from(acc, x, w, rows, cols, m, n, k, start, length, stride_xm, stride_wn, BLOCK_K: tl.constexpr,
+                 WIDEN: tl.constexpr):
+    """``acc`` plus a segment's K tiles start .. start + length, in order."""
+    for offset in range(0, length, BLOCK_K):
+        b = weight_tile(w, cols, n, k, start + offset, stride_wn, BLOCK_K)
+        acc = tile_dot(x, b, acc, rows, m, k, start + offset, stride_xm, BLOCK_K, WIDEN)
+    return acc
+
+
+@triton.jit
 def segment_sum(x, w, rows, cols, m, n, k, start, length, stride_xm, stride_wn,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
     """One segment's fp32 sum over K tiles start .. start + length, from zero."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for offset in range(0, length, BLOCK_K):
-        ks = start + offset + tl.arange(0, BLOCK_K)
-        a = tl.load(x + rows[:, None] * stride_xm + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < k),
-                    other=0.0)
-        b = tl.load(w + cols[:, None] * stride_wn + ks[None, :], mask=(cols[:, None] < n) & (ks[None, :] < k),
-                    other=0.0)
-        if WIDEN:
-            a, b = a.to(tl.float32), b.to(tl.float32)
-        acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")  # fp32 stays fp32, never tf32
-    return acc
+    return segment_from(acc, x, w, rows, cols, m, n, k, start, length, stride_xm, stride_wn, BLOCK_K, WIDEN)
 
 
 @triton.jit
@@ -149,13 +174,27 @@ def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride
             k_per_segment, conv_weight, tails, tail_at, channels, SEGMENTS: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr,
             SWIGLU: tl.constexpr, PAIR: tl.constexpr, CONV: tl.constexpr, WIDTH: tl.constexpr,
-            PDL: tl.constexpr):
+            EARLY: tl.constexpr, PDL: tl.constexpr):
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     segment = tl.program_id(2)
+    start = segment * k_per_segment
+    if EARLY:  # the first K steps' weights asked for before the wait: they come while the kernel before ends
+        b0 = weight_tile(w, cols, n, k, start, stride_wn, BLOCK_K)
+        if EARLY > 1:
+            b1 = weight_tile(w, cols, n, k, start + BLOCK_K, stride_wn, BLOCK_K)
     pdl.wait(PDL)
-    acc = segment_sum(x, w, rows, cols, m, n, k, segment * k_per_segment, k_per_segment, stride_xm, stride_wn,
-                      BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
+    if EARLY:  # the same steps in the same order as segment_sum's
+        acc = tile_dot(x, b0, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), rows, m, k, start, stride_xm,
+                       BLOCK_K, WIDEN)
+        if EARLY > 1:
+            acc = tile_dot(x, b1, acc, rows, m, k, start + BLOCK_K, stride_xm, BLOCK_K, WIDEN)
+        rest = EARLY * BLOCK_K
+        acc = segment_from(acc, x, w, rows, cols, m, n, k, start + rest, k_per_segment - rest, stride_xm,
+                           stride_wn, BLOCK_K, WIDEN)
+    else:
+        acc = segment_sum(x, w, rows, cols, m, n, k, start, k_per_segment, stride_xm, stride_wn, BLOCK_M,
+                          BLOCK_N, BLOCK_K, WIDEN)
     mask = (rows[:, None] < m) & (cols[None, :] < n)
     where = rows[:, None] * stride_pm + cols[None, :]
     tl.store(partials + segment * stride_ps + where, acc, mask=mask)
@@ -313,6 +352,9 @@ def _spread_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, choice:
     if conv is not None:
         width = conv1d.checked_width(conv.weight.shape[0], x.dtype, conv.weight, conv.tails, conv.tail_at, m)
     grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m))
+    # K steps asked for before the wait: each segment holds at least that many (plan's whole steps)
+    early = min(EARLY_CONV if conv is not None else EARLY_FEW if t == choice.few else 0,
+                choice.k_per_segment // t.block_k)
     partials = torch.empty(choice.segments, m, n, dtype=torch.float32, device=x.device)
     _spread[(*grid, choice.segments)](x, w, partials, out, _counters(x.device, grid[0] * grid[1]), m, n, k,
                                       x.stride(0), w.stride(0), partials.stride(0), partials.stride(1),
@@ -321,8 +363,8 @@ def _spread_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, choice:
                                          conv.weight.shape[0]) if conv is not None else (w, out, out, 0)),
                                       SEGMENTS=choice.segments, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                                       BLOCK_K=t.block_k, WIDEN=INTERPRETED, SWIGLU=swiglu, PAIR=PAIR,
-                                      CONV=conv is not None, WIDTH=width, num_warps=t.warps,
-                                      num_stages=t.stages, **pdl.options(x.device))
+                                      CONV=conv is not None, WIDTH=width, EARLY=early,
+                                      num_warps=t.warps, num_stages=t.stages, **pdl.options(x.device))
     return out
 
 
