@@ -48,10 +48,12 @@ SHARED_BYTES = 227 * 1024  # shared memory a program may take on an H200 (232,44
 # at 16-row tiles (64 without), 172 at 32 (80 without: a third fewer programs resident), sm_90 ptxas.
 CONV_ROWS = 16
 # K steps of weights a spread program asks for before it waits for the kernel before (0 to 2): with a
-# conv (GDN's projection, after the MoE block at decode), and at few rows otherwise. Not yet measured
-# one product at a time (all products at once lost in the fifth session).
-EARLY_CONV = 0
+# conv (GDN's projection, which follows the MoE block at decode), and at few rows otherwise (EARLY_FEW_N:
+# only for weights of that many rows, 0 all). H200, one stream, tfd bench --variant: 35B-A3B conv 1 step
+# 2.4554 ms, 2 steps 2.4651, none 2.4688; few rows 1 / 2 steps 2.4810 / 2.4708 (9B: 4.5097, 4.5107, 4.5156).
+EARLY_CONV = 1
 EARLY_FEW = 0
+EARLY_FEW_N = 0
 
 
 @attrs.frozen
@@ -353,8 +355,8 @@ def _spread_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, choice:
         width = conv1d.checked_width(conv.weight.shape[0], x.dtype, conv.weight, conv.tails, conv.tail_at, m)
     grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m))
     # K steps asked for before the wait: each segment holds at least that many (plan's whole steps)
-    early = min(EARLY_CONV if conv is not None else EARLY_FEW if t == choice.few else 0,
-                choice.k_per_segment // t.block_k)
+    few = EARLY_FEW if t == choice.few and EARLY_FEW_N in (0, n) else 0
+    early = min(EARLY_CONV if conv is not None else few, choice.k_per_segment // t.block_k)
     partials = torch.empty(choice.segments, m, n, dtype=torch.float32, device=x.device)
     _spread[(*grid, choice.segments)](x, w, partials, out, _counters(x.device, grid[0] * grid[1]), m, n, k,
                                       x.stride(0), w.stride(0), partials.stride(0), partials.stride(1),

@@ -187,6 +187,8 @@ def test_weights_asked_for_before_the_wait_give_the_same_bits(early: int,
     conv_weight = torch.randn(channels, width, generator=torch.Generator().manual_seed(1)) / 2
     pool, tail_at = conv_pool(5, channels, width, torch.float32)
     early_pool = pool.clone()
+    monkeypatch.setattr(gemm, "EARLY_FEW", 0)
+    monkeypatch.setattr(gemm, "EARLY_CONV", 0)
     want = gemm.matmul(x, w, choice=choice), gemm.matmul(x, w, choice=choice,
                                                            conv=gemm.Conv(conv_weight, pool, tail_at))
     monkeypatch.setattr(gemm, "EARLY_FEW", early)
