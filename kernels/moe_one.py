@@ -67,21 +67,46 @@ COLUMNS = 64  # column blocks of the down programs at most, for SPREAD_FINISH's 
 # first; the finish sums the shared expert's gate from them too (2.516 against 2.543 ms a 35B-A3B step).
 # Off: each tile's last program sums and stores its logits, which the choosing programs read.
 FROM_PARTIALS = True
+# K steps (0 to 2) of its weights a router program asks for before the launch's wait, so they come while
+# the kernel before (the add and norm) ends. Not yet measured.
+ROUTER_EARLY = 0
 
 
 @triton.jit
-def _router_tile(x, w, partials, logits, counters, program, n, k, k_per_segment, stride_w,
+def _router_early(w, program, n, k, k_per_segment, stride_w, live, TILES: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, STEP: tl.constexpr):
+    """K step ``STEP`` of a router program's weights (``kernels.gemm.weight_tile``), nothing read
+    unless ``live`` (a router program)."""
+    column, segment = program % TILES, program // TILES
+    cols = column * BLOCK_N + tl.arange(0, BLOCK_N)
+    start = segment * k_per_segment + STEP * BLOCK_K
+    return gemm.weight_tile(w, cols, tl.where(live, n, 0), k, start, stride_w, BLOCK_K)
+
+
+@triton.jit
+def _router_tile(x, w, partials, logits, counters, program, n, k, k_per_segment, stride_w, b0, b1,
                  TILES: tl.constexpr, SEGMENTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, WIDEN: tl.constexpr, FROM_PARTIALS: tl.constexpr):
+                 BLOCK_K: tl.constexpr, WIDEN: tl.constexpr, FROM_PARTIALS: tl.constexpr,
+                 EARLY: tl.constexpr):
     """One program of the router's product at one row, as ``kernels.gemm``'s spread form computes
-    it (the same segments, tiles and order): it stores its fp32 partial; with ``FROM_PARTIALS`` it
-    counts it (``counters[TILES + 1]``), else the last program of a tile stores the tile's logits
-    and counts the tile ready (``counters[TILES]``)."""
+    it (the same segments, tiles and order), its first ``EARLY`` K steps' weights ``b0``, ``b1``
+    loaded already: it stores its fp32 partial; with ``FROM_PARTIALS`` it counts it
+    (``counters[TILES + 1]``), else the last program of a tile stores the tile's logits and counts
+    the tile ready (``counters[TILES]``)."""
     column, segment = program % TILES, program // TILES
     rows = tl.arange(0, BLOCK_M)
     cols = column * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = gemm.segment_sum(x, w, rows, cols, 1, n, k, segment * k_per_segment, k_per_segment, 0, stride_w,
-                           BLOCK_M, BLOCK_N, BLOCK_K, WIDEN)
+    start = segment * k_per_segment
+    if EARLY:  # the same steps in the same order as segment_sum's
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = gemm.tile_dot(x, b0, acc, rows, 1, k, start, 0, BLOCK_K, WIDEN)
+        if EARLY > 1:
+            acc = gemm.tile_dot(x, b1, acc, rows, 1, k, start + BLOCK_K, 0, BLOCK_K, WIDEN)
+        acc = gemm.segment_from(acc, x, w, rows, cols, 1, n, k, start + EARLY * BLOCK_K,
+                                k_per_segment - EARLY * BLOCK_K, 0, stride_w, BLOCK_K, WIDEN)
+    else:
+        acc = gemm.segment_sum(x, w, rows, cols, 1, n, k, start, k_per_segment, 0, stride_w, BLOCK_M, BLOCK_N,
+                               BLOCK_K, WIDEN)
     mask = (rows[:, None] < 1) & (cols[None, :] < n)
     where = rows[:, None] * n + cols[None, :]
     tl.store(partials + segment * n + where, acc, mask=mask)
@@ -156,15 +181,22 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
              ROUTER_K: tl.constexpr, LOGITS_CACHE: tl.constexpr, SHARED_FIRST: tl.constexpr,
              DOWN_SHARED_FIRST: tl.constexpr, TAKE_CHOICE: tl.constexpr,
              PRELOAD: tl.constexpr, SPREAD: tl.constexpr, FROM_PARTIALS: tl.constexpr,
-             GATE_SEGMENTS: tl.constexpr, PDL: tl.constexpr):
-    pdl.wait(PDL)
+             GATE_SEGMENTS: tl.constexpr, ROUTER_EARLY: tl.constexpr, PDL: tl.constexpr):
     program = tl.program_id(0) - ROUTER_TILES * ROUTER_SEGMENTS  # the router's programs first, if here
+    rb0, rb1 = router_w, router_w  # unread unless asked for below
+    if ROUTER_EARLY:  # a router program's first weights asked for before the wait
+        rb0 = _router_early(router_w, tl.program_id(0), router_n, hidden, router_k_per_segment, hidden,
+                           program < 0, ROUTER_TILES, ROUTER_N, ROUTER_K, 0)
+        if ROUTER_EARLY > 1:
+            rb1 = _router_early(router_w, tl.program_id(0), router_n, hidden, router_k_per_segment, hidden,
+                               program < 0, ROUTER_TILES, ROUTER_N, ROUTER_K, 1)
+    pdl.wait(PDL)
     q = tl.arange(0, BLOCK_M)
     live = q < 1  # a tile is one pair at one row
     if program < 0:
         _router_tile(x, router_w, partials, logits, router_counters, tl.program_id(0), router_n, hidden,
-                     router_k_per_segment, hidden, ROUTER_TILES, ROUTER_SEGMENTS, ROUTER_M, ROUTER_N,
-                     ROUTER_K, WIDEN, FROM_PARTIALS)
+                     router_k_per_segment, hidden, rb0, rb1, ROUTER_TILES, ROUTER_SEGMENTS, ROUTER_M, ROUTER_N,
+                     ROUTER_K, WIDEN, FROM_PARTIALS, ROUTER_EARLY)
         return
     if program < TILES * GATE_COLS:
         tile, column = _tile_first(program // GATE_COLS, K, TILES, SHARED_FIRST), program % GATE_COLS
@@ -313,6 +345,7 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
     # another for a row loaded back, so there the last program normalises alone (2-byte dtypes agree).
     exact = residual is None or x.dtype != torch.float32 or INTERPRETED
     from_partials = FROM_PARTIALS and router_weight is not None
+    early = 0 if router_weight is None else min(ROUTER_EARLY, plan.k_per_segment // plan.few.block_k)
     if from_partials and shared:  # the finish sums the gate's column of the partials, a segment apart
         gate = partials[:, experts:experts + 1]
     _one_row[(router_tiles * plan.segments + count * (gate_cols + down_cols),)](
@@ -333,4 +366,5 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
         DOWN_SHARED_FIRST=SHARED_FIRST and shared and not SHARED_DOWN_LAST, TAKE_CHOICE=DOWN_TAKES_CHOICE,
         PRELOAD=4 if preload else 0, SPREAD=SPREAD_FINISH and down_cols <= COLUMNS and exact,
         FROM_PARTIALS=from_partials, GATE_SEGMENTS=plan.segments if from_partials and shared else 0,
+        ROUTER_EARLY=early,
         num_warps=router.ROUTE_WARPS, num_stages=tiles["stages"], **pdl.options(x.device))

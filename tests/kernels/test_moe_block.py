@@ -77,15 +77,17 @@ def test_one_row_gives_the_same_bits_in_one_launch_as_in_two(monkeypatch: pytest
     assert launches == [1] and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
-@pytest.mark.parametrize("rows", [1, 3])
-@pytest.mark.parametrize("inside", [True, False])
+@pytest.mark.parametrize(("rows", "inside", "early", "hidden"),
+                         [(1, True, 0, 64), (1, True, 2, 512), (3, True, 0, 64), (1, False, 0, 64)])
 def test_the_block_from_its_input_is_the_routers_product_then_the_routed_block(
-        monkeypatch: pytest.MonkeyPatch, rows: int, inside: bool) -> None:
-    # at one row the router's product runs in the experts' launch; else first: the same bits
-    x, gate_up, down, _, _ = make(rows, 3, torch.bfloat16, seed=47 + rows)
-    shared = make_shared(rows, torch.bfloat16, seed=47 + rows)
-    stream = residual_of(rows, torch.bfloat16, seed=47 + rows)
-    router_weight = (torch.randn(9, 64, generator=torch.Generator().manual_seed(rows)) / 8).bfloat16()
+        monkeypatch: pytest.MonkeyPatch, rows: int, inside: bool, early: int, hidden: int) -> None:
+    # at one row the router's product runs in the experts' launch (with 512 columns, four K steps, its
+    # first two weights asked for before the launch's wait); else first: the same bits
+    monkeypatch.setattr(moe_one, "ROUTER_EARLY", early)
+    x, gate_up, down, _, _ = make(rows, 3, torch.bfloat16, seed=47 + rows, hidden=hidden)
+    shared = make_shared(rows, torch.bfloat16, seed=47 + rows, hidden=hidden)
+    stream = residual_of(rows, torch.bfloat16, seed=47 + rows, hidden=hidden)
+    router_weight = (torch.randn(9, hidden, generator=torch.Generator().manual_seed(rows)) / 8).bfloat16()
     logits = gemm.matmul(x, router_weight)
     want = moe.routed_add_zrms(x, gate_up, down, logits[:, :8], 3, True, shared._replace(gate=logits[:, 8:]),
                                stream)
@@ -232,16 +234,18 @@ def test_gpu_one_row_in_one_launch_is_two_launches_and_replays(monkeypatch: pyte
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("experts", "top_k"), REAL)
-@pytest.mark.parametrize(("router_n", "from_partials", "taken", "last"), [
-    (0, True, True, False), (0, False, True, False), (32, True, True, False), (16, True, True, False),
-    (32, True, False, False), (32, True, True, True)])
+@pytest.mark.parametrize(("router_n", "from_partials", "taken", "last", "early"), [
+    (0, True, True, False, 0), (0, False, True, False, 0), (32, True, True, False, 0),
+    (16, True, True, False, 0), (32, True, False, False, 0), (32, True, True, True, 0),
+    (32, True, True, False, 1), (32, True, True, False, 2)])
 def test_gpu_the_block_from_its_input_in_one_launch_is_the_routers_product_then_the_block(
         experts: int, top_k: int, router_n: int, from_partials: bool, taken: bool, last: bool,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        early: int, monkeypatch: pytest.MonkeyPatch) -> None:
     # the router's tiles of any width, its logits summed by tiles or by every choosing program, the down
-    # programs taking the tile's choice or making it, the shared expert's down programs first or last:
-    # same bits
+    # programs taking the tile's choice or making it, the shared expert's down programs first or last, the
+    # router's first weights asked for before the wait or not: same bits
     monkeypatch.setattr(moe_one, "ROUTER_N", router_n)
+    monkeypatch.setattr(moe_one, "ROUTER_EARLY", early)
     monkeypatch.setattr(moe_one, "FROM_PARTIALS", from_partials)
     monkeypatch.setattr(moe_one, "DOWN_TAKES_CHOICE", taken)
     monkeypatch.setattr(moe_one, "SHARED_DOWN_LAST", last)
