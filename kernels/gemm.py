@@ -47,13 +47,12 @@ SHARED_BYTES = 227 * 1024  # shared memory a program may take on an H200 (232,44
 # Rows up to which the spread form applies a conv as it stores: its epilogue takes 114 registers a thread
 # at 16-row tiles (64 without), 172 at 32 (80 without: a third fewer programs resident), sm_90 ptxas.
 CONV_ROWS = 16
-# K steps of weights a spread program asks for before it waits for the kernel before (0 to 2): with a
-# conv (GDN's projection, which follows the MoE block at decode), and at few rows otherwise (EARLY_FEW_N:
-# only for weights of that many rows, 0 all). H200, one stream, tfd bench --variant: 35B-A3B conv 1 step
-# 2.4554 ms, 2 steps 2.4651, none 2.4688; few rows 1 / 2 steps 2.4810 / 2.4708 (9B: 4.5097, 4.5107, 4.5156).
-EARLY_CONV = 1
-EARLY_FEW = 0
-EARLY_FEW_N = 0
+# K steps of weights a spread program of a product called ``early`` asks for before it waits for the kernel
+# before: the products after the MoE block at decode (GDN's projection, attention's qkv). H200, one stream,
+# tfd bench --variant (best of three): 35B-A3B GDN projection 1 step 2.4554 ms, 2 steps 2.4651, none 2.4688
+# (9B: 4.5097 against 4.5156); qkv too 2.4434 against 2.4475. At the other products 1 step lost (out
+# projections 2.4662, the head 2.4493), as every product at once had (fifth session).
+EARLY_STEPS = 1
 
 
 @attrs.frozen
@@ -288,7 +287,7 @@ def _described(x: torch.Tensor, w: torch.Tensor, t: Tiles) -> tuple[object, obje
 
 
 def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice: Plan | None = None,
-           swiglu: bool = False, conv: Conv | None = None) -> torch.Tensor:
+           swiglu: bool = False, conv: Conv | None = None, early: bool = False) -> torch.Tensor:
     """``x @ w.T`` for ``x`` [m, k] and ``w`` [n, k], both contiguous in k; the result in x's dtype.
     With ``swiglu``, w is a gate|up weight laid out by ``kernels.swiglu.pair_rows`` and the result
     is SwiGLU's middle [m, n / 2]: each form forms it from the summed tile before it stores (the
@@ -300,6 +299,10 @@ def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice:
     (``kernels.conv1d.decode``'s bits, its tails moved forward): the spread form applies it as it
     stores, up to ``CONV_ROWS`` rows and when those columns are whole tiles; else the conv runs
     after the product.
+
+    With ``early``, each spread program asks for its first ``EARLY_STEPS`` K steps of weights before
+    it waits for the kernel before it (dependent launch), so they come while that kernel ends: for a
+    product after a kernel whose end reads little memory. The same bits.
 
     ``spread`` forces a launch form and ``choice`` a plan (tests, benchmarks); by default the form
     follows the number of rows and the plan the weight's shape. Scratch: fp32 partials of
@@ -341,13 +344,14 @@ def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice:
         raise ValueError(f"a {t.block_n}-column tile holds no whole gate|up pairs of {PAIR}")
     channels = 0 if conv is None else conv.weight.shape[0]
     if conv is not None and (swiglu or channels > n or channels % t.block_n or t.block_m > CONV_ROWS):
-        return _conv_after(_spread_product(x, w, out, choice, t, swiglu, None), conv)
-    return _spread_product(x, w, out, choice, t, swiglu, conv)
+        return _conv_after(_spread_product(x, w, out, choice, t, swiglu, None, early), conv)
+    return _spread_product(x, w, out, choice, t, swiglu, conv, early)
 
 
 def _spread_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, choice: Plan, t: Tiles, swiglu: bool,
-                    conv: Conv | None) -> torch.Tensor:
-    """The spread form's launch into ``out``, with ``conv`` applied as each tile stores."""
+                    conv: Conv | None, early: bool) -> torch.Tensor:
+    """The spread form's launch into ``out``, with ``conv`` applied as each tile stores, ``early`` as
+    ``matmul``'s."""
     m, k = x.shape
     n = w.shape[0]
     width = 2
@@ -355,8 +359,7 @@ def _spread_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, choice:
         width = conv1d.checked_width(conv.weight.shape[0], x.dtype, conv.weight, conv.tails, conv.tail_at, m)
     grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m))
     # K steps asked for before the wait: each segment holds at least that many (plan's whole steps)
-    few = EARLY_FEW if t == choice.few and EARLY_FEW_N in (0, n) else 0
-    early = min(EARLY_CONV if conv is not None else few, choice.k_per_segment // t.block_k)
+    steps = min(EARLY_STEPS if early else 0, choice.k_per_segment // t.block_k)
     partials = torch.empty(choice.segments, m, n, dtype=torch.float32, device=x.device)
     _spread[(*grid, choice.segments)](x, w, partials, out, _counters(x.device, grid[0] * grid[1]), m, n, k,
                                       x.stride(0), w.stride(0), partials.stride(0), partials.stride(1),
@@ -365,7 +368,7 @@ def _spread_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, choice:
                                          conv.weight.shape[0]) if conv is not None else (w, out, out, 0)),
                                       SEGMENTS=choice.segments, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                                       BLOCK_K=t.block_k, WIDEN=INTERPRETED, SWIGLU=swiglu, PAIR=PAIR,
-                                      CONV=conv is not None, WIDTH=width, EARLY=early,
+                                      CONV=conv is not None, WIDTH=width, EARLY=steps,
                                       num_warps=t.warps, num_stages=t.stages, **pdl.options(x.device))
     return out
 

@@ -174,50 +174,43 @@ def test_the_projection_with_its_conv_on_the_device() -> None:
         assert torch.equal(got, want) and torch.equal(pool, plain), f"differs at m={m}"
 
 
-@pytest.mark.parametrize("early", [1, 2])
-def test_weights_asked_for_before_the_wait_give_the_same_bits(early: int,
+@pytest.mark.parametrize("steps", [1, 2])
+def test_weights_asked_for_before_the_wait_give_the_same_bits(steps: int,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     # a plain product at few rows and the projection with its conv, one segment of six K steps
     n, k, width, channels = 192, 384, 4, 128
     tiles = gemm.Tiles(16, 64, 64)
     choice = gemm.plan(n, k, spread=tiles, whole=tiles, few=tiles, mid=tiles, whole_one=tiles)
-    assert choice.k_per_segment // tiles.block_k >= early
+    assert choice.k_per_segment // tiles.block_k >= steps
+    monkeypatch.setattr(gemm, "EARLY_STEPS", steps)
     x = torch.randn(5, k, generator=torch.Generator().manual_seed(3))
     w = weights(n, k, torch.float32)
     conv_weight = torch.randn(channels, width, generator=torch.Generator().manual_seed(1)) / 2
     pool, tail_at = conv_pool(5, channels, width, torch.float32)
     early_pool = pool.clone()
-    monkeypatch.setattr(gemm, "EARLY_FEW", 0)
-    monkeypatch.setattr(gemm, "EARLY_CONV", 0)
     want = gemm.matmul(x, w, choice=choice), gemm.matmul(x, w, choice=choice,
                                                            conv=gemm.Conv(conv_weight, pool, tail_at))
-    monkeypatch.setattr(gemm, "EARLY_FEW", early)
-    monkeypatch.setattr(gemm, "EARLY_CONV", early)
-    got = gemm.matmul(x, w, choice=choice), gemm.matmul(x, w, choice=choice,
-                                                          conv=gemm.Conv(conv_weight, early_pool, tail_at))
+    got = (gemm.matmul(x, w, choice=choice, early=True),
+           gemm.matmul(x, w, choice=choice, conv=gemm.Conv(conv_weight, early_pool, tail_at), early=True))
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert torch.equal(early_pool, pool)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("early", [1, 2])
-def test_weights_asked_for_before_the_wait_on_the_device(early: int,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    # the 35B-A3B's GDN projection with its conv and its out projection, one row and four
+@pytest.mark.parametrize("steps", [1, 2])
+def test_weights_asked_for_before_the_wait_on_the_device(steps: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the 35B-A3B's GDN projection with its conv and its attention qkv product, one row, four and 32
+    monkeypatch.setattr(gemm, "EARLY_STEPS", steps)
     w = weights(12352, 2048, torch.bfloat16, "cuda")
-    out_w = weights(2048, 4096, torch.bfloat16, "cuda")
+    qkv = weights(9216, 2048, torch.bfloat16, "cuda")
     conv_weight = (torch.randn(8192, 4, device="cuda") / 2).bfloat16()
-    for m in (1, 4):
+    for m in (1, 4, 32):
         x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
-        o = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
         pool, tail_at = conv_pool(m, 8192, 4, torch.bfloat16)
         pool, tail_at = pool.cuda(), tail_at.cuda()
         early_pool = pool.clone()
-        monkeypatch.setattr(gemm, "EARLY_FEW", 0)
-        monkeypatch.setattr(gemm, "EARLY_CONV", 0)
-        want = gemm.matmul(x, w, conv=gemm.Conv(conv_weight, pool, tail_at)), gemm.matmul(o, out_w)
-        monkeypatch.setattr(gemm, "EARLY_FEW", early)
-        monkeypatch.setattr(gemm, "EARLY_CONV", early)
-        got = gemm.matmul(x, w, conv=gemm.Conv(conv_weight, early_pool, tail_at)), gemm.matmul(o, out_w)
+        want = gemm.matmul(x, w, conv=gemm.Conv(conv_weight, pool, tail_at)), gemm.matmul(x, qkv)
+        got = (gemm.matmul(x, w, conv=gemm.Conv(conv_weight, early_pool, tail_at), early=True),
+               gemm.matmul(x, qkv, early=True))
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"differs at m={m}"
         assert torch.equal(early_pool, pool)

@@ -68,7 +68,7 @@ def project(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.
 def _split(w: AttentionWeights, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The projection of ``x`` as views: raw queries, gates, raw keys [rows, heads, d], values."""
     count, d = x.shape[0], w.head_dim
-    both = linear(x, w.qkv)
+    both = linear(x, w.qkv, early=True)  # at decode it follows the MoE block, whose end reads little
     query_gate, key, value = torch.split(both, [w.heads * 2 * d, w.kv_heads * d, w.kv_heads * d], dim=-1)
     query_gate = query_gate.view(count, w.heads, 2 * d)
     return (query_gate[..., :d], query_gate[..., d:], key.view(count, w.kv_heads, d),

@@ -146,7 +146,7 @@ def gdn_rows(w: GdnWeights, x: torch.Tensor, states: torch.Tensor, state_at: tor
     On CUDA the projection's product applies the conv as it stores, and the rule's kernel forms the
     gates from the projection itself."""
     if x.is_cuda:  # the conv in the projection's last step (kernels.gemm.Conv): conv1d.decode's bits
-        mixed, z, b, a = _split(w, gemm.matmul(x, w.proj, conv=gemm.Conv(w.conv, tails, tail_at)))
+        mixed, z, b, a = _split(w, gemm.matmul(x, w.proj, conv=gemm.Conv(w.conv, tails, tail_at), early=True))
         q, k, v = split_heads(w, mixed)
         out = gdn_decode.decode_gated(q, k, v, b, a, w.a_log, w.dt_bias, states, state_at, w.key_dim ** -0.5)
         return finish(w, out, z)

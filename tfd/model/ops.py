@@ -28,10 +28,11 @@ SOFTPLUS_THRESHOLD = 20.0
 _NARROW = (torch.bfloat16, torch.float16)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x @ weight.T`` for ``x`` of shape [rows, in]; every row is a product of its own."""
+def linear(x: torch.Tensor, weight: torch.Tensor, early: bool = False) -> torch.Tensor:
+    """``x @ weight.T`` for ``x`` of shape [rows, in]; every row is a product of its own. ``early``:
+    ``kernels.gemm.matmul``'s (timing only)."""
     if x.is_cuda:
-        return gemm.matmul(x, weight)
+        return gemm.matmul(x, weight, early=early)
     if x.shape[0] == 1:
         return F.linear(x, weight)
     return torch.cat([F.linear(row, weight) for row in torch.split(x, 1)])
