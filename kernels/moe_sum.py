@@ -73,7 +73,9 @@ def combined_add_zrms(buf, gate, residual, total, out, weight, row, pairs, hidde
     with the experts' own last program at one row (kernels.moe, kernels.moe_one)."""
     delta = combined(buf, gate, row, tl.arange(0, BLOCK), pairs, hidden, stride_g, TOP_K, SHARED,
                      total.dtype.element_ty, GATE_SEGMENTS)
-    norm.add_zrms_row(residual, delta, total, out, weight, row, hidden, eps, BLOCK)
+    cols = tl.arange(0, BLOCK)
+    w = norm.row_weight(weight, cols, cols < hidden)
+    norm.add_zrms_row(residual, delta, total, out, w, row, hidden, eps, BLOCK)
 
 
 @triton.jit
@@ -103,7 +105,8 @@ def finish_spread(buf, gate, residual, total, out, weight, blocks, finished, col
             if ADD_NORM:  # the whole row from L2, as rounded and stored: the norm's bits from the same values
                 every = tl.arange(0, BLOCK)
                 values = tl.load(total + every, mask=every < hidden, other=0.0, cache_modifier=".cg")
-                norm.zrms_row(values.to(tl.float32), out, weight, every, every, every < hidden, hidden, eps)
+                w = norm.row_weight(weight, every, every < hidden)
+                norm.zrms_row(values.to(tl.float32), out, w, every, every < hidden, hidden, eps)
             tl.atomic_xchg(finished, 0, sem="relaxed", scope="gpu")  # every block counted
     return last
 

@@ -18,6 +18,9 @@ from kernels import pdl
 
 ACTIVATIONS = {"silu": 0, "sigmoid": 1}
 GATED_HEADS = 4  # heads a gated-norm program takes: one head of 128 was one value a thread (262k programs)
+# The norms ask for their weight, which no kernel writes, before they wait for the kernel before (dependent
+# launch), so it comes from memory while that kernel ends. Not yet measured; the same bits either way.
+WEIGHTS_EARLY = False
 
 
 def warps(block: int) -> int:
@@ -29,17 +32,20 @@ def warps(block: int) -> int:
 
 @triton.jit
 def _zrms(x, weight, out, width, stride_x, stride_o, stride_wg, eps, GROUP: tl.constexpr,
-          GROUPS: tl.constexpr, PDL: tl.constexpr):
+          GROUPS: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
+    cols = tl.arange(0, GROUP)
+    mask = cols < width
+    if EARLY and GROUPS == 1:  # the weight, which no kernel writes, asked for before the wait
+        w = tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32)
     pdl.wait(PDL)
     row = tl.program_id(0)
-    cols = tl.arange(0, GROUP)
     for part in range(GROUPS):  # each group of the row normalised on its own
         at = part * GROUP + cols
-        mask = cols < width
         values = tl.load(x + row * stride_x + at, mask=mask, other=0.0).to(tl.float32)
         mean = tl.sum(values * values, axis=0) / width
         scaled = values * tl.rsqrt(mean + eps)
-        w = tl.load(weight + part * stride_wg + cols, mask=mask, other=0.0).to(tl.float32)
+        if not (EARLY and GROUPS == 1):
+            w = tl.load(weight + part * stride_wg + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(out + row * stride_o + at, (scaled * (1.0 + w)).to(out.dtype.element_ty), mask=mask)
 
 
@@ -55,7 +61,8 @@ def zrms(x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = 
     block = triton.next_power_of_2(width)
     stride_wg = width if weight.shape[0] == x.shape[1] and group else 0
     _zrms[(x.shape[0],)](x, weight, out, width, x.stride(0), out.stride(0), stride_wg, eps, GROUP=block,
-                         GROUPS=x.shape[1] // width, num_warps=warps(block), **pdl.options(x.device))
+                         GROUPS=x.shape[1] // width, EARLY=WEIGHTS_EARLY, num_warps=warps(block),
+                         **pdl.options(x.device))
     return out
 
 
@@ -68,37 +75,49 @@ def added(x, delta, at, mask, dtype: tl.constexpr):
 
 
 @triton.jit
-def zrms_row(values, out, weight, at, cols, mask, width, eps):
+def row_weight(weight, cols, mask):
+    """A norm's weight at ``cols`` in fp32, as ``zrms_row`` takes it."""
+    return tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def zrms_row(values, out, w, at, mask, width, eps):
     """The zero-centred norm of one row's ``values`` ([BLOCK] fp32 of the rounded residual sum, zeros
     past ``width``) into ``out`` at ``at``: ``add_zrms_row``'s norm, shared with the MoE launch that
     adds the sum in column blocks and normalises the stored row (kernels.moe_sum.finish_spread): one
     arithmetic, and in one layout one order of the squares' sum (on sm_90 fp32 rows still pair the
-    squares into FMAs by where the values come from: kernels.moe_one keeps the last program there)."""
+    squares into FMAs by where the values come from: kernels.moe_one keeps the last program there).
+    ``w``: the norm's weight at those columns (``row_weight``)."""
     scaled = values * tl.rsqrt(tl.sum(values * values, axis=0) / width + eps)
-    w = tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out + at, (scaled * (1.0 + w)).to(out.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def add_zrms_row(x, delta, total, out, weight, row, width, eps, BLOCK: tl.constexpr):
+def add_zrms_row(x, delta, total, out, w, row, width, eps, BLOCK: tl.constexpr):
     """Row ``row`` of x + delta (``delta`` that row's values, [BLOCK] in the model dtype) into
-    ``total``, and its zero-centred norm into ``out``: ``_add_zrms``'s arithmetic, shared with the
-    MoE's last launch (kernels.moe), whose sum it adds to the residual."""
+    ``total``, and its zero-centred norm (``w`` its weight, ``row_weight``) into ``out``:
+    ``_add_zrms``'s arithmetic, shared with the MoE's last launch (kernels.moe), whose sum it adds
+    to the residual."""
     cols = tl.arange(0, BLOCK)
     mask = cols < width
     at = row * width + cols
     values = added(x, delta, at, mask, total.dtype.element_ty)
     tl.store(total + at, values, mask=mask)
-    zrms_row(values.to(tl.float32), out, weight, at, cols, mask, width, eps)
+    zrms_row(values.to(tl.float32), out, w, at, mask, width, eps)
 
 
 @triton.jit
-def _add_zrms(x, delta, total, out, weight, width, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    pdl.wait(PDL)
-    row = tl.program_id(0)
+def _add_zrms(x, delta, total, out, weight, width, eps, BLOCK: tl.constexpr, EARLY: tl.constexpr,
+              PDL: tl.constexpr):
     cols = tl.arange(0, BLOCK)
+    if EARLY:  # the weight, which no kernel writes, asked for before the wait
+        w = row_weight(weight, cols, cols < width)
+    pdl.wait(PDL)
+    if not EARLY:
+        w = row_weight(weight, cols, cols < width)
+    row = tl.program_id(0)
     delta_row = tl.load(delta + row * width + cols, mask=cols < width, other=0.0)
-    add_zrms_row(x, delta_row, total, out, weight, row, width, eps, BLOCK)
+    add_zrms_row(x, delta_row, total, out, w, row, width, eps, BLOCK)
 
 
 def add_zrms(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
@@ -113,20 +132,23 @@ def add_zrms(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: fl
     if x.shape[0]:
         block = triton.next_power_of_2(x.shape[1])
         _add_zrms[(x.shape[0],)](x, delta, total, out, weight, x.shape[1], eps, BLOCK=block,
-                                 num_warps=warps(block), **pdl.options(x.device))
+                                 EARLY=WEIGHTS_EARLY, num_warps=warps(block), **pdl.options(x.device))
     return total, out
 
 
 @triton.jit
 def _gated(x, gate, weight, out, width, heads, x_row, gate_row, eps, ACTIVATION: tl.constexpr,
-           HEADS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+           HEADS: tl.constexpr, BLOCK: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
+    cols = tl.arange(0, BLOCK)
+    if EARLY:  # the weight, which no kernel writes, asked for before the wait
+        w = tl.load(weight + cols, mask=cols < width, other=0.0)
     pdl.wait(PDL)
+    if not EARLY:
+        w = tl.load(weight + cols, mask=cols < width, other=0.0)
     row = tl.program_id(0)
     hs = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
-    cols = tl.arange(0, BLOCK)
     mask = (hs < heads)[:, None] & (cols < width)[None, :]
     at = hs[:, None] * width + cols[None, :]
-    w = tl.load(weight + cols, mask=cols < width, other=0.0)
     # the reference rounds the layer's output to the model dtype before the norm
     values = tl.load(x + row * x_row + at, mask=mask, other=0.0)
     values = values.to(out.dtype.element_ty).to(tl.float32)
@@ -161,5 +183,5 @@ def gated_rms(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: fl
         _gated[(rows, triton.cdiv(heads, GATED_HEADS))](
             x, gate, weight, out, width, heads, x.stride(0), gate.stride(0), eps,
             ACTIVATION=ACTIVATIONS[activation], HEADS=GATED_HEADS, BLOCK=triton.next_power_of_2(width),
-            **pdl.options(x.device))
+            EARLY=WEIGHTS_EARLY, **pdl.options(x.device))
     return out

@@ -72,3 +72,29 @@ def test_add_zrms_is_the_sum_and_its_norm() -> None:
     total, normed = norm.add_zrms(x, delta, w, 1e-6)
     assert torch.allclose(total, x + delta, atol=1e-6)
     assert torch.allclose(normed, ops.zrms(x + delta, w, 1e-6), atol=1e-5)
+
+
+def early_and_late(monkeypatch: pytest.MonkeyPatch, device: str, width: int) -> None:
+    """Each norm's outputs with its weight asked for before the wait are those without."""
+    x, delta = rand(3, width).to(device), rand(3, width, seed=1).to(device)
+    w, head_w = (rand(width, seed=2) * 0.1).to(device), (1 + rand(32, seed=3) * 0.1).to(device)
+    o, gate = rand(3, 6, 32, seed=4).to(device), rand(3, 6, 32, seed=5).to(device)
+
+    def norms() -> list[torch.Tensor]:
+        return [norm.zrms(x, w, 1e-6), norm.zrms(x, w[:32], 1e-6, group=32),
+                *norm.add_zrms(x, delta, w, 1e-6), norm.gated_rms(o, gate, head_w, 1e-6, "silu")]
+
+    monkeypatch.setattr(norm, "WEIGHTS_EARLY", False)
+    want = norms()
+    monkeypatch.setattr(norm, "WEIGHTS_EARLY", True)
+    for got, expected in zip(norms(), want, strict=True):
+        assert torch.equal(got, expected)
+
+
+def test_weights_asked_for_before_the_wait_give_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    early_and_late(monkeypatch, "cpu", 64)
+
+
+@pytest.mark.gpu
+def test_weights_asked_for_before_the_wait_on_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    early_and_late(monkeypatch, "cuda", 2048)
