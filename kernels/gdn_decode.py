@@ -34,6 +34,9 @@ from kernels import gdn_gates, pdl
 # (about 3.3 TB/s of state read plus written). The same for every path: the reductions' order follows them.
 BLOCK_V = 16
 NUM_WARPS = 4
+# A row's loads (k, q, v, the gates' inputs) all asked for before the norms' reductions: a load after a
+# reduction waits for it, so each read was a round trip of its own. Not yet measured; the same bits.
+LOADS_FIRST = False
 
 
 def _blocks(key_dim: int, value_dim: int) -> tuple[int, int]:
@@ -41,9 +44,15 @@ def _blocks(key_dim: int, value_dim: int) -> tuple[int, int]:
 
 
 @triton.jit
-def _normed(ptr, ks, k_live):
-    x = tl.load(ptr + ks, mask=k_live, other=0.0).to(tl.float32)
+def _unit(x):
+    """A loaded q or k row scaled to unit length (the l2norm with its 1e-6), in fp32."""
+    x = x.to(tl.float32)
     return x * tl.rsqrt(tl.sum(x * x, axis=0) + 1e-6)
+
+
+@triton.jit
+def _normed(ptr, ks, k_live):
+    return _unit(tl.load(ptr + ks, mask=k_live, other=0.0))
 
 
 @triton.jit
@@ -60,7 +69,7 @@ def _rows(q, k, v, g, beta, states, state_at, write_at, log, log_at, out, rows, 
           q_lane, q_row, k_lane, k_row, v_lane, v_row, a_log, dt_bias, g_lane, g_row, beta_lane, beta_row,
           threshold, KEY_HEADS: tl.constexpr, VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr,
           VALUE_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, LOG: tl.constexpr,
-          GATED: tl.constexpr, PDL: tl.constexpr):
+          GATED: tl.constexpr, LOADS_FIRST: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     block, head, lane = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     key_head = head // (VALUE_HEADS // KEY_HEADS)
@@ -76,18 +85,33 @@ def _rows(q, k, v, g, beta, states, state_at, write_at, log, log_at, out, rows, 
     tile = head * KEY_DIM * VALUE_DIM + ks[:, None] * VALUE_DIM + vs[None, :]
     tile_live = k_live[:, None] & v_live[None, :]
     s = tl.load(states + at + tile, mask=tile_live, other=0.0)
+    written = tl.load(write_at + lane) if LOADS_FIRST else 0  # where the state goes, asked for now too
     for r in range(rows):
-        kn = _normed(k + lane * k_lane + r * k_row + key_head * KEY_DIM, ks, k_live)
-        qn = _normed(q + lane * q_lane + r * q_row + key_head * KEY_DIM, ks, k_live) * scale
-        vr = tl.load(v + lane * v_lane + r * v_row + head * VALUE_DIM + vs, mask=v_live, other=0.0)
+        if LOADS_FIRST:  # every load of the row in flight at once, before the norms' reductions
+            k_loaded = tl.load(k + lane * k_lane + r * k_row + key_head * KEY_DIM + ks, mask=k_live,
+                               other=0.0)
+            q_loaded = tl.load(q + lane * q_lane + r * q_row + key_head * KEY_DIM + ks, mask=k_live,
+                               other=0.0)
+            vr = tl.load(v + lane * v_lane + r * v_row + head * VALUE_DIM + vs, mask=v_live, other=0.0)
+            raw_b = tl.load(beta + lane * beta_lane + r * beta_row + head)
+            raw_g = tl.load(g + lane * g_lane + r * g_row + head)
+            if GATED:
+                head_a_log, head_dt_bias = tl.load(a_log + head), tl.load(dt_bias + head)
+            kn = _unit(k_loaded)
+            qn = _unit(q_loaded) * scale
+        else:
+            kn = _normed(k + lane * k_lane + r * k_row + key_head * KEY_DIM, ks, k_live)
+            qn = _normed(q + lane * q_lane + r * q_row + key_head * KEY_DIM, ks, k_live) * scale
+            vr = tl.load(v + lane * v_lane + r * v_row + head * VALUE_DIM + vs, mask=v_live, other=0.0)
+            raw_b = tl.load(beta + lane * beta_lane + r * beta_row + head)
+            raw_g = tl.load(g + lane * g_lane + r * g_row + head)
+            if GATED:
+                head_a_log, head_dt_bias = tl.load(a_log + head), tl.load(dt_bias + head)
         vr = vr.to(tl.float32)
         if GATED:  # g holds the projection's a and beta its b: the gates formed here, as gdn_gates does
-            br, gr = gdn_gates.gate_values(tl.load(beta + lane * beta_lane + r * beta_row + head),
-                                           tl.load(g + lane * g_lane + r * g_row + head),
-                                           tl.load(a_log + head), tl.load(dt_bias + head), threshold)
+            br, gr = gdn_gates.gate_values(raw_b, raw_g, head_a_log, head_dt_bias, threshold)
         else:
-            gr = tl.load(g + lane * g_lane + r * g_row + head)
-            br = tl.load(beta + lane * beta_lane + r * beta_row + head)
+            gr, br = raw_g, raw_b
         s = _step(s, kn, vr, gr, br)
         tl.store(outs + r * VALUE_HEADS * VALUE_DIM, tl.sum(s * qn[:, None], axis=0), mask=v_live)
         if LOG:
@@ -100,7 +124,9 @@ def _rows(q, k, v, g, beta, states, state_at, write_at, log, log_at, out, rows, 
                 tl.store(gates + VALUE_HEADS + head, br)
                 if head % (VALUE_HEADS // KEY_HEADS) == 0:  # and the first head reading a key head, its k
                     tl.store(entry + key_head * KEY_DIM + ks, kn, mask=k_live)
-    tl.store(states + tl.load(write_at + lane) + tile, s, mask=tile_live)
+    if not LOADS_FIRST:
+        written = tl.load(write_at + lane)
+    tl.store(states + written + tile, s, mask=tile_live)
 
 
 @triton.jit
@@ -215,7 +241,8 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: Gates,
                 rows, scale, *q_strides, *k_strides, *v_strides, a_log, dt_bias, *_strides(gates.g),
                 *_strides(gates.beta), gdn_gates.SOFTPLUS_THRESHOLD, KEY_HEADS=key_heads,
                 VALUE_HEADS=value_heads, KEY_DIM=key_dim, VALUE_DIM=value_dim, BLOCK_K=block_k,
-                BLOCK_V=block_v, LOG=logging, GATED=gates.raw, num_warps=NUM_WARPS, **pdl.options(q.device))
+                BLOCK_V=block_v, LOG=logging, GATED=gates.raw, LOADS_FIRST=LOADS_FIRST, num_warps=NUM_WARPS,
+                **pdl.options(q.device))
 
 
 def decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

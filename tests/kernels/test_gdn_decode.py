@@ -252,3 +252,28 @@ def test_decode_replays_in_a_cuda_graph() -> None:
     graph.replay()
     assert torch.equal(out, expected)
     assert torch.equal(pool, eager)
+
+
+def check_loads_first(monkeypatch: pytest.MonkeyPatch, dims: Dims, lanes: int, dtype: torch.dtype,
+                      device: str) -> None:
+    """With a row's loads all asked for before the norms' reductions, decode gives the bits it gives
+    without, the gated form decode's, and verify and replay decode's row by row."""
+    pool, (state_at,) = make_pool(lanes, [dims.state], [1], device)
+    args = row(inputs(dims, lanes, 1, dtype, device), 0)
+    got = []
+    for first in (False, True):
+        monkeypatch.setattr(gdn_decode, "LOADS_FIRST", first)
+        states = pool.clone()
+        got.append((gdn_decode.decode(*args, states.view(torch.float32), state_at, dims.scale), states))
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+    check_gated(dims, lanes, dtype, device)
+    check_identities(dims, lanes, 3, dtype, device)
+
+
+def test_loads_first_give_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    check_loads_first(monkeypatch, TINY, 3, torch.bfloat16, "cpu")
+
+
+@pytest.mark.gpu
+def test_loads_first_on_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    check_loads_first(monkeypatch, REAL[0], 32, torch.bfloat16, "cuda")
