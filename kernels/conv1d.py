@@ -65,6 +65,46 @@ def conv_rows(new, rows, row_live, cs, weight, tails, tail_at, channels, WIDTH: 
 
 
 @triton.jit
+def conv_loads(tail, row_live, cs, weight, tails, channels, WIDTH: tl.constexpr):
+    """What ``conv_rows`` reads for a conv of width 2 to 4, asked for at once: each row's tail rows
+    (``tail`` its lanes' offsets, loaded), the taps' weights, and where the rows are live. Unread
+    taps past the width repeat the first; for ``conv_apply``."""
+    c_live = cs < channels
+    live = ((tail >= 0) & row_live)[:, None] & c_live[None, :]
+    o0 = tl.load(tails + tail[:, None] + cs[None, :], mask=live, other=0.0)
+    w0 = tl.load(weight + cs * WIDTH, mask=c_live).to(tl.float32)
+    o1, w1, o2, w2 = o0, w0, o0, w0
+    if WIDTH > 2:
+        o1 = tl.load(tails + tail[:, None] + channels + cs[None, :], mask=live, other=0.0)
+        w1 = tl.load(weight + cs * WIDTH + 1, mask=c_live).to(tl.float32)
+    if WIDTH > 3:
+        o2 = tl.load(tails + tail[:, None] + 2 * channels + cs[None, :], mask=live, other=0.0)
+        w2 = tl.load(weight + cs * WIDTH + 2, mask=c_live).to(tl.float32)
+    return live, o0, o1, o2, w0, w1, w2, tl.load(weight + cs * WIDTH + WIDTH - 1, mask=c_live).to(tl.float32)
+
+
+@triton.jit
+def conv_apply(new, tail, live, o0, o1, o2, w0, w1, w2, w_new, cs, tails, channels, WIDTH: tl.constexpr):
+    """``conv_rows``'s arithmetic and tail moves from ``conv_loads``' values: the same bits."""
+    acc = tl.zeros(new.shape, tl.float32)
+    acc = acc + o0.to(tl.float32) * w0[None, :]  # taps in order, as the reference sums them
+    if WIDTH > 2:
+        acc = acc + o1.to(tl.float32) * w1[None, :]
+    if WIDTH > 3:
+        acc = acc + o2.to(tl.float32) * w2[None, :]
+    acc = acc + new.to(tl.float32) * w_new[None, :]
+    result = tl.where(live, silu_out(acc, new.dtype), 0.0).to(new.dtype)
+    tl.debug_barrier()  # every thread's reads of the tails are done before they move
+    if WIDTH > 2:
+        tl.store(tails + tail[:, None] + cs[None, :], o1, mask=live)
+    if WIDTH > 3:
+        tl.store(tails + tail[:, None] + channels + cs[None, :], o2, mask=live)
+    tl.store(tails + tail[:, None] + (WIDTH - 2) * channels + cs[None, :], new.to(tails.dtype.element_ty),
+             mask=live)
+    return result
+
+
+@triton.jit
 def _window(x, stride_x, tails, tail, start, j, cs, channels, live, WIDTH: tl.constexpr):
     # Rows j of a lane's window counted from its first new row: j >= 0 are inputs, j < 0 the tail.
     new = (j >= 0)[:, None]

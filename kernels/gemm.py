@@ -53,6 +53,9 @@ CONV_ROWS = 16
 # (9B: 4.5097 against 4.5156); qkv too 2.4434 against 2.4475. At the other products 1 step lost (out
 # projections 2.4662, the head 2.4493), as every product at once had (fifth session).
 EARLY_STEPS = 1
+# The conv's reads (its tail rows and weights) asked for by a tile's last program with the partials', where
+# each tap's read waited for the one before (widths up to 4). Not yet measured; the same bits.
+CONV_FIRST = False
 
 
 @attrs.frozen
@@ -175,7 +178,7 @@ def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride
             k_per_segment, conv_weight, tails, tail_at, channels, SEGMENTS: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr,
             SWIGLU: tl.constexpr, PAIR: tl.constexpr, CONV: tl.constexpr, WIDTH: tl.constexpr,
-            EARLY: tl.constexpr, PDL: tl.constexpr):
+            EARLY: tl.constexpr, CONV_FIRST: tl.constexpr, PDL: tl.constexpr):
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     segment = tl.program_id(2)
@@ -185,6 +188,8 @@ def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride
         if EARLY > 1:
             b1 = weight_tile(w, cols, n, k, start + BLOCK_K, stride_wn, BLOCK_K)
     pdl.wait(PDL)
+    if CONV and CONV_FIRST:  # the lanes' tail offsets, an input no kernel writes, before the product
+        tail = tl.load(tail_at + rows, mask=rows < m, other=-1)
     if EARLY:  # the same steps in the same order as segment_sum's
         acc = tile_dot(x, b0, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), rows, m, k, start, stride_xm,
                        BLOCK_K, WIDEN)
@@ -211,6 +216,15 @@ def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride
             gate = summed(partials, stride_ps, gate_at, live, SEGMENTS).to(dtype)
             up = summed(partials, stride_ps, gate_at + PAIR, live, SEGMENTS).to(dtype)
             tl.store(out + rows[:, None] * stride_om + half[None, :], silu_mul(gate, up, dtype), mask=live)
+        elif CONV and CONV_FIRST and WIDTH <= 4:  # the conv's reads asked for with the partials'
+            # nothing read past the conv's columns (whole tiles of them: a tile has all or none)
+            live, o0, o1, o2, w0, w1, w2, w_new = conv1d.conv_loads(tail, rows < m, cols, conv_weight, tails,
+                                                                    channels, WIDTH)
+            total = summed(partials, stride_ps, where, mask, SEGMENTS).to(dtype)
+            if tl.program_id(0) * BLOCK_N < channels:  # the conv's columns: a row is its lane's new input
+                total = conv1d.conv_apply(total, tail, live, o0, o1, o2, w0, w1, w2, w_new, cols, tails,
+                                          channels, WIDTH)
+            tl.store(out + rows[:, None] * stride_om + cols[None, :], total, mask=mask)
         else:
             total = summed(partials, stride_ps, where, mask, SEGMENTS).to(dtype)
             if CONV:  # noqa: SIM102 (compiled out without a conv; the test below runs on the device)
@@ -368,7 +382,7 @@ def _spread_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, choice:
                                          conv.weight.shape[0]) if conv is not None else (w, out, out, 0)),
                                       SEGMENTS=choice.segments, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                                       BLOCK_K=t.block_k, WIDEN=INTERPRETED, SWIGLU=swiglu, PAIR=PAIR,
-                                      CONV=conv is not None, WIDTH=width, EARLY=steps,
+                                      CONV=conv is not None, WIDTH=width, EARLY=steps, CONV_FIRST=CONV_FIRST,
                                       num_warps=t.warps, num_stages=t.stages, **pdl.options(x.device))
     return out
 

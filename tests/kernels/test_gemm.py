@@ -214,3 +214,30 @@ def test_weights_asked_for_before_the_wait_on_the_device(steps: int, monkeypatch
                gemm.matmul(x, qkv, early=True))
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"differs at m={m}"
         assert torch.equal(early_pool, pool)
+
+
+@pytest.mark.parametrize("width", [2, 3, 4, 5])
+def test_the_conv_read_with_the_partials_gives_conv1d_bits(width: int,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # CONV_FIRST: a tile's last program asks for the tail rows and weights with the partials (widths up to 4;
+    # 5 takes conv_rows as before): conv1d.decode's bits and tails, the padding lane's untouched
+    monkeypatch.setattr(gemm, "CONV_FIRST", True)
+    n, k, channels, m = 192, 256, 128, 5
+    tiles = gemm.Tiles(16, 64, 64)
+    choice = gemm.plan(n, k, spread=tiles, whole=tiles, few=tiles, mid=tiles, whole_one=tiles)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(width))
+    w = weights(n, k, torch.float32)
+    conv_weight = torch.randn(channels, width, generator=torch.Generator().manual_seed(1)) / 2
+    pool, tail_at = conv_pool(m, channels, width, torch.float32)
+    plain = pool.clone()
+    got = gemm.matmul(x, w, choice=choice, conv=gemm.Conv(conv_weight, pool, tail_at), early=True)
+    want = gemm.matmul(x, w, choice=choice)
+    want[:, :channels] = conv1d.decode(want[:, :channels], conv_weight, plain, tail_at)
+    assert torch.equal(got, want) and torch.equal(pool, plain)
+    assert not got[1, :channels].any()
+
+
+@pytest.mark.gpu
+def test_the_conv_read_with_the_partials_on_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gemm, "CONV_FIRST", True)
+    test_the_projection_with_its_conv_on_the_device()
