@@ -87,26 +87,22 @@ def _rows(q, k, v, g, beta, states, state_at, write_at, log, log_at, out, rows, 
     s = tl.load(states + at + tile, mask=tile_live, other=0.0)
     written = tl.load(write_at + lane) if LOADS_FIRST else 0  # where the state goes, asked for now too
     for r in range(rows):
+        k_at = k + lane * k_lane + r * k_row + key_head * KEY_DIM
+        q_at = q + lane * q_lane + r * q_row + key_head * KEY_DIM
         if LOADS_FIRST:  # every load of the row in flight at once, before the norms' reductions
-            k_loaded = tl.load(k + lane * k_lane + r * k_row + key_head * KEY_DIM + ks, mask=k_live,
-                               other=0.0)
-            q_loaded = tl.load(q + lane * q_lane + r * q_row + key_head * KEY_DIM + ks, mask=k_live,
-                               other=0.0)
-            vr = tl.load(v + lane * v_lane + r * v_row + head * VALUE_DIM + vs, mask=v_live, other=0.0)
-            raw_b = tl.load(beta + lane * beta_lane + r * beta_row + head)
-            raw_g = tl.load(g + lane * g_lane + r * g_row + head)
-            if GATED:
-                head_a_log, head_dt_bias = tl.load(a_log + head), tl.load(dt_bias + head)
+            k_loaded = tl.load(k_at + ks, mask=k_live, other=0.0)
+            q_loaded = tl.load(q_at + ks, mask=k_live, other=0.0)
+        else:
+            kn = _normed(k_at, ks, k_live)
+            qn = _normed(q_at, ks, k_live) * scale
+        vr = tl.load(v + lane * v_lane + r * v_row + head * VALUE_DIM + vs, mask=v_live, other=0.0)
+        raw_b = tl.load(beta + lane * beta_lane + r * beta_row + head)
+        raw_g = tl.load(g + lane * g_lane + r * g_row + head)
+        if GATED:
+            head_a_log, head_dt_bias = tl.load(a_log + head), tl.load(dt_bias + head)
+        if LOADS_FIRST:
             kn = _unit(k_loaded)
             qn = _unit(q_loaded) * scale
-        else:
-            kn = _normed(k + lane * k_lane + r * k_row + key_head * KEY_DIM, ks, k_live)
-            qn = _normed(q + lane * q_lane + r * q_row + key_head * KEY_DIM, ks, k_live) * scale
-            vr = tl.load(v + lane * v_lane + r * v_row + head * VALUE_DIM + vs, mask=v_live, other=0.0)
-            raw_b = tl.load(beta + lane * beta_lane + r * beta_row + head)
-            raw_g = tl.load(g + lane * g_lane + r * g_row + head)
-            if GATED:
-                head_a_log, head_dt_bias = tl.load(a_log + head), tl.load(dt_bias + head)
         vr = vr.to(tl.float32)
         if GATED:  # g holds the projection's a and beta its b: the gates formed here, as gdn_gates does
             br, gr = gdn_gates.gate_values(raw_b, raw_g, head_a_log, head_dt_bias, threshold)
