@@ -16,30 +16,35 @@ import triton.language as tl
 
 from kernels import cache_write, pdl
 
+# A head's reads besides its values (weights, rotation partners, angles) asked for before the norm's sum,
+# after which each waited for it. Not yet measured; the same bits.
+LOADS_FIRST = False
+
 
 @triton.jit
 def _norm_rope(x, weight, cos, sin, out, head_dim, rotary, stride_xr, stride_xh, stride_c, heads, eps,
-               y, y_weight, y_out, stride_yr, stride_yh, y_heads, BLOCK: tl.constexpr, PDL: tl.constexpr):
+               y, y_weight, y_out, stride_yr, stride_yh, y_heads, BLOCK: tl.constexpr,
+               LOADS_FIRST: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     row, head = tl.program_id(0), tl.program_id(1)
     if head < heads:
         _one(x, weight, cos, sin, out + (row * heads + head) * head_dim, head_dim, rotary, stride_xr,
-             stride_xh, stride_c, eps, row, head, BLOCK)
+             stride_xh, stride_c, eps, row, head, BLOCK, LOADS_FIRST)
     else:  # the second tensor's heads follow the first's in the grid
         _one(y, y_weight, cos, sin, y_out + (row * y_heads + head - heads) * head_dim, head_dim, rotary,
-             stride_yr, stride_yh, stride_c, eps, row, head - heads, BLOCK)
+             stride_yr, stride_yh, stride_c, eps, row, head - heads, BLOCK, LOADS_FIRST)
 
 
 @triton.jit
 def _norm_rope_store(x, weight, cos, sin, out, head_dim, rotary, stride_xr, stride_xh, stride_c, heads, eps,
                      y, y_weight, stride_yr, stride_yh, y_heads, v, stride_vr, stride_vh, k_cache, v_cache,
                      page_table, lengths, page_rows, stride_tl, stride_cp, stride_cr, stride_ch,
-                     BLOCK: tl.constexpr, PDL: tl.constexpr):
+                     BLOCK: tl.constexpr, LOADS_FIRST: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     row, head = tl.program_id(0), tl.program_id(1)
     if head < heads:
         _one(x, weight, cos, sin, out + (row * heads + head) * head_dim, head_dim, rotary, stride_xr,
-             stride_xh, stride_c, eps, row, head, BLOCK)
+             stride_xh, stride_c, eps, row, head, BLOCK, LOADS_FIRST)
     else:  # y's heads, then v's, each into its cache row at the lane's last position (none: padding)
         length = tl.load(lengths + row)
         if length > 0:
@@ -47,7 +52,7 @@ def _norm_rope_store(x, weight, cos, sin, out, head_dim, rotary, stride_xr, stri
             kv = head - heads
             if kv < y_heads:
                 _one(y, y_weight, cos, sin, k_cache + at + kv * stride_ch, head_dim, rotary, stride_yr,
-                     stride_yh, stride_c, eps, row, kv, BLOCK)
+                     stride_yh, stride_c, eps, row, kv, BLOCK, LOADS_FIRST)
             else:
                 kv -= y_heads
                 dims = tl.arange(0, BLOCK)
@@ -57,25 +62,41 @@ def _norm_rope_store(x, weight, cos, sin, out, head_dim, rotary, stride_xr, stri
 
 
 @triton.jit
+def _one_loads(weight, cos, sin, base, row, stride_c, cols, partner, live, turned):
+    """What a (row, head) reads besides its values: the norm's weight at its lanes and their rotation
+    partners, the partners' values, the row's angles."""
+    w = tl.load(weight + cols, mask=live, other=0.0).to(tl.float32)
+    other = tl.load(base + partner, mask=live & turned, other=0.0).to(tl.float32)
+    w_other = tl.load(weight + partner, mask=live & turned, other=0.0).to(tl.float32)
+    c = tl.load(cos + row * stride_c + cols, mask=live & turned, other=1.0).to(tl.float32)
+    s = tl.load(sin + row * stride_c + cols, mask=live & turned, other=0.0).to(tl.float32)
+    return w, other, w_other, c, s
+
+
+@triton.jit
 def _one(x, weight, cos, sin, dest, head_dim, rotary, stride_xr, stride_xh, stride_c, eps, row, head,
-         BLOCK: tl.constexpr):
-    """One (row, head): the norm, then the rotation of its first ``rotary`` lanes, stored at ``dest``."""
+         BLOCK: tl.constexpr, LOADS_FIRST: tl.constexpr):
+    """One (row, head): the norm, then the rotation of its first ``rotary`` lanes, stored at ``dest``;
+    with ``LOADS_FIRST`` every read asked for before the norm's sum (after it, each waits for it)."""
     cols = tl.arange(0, BLOCK)
     live = cols < head_dim
     base = x + row * stride_xr + head * stride_xh
-    values = tl.load(base + cols, mask=live, other=0.0).to(tl.float32)
-    scale = tl.rsqrt(tl.sum(values * values, axis=0) / head_dim + eps)
-    normed = (values * scale * (1.0 + tl.load(weight + cols, mask=live, other=0.0).to(tl.float32)))
-    normed = normed.to(dest.dtype.element_ty).to(tl.float32)
     half = rotary // 2
     turned = rotary > cols
     partner = tl.where(cols < half, cols + half, cols - half)
-    other = tl.load(base + partner, mask=live & turned, other=0.0).to(tl.float32)
-    other = (other * scale * (1.0 + tl.load(weight + partner, mask=live & turned, other=0.0).to(tl.float32)))
+    values = tl.load(base + cols, mask=live, other=0.0).to(tl.float32)
+    if LOADS_FIRST:
+        w, other, w_other, c, s = _one_loads(weight, cos, sin, base, row, stride_c, cols, partner, live,
+                                             turned)
+    scale = tl.rsqrt(tl.sum(values * values, axis=0) / head_dim + eps)
+    if not LOADS_FIRST:
+        w, other, w_other, c, s = _one_loads(weight, cos, sin, base, row, stride_c, cols, partner, live,
+                                             turned)
+    normed = (values * scale * (1.0 + w))
+    normed = normed.to(dest.dtype.element_ty).to(tl.float32)
+    other = (other * scale * (1.0 + w_other))
     other = other.to(dest.dtype.element_ty).to(tl.float32)
     other = tl.where(cols < half, -other, other)
-    c = tl.load(cos + row * stride_c + cols, mask=live & turned, other=1.0).to(tl.float32)
-    s = tl.load(sin + row * stride_c + cols, mask=live & turned, other=0.0).to(tl.float32)
     rotated = ((normed * c).to(dest.dtype.element_ty).to(tl.float32) +
                (other * s).to(dest.dtype.element_ty).to(tl.float32))
     result = tl.where(turned, rotated, normed)
@@ -125,7 +146,8 @@ def norm_rope_store(x: torch.Tensor, x_weight: torch.Tensor, y: torch.Tensor, y_
             x, x_weight, cos, sin, out, dim, cos.shape[1], x.stride(0), x.stride(1), cos.stride(0),
             x.shape[1], eps, y, y_weight, y.stride(0), y.stride(1), heads, v, v.stride(0), v.stride(1),
             k_cache, v_cache, page_table, lengths, k_cache.shape[1], page_table.stride(0), k_cache.stride(0),
-            k_cache.stride(1), k_cache.stride(2), BLOCK=triton.next_power_of_2(dim), **pdl.options(x.device))
+            k_cache.stride(1), k_cache.stride(2), BLOCK=triton.next_power_of_2(dim),
+            LOADS_FIRST=LOADS_FIRST, **pdl.options(x.device))
     return out
 
 
@@ -148,4 +170,5 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, y: torch.T
         _norm_rope[(rows, heads + y_heads)](x, weight, cos, sin, out, head_dim, cos.shape[1], x.stride(0),
                                             x.stride(1), cos.stride(0), heads, eps, y, y_weight, y_out,
                                             y.stride(0), y.stride(1), y_heads,
-                                            BLOCK=triton.next_power_of_2(head_dim), **pdl.options(x.device))
+                                            BLOCK=triton.next_power_of_2(head_dim), LOADS_FIRST=LOADS_FIRST,
+                                            **pdl.options(x.device))

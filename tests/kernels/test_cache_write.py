@@ -35,9 +35,13 @@ def test_caches_that_disagree_are_refused() -> None:
                           torch.zeros(1, 3, dtype=torch.int32), torch.ones(1, dtype=torch.int32))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_q_with_k_and_v_stored_in_one_launch_are_norm_rope_then_the_write(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(("dtype", "first"),
+                         [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)])
+def test_q_with_k_and_v_stored_in_one_launch_are_norm_rope_then_the_write(
+        dtype: torch.dtype, first: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     from tfd.model.rope import Rotary
+
+    monkeypatch.setattr(rope, "LOADS_FIRST", first)  # the store's reads first, the pair's too: the same bits
 
     rotary = Rotary.of(8, 1.0, 10000.0)
     # [q|gate] heads, then k, then v: as the product lays them out

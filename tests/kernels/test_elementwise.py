@@ -124,3 +124,29 @@ def test_q_and_k_in_one_launch_on_the_device() -> None:
     q, k = rope.norm_rope_pair(query, q_weight, key, k_weight, cos, sin, 1e-6)
     assert torch.equal(q, rope.norm_rope(query, q_weight, cos, sin, 1e-6))
     assert torch.equal(k, rope.norm_rope(key, k_weight, cos, sin, 1e-6))
+
+
+def loads_first_and_after(monkeypatch: pytest.MonkeyPatch, device: str, rotary_dim: int) -> None:
+    """q and k normalised and rotated with every read asked for before the norm's sum: the same bits."""
+    from tfd.model.rope import Rotary
+
+    rotary = Rotary.of(64, rotary_dim / 64, 10000.0)
+    query, key = rand(5, 4, 64, scale=2.0).to(device).bfloat16(), rand(5, 1, 64, seed=1).to(device).bfloat16()
+    q_weight, k_weight = rand(64, seed=3, scale=0.2).to(device), rand(64, seed=4, scale=0.2).to(device)
+    cos, sin = (t.to(device) for t in rotary.angles(torch.arange(100, 105), torch.bfloat16))
+    outputs = []
+    for first in (False, True):
+        monkeypatch.setattr(rope, "LOADS_FIRST", first)
+        outputs.append(rope.norm_rope_pair(query, q_weight.bfloat16(), key, k_weight.bfloat16(), cos, sin,
+                                           1e-6))
+    assert torch.equal(outputs[0][0], outputs[1][0]) and torch.equal(outputs[0][1], outputs[1][1])
+
+
+@pytest.mark.parametrize("rotary_dim", [16, 64])
+def test_rope_reads_first_give_the_same_bits(monkeypatch: pytest.MonkeyPatch, rotary_dim: int) -> None:
+    loads_first_and_after(monkeypatch, "cpu", rotary_dim)
+
+
+@pytest.mark.gpu
+def test_rope_reads_first_on_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    loads_first_and_after(monkeypatch, "cuda", 64)
