@@ -45,6 +45,10 @@ SHORT_SEGMENT = 64
 SHORT_KEYS = 4096
 STATS = 4  # partials' columns after head_dim: running max, sum of exp, two pads keeping 16-byte rows
 MERGE_BLOCK = 16  # segments the merge loads at once
+# Warps of a decode segment's program. 4 were timed best at 64 lanes x 8K keys; at head_dim 256 the program
+# takes 255 registers and 16 bytes of stack (sm_90, offline), with 8 223 and none. Not yet measured at one
+# lane. Every row count takes the same, so a lane's bits never depend on its batch; they do follow this.
+DECODE_WARPS = 4
 LOG2E = math.log2(math.e)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -56,7 +60,7 @@ def _key_block(head_dim: int, segment: int) -> int:
 
 def _decode_config(head_dim: int, segment: int) -> dict[str, int]:
     """Tile and launch sizes of a decode segment; best of those timed on an H200 at 64 lanes x 8K keys."""
-    return {"BLOCK_N": _key_block(head_dim, segment), "num_warps": 4, "num_stages": 2}
+    return {"BLOCK_N": _key_block(head_dim, segment), "num_warps": DECODE_WARPS, "num_stages": 2}
 
 
 @triton.jit

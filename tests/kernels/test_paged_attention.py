@@ -245,3 +245,18 @@ def test_prefill_real_sizes_on_gpu(heads: int, kv_heads: int, page_rows: int) ->
     both = run_prefill(q, c, spans)
     torch.testing.assert_close(both, run_prefill(q, c, spans, reference=True), **TOLERANCE[torch.bfloat16])
     assert torch.equal(run_split(q[:rows], c, start, [1_024, 1_472]), both[:rows])
+
+
+@pytest.mark.gpu
+def test_decode_in_eight_warps_on_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    # DECODE_WARPS 8 (staged): a lane's row alone and in the batch the same bits, near the reference
+    monkeypatch.setattr(paged_attention, "DECODE_WARPS", 8)
+    lengths = [1_100, 0, 1, 4_097, 513]
+    c = paged(lengths, kv_heads=2, dtype=torch.bfloat16, heads=16, head_dim=256, page_rows=64, max_pages=70,
+              device="cuda")
+    q = queries(len(lengths), torch.bfloat16, heads=16, head_dim=256, device="cuda")
+    batch = run_decode(q, c, lengths)
+    torch.testing.assert_close(batch, ref_decode(q, c, lengths), **TOLERANCE[torch.bfloat16])
+    for lane in (0, 3):
+        alone = run_decode(q[lane:lane + 1], c, [lengths[lane]], table=c.table[lane:lane + 1])
+        assert torch.equal(alone[0], batch[lane])
