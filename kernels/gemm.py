@@ -164,6 +164,26 @@ def segment_sum(x, w, rows, cols, m, n, k, start, length, stride_xm, stride_wn,
 
 
 @triton.jit
+def segment_sum_early(x, w, b0, b1, rows, cols, m, n, k, start, length, stride_xm, stride_wn,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      WIDEN: tl.constexpr, EARLY: tl.constexpr):
+    """``segment_sum``, its first ``EARLY`` (0 to 2) K steps' weight tiles ``b0``, ``b1`` loaded
+    already (``weight_tile``): the same steps in the same order, so the same bits."""
+    if EARLY:
+        acc = tile_dot(x, b0, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), rows, m, k, start, stride_xm,
+                       BLOCK_K, WIDEN)
+        if EARLY > 1:
+            acc = tile_dot(x, b1, acc, rows, m, k, start + BLOCK_K, stride_xm, BLOCK_K, WIDEN)
+        rest = EARLY * BLOCK_K
+        acc = segment_from(acc, x, w, rows, cols, m, n, k, start + rest, length - rest, stride_xm, stride_wn,
+                           BLOCK_K, WIDEN)
+    else:
+        acc = segment_sum(x, w, rows, cols, m, n, k, start, length, stride_xm, stride_wn, BLOCK_M, BLOCK_N,
+                          BLOCK_K, WIDEN)
+    return acc
+
+
+@triton.jit
 def summed(partials, stride_ps, where, mask, SEGMENTS: tl.constexpr):
     """A tile's fp32 partials added in segment order. Unrolled, so every segment's load is in flight
     at once: a loop waited out one L2 round trip a segment (8 segments of a 2048x4096 product)."""
@@ -183,6 +203,7 @@ def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     segment = tl.program_id(2)
     start = segment * k_per_segment
+    b0, b1 = w, w  # unread unless asked for below
     if EARLY:  # the first K steps' weights asked for before the wait: they come while the kernel before ends
         b0 = weight_tile(w, cols, n, k, start, stride_wn, BLOCK_K)
         if EARLY > 1:
@@ -190,17 +211,8 @@ def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride
     pdl.wait(PDL)
     if CONV and CONV_FIRST:  # the lanes' tail offsets, an input no kernel writes, before the product
         tail = tl.load(tail_at + rows, mask=rows < m, other=-1)
-    if EARLY:  # the same steps in the same order as segment_sum's
-        acc = tile_dot(x, b0, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), rows, m, k, start, stride_xm,
-                       BLOCK_K, WIDEN)
-        if EARLY > 1:
-            acc = tile_dot(x, b1, acc, rows, m, k, start + BLOCK_K, stride_xm, BLOCK_K, WIDEN)
-        rest = EARLY * BLOCK_K
-        acc = segment_from(acc, x, w, rows, cols, m, n, k, start + rest, k_per_segment - rest, stride_xm,
-                           stride_wn, BLOCK_K, WIDEN)
-    else:
-        acc = segment_sum(x, w, rows, cols, m, n, k, start, k_per_segment, stride_xm, stride_wn, BLOCK_M,
-                          BLOCK_N, BLOCK_K, WIDEN)
+    acc = segment_sum_early(x, w, b0, b1, rows, cols, m, n, k, start, k_per_segment, stride_xm, stride_wn,
+                            BLOCK_M, BLOCK_N, BLOCK_K, WIDEN, EARLY)
     mask = (rows[:, None] < m) & (cols[None, :] < n)
     where = rows[:, None] * stride_pm + cols[None, :]
     tl.store(partials + segment * stride_ps + where, acc, mask=mask)

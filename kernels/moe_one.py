@@ -97,17 +97,8 @@ def _router_tile(x, w, partials, logits, counters, program, n, k, k_per_segment,
     column, segment = program % TILES, program // TILES
     rows = tl.arange(0, BLOCK_M)
     cols = column * BLOCK_N + tl.arange(0, BLOCK_N)
-    start = segment * k_per_segment
-    if EARLY:  # the same steps in the same order as segment_sum's
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc = gemm.tile_dot(x, b0, acc, rows, 1, k, start, 0, BLOCK_K, WIDEN)
-        if EARLY > 1:
-            acc = gemm.tile_dot(x, b1, acc, rows, 1, k, start + BLOCK_K, 0, BLOCK_K, WIDEN)
-        acc = gemm.segment_from(acc, x, w, rows, cols, 1, n, k, start + EARLY * BLOCK_K,
-                                k_per_segment - EARLY * BLOCK_K, 0, stride_w, BLOCK_K, WIDEN)
-    else:
-        acc = gemm.segment_sum(x, w, rows, cols, 1, n, k, start, k_per_segment, 0, stride_w, BLOCK_M, BLOCK_N,
-                               BLOCK_K, WIDEN)
+    acc = gemm.segment_sum_early(x, w, b0, b1, rows, cols, 1, n, k, segment * k_per_segment, k_per_segment,
+                                 0, stride_w, BLOCK_M, BLOCK_N, BLOCK_K, WIDEN, EARLY)
     mask = (rows[:, None] < 1) & (cols[None, :] < n)
     where = rows[:, None] * n + cols[None, :]
     tl.store(partials + segment * n + where, acc, mask=mask)

@@ -137,25 +137,33 @@ def conv_pool(lanes: int, channels: int, width: int, dtype: torch.dtype) -> tupl
     return pool, tail_at
 
 
-@pytest.mark.parametrize(("channels", "m", "spread"),
-                         [(128, 5, True), (128, 20, True), (96, 5, True), (128, 70, False)])
-def test_the_projection_with_its_conv_is_the_product_then_conv1d(channels: int, m: int, spread: bool) -> None:
-    # 128 of 192 columns: whole spread tiles, applied as they store; 96: a tile across the edge, so the
-    # conv runs after; 70 rows: the whole form, conv after. Either way conv1d.decode's bits and tails.
-    n, k, width = 192, 256, 4
+def check_projection_conv(channels: int, m: int, spread: bool, width: int, seed: int,
+                          early: bool = False) -> None:
+    """The [192, 256] product with its conv over the first ``channels`` columns is the product then
+    conv1d.decode: the same bits and tails moved, the padding lane's untouched."""
+    n, k = 192, 256
     tiles = gemm.Tiles(16, 64, 64)
     choice = gemm.plan(n, k, spread=tiles, whole=tiles, few=tiles, mid=tiles, whole_one=tiles)
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed))
     w = weights(n, k, torch.float32)
     conv_weight = torch.randn(channels, width, generator=torch.Generator().manual_seed(1)) / 2
     fused_pool, tail_at = conv_pool(m, channels, width, torch.float32)
     plain_pool = fused_pool.clone()
-    got = gemm.matmul(x, w, spread=spread, choice=choice, conv=gemm.Conv(conv_weight, fused_pool, tail_at))
+    got = gemm.matmul(x, w, spread=spread, choice=choice, conv=gemm.Conv(conv_weight, fused_pool, tail_at),
+                      early=early)
     want = gemm.matmul(x, w, spread=spread, choice=choice)
     want[:, :channels] = conv1d.decode(want[:, :channels], conv_weight, plain_pool, tail_at)
     assert torch.equal(got, want)
     assert torch.equal(fused_pool, plain_pool)  # tails moved the same, the padding lane's untouched
     assert not got[1, :channels].any()
+
+
+@pytest.mark.parametrize(("channels", "m", "spread"),
+                         [(128, 5, True), (128, 20, True), (96, 5, True), (128, 70, False)])
+def test_the_projection_with_its_conv_is_the_product_then_conv1d(channels: int, m: int, spread: bool) -> None:
+    # 128 of 192 columns: whole spread tiles, applied as they store; 96: a tile across the edge, so the
+    # conv runs after; 70 rows: the whole form, conv after. Either way conv1d.decode's bits and tails.
+    check_projection_conv(channels, m, spread, 4, seed=m)
 
 
 @pytest.mark.gpu
@@ -222,19 +230,7 @@ def test_the_conv_read_with_the_partials_gives_conv1d_bits(width: int,
     # CONV_FIRST: a tile's last program asks for the tail rows and weights with the partials (widths up to 4;
     # 5 takes conv_rows as before): conv1d.decode's bits and tails, the padding lane's untouched
     monkeypatch.setattr(gemm, "CONV_FIRST", True)
-    n, k, channels, m = 192, 256, 128, 5
-    tiles = gemm.Tiles(16, 64, 64)
-    choice = gemm.plan(n, k, spread=tiles, whole=tiles, few=tiles, mid=tiles, whole_one=tiles)
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(width))
-    w = weights(n, k, torch.float32)
-    conv_weight = torch.randn(channels, width, generator=torch.Generator().manual_seed(1)) / 2
-    pool, tail_at = conv_pool(m, channels, width, torch.float32)
-    plain = pool.clone()
-    got = gemm.matmul(x, w, choice=choice, conv=gemm.Conv(conv_weight, pool, tail_at), early=True)
-    want = gemm.matmul(x, w, choice=choice)
-    want[:, :channels] = conv1d.decode(want[:, :channels], conv_weight, plain, tail_at)
-    assert torch.equal(got, want) and torch.equal(pool, plain)
-    assert not got[1, :channels].any()
+    check_projection_conv(128, 5, True, width, seed=width, early=True)
 
 
 @pytest.mark.gpu
