@@ -2,7 +2,7 @@
 
 The kernels keep their launch choices as module constants (``kernels.moe_one.ROUTER_N``,
 ``kernels.moe_one.SPREAD_FINISH``, ``kernels.gemm.TARGET_PROGRAMS``, ...), read when a launch is
-made. A variant names some of them and their values; each run sets its variant's values and every
+made, and so do the model's layers where they choose among launches (``tfd.model.attention``). A variant names some of them and their values; each run sets its variant's values and every
 other named constant back to its default, captures its own graphs (so the launches are made anew),
 and times the workload. Variants alternate round by round, so drift on the device lands on all
 alike, and each run's tokens are compared with the first variant's: where a switch claims the same
@@ -33,7 +33,7 @@ class Variant:
 
 def parse(spec: str) -> Variant:
     """``NAME=MODULE.CONSTANT=VALUE[,MODULE.CONSTANT=VALUE...]`` (or ``NAME=`` for the defaults): a
-    variant of ``kernels`` module constants, each an existing int or bool constant, values integers.
+    variant of ``kernels`` (or ``tfd.model``) module constants, each an existing int or bool constant, values integers.
     ValueError names what is wrong."""
     name, sep, rest = spec.partition("=")
     if not sep or not name:
@@ -42,8 +42,9 @@ def parse(spec: str) -> Variant:
     for item in filter(None, rest.split(",")):
         key, sep, text = item.partition("=")
         module_name, _, constant = key.rpartition(".")
-        if not sep or not module_name.startswith("kernels."):
-            raise ValueError(f"variant {name!r}: {item!r} is not kernels.MODULE.CONSTANT=VALUE")
+        if not sep or not module_name.startswith(("kernels.", "tfd.model.")):
+            raise ValueError(f"variant {name!r}: {item!r} is not kernels.MODULE.CONSTANT=VALUE "
+                             f"(or tfd.model.MODULE.CONSTANT=VALUE)")
         try:
             module = importlib.import_module(module_name)
         except ImportError:

@@ -17,6 +17,11 @@ from tfd.model.ops import linear, sigmoid_gate, zrms
 from tfd.model.qsa import IndexerWeights, select_positions, select_rows
 from tfd.model.rope import Rotary
 
+# At decode, the output projection's first K step of weights asked for before it waits for the merge of
+# the attention's segments, a kernel of few reads (kernels.gemm.EARLY_STEPS). Not yet measured alone: at
+# every layer's out projection at once (GDN's too, which follow the rule's state traffic) it lost.
+OUT_EARLY = False
+
 
 @attrs.frozen
 class AttentionWeights:
@@ -96,7 +101,7 @@ def attention_rows(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin:
                                                 page_table.shape[1] * k_cache.shape[1], x.device)
         paged_attention.decode(query, k_cache, v_cache, page_table, lengths, w.head_dim ** -0.5, out,
                                partials, gate=gate)
-        return linear(out.reshape(out.shape[0], -1), w.o)
+        return linear(out.reshape(out.shape[0], -1), w.o, early=OUT_EARLY)
     p = project(w, x, cos, sin, rotary)
     cache_write.reference(p.key, p.value, k_cache, v_cache, page_table, lengths)
     out = torch.empty_like(p.query)
