@@ -41,13 +41,22 @@ SEGMENT = 512  # keys a decode program covers: fixed, so a lane's split never de
 # Keys up to SHORT_KEYS go in segments of SHORT_SEGMENT: a lane of 1,100 keys was 3 programs a kv head
 # of 16 dependent key blocks each (about 20 us a layer at one lane on the H200), then 9 of 4, now 18 of 2
 # (64 against 128: 35B-A3B one stream 2.637 against 2.665 ms a step, docs/bench.md).
-SHORT_SEGMENT = 64
+# 32 with MERGE_BLOCK 32: one key block a segment, 35 segments merged in two blocks (2.3993 against 2.4106 ms;
+# 32 alone, merged in three, 2.4133; MERGE_BLOCK 32 alone 2.4049; tfd bench --variant, best of three).
+SHORT_SEGMENT = 32
 SHORT_KEYS = 4096
 STATS = 4  # partials' columns after head_dim: running max, sum of exp, two pads keeping 16-byte rows
-MERGE_BLOCK = 16  # segments the merge loads at once
+MERGE_BLOCK = 32  # segments the merge loads at once
+# The segments' launch reads the lanes' lengths and its first block's page-table entries before its
+# dependent-launch wait, the merge its lengths and the output gate: none is written by the launch
+# before (decode's callers write lengths and page tables at the step's start), so they come while it
+# ends. After the wait a segment asks for q and its first keys at once, the merge for its first
+# block's maxima, sums and rows at once. Not yet measured; the same bits.
+LOADS_FIRST = True
 # Warps of a decode segment's program. 4 were timed best at 64 lanes x 8K keys; at head_dim 256 the program
-# takes 255 registers and 16 bytes of stack (sm_90, offline), with 8 223 and none. Not yet measured at one
-# lane. Every row count takes the same, so a lane's bits never depend on its batch; they do follow this.
+# takes 255 registers and 16 bytes of stack (sm_90, offline), with 8 223 and none, and no faster at one
+# lane (35B-A3B 2.4383 against 2.4381 ms). Every row count takes the same, so a lane's bits never depend on
+# its batch; they do follow this.
 DECODE_WARPS = 4
 LOG2E = math.log2(math.e)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -121,19 +130,40 @@ def segments_for(max_keys: int, segment: int = SEGMENT) -> int:
 
 
 @triton.jit
+def _page_entries(page_table, lane, keys, mask, stride_tb, stride_tp, PAGE_ROWS: tl.constexpr):
+    """The page-table entries of a lane's ``keys`` (0 where not ``mask``)."""
+    return tl.load(page_table + lane * stride_tb + (keys // PAGE_ROWS) * stride_tp, mask=mask, other=0)
+
+
+@triton.jit
+def _sums_rows(base, segs, live, dims, stride_ps, HEAD_DIM: tl.constexpr):
+    """A block of a head's segments' sums of exp and P @ V rows (zeros where not ``live``)."""
+    sums = tl.load(base + segs * stride_ps + HEAD_DIM + 1, mask=live, other=0.0)
+    return sums, tl.load(base + segs[:, None] * stride_ps + dims[None, :], mask=live[:, None], other=0.0)
+
+
+@triton.jit
 def _decode_segment(q, k_cache, v_cache, page_table, lengths, partials, scale_log2, max_keys,
                     stride_qb, stride_qh, stride_qd, stride_kp, stride_ks, stride_kh, stride_kd,
                     stride_vp, stride_vs, stride_vh, stride_vd, stride_tb, stride_tp,
                     stride_pb, stride_ps, stride_ph,
                     PAGE_ROWS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                     HEAD_DIM: tl.constexpr, SHORT: tl.constexpr, SHORT_KEYS: tl.constexpr, SEG: tl.constexpr,
-                    BLOCK_N: tl.constexpr, WIDEN: tl.constexpr, PDL: tl.constexpr):
-    pdl.wait(PDL)
+                    BLOCK_N: tl.constexpr, WIDEN: tl.constexpr, FIRST: tl.constexpr, PDL: tl.constexpr):
     lane = tl.program_id(0)
     kv_head = tl.program_id(1)
     segment = tl.program_id(2)
-    length = tl.minimum(tl.load(lengths + lane), max_keys)
-    first, end = _segment_keys(segment, length, SHORT, SHORT_KEYS, SEG)
+    if FIRST:  # the step's lengths and page table, written launches ago, read while the kernel before ends
+        length = tl.minimum(tl.load(lengths + lane), max_keys)
+        first, end = _segment_keys(segment, length, SHORT, SHORT_KEYS, SEG)
+        keys = first + tl.arange(0, BLOCK_N)
+        first_pages = _page_entries(page_table, lane, keys, keys < end, stride_tb, stride_tp, PAGE_ROWS)
+        pdl.wait(PDL)
+    else:
+        pdl.wait(PDL)
+        length = tl.minimum(tl.load(lengths + lane), max_keys)
+        first, end = _segment_keys(segment, length, SHORT, SHORT_KEYS, SEG)
+        first_pages = tl.zeros((BLOCK_N,), tl.int32)  # unread: each block loads its own
     if first >= length:  # the grid covers the widest lane; this segment is past this one's keys
         return
     members = tl.arange(0, GROUP_PAD)
@@ -147,7 +177,12 @@ def _decode_segment(q, k_cache, v_cache, page_table, lengths, partials, scale_lo
     for start in range(first, end, BLOCK_N):  # the segment's first block has a key: m_i turns finite
         keys = start + tl.arange(0, BLOCK_N)
         valid = keys < end
-        pages = tl.load(page_table + lane * stride_tb + (keys // PAGE_ROWS) * stride_tp, mask=valid, other=0)
+        pages = first_pages
+        if FIRST:
+            if start != first:
+                pages = _page_entries(page_table, lane, keys, valid, stride_tb, stride_tp, PAGE_ROWS)
+        else:
+            pages = _page_entries(page_table, lane, keys, valid, stride_tb, stride_tp, PAGE_ROWS)
         m_i, l_i, acc = attend_block(query, k_cache, v_cache, pages, keys % PAGE_ROWS, valid,
                                      valid[None, :], kv_head, dims, scale_log2, m_i, l_i, acc,
                                      stride_kp, stride_ks, stride_kh, stride_kd,
@@ -163,35 +198,52 @@ def _decode_segment(q, k_cache, v_cache, page_table, lengths, partials, scale_lo
 def _decode_merge(partials, lengths, out, gate, max_keys, stride_pb, stride_ps, stride_ph,
                   stride_ob, stride_oh, stride_od, stride_gb, stride_gh,
                   HEAD_DIM: tl.constexpr, SHORT: tl.constexpr, SHORT_KEYS: tl.constexpr, SEG: tl.constexpr,
-                  BLOCK_S: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr):
-    pdl.wait(PDL)
+                  BLOCK_S: tl.constexpr, GATED: tl.constexpr, FIRST: tl.constexpr, PDL: tl.constexpr):
     lane = tl.program_id(0)
     head = tl.program_id(1)
-    count = _segment_count(tl.minimum(tl.load(lengths + lane), max_keys), SHORT, SHORT_KEYS, SEG)
-    base = partials + lane * stride_pb + head * stride_ph
     dims = tl.arange(0, HEAD_DIM)
+    if FIRST:  # the lengths and the gate are no input of the segments' launch: read before its end
+        count = _segment_count(tl.minimum(tl.load(lengths + lane), max_keys), SHORT, SHORT_KEYS, SEG)
+        if GATED:
+            gates = tl.load(gate + lane * stride_gb + head * stride_gh + dims)
+        pdl.wait(PDL)
+    else:
+        pdl.wait(PDL)
+        count = _segment_count(tl.minimum(tl.load(lengths + lane), max_keys), SHORT, SHORT_KEYS, SEG)
+    base = partials + lane * stride_pb + head * stride_ph
     blocks = tl.arange(0, BLOCK_S)
-    top = tl.full((BLOCK_S,), float("-inf"), tl.float32)
-    for first in range(0, count, BLOCK_S):  # max is exact, so its order is free
+    # the first block's maxima, sums and rows asked for at once (with FIRST; else the max's pass first)
+    live = blocks < count
+    m_first = tl.load(base + blocks * stride_ps + HEAD_DIM, mask=live, other=float("-inf"))
+    if FIRST:
+        l_first, rows_first = _sums_rows(base, blocks, live, dims, stride_ps, HEAD_DIM)
+    top = m_first
+    for first in range(BLOCK_S, count, BLOCK_S):  # max is exact, so its order is free
         segs = first + blocks
         top = tl.maximum(top, tl.load(base + segs * stride_ps + HEAD_DIM, mask=segs < count,
                                       other=float("-inf")))
-    top_max = tl.max(top, 0)
-    total = tl.zeros((BLOCK_S,), tl.float32)
-    acc = tl.zeros((BLOCK_S, HEAD_DIM), tl.float32)
-    for first in range(0, count, BLOCK_S):  # slot j sums segments j, j + BLOCK_S, ... in that order
+    top_max = tl.where(count > 0, tl.max(top, 0), 0.0)  # a padding lane: no -inf - -inf below
+    if not FIRST:
+        l_first, rows_first = _sums_rows(base, blocks, live, dims, stride_ps, HEAD_DIM)
+    # slot j sums segments j, j + BLOCK_S, ... in that order, from zeros
+    weight = tl.where(live, tl.exp2(m_first - top_max), 0.0)
+    total = tl.zeros((BLOCK_S,), tl.float32) + weight * l_first
+    acc = tl.zeros((BLOCK_S, HEAD_DIM), tl.float32) + weight[:, None] * rows_first
+    for first in range(BLOCK_S, count, BLOCK_S):
         segs = first + blocks
         live = segs < count
         m_s = tl.load(base + segs * stride_ps + HEAD_DIM, mask=live, other=float("-inf"))
         weight = tl.where(live, tl.exp2(m_s - top_max), 0.0)
-        total += weight * tl.load(base + segs * stride_ps + HEAD_DIM + 1, mask=live, other=0.0)
-        acc += weight[:, None] * tl.load(base + segs[:, None] * stride_ps + dims[None, :],
-                                         mask=live[:, None], other=0.0)
+        sums, rows = _sums_rows(base, segs, live, dims, stride_ps, HEAD_DIM)
+        total += weight * sums
+        acc += weight[:, None] * rows
     denominator = tl.sum(total, 0)
     dtype = out.dtype.element_ty
     result = (tl.sum(acc, 0) / tl.where(denominator > 0, denominator, 1.0)).to(dtype)
     if GATED:  # attention's output gate, rounded as kernels.sigmoid_gate rounds it
-        result = gated(result, tl.load(gate + lane * stride_gb + head * stride_gh + dims), dtype)
+        if not FIRST:
+            gates = tl.load(gate + lane * stride_gb + head * stride_gh + dims)
+        result = gated(result, gates, dtype)
     tl.store(out + lane * stride_ob + head * stride_oh + dims * stride_od, result)  # padding lanes: zeros
 
 
@@ -271,13 +323,14 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_t
         q, k_cache, v_cache, page_table, lengths, partials, scale * LOG2E, max_keys,
         *q.stride(), *cache_strides(k_cache, v_cache, page_table), *partials.stride()[:3],
         PAGE_ROWS=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SHORT=short,
-        SHORT_KEYS=SHORT_KEYS, SEG=segment, WIDEN=INTERPRETED, **_decode_config(head_dim, short),
-        **pdl.options(q.device))
+        SHORT_KEYS=SHORT_KEYS, SEG=segment, WIDEN=INTERPRETED, FIRST=LOADS_FIRST,
+        **_decode_config(head_dim, short), **pdl.options(q.device))
     gates = out if gate is None else gate  # not read without GATED
     _decode_merge[(lanes, heads)](partials, lengths, out, gates, max_keys, *partials.stride()[:3],
                                   *out.stride(), gates.stride(0), gates.stride(1), HEAD_DIM=head_dim,
                                   SHORT=short, SHORT_KEYS=SHORT_KEYS, SEG=segment, BLOCK_S=MERGE_BLOCK,
-                                  GATED=gate is not None, num_warps=4, **pdl.options(out.device))
+                                  GATED=gate is not None, FIRST=LOADS_FIRST, num_warps=4,
+                                  **pdl.options(out.device))
     return out
 
 

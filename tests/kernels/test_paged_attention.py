@@ -58,12 +58,13 @@ def queries(rows: int, dtype: torch.dtype, *, heads: int = HEADS, head_dim: int 
 
 
 def run_decode(q: torch.Tensor, c: Paged, lengths: list[int], *, segment: int = SEGMENT,
-               table: torch.Tensor | None = None) -> torch.Tensor:
+               table: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
     table = c.table if table is None else table
     partials = partials_for(q.shape[0], q.shape[1], q.shape[2], table.shape[1] * c.k.shape[1], q.device,
                             segment=segment)
     length = torch.tensor(lengths, dtype=torch.int32, device=q.device)
-    return decode(q, c.k, c.v, table, length, c.scale, torch.empty_like(q), partials, segment=segment)
+    return decode(q, c.k, c.v, table, length, c.scale, torch.empty(q.shape, dtype=q.dtype, device=q.device),
+                  partials, segment=segment, gate=gate)
 
 
 def ref_decode(q: torch.Tensor, c: Paged, lengths: list[int]) -> torch.Tensor:
@@ -119,6 +120,26 @@ def test_decode_with_the_output_gate_is_the_gate_kernel_on_the_plain_output(dtyp
     want = sigmoid_gate.sigmoid_gate(plain.reshape(q.shape[0], -1), gate).view(q.shape)
     got = decode(q, c.k, c.v, table, length, c.scale, torch.empty(q.shape, dtype=dtype), partials, gate=gate)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_reads_first_in_the_bits_of_the_plain_order(monkeypatch: pytest.MonkeyPatch,
+                                                           dtype: torch.dtype) -> None:
+    # LOADS_FIRST: the lengths, the first page entries and the gate read before the wait, the merge's first
+    # block at once; short segments of 16 keys merged 2 at a time, so both loops of the merge run too
+    monkeypatch.setattr(paged_attention, "SHORT_SEGMENT", 16)
+    monkeypatch.setattr(paged_attention, "MERGE_BLOCK", 2)
+    c = paged(LENGTHS, kv_heads=2, dtype=dtype)
+    q_gate = queries(len(LENGTHS), dtype, head_dim=2 * HEAD_DIM, seed=5)
+    q, gate = q_gate[..., :HEAD_DIM], q_gate[..., HEAD_DIM:]
+    got = {}
+    for first in (False, True):
+        monkeypatch.setattr(paged_attention, "LOADS_FIRST", first)
+        got[first] = run_decode(q, c, LENGTHS, gate=gate)
+    assert torch.equal(got[True], got[False])
+    plain = ref_decode(q, c, LENGTHS)
+    want = sigmoid_gate.sigmoid_gate(plain.reshape(q.shape[0], -1), gate).view(q.shape)
+    torch.testing.assert_close(got[True], want, **TOLERANCE[dtype])
 
 
 def test_decode_one_default_segment_agrees_with_many(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -248,15 +269,23 @@ def test_prefill_real_sizes_on_gpu(heads: int, kv_heads: int, page_rows: int) ->
 
 
 @pytest.mark.gpu
-def test_decode_in_eight_warps_on_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    # DECODE_WARPS 8 (staged): a lane's row alone and in the batch the same bits, near the reference
-    monkeypatch.setattr(paged_attention, "DECODE_WARPS", 8)
+def test_decode_reads_first_on_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    # LOADS_FIRST (lengths, page entries and the gate before the launch's wait): the bits of the plain order,
+    # a lane's row alone and in the batch the same, near the reference, at the model's sizes
     lengths = [1_100, 0, 1, 4_097, 513]
     c = paged(lengths, kv_heads=2, dtype=torch.bfloat16, heads=16, head_dim=256, page_rows=64, max_pages=70,
               device="cuda")
-    q = queries(len(lengths), torch.bfloat16, heads=16, head_dim=256, device="cuda")
-    batch = run_decode(q, c, lengths)
-    torch.testing.assert_close(batch, ref_decode(q, c, lengths), **TOLERANCE[torch.bfloat16])
+    q_gate = queries(len(lengths), torch.bfloat16, heads=16, head_dim=512, device="cuda")
+    q, gate = q_gate[..., :256], q_gate[..., 256:]
+    got = {}
+    for first in (False, True):
+        monkeypatch.setattr(paged_attention, "LOADS_FIRST", first)
+        got[first] = run_decode(q, c, lengths, gate=gate)
+    assert torch.equal(got[True], got[False])
+    plain = ref_decode(q, c, lengths)
+    want = sigmoid_gate.sigmoid_gate(plain.reshape(q.shape[0], -1), gate).view(q.shape)
+    torch.testing.assert_close(got[True], want, **TOLERANCE[torch.bfloat16])
     for lane in (0, 3):
-        alone = run_decode(q[lane:lane + 1], c, [lengths[lane]], table=c.table[lane:lane + 1])
-        assert torch.equal(alone[0], batch[lane])
+        alone = run_decode(q[lane:lane + 1], c, [lengths[lane]], table=c.table[lane:lane + 1],
+                           gate=gate[lane:lane + 1])
+        assert torch.equal(alone[0], got[True][lane])

@@ -2,11 +2,12 @@
 
 The kernels keep their launch choices as module constants (``kernels.moe_one.ROUTER_N``,
 ``kernels.moe_one.SPREAD_FINISH``, ``kernels.gemm.TARGET_PROGRAMS``, ...), read when a launch is
-made, and so do the model's layers where they choose among launches (``tfd.model.attention``). A variant names some of them and their values; each run sets its variant's values and every
-other named constant back to its default, captures its own graphs (so the launches are made anew),
-and times the workload. Variants alternate round by round, so drift on the device lands on all
-alike, and each run's tokens are compared with the first variant's: where a switch claims the same
-bits, they must be the same tokens.
+made, and so do the model's layers where they choose among launches (``tfd.model.attention``). A
+variant names some of them and their values; each run sets its variant's values and every other
+named constant back to its default, captures its own graphs (so the launches are made anew), and
+times the workload. Variants alternate round by round, so drift on the device lands on all alike,
+and each run's tokens are compared with the first variant's: where a switch claims the same bits,
+they must be the same tokens.
 
 A constant that Triton compiles into a kernel as a global (a ``tl.constexpr`` object) cannot change
 once a kernel is built, so it is refused here: compare it in separate runs.
@@ -33,8 +34,8 @@ class Variant:
 
 def parse(spec: str) -> Variant:
     """``NAME=MODULE.CONSTANT=VALUE[,MODULE.CONSTANT=VALUE...]`` (or ``NAME=`` for the defaults): a
-    variant of ``kernels`` (or ``tfd.model``) module constants, each an existing int or bool constant, values integers.
-    ValueError names what is wrong."""
+    variant of ``kernels`` (or ``tfd.model``) module constants, each an existing int or bool constant,
+    values integers. ValueError names what is wrong."""
     name, sep, rest = spec.partition("=")
     if not sep or not name:
         raise ValueError(f"variant {spec!r}: want NAME=MODULE.CONSTANT=VALUE[,...] or NAME=")
