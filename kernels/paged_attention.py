@@ -41,10 +41,10 @@ SEGMENT = 512  # keys a decode program covers: fixed, so a lane's split never de
 # Keys up to SHORT_KEYS go in segments of SHORT_SEGMENT: a lane of 1,100 keys was 3 programs a kv head
 # of 16 dependent key blocks each (about 20 us a layer at one lane on the H200), then 9 of 4, now 18 of 2
 # (64 against 128: 35B-A3B one stream 2.637 against 2.665 ms a step, docs/bench.md).
-# 32: one key block a segment. H200, tfd bench --variant, 35B-A3B one stream, 1024-token prompt, 96 new: with
-# MERGE_BLOCK 32 2.3993 ms against 2.4106 (32 alone, merged in three blocks, 2.4133); 256 new, with MERGE_BLOCK
-# 64 2.3760 against 2.3904 for 64 and 16. Twice the partials cost at many lanes: 9B 32 streams 6.8459
-# against 6.7356, 35B-A3B 14.0274 against 13.9438.
+# 32: one key block a segment. H200, tfd bench --variant, 35B-A3B one stream, 1024-token prompt, 96 new:
+# with MERGE_BLOCK 32 2.3993 ms against 2.4106 (32 alone, merged in three blocks, 2.4133); 256 new, with
+# MERGE_BLOCK 64 2.3760 against 2.3904 for 64 and 16. Twice the partials cost at many lanes: 9B 32 streams
+# 6.8459 against 6.7356, 35B-A3B 14.0274 against 13.9438.
 SHORT_SEGMENT = 32
 SHORT_KEYS = 4096
 STATS = 4  # partials' columns after head_dim: running max, sum of exp, two pads keeping 16-byte rows
