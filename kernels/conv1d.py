@@ -37,38 +37,11 @@ def silu_out(acc, dtype: tl.constexpr):
 
 
 @triton.jit
-def conv_rows(new, rows, row_live, cs, weight, tails, tail_at, channels, WIDTH: tl.constexpr):
-    """One new row per lane (``new`` [rows, cs] in the model dtype; lane = row) through the lanes'
-    tails, the arithmetic of ``_conv``; each lane's tail moves forward one row in place. Rows whose
-    offset is -1 (padding) or not ``row_live`` give zeros and touch no tail. Shared with the GEMM
-    that forms the projection (kernels.gemm, decode rows)."""
-    tail = tl.load(tail_at + rows, mask=row_live, other=-1)
-    c_live = cs < channels
-    live = ((tail >= 0) & row_live)[:, None] & c_live[None, :]
-    acc = tl.zeros(new.shape, tl.float32)
-    for tap in tl.static_range(WIDTH - 1):  # taps in order, as the reference sums them: the tail first
-        old = tl.load(tails + tail[:, None] + tap * channels + cs[None, :], mask=live, other=0.0)
-        w = tl.load(weight + cs * WIDTH + tap, mask=c_live).to(tl.float32)
-        acc = acc + old.to(tl.float32) * w[None, :]
-        if tap > 0:  # the tail moves forward a row: this row's values, as loaded, one row down. Safe
-            # without a barrier of its own: every thread read the row below and used it (the tap
-            # before) ahead of this store in program order, and a store in another thread's layout
-            # follows the layout change's barrier (sm_90: the stores take another layout than the loads)
-            tl.store(tails + tail[:, None] + (tap - 1) * channels + cs[None, :], old, mask=live)
-    w = tl.load(weight + cs * WIDTH + WIDTH - 1, mask=c_live).to(tl.float32)
-    acc = acc + new.to(tl.float32) * w[None, :]
-    result = tl.where(live, silu_out(acc, new.dtype), 0.0).to(new.dtype)
-    tl.debug_barrier()  # the new row may sit in other threads than the tail's last row: all reads first
-    tl.store(tails + tail[:, None] + (WIDTH - 2) * channels + cs[None, :], new.to(tails.dtype.element_ty),
-             mask=live)
-    return result
-
-
-@triton.jit
 def conv_loads(tail, row_live, cs, weight, tails, channels, WIDTH: tl.constexpr):
-    """What ``conv_rows`` reads for a conv of width 2 to 4, asked for at once: each row's tail rows
-    (``tail`` its lanes' offsets, loaded), the taps' weights, and where the rows are live. Unread
-    taps past the width repeat the first; for ``conv_apply``."""
+    """What the conv of one new row per lane reads (width 2 to 4), asked for at once: each row's
+    tail rows (``tail`` its lanes' offsets, loaded; -1 for padding), the taps' weights, and where
+    the rows are live (``row_live`` and not padding). Unread taps past the width repeat the first;
+    for ``conv_apply``. Shared with the GEMM that forms the projection (kernels.gemm, decode rows)."""
     c_live = cs < channels
     live = ((tail >= 0) & row_live)[:, None] & c_live[None, :]
     o0 = tl.load(tails + tail[:, None] + cs[None, :], mask=live, other=0.0)
@@ -85,7 +58,9 @@ def conv_loads(tail, row_live, cs, weight, tails, channels, WIDTH: tl.constexpr)
 
 @triton.jit
 def conv_apply(new, tail, live, o0, o1, o2, w0, w1, w2, w_new, cs, tails, channels, WIDTH: tl.constexpr):
-    """``conv_rows``'s arithmetic and tail moves from ``conv_loads``' values: the same bits."""
+    """One new row per lane (``new`` [rows, cs] in the model dtype; lane = row) through its tail,
+    from ``conv_loads``' values: the arithmetic of ``_conv``, each lane's tail moved forward one row
+    in place; rows not ``live`` give zeros and touch no tail."""
     acc = tl.zeros(new.shape, tl.float32)
     acc = acc + o0.to(tl.float32) * w0[None, :]  # taps in order, as the reference sums them
     if WIDTH > 2:

@@ -54,10 +54,10 @@ CONV_ROWS = 16
 # projections 2.4662, the head 2.4493), as every product at once had (fifth session).
 EARLY_STEPS = 1
 # The conv's reads (its tail rows and weights) asked for by a tile's last program with the partials', where
-# each tap's read waited for the one before (widths up to 4); the same bits.
-# H200, 35B-A3B one stream, tfd bench --variant, best of three (2026-12-02):
-# 2.4274 ms against 2.4381 (9B 4.4862 against 4.4987).
-CONV_FIRST = True
+# each tap's read had waited for the one before; widths up to CONV_WIDTH (a wider conv runs after the
+# product, kernels.conv1d.decode: the same bits). H200, 35B-A3B one stream, tfd bench --variant, best of
+# three (2026-12-02): 2.4274 ms against 2.4381 with the taps read in turn (9B 4.4862 against 4.4987).
+CONV_WIDTH = 4
 
 
 @attrs.frozen
@@ -200,7 +200,7 @@ def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride
             k_per_segment, conv_weight, tails, tail_at, channels, SEGMENTS: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr,
             SWIGLU: tl.constexpr, PAIR: tl.constexpr, CONV: tl.constexpr, WIDTH: tl.constexpr,
-            EARLY: tl.constexpr, CONV_FIRST: tl.constexpr, PDL: tl.constexpr):
+            EARLY: tl.constexpr, PDL: tl.constexpr):
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     segment = tl.program_id(2)
@@ -211,7 +211,7 @@ def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride
         if EARLY > 1:
             b1 = weight_tile(w, cols, n, k, start + BLOCK_K, stride_wn, BLOCK_K)
     pdl.wait(PDL)
-    if CONV and CONV_FIRST:  # the lanes' tail offsets, an input no kernel writes, before the product
+    if CONV:  # the lanes' tail offsets, an input no kernel writes, before the product
         tail = tl.load(tail_at + rows, mask=rows < m, other=-1)
     acc = segment_sum_early(x, w, b0, b1, rows, cols, m, n, k, start, k_per_segment, stride_xm, stride_wn,
                             BLOCK_M, BLOCK_N, BLOCK_K, WIDEN, EARLY)
@@ -230,7 +230,7 @@ def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride
             gate = summed(partials, stride_ps, gate_at, live, SEGMENTS).to(dtype)
             up = summed(partials, stride_ps, gate_at + PAIR, live, SEGMENTS).to(dtype)
             tl.store(out + rows[:, None] * stride_om + half[None, :], silu_mul(gate, up, dtype), mask=live)
-        elif CONV and CONV_FIRST and WIDTH <= 4:  # the conv's reads asked for with the partials'
+        elif CONV:  # the conv's reads asked for with the partials'
             # nothing read past the conv's columns (whole tiles of them: a tile has all or none)
             live, o0, o1, o2, w0, w1, w2, w_new = conv1d.conv_loads(tail, rows < m, cols, conv_weight, tails,
                                                                     channels, WIDTH)
@@ -241,10 +241,6 @@ def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride
             tl.store(out + rows[:, None] * stride_om + cols[None, :], total, mask=mask)
         else:
             total = summed(partials, stride_ps, where, mask, SEGMENTS).to(dtype)
-            if CONV:  # noqa: SIM102 (compiled out without a conv; the test below runs on the device)
-                if tl.program_id(0) * BLOCK_N < channels:  # the conv's columns: a row is its lane's new input
-                    total = conv1d.conv_rows(total, rows, rows < m, cols, conv_weight, tails, tail_at,
-                                             channels, WIDTH)
             tl.store(out + rows[:, None] * stride_om + cols[None, :], total, mask=mask)
         tl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")
 
@@ -371,7 +367,8 @@ def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice:
     if swiglu and t.block_n % (2 * PAIR):
         raise ValueError(f"a {t.block_n}-column tile holds no whole gate|up pairs of {PAIR}")
     channels = 0 if conv is None else conv.weight.shape[0]
-    if conv is not None and (swiglu or channels > n or channels % t.block_n or t.block_m > CONV_ROWS):
+    if conv is not None and (swiglu or channels > n or channels % t.block_n or t.block_m > CONV_ROWS
+                             or conv.weight.shape[-1] > CONV_WIDTH):
         return _conv_after(_spread_product(x, w, out, choice, t, swiglu, None, early), conv)
     return _spread_product(x, w, out, choice, t, swiglu, conv, early)
 
@@ -396,7 +393,7 @@ def _spread_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, choice:
                                          conv.weight.shape[0]) if conv is not None else (w, out, out, 0)),
                                       SEGMENTS=choice.segments, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                                       BLOCK_K=t.block_k, WIDEN=INTERPRETED, SWIGLU=swiglu, PAIR=PAIR,
-                                      CONV=conv is not None, WIDTH=width, EARLY=steps, CONV_FIRST=CONV_FIRST,
+                                      CONV=conv is not None, WIDTH=width, EARLY=steps,
                                       num_warps=t.warps, num_stages=t.stages, **pdl.options(x.device))
     return out
 

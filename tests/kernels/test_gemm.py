@@ -225,15 +225,7 @@ def test_weights_asked_for_before_the_wait_on_the_device(steps: int, monkeypatch
 
 
 @pytest.mark.parametrize("width", [2, 3, 4, 5])
-def test_the_conv_read_with_the_partials_gives_conv1d_bits(width: int,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    # CONV_FIRST: a tile's last program asks for the tail rows and weights with the partials (widths up to 4;
-    # 5 takes conv_rows as before): conv1d.decode's bits and tails, the padding lane's untouched
-    monkeypatch.setattr(gemm, "CONV_FIRST", True)
+def test_the_conv_read_with_the_partials_gives_conv1d_bits(width: int) -> None:
+    # a tile's last program asks for the tail rows and weights with the partials (widths up to 4; 5 runs
+    # conv1d.decode after the product): conv1d.decode's bits and tails, the padding lane's untouched
     check_projection_conv(128, 5, True, width, seed=width, early=True)
-
-
-@pytest.mark.gpu
-def test_the_conv_read_with_the_partials_on_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gemm, "CONV_FIRST", True)
-    test_the_projection_with_its_conv_on_the_device()
