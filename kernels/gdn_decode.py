@@ -359,3 +359,28 @@ def reference_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
             record = torch.cat((key.flatten(1), v[lane].float().flatten(1), g[lane], beta[lane]), dim=1)
             log[entry:entry + rows * width].copy_(record.flatten())
     return out
+
+
+def reference_replay(log: torch.Tensor, log_at: torch.Tensor, states: torch.Tensor, from_at: torch.Tensor,
+                     to_at: torch.Tensor, kept: torch.Tensor, *, key_heads: int, value_heads: int,
+                     key_dim: int, value_dim: int) -> None:
+    """``replay`` in torch, a lane at a time: the arithmetic of ``_reference_rows`` on logged rows."""
+    size = value_heads * key_dim * value_dim
+    width = key_heads * key_dim + value_heads * value_dim + 2 * value_heads
+    ratio = value_heads // key_heads
+    lanes = zip(from_at.tolist(), to_at.tolist(), log_at.tolist(), kept.tolist(), strict=True)
+    for at, to, entry, count in lanes:
+        if at < 0:
+            continue
+        s = states[at:at + size].view(value_heads, key_dim, value_dim)
+        records = log[entry:entry + count * width].view(count, width)
+        for record in records:
+            key, rest = record[:key_heads * key_dim].view(key_heads, key_dim), record[key_heads * key_dim:]
+            v = rest[:value_heads * value_dim].view(value_heads, value_dim)
+            g, beta = rest[value_heads * value_dim:].view(2, value_heads)
+            k_rep = key.repeat_interleave(ratio, dim=0)
+            s = s * torch.exp(g)[:, None, None]
+            read = (s * k_rep[:, :, None]).sum(dim=1)
+            delta = beta[:, None] * (v - read)
+            s = s + k_rep[:, :, None] * delta[:, None, :]
+        states[to:to + size].copy_(s.flatten())

@@ -277,3 +277,29 @@ def test_loads_first_give_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None
 @pytest.mark.gpu
 def test_loads_first_on_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
     check_loads_first(monkeypatch, REAL[0], 32, torch.bfloat16, "cuda")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_torch_verify_and_replay_give_the_torch_decode_bits(dtype: torch.dtype) -> None:
+    # the CPU path's identities (tfd.model.verify commits with them): reference_verify's rows and spare are
+    # reference decode's a row at a time; reference_replay of n logged rows, in place, its state after n rows
+    dims, lanes, rows = TINY, 4, 3
+    size = max(dims.state, rows * dims.log_row)
+    pool, (state_at, spare_at, log_at) = make_pool(lanes, [dims.state, size, size], [1], "cpu")
+    args = inputs(dims, lanes, rows, dtype, "cpu")
+    stepped = pool.clone()
+    outs, states = [], [pieces(stepped, state_at, dims.state)]
+    for r in range(rows):
+        outs.append(gdn_decode.reference(*row(args, r), stepped.view(torch.float32), state_at, dims.scale))
+        states.append(pieces(stepped, state_at, dims.state))
+    view = pool.view(torch.float32)
+    out = gdn_decode.reference_verify(*args, view, state_at, spare_at, view, log_at, dims.scale)
+    live = state_at >= 0
+    assert torch.equal(out[live], torch.stack(outs, dim=1)[live])
+    assert torch.equal(pieces(pool, spare_at, dims.state), states[rows])
+    kept = torch.arange(lanes, dtype=torch.int32) % (rows + 1)
+    shape = {f.name: getattr(dims, f.name) for f in attrs.fields(Dims)}
+    gdn_decode.reference_replay(view, log_at, view, state_at, state_at, kept, **shape)
+    after = pieces(pool, state_at, dims.state)
+    for lane, n in enumerate(kept.tolist()):
+        assert torch.equal(after[lane], states[n][lane]), f"lane {lane} keeping {n}"

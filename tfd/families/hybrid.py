@@ -19,9 +19,11 @@ from tfd.families.lane_state import AttentionRows, DraftBuffers, GdnLayers, PleS
 from tfd.families.naming import Naming, Shape
 from tfd.families.random_weights import random_tensors
 from tfd.model.decode import DecodeBatch, DecodeMemory, batches, run_decode
+from tfd.model.gdn import GdnWeights
 from tfd.model.memory import PageRows, Span
 from tfd.model.mtp import Draft, MtpWeights, draft
 from tfd.model.stack import StackOutput, StackWeights, logits, run_stack
+from tfd.model.verify import VerifyLanes, commit
 from tfd.pool.layout import Layout, RowPart
 from tfd.pool.pieces import Piece
 
@@ -127,9 +129,15 @@ class HybridModel:
     def pieces(self, drafts: DraftBuffers | None = None) -> list[Piece]:
         return lane_pieces(self.gdn_layers(), self.ple_state(), drafts)
 
-    def layout(self, page_rows: int, head: bool = False) -> Layout:
-        """The pool's geometry for this model; ``head`` makes room for the MTP head's rows."""
-        return Layout(page_rows, self.row_parts(head), self.pieces())
+    def draft_buffers(self, window: int) -> DraftBuffers:
+        """What a lane needs to verify windows of ``window`` rows and roll back."""
+        return DraftBuffers(window, self.gdn_layers(), self.cfg.streams * self.cfg.hidden, self.ple_state())
+
+    def layout(self, page_rows: int, head: bool = False, window: int = 0) -> Layout:
+        """The pool's geometry for this model; ``head`` makes room for the MTP head's rows, a
+        ``window`` (rows a verify takes, 0: none) for verify's buffers."""
+        return Layout(page_rows, self.row_parts(head),
+                      self.pieces(self.draft_buffers(window) if window else None))
 
     def init_state(self, pieces: Mapping[str, torch.Tensor]) -> None:
         """A fresh lane: zero states and tails, and an n-gram history of EOS."""
@@ -150,6 +158,19 @@ class HybridModel:
     def decode(self, batch: DecodeBatch, memory: DecodeMemory) -> torch.Tensor:
         """One decode row per lane of ``batch``, all together: the final hidden rows."""
         return run_decode(self.weights, batch, memory)
+
+    def verify(self, batch: DecodeBatch, memory: DecodeMemory, lanes: VerifyLanes) -> torch.Tensor:
+        """Verify windows (``tfd.model.verify``): ``lanes.rows`` rows a lane of ``batch``, together;
+        the final hidden rows. Each lane's state stays as committed until ``commit``."""
+        return run_decode(self.weights, batch, memory, lanes)
+
+    def commit(self, batch: DecodeBatch, memory: DecodeMemory, lanes: VerifyLanes, keep: torch.Tensor
+               ) -> None:
+        """After ``verify`` of ``batch``: each lane's state as serial decoding of its first ``keep``
+        rows (int32 [lanes] on the device) leaves it."""
+        gdn = [layer.mixer for layer in self.weights.layers if isinstance(layer.mixer, GdnWeights)]
+        commit(gdn, lanes, keep, memory.states, [lanes.firsts(batch.state_at(i)) for i in range(len(gdn))],
+               memory.tails, [lanes.firsts(batch.tail_at(i)) for i in range(len(gdn))])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return logits(self.weights, hidden)

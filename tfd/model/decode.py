@@ -35,6 +35,7 @@ from tfd.model.ops import add_zrms, zrms
 from tfd.model.ple import ple_rows
 from tfd.model.rope import Rotary
 from tfd.model.stack import LayerWeights, StackWeights
+from tfd.model.verify import VerifyLanes, gdn_window
 from tfd.pool.pages import Pool
 
 FIXED = 6  # fields before the offsets: token, position, visible keys, seed, temperature, draw row
@@ -208,13 +209,22 @@ class _Step:
     sin: torch.Tensor
     table: torch.Tensor
     lengths: torch.Tensor
+    verify: VerifyLanes | None = None  # the rows are verify windows (tfd.model.verify)
 
 
-def run_decode(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory) -> torch.Tensor:
+def run_decode(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory, verify: VerifyLanes | None = None
+               ) -> torch.Tensor:
     """The head's input rows [lanes, width] (after the final norm or mixer) of one decode row per
     lane; states, tails, PLE pieces and row parts move past the row. A fed token field (negative)
     is resolved from ``memory.feed`` and written back. Raises ValueError when the stack has a PLE
-    layer and the batch's columns no PLE offsets."""
+    layer and the batch's columns no PLE offsets.
+
+    With ``verify``, the batch's columns are ``verify.rows`` rows a lane, together: each lane's
+    GDN states and conv tails stay as they are (``tfd.model.verify``). Flash Next's stacks (PLE,
+    QSA) have no verify windows yet: ValueError."""
+    if verify is not None and w.mixer is not None:
+        raise ValueError("verify windows run the plain stacks (Qwen3.5, Qwen3-Next); Flash Next's PLE and "
+                         "QSA rows have no rollback yet")
     if batch.packed.is_cuda:  # one launch for what torch takes ten
         tables = memory.angle_tables(w.rotary, batch.columns.pages, w.embed.dtype)
         inputs = step_inputs.gather(batch.packed, batch.columns.table_field, w.embed, *tables, memory.feed)
@@ -225,6 +235,7 @@ def run_decode(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory) -> tor
         cos, sin = w.rotary.angles(batch.positions, x.dtype)
         table = batch.page_table.to(torch.int32, memory_format=torch.contiguous_format)
         step = _Step(batch, memory, cos, sin, table, batch.lengths.to(torch.int32))
+    step = attrs.evolve(step, verify=verify)
     return _streams(w, x, step) if w.mixer is not None else _plain(w, x, step)
 
 
@@ -278,6 +289,11 @@ def _mix(w: StackWeights, layer: LayerWeights, h: torch.Tensor, gdn_layer: int, 
     """The layer's token mixer over every lane's row: GDN, dense attention or QSA."""
     batch, memory = step.batch, step.memory
     if isinstance(layer.mixer, GdnWeights):
+        if step.verify is not None:  # a lane's rows share its offsets: its first row's
+            state_at, tail_at = (step.verify.firsts(batch.state_at(gdn_layer)),
+                                 step.verify.firsts(batch.tail_at(gdn_layer)))
+            return gdn_window(layer.mixer, h, step.verify, gdn_layer, memory.states, state_at, memory.tails,
+                              tail_at)
         return gdn_rows(layer.mixer, h, memory.states, batch.state_at(gdn_layer), memory.tails,
                         batch.tail_at(gdn_layer))
     caches = memory.caches
