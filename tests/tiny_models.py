@@ -102,3 +102,22 @@ def save_served(family: str, directory: Path, seed: int = 0) -> Path:
     (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": SPECIAL[IM_END]}))
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [IM_END, ENDOFTEXT]}))
     return path
+
+
+def add_head(path: Path, family: str) -> None:
+    """Random ``mtp.*`` tensors of the shapes the family expects, added to a saved checkpoint."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from tfd.families.hybrid import expected_tensors
+
+    tensors = load_file(path / "model.safetensors")
+    text = json.loads((path / "config.json").read_text())
+    _, _, shapes = expected_tensors(family, text, set(tensors) | {"mtp.marker"})
+    generator = torch.Generator().manual_seed(9)
+    for name, shape in shapes.items():
+        if name.startswith("mtp."):
+            scale = 0.3 if len(shape) == 1 else 1 / math.sqrt(shape[-1])
+            tensors[name] = torch.randn(shape, generator=generator) * scale
+    save_file(tensors, path / "model.safetensors")

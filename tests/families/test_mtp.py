@@ -6,19 +6,17 @@ out once more in plain torch, independently of tfd.model, and holds the head to 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import tiny_models
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from tfd.checkpoint import Checkpoint
-from tfd.families.hybrid import HybridModel, expected_tensors, load_model
+from tfd.families.hybrid import HybridModel, load_model
 from tfd.generate import LanePool
 from tfd.model.memory import Span
 
@@ -26,24 +24,11 @@ LENGTH = 60
 TOLERANCE = 1e-4
 
 
-def add_head(path: Path, family: str) -> None:
-    """Random ``mtp.*`` tensors of the shapes the family expects."""
-    tensors = load_file(path / "model.safetensors")
-    text = json.loads((path / "config.json").read_text())
-    _, _, shapes = expected_tensors(family, text, set(tensors) | {"mtp.marker"})
-    generator = torch.Generator().manual_seed(9)
-    for name, shape in shapes.items():
-        if name.startswith("mtp."):
-            scale = 0.3 if len(shape) == 1 else 1 / math.sqrt(shape[-1])
-            tensors[name] = torch.randn(shape, generator=generator) * scale
-    save_file(tensors, path / "model.safetensors")
-
-
 @pytest.fixture(scope="module", params=tiny_models.FAMILIES)
 def headed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[tuple[HybridModel, dict[str, torch.Tensor]]]:
     path = tiny_models.save(request.param, tmp_path_factory.mktemp("mtp"))
-    add_head(path, request.param)
+    tiny_models.add_head(path, request.param)
     model = load_model(Checkpoint.open(path), dtype=torch.float32, progress=False)
     yield model, load_file(path / "model.safetensors")
 
