@@ -21,7 +21,8 @@ import torch
 from tfd.engine.detokenize import Detokenizer
 from tfd.engine.lane import Lane
 from tfd.engine.request import Request, Sampling
-from tfd.engine.runner import Runner
+from tfd.engine.rounds import Propose, drafts_from_head
+from tfd.engine.runner import Drafting, Runner, settle
 from tfd.engine.scheduler import Admission, Scheduler
 from tfd.families.hybrid import HybridModel
 from tfd.pool.pages import Pool
@@ -60,18 +61,22 @@ def run(model: HybridModel, workload: Workload, graphs: bool, seed: int = 0) -> 
 
 
 def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, graphs: bool,
-          leaves: Mapping[str, int] | None = None) -> Timings:
+          leaves: Mapping[str, int] | None = None, drafting: Drafting | None = None,
+          propose: Propose | None = None) -> Timings:
     """Run ``requests`` together, as the engine would, each to its ``max_tokens`` (stop ids are not
     read), on a pool sized for all of them; every lane's pages go back at the end (``Leak`` if not).
     ``leaves``: request id to the tokens after which it is cancelled, as a client leaving would be
-    (it leaves at the next plan and gives its pages back)."""
+    (it leaves at the next plan and gives its pages back). ``drafting``: lanes draft and verify in
+    rounds (``Runner``'s, with ``propose``)."""
     device = model.weights.embed.device
     window = max(request.window for request in requests)
     streams = len(requests)
-    smallest = model.layout(PAGE_ROWS).smallest_page_rows()  # a page must hold the largest state piece
-    layout = model.layout(-(-smallest // PAGE_ROWS) * PAGE_ROWS)
+    head = drafting is not None and drafts_from_head(model)
+    verify = 1 + drafting.most if drafting is not None and head else 0  # rows a window takes at most
+    smallest = model.layout(PAGE_ROWS, head, verify).smallest_page_rows()  # a page holds the largest piece
+    layout = model.layout(-(-smallest // PAGE_ROWS) * PAGE_ROWS, head, verify)
     pool = Pool(layout, streams * layout.need(window), max_lanes=streams, device=device)
-    runner = Runner(model, pool, window, streams, graphs)
+    runner = Runner(model, pool, window, streams, graphs, drafting, propose)
     scheduler = Scheduler(step_tokens, streams)
     words = Detokenizer(tokenizers.Tokenizer(tokenizers.models.BPE()))  # tokens are never read as text
     lanes = [Lane(number, request, words) for number, request in enumerate(requests)]
@@ -99,13 +104,15 @@ def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, gra
         if everyone and last is not None:  # end to end: the device runs ahead while the host books
             steps, decode_s = steps + 1, decode_s + after - last
         last = after if everyone else None
-        for work in plan.works:
-            work.lane.position = work.start + work.length
+        settle(plan.works, drawn)
         for item in drawn:
             lane = item.work.lane
-            lane.record(item.token, after - began)
-            if leaves is not None and len(lane.generated) == leaves.get(lane.request.id):
-                lane.cancelled = True
+            for token in item.tokens:  # a verify round's may pass where the lane stops
+                lane.record(token, after - began)
+                if leaves is not None and len(lane.generated) == leaves.get(lane.request.id):
+                    lane.cancelled = True
+                if lane.cancelled or len(lane.generated) >= lane.request.max_tokens:
+                    break
             if len(lane.generated) >= lane.request.max_tokens:
                 runner.close(lane)
                 scheduler.retire(lane)

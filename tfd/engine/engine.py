@@ -29,7 +29,7 @@ import trio
 from tfd.engine.detokenize import Detokenizer
 from tfd.engine.lane import Lane
 from tfd.engine.request import Admitted, Emitted, Event, Finished, FinishReason, Request
-from tfd.engine.runner import Drawn, Runner
+from tfd.engine.runner import Drafting, Drawn, Runner, settle
 from tfd.engine.scheduler import Admission, Scheduler, Work
 from tfd.families.hybrid import HybridModel
 from tfd.pool.pages import Pool
@@ -82,7 +82,8 @@ class Engine:
     def __init__(self, model: HybridModel, tokenizer: tokenizers.Tokenizer, pool: Pool, limits: Limits,
                  heartbeat: Heartbeat | None = None,
                  on_failure: Callable[[BaseException], None] | None = None,
-                 on_step: Callable[[float, int], None] | None = None, graphs: bool = False) -> None:
+                 on_step: Callable[[float, int], None] | None = None, graphs: bool = False,
+                 drafting: Drafting | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.pool = pool
@@ -91,7 +92,7 @@ class Engine:
         self.on_failure = on_failure
         self.on_step = on_step  # (seconds, rows) after each step, on the trio thread
         self.scheduler = Scheduler(limits.step_tokens, limits.max_lanes)
-        self.runner = Runner(model, pool, limits.context, limits.max_lanes, graphs)
+        self.runner = Runner(model, pool, limits.context, limits.max_lanes, graphs, drafting)
         self.stats = StepStats()
         self.failure: BaseException | None = None
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
@@ -285,20 +286,25 @@ class Engine:
     def _advance(self, works: Sequence[Work], drawn: Sequence[Drawn],
                  events: list[tuple[str, Event]]) -> None:
         now = time.monotonic()
-        for work in works:
-            work.lane.position = work.start + work.length
+        settle(works, drawn)
         for item in drawn:
             lane = item.work.lane
-            lane.record(item.token, now)
-            self.stats.generated_tokens += 1
-            text = lane.detokenizer.add([item.token])
-            logprobs = None if item.logprob is None else (item.logprob,)
-            events.append((lane.request.id, Emitted((item.token,), text, logprobs)))
+            taken: list[int] = []
+            text = ""
             reason: FinishReason | None = None
-            if item.token in lane.request.stop_ids or lane.detokenizer.stopped_at is not None:
-                reason = "stop"
-            elif len(lane.generated) >= lane.request.max_tokens:
-                reason = "length"
+            for token in item.tokens:  # one at a time: a round's later tokens may come after the end
+                lane.record(token, now)
+                taken.append(token)
+                text += lane.detokenizer.add([token])
+                if token in lane.request.stop_ids or lane.detokenizer.stopped_at is not None:
+                    reason = "stop"
+                elif len(lane.generated) >= lane.request.max_tokens:
+                    reason = "length"
+                if reason is not None:
+                    break
+            self.stats.generated_tokens += len(taken)
+            logprobs = None if item.logprobs is None else item.logprobs[:len(taken)]
+            events.append((lane.request.id, Emitted(tuple(taken), text, logprobs)))
             if reason is not None:
                 self._end(lane, reason, events)
 
@@ -309,8 +315,11 @@ class Engine:
         self.scheduler.retire(lane)
         self._lanes.pop(lane.request.id, None)
         ttft = None if lane.first_token_at is None else lane.first_token_at - lane.request.arrived
+        counts = lane.counts
+        steps = 1 + counts.rounds if lane.drafting and lane.generated else len(lane.generated)
         events.append((lane.request.id, Finished(reason, tuple(lane.generated), rest, message,
-                                                 lane.prompt_length, 0, ttft)))
+                                                 lane.prompt_length, 0, ttft, counts.drafted, counts.accepted,
+                                                 steps, counts.narrowest)))
 
     def _deliver(self, events: list[tuple[str, Event]], seconds: float, rows: int) -> None:
         if events or rows:

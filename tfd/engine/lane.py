@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
+from tfd.engine.drafts import DraftCounts
 from tfd.engine.request import Request, prompt_seed
 
 if TYPE_CHECKING:
@@ -38,6 +39,9 @@ class Lane:
         self.lease: Lease | None = None
         self.memory: LaneMemory | None = None
         self.first_token_at: float | None = None
+        self.drafting = False  # its decode steps are verify rounds (the runner decides at open)
+        self.drafts: list[int] = []  # the drafts its next round verifies after its pending token
+        self.counts = DraftCounts()
 
     def record(self, token: int, now: float) -> None:
         """A token drawn for this lane: kept, the lane decodes from here, the first one's time noted."""
@@ -61,4 +65,6 @@ class Lane:
         return {"lane": self.number, "request": self.request.id, "phase": self.phase.value,
                 "prompt_tokens": self.prompt_length, "generated": len(self.generated),
                 "position": self.position, "window": self.request.window,
-                "pages": None if lease is None else len(lease.row_pages) + len(lease.state_pages)}
+                "pages": None if lease is None else len(lease.row_pages) + len(lease.state_pages),
+                "drafting": self.drafting, "rounds": self.counts.rounds, "drafted": self.counts.drafted,
+                "accepted": self.counts.accepted}

@@ -40,6 +40,7 @@ class Request:
     stop: tuple[str, ...] = ()  # stop strings; the text ends before the first one
     stop_ids: tuple[int, ...] = ()  # tokens that end the reply (EOS), kept in the token ids
     arrived: float = 0.0  # monotonic time the server received it
+    draft: bool = True  # MTP drafts where the server drafts; False: the serial reference
 
     @property
     def window(self) -> int:
@@ -82,6 +83,10 @@ class Finished:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     time_to_first_token: float | None = None
+    drafted: int = 0  # MTP drafts verified
+    accepted: int = 0  # drafts that held
+    rounds: int = 0  # steps that gave tokens: one a token without drafts
+    narrowest: int | None = None  # the narrowest verify window (rows), when it drafted
 
     @property
     def token_sha(self) -> str:

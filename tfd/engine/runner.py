@@ -29,12 +29,15 @@ import torch
 
 from tfd.engine.graphs import DecodeGraphs
 from tfd.engine.lane import Lane
+from tfd.engine.proposer import Absorb, HeadProposer
 from tfd.engine.request import TokenLogprob
+from tfd.engine.rounds import Propose, Rounds, draft_count, drafts_from_head
 from tfd.engine.sampling import Rows, draw, logprobs, plain, sample
 from tfd.engine.scheduler import Work
 from tfd.families.hybrid import HybridModel
 from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
 from tfd.model.memory import LaneMemory, PageRows, Span, to_device
+from tfd.model.stack import StackOutput
 from tfd.pool.pages import Pool
 
 
@@ -71,19 +74,49 @@ class Launched:
 
 @attrs.frozen
 class Drawn:
-    """A work's drawn token and, when asked, its log-probabilities."""
+    """A work's drawn tokens (one; a verify round's kept draws) and, when asked, their
+    log-probabilities; the rows of the work now in the lane's state; a drafting lane's next drafts."""
 
     work: Work
-    token: int
-    logprob: TokenLogprob | None
+    tokens: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] | None
+    rows: int
+    drafts: tuple[int, ...] = ()
+
+
+@attrs.frozen
+class Drafting:
+    """Drafts from the MTP head: ``most`` a round, later ones while the one before is at least
+    ``confidence`` likely."""
+
+    most: int
+    confidence: float
+
+
+def settle(works: Sequence[Work], drawn: Sequence[Drawn]) -> None:
+    """After a step: each work's lane past the rows it ran (a verify round past those it kept), a
+    drafting lane's next drafts and its draft counts."""
+    for work in works:
+        work.lane.position = work.start + work.length
+    for item in drawn:
+        lane = item.work.lane
+        if item.work.verify:
+            lane.position = item.work.start + item.rows
+            lane.counts.add(item.work.length - 1, item.rows)
+        if lane.drafting:
+            lane.drafts = list(item.drafts)
 
 
 class Runner:
     """``context``: the most rows a lane may hold (the width of a decode step's page tables).
-    ``graphs``: replay captured CUDA graphs for decode steps (CUDA only; captured here, at load)."""
+    ``graphs``: replay captured CUDA graphs for decode steps (CUDA only; captured here, at load).
+    ``drafting``: lanes that ask for it verify drafts from the MTP head in rounds (a model with a
+    head and one residual stream; the pool's layout with the head's rows and verify's buffers for
+    windows of ``drafting.most + 1`` rows); ``propose`` replaces the head (a scripted one in tests)."""
 
     def __init__(self, model: HybridModel, pool: Pool, context: int, max_lanes: int,
-                 graphs: bool = False) -> None:
+                 graphs: bool = False, drafting: Drafting | None = None,
+                 propose: Propose | None = None) -> None:
         self.model = model
         self.pool = pool
         self.rows = PageRows(pool)
@@ -102,6 +135,11 @@ class Runner:
         self.parity = 0  # the feed half the next batched decode step draws into
         self.copies: list[torch.cuda.Event | None] = [None, None]  # each half's last copy to the host
         self.side = None if self.device.type != "cuda" else torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        self.rounds: Rounds | None = None
+        if drafting is not None and drafts_from_head(model) and self.memory is not None:
+            propose = propose or HeadProposer(model, self.rows, drafting.confidence).propose
+            self.rounds = Rounds(model, self.memory, self.columns, pool.null_page, self.offsets, propose,
+                                 drafting.most)
 
     def open(self, lane: Lane) -> None:
         """Give an admitted lane (its lease promised) its state pieces, initialised.
@@ -117,6 +155,7 @@ class Runner:
             lane.lease = None
             raise
         lane.memory = LaneMemory(pieces, lease.page_table)
+        lane.drafting = self.rounds is not None and lane.request.draft
         if self.memory is not None:
             self.offsets[lane.number] = self.memory.lane_offsets(pieces, self.gdn_names, self.columns.ple)
 
@@ -216,6 +255,12 @@ class Runner:
         for work in works:
             assert work.lane.lease is not None and work.lane.memory is not None
             work.lane.lease.take(work.start + work.length)
+        rounds = [work for work in works if work.verify]
+        if rounds:  # drafting lanes' windows: a verify pass of their own
+            assert self.rounds is not None
+            verified = [Drawn(work, found.tokens, found.logprobs, found.rows, found.drafts)
+                        for work, found in zip(rounds, self.rounds.run(rounds), strict=True)]
+            return verified + self.run([work for work in works if not work.verify])
         ahead, self.ahead = self.ahead, None
         ran = ahead.ran(works) if ahead is not None else [False] * len(works)
         covered = [work for work, done in zip(works, ran, strict=True) if done]
@@ -238,7 +283,7 @@ class Runner:
         """``works``' tokens from the decode step that ran their rows (it waits for them)."""
         tokens = step.tokens()
         where = {id(lane): i for i, lane in enumerate(step.lanes)}
-        return [Drawn(work, tokens[where[id(work.lane)]], None) for work in works]
+        return [Drawn(work, (tokens[where[id(work.lane)]],), None, work.length) for work in works]
 
     def _run(self, works: Sequence[Work]) -> list[Drawn]:
         """Run ``works`` and wait for their draws (a step nothing runs ahead of)."""
@@ -251,8 +296,10 @@ class Runner:
                 _, logits, plain_tokens = self._decode(batched)
                 parts.append(logits)
                 where = {id(work): i for i, work in enumerate(batched)}
+            output = None
             if spanned:
-                hidden = self.model.forward([self._span(work) for work in spanned], self.rows).hidden
+                output = self.model.forward([self._span(work) for work in spanned], self.rows)
+                hidden = output.hidden
                 ends: list[int] = []
                 at = -1
                 for work in spanned:
@@ -263,6 +310,8 @@ class Runner:
                 if ends:
                     parts.append(self.model.logits(hidden[self._indices(ends)]))
             if not drawing:
+                if output is not None:
+                    self._absorb_prompts(spanned, output, {})
                 return []
             lanes = [work.lane for work in drawing]
             asked = [lane.request.sampling.logprobs for lane in lanes]
@@ -285,8 +334,35 @@ class Runner:
                     if n is not None:
                         details[i] = attrs.evolve(entry, top=entry.top[:n])
             drawn = tokens.tolist()  # the step's one sync with the host
-        return [Drawn(work, token, detail)
-                for work, token, detail in zip(drawing, drawn, details, strict=True)]
+            drafts = {} if output is None else self._absorb_prompts(
+                spanned, output, {id(work): token for work, token in zip(drawing, drawn, strict=True)})
+        return [Drawn(work, (token,), None if entry is None else (entry,), work.length,
+                      drafts.get(id(work), ()))
+                for work, token, entry in zip(drawing, drawn, details, strict=True)]
+
+    def _absorb_prompts(self, spanned: Sequence[Work], output: StackOutput, drawn: dict[int, int]
+                        ) -> dict[int, tuple[int, ...]]:
+        """Drafting lanes' prompt rows of this step into the MTP head's cache, each row with the
+        token after it (the prompt's, or for its last row the token ``drawn`` now); the first drafts
+        of each lane whose prompt ended, by work."""
+        if self.rounds is None:
+            return {}
+        rows = self.model.draft_input(output)
+        absorbs, owners, at = [], [], 0
+        for work in spanned:
+            lane = work.lane
+            if lane.drafting and not work.decode and lane.memory is not None:
+                follow = list(lane.request.prompt[work.start + 1:work.start + work.length + 1])
+                wanted = 0
+                if work.samples:  # the prompt's last row: the token after it is the one drawn now
+                    token = drawn[id(work)]
+                    follow.append(token)
+                    wanted = 0 if token in lane.request.stop_ids else draft_count(lane, self.rounds.most, 1)
+                absorbs.append(Absorb(lane.memory, work.start, rows[at:at + work.length], follow, wanted))
+                owners.append(work)
+            at += work.length
+        found = self.rounds.propose(absorbs) if absorbs else []
+        return {id(work): tuple(more) for work, more in zip(owners, found, strict=True)}
 
     def _indices(self, values: list[int]) -> torch.Tensor:
         """Row indices on the device, copied without waiting for the queued work on CUDA."""

@@ -1,12 +1,12 @@
 """Which rows each step runs: pure Python, page counts and positions only, never a tensor.
 
-Once a step: every decoding lane gets its row (a running lane never waits); prefilling lanes get
-prompt chunks, oldest first, from what is left of the step's token budget; then waiting requests
-are admitted, oldest first and strictly in order, while the pool can promise their window (the
-``admit`` callback) and the budget lasts. A prefill chunk ends at a multiple of ``CHUNK`` absolute
-positions or at the end of the prompt, whatever the budget, so every split of a prompt cuts the
-GDN chunks in the same places; the oldest prefilling lane always gets at least one chunk, so
-decode rows never starve it. Cancelled lanes leave at the step boundary.
+Once a step: every decoding lane gets its row, a drafting lane its window (a running lane never
+waits); prefilling lanes get prompt chunks, oldest first, from what is left of the step's token
+budget; then waiting requests are admitted, oldest first and strictly in order, while the pool can
+promise their window (the ``admit`` callback) and the budget lasts. A prefill chunk ends at a
+multiple of ``CHUNK`` absolute positions or at the end of the prompt, whatever the budget, so every
+split of a prompt cuts the GDN chunks in the same places; the oldest prefilling lane always gets at
+least one chunk, so decode rows never starve it. Cancelled lanes leave at the step boundary.
 """
 
 from __future__ import annotations
@@ -24,13 +24,15 @@ from tfd.model import GDN_CHUNK as CHUNK
 @attrs.frozen
 class Work:
     """``length`` rows of ``lane`` from position ``start``; ``samples``: the last row's logits
-    draw the lane's next token."""
+    draw the lane's next token. ``verify``: a drafting lane's window, its pending token and its
+    drafts (``tfd.engine.rounds``): every row draws, and the lane keeps as many rows as hold."""
 
     lane: Lane
     start: int
     length: int
     decode: bool
     samples: bool
+    verify: bool = False
 
 
 @attrs.frozen
@@ -75,8 +77,9 @@ class Scheduler:
         budget = self.step_tokens
         for lane in self.running:
             if lane.phase is Phase.DECODE:
-                works.append(Work(lane, lane.position, 1, decode=True, samples=True))
-                budget -= 1
+                rows = 1 + len(lane.drafts)
+                works.append(Work(lane, lane.position, rows, decode=True, samples=True, verify=lane.drafting))
+                budget -= rows
         first = True
         for lane in self.running:
             if lane.phase is Phase.PREFILL:

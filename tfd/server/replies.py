@@ -117,7 +117,9 @@ class Reply:
             "usage": {"prompt_tokens": len(self.prompt), "completion_tokens": generated,
                       "total_tokens": len(self.prompt) + generated,
                       "prompt_tokens_details": {"cached_tokens": finished.cached_tokens}},
-            "tfd": {"token_sha": finished.token_sha, "drafted": 0, "accepted": 0, "rounds": generated,
+            "tfd": {"token_sha": finished.token_sha, "drafted": finished.drafted,
+                    "accepted": finished.accepted, "rounds": finished.rounds,
+                    "narrowest_window": finished.narrowest,
                     "time_to_first_token": finished.time_to_first_token},
         }
 

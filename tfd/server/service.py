@@ -16,7 +16,10 @@ import torch
 
 from tfd.engine.engine import Engine, Limits
 from tfd.engine.request import Finished, Request, Sampling
+from tfd.engine.rounds import drafts_from_head
+from tfd.engine.runner import Drafting
 from tfd.env import Settings, SettingsRefused
+from tfd.families.hybrid import HybridModel
 from tfd.models import Loaded, load
 from tfd.pool.config import GIB, PoolConfig
 from tfd.pool.errors import PoolShort
@@ -36,6 +39,7 @@ class Prepared:
     limits: Limits
     name: str
     report: LoadReport
+    drafting: Drafting | None = None  # lanes draft from the MTP head
 
 
 def pick_device(name: str) -> torch.device:
@@ -54,7 +58,9 @@ def prepare(settings: Settings, environ: Mapping[str, str]) -> Prepared:
     loaded = load(settings, environ, device)
     settings = loaded.settings
     config = PoolConfig.from_settings(settings, loaded.family)
-    layout = loaded.model.layout(config.page_rows)
+    drafting = drafting_of(settings, loaded.model)
+    window = 1 + drafting.most if drafting is not None else 0  # rows a verify window takes at most
+    layout = loaded.model.layout(config.page_rows, drafting is not None, window)
     context = settings.value("TF_CONTEXT", int)
     gib = settings.value("TF_POOL_GIB", float)
     parallel = settings.optional("TF_PARALLEL", int)
@@ -77,7 +83,14 @@ def prepare(settings: Settings, environ: Mapping[str, str]) -> Prepared:
         else loaded.path.name)
     report = LoadReport.of(pool, context)
     log.info("%s", report.line())
-    return Prepared(loaded, pool, limits, name, report)
+    return Prepared(loaded, pool, limits, name, report, drafting)
+
+
+def drafting_of(settings: Settings, model: HybridModel) -> Drafting | None:
+    """TF_DRAFTS and the MTP settings, for a model that drafts (``rounds.drafts_from_head``)."""
+    if not settings.value("TF_DRAFTS", bool) or not drafts_from_head(model):
+        return None
+    return Drafting(settings.value("TF_MTP_DRAFTS", int), settings.value("TF_MTP_CONFIDENCE", float))
 
 
 class Service:
@@ -93,7 +106,7 @@ class Service:
         self.report = prepared.report
         graphs = prepared.loaded.settings.value("TF_CUDA_GRAPHS", bool)
         self.engine = Engine(prepared.loaded.model, prepared.loaded.tokenizer, prepared.pool, prepared.limits,
-                             heartbeat, on_failure, on_step, graphs)
+                             heartbeat, on_failure, on_step, graphs, prepared.drafting)
 
     def start(self) -> None:
         self.engine.start()

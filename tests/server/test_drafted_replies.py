@@ -1,0 +1,56 @@
+"""drafted == plain through the real HTTP stack: a server that drafts from its MTP head answers every
+request with the tokens of ``"draft": false``, alone and side by side, and says what it drafted."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from support import ServedDaemon, tiny_server
+
+PROMPTS = [f"def function_{i}(x):\n    return x * {i} + " + "y" * i for i in range(4)]
+SAMPLINGS = {"greedy": {"temperature": 0.0}, "seeded": {"temperature": 0.8, "top_p": 0.9, "seed": 77}}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServedDaemon]:
+    with tiny_server("qwen3_5", head=True, TF_MTP_DRAFTS="3", TF_MTP_CONFIDENCE="0") as daemon:
+        yield daemon
+
+
+async def complete(client: httpx.AsyncClient, prompt: str, sampling: dict[str, Any], **extra: Any
+                   ) -> dict[str, Any]:
+    response = await client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 20, **sampling,
+                                                          **extra})
+    assert response.status_code == 200, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("name", list(SAMPLINGS))
+async def test_drafted_replies_are_the_plain_replies(server: ServedDaemon, name: str) -> None:
+    sampling = SAMPLINGS[name]
+    at_load = server.admin_call("pool")["pool"]["census"]  # type: ignore[index]
+    async with httpx.AsyncClient(base_url=server.url(), timeout=120) as client:
+        plain = [await complete(client, prompt, sampling, draft=False) for prompt in PROMPTS]
+        drafted = [await complete(client, prompt, sampling) for prompt in PROMPTS]
+        together: dict[int, dict[str, Any]] = {}
+
+        async def one(i: int) -> None:
+            together[i] = await complete(client, PROMPTS[i], sampling)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(len(PROMPTS)):
+                nursery.start_soon(one, i)
+    for i, (off, on) in enumerate(zip(plain, drafted, strict=True)):
+        assert on["tfd"]["token_sha"] == off["tfd"]["token_sha"] == together[i]["tfd"]["token_sha"], i
+        assert on["choices"][0]["text"] == off["choices"][0]["text"]
+        tokens = off["usage"]["completion_tokens"]
+        assert (off["tfd"]["drafted"], off["tfd"]["rounds"], off["tfd"]["narrowest_window"]) == \
+            (0, tokens, None)
+        assert on["tfd"]["drafted"] >= 1 and on["tfd"]["rounds"] <= tokens
+        assert on["tfd"]["rounds"] == tokens - on["tfd"]["accepted"]  # a round: its kept drafts and one
+    assert server.admin_call("pool")["pool"]["census"] == at_load  # type: ignore[index]
