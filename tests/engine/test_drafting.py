@@ -106,3 +106,16 @@ def test_partial_accepts_of_every_length_draw_the_serial_tokens(headed: HybridMo
         assert drafted == plain, f"{most} drafts a round"
         kept = sorted(set(head.kept))
         assert kept == list(range(1, most + 2)), f"{most} drafts a round kept {kept}"
+
+
+def test_lanes_that_leave_mid_round_give_every_page_back(headed: HybridModel) -> None:
+    # a leaving lane may have kept rows past its last token (the scripted head makes rounds keep several);
+    # the others' tokens stay serial, and the pool is back at its census at load (drive raises Leak if not)
+    asked = requests(0.0)
+    plain = drive(headed, asked, STEP_TOKENS, graphs=False).tokens
+    head = ScriptedHead({request.prompt: tokens for request, tokens in zip(asked, plain, strict=True)}, 5)
+    leaves = {"r0": 3, "r2": 6}
+    got = drive(headed, asked, STEP_TOKENS, graphs=False, leaves=leaves, drafting=Drafting(3, 0.0),
+                propose=head.propose).tokens
+    for request, tokens, serial in zip(asked, got, plain, strict=True):
+        assert tokens == serial[:leaves.get(request.id, len(serial))], request.id

@@ -54,3 +54,24 @@ async def test_drafted_replies_are_the_plain_replies(server: ServedDaemon, name:
         assert on["tfd"]["drafted"] >= 1 and on["tfd"]["rounds"] <= tokens
         assert on["tfd"]["rounds"] == tokens - on["tfd"]["accepted"]  # a round: its kept drafts and one
     assert server.admin_call("pool")["pool"]["census"] == at_load  # type: ignore[index]
+
+
+async def test_metrics_count_drafts_and_their_acceptance(server: ServedDaemon) -> None:
+    async with httpx.AsyncClient(base_url=server.url(), timeout=120) as client:
+        before = values((await client.get("/metrics")).text)
+        replies = [await complete(client, prompt, SAMPLINGS["greedy"]) for prompt in PROMPTS]
+        after = values((await client.get("/metrics")).text)
+    drafted, accepted = 'tfd_drafts_total{kind="drafted"}', 'tfd_drafts_total{kind="accepted"}'
+    assert after[drafted] - before.get(drafted, 0) == sum(reply["tfd"]["drafted"] for reply in replies)
+    assert after[accepted] - before.get(accepted, 0) == sum(reply["tfd"]["accepted"] for reply in replies)
+    assert after["tfd_draft_acceptance"] == pytest.approx(after[accepted] / after[drafted])
+
+
+def values(text: str) -> dict[str, float]:
+    """Prometheus text as sample name (with labels) to value."""
+    found = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            found[name] = float(value)
+    return found

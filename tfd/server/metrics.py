@@ -66,6 +66,12 @@ class Metrics:
         self.step = Histogram("tfd_step_seconds", "Engine step time", buckets=_STEP_BUCKETS,
                               registry=self.registry)
         self.step_rows = Counter("tfd_step_rows", "Token rows run by engine steps", registry=self.registry)
+        self._drafts = Counter("tfd_drafts", "MTP drafts of finished requests, by kind: drafted (verified) "
+                               "and accepted (held)", ["kind"], registry=self.registry)
+        self._drafted = self._accepted = 0
+        acceptance = Gauge("tfd_draft_acceptance", "Accepted over drafted MTP drafts since start (0 before "
+                           "any)", registry=self.registry)
+        acceptance.set_function(lambda: self._accepted / self._drafted if self._drafted else 0.0)
         self._pool = Gauge("tfd_pool_pages", "Pool pages, by state", ["state"], registry=self.registry)
         self._lanes = Gauge("tfd_lanes", "Lanes, by state", ["state"], registry=self.registry)
 
@@ -75,6 +81,13 @@ class Metrics:
         self._pool.labels("held").set_function(lambda: pages()[1])
         self._lanes.labels("running").set_function(lambda: lanes()[0])
         self._lanes.labels("waiting").set_function(lambda: lanes()[1])
+
+    def count_drafts(self, drafted: int, accepted: int) -> None:
+        """A finished request's drafts: ``drafted`` verified, ``accepted`` of them held."""
+        self._drafts.labels("drafted").inc(drafted)
+        self._drafts.labels("accepted").inc(accepted)
+        self._drafted += drafted
+        self._accepted += accepted
 
     def on_step(self, seconds: float, rows: int) -> None:
         self.step.observe(seconds)

@@ -244,6 +244,7 @@ class OpenAI:
     def _count(self, finished: Finished) -> None:
         self.metrics.tokens.labels("prompt").inc(finished.prompt_tokens)
         self.metrics.tokens.labels("generated").inc(len(finished.tokens))
+        self.metrics.count_drafts(finished.drafted, finished.accepted)
         if finished.time_to_first_token is not None:
             self.metrics.first_token.observe(finished.time_to_first_token)
         self.metrics.finished.labels(finished.reason).inc()
