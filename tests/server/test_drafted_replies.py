@@ -18,7 +18,7 @@ SAMPLINGS = {"greedy": {"temperature": 0.0}, "seeded": {"temperature": 0.8, "top
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServedDaemon]:
-    with tiny_server("qwen3_5", head=True, TF_MTP_DRAFTS="3", TF_MTP_CONFIDENCE="0") as daemon:
+    with tiny_server("qwen3_5", head=True, TF_DRAFTS="1", TF_MTP_DRAFTS="3", TF_MTP_CONFIDENCE="0") as daemon:
         yield daemon
 
 
@@ -75,3 +75,12 @@ def values(text: str) -> dict[str, float]:
             name, _, value = line.rpartition(" ")
             found[name] = float(value)
     return found
+
+
+async def test_a_server_drafts_only_when_told_to() -> None:
+    # TF_DRAFTS is off by default: a checkpoint with a head decodes a token a step
+    with tiny_server("qwen3_5", head=True) as daemon:
+        async with httpx.AsyncClient(base_url=daemon.url(), timeout=120) as client:
+            reply = await complete(client, PROMPTS[0], SAMPLINGS["greedy"])
+    tokens = reply["usage"]["completion_tokens"]
+    assert (reply["tfd"]["drafted"], reply["tfd"]["rounds"]) == (0, tokens)
