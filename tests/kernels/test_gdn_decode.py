@@ -139,18 +139,24 @@ def check_verify(dims: Dims, lanes: int, rows: int, dtype: torch.dtype, device: 
     assert torch.equal(splice(expected, pool, [log_at], rows * dims.log_row), pool)
 
 
-def check_identities(dims: Dims, lanes: int, rows: int, dtype: torch.dtype, device: str) -> None:
-    """Decode a launch a row == verify (outputs, spare) == replay of the first n logged rows, bit for bit."""
+def check_identities(dims: Dims, lanes: int, rows: int, dtype: torch.dtype, device: str,
+                     torch_path: bool = False) -> None:
+    """Decode a launch a row == verify (outputs, spare) == replay of the first n logged rows, bit for bit:
+    the kernels, or (``torch_path``) their torch references, which the CPU path decodes and commits with."""
+    decode, verify, replay = gdn_decode.decode, gdn_decode.verify, gdn_decode.replay
+    if torch_path:
+        decode, verify = gdn_decode.reference, gdn_decode.reference_verify
+        replay = gdn_decode.reference_replay
     size = max(dims.state, rows * dims.log_row)
     pool, (state_at, spare_at, log_at) = make_pool(lanes, [dims.state, size, size], [1], device)
     args = inputs(dims, lanes, rows, dtype, device)
     stepped = pool.clone()
     outs, states = [], [pieces(stepped, state_at, dims.state)]
     for r in range(rows):
-        outs.append(gdn_decode.decode(*row(args, r), stepped.view(torch.float32), state_at, dims.scale))
+        outs.append(decode(*row(args, r), stepped.view(torch.float32), state_at, dims.scale))
         states.append(pieces(stepped, state_at, dims.state))
     view = pool.view(torch.float32)
-    out = gdn_decode.verify(*args, view, state_at, spare_at, view, log_at, dims.scale)
+    out = verify(*args, view, state_at, spare_at, view, log_at, dims.scale)
     live = state_at >= 0
     assert torch.equal(out[live], torch.stack(outs, dim=1)[live])
     assert torch.equal(pieces(pool, spare_at, dims.state), states[rows])
@@ -160,11 +166,11 @@ def check_identities(dims: Dims, lanes: int, rows: int, dtype: torch.dtype, devi
         scratch = pool.clone()
         kept = torch.full((lanes,), n, dtype=torch.int32, device=device)
         spare = scratch.view(torch.float32)
-        gdn_decode.replay(spare, log_at, spare, state_at, spare_at, kept, **shape)
+        replay(spare, log_at, spare, state_at, spare_at, kept, **shape)
         assert torch.equal(pieces(scratch, spare_at, dims.state), states[n])
         assert torch.equal(splice(pool, scratch, [spare_at], dims.state), scratch)
     kept = torch.arange(lanes, dtype=torch.int32, device=device) % (rows + 1)
-    gdn_decode.replay(view, log_at, view, state_at, state_at, kept, **shape)  # in place, a count a lane
+    replay(view, log_at, view, state_at, state_at, kept, **shape)  # in place, a count a lane
     after = pieces(pool, state_at, dims.state)
     for lane, n in enumerate(kept.tolist()):
         assert torch.equal(after[lane], states[n][lane])
@@ -281,25 +287,5 @@ def test_loads_first_on_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_torch_verify_and_replay_give_the_torch_decode_bits(dtype: torch.dtype) -> None:
-    # the CPU path's identities (tfd.model.verify commits with them): reference_verify's rows and spare are
-    # reference decode's a row at a time; reference_replay of n logged rows, in place, its state after n rows
-    dims, lanes, rows = TINY, 4, 3
-    size = max(dims.state, rows * dims.log_row)
-    pool, (state_at, spare_at, log_at) = make_pool(lanes, [dims.state, size, size], [1], "cpu")
-    args = inputs(dims, lanes, rows, dtype, "cpu")
-    stepped = pool.clone()
-    outs, states = [], [pieces(stepped, state_at, dims.state)]
-    for r in range(rows):
-        outs.append(gdn_decode.reference(*row(args, r), stepped.view(torch.float32), state_at, dims.scale))
-        states.append(pieces(stepped, state_at, dims.state))
-    view = pool.view(torch.float32)
-    out = gdn_decode.reference_verify(*args, view, state_at, spare_at, view, log_at, dims.scale)
-    live = state_at >= 0
-    assert torch.equal(out[live], torch.stack(outs, dim=1)[live])
-    assert torch.equal(pieces(pool, spare_at, dims.state), states[rows])
-    kept = torch.arange(lanes, dtype=torch.int32) % (rows + 1)
-    shape = {f.name: getattr(dims, f.name) for f in attrs.fields(Dims)}
-    gdn_decode.reference_replay(view, log_at, view, state_at, state_at, kept, **shape)
-    after = pieces(pool, state_at, dims.state)
-    for lane, n in enumerate(kept.tolist()):
-        assert torch.equal(after[lane], states[n][lane]), f"lane {lane} keeping {n}"
+    # the CPU path's identities (tfd.model.verify commits with them)
+    check_identities(TINY, 4, 3, dtype, "cpu", torch_path=True)

@@ -131,15 +131,21 @@ def test_decode_reads_first_in_the_bits_of_the_plain_order(monkeypatch: pytest.M
     monkeypatch.setattr(paged_attention, "MERGE_BLOCK", 2)
     c = paged(LENGTHS, kv_heads=2, dtype=dtype)
     q_gate = queries(len(LENGTHS), dtype, head_dim=2 * HEAD_DIM, seed=5)
-    q, gate = q_gate[..., :HEAD_DIM], q_gate[..., HEAD_DIM:]
+    check_reads_first(monkeypatch, c, q_gate[..., :HEAD_DIM], q_gate[..., HEAD_DIM:], LENGTHS, dtype)
+
+
+def check_reads_first(monkeypatch: pytest.MonkeyPatch, c: Paged, q: torch.Tensor, gate: torch.Tensor,
+                      lengths: list[int], dtype: torch.dtype) -> torch.Tensor:
+    """Gated decode with LOADS_FIRST gives the plain order's bits, near the reference; its output."""
     got = {}
     for first in (False, True):
         monkeypatch.setattr(paged_attention, "LOADS_FIRST", first)
-        got[first] = run_decode(q, c, LENGTHS, gate=gate)
+        got[first] = run_decode(q, c, lengths, gate=gate)
     assert torch.equal(got[True], got[False])
-    plain = ref_decode(q, c, LENGTHS)
+    plain = ref_decode(q, c, lengths)
     want = sigmoid_gate.sigmoid_gate(plain.reshape(q.shape[0], -1), gate).view(q.shape)
     torch.testing.assert_close(got[True], want, **TOLERANCE[dtype])
+    return got[True]
 
 
 def test_decode_one_default_segment_agrees_with_many(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -277,15 +283,8 @@ def test_decode_reads_first_on_the_device(monkeypatch: pytest.MonkeyPatch) -> No
               device="cuda")
     q_gate = queries(len(lengths), torch.bfloat16, heads=16, head_dim=512, device="cuda")
     q, gate = q_gate[..., :256], q_gate[..., 256:]
-    got = {}
-    for first in (False, True):
-        monkeypatch.setattr(paged_attention, "LOADS_FIRST", first)
-        got[first] = run_decode(q, c, lengths, gate=gate)
-    assert torch.equal(got[True], got[False])
-    plain = ref_decode(q, c, lengths)
-    want = sigmoid_gate.sigmoid_gate(plain.reshape(q.shape[0], -1), gate).view(q.shape)
-    torch.testing.assert_close(got[True], want, **TOLERANCE[torch.bfloat16])
+    batch = check_reads_first(monkeypatch, c, q, gate, lengths, torch.bfloat16)
     for lane in (0, 3):
         alone = run_decode(q[lane:lane + 1], c, [lengths[lane]], table=c.table[lane:lane + 1],
                            gate=gate[lane:lane + 1])
-        assert torch.equal(alone[0], got[True][lane])
+        assert torch.equal(alone[0], batch[lane])
