@@ -318,12 +318,19 @@ def _reference_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     q_rep, k_rep = l2norm(q).repeat_interleave(ratio, dim=1) * scale, key.repeat_interleave(ratio, dim=1)
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
     for row in range(q.shape[0]):
-        s = s * torch.exp(g[row])[:, None, None]
-        read = (s * k_rep[row][:, :, None]).sum(dim=1)
-        delta = beta[row][:, None] * (v[row].float() - read)
-        s = s + k_rep[row][:, :, None] * delta[:, None, :]
+        s = _reference_step(s, k_rep[row], v[row].float(), g[row], beta[row])
         out[row] = (s * q_rep[row][:, :, None]).sum(dim=1)
     return out, key, s
+
+
+def _reference_step(s: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+                    ) -> torch.Tensor:
+    """One row's update of a state [value_heads, key_dim, value_dim] in torch (k per value head, fp32):
+    S <- e^g S; S <- S + k (beta (v - S^T k))^T. Decode, verify and replay's references all use it."""
+    s = s * torch.exp(g)[:, None, None]
+    read = (s * k[:, :, None]).sum(dim=1)
+    delta = beta[:, None] * (v - read)
+    return s + k[:, :, None] * delta[:, None, :]
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -364,7 +371,7 @@ def reference_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
 def reference_replay(log: torch.Tensor, log_at: torch.Tensor, states: torch.Tensor, from_at: torch.Tensor,
                      to_at: torch.Tensor, kept: torch.Tensor, *, key_heads: int, value_heads: int,
                      key_dim: int, value_dim: int) -> None:
-    """``replay`` in torch, a lane at a time: the arithmetic of ``_reference_rows`` on logged rows."""
+    """``replay`` in torch, a lane at a time: ``_reference_step`` on logged rows."""
     size = value_heads * key_dim * value_dim
     width = key_heads * key_dim + value_heads * value_dim + 2 * value_heads
     ratio = value_heads // key_heads
@@ -378,9 +385,5 @@ def reference_replay(log: torch.Tensor, log_at: torch.Tensor, states: torch.Tens
             key, rest = record[:key_heads * key_dim].view(key_heads, key_dim), record[key_heads * key_dim:]
             v = rest[:value_heads * value_dim].view(value_heads, value_dim)
             g, beta = rest[value_heads * value_dim:].view(2, value_heads)
-            k_rep = key.repeat_interleave(ratio, dim=0)
-            s = s * torch.exp(g)[:, None, None]
-            read = (s * k_rep[:, :, None]).sum(dim=1)
-            delta = beta[:, None] * (v - read)
-            s = s + k_rep[:, :, None] * delta[:, None, :]
+            s = _reference_step(s, key.repeat_interleave(ratio, dim=0), v, g, beta)
         states[to:to + size].copy_(s.flatten())

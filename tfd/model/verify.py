@@ -22,9 +22,9 @@ from collections.abc import Mapping, Sequence
 import attrs
 import torch
 
-from kernels import conv1d, gdn_decode, gemm
-from tfd.model.gdn import GdnWeights, _split, finish, gates, project, split_heads
-from tfd.model.memory import to_device
+from kernels import conv1d, gdn_decode
+from tfd.model.gdn import GdnWeights, finish, project, split_heads
+from tfd.model.memory import element_offset, to_device
 
 FIELDS = 3  # offsets a lane has per GDN layer: spare state, replay log, conv rows
 
@@ -49,11 +49,8 @@ class VerifyLanes:
     def lane_offsets(pieces: Mapping[str, torch.Tensor], gdn_layers: Sequence[str], buffer: torch.Tensor
                      ) -> list[int]:
         """A lane's fields from its piece views: each GDN layer's spare, then logs, then conv rows."""
-        def at(view: torch.Tensor) -> int:
-            return (view.data_ptr() - buffer.data_ptr()) // view.element_size()
-        return ([at(pieces[f"{name}.spare"]) for name in gdn_layers]
-                + [at(pieces[f"{name}.log"]) for name in gdn_layers]
-                + [at(pieces[f"{name}.conv_rows"]) for name in gdn_layers])
+        return [element_offset(buffer, pieces[f"{name}.{part}"])
+                for part in ("spare", "log", "conv_rows") for name in gdn_layers]
 
     @staticmethod
     def padding(gdn_layers: int) -> list[int]:
@@ -118,21 +115,16 @@ def gdn_window(w: GdnWeights, x: torch.Tensor, lanes: VerifyLanes, layer: int, s
     ``state_at``/``tail_at`` [lanes] its committed state and conv tail, which stay as they are."""
     rows = lanes.rows
     count = x.shape[0] // rows
-    if x.is_cuda:  # the product as decode makes it (its conv applied after, as decode's epilogue does)
-        mixed, z, b, a = _split(w, gemm.matmul(x, w.proj, early=True))
-        beta, g = gates(b, a, w.a_log, w.dt_bias)
-    else:
-        p = project(w, x)
-        mixed, z, beta, g = p.mixed, p.z, p.beta, p.g
-    q, k, v = split_heads(w, _conv_rows(w, mixed, rows, tails, tail_at, lanes.rows_at(layer)))
+    p = project(w, x)  # decode's product bits (on CUDA decode applies the conv in its epilogue; here after)
+    q, k, v = split_heads(w, _conv_rows(w, p.mixed, rows, tails, tail_at, lanes.rows_at(layer)))
 
     def windows(t: torch.Tensor) -> torch.Tensor:
         return t.reshape(count, rows, *t.shape[1:])
 
     verify = gdn_decode.verify if x.is_cuda else gdn_decode.reference_verify
-    out = verify(windows(q), windows(k), windows(v), windows(g), windows(beta), states, state_at,
+    out = verify(windows(q), windows(k), windows(v), windows(p.g), windows(p.beta), states, state_at,
                  lanes.spare_at(layer), states, lanes.log_at(layer), w.key_dim ** -0.5)
-    return finish(w, out.reshape(x.shape[0], w.value_heads, w.value_dim), z)  # fp32, as gdn_rows passes it
+    return finish(w, out.reshape(x.shape[0], w.value_heads, w.value_dim), p.z)  # fp32, as gdn_rows passes it
 
 
 def commit(weights: Sequence[GdnWeights], lanes: VerifyLanes, keep: torch.Tensor, states: torch.Tensor,
