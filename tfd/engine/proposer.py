@@ -21,7 +21,7 @@ import attrs
 import torch
 
 from tfd.families.hybrid import HybridModel
-from tfd.model.memory import LaneMemory, PageRows, Span, to_device
+from tfd.model.memory import LaneMemory, PageRows, Span, ints_on
 
 
 @attrs.frozen
@@ -59,7 +59,7 @@ class HeadProposer:
         drafts: list[list[int]] = [[] for _ in absorbs]
         if not absorbs:
             return drafts
-        spans = [Span(a.lane, a.start, self._ids(a.tokens)) for a in absorbs]
+        spans = [Span(a.lane, a.start, ints_on(a.tokens, self.device)) for a in absorbs]
         cell = self.model.draft(spans, torch.cat([a.rows for a in absorbs]), self.rows)
         ends = torch.tensor([len(a.tokens) for a in absorbs]).cumsum(0) - 1
         going = [i for i, a in enumerate(absorbs) if a.drafts > 0]
@@ -75,12 +75,9 @@ class HeadProposer:
                 break
             going = [going[k] for k in keep]
             # the next cell of each lane: at the position after the last, fed its last draft
-            spans = [Span(absorbs[i].lane, absorbs[i].last + len(drafts[i]), self._ids(drafts[i][-1:]))
-                     for i in going]
-            picked = self._ids(keep)
+            spans = [Span(absorbs[i].lane, absorbs[i].last + len(drafts[i]),
+                          ints_on(drafts[i][-1:], self.device)) for i in going]
+            picked = ints_on(keep, self.device)
             cell = self.model.draft(spans, carry[picked], self.rows)
             hidden, carry = cell.hidden, cell.carry
         return drafts
-
-    def _ids(self, values: Sequence[int]) -> torch.Tensor:
-        return to_device(torch.tensor(list(values), dtype=torch.int64), self.device)

@@ -29,7 +29,7 @@ from tfd.engine.sampling import Rows, logprobs, sample
 from tfd.engine.scheduler import Work
 from tfd.families.hybrid import HybridModel
 from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
-from tfd.model.memory import to_device
+from tfd.model.memory import ints_on
 from tfd.model.verify import VerifyLanes
 
 Propose = Callable[[Sequence[Absorb]], list[list[int]]]
@@ -105,7 +105,7 @@ class Rounds:
         batch = DecodeBatch.of(columns, self.columns, self.device)
         lanes = VerifyLanes.of(rows, offsets, self.device)
         hidden = self.model.verify(batch, self.memory, lanes)
-        logits = self.model.logits(hidden[self._ids(real)]).float()
+        logits = self.model.logits(hidden[ints_on(real, self.device)]).float()
         drawn = sample(logits, Rows.of(settings, seeds, positions, self.device))
         asked = [work.lane.request.sampling.logprobs for work in works]
         details = None
@@ -133,11 +133,8 @@ class Rounds:
                                 for entry in details[at:at + count])
             rounds.append(Round(tuple(sampled[:count]), entries, count, ()))
             at += work.length
-        self.model.commit(batch, self.memory, lanes, self._ids(keep, torch.int32))
+        self.model.commit(batch, self.memory, lanes, ints_on(keep, self.device, torch.int32))
         drafted = self.propose(absorbs) if absorbs else []
         for index, more in zip(owners, drafted, strict=True):
             rounds[index] = attrs.evolve(rounds[index], drafts=tuple(more))
         return rounds
-
-    def _ids(self, values: Sequence[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
-        return to_device(torch.tensor(list(values), dtype=dtype), self.device)

@@ -36,7 +36,7 @@ from tfd.engine.sampling import Rows, draw, logprobs, plain, sample
 from tfd.engine.scheduler import Work
 from tfd.families.hybrid import HybridModel
 from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
-from tfd.model.memory import LaneMemory, PageRows, Span, to_device
+from tfd.model.memory import LaneMemory, PageRows, Span, ints_on
 from tfd.model.stack import StackOutput
 from tfd.pool.pages import Pool
 
@@ -308,7 +308,7 @@ class Runner:
                         where[id(work)] = len(batched) + len(ends)
                         ends.append(at)  # the work's last row
                 if ends:
-                    parts.append(self.model.logits(hidden[self._indices(ends)]))
+                    parts.append(self.model.logits(hidden[ints_on(ends, self.device)]))
             if not drawing:
                 if output is not None:
                     self._absorb_prompts(spanned, output, {})
@@ -318,7 +318,7 @@ class Runner:
             logits = parts[0] if len(parts) == 1 else torch.cat(parts)  # the model dtype: widened when cut
             only_decode = [id(work) for work in drawing] == [id(work) for work in batched]
             if not only_decode:
-                logits = logits[self._indices([where[id(work)] for work in drawing])]
+                logits = logits[ints_on([where[id(work)] for work in drawing], self.device)]
             if plain_tokens is not None and only_decode and all(plain(lane.request.sampling)
                                                                 for lane in lanes):
                 tokens = plain_tokens  # the draw the step already made, the same bits as ``sample``
@@ -364,17 +364,12 @@ class Runner:
         found = self.rounds.propose(absorbs) if absorbs else []
         return {id(work): tuple(more) for work, more in zip(owners, found, strict=True)}
 
-    def _indices(self, values: list[int]) -> torch.Tensor:
-        """Row indices on the device, copied without waiting for the queued work on CUDA."""
-        return to_device(torch.tensor(values, dtype=torch.int64), self.device)
-
     def _span(self, work: Work) -> Span:
         lane = work.lane
         assert lane.memory is not None
         ids = [lane.generated[-1]] if work.decode else \
             lane.request.prompt[work.start:work.start + work.length]
-        return Span(lane.memory, work.start, to_device(torch.tensor(ids, dtype=torch.long), self.device),
-                    decode=work.decode)
+        return Span(lane.memory, work.start, ints_on(ids, self.device), decode=work.decode)
 
 
 def _decode_inputs(works: Sequence[Work]) -> tuple[list[Lane], list[int], list[int]]:

@@ -55,6 +55,11 @@ def to_device(held: torch.Tensor, device: torch.device) -> torch.Tensor:
     return held.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else held.to(device)
 
 
+def ints_on(values: Sequence[int], device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """Host integers (token ids, row indices, counts) as a tensor on ``device``, by ``to_device``."""
+    return to_device(torch.tensor(list(values), dtype=dtype), device)
+
+
 def element_offset(buffer: torch.Tensor, view: torch.Tensor) -> int:
     """A piece view's element offset in ``buffer`` (the pool's bytes) seen as the view's dtype."""
     return (view.data_ptr() - buffer.data_ptr()) // view.element_size()
