@@ -37,12 +37,11 @@ Propose = Callable[[Sequence[Absorb]], list[list[int]]]
 
 @attrs.frozen
 class Round:
-    """What a lane's window gave: the kept draws, their logprobs when asked, the rows now in its
-    state, and its next drafts."""
+    """What a lane's window gave: the kept draws (one a kept row), their logprobs when asked, and
+    its next drafts."""
 
     tokens: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] | None
-    rows: int
     drafts: tuple[int, ...]
 
 
@@ -131,7 +130,7 @@ class Rounds:
             if asked[index] is not None and details is not None:
                 entries = tuple(attrs.evolve(entry, top=entry.top[:asked[index]])
                                 for entry in details[at:at + count])
-            rounds.append(Round(tuple(sampled[:count]), entries, count, ()))
+            rounds.append(Round(tuple(sampled[:count]), entries, ()))
             at += work.length
         self.model.commit(batch, self.memory, lanes, ints_on(keep, self.device, torch.int32))
         drafted = self.propose(absorbs) if absorbs else []

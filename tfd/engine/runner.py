@@ -74,13 +74,12 @@ class Launched:
 
 @attrs.frozen
 class Drawn:
-    """A work's drawn tokens (one; a verify round's kept draws) and, when asked, their
-    log-probabilities; the rows of the work now in the lane's state; a drafting lane's next drafts."""
+    """A work's drawn tokens (one; a verify round's kept draws, one a row it kept) and, when asked,
+    their log-probabilities; a drafting lane's next drafts."""
 
     work: Work
     tokens: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] | None
-    rows: int
     drafts: tuple[int, ...] = ()
 
 
@@ -101,8 +100,8 @@ def settle(works: Sequence[Work], drawn: Sequence[Drawn]) -> None:
     for item in drawn:
         lane = item.work.lane
         if item.work.verify:
-            lane.position = item.work.start + item.rows
-            lane.counts.add(item.work.length - 1, item.rows)
+            lane.position = item.work.start + len(item.tokens)
+            lane.counts.add(item.work.length - 1, len(item.tokens))
         if lane.drafting:
             lane.drafts = list(item.drafts)
 
@@ -258,7 +257,7 @@ class Runner:
         rounds = [work for work in works if work.verify]
         if rounds:  # drafting lanes' windows: a verify pass of their own
             assert self.rounds is not None
-            verified = [Drawn(work, found.tokens, found.logprobs, found.rows, found.drafts)
+            verified = [Drawn(work, found.tokens, found.logprobs, found.drafts)
                         for work, found in zip(rounds, self.rounds.run(rounds), strict=True)]
             return verified + self.run([work for work in works if not work.verify])
         ahead, self.ahead = self.ahead, None
@@ -283,7 +282,7 @@ class Runner:
         """``works``' tokens from the decode step that ran their rows (it waits for them)."""
         tokens = step.tokens()
         where = {id(lane): i for i, lane in enumerate(step.lanes)}
-        return [Drawn(work, (tokens[where[id(work.lane)]],), None, work.length) for work in works]
+        return [Drawn(work, (tokens[where[id(work.lane)]],), None) for work in works]
 
     def _run(self, works: Sequence[Work]) -> list[Drawn]:
         """Run ``works`` and wait for their draws (a step nothing runs ahead of)."""
@@ -336,8 +335,7 @@ class Runner:
             drawn = tokens.tolist()  # the step's one sync with the host
             drafts = {} if output is None else self._absorb_prompts(
                 spanned, output, {id(work): token for work, token in zip(drawing, drawn, strict=True)})
-        return [Drawn(work, (token,), None if entry is None else (entry,), work.length,
-                      drafts.get(id(work), ()))
+        return [Drawn(work, (token,), None if entry is None else (entry,), drafts.get(id(work), ()))
                 for work, token, entry in zip(drawing, drawn, details, strict=True)]
 
     def _absorb_prompts(self, spanned: Sequence[Work], output: StackOutput, drawn: dict[int, int]
