@@ -67,6 +67,19 @@ def test_bench_runs_the_demo_and_writes_each_run(tmp_path: Path) -> None:
         assert run["decode_tok_s"] > 0 and run["prefill_tok_s"] > 0 and 0 < run["roofline_fraction"] < 1
 
 
+def test_bench_drafts_and_reports_the_rounds(tmp_path: Path) -> None:
+    done = run_tfd("bench", "--prompt", "40", "--new", "12", "--drafts", "0,3", "--temperature", "0",
+                   "--out", str(tmp_path), "--commit", "test", timeout=240)
+    assert done.returncode == 0, done.stderr
+    plain = json.loads(next(tmp_path.glob("*-1x40-12.json")).read_text())
+    drafted = json.loads(next(tmp_path.glob("*-1x40-12-d3.json")).read_text())
+    assert plain["drafts"] == 0 and "rounds" not in plain and plain["temperature"] == 0
+    assert drafted["drafts"] == 3 and drafted["confidence"] == 0.7 and 0 < drafted["rounds"] <= 11
+    assert 0 <= drafted["accepted"] <= drafted["drafted"] and drafted["decode_tok_s"] > 0
+    assert drafted["tokens_per_round"] == (drafted["rounds"] + drafted["accepted"]) / drafted["rounds"]
+    assert "drafts: acceptance" in done.stdout
+
+
 def test_the_flash_next_preset_is_the_released_size_and_cuts_its_table_to_fit() -> None:
     family, config = PRESETS["qwen3_8-flash-next"]
     assert 176e9 < weight_bytes(family, config) / 2 < 178e9  # 125.7 B text + 51.2 B n-gram table

@@ -90,6 +90,12 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
     bench.add_argument("--step-tokens", type=_positive, default=8192, metavar="N",
                        help="rows a step may run (8192)")
     bench.add_argument("--no-graphs", action="store_true", help="decode steps eagerly, no CUDA graphs")
+    bench.add_argument("--drafts", type=_draft_counts, default=[0], metavar="N[,N...]",
+                       help="MTP drafts a round at most, one run each (0: no drafting; default 0)")
+    bench.add_argument("--confidence", type=float, default=0.7, metavar="P",
+                       help="chain a further draft while the one before is at least this likely (0.7)")
+    bench.add_argument("--temperature", type=float, default=1.0, metavar="T",
+                       help="sampling temperature, keyed (1.0; 0: greedy)")
     bench.add_argument("--profile", action="store_true",
                        help="after each run, profile its prefill and its decode steps kernel by kernel "
                        "(written beside the JSON as <run>-prefill.txt and <run>-decode.txt, or printed)")
@@ -235,6 +241,7 @@ def run_bench(table: Table, args: argparse.Namespace) -> int:
     from tfd.bench.shapes import weight_bytes
     from tfd.bench.workload import Workload
     from tfd.checkpoint import CheckpointError
+    from tfd.engine.runner import Drafting
     from tfd.models import load
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -252,7 +259,9 @@ def run_bench(table: Table, args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     if args.gemm:
         return gemm_bench(model, name, device, args.out)
-    workloads = [Workload(n, args.prompt, args.new, args.step_tokens) for n in args.streams]
+    workloads = [Workload(n, args.prompt, args.new, args.step_tokens,
+                          Drafting(most, args.confidence) if most else None, args.temperature)
+                 for n in args.streams for most in args.drafts]
     if args.variant:
         return variant_bench(model, name, workloads, args.variant, args.rounds, not args.no_graphs, args.out)
     results = bench(model, name, size, workloads, not args.no_graphs, args.commit)
@@ -334,6 +343,19 @@ def run_env(table: Table, args: argparse.Namespace) -> int:
 
 def _counts(text: str) -> list[int]:
     return [_positive(part) for part in text.split(",")]
+
+
+def _draft_counts(text: str) -> list[int]:
+    counts = []
+    for part in text.split(","):
+        try:
+            count = int(part)
+        except ValueError:
+            count = -1
+        if not 0 <= count <= 8:
+            raise argparse.ArgumentTypeError(f"drafts a round are 0 to 8, got {part!r}")
+        counts.append(count)
+    return counts
 
 
 def _variant(text: str) -> Any:

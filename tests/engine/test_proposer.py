@@ -13,6 +13,7 @@ from tfd.checkpoint import Checkpoint
 from tfd.engine.proposer import Absorb, HeadProposer
 from tfd.families.hybrid import HybridModel, load_model
 from tfd.generate import LanePool
+from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
 from tfd.model.memory import LaneMemory, Span
 
 PROMPT = 40
@@ -38,6 +39,11 @@ def prompt() -> list[int]:
     return torch.randint(8, tiny_models.VOCAB, (PROMPT + 1,), generator=generator).tolist()
 
 
+def proposer(headed: HybridModel, lanes: LanePool, confidence: float) -> HeadProposer:
+    columns = Columns(len(headed.gdn_layers().layers), lanes.pool.layout.row_pages(lanes.window))
+    return HeadProposer(headed, lanes.rows, DecodeMemory(lanes.pool, headed.dtype), columns, confidence)
+
+
 def prefilled(headed: HybridModel, lanes: LanePool, ids: list[int]) -> tuple[LaneMemory, torch.Tensor]:
     """A lane with the prompt ``ids[:-1]`` prefilled, and the main model's rows for it."""
     lane = lanes.open()
@@ -49,23 +55,36 @@ def test_rows_absorbed_in_one_piece_or_two_give_the_same_drafts(headed: HybridMo
     # the head's rows are written at their positions: absorbing the prompt in two pieces (the first
     # chaining drafts whose speculative rows the second overwrites) leaves what one piece leaves
     ids = prompt()
-    proposer = HeadProposer(headed, lanes.rows, confidence=0.0)
+    head = proposer(headed, lanes, confidence=0.0)
     whole, rows = prefilled(headed, lanes, ids)
     split, _ = prefilled(headed, lanes, ids)
-    want = proposer.propose([Absorb(whole, 0, rows, ids[1:], DRAFTS)])
+    want = head.absorb([Absorb(whole, 0, rows, ids[1:], DRAFTS)])
     cut = 17
-    proposer.propose([Absorb(split, 0, rows[:cut], ids[1:cut + 1], DRAFTS)])
-    got = proposer.propose([Absorb(split, cut, rows[cut:], ids[cut + 1:], DRAFTS)])
+    head.absorb([Absorb(split, 0, rows[:cut], ids[1:cut + 1], DRAFTS)])
+    got = head.absorb([Absorb(split, cut, rows[cut:], ids[cut + 1:], DRAFTS)])
     assert got == want and len(want[0]) == DRAFTS
 
 
 def test_the_confidence_cut_and_the_asked_count_bound_the_chain(headed: HybridModel, lanes: LanePool) -> None:
     ids = prompt()
     lane, rows = prefilled(headed, lanes, ids)
-    every = HeadProposer(headed, lanes.rows, confidence=0.0).propose([Absorb(lane, 0, rows, ids[1:], DRAFTS)])
+    every = proposer(headed, lanes, 0.0).absorb([Absorb(lane, 0, rows, ids[1:], DRAFTS)])
     assert len(every[0]) == DRAFTS
-    first = HeadProposer(headed, lanes.rows, confidence=1.5).propose([Absorb(lane, 0, rows, ids[1:], DRAFTS)])
+    first = proposer(headed, lanes, 1.5).absorb([Absorb(lane, 0, rows, ids[1:], DRAFTS)])
     assert first == [every[0][:1]]  # nothing is that sure: the first draft alone, the same one
-    two = HeadProposer(headed, lanes.rows, confidence=0.0)
-    assert two.propose([Absorb(lane, 0, rows, ids[1:], 2), Absorb(lane, 0, rows, ids[1:], 0)]) == \
+    two = proposer(headed, lanes, 0.0)
+    assert two.absorb([Absorb(lane, 0, rows, ids[1:], 2), Absorb(lane, 0, rows, ids[1:], 0)]) == \
         [every[0][:2], []]
+
+
+def test_a_cell_as_a_decode_row_is_the_span_cell(headed: HybridModel, lanes: LanePool) -> None:
+    # a captured round runs the head's cells as decode rows; they are the formulas the span cells run
+    ids = prompt()
+    lane, rows = prefilled(headed, lanes, ids)
+    spanned = headed.draft([Span(lane, 0, torch.tensor(ids[1:]))], rows, lanes.rows)
+    head = proposer(headed, lanes, 0.0)
+    at = len(ids) - 2
+    base = head.base([Absorb(lane, 0, rows, ids[1:], 1)])
+    base.packed[0] = ids[-1]
+    decoded = headed.draft_rows(DecodeBatch(base.packed, base.columns), head.memory, rows[at:])
+    torch.testing.assert_close(decoded.hidden[0], spanned.hidden[at], rtol=1e-4, atol=1e-4)

@@ -67,6 +67,8 @@ def describe(model: HybridModel, shape_name: str, weight_bytes: int, workload: W
     """One run object of the JSON output."""
     cfg, streams = model.cfg, workload.streams
     step_s = timings.decode_s / timings.decode_steps if timings.decode_steps else float("nan")
+    # a stream's time a token: a step's time when every step gives each stream one (no drafts)
+    token_s = timings.decode_s * streams / timings.decode_tokens if timings.decode_tokens else float("nan")
     context = workload.prompt_tokens + workload.new_tokens / 2  # mean rows a lane holds while decoding
     moved = roofline.decode_bytes(cfg, weight_bytes, streams, context)
     floor_s = moved / (ceilings.copy_gbps * 1e9)
@@ -78,10 +80,12 @@ def describe(model: HybridModel, shape_name: str, weight_bytes: int, workload: W
         "streams": streams, "prompt_tokens": workload.prompt_tokens, "new_tokens": workload.new_tokens,
         "prefill_tok_s": prompt / timings.prefill_s,
         "time_to_first_token_s": {"min": min(timings.first_token_s), "max": max(timings.first_token_s)},
-        "decode_tok_s": streams / step_s, "decode_tok_s_per_stream": 1 / step_s,
+        "decode_tok_s": streams / token_s, "decode_tok_s_per_stream": 1 / token_s,
         "step_ms": step_s * 1e3, "decode_steps": timings.decode_steps, "cuda_graphs": timings.graphs,
         "bytes_per_step": moved, "roofline_step_ms": floor_s * 1e3,
-        "roofline_tok_s": streams / floor_s, "roofline_fraction": floor_s / step_s,
+        "roofline_tok_s": streams / floor_s, "roofline_fraction": floor_s / token_s,
+        "temperature": workload.temperature, "text_prompts": workload.prompts is not None,
+        **_drafting(workload, timings),
         "prefill_tflops": prefill_flops / timings.prefill_s / 1e12,
         "matmul_fraction": prefill_flops / timings.prefill_s / 1e12 / ceilings.matmul_tflops,
         "copy_gbps": ceilings.copy_gbps, "matmul_tflops": ceilings.matmul_tflops,
@@ -91,13 +95,26 @@ def describe(model: HybridModel, shape_name: str, weight_bytes: int, workload: W
     }
 
 
+def _drafting(workload: Workload, timings: Timings) -> dict[str, Any]:
+    """A run's drafting: drafts a round at most, the confidence cut, and what the rounds gave."""
+    if workload.drafting is None:
+        return {"drafts": 0}
+    counts = timings.drafts
+    return {"drafts": workload.drafting.most, "confidence": workload.drafting.confidence,
+            "rounds": counts.rounds, "drafted": counts.drafted, "accepted": counts.accepted,
+            "acceptance": counts.rate, "tokens_per_round": (counts.rounds + counts.accepted) / counts.rounds
+            if counts.rounds else None}
+
+
 def line(result: dict[str, Any]) -> str:
     return (f"{result['shape']} x{result['streams']} prompt {result['prompt_tokens']} "
             f"new {result['new_tokens']}: "
             f"prefill {result['prefill_tok_s']:.0f} tok/s ({result['matmul_fraction']:.1%} of matmul), "
             f"decode {result['decode_tok_s']:.1f} tok/s ({result['decode_tok_s_per_stream']:.1f}/stream, "
             f"step {result['step_ms']:.2f} ms, {result['roofline_fraction']:.1%} of roofline "
-            f"{result['roofline_step_ms']:.2f} ms), peak {result['peak_memory_gib']:.1f} GiB")
+            f"{result['roofline_step_ms']:.2f} ms), peak {result['peak_memory_gib']:.1f} GiB"
+            + (f", {result['drafts']} drafts: acceptance {result['acceptance'] or 0:.1%}, "
+               f"{result['tokens_per_round'] or 0:.2f} tokens a round" if result["drafts"] else ""))
 
 
 def bench(model: HybridModel, shape_name: str, weight_bytes: int, workloads: list[Workload], graphs: bool,
@@ -112,7 +129,7 @@ def bench(model: HybridModel, shape_name: str, weight_bytes: int, workloads: lis
     for workload in workloads:
         # untimed first, at the same streams: Triton compiles a kernel per shape class on first use
         # (32 lanes' prompt rows compiled 6 s into the timed prefill when the warm-up ran one)
-        warm = Workload(workload.streams, workload.prompt_tokens, 2, workload.step_tokens)
+        warm = attrs.evolve(workload, new_tokens=2)
         run(model, warm, graphs, seed=1)
         timings = run(model, workload, graphs)
         result = describe(model, shape_name, weight_bytes, workload, timings, ceilings, revision)
@@ -122,12 +139,13 @@ def bench(model: HybridModel, shape_name: str, weight_bytes: int, workloads: lis
 
 
 def run_name(result: dict[str, Any]) -> str:
-    """``<shape>-<streams>x<prompt>-<new>``: a run's files are named after it."""
-    return f"{result['shape']}-{result['streams']}x{result['prompt_tokens']}-{result['new_tokens']}"
+    """``<shape>-<streams>x<prompt>-<new>[-d<drafts>]``: a run's files are named after it."""
+    drafts = f"-d{result['drafts']}" if result.get("drafts") else ""
+    return f"{result['shape']}-{result['streams']}x{result['prompt_tokens']}-{result['new_tokens']}{drafts}"
 
 
 def write(results: list[dict[str, Any]], out: Path) -> None:
-    """One file a run: ``out/<shape>-<streams>x<prompt>-<new>.json``."""
+    """One file a run: ``out/<run_name>.json``."""
     out.mkdir(parents=True, exist_ok=True)
     for result in results:
         (out / f"{run_name(result)}.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -19,6 +19,7 @@ import tokenizers
 import torch
 
 from tfd.engine.detokenize import Detokenizer
+from tfd.engine.drafts import DraftCounts
 from tfd.engine.lane import Lane
 from tfd.engine.request import Request, Sampling
 from tfd.engine.rounds import Propose, drafts_from_head
@@ -36,6 +37,9 @@ class Workload:
     prompt_tokens: int
     new_tokens: int
     step_tokens: int = 8192
+    drafting: Drafting | None = None  # lanes verify the MTP head's drafts in rounds
+    temperature: float = 1.0
+    prompts: tuple[tuple[int, ...], ...] | None = None  # token ids to cut prompts from, else random
 
 
 @attrs.frozen
@@ -45,19 +49,36 @@ class Timings:
     first_token_s: tuple[float, ...]  # each stream's time to first token
     decode_steps: int  # steps in which every stream decoded, after the first such (timed end to end)
     decode_s: float
+    decode_tokens: int  # tokens those steps gave (a step per stream, a verify round's kept rows)
     graphs: bool  # decode steps replayed CUDA graphs
     peak_bytes: int  # device memory allocated at most
+    drafts: DraftCounts = attrs.Factory(DraftCounts)  # all streams' rounds, drafts and accepted ones
 
 
 def run(model: HybridModel, workload: Workload, graphs: bool, seed: int = 0) -> Timings:
-    """Run ``workload``: random prompts, keyed sampling at temperature 1."""
+    """Run ``workload``: prompts cut at random from ``workload.prompts`` (or random tokens), keyed
+    sampling at its temperature."""
     generator = torch.Generator().manual_seed(seed)
     requests = []
     for number in range(workload.streams):
-        prompt = torch.randint(0, model.cfg.vocab, (workload.prompt_tokens,), generator=generator)
-        requests.append(Request(f"bench-{number}", tuple(prompt.tolist()), workload.new_tokens,
-                                Sampling(temperature=1.0, seed=seed + number)))
-    return drive(model, requests, workload.step_tokens, graphs)
+        requests.append(Request(f"bench-{number}", prompt_of(workload, model.cfg.vocab, generator),
+                                workload.new_tokens, Sampling(temperature=workload.temperature,
+                                                              seed=seed + number)))
+    return drive(model, requests, workload.step_tokens, graphs, drafting=workload.drafting)
+
+
+def prompt_of(workload: Workload, vocab: int, generator: torch.Generator) -> tuple[int, ...]:
+    """``workload.prompt_tokens`` tokens: a random cut of a random one of ``workload.prompts`` long
+    enough (ValueError when none is), or random ids."""
+    length = workload.prompt_tokens
+    if workload.prompts is None:
+        return tuple(torch.randint(0, vocab, (length,), generator=generator).tolist())
+    long_enough = [ids for ids in workload.prompts if len(ids) >= length]
+    if not long_enough:
+        raise ValueError(f"no prompt text holds {length} tokens")
+    ids = long_enough[int(torch.randint(len(long_enough), (1,), generator=generator))]
+    start = int(torch.randint(len(ids) - length + 1, (1,), generator=generator))
+    return tuple(ids[start:start + length])
 
 
 def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, graphs: bool,
@@ -92,7 +113,7 @@ def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, gra
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
     began = time.perf_counter()
-    steps, decode_s = 0, 0.0
+    steps, decode_s, decode_tokens = 0, 0.0, 0
     last: float | None = None  # the end of the previous step, when every stream decoded in it
     while not scheduler.idle:
         plan = scheduler.plan(admit)
@@ -103,6 +124,7 @@ def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, gra
         after = time.perf_counter()
         if everyone and last is not None:  # end to end: the device runs ahead while the host books
             steps, decode_s = steps + 1, decode_s + after - last
+            decode_tokens += sum(len(item.tokens) for item in drawn)
         last = after if everyone else None
         settle(plan.works, drawn)
         for item in drawn:
@@ -120,5 +142,10 @@ def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, gra
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
     ttft = tuple(lane.first_token_at for lane in lanes if lane.first_token_at is not None)
     assert len(ttft) == streams  # every stream ran to its length, so each drew a first token
+    drafts = DraftCounts()
+    for lane in lanes:
+        drafts.rounds += lane.counts.rounds
+        drafts.drafted += lane.counts.drafted
+        drafts.accepted += lane.counts.accepted
     return Timings(tuple(tuple(lane.generated) for lane in lanes), max(ttft), ttft, steps, decode_s,
-                   runner.graphs is not None, peak)
+                   decode_tokens, runner.graphs is not None, peak, drafts)

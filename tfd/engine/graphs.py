@@ -1,4 +1,5 @@
-"""CUDA graphs of the batched decode step, one per bucket of lane counts, replayed with new inputs.
+"""CUDA graphs of the batched decode step and of verify rounds, one per bucket of lane counts,
+replayed with new inputs.
 
 The step is the runner's: the layers, the head and each lane's keyed draw into the feed row its
 column names, so a plain decode step is one copy of its packed inputs to the device, one replay and
@@ -13,6 +14,11 @@ replays; the output rows of padding lanes are dropped. Because every kernel is b
 a padding lane touches no memory, a replay gives the same bits as the eager step over the live lanes
 alone.
 
+A verify round (``tfd.engine.rounds``) is captured the same way, a graph per bucket with every
+lane's window ``width`` rows wide: its inputs are the rows' columns and the lanes' verify offsets,
+its output the round's draws, kept counts and next drafts; narrower windows are padded with padding
+rows, and the bucket's lanes past the live ones are padding lanes.
+
 Resource handling: the graphs, their pool and their outputs live as long as this object; an
 output is only valid until the next ``run``.
 """
@@ -22,19 +28,44 @@ from __future__ import annotations
 import bisect
 import logging
 from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, TypeVar
 
 import torch
 
 from tfd.model.decode import Columns, DecodeBatch
+from tfd.model.verify import VerifyLanes
 
 log = logging.getLogger("tfd.graphs")
 Step = Callable[[DecodeBatch], tuple[torch.Tensor, ...]]  # a batch's outputs, each with a row a lane
+T = TypeVar("T")
+RoundStep = Callable[[DecodeBatch, VerifyLanes], torch.Tensor]  # a round's output, a row a lane
 BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
 def buckets_for(max_lanes: int) -> tuple[int, ...]:
     """The buckets up to ``max_lanes``, and ``max_lanes`` itself so every count has a graph."""
     return tuple(sorted({b for b in BUCKETS if b < max_lanes} | {max_lanes}))
+
+
+def _capture(run: Callable[[], T], pool: Any, device: torch.device) -> tuple[torch.cuda.CUDAGraph, T]:
+    """``run`` once eagerly on a side stream (compiling every kernel), then captured into ``pool``:
+    the graph and what the captured run returned."""
+    side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = run()
+    return graph, outputs
+
+
+def _pinned(rows: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Host rows as a [fields, rows] int64 tensor in pinned memory, for a copy that does not wait
+    (the caching host allocator keeps it until the copy is done)."""
+    return torch.tensor([list(row) for row in rows], dtype=torch.int64).T.contiguous().pin_memory()
 
 
 class DecodeGraphs:
@@ -48,17 +79,9 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, tuple[torch.Tensor, ...]] = {}
         pool = torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         for bucket in reversed(self.buckets):
             batch = DecodeBatch(self.inputs[bucket], columns)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                step(batch)  # compiles the kernels; padding lanes touch nothing
-            torch.cuda.current_stream(device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bucket] = step(batch)
-            self.graphs[bucket] = graph
+            self.graphs[bucket], self.outputs[bucket] = _capture(partial(step, batch), pool, device)
         torch.cuda.synchronize(device)
         log.info("captured decode graphs for %s lanes", ", ".join(map(str, self.buckets)))
 
@@ -66,8 +89,48 @@ class DecodeGraphs:
         """The step's outputs (each with a row a lane) for each lane's ``Columns.column``."""
         lanes = len(columns)
         bucket = self.buckets[bisect.bisect_left(self.buckets, lanes)]
-        held = torch.tensor([*columns, *[self.padding] * (bucket - lanes)], dtype=torch.int64)
-        # pinned, so the copy does not wait (the caching host allocator keeps it until the copy is done)
-        self.inputs[bucket].copy_(held.T.contiguous().pin_memory(), non_blocking=True)
+        self.inputs[bucket].copy_(_pinned([*columns, *[self.padding] * (bucket - lanes)]),
+                                  non_blocking=True)
         self.graphs[bucket].replay()
         return tuple(output[:lanes] for output in self.outputs[bucket])
+
+
+class RoundGraphs:
+    """Verify rounds of ``step`` for up to ``max_lanes`` lanes of ``width`` rows each; ``padding`` is
+    a padding lane's verify offsets."""
+
+    def __init__(self, step: RoundStep, columns: Columns, null_page: int, padding: list[int],
+                 max_lanes: int, width: int, device: torch.device) -> None:
+        self.width = width
+        self.buckets = buckets_for(max_lanes)
+        self.padding = columns.padding(null_page)
+        self.lane_padding = padding
+        column = torch.tensor(self.padding, dtype=torch.int64, device=device)[:, None]
+        lane = torch.tensor(padding, dtype=torch.int64, device=device)[:, None]
+        self.inputs = {bucket: (column.repeat(1, bucket * width), lane.repeat(1, bucket))
+                       for bucket in self.buckets}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        pool = torch.cuda.graph_pool_handle()
+        for bucket in reversed(self.buckets):
+            packed, offsets = self.inputs[bucket]
+            batch, lanes = DecodeBatch(packed, columns), VerifyLanes(width, offsets)
+            self.graphs[bucket], self.outputs[bucket] = _capture(partial(step, batch, lanes), pool, device)
+        torch.cuda.synchronize(device)
+        log.info("captured verify round graphs for %s lanes of %d rows", ", ".join(map(str, self.buckets)),
+                 width)
+
+    def run(self, columns: Sequence[Sequence[int]], offsets: Sequence[Sequence[int]]) -> torch.Tensor:
+        """The round's output (a row a lane) for ``width`` columns a lane (``Columns.column`` or
+        padding) and each lane's ``VerifyLanes.lane_offsets``."""
+        lanes = len(offsets)
+        if len(columns) != lanes * self.width:
+            raise ValueError(f"{lanes} lanes of {self.width} rows take {lanes * self.width} columns, "
+                             f"got {len(columns)}")
+        bucket = self.buckets[bisect.bisect_left(self.buckets, lanes)]
+        packed, lane_offsets = self.inputs[bucket]
+        spare = bucket - lanes
+        packed.copy_(_pinned([*columns, *[self.padding] * (spare * self.width)]), non_blocking=True)
+        lane_offsets.copy_(_pinned([*offsets, *[self.lane_padding] * spare]), non_blocking=True)
+        self.graphs[bucket].replay()
+        return self.outputs[bucket][:lanes]

@@ -1,16 +1,19 @@
 """Drafts from the MTP head: the main model's rows absorbed into the head's cache, then a chain.
 
 The head's cell at position t reads the main model's row t and the token x_(t+1) after it and writes
-the head's own K/V row at t (``HybridModel.draft``). A lane's rows are absorbed as they become
-final: a prompt chunk's rows (tokens from the prompt, the last one's the token drawn after it), a
-verify round's kept rows (tokens the round drew). The cell of the last absorbed row t predicts the
-token at t + 2, the first draft; each further draft is a one-row cell at the next position fed the
-draft before and the previous cell's carry. Chained cells write speculative head rows that the next
-round's absorb writes over before any cell reads them (a cell reads rows up to its own position).
+the head's own K/V row at t. A lane's rows are absorbed as they become final: a prompt chunk's rows
+(``HeadProposer.absorb``: tokens from the prompt, the last one's the token drawn after it), a verify
+round's rows (``tfd.engine.rounds``: every row of the window, fed the token drawn after it; rows past
+the kept ones are speculative). The cell of the last final row t predicts the token at t + 2, the
+first draft; each further draft is a one-row cell at the next position fed the draft before and the
+previous cell's carry (``chain``). Speculative head rows are written over before any cell reads them:
+a cell reads rows up to its own position, and the next absorb starts at the first row not kept.
 
 A draft is the head's most likely token; the first is always proposed, each later one only while
-the one before had at least ``confidence`` probability (temperature 1). Drafts never change a
-lane's tokens, only how many a round keeps, so none of this needs the exactness of the main path.
+the one before had at least ``confidence`` probability (temperature 1). The chain runs on the device
+as decode rows (``HybridModel.draft_rows``), with no host sync between its cells, so a verify round
+captures it in its graph; the host reads the drafts and how many to propose once. Drafts never change
+a lane's tokens, only how many a round keeps, so none of this needs the exactness of the main path.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import attrs
 import torch
 
 from tfd.families.hybrid import HybridModel
-from tfd.model.memory import LaneMemory, PageRows, Span, ints_on
+from tfd.model.decode import FIXED, Columns, DecodeBatch, DecodeMemory
+from tfd.model.memory import LaneMemory, PageRows, Span, ints_on, to_device
 
 
 @attrs.frozen
@@ -42,42 +46,91 @@ class Absorb:
         return self.start + len(self.tokens) - 1
 
 
-class HeadProposer:
-    """The MTP head of ``model`` over the pool's rows (its layout has the head's row parts)."""
+@attrs.frozen
+class Chained:
+    """A chain's drafts [lanes, most] (int64) and how many of them each lane proposes [lanes]
+    (int64, 1 to most), on the device."""
 
-    def __init__(self, model: HybridModel, rows: PageRows, confidence: float) -> None:
+    drafts: torch.Tensor
+    proposed: torch.Tensor
+
+
+def chain(model: HybridModel, memory: DecodeMemory, base: DecodeBatch, hidden: torch.Tensor,
+          carry: torch.Tensor, most: int, confidence: float) -> Chained:
+    """``most`` drafts a lane of ``base`` (a column a lane at the position t of its last final row;
+    its page table; length 0 for a padding lane) from the head's last cell there (``hidden`` and
+    ``carry`` [lanes, width]). Device work only. A cell past the page table's last row is kept at that
+    row: the lane cannot reach it, its drafts are cut by the host."""
+    last = base.columns.pages * memory.pool.layout.page_rows - 1
+    live = base.lengths > 0
+    drafts, best = [], []
+    for step in range(most):
+        probabilities = torch.softmax(model.logits(hidden).float(), dim=-1)
+        chance, token = probabilities.max(dim=-1)
+        drafts.append(token)
+        best.append(chance)
+        if step + 1 == most:
+            break
+        packed = base.packed.clone()
+        position = torch.clamp(base.positions + step + 1, max=last)
+        packed[0], packed[1] = token, position
+        packed[2] = torch.where(live, position + 1, 0)
+        cell = model.draft_rows(DecodeBatch(packed, base.columns), memory, carry)
+        hidden, carry = cell.hidden, cell.carry
+    sure = (torch.stack(best[:-1], dim=1) >= confidence).long() if most > 1 else None
+    proposed = 1 + (sure.cumprod(dim=1).sum(dim=1) if sure is not None else torch.zeros_like(drafts[0]))
+    return Chained(torch.stack(drafts, dim=1), proposed)
+
+
+def proposals(found: Chained, wanted: Sequence[int]) -> list[list[int]]:
+    """The host's read of ``found`` (one copy): each lane's drafts, at most ``wanted[i]``."""
+    rows = torch.cat((found.drafts, found.proposed[:, None]), dim=1).tolist()
+    return [row[:min(row[-1], want)] for row, want in zip(rows, wanted, strict=True)]
+
+
+class HeadProposer:
+    """The MTP head of ``model`` over the pool's rows (its layout has the head's row parts); chains
+    run as decode rows of ``columns`` through ``memory``."""
+
+    def __init__(self, model: HybridModel, rows: PageRows, memory: DecodeMemory, columns: Columns,
+                 confidence: float) -> None:
         if model.head is None:
             raise ValueError("drafting from the MTP head needs a checkpoint with one")
         self.model = model
         self.rows = rows
+        self.memory = memory
+        self.columns = columns
         self.confidence = confidence
         self.device = rows.buffer.device
 
-    def propose(self, absorbs: Sequence[Absorb]) -> list[list[int]]:
-        """Absorb every lane's rows into the head's cache, then chain each lane's drafts: the
-        drafts, a list a lane (empty where none were asked for)."""
+    def absorb(self, absorbs: Sequence[Absorb]) -> list[list[int]]:
+        """Absorb every lane's rows into the head's cache (span cells, as the prompt ran), then chain
+        each lane's drafts: the drafts, a list a lane (empty where none were asked for)."""
         drafts: list[list[int]] = [[] for _ in absorbs]
         if not absorbs:
             return drafts
         spans = [Span(a.lane, a.start, ints_on(a.tokens, self.device)) for a in absorbs]
         cell = self.model.draft(spans, torch.cat([a.rows for a in absorbs]), self.rows)
-        ends = torch.tensor([len(a.tokens) for a in absorbs]).cumsum(0) - 1
         going = [i for i, a in enumerate(absorbs) if a.drafts > 0]
-        hidden, carry = cell.hidden[ends[going]], cell.carry[ends[going]]
-        while going:
-            probabilities = torch.softmax(self.model.logits(hidden).float(), dim=-1)
-            best, tokens = probabilities.max(dim=-1)
-            sure = [p >= self.confidence for p in best.tolist()]
-            for i, token in zip(going, tokens.tolist(), strict=True):
-                drafts[i].append(int(token))
-            keep = [k for k, i in enumerate(going) if sure[k] and len(drafts[i]) < absorbs[i].drafts]
-            if not keep:
-                break
-            going = [going[k] for k in keep]
-            # the next cell of each lane: at the position after the last, fed its last draft
-            spans = [Span(absorbs[i].lane, absorbs[i].last + len(drafts[i]),
-                          ints_on(drafts[i][-1:], self.device)) for i in going]
-            picked = ints_on(keep, self.device)
-            cell = self.model.draft(spans, carry[picked], self.rows)
-            hidden, carry = cell.hidden, cell.carry
+        if not going:
+            return drafts
+        ends = ints_on([sum(len(a.tokens) for a in absorbs[:i + 1]) - 1 for i in going], self.device)
+        most = max(absorbs[i].drafts for i in going)
+        found = chain(self.model, self.memory, self.base([absorbs[i] for i in going]), cell.hidden[ends],
+                      cell.carry[ends], most, self.confidence)
+        for i, more in zip(going, proposals(found, [absorbs[i].drafts for i in going]), strict=True):
+            drafts[i] = more
         return drafts
+
+    def base(self, absorbs: Sequence[Absorb]) -> DecodeBatch:
+        """A column a lane at its last absorbed row: its position and page table (no offsets: the
+        head reads only its attention rows)."""
+        columns, null = self.columns, self.rows.null_page
+        fixed = [[0, a.last, a.last + 1, 0, 0, -1, *[-1] * columns.offsets] for a in absorbs]
+        packed = torch.full((columns.width, len(absorbs)), null, dtype=torch.int64, device=self.device)
+        packed[:FIXED + columns.offsets] = to_device(torch.tensor(fixed, dtype=torch.int64).T.contiguous(),
+                                                     self.device)
+        for i, a in enumerate(absorbs):
+            table = a.lane.page_table[:columns.pages]
+            packed[columns.table_field:columns.table_field + table.shape[0], i] = table.long()
+        return DecodeBatch(packed, columns)

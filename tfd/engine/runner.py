@@ -29,9 +29,8 @@ import torch
 
 from tfd.engine.graphs import DecodeGraphs
 from tfd.engine.lane import Lane
-from tfd.engine.proposer import Absorb, HeadProposer
 from tfd.engine.request import TokenLogprob
-from tfd.engine.rounds import Propose, Rounds, draft_count, drafts_from_head
+from tfd.engine.rounds import Propose, Rounds, drafts_from_head, prompt_absorbs
 from tfd.engine.sampling import Rows, draw, logprobs, plain, sample
 from tfd.engine.scheduler import Work
 from tfd.families.hybrid import HybridModel
@@ -136,9 +135,8 @@ class Runner:
         self.side = None if self.device.type != "cuda" else torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
         self.rounds: Rounds | None = None
         if drafting is not None and drafts_from_head(model) and self.memory is not None:
-            propose = propose or HeadProposer(model, self.rows, drafting.confidence).propose
-            self.rounds = Rounds(model, self.memory, self.columns, pool.null_page, self.offsets, propose,
-                                 drafting.most)
+            self.rounds = Rounds(model, self.memory, self.rows, self.columns, self.offsets, drafting.most,
+                                 drafting.confidence, propose, graphs, max_lanes)
 
     def open(self, lane: Lane) -> None:
         """Give an admitted lane (its lease promised) its state pieces, initialised.
@@ -252,8 +250,13 @@ class Runner:
         draw a token for each work that samples. Rows the step run ahead already ran are not run
         again; a plain decode step launches the next one before it waits."""
         for work in works:
-            assert work.lane.lease is not None and work.lane.memory is not None
-            work.lane.lease.take(work.start + work.length)
+            lease = work.lane.lease
+            assert lease is not None and work.lane.memory is not None
+            # a drafting lane's head chains cells past its rows: their rows on its own pages
+            chained = self.rounds.most if self.rounds is not None and work.lane.drafting else 0
+            lease.take(work.start + work.length)
+            if chained:
+                lease.take(min(lease.window, work.start + work.length + chained))
         rounds = [work for work in works if work.verify]
         if rounds:  # drafting lanes' windows: a verify pass of their own
             assert self.rounds is not None
@@ -345,21 +348,8 @@ class Runner:
         of each lane whose prompt ended, by work."""
         if self.rounds is None:
             return {}
-        rows = self.model.draft_input(output)
-        absorbs, owners, at = [], [], 0
-        for work in spanned:
-            lane = work.lane
-            if lane.drafting and not work.decode and lane.memory is not None:
-                follow = list(lane.request.prompt[work.start + 1:work.start + work.length + 1])
-                wanted = 0
-                if work.samples:  # the prompt's last row: the token after it is the one drawn now
-                    token = drawn[id(work)]
-                    follow.append(token)
-                    wanted = 0 if token in lane.request.stop_ids else draft_count(lane, self.rounds.most, 1)
-                absorbs.append(Absorb(lane.memory, work.start, rows[at:at + work.length], follow, wanted))
-                owners.append(work)
-            at += work.length
-        found = self.rounds.propose(absorbs) if absorbs else []
+        absorbs, owners = prompt_absorbs(spanned, self.model.draft_input(output), drawn, self.rounds.most)
+        found = self.rounds.absorb(absorbs) if absorbs else []
         return {id(work): tuple(more) for work, more in zip(owners, found, strict=True)}
 
     def _span(self, work: Work) -> Span:

@@ -18,7 +18,7 @@ from tfd.families.config import LINEAR, HybridConfig, read_config
 from tfd.families.lane_state import AttentionRows, DraftBuffers, GdnLayers, PleState, lane_pieces
 from tfd.families.naming import Naming, Shape
 from tfd.families.random_weights import random_tensors
-from tfd.model.decode import DecodeBatch, DecodeMemory, batches, run_decode
+from tfd.model.decode import DecodeBatch, DecodeMemory, batches, run_decode, run_draft_rows
 from tfd.model.gdn import GdnWeights
 from tfd.model.memory import PageRows, Span
 from tfd.model.mtp import Draft, MtpWeights, draft
@@ -182,6 +182,13 @@ class HybridModel:
         if self.head is None:
             raise ValueError("this checkpoint has no MTP head")
         return draft(self.weights, self.head, spans, previous, rows)
+
+    def draft_rows(self, batch: DecodeBatch, memory: DecodeMemory, previous: torch.Tensor) -> Draft:
+        """MTP cells as decode rows, a column of ``batch`` each (``decode.run_draft_rows``): what a
+        captured verify round runs."""
+        if self.head is None:
+            raise ValueError("this checkpoint has no MTP head")
+        return run_draft_rows(self.weights, self.head, batch, memory, previous)
 
     def draft_input(self, output: StackOutput) -> torch.Tensor:
         """What the MTP head reads of the main model's rows."""

@@ -31,7 +31,8 @@ from tfd.model.attention import QsaCaches, attention_rows, sparse_rows
 from tfd.model.gdn import GdnWeights, gdn_rows
 from tfd.model.memory import element_offset, to_device
 from tfd.model.mlp import MoeWeights, dense, moe, moe_add_zrms
-from tfd.model.ops import add_zrms, zrms
+from tfd.model.mtp import Draft, MtpWeights
+from tfd.model.ops import add_zrms, linear, zrms
 from tfd.model.ple import ple_rows
 from tfd.model.rope import Rotary
 from tfd.model.stack import LayerWeights, StackWeights
@@ -225,18 +226,46 @@ def run_decode(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory, verify
     if verify is not None and w.mixer is not None:
         raise ValueError("verify windows run the plain stacks (Qwen3.5, Qwen3-Next); Flash Next's PLE and "
                          "QSA rows have no rollback yet")
+    x, step = _begin(w, batch, memory)
+    step = attrs.evolve(step, verify=verify)
+    return _streams(w, x, step) if w.mixer is not None else _plain(w, x, step)
+
+
+def run_draft_rows(w: StackWeights, head: MtpWeights, batch: DecodeBatch, memory: DecodeMemory,
+                   previous: torch.Tensor) -> Draft:
+    """MTP cells (``tfd.model.mtp``) as decode rows: a cell a column of ``batch`` (token x_(t+1) at
+    position t, the head's K/V row written at t through the lane's page table) from ``previous``
+    [columns, width], the main model's hidden rows or the last cells' carry. The Qwen head only (one
+    residual stream): ValueError for Flash Next's."""
+    if head.fc is None or head.final_norm is None:
+        raise ValueError("decode-row MTP cells take the Qwen head (fc and a final norm); Flash Next's "
+                         "head mixes streams")
+    layer = head.layer
+    assert layer.input_norm is not None and layer.post_norm is not None
+    embedded, step = _begin(w, batch, memory)
+    x = linear(torch.cat((zrms(embedded, head.embed_norm, w.eps), zrms(previous, head.hidden_norm, w.eps)),
+                         dim=-1), head.fc)
+    mixed = _mix(w, layer, zrms(x, layer.input_norm, w.eps), 0, step)
+    x, h = add_zrms(x, mixed, layer.post_norm, w.eps)
+    if isinstance(layer.ffn, MoeWeights):
+        _, hidden = moe_add_zrms(layer.ffn, h, x, head.final_norm, w.eps)
+    else:
+        _, hidden = add_zrms(x, dense(layer.ffn, h), head.final_norm, w.eps)
+    return Draft(hidden, hidden)
+
+
+def _begin(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory) -> tuple[torch.Tensor, _Step]:
+    """The rows' embeddings (fed tokens resolved from ``memory.feed`` and written back) and what
+    every layer reads."""
     if batch.packed.is_cuda:  # one launch for what torch takes ten
         tables = memory.angle_tables(w.rotary, batch.columns.pages, w.embed.dtype)
         inputs = step_inputs.gather(batch.packed, batch.columns.table_field, w.embed, *tables, memory.feed)
-        x, step = inputs.x, _Step(batch, memory, inputs.cos, inputs.sin, inputs.table, inputs.lengths)
-    else:
-        batch.tokens.copy_(step_inputs.fed_tokens(batch.tokens, memory.feed))
-        x = w.embed[batch.tokens]
-        cos, sin = w.rotary.angles(batch.positions, x.dtype)
-        table = batch.page_table.to(torch.int32, memory_format=torch.contiguous_format)
-        step = _Step(batch, memory, cos, sin, table, batch.lengths.to(torch.int32))
-    step = attrs.evolve(step, verify=verify)
-    return _streams(w, x, step) if w.mixer is not None else _plain(w, x, step)
+        return inputs.x, _Step(batch, memory, inputs.cos, inputs.sin, inputs.table, inputs.lengths)
+    batch.tokens.copy_(step_inputs.fed_tokens(batch.tokens, memory.feed))
+    x = w.embed[batch.tokens]
+    cos, sin = w.rotary.angles(batch.positions, x.dtype)
+    table = batch.page_table.to(torch.int32, memory_format=torch.contiguous_format)
+    return x, _Step(batch, memory, cos, sin, table, batch.lengths.to(torch.int32))
 
 
 def _plain(w: StackWeights, x: torch.Tensor, step: _Step) -> torch.Tensor:

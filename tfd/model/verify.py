@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 import torch
 
-from kernels import conv1d, gdn_decode
+from kernels import conv1d, gdn_decode, lane_rows
 from tfd.model.gdn import GdnWeights, finish, project, split_heads
 from tfd.model.memory import element_offset, to_device
 
@@ -104,9 +104,14 @@ def _conv_rows(w: GdnWeights, mixed: torch.Tensor, rows: int, tails: torch.Tenso
             out[:, row] = conv1d.decode(step, w.conv, scratch, scratch_at)
         else:
             out[:, row] = conv1d.reference(step, w.conv, scratch, scratch_at)
-    kept, live = _lane_runs(rows_at, rows * channels)
-    tails[kept[live]] = by_lane[live].flatten(1).to(tails.dtype)
+    _store(by_lane.flatten(1).to(tails.dtype), tails, rows_at)
     return out.view(lanes * rows, channels)
+
+
+def _store(values: torch.Tensor, into: torch.Tensor, at: torch.Tensor) -> None:
+    """Row l of ``values`` at element ``at[l]`` of ``into`` for each live lane: no host sync on CUDA
+    (a masked torch store would make one, and a captured round cannot)."""
+    (lane_rows.store if into.is_cuda else lane_rows.reference)(values.contiguous(), into, at)
 
 
 def gdn_window(w: GdnWeights, x: torch.Tensor, lanes: VerifyLanes, layer: int, states: torch.Tensor,
@@ -140,10 +145,10 @@ def commit(weights: Sequence[GdnWeights], lanes: VerifyLanes, keep: torch.Tensor
         replay = gdn_decode.replay if states.is_cuda else gdn_decode.reference_replay
         replay(states, lanes.log_at(layer), states, state_at[layer], state_at[layer], keep, **shape)
         channels, width = w.conv.shape[0], w.conv.shape[1]
-        old, live = _lane_runs(tail_at[layer], (width - 1) * channels)
+        old, _ = _lane_runs(tail_at[layer], (width - 1) * channels)
         new, _ = _lane_runs(lanes.rows_at(layer), rows * channels)
         window = torch.cat((tails[old], tails[new]), dim=1).view(-1, width - 1 + rows, channels)
         # the last width - 1 rows of [old tail; kept rows]: rows keep .. keep + width - 2 of the window
         picks = keep.long()[:, None] + torch.arange(width - 1, device=keep.device)
         tail = window.gather(1, picks[:, :, None].expand(-1, -1, channels))
-        tails[old[live]] = tail[live].flatten(1)
+        _store(tail.flatten(1), tails, tail_at[layer])
