@@ -91,8 +91,10 @@ def _window(x, stride_x, tails, tail, start, j, cs, channels, live, WIDTH: tl.co
 
 @triton.jit
 def _conv(x, stride_x, weight, tails, tail_at, out, start, rows, lane, first, channels,
-          WIDTH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Rows ``first`` .. ``first + BLOCK_T`` of a lane's ``rows`` rows at ``start``; one channel block."""
+          WIDTH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
+          MOVE: tl.constexpr = True):
+    """Rows ``first`` .. ``first + BLOCK_T`` of a lane's ``rows`` rows at ``start``; one channel block;
+    the tail moves past them unless not ``MOVE`` (a verify window)."""
     i = first + tl.arange(0, BLOCK_T)
     cs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_live = cs < channels
@@ -108,12 +110,14 @@ def _conv(x, stride_x, weight, tails, tail_at, out, start, rows, lane, first, ch
         w = tl.load(weight + cs * WIDTH + tap, mask=c_live).to(tl.float32)
         acc = acc + value.to(tl.float32) * w[None, :]
     tl.store(targets, silu_out(acc, out.dtype.element_ty), mask=live)
-    if first == 0:  # the only block that read the old tail writes the new one
-        t = tl.arange(0, BLOCK_W)
-        keep = (t < WIDTH - 1)[:, None] & c_live[None, :]
-        fresh = _window(x, stride_x, tails, tail, start, rows + t - (WIDTH - 1), cs, channels, keep, WIDTH)
-        tl.debug_barrier()  # every thread's reads of the old tail come before any write to it
-        tl.store(tails + tail + t[:, None] * channels + cs[None, :], fresh, mask=keep)
+    if MOVE:  # noqa: SIM102 (a constexpr `and` would still trace the tensor test)
+        if first == 0:  # the only block that read the old tail writes the new one
+            t = tl.arange(0, BLOCK_W)
+            keep = (t < WIDTH - 1)[:, None] & c_live[None, :]
+            fresh = _window(x, stride_x, tails, tail, start, rows + t - (WIDTH - 1), cs, channels, keep,
+                            WIDTH)
+            tl.debug_barrier()  # every thread's reads of the old tail come before any write to it
+            tl.store(tails + tail + t[:, None] * channels + cs[None, :], fresh, mask=keep)
 
 
 @triton.jit
@@ -135,6 +139,44 @@ def _prefill(x, stride_x, weight, tails, tail_at, out, cu_seqlens, channels,
     if (first == 0) | (first < rows):  # blocks past a lane's rows have nothing to do
         _conv(x, stride_x, weight, tails, tail_at, out, start, rows, lane, first, channels, WIDTH, BLOCK_T,
               BLOCK_C, BLOCK_W)
+
+
+@triton.jit
+def _verify(x, stride_x, weight, tails, tail_at, out, rows_at, rows, channels,
+            WIDTH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
+            PDL: tl.constexpr):
+    pdl.wait(PDL)
+    first, lane = tl.program_id(1) * BLOCK_T, tl.program_id(2)
+    _conv(x, stride_x, weight, tails, tail_at, out, lane * rows, rows, lane, first, channels, WIDTH, BLOCK_T,
+          BLOCK_C, BLOCK_W, False)
+    at = tl.load(rows_at + lane)
+    if at >= 0:  # the window's inputs, for the commit's tail
+        i = first + tl.arange(0, BLOCK_T)
+        cs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+        live = (i < rows)[:, None] & (cs < channels)[None, :]
+        inputs = tl.load(x + (lane * rows + i)[:, None] * stride_x + cs[None, :], mask=live)
+        tl.store(tails + at + i[:, None] * channels + cs[None, :], inputs, mask=live)
+
+
+@triton.jit
+def _rebuild(tails, tail_at, rows_at, keep, channels, WIDTH: tl.constexpr, BLOCK_C: tl.constexpr,
+             BLOCK_W: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
+    lane = tl.program_id(1)
+    tail = tl.load(tail_at + lane)
+    if tail >= 0:
+        at = tl.load(rows_at + lane)
+        cs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+        t = tl.arange(0, BLOCK_W)
+        valid = (t < WIDTH - 1)[:, None] & (cs < channels)[None, :]
+        j = tl.load(keep + lane).to(tl.int64) + t  # row j of [old tail; window inputs]
+        old = (j < WIDTH - 1)[:, None]
+        from_tail = tl.load(tails + tail + j[:, None] * channels + cs[None, :], mask=valid & old, other=0.0)
+        from_rows = tl.load(tails + at + (j - (WIDTH - 1))[:, None] * channels + cs[None, :],
+                            mask=valid & ~old, other=0.0)
+        tl.debug_barrier()  # every thread's reads of the old tail come before any write to it
+        tl.store(tails + tail + t[:, None] * channels + cs[None, :], tl.where(old, from_tail, from_rows),
+                 mask=valid)
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, tails: torch.Tensor, tail_at: torch.Tensor,
@@ -194,6 +236,65 @@ def prefill(x: torch.Tensor, weight: torch.Tensor, tails: torch.Tensor, tail_at:
                    BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C, BLOCK_W=triton.next_power_of_2(width - 1),
                    **pdl.options(x.device))
     return out
+
+
+def verify(x: torch.Tensor, weight: torch.Tensor, tails: torch.Tensor, tail_at: torch.Tensor,
+           rows_at: torch.Tensor) -> torch.Tensor:
+    """Verify windows: x [lanes * rows, channels], a lane's ``rows`` rows together, each through its
+    tail as decoding them one by one would (the same bits a row), the tails left as they are; each
+    live lane's inputs are kept at ``rows_at`` (element offsets into ``tails``, [rows, channels])."""
+    lanes = tail_at.shape[0]
+    width = _check(x, weight, tails, tail_at, lanes)
+    if x.shape[0] % max(lanes, 1) or tuple(rows_at.shape) != (lanes,) or rows_at.dtype != torch.int64:
+        raise ValueError(f"x's {x.shape[0]} rows must be whole windows of {lanes} lanes and rows_at int64 "
+                         f"[{lanes}], got {rows_at.dtype} {list(rows_at.shape)}")
+    rows = x.shape[0] // max(lanes, 1)
+    x, weight = _rows(x), weight.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(x.shape[1], BLOCK_C), max(1, triton.cdiv(rows, BLOCK_T)), lanes)
+    _verify[grid](x, x.stride(0), weight, tails, tail_at, out, rows_at.contiguous(), rows, x.shape[1],
+                  WIDTH=width, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C, BLOCK_W=triton.next_power_of_2(width - 1),
+                  **pdl.options(x.device))
+    return out
+
+
+def rebuild(tails: torch.Tensor, tail_at: torch.Tensor, rows_at: torch.Tensor, keep: torch.Tensor,
+            width: int, channels: int) -> None:
+    """After a verify window: each live lane's tail becomes the last ``width - 1`` rows of [its old
+    tail; the first ``keep[l]`` (int32, at least 1) inputs kept at ``rows_at``], as decoding those
+    rows would leave it."""
+    lanes = tail_at.shape[0]
+    grid = (triton.cdiv(channels, BLOCK_C), lanes)
+    _rebuild[grid](tails, tail_at.contiguous(), rows_at.contiguous(), keep.contiguous(), channels,
+                   WIDTH=width, BLOCK_C=BLOCK_C, BLOCK_W=triton.next_power_of_2(width - 1),
+                   **pdl.options(tails.device))
+
+
+def reference_verify(x: torch.Tensor, weight: torch.Tensor, tails: torch.Tensor, tail_at: torch.Tensor,
+                     rows_at: torch.Tensor) -> torch.Tensor:
+    """``verify`` in torch, a lane at a time, each on a copy of its tail."""
+    lanes, channels, width = tail_at.shape[0], x.shape[1], weight.shape[1]
+    rows = x.shape[0] // max(lanes, 1)
+    out = torch.zeros_like(x)
+    for lane, (at, kept) in enumerate(zip(tail_at.tolist(), rows_at.tolist(), strict=True)):
+        window = x[lane * rows:(lane + 1) * rows]
+        if at >= 0:
+            tail = tails[at:at + (width - 1) * channels].view(-1, channels).clone()
+            out[lane * rows:(lane + 1) * rows] = reference_lane(window, weight, tail)
+        if kept >= 0:
+            tails[kept:kept + rows * channels] = window.flatten().to(tails.dtype)
+    return out
+
+
+def reference_rebuild(tails: torch.Tensor, tail_at: torch.Tensor, rows_at: torch.Tensor, keep: torch.Tensor,
+                      width: int, channels: int) -> None:
+    """``rebuild`` in torch, a lane at a time."""
+    size = (width - 1) * channels
+    for at, kept, count in zip(tail_at.tolist(), rows_at.tolist(), keep.tolist(), strict=True):
+        if at >= 0:
+            inputs = tails[kept:kept + (count + width - 1) * channels]
+            window = torch.cat((tails[at:at + size], inputs))[:(count + width - 1) * channels]
+            tails[at:at + size] = window[count * channels:].clone()
 
 
 def reference_lane(x: torch.Tensor, weight: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:

@@ -198,3 +198,48 @@ def test_rows_of_a_wider_projection_are_read_in_place() -> None:
             pools.append(pool)
         assert not wide[:, :CHANNELS].is_contiguous()
         assert torch.equal(outs[0], outs[1]) and torch.equal(pools[0], pools[1]), call
+
+
+def check_verify(lanes: int, rows: int, channels: int, dtype: torch.dtype, device: str) -> None:
+    """Verify windows give decode's bits row by row and leave the tails; the rebuild after keeping
+    k rows leaves each tail as decoding k rows does; the torch forms agree."""
+    tails, tail_at = make_pool(lanes, channels, dtype, [1], device)
+    base = tails.numel() // dtype.itemsize  # each lane's window inputs after the tails
+    pool = torch.cat((tails, torch.zeros(lanes * rows * channels * dtype.itemsize, dtype=torch.uint8,
+                                         device=device)))
+    rows_at = torch.where(tail_at >= 0, base + torch.arange(lanes, device=device) * rows * channels, -1)
+    x, weight = tensors(lanes * rows, channels, dtype, device)
+    view = pool.view(dtype)
+    before = pool.clone()
+    out = conv1d.verify(x, weight, view, tail_at, rows_at)
+    held = before.clone()
+    ref = conv1d.reference_verify(x, weight, held.view(dtype), tail_at, rows_at)
+    torch.testing.assert_close(out, ref, **TOL[dtype])
+    assert torch.equal(pool, held)  # the inputs kept, the tails untouched (bytes: the pool holds NaNs)
+    keep = torch.arange(lanes, dtype=torch.int32, device=device) % rows + 1  # every count from 1
+    conv1d.rebuild(view, tail_at, rows_at, keep, WIDTH, channels)
+    conv1d.reference_rebuild(held.view(dtype), tail_at, rows_at, keep, WIDTH, channels)
+    assert torch.equal(pool, held)
+    serial = before.clone()
+    for lane, (at, count) in enumerate(zip(tail_at.tolist(), keep.tolist(), strict=True)):
+        if at < 0:
+            continue
+        one = tail_at[lane:lane + 1]
+        decoded = [conv1d.decode(x[lane * rows + r:lane * rows + r + 1], weight, serial.view(dtype), one)
+                   for r in range(rows)]
+        assert torch.equal(torch.cat(decoded), out[lane * rows:(lane + 1) * rows])
+        serial = before.clone()
+        for r in range(count):
+            conv1d.decode(x[lane * rows + r:lane * rows + r + 1], weight, serial.view(dtype), one)
+        size = (WIDTH - 1) * channels
+        assert torch.equal(serial.view(dtype)[at:at + size], view[at:at + size]), f"lane {lane}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_verify_windows_are_decode_rows_and_the_rebuild_is_the_kept_rows_decoded(dtype: torch.dtype) -> None:
+    check_verify(4, 4, CHANNELS, dtype, "cpu")
+
+
+@pytest.mark.gpu
+def test_verify_windows_and_rebuild_on_gpu() -> None:
+    check_verify(8, 4, 8192, torch.bfloat16, "cuda")

@@ -18,7 +18,7 @@ from tfd.families.config import LINEAR, HybridConfig, read_config
 from tfd.families.lane_state import AttentionRows, DraftBuffers, GdnLayers, PleState, lane_pieces
 from tfd.families.naming import Naming, Shape
 from tfd.families.random_weights import random_tensors
-from tfd.model.decode import DecodeBatch, DecodeMemory, batches, run_decode, run_draft_rows
+from tfd.model.decode import DecodeBatch, DecodeMemory, batches, gdn_offsets, run_decode, run_draft_rows
 from tfd.model.gdn import GdnWeights
 from tfd.model.memory import PageRows, Span
 from tfd.model.mtp import Draft, MtpWeights, draft
@@ -169,8 +169,9 @@ class HybridModel:
         """After ``verify`` of ``batch``: each lane's state as serial decoding of its first ``keep``
         rows (int32 [lanes] on the device) leaves it."""
         gdn = [layer.mixer for layer in self.weights.layers if isinstance(layer.mixer, GdnWeights)]
-        commit(gdn, lanes, keep, memory.states, [lanes.firsts(batch.state_at(i)) for i in range(len(gdn))],
-               memory.tails, [lanes.firsts(batch.tail_at(i)) for i in range(len(gdn))])
+        offsets = lanes.firsts(gdn_offsets(batch))
+        commit(gdn, lanes, keep, memory.states, list(offsets[:len(gdn)]), memory.tails,
+               list(offsets[len(gdn):]))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return logits(self.weights, hidden)

@@ -199,6 +199,11 @@ class DecodeMemory:
         return offsets
 
 
+def gdn_offsets(batch: DecodeBatch) -> torch.Tensor:
+    """Every row's GDN offset fields, [2 x layers, rows]: the states', then the conv tails'."""
+    return batch.packed[FIXED:FIXED + 2 * batch.columns.gdn_layers]
+
+
 @attrs.frozen
 class _Step:
     """What every layer of one step reads: the batch, the pool, the rows' angles, and the page table
@@ -211,6 +216,7 @@ class _Step:
     table: torch.Tensor
     lengths: torch.Tensor
     verify: VerifyLanes | None = None  # the rows are verify windows (tfd.model.verify)
+    offsets: torch.Tensor | None = None  # with verify: each lane's GDN offset fields, [2 x layers, lanes]
 
 
 def run_decode(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory, verify: VerifyLanes | None = None
@@ -227,7 +233,8 @@ def run_decode(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory, verify
         raise ValueError("verify windows run the plain stacks (Qwen3.5, Qwen3-Next); Flash Next's PLE and "
                          "QSA rows have no rollback yet")
     x, step = _begin(w, batch, memory)
-    step = attrs.evolve(step, verify=verify)
+    if verify is not None:
+        step = attrs.evolve(step, verify=verify, offsets=verify.firsts(gdn_offsets(batch)))
     return _streams(w, x, step) if w.mixer is not None else _plain(w, x, step)
 
 
@@ -319,8 +326,8 @@ def _mix(w: StackWeights, layer: LayerWeights, h: torch.Tensor, gdn_layer: int, 
     batch, memory = step.batch, step.memory
     if isinstance(layer.mixer, GdnWeights):
         if step.verify is not None:  # a lane's rows share its offsets: its first row's
-            state_at, tail_at = (step.verify.firsts(batch.state_at(gdn_layer)),
-                                 step.verify.firsts(batch.tail_at(gdn_layer)))
+            assert step.offsets is not None
+            state_at, tail_at = step.offsets[gdn_layer], step.offsets[batch.columns.gdn_layers + gdn_layer]
             return gdn_window(layer.mixer, h, step.verify, gdn_layer, memory.states, state_at, memory.tails,
                               tail_at)
         return gdn_rows(layer.mixer, h, memory.states, batch.state_at(gdn_layer), memory.tails,

@@ -6,13 +6,14 @@ layer but GDN runs them as decode rows: products and MoE row by row, attention w
 K and V before any row attends its keys up to its own position, so row i sees rows before it. A GDN
 layer runs a lane's rows in order from its committed state and conv tail and changes neither: the
 state after the last row goes to the lane's spare (``kernels.gdn_decode.verify``), each row's k, v,
-g and beta to its replay log, each row's conv input to its ``conv_rows`` piece. Each row gets the
-bits serial decoding gives it at its position (the conv a row at a time, as decode runs it).
+g and beta to its replay log, each row's conv input to its ``conv_rows`` piece
+(``kernels.conv1d.verify``). Each row gets the bits serial decoding gives it at its position.
 
 ``commit`` then makes a lane's state what serial decoding of its first ``keep`` rows leaves: the
 logged rows replayed into the committed state (the routine decode updates it with), the conv tail
-rebuilt as the last rows of [old tail; kept rows' inputs]. Attention rows past the kept ones are
-left for later rows to overwrite. Everything stays on the device: ``keep`` is a device tensor.
+rebuilt as the last rows of [old tail; kept rows' inputs] (``kernels.conv1d.rebuild``). Attention
+rows past the kept ones are left for later rows to overwrite. Everything stays on the device: ``keep``
+is a device tensor.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 import torch
 
-from kernels import conv1d, gdn_decode, lane_rows
+from kernels import conv1d, gdn_decode
 from tfd.model.gdn import GdnWeights, finish, project, split_heads
 from tfd.model.memory import element_offset, to_device
 
@@ -69,49 +70,14 @@ class VerifyLanes:
     def rows_at(self, layer: int) -> torch.Tensor:
         return self.packed[2 * self.layers + layer]
 
-    def firsts(self, field: torch.Tensor) -> torch.Tensor:
-        """A per-row field of the batch at each lane's first row (contiguous, as the kernels take it):
-        a lane's rows share their offsets."""
-        return field[::self.rows].contiguous()
+    def firsts(self, fields: torch.Tensor) -> torch.Tensor:
+        """Per-row fields [n, lanes * rows] at each lane's first row, as [n, lanes] in one copy (each
+        row contiguous, as the kernels take them): a lane's rows share their offsets."""
+        return fields[:, ::self.rows].contiguous()
 
     @property
     def layers(self) -> int:
         return int(self.packed.shape[0]) // FIELDS
-
-
-def _lane_runs(at: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices of ``size`` consecutive elements from each lane's offset ``at`` [lanes] (a padding
-    lane's point at element 0, unused), and which lanes are live."""
-    live = at >= 0
-    return torch.where(live, at, 0)[:, None] + torch.arange(size, device=at.device), live
-
-
-def _conv_rows(w: GdnWeights, mixed: torch.Tensor, rows: int, tails: torch.Tensor, tail_at: torch.Tensor,
-               rows_at: torch.Tensor) -> torch.Tensor:
-    """The conv of each lane's ``rows`` rows of ``mixed`` [lanes * rows, channels] from its tail, a
-    row at a time as decode runs it, on a copy of the tails (the lane's own stays); each row's input
-    kept at ``rows_at``."""
-    channels, width = mixed.shape[1], w.conv.shape[1]
-    lanes = tail_at.shape[0]
-    index, live = _lane_runs(tail_at, (width - 1) * channels)
-    scratch = tails[index].flatten()  # the lanes' tails, copied: the rows move the copy
-    scratch_at = torch.where(live, torch.arange(lanes, device=mixed.device) * (width - 1) * channels, -1)
-    by_lane = mixed.view(lanes, rows, channels)
-    out = torch.empty_like(by_lane)
-    for row in range(rows):
-        step = by_lane[:, row]
-        if mixed.is_cuda:
-            out[:, row] = conv1d.decode(step, w.conv, scratch, scratch_at)
-        else:
-            out[:, row] = conv1d.reference(step, w.conv, scratch, scratch_at)
-    _store(by_lane.flatten(1).to(tails.dtype), tails, rows_at)
-    return out.view(lanes * rows, channels)
-
-
-def _store(values: torch.Tensor, into: torch.Tensor, at: torch.Tensor) -> None:
-    """Row l of ``values`` at element ``at[l]`` of ``into`` for each live lane: no host sync on CUDA
-    (a masked torch store would make one, and a captured round cannot)."""
-    (lane_rows.store if into.is_cuda else lane_rows.reference)(values.contiguous(), into, at)
 
 
 def gdn_window(w: GdnWeights, x: torch.Tensor, lanes: VerifyLanes, layer: int, states: torch.Tensor,
@@ -121,7 +87,8 @@ def gdn_window(w: GdnWeights, x: torch.Tensor, lanes: VerifyLanes, layer: int, s
     rows = lanes.rows
     count = x.shape[0] // rows
     p = project(w, x)  # decode's product bits (on CUDA decode applies the conv in its epilogue; here after)
-    q, k, v = split_heads(w, _conv_rows(w, p.mixed, rows, tails, tail_at, lanes.rows_at(layer)))
+    conv = conv1d.verify if x.is_cuda else conv1d.reference_verify
+    q, k, v = split_heads(w, conv(p.mixed, w.conv, tails, tail_at, lanes.rows_at(layer)))
 
     def windows(t: torch.Tensor) -> torch.Tensor:
         return t.reshape(count, rows, *t.shape[1:])
@@ -138,17 +105,10 @@ def commit(weights: Sequence[GdnWeights], lanes: VerifyLanes, keep: torch.Tensor
     leaves it: per GDN layer (``weights``, ``state_at``/``tail_at`` its lanes' offsets) the logged
     rows replayed into the committed state, the conv tail rebuilt from the old one and the kept
     rows' inputs. A padding lane is not touched."""
-    rows = lanes.rows
     for layer, w in enumerate(weights):
         shape = {"key_heads": w.key_heads, "value_heads": w.value_heads, "key_dim": w.key_dim,
                  "value_dim": w.value_dim}
         replay = gdn_decode.replay if states.is_cuda else gdn_decode.reference_replay
         replay(states, lanes.log_at(layer), states, state_at[layer], state_at[layer], keep, **shape)
-        channels, width = w.conv.shape[0], w.conv.shape[1]
-        old, _ = _lane_runs(tail_at[layer], (width - 1) * channels)
-        new, _ = _lane_runs(lanes.rows_at(layer), rows * channels)
-        window = torch.cat((tails[old], tails[new]), dim=1).view(-1, width - 1 + rows, channels)
-        # the last width - 1 rows of [old tail; kept rows]: rows keep .. keep + width - 2 of the window
-        picks = keep.long()[:, None] + torch.arange(width - 1, device=keep.device)
-        tail = window.gather(1, picks[:, :, None].expand(-1, -1, channels))
-        _store(tail.flatten(1), tails, tail_at[layer])
+        rebuild = conv1d.rebuild if tails.is_cuda else conv1d.reference_rebuild
+        rebuild(tails, tail_at[layer], lanes.rows_at(layer), keep, w.conv.shape[1], w.conv.shape[0])
