@@ -117,7 +117,7 @@ class TrainModel:
         embed = p[f"{self.trunk}embed_tokens.weight"]
         embedded = zrms(embed[nexts], p["mtp.pre_fc_norm_embedding.weight"], eps)
         normed = zrms(hidden, p["mtp.pre_fc_norm_hidden.weight"], eps)
-        u = F.linear(torch.cat((embedded, normed), dim=-1), p["mtp.fc.weight"])
+        u = F.linear(torch.cat((embedded, normed), dim=-1), p["mtp.fc.weight"]).float()  # an fp32 residual
         u = self.layer(MTP_LAYER, "full_attention", u, angles)
         return zrms(u, p["mtp.norm.weight"], eps)
 
