@@ -1,4 +1,4 @@
-"""The ``tfd`` command: serve | admin | generate | bench | env.
+"""The ``tfd`` command: serve | admin | generate | bench | train-demo | env.
 
 The environment is read and checked before anything heavy is imported, so a refused configuration
 exits with status 2 at once and names every problem.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -17,9 +18,12 @@ from typing import Any, NoReturn
 
 from tfd import __version__
 from tfd.env import FAMILY_SCOPES, SettingsRefused, Table
+from tfd.train.recipe import SAFETY_MINUTES, Recipe
 
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
+TRAIN_ROWS = ("TF_DEVICE", "TF_LOG_LEVEL")  # the rows `tfd train-demo` reads
+DEFAULT_RECIPE = Recipe()
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
@@ -114,6 +118,34 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
     bench.add_argument("--commit", help="the revision to record (default: git's HEAD)")
     table.add_flags(bench, scopes=("core",))
     bench.set_defaults(command=run_bench)
+
+    train = commands.add_parser(
+        "train-demo", help="train the embedded Qwen3.5 demo on the Python standard library's sources",
+        description="Train the embedded qwen3_5 demo model, MTP head included, from its seeded random "
+        "weights on every *.py of the standard library (AdamW, warmup and cosine decay, bf16 autocast on "
+        "CUDA); write a checkpoint directory like the demo's with training.json: the recipe, the log, "
+        "validation loss and how often the head's drafts are right.")
+    train.add_argument("--out", type=Path, required=True, metavar="DIR",
+                       help="the checkpoint directory to write (absent or empty)")
+    train.add_argument("--steps", type=_positive, default=DEFAULT_RECIPE.steps, metavar="N",
+                       help=f"optimizer steps ({DEFAULT_RECIPE.steps})")
+    train.add_argument("--batch", type=_positive, default=DEFAULT_RECIPE.batch, metavar="B",
+                       help=f"windows a step ({DEFAULT_RECIPE.batch})")
+    train.add_argument("--seq", type=_positive, default=DEFAULT_RECIPE.seq, metavar="L",
+                       help=f"tokens a window ({DEFAULT_RECIPE.seq})")
+    train.add_argument("--lr", type=_positive_float, default=DEFAULT_RECIPE.lr, metavar="X",
+                       help=f"peak learning rate ({DEFAULT_RECIPE.lr})")
+    train.add_argument("--seed", type=_natural, default=DEFAULT_RECIPE.seed, metavar="S",
+                       help=f"seed of the windows' draw ({DEFAULT_RECIPE.seed}; the init is always the "
+                       "demo's)")
+    train.add_argument("--minutes", type=_positive_float, default=SAFETY_MINUTES, metavar="M",
+                       help=f"stop training after this wall time, whatever --steps says ({SAFETY_MINUTES})")
+    train.add_argument("--log-every", type=_positive, default=DEFAULT_RECIPE.log_every, metavar="N",
+                       help=f"steps between log lines ({DEFAULT_RECIPE.log_every})")
+    train.add_argument("--corpus", type=Path, metavar="DIR",
+                       help="train on every *.py under DIR instead of the standard library")
+    table.add_flags(train, scopes=("core",), only=TRAIN_ROWS)
+    train.set_defaults(command=run_train_demo)
 
     env = commands.add_parser("env", help="the environment table",
                               description="Print the environment table with current values.")
@@ -325,6 +357,41 @@ def model_config(path: Path) -> dict[str, Any]:
     return dict(read_config(path).text)
 
 
+def run_train_demo(table: Table, args: argparse.Namespace) -> int:
+    settings = table.read(os.environ, table.flag_values(args), only=TRAIN_ROWS)
+    configure_logging(settings.value("TF_LOG_LEVEL", str))
+
+    from tfd.train.written import check_out
+
+    try:
+        check_out(args.out)  # before any work: a run must not end unable to write
+    except FileExistsError as error:
+        print(f"tfd train-demo: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+
+    from tfd.demo import DEMOS
+    from tfd.server.service import pick_device
+    from tfd.train.corpus import Corpus
+    from tfd.train.loop import DEMO, train
+    from tfd.train.written import write
+
+    device = pick_device(settings.value("TF_DEVICE", str))
+    recipe = Recipe(steps=args.steps, batch=args.batch, seq=args.seq, lr=args.lr, seed=args.seed,
+                    minutes=args.minutes, log_every=args.log_every)
+    log = logging.getLogger("tfd.train")
+    try:
+        corpus = Corpus.read(args.corpus)
+        log.info("corpus: %s", json.dumps(corpus.summary()))
+        trained = train(recipe, corpus, device)
+        record = write(args.out, trained, recipe, corpus, device, DEMOS[DEMO][1])
+    except (OSError, ValueError) as error:
+        print(f"tfd train-demo: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(json.dumps({"out": str(args.out), "steps": record["steps"], "seconds": record["seconds"],
+                      "validation": record["validation"]["after"]}))
+    return 0
+
+
 def run_env(table: Table, args: argparse.Namespace) -> int:
     from tfd.env_docs import render_envfile, render_markdown, render_text
 
@@ -365,6 +432,22 @@ def _variant(text: str) -> Any:
         return parse(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _natural(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+    return int(text)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
 
 
 def _positive(text: str) -> int:

@@ -90,14 +90,7 @@ def build_demo(name: str, cache_dir: Path) -> Path:
     try:
         _, _, shapes = expected_tensors(family, config, {"mtp.head"})
         save_file(random_tensors(shapes, SEED), staging / "model.safetensors")
-        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        generation = {"eos_token_id": [IM_END, ENDOFTEXT]}
-        (staging / "generation_config.json").write_text(json.dumps(generation) + "\n")
-        shutil.copy(TOKENIZER, staging / "tokenizer.json")
-        shutil.copy(CHAT_TEMPLATE, staging / "chat_template.jinja")
-        tokens = {"eos_token": SPECIAL[IM_END], "bos_token": None,
-                  "model_max_length": config["max_position_embeddings"]}
-        (staging / "tokenizer_config.json").write_text(json.dumps(tokens) + "\n")
+        write_files(staging, config)
         try:
             os.rename(staging, target)
         except OSError:
@@ -106,6 +99,19 @@ def build_demo(name: str, cache_dir: Path) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def write_files(directory: Path, config: Mapping[str, Any]) -> None:
+    """Everything of a demo checkpoint but its weights: config.json, the generation config, the
+    tokenizer, its config and the chat template (``build_demo``, and ``tfd train-demo``)."""
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    generation = {"eos_token_id": [IM_END, ENDOFTEXT]}
+    (directory / "generation_config.json").write_text(json.dumps(generation) + "\n")
+    shutil.copy(TOKENIZER, directory / "tokenizer.json")
+    shutil.copy(CHAT_TEMPLATE, directory / "chat_template.jinja")
+    tokens = {"eos_token": SPECIAL[IM_END], "bos_token": None,
+              "model_max_length": config["max_position_embeddings"]}
+    (directory / "tokenizer_config.json").write_text(json.dumps(tokens) + "\n")
 
 
 def train_tokenizer(files: Sequence[Path], vocab: int = VOCAB) -> tokenizers.Tokenizer:

@@ -212,10 +212,13 @@ class Table:
                 problems.append(f"{name}: unknown setting{hint}")
         return problems
 
-    def add_flags(self, parser: argparse.ArgumentParser, scopes: Iterable[str] = SCOPES) -> None:
-        """One flag per row with a flag, grouped by scope; values stay text for ``read``."""
+    def add_flags(self, parser: argparse.ArgumentParser, scopes: Iterable[str] = SCOPES,
+                  only: Iterable[str] | None = None) -> None:
+        """One flag per row with a flag, grouped by scope; values stay text for ``read``. ``only``
+        keeps the rows of these names (a command that reads no other)."""
+        kept = None if only is None else set(only)
         for scope in scopes:
-            rows = [row for row in self.in_scope(scope) if row.flag]
+            rows = [row for row in self.in_scope(scope) if row.flag and (kept is None or row.name in kept)]
             if not rows:
                 continue
             group = parser.add_argument_group(f"{scope} settings (flag beats environment)")
