@@ -7,6 +7,7 @@ exits with status 2 at once and names every problem.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import math
@@ -100,6 +101,9 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
                        help="chain a further draft while the one before is at least this likely (0.7)")
     bench.add_argument("--temperature", type=float, default=1.0, metavar="T",
                        help="sampling temperature, keyed (1.0; 0: greedy)")
+    bench.add_argument("--text", action="store_true",
+                       help="prompts cut from the held-out files of the demo's training text (Python's "
+                       "standard library) with the checkpoint's tokenizer, not random tokens")
     bench.add_argument("--profile", action="store_true",
                        help="after each run, profile its prefill and its decode steps kernel by kernel "
                        "(written beside the JSON as <run>-prefill.txt and <run>-decode.txt, or printed)")
@@ -284,6 +288,7 @@ def run_bench(table: Table, args: argparse.Namespace) -> int:
         else:
             loaded = load(settings, os.environ, device, args.random_weights)
             model, name, config = loaded.model, loaded.path.name, model_config(loaded.path)
+            loaded_path = loaded.path
             size = weight_bytes(loaded.family, config, model.dtype.itemsize)
             del loaded
     except (CheckpointError, ValueError) as error:
@@ -291,8 +296,14 @@ def run_bench(table: Table, args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     if args.gemm:
         return gemm_bench(model, name, device, args.out)
+    prompts = None
+    if args.text:
+        if args.shape or args.random_weights:
+            print("tfd bench: --text needs a checkpoint's tokenizer and trained weights", file=sys.stderr)
+            return EXIT_FAILURE
+        prompts = text_prompts(loaded_path)
     workloads = [Workload(n, args.prompt, args.new, args.step_tokens,
-                          Drafting(most, args.confidence) if most else None, args.temperature)
+                          Drafting(most, args.confidence) if most else None, args.temperature, prompts)
                  for n in args.streams for most in args.drafts]
     if args.variant:
         return variant_bench(model, name, workloads, args.variant, args.rounds, not args.no_graphs, args.out)
@@ -308,6 +319,15 @@ def run_bench(table: Table, args: argparse.Namespace) -> int:
     if args.out is not None:
         write(results, args.out)
     return 0
+
+
+def text_prompts(checkpoint: Path) -> tuple[tuple[int, ...], ...]:
+    """The held-out files of the demo's training text, a token tuple each."""
+    from tfd.train.corpus import Corpus
+
+    held_out = Corpus.read(tokenizer=checkpoint / "tokenizer.json").validation
+    ends = [0, *((held_out == 0).nonzero().flatten() + 1).tolist()]  # each file ends with <|endoftext|>
+    return tuple(tuple(held_out[a:b].tolist()) for a, b in itertools.pairwise(ends) if b > a)
 
 
 def profile_runs(model: Any, results: list[dict[str, Any]], workloads: list[Any], graphs: bool,
