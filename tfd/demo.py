@@ -2,9 +2,12 @@
 
 ``tfd serve`` or ``tfd generate`` without a model builds one at first use into the cache
 directory: a real checkpoint directory (config.json, safetensors, tokenizer.json, chat template,
-generation config) loaded like any other. The weights are drawn from a fixed seed
-(``tfd.families.random_weights``), so every machine builds the same bytes; the directory name
-carries a digest of the recipe, so a changed recipe builds anew. The tokenizer is a byte-level BPE
+generation config) loaded like any other. The Qwen3.5 demo's weights ship trained
+(``assets/demo_qwen3_5.safetensors``, bf16, with ``demo_qwen3_5.training.json``: ``tfd train-demo``
+on Python's standard library sources, a few minutes on an H200), so its MTP head's drafts are
+accepted; Flash Next's are drawn from a fixed seed (``tfd.families.random_weights``). Every machine
+builds the same bytes; the directory name carries a digest of the recipe and the weights, so a
+changed recipe builds anew. The tokenizer is a byte-level BPE
 of 4,096 tokens shipped in ``tfd/assets`` (trained by ``train_tokenizer`` on CPython 3.11's
 ``Lib/*.py``); the chat template is Qwen's ChatML.
 """
@@ -30,7 +33,9 @@ CHAT_TEMPLATE = ASSETS / "chat_template.jinja"
 SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 ENDOFTEXT, IM_END = 0, 2
 SEED = 20261129
-RECIPE = 1  # bump when a change below must rebuild existing demos
+RECIPE = 2  # bump when a change below must rebuild existing demos
+# demos whose weights ship trained (``tfd train-demo`` on the H200; the record beside them says how)
+TRAINED = {"qwen3_5": ASSETS / "demo_qwen3_5.safetensors"}
 VOCAB = 4096
 
 _ROPE = {"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
@@ -79,17 +84,23 @@ def build_demo(name: str, cache_dir: Path) -> Path:
 
     family, config = DEMOS[name]
     tokenizer_bytes = TOKENIZER.read_bytes()
+    trained = TRAINED.get(name)
+    weights = hashlib.sha256(trained.read_bytes()).hexdigest() if trained is not None else None
     recipe = json.dumps({"recipe": RECIPE, "seed": SEED, "config": config,
                          "tokenizer": hashlib.sha256(tokenizer_bytes).hexdigest(),
-                         "template": CHAT_TEMPLATE.read_text()}, sort_keys=True)
+                         "template": CHAT_TEMPLATE.read_text(), "weights": weights}, sort_keys=True)
     target = cache_dir / "demo" / f"{name}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
     if (target / "model.safetensors").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
-        _, _, shapes = expected_tensors(family, config, {"mtp.head"})
-        save_file(random_tensors(shapes, SEED), staging / "model.safetensors")
+        if trained is not None:
+            shutil.copy(trained, staging / "model.safetensors")
+            shutil.copy(trained.with_suffix(".training.json"), staging / "training.json")
+        else:
+            _, _, shapes = expected_tensors(family, config, {"mtp.head"})
+            save_file(random_tensors(shapes, SEED), staging / "model.safetensors")
         write_files(staging, config)
         try:
             os.rename(staging, target)
