@@ -18,6 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 from torch.profiler import ProfilerActivity, profile
 
@@ -85,6 +86,6 @@ def by_grid(trace: dict[str, Any], rows: int) -> str:
 
 def profiles(model: HybridModel, workload: Workload, graphs: bool) -> dict[str, str]:
     """``{"prefill": table, "decode": table}`` for ``workload``'s two phases."""
-    prefill = Workload(workload.streams, workload.prompt_tokens, 1, workload.step_tokens)
-    decode = Workload(workload.streams, DECODE_PROMPT, DECODE_NEW, workload.step_tokens)
+    prefill = attrs.evolve(workload, new_tokens=1)
+    decode = attrs.evolve(workload, prompt_tokens=DECODE_PROMPT, new_tokens=DECODE_NEW)  # drafts, text alike
     return {"prefill": kernel_table(model, prefill, graphs), "decode": kernel_table(model, decode, graphs)}
