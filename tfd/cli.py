@@ -96,7 +96,8 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
                        help="rows a step may run (8192)")
     bench.add_argument("--no-graphs", action="store_true", help="decode steps eagerly, no CUDA graphs")
     bench.add_argument("--drafts", type=_draft_counts, default=[0], metavar="N[,N...]",
-                       help="MTP drafts a round at most, one run each (0: no drafting; default 0)")
+                       help="MTP drafts a round at most, one run each (0: no drafting; default 0); a --shape "
+                       "then gets a random MTP head")
     bench.add_argument("--confidence", type=float, default=0.7, metavar="P",
                        help="chain a further draft while the one before is at least this likely (0.7)")
     bench.add_argument("--temperature", type=float, default=1.0, metavar="T",
@@ -283,7 +284,7 @@ def run_bench(table: Table, args: argparse.Namespace) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         if args.shape:
-            model, shape = random_model(args.shape, device)
+            model, shape = random_model(args.shape, device, head=any(args.drafts))
             name, size, config = shape.name, shape.weight_bytes, shape.config
         else:
             loaded = load(settings, os.environ, device, args.random_weights)

@@ -42,15 +42,17 @@ def measure_ceilings(device: torch.device) -> Ceilings:
                     roofline.gpu_name(device))
 
 
-def random_model(name: str, device: torch.device, seed: int = 0) -> tuple[HybridModel, Shape]:
-    """Shape ``name`` cut to fit this device, its weights drawn there."""
+def random_model(name: str, device: torch.device, seed: int = 0, head: bool = False
+                 ) -> tuple[HybridModel, Shape]:
+    """Shape ``name`` cut to fit this device, its weights drawn there; ``head`` adds an MTP head (its
+    drafts are a random head's: they measure a round's cost, not acceptance)."""
     budget = int(torch.cuda.get_device_properties(device).total_memory * WEIGHT_SHARE) \
         if device.type == "cuda" else 8 * 2**30
     shape = fit(name, budget)
     if shape.cut:
         print(f"tfd bench: cut {shape.cut}")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    return HybridModel.random(shape.family, shape.config, seed, dtype, device), shape
+    return HybridModel.random(shape.family, shape.config, seed, dtype, device, head), shape
 
 
 def commit() -> str:
