@@ -88,6 +88,7 @@ class Rounds:
         self.columns = columns
         self.null_page = rows.null_page
         self.offsets = offsets
+        self.verify_offsets: dict[int, list[int]] = {}  # lane number: its verify offsets
         self.most = most
         self.confidence = confidence
         self.head = HeadProposer(model, rows, memory, columns, confidence)
@@ -98,6 +99,20 @@ class Rounds:
         if graphs and self.device.type == "cuda":
             self.graphs = RoundGraphs(self._step, columns, self.null_page, VerifyLanes.padding(
                 len(self.gdn_names)), max_lanes, most + 1, self.device)
+
+    def lane_offsets(self, lane: Lane) -> list[int]:
+        """A lane's verify offsets (``VerifyLanes.lane_offsets``), worked out once while it is open:
+        a round's host work stands between two rounds' device work."""
+        found = self.verify_offsets.get(lane.number)
+        if found is None:
+            assert lane.memory is not None
+            found = self.verify_offsets[lane.number] = VerifyLanes.lane_offsets(
+                lane.memory.pieces, self.gdn_names, self.memory.pool.buffer)
+        return found
+
+    def forget(self, lane: Lane) -> None:
+        """A closed lane's offsets go (its pieces may move to another lane of that number)."""
+        self.verify_offsets.pop(lane.number, None)
 
     def absorb(self, absorbs: Sequence[Absorb]) -> list[list[int]]:
         """Prompt rows into the head, and the first drafts of lanes whose prompt ended."""
@@ -129,8 +144,7 @@ class Rounds:
                 settings.append(lane.request.sampling)
                 seeds.append(lane.seed)
                 positions.append(lane.next_position + i)
-            offsets.append(VerifyLanes.lane_offsets(lane.memory.pieces, self.gdn_names,
-                                                    self.memory.pool.buffer))
+            offsets.append(self.lane_offsets(lane))
         details = None
         if captured:
             assert self.graphs is not None

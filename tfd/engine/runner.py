@@ -162,6 +162,8 @@ class Runner:
             lane.lease.finish()
         lane.lease, lane.memory = None, None
         self.offsets.pop(lane.number, None)
+        if self.rounds is not None:
+            self.rounds.forget(lane)
 
     def _step(self, batch: DecodeBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden rows and logits in the model dtype, and each lane's plain keyed draw (of their fp32
