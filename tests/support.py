@@ -14,8 +14,10 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
+import trio
 
 # Variables of the host (systemd's, a developer's shell) that would change what tfd does.
 _HOST_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "RUNTIME_DIRECTORY", "CACHE_DIRECTORY")
@@ -179,3 +181,41 @@ class InProcessDaemon:
     @property
     def url(self) -> str:
         return self.daemon.binds[0]
+
+
+def census(daemon: ServedDaemon) -> dict[str, Any]:
+    answer = daemon.admin_call("pool")
+    assert answer["ok"] is True
+    return answer["pool"]["census"]  # type: ignore[index,no-any-return]
+
+
+async def settled(daemon: ServedDaemon) -> dict[str, Any]:
+    """The census once every lane has gone (cancels take effect at the next step)."""
+    with trio.fail_after(20):
+        while True:
+            now = await trio.to_thread.run_sync(census, daemon)
+            if not now["lanes"]:
+                return now
+            await trio.sleep(0.05)
+
+
+async def walk_away(daemon: ServedDaemon, body: dict[str, Any], read: bytes, times: int = 1,
+                    holding: trio.Event | None = None) -> None:
+    """A client that sends ``body`` to /v1/completions, reads until ``read`` showed ``times``
+    times, and hangs up; with ``holding``, it sets that and keeps the connection until cancelled."""
+    address = daemon.url().removeprefix("http://")
+    host, port = address.rsplit(":", 1)
+    payload = json.dumps(body).encode()
+    stream = await trio.open_tcp_stream(host, int(port))
+    async with stream:
+        head = f"POST /v1/completions HTTP/1.1\r\nHost: tfd\r\nContent-Type: application/json\r\n" \
+            f"Content-Length: {len(payload)}\r\n\r\n"
+        await stream.send_all(head.encode() + payload)
+        seen = b""
+        while seen.count(read) < times:
+            data = await stream.receive_some(65536)
+            assert data, f"the server closed first: {seen!r}"
+            seen += data
+        if holding is not None:
+            holding.set()
+            await trio.sleep_forever()

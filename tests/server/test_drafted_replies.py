@@ -10,7 +10,7 @@ import httpx
 import pytest
 import trio
 
-from support import ServedDaemon, tiny_server
+from support import ServedDaemon, census, settled, tiny_server, walk_away
 
 PROMPTS = [f"def function_{i}(x):\n    return x * {i} + " + "y" * i for i in range(4)]
 SAMPLINGS = {"greedy": {"temperature": 0.0}, "seeded": {"temperature": 0.8, "top_p": 0.9, "seed": 77}}
@@ -33,7 +33,7 @@ async def complete(client: httpx.AsyncClient, prompt: str, sampling: dict[str, A
 @pytest.mark.parametrize("name", list(SAMPLINGS))
 async def test_drafted_replies_are_the_plain_replies(server: ServedDaemon, name: str) -> None:
     sampling = SAMPLINGS[name]
-    at_load = server.admin_call("pool")["pool"]["census"]  # type: ignore[index]
+    at_load = census(server)
     async with httpx.AsyncClient(base_url=server.url(), timeout=120) as client:
         plain = [await complete(client, prompt, sampling, draft=False) for prompt in PROMPTS]
         drafted = [await complete(client, prompt, sampling) for prompt in PROMPTS]
@@ -53,7 +53,23 @@ async def test_drafted_replies_are_the_plain_replies(server: ServedDaemon, name:
             (0, tokens, None)
         assert on["tfd"]["drafted"] >= 1 and on["tfd"]["rounds"] <= tokens
         assert on["tfd"]["rounds"] == tokens - on["tfd"]["accepted"]  # a round: its kept drafts and one
-    assert server.admin_call("pool")["pool"]["census"] == at_load  # type: ignore[index]
+    assert census(server) == at_load
+
+
+async def test_clients_that_leave_during_rounds_leave_the_pool_as_at_load(server: ServedDaemon) -> None:
+    at_load = census(server)
+    # mid-round: streams read for a few chunks (each a round's kept tokens), then closed; one greedy, one
+    # seeded, together, so a step's verify pass holds both windows when they go
+    streams = [{"prompt": prompt, "max_tokens": 400, "stream": True, "ignore_eos": True, **sampling}
+               for prompt, sampling in zip(PROMPTS, SAMPLINGS.values(), strict=False)]
+    async with trio.open_nursery() as nursery:
+        for body, times in zip(streams, (3, 6), strict=True):
+            nursery.start_soon(walk_away, server, body, b"data: ", times)
+    # mid-prefill: a long prompt's client gone after the headers
+    with trio.move_on_after(0.1):
+        await walk_away(server, {"prompt": " ".join(f"w{i}" for i in range(400)), "max_tokens": 50},
+                        b"never comes")
+    assert await settled(server) == at_load
 
 
 async def test_metrics_count_drafts_and_their_acceptance(server: ServedDaemon) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,7 +9,7 @@ import httpx
 import pytest
 import trio
 
-from support import ServedDaemon, tiny_server
+from support import ServedDaemon, census, settled, tiny_server, walk_away
 
 SEEDED = {"temperature": 0.8, "top_p": 0.9, "seed": 1234}
 GREEDY = {"temperature": 0.0}
@@ -22,22 +21,6 @@ def server(request: pytest.FixtureRequest) -> Iterator[ServedDaemon]:
     with tiny_server(request.param) as daemon:
         daemon.at_load = census(daemon)  # type: ignore[attr-defined]
         yield daemon
-
-
-def census(daemon: ServedDaemon) -> dict[str, Any]:
-    answer = daemon.admin_call("pool")
-    assert answer["ok"] is True
-    return answer["pool"]["census"]  # type: ignore[index,no-any-return]
-
-
-async def settled(daemon: ServedDaemon) -> dict[str, Any]:
-    """The census once every lane has gone (cancels take effect at the next step)."""
-    with trio.fail_after(20):
-        while True:
-            now = await trio.to_thread.run_sync(census, daemon)
-            if not now["lanes"]:
-                return now
-            await trio.sleep(0.05)
 
 
 async def lanes(daemon: ServedDaemon, running: int, waiting: int) -> None:
@@ -99,28 +82,6 @@ async def test_a_prompt_longer_than_a_step_equals_it_with_a_larger_step(server: 
         async with httpx.AsyncClient(base_url=large_server.url(), timeout=120) as client:
             large = await complete(client, prompt, GREEDY, 8)
     assert small["tfd"]["token_sha"] == large["tfd"]["token_sha"]
-
-
-async def walk_away(daemon: ServedDaemon, body: dict[str, Any], read: bytes, times: int = 1,
-                    holding: trio.Event | None = None) -> None:
-    """A client that sends ``body`` to /v1/completions, reads until ``read`` showed ``times``
-    times, and hangs up; with ``holding``, it sets that and keeps the connection until cancelled."""
-    address = daemon.url().removeprefix("http://")
-    host, port = address.rsplit(":", 1)
-    payload = json.dumps(body).encode()
-    stream = await trio.open_tcp_stream(host, int(port))
-    async with stream:
-        head = f"POST /v1/completions HTTP/1.1\r\nHost: tfd\r\nContent-Type: application/json\r\n" \
-            f"Content-Length: {len(payload)}\r\n\r\n"
-        await stream.send_all(head.encode() + payload)
-        seen = b""
-        while seen.count(read) < times:
-            data = await stream.receive_some(65536)
-            assert data, f"the server closed first: {seen!r}"
-            seen += data
-        if holding is not None:
-            holding.set()
-            await trio.sleep_forever()
 
 
 async def test_cancelled_clients_leave_the_pool_as_at_load(server: ServedDaemon) -> None:
