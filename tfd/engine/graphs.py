@@ -33,13 +33,13 @@ from typing import Any, TypeVar
 
 import torch
 
+from tfd.engine.round_step import RoundInputs, host_inputs
 from tfd.model.decode import Columns, DecodeBatch
-from tfd.model.verify import VerifyLanes
 
 log = logging.getLogger("tfd.graphs")
 Step = Callable[[DecodeBatch], tuple[torch.Tensor, ...]]  # a batch's outputs, each with a row a lane
 T = TypeVar("T")
-RoundStep = Callable[[DecodeBatch, VerifyLanes], torch.Tensor]  # a round's output, a row a lane
+RoundStep = Callable[[RoundInputs], torch.Tensor]  # a round's output, a row a lane
 BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
@@ -96,41 +96,45 @@ class DecodeGraphs:
 
 
 class RoundGraphs:
-    """Verify rounds of ``step`` for up to ``max_lanes`` lanes of ``width`` rows each; ``padding`` is
-    a padding lane's verify offsets."""
+    """Verify rounds of ``step`` for up to ``max_lanes`` lanes of ``width`` rows each; ``lane_padding``
+    is a padding lane's verify offsets; page tables ``pages`` wide."""
 
-    def __init__(self, step: RoundStep, columns: Columns, null_page: int, padding: list[int],
-                 max_lanes: int, width: int, device: torch.device) -> None:
+    def __init__(self, step: RoundStep, columns: Columns, null_page: int, lane_padding: list[int],
+                 max_lanes: int, width: int, pages: int, device: torch.device) -> None:
         self.width = width
         self.buckets = buckets_for(max_lanes)
         self.padding = columns.padding(null_page)
-        self.lane_padding = padding
-        column = torch.tensor(self.padding, dtype=torch.int64, device=device)[:, None]
-        lane = torch.tensor(padding, dtype=torch.int64, device=device)[:, None]
-        self.inputs = {bucket: (column.repeat(1, bucket * width), lane.repeat(1, bucket))
-                       for bucket in self.buckets}
+        self.lane_padding = lane_padding
+        self.empty_table = [null_page] * pages
+        self.inputs: dict[int, RoundInputs] = {}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         pool = torch.cuda.graph_pool_handle()
         for bucket in reversed(self.buckets):
-            packed, offsets = self.inputs[bucket]
-            batch, lanes = DecodeBatch(packed, columns), VerifyLanes(width, offsets)
-            self.graphs[bucket], self.outputs[bucket] = _capture(partial(step, batch, lanes), pool, device)
+            held = self.padded([], [], [], [], bucket)
+            self.inputs[bucket] = RoundInputs(*(value.to(device) for value in held))
+            captured = _capture(partial(step, self.inputs[bucket]), pool, device)
+            self.graphs[bucket], self.outputs[bucket] = captured
         torch.cuda.synchronize(device)
         log.info("captured verify round graphs for %s lanes of %d rows", ", ".join(map(str, self.buckets)),
                  width)
 
-    def run(self, columns: Sequence[Sequence[int]], offsets: Sequence[Sequence[int]]) -> torch.Tensor:
-        """The round's output (a row a lane) for ``width`` columns a lane (``Columns.column`` or
-        padding) and each lane's ``VerifyLanes.lane_offsets``."""
-        lanes = len(offsets)
-        if len(columns) != lanes * self.width:
-            raise ValueError(f"{lanes} lanes of {self.width} rows take {lanes * self.width} columns, "
-                             f"got {len(columns)}")
-        bucket = self.buckets[bisect.bisect_left(self.buckets, lanes)]
-        packed, lane_offsets = self.inputs[bucket]
-        spare = bucket - lanes
-        packed.copy_(_pinned([*columns, *[self.padding] * (spare * self.width)]), non_blocking=True)
-        lane_offsets.copy_(_pinned([*offsets, *[self.lane_padding] * spare]), non_blocking=True)
+    def bucket(self, lanes: int) -> int:
+        return self.buckets[bisect.bisect_left(self.buckets, lanes)]
+
+    def padded(self, columns: Sequence[Sequence[int]] | None, offsets: Sequence[Sequence[int]] | None,
+               tables: Sequence[Sequence[int]], limits: Sequence[int], bucket: int) -> list[torch.Tensor]:
+        """Host inputs (``host_inputs``) for ``bucket`` lanes: the live lanes' then padding lanes'."""
+        spare = bucket - len(limits)
+        return host_inputs(None if columns is None else [*columns, *[self.padding] * (spare * self.width)],
+                           None if offsets is None else [*offsets, *[self.lane_padding] * spare],
+                           [*tables, *[self.empty_table] * spare], [*limits, *[0] * spare])
+
+    def run(self, lanes: int, held: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Replay the round for ``lanes`` lanes, ``held`` (``padded``) copied into its inputs first: all
+        of them, or only the page tables and limits for a round run ahead on the inputs the bucket's
+        last replay advanced to. The output, a row a lane (valid until the bucket's next replay)."""
+        bucket = self.bucket(lanes)
+        self.inputs[bucket].copy_(held)
         self.graphs[bucket].replay()
         return self.outputs[bucket][:lanes]

@@ -2,21 +2,23 @@
 commit it, and get their next drafts.
 
 A drafting lane's decode work is a window: its pending token (the last one drawn) and its drafts.
-All windows of a step go through one verify pass (``HybridModel.verify``), ``rows`` rows a lane (the
-widest window, or every lane's most when captured; a narrower lane's extra rows are padding rows
-that touch no memory). Every row draws with the keyed sampler at its own position, so row i draws
+All windows of a step go through one verify pass (``HybridModel.verify``), ``rows`` rows a lane
+(``most + 1``, or the widest window for a round that runs eagerly; a narrower lane's extra rows are
+padding rows that touch no memory). Every row draws with the keyed sampler at its own position, so row i draws
 what serial decoding draws there whenever the rows before it are serial. On the device, then: how
 many rows each lane keeps (its pending row, and each draft while it equals the token drawn before
 it: ``drafts.kept`` without the stop tokens), the commit of the kept rows, the MTP head's cells over
 the window fed the drawn tokens, and the chain of next drafts from the last kept row
-(``proposer.chain``). The host reads the draws, the counts and the drafts once; it ends a lane's
+(``proposer.chain``), and the next round's inputs (``round_step``). The host reads the draws, the
+counts and the drafts once; it ends a lane's
 tokens at a stop token or ``max_tokens`` (the rows kept past them are never read: the lane ends).
 A lane's tokens are therefore the serial tokens whatever the drafts; drafts only change how many a
 round yields.
 
 A round whose rows all draw plainly (no top-k/p, min-p or logprobs) is one replay of a captured
-graph when the runner has graphs (``graphs.RoundGraphs``); otherwise the same functions run eagerly,
-the draw through ``sampling.sample``. A drafting lane's prompt chunks are absorbed by the head as
+graph when the runner has graphs (``graphs.RoundGraphs``), or ``RoundStep.step`` run eagerly, and
+the next one runs ahead (``Rounds``); otherwise the pieces run eagerly, the draw through
+``sampling.sample``. A drafting lane's prompt chunks are absorbed by the head as
 they run (``absorb``); its first drafts come with its first token.
 """
 
@@ -29,9 +31,10 @@ import torch
 
 from tfd.engine.graphs import RoundGraphs
 from tfd.engine.lane import Lane
-from tfd.engine.proposer import Absorb, HeadProposer, chain
+from tfd.engine.proposer import Absorb, HeadProposer
 from tfd.engine.request import TokenLogprob
-from tfd.engine.sampling import Rows, draw, logprobs, plain, sample
+from tfd.engine.round_step import RoundInputs, RoundStep, host_inputs
+from tfd.engine.sampling import Rows, logprobs, plain, sample
 from tfd.engine.scheduler import Work
 from tfd.families.hybrid import HybridModel
 from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
@@ -74,11 +77,42 @@ def ended(lane: Lane, tokens: Sequence[int]) -> tuple[tuple[int, ...], bool]:
     return tuple(tokens[:left]), len(tokens) >= left
 
 
+@attrs.define
+class _Launched:
+    """A round in flight: its lanes in order, its output on its way to the host, and (for a round run
+    ahead, once the round before is read) the first row each lane's window starts at."""
+
+    lanes: tuple[Lane, ...]
+    host: torch.Tensor
+    copied: torch.cuda.Event | None  # recorded after the copy to the host (CUDA)
+    starts: tuple[int, ...] = ()
+
+    def read(self) -> list[list[int]]:
+        """The output, waiting for its copy: the round's one sync with the host."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        return list(self.host.tolist())
+
+    def check(self, works: Sequence[Work]) -> None:
+        """RuntimeError for a work whose plan is not the round that ran ahead for its lane: its state
+        is past the rows that round verified."""
+        starts = {id(lane): start for lane, start in zip(self.lanes, self.starts, strict=True)}
+        for work in works:
+            if starts[id(work.lane)] != work.start:
+                raise RuntimeError(f"request {work.lane.request.id}: the round run ahead started at row "
+                                   f"{starts[id(work.lane)]}, the plan asks for rows from {work.start}")
+
+
 class Rounds:
     """The runner's verify rounds for ``model`` over ``memory``; ``offsets`` maps a lane number to
     its decode offsets; ``most`` drafts a round at most, chained while at least ``confidence`` likely;
     ``propose`` replaces the head's drafts (a scripted head in tests); ``graphs``: capture rounds
-    (CUDA) for up to ``max_lanes`` lanes."""
+    (CUDA) for up to ``max_lanes`` lanes.
+
+    Rounds run one ahead, as decode steps do: when a step's windows all draw plainly, the next round
+    of the same lanes is launched on the inputs this one advanced to before the host reads this one,
+    so the host's bookkeeping overlaps the device's work. A lane that stops meanwhile wasted a round
+    in its own pages. A cut draw, logprobs or a scripted head's drafts need the host between rounds."""
 
     def __init__(self, model: HybridModel, memory: DecodeMemory, rows: PageRows, columns: Columns,
                  offsets: dict[int, list[int]], most: int, confidence: float,
@@ -90,15 +124,17 @@ class Rounds:
         self.offsets = offsets
         self.verify_offsets: dict[int, list[int]] = {}  # lane number: its verify offsets
         self.most = most
-        self.confidence = confidence
         self.head = HeadProposer(model, rows, memory, columns, confidence)
         self.propose = propose
         self.gdn_names = model.gdn_layers().layers
         self.device = memory.pool.buffer.device
+        self.step = RoundStep(model, memory, columns, self.null_page, most, confidence)
         self.graphs: RoundGraphs | None = None
         if graphs and self.device.type == "cuda":
-            self.graphs = RoundGraphs(self._step, columns, self.null_page, VerifyLanes.padding(
-                len(self.gdn_names)), max_lanes, most + 1, self.device)
+            self.graphs = RoundGraphs(self.step.step, columns, self.null_page, VerifyLanes.padding(
+                len(self.gdn_names)), max_lanes, most + 1, columns.pages, self.device)
+        self.inputs: RoundInputs | None = None  # an eager round's inputs, advanced to the next one's
+        self.ahead: _Launched | None = None
 
     def lane_offsets(self, lane: Lane) -> list[int]:
         """A lane's verify offsets (``VerifyLanes.lane_offsets``), worked out once while it is open:
@@ -123,12 +159,83 @@ class Rounds:
         and draft again; a round per work, in order."""
         drawing_plain = all(plain(work.lane.request.sampling) and work.lane.request.sampling.logprobs is None
                             for work in works)
-        captured = self.graphs is not None and drawing_plain
-        rows = self.most + 1 if captured else max(work.length for work in works)
-        columns, offsets, settings, seeds, positions = [], [], [], [], []
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None:
+            same = [id(work.lane) for work in works] == list(map(id, ahead.lanes))
+            if drawing_plain and self.propose is None and same:
+                ahead.check(works)
+                self.ahead = self._launch(works, fresh=False)  # the next round, before this one is read
+                return self._read(works, ahead)
+            return self._drain(ahead, works)
+        if not drawing_plain:
+            return self._eager(works)
+        current = self._launch(works, fresh=True)
+        if self.propose is None:
+            self.ahead = self._launch(works, fresh=False)
+        return self._read(works, current)
+
+    def _read(self, works: Sequence[Work], launched: _Launched) -> list[Round]:
+        """``launched``'s rounds; the round run ahead of it learns where its lanes start."""
+        out = launched.read()
+        if self.ahead is not None:
+            self.ahead.starts = tuple(work.start + row[self.most + 1]
+                                      for work, row in zip(works, out, strict=True))
+        return self._rounds(works, self.most + 1, out, None)
+
+    def _drain(self, ahead: _Launched, works: Sequence[Work]) -> list[Round]:
+        """The plan changed under a round run ahead (a lane ended or joined, a draw that cuts): its
+        lanes that go on take its rounds; the others run one now, with none ahead."""
+        rows = dict(zip(map(id, ahead.lanes), ahead.read(), strict=True))
+        covered = [work for work in works if id(work.lane) in rows]
+        rest = [work for work in works if id(work.lane) not in rows]
+        ahead.check(covered)
+        found = dict(zip(map(id, covered), self._rounds(covered, self.most + 1,
+                                                        [rows[id(work.lane)] for work in covered], None),
+                         strict=True))
+        if rest:
+            drawing_plain = all(plain(w.lane.request.sampling) and w.lane.request.sampling.logprobs is None
+                                for w in rest)
+            fresh = self._read(rest, self._launch(rest, fresh=True)) if drawing_plain else self._eager(rest)
+            found.update(zip(map(id, rest), fresh, strict=True))
+        return [found[id(work)] for work in works]
+
+    def _launch(self, works: Sequence[Work], fresh: bool) -> _Launched:
+        """Launch a round of ``works``' lanes (a graph replay when captured) and the copy of its output
+        to the host: ``fresh``, on the windows the host plans (``_columns``); otherwise on the inputs
+        the last round advanced to, with the lanes' page tables as they are now."""
+        lanes = [work.lane for work in works]
+        tables, limits = [], []
+        for lane in lanes:
+            assert lane.lease is not None
+            pages = lane.lease.row_pages
+            tables.append([*pages, *[self.null_page] * (self.columns.pages - len(pages))])
+            limits.append(lane.prompt_length + lane.request.max_tokens - 2)
+        columns, offsets = self._columns(works, self.most + 1) if fresh else (None, None)
+        if self.graphs is not None:
+            bucket = self.graphs.bucket(len(lanes))
+            out = self.graphs.run(len(lanes), self.graphs.padded(columns, offsets, tables, limits, bucket))
+        else:
+            held = host_inputs(columns, offsets, tables, limits)
+            if fresh or self.inputs is None:
+                self.inputs = RoundInputs.of(held, self.device)
+            else:
+                self.inputs.copy_(held)
+            out = self.step.step(self.inputs)
+        if self.device.type != "cuda":
+            return _Launched(tuple(lanes), out, None)
+        host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+        host.copy_(out, non_blocking=True)  # in stream order: a later replay cannot overwrite it first
+        copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        copied.record(torch.cuda.current_stream(self.device))
+        return _Launched(tuple(lanes), host, copied)
+
+    def _columns(self, works: Sequence[Work], rows: int) -> tuple[list[list[int]], list[list[int]]]:
+        """Each work's window as ``rows`` columns (padding rows after it), and each lane's verify
+        offsets. RuntimeError for a work whose length is not its lane's window."""
+        columns, offsets = [], []
         for work in works:
             lane = work.lane
-            assert lane.lease is not None and lane.memory is not None
+            assert lane.lease is not None
             window = [lane.generated[-1], *lane.drafts]
             if len(window) != work.length:
                 raise RuntimeError(f"request {lane.request.id}: a window of {work.length} rows, "
@@ -141,34 +248,41 @@ class Rounds:
                                                        self.null_page))
                 else:
                     columns.append(self.columns.padding(self.null_page))
-                settings.append(lane.request.sampling)
-                seeds.append(lane.seed)
-                positions.append(lane.next_position + i)
             offsets.append(self.lane_offsets(lane))
-        details = None
-        if captured:
-            assert self.graphs is not None
-            out = self.graphs.run(columns, offsets)
-        else:
-            batch = DecodeBatch.of(columns, self.columns, self.device)
-            lanes = VerifyLanes.of(rows, offsets, self.device)
-            hidden, logits = self._verify(batch, lanes)
-            if drawing_plain:
-                drawn = draw(logits, batch.temperature_bits, batch.seeds, batch.positions, 1)
-            else:
-                drawn = sample(logits.float(), Rows.of(settings, seeds, positions, self.device))
-            asked = [work.lane.request.sampling.logprobs for work in works]
-            if any(n is not None for n in asked):
-                details = logprobs(logits, drawn, max(n or 0 for n in asked))
-            out = self._settle(batch, lanes, hidden, drawn)
-        return self._rounds(works, rows, out.tolist(), details)  # the round's one sync with the host
+        return columns, offsets
 
-    def _rounds(self, works: Sequence[Work], rows: int, out: list[list[int]],
+    def _eager(self, works: Sequence[Work]) -> list[Round]:
+        """A round that cuts its draws or reports logprobs: its pieces run eagerly, the draw through
+        ``sampling.sample``, the widest window's rows a lane."""
+        rows = max(work.length for work in works)
+        columns, offsets = self._columns(works, rows)
+        settings, seeds, positions = [], [], []
+        for work in works:
+            lane = work.lane
+            settings += [lane.request.sampling] * rows
+            seeds += [lane.seed] * rows
+            positions += [lane.next_position + i for i in range(rows)]
+        batch = DecodeBatch.of(columns, self.columns, self.device)
+        lanes = VerifyLanes.of(rows, offsets, self.device)
+        hidden, logits = self.step.verify(batch, lanes)
+        drawn = sample(logits.float(), Rows.of(settings, seeds, positions, self.device))
+        asked = [work.lane.request.sampling.logprobs for work in works]
+        details = logprobs(logits, drawn, max(n or 0 for n in asked)) if any(n is not None for n in asked) \
+            else None
+        width = (batch.lengths > 0).view(-1, rows).sum(dim=1)
+        out = torch.cat((self.step.settle(batch, lanes, hidden, drawn), width[:, None]), dim=1)
+        return self._rounds(works, rows, out.tolist(), details)
+
+    def _rounds(self, works: Sequence[Work], rows: int, out: Sequence[Sequence[int]],
                 details: list[TokenLogprob] | None) -> list[Round]:
-        """Each work's round from the host's copy of ``_settle``'s output."""
+        """Each work's round from the host's copy of a round's output (``RoundStep.step``'s).
+        RuntimeError for a window the round verified that is not the work's."""
         found, absorbs, owners = [], [], []
         for index, (work, row) in enumerate(zip(works, out, strict=True)):
             lane = work.lane
+            if row[-1] != work.length:
+                raise RuntimeError(f"request {lane.request.id}: the round verified {row[-1]} rows, the plan "
+                                   f"asks for {work.length}")
             tokens, ends = ended(lane, row[:row[rows]])
             entries = None
             asked = lane.request.sampling.logprobs
@@ -177,7 +291,7 @@ class Rounds:
                 entries = tuple(attrs.evolve(entry, top=entry.top[:asked])
                                 for entry in details[at:at + len(tokens)])
             wanted = 0 if ends else draft_count(lane, self.most, len(tokens))
-            drafts = row[rows + 1:rows + 1 + min(wanted, row[-1])]
+            drafts = row[rows + 1:rows + 1 + min(wanted, row[-2])]
             if self.propose is not None and not ends:
                 assert lane.memory is not None
                 # a scripted head reads tokens only: the main model's rows stay on the device
@@ -189,37 +303,6 @@ class Rounds:
             for index, more in zip(owners, self.propose(absorbs), strict=True):
                 found[index] = attrs.evolve(found[index], drafts=tuple(more))
         return found
-
-    def _verify(self, batch: DecodeBatch, lanes: VerifyLanes) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every row's final hidden row and logits; the lanes' states stay committed."""
-        hidden = self.model.verify(batch, self.memory, lanes)
-        return hidden, self.model.logits(hidden)
-
-    def _step(self, batch: DecodeBatch, lanes: VerifyLanes) -> torch.Tensor:
-        """A round whose rows draw plainly, all on the device: what ``RoundGraphs`` captures."""
-        hidden, logits = self._verify(batch, lanes)
-        return self._settle(batch, lanes, hidden, draw(logits, batch.temperature_bits, batch.seeds,
-                                                      batch.positions, 1))
-
-    def _settle(self, batch: DecodeBatch, lanes: VerifyLanes, hidden: torch.Tensor, drawn: torch.Tensor
-                ) -> torch.Tensor:
-        """After the draws (``drawn`` [lanes * rows]): each lane's kept rows counted and committed,
-        the head's cells over its window, the next drafts chained from the last kept row. Returns
-        [lanes, rows + 2 + most] int64: the draws, the kept count, the drafts, how many to propose."""
-        count, rows = lanes.lanes, lanes.rows
-        drawn = drawn.view(count, rows)
-        tokens = batch.tokens.view(count, rows)
-        real = (batch.lengths > 0).view(count, rows)
-        holds = (tokens[:, 1:] == drawn[:, :-1]) & real[:, 1:]
-        keep = 1 + holds.long().cumprod(dim=1).sum(dim=1)
-        self.model.commit(batch, self.memory, lanes, keep.int())
-        fed = batch.packed.clone()
-        fed[0] = drawn.flatten()  # each row's cell takes the token drawn after it
-        cells = self.model.draft_rows(DecodeBatch(fed, self.columns), self.memory, hidden)
-        last = torch.arange(count, device=keep.device) * rows + keep - 1
-        found = chain(self.model, self.memory, DecodeBatch(fed[:, last], self.columns), cells.hidden[last],
-                      cells.carry[last], self.most, self.confidence)
-        return torch.cat((drawn, keep[:, None], found.drafts, found.proposed[:, None]), dim=1)
 
 
 def prompt_absorbs(works: Sequence[Work], rows: torch.Tensor, drawn: dict[int, int], most: int

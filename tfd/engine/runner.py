@@ -254,8 +254,9 @@ class Runner:
         for work in works:
             lease = work.lane.lease
             assert lease is not None and work.lane.memory is not None
-            # a drafting lane's head chains cells past its rows: their rows on its own pages
-            chained = self.rounds.most if self.rounds is not None and work.lane.drafting else 0
+            # a drafting lane's next round (run ahead) and its head's chained cells go past its rows:
+            # their rows on its own pages
+            chained = 2 * self.rounds.most + 1 if self.rounds is not None and work.lane.drafting else 0
             lease.take(work.start + work.length)
             if chained:
                 lease.take(min(lease.window, work.start + work.length + chained))

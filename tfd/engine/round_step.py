@@ -1,0 +1,143 @@
+"""A verify round on the device: what ``graphs.RoundGraphs`` captures and ``rounds.Rounds`` runs.
+
+A round's inputs (``RoundInputs``) are its rows' columns, ``rows`` a lane (a window and its padding
+rows), each lane's verify offsets, its page table and its last position a window may reach. The
+round verifies the windows, draws every row, and then, still on the device: how many rows each
+lane keeps, the commit of those rows, the MTP head's cells over the window fed the drawn tokens, the
+chain of next drafts from the last kept row (``proposer.chain``), and the next round's inputs
+(``advance``), written over its own: the last kept draw as the pending token, the drafts the chain
+proposes within the lane's limit, their positions and visible keys. So a round can be launched
+before the host has read the one before it (``Rounds``' run ahead), nothing copied in but the page
+tables, which may have grown.
+
+Its output is a row a lane, int64: the draws (``rows``), the kept count, the drafts (``most``), how
+many of them the chain proposes, and the width of the window it verified.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import torch
+
+from tfd.engine.proposer import chain
+from tfd.engine.sampling import draw
+from tfd.families.hybrid import HybridModel
+from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
+from tfd.model.memory import to_device
+from tfd.model.verify import VerifyLanes
+
+
+@attrs.frozen
+class RoundInputs:
+    """``packed`` [columns.width, lanes * rows] (``DecodeBatch``), ``offsets`` [3 x GDN layers,
+    lanes] (``VerifyLanes``), ``tables`` [pages, lanes] each lane's page table, ``limits`` [lanes]
+    the last position a lane's window may reach (its last draw's position less one): int64 on the
+    device."""
+
+    packed: torch.Tensor
+    offsets: torch.Tensor
+    tables: torch.Tensor
+    limits: torch.Tensor
+
+    @classmethod
+    def of(cls, held: Sequence[torch.Tensor], device: torch.device) -> RoundInputs:
+        """From ``host_inputs`` of all four fields."""
+        return cls(*(to_device(value, device) for value in held))
+
+    def copy_(self, held: Sequence[torch.Tensor]) -> None:
+        """Overwrite the last ``len(held)`` fields from host tensors (``host_inputs``) without waiting:
+        all four, or the page tables and limits of a round run ahead."""
+        fields = (self.packed, self.offsets, self.tables, self.limits)[4 - len(held):]
+        for field, value in zip(fields, held, strict=True):
+            field.copy_(value, non_blocking=True)
+
+
+def host_inputs(columns: Sequence[Sequence[int]] | None, offsets: Sequence[Sequence[int]] | None,
+                tables: Sequence[Sequence[int]], limits: Sequence[int]) -> list[torch.Tensor]:
+    """``RoundInputs``' fields as host tensors (pinned where CUDA is there to copy them): all four, or
+    without columns and offsets the page tables and limits alone (a round run ahead)."""
+    lists = [rows for rows in (columns, offsets) if rows is not None] + [tables]
+    held = [torch.tensor([list(row) for row in rows], dtype=torch.int64).T.contiguous() for rows in lists]
+    held.append(torch.tensor(list(limits), dtype=torch.int64))
+    return [value.pin_memory() if torch.cuda.is_available() else value for value in held]
+
+
+class RoundStep:
+    """The device side of verify rounds of ``model`` over ``memory``: windows of ``most + 1`` rows
+    whose drafts are chained while at least ``confidence`` likely."""
+
+    def __init__(self, model: HybridModel, memory: DecodeMemory, columns: Columns, null_page: int,
+                 most: int, confidence: float) -> None:
+        self.model = model
+        self.memory = memory
+        self.columns = columns
+        self.null_page = null_page
+        self.most = most
+        self.confidence = confidence
+        device = memory.pool.buffer.device
+        self.padding = torch.tensor(columns.padding(null_page), dtype=torch.int64, device=device)
+        self.last = columns.pages * memory.pool.layout.page_rows - 1  # the last row a page table holds
+
+    def verify(self, batch: DecodeBatch, lanes: VerifyLanes) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row's final hidden row and logits; the lanes' states stay committed."""
+        hidden = self.model.verify(batch, self.memory, lanes)
+        return hidden, self.model.logits(hidden)
+
+    def step(self, inputs: RoundInputs) -> torch.Tensor:
+        """A round whose rows draw plainly, all on the device, its inputs advanced to the next round's."""
+        rows = self.most + 1
+        batch = DecodeBatch(inputs.packed, self.columns)
+        # each live row reads its lane's page table as it is now (a round run ahead got it copied in)
+        live = (batch.lengths > 0)[None, :]
+        inputs.packed[self.columns.table_field:] = torch.where(
+            live, inputs.tables.repeat_interleave(rows, dim=1), self.null_page)
+        lanes = VerifyLanes(rows, inputs.offsets)
+        hidden, logits = self.verify(batch, lanes)
+        out = self.settle(batch, lanes, hidden, draw(logits, batch.temperature_bits, batch.seeds,
+                                                     batch.positions, 1))
+        width = live.view(-1, rows).sum(dim=1)
+        inputs.packed.copy_(self.advance(inputs, out))
+        return torch.cat((out, width[:, None]), dim=1)
+
+    def settle(self, batch: DecodeBatch, lanes: VerifyLanes, hidden: torch.Tensor, drawn: torch.Tensor
+               ) -> torch.Tensor:
+        """After the draws (``drawn`` [lanes * rows]): each lane's kept rows counted and committed,
+        the head's cells over its window, the next drafts chained from the last kept row. Returns
+        [lanes, rows + 2 + most] int64: the draws, the kept count, the drafts, how many to propose."""
+        count, rows = lanes.lanes, lanes.rows
+        drawn = drawn.view(count, rows)
+        tokens = batch.tokens.view(count, rows)
+        real = (batch.lengths > 0).view(count, rows)
+        holds = (tokens[:, 1:] == drawn[:, :-1]) & real[:, 1:]
+        keep = 1 + holds.long().cumprod(dim=1).sum(dim=1)
+        self.model.commit(batch, self.memory, lanes, keep.int())
+        fed = batch.packed.clone()
+        fed[0] = drawn.flatten()  # each row's cell takes the token drawn after it
+        cells = self.model.draft_rows(DecodeBatch(fed, self.columns), self.memory, hidden)
+        last = torch.arange(count, device=keep.device) * rows + keep - 1
+        found = chain(self.model, self.memory, DecodeBatch(fed[:, last], self.columns), cells.hidden[last],
+                      cells.carry[last], self.most, self.confidence)
+        return torch.cat((drawn, keep[:, None], found.drafts, found.proposed[:, None]), dim=1)
+
+    def advance(self, inputs: RoundInputs, out: torch.Tensor) -> torch.Tensor:
+        """The next round's columns [width, lanes * rows] after ``out`` (``settle``'s): each live lane
+        at its first row not kept, fed its last kept draw, then as many drafts as the chain proposes
+        and its limit allows; the rest padding rows. The page tables are left for ``step`` to fill."""
+        rows = self.most + 1
+        fields, count = inputs.packed.shape[0], inputs.offsets.shape[1]
+        first = inputs.packed.view(fields, count, rows)[:, :, 0]  # a lane's fields at its first row
+        keep = out[:, rows]
+        pending = out[:, :rows].gather(1, (keep - 1)[:, None])
+        drafts = out[:, rows + 1:rows + 1 + self.most]
+        start = first[1] + keep
+        most = torch.clamp(torch.minimum(out[:, -1], inputs.limits - start), 0, self.most)
+        at = torch.arange(rows, device=out.device)
+        position = torch.clamp(start[:, None] + at, max=self.last)
+        real = (at[None, :] <= most[:, None]) & (first[2] > 0)[:, None]
+        following = first[:, :, None].expand(fields, count, rows).clone()
+        following[0] = torch.cat((pending, drafts[:, :rows - 1]), dim=1)
+        following[1] = position
+        following[2] = position + 1
+        return torch.where(real[None], following, self.padding[:, None, None]).view(fields, count * rows)
