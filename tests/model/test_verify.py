@@ -4,7 +4,7 @@ serial decoding's, byte for byte.
 Three lanes at different positions (one crossing a page inside its window) and a padding lane run a
 window of ``ROWS`` rows in one verify pass; the same tokens run as serial decode steps in a second
 pool. Every row's final hidden state must be the serial one; the lanes' committed GDN states and
-conv tails must be untouched by the verify. Then each lane keeps a different count of its rows and
+conv tails (and Flash Next's PLE tail and n-gram history) must be untouched by the verify. Then each lane keeps a different count of its rows and
 commits: its state pieces must equal a third pool's that decoded only those rows, and the next
 decode step must give both pools the same row.
 """
@@ -33,7 +33,7 @@ def device(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe", "qwen3_next"])
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp"])
 def model(request: pytest.FixtureRequest, device: str) -> HybridModel:
     # on the GPU in bf16: the kernels' paths (the conv a row at a time by conv1d.decode, verify, replay)
     path = tiny_models.save(str(request.param), CACHE / "tiny-plain")
@@ -53,7 +53,8 @@ class Lanes:
         self.pool = Pool(layout, len(prompts) * layout.need(self.window), device=self.device)
         self.memory = DecodeMemory(self.pool, model.dtype)
         self.gdn = model.gdn_layers().layers
-        self.columns = Columns(len(self.gdn), self.pool.layout.row_pages(self.window))
+        self.ple = model.ple_state() is not None
+        self.columns = Columns(len(self.gdn), self.pool.layout.row_pages(self.window), self.ple)
         self.leases: list[Lease] = []
         self.lanes: list[LaneMemory] = []
         for prompt in prompts:
@@ -65,7 +66,7 @@ class Lanes:
             model.forward([Span(self.lanes[-1], 0, prompt.to(self.device))], PageRows(self.pool))
 
     def column(self, lane: int, token: int, position: int) -> list[int]:
-        offsets = self.memory.lane_offsets(self.lanes[lane].pieces, self.gdn, ple=False)
+        offsets = self.memory.lane_offsets(self.lanes[lane].pieces, self.gdn, ple=self.ple)
         return self.columns.column(token, position, 0, 0.0, 0, offsets, self.leases[lane].row_pages,
                                    self.pool.null_page)
 
@@ -83,18 +84,18 @@ class Lanes:
         for lane in range(len(PROMPTS)):
             if lane == PAD:
                 columns += [self.columns.padding(self.pool.null_page)] * ROWS
-                offsets.append(VerifyLanes.padding(len(self.gdn)))
+                offsets.append(VerifyLanes.padding(len(self.gdn), self.ple))
             columns += [self.column(lane, int(tokens[lane, i]), PROMPTS[lane] + i) for i in range(ROWS)]
             offsets.append(VerifyLanes.lane_offsets(self.lanes[lane].pieces, self.gdn, self.pool.buffer))
         batch = DecodeBatch.of(columns, self.columns, self.device)
-        lanes = VerifyLanes.of(ROWS, offsets, self.device)
+        lanes = VerifyLanes.of(ROWS, offsets, self.device, self.ple)
         hidden = self.model.verify(batch, self.memory, lanes)
         return torch.cat((hidden[:PAD * ROWS], hidden[(PAD + 1) * ROWS:])), batch, lanes
 
     def state(self, lane: int) -> dict[str, torch.Tensor]:
         pieces = self.lanes[lane].pieces
         return {name: pieces[name].clone() for name in pieces
-                if name.endswith((".state", ".conv_tail"))}
+                if name.endswith((".state", ".conv_tail")) or name in ("ple.tail", "ple.history")}
 
 
 def prompts_and_tokens() -> tuple[list[torch.Tensor], torch.Tensor]:

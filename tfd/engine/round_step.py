@@ -79,6 +79,7 @@ class RoundStep:
         device = memory.pool.buffer.device
         self.padding = torch.tensor(columns.padding(null_page), dtype=torch.int64, device=device)
         self.last = columns.pages * memory.pool.layout.page_rows - 1  # the last row a page table holds
+        self.ple = model.ple_state() is not None
 
     def verify(self, batch: DecodeBatch, lanes: VerifyLanes) -> tuple[torch.Tensor, torch.Tensor]:
         """Every row's final hidden row and logits; the lanes' states stay committed."""
@@ -93,7 +94,7 @@ class RoundStep:
         live = (batch.lengths > 0)[None, :]
         inputs.packed[self.columns.table_field:] = torch.where(
             live, inputs.tables.repeat_interleave(rows, dim=1), self.null_page)
-        lanes = VerifyLanes(rows, inputs.offsets)
+        lanes = VerifyLanes(rows, inputs.offsets, self.ple)
         hidden, logits = self.verify(batch, lanes)
         out = self.settle(batch, lanes, hidden, draw(logits, batch.temperature_bits, batch.seeds,
                                                      batch.positions, 1))

@@ -132,7 +132,7 @@ class Rounds:
         self.graphs: RoundGraphs | None = None
         if graphs and self.device.type == "cuda":
             self.graphs = RoundGraphs(self.step.step, columns, self.null_page, VerifyLanes.padding(
-                len(self.gdn_names)), max_lanes, most + 1, columns.pages, self.device)
+                len(self.gdn_names), self.step.ple), max_lanes, most + 1, columns.pages, self.device)
         self.inputs: RoundInputs | None = None  # an eager round's inputs, advanced to the next one's
         self.ahead: _Launched | None = None
 
@@ -263,7 +263,7 @@ class Rounds:
             seeds += [lane.seed] * rows
             positions += [lane.next_position + i for i in range(rows)]
         batch = DecodeBatch.of(columns, self.columns, self.device)
-        lanes = VerifyLanes.of(rows, offsets, self.device)
+        lanes = VerifyLanes.of(rows, offsets, self.device, self.step.ple)
         hidden, logits = self.step.verify(batch, lanes)
         drawn = sample(logits.float(), Rows.of(settings, seeds, positions, self.device))
         asked = [work.lane.request.sampling.logprobs for work in works]

@@ -18,11 +18,12 @@ from tfd.families.config import LINEAR, HybridConfig, read_config
 from tfd.families.lane_state import AttentionRows, DraftBuffers, GdnLayers, PleState, lane_pieces
 from tfd.families.naming import Naming, Shape
 from tfd.families.random_weights import random_tensors
-from tfd.model.decode import DecodeBatch, DecodeMemory, batches, gdn_offsets, run_decode, run_draft_rows
+from tfd.model.decode import DecodeBatch, DecodeMemory, batches, lane_fields, run_decode, run_draft_rows
 from tfd.model.gdn import GdnWeights
 from tfd.model.memory import PageRows, Span
 from tfd.model.mtp import Draft, MtpWeights, draft
 from tfd.model.stack import StackOutput, StackWeights, logits, run_stack
+from tfd.model.ple import ple_commit
 from tfd.model.verify import VerifyLanes, commit
 from tfd.pool.layout import Layout, RowPart
 from tfd.pool.pieces import Piece
@@ -169,9 +170,14 @@ class HybridModel:
         """After ``verify`` of ``batch``: each lane's state as serial decoding of its first ``keep``
         rows (int32 [lanes] on the device) leaves it."""
         gdn = [layer.mixer for layer in self.weights.layers if isinstance(layer.mixer, GdnWeights)]
-        offsets = lanes.firsts(gdn_offsets(batch))
+        offsets = lanes.firsts(lane_fields(batch))
         commit(gdn, lanes, keep, memory.states, list(offsets[:len(gdn)]), memory.tails,
-               list(offsets[len(gdn):]))
+               list(offsets[len(gdn):2 * len(gdn)]))
+        ple = next((layer.ple for layer in self.weights.layers if layer.ple is not None), None)
+        if ple is not None:
+            at = 2 * len(gdn)
+            ple_commit(ple, batch.tokens.view(lanes.lanes, lanes.rows), keep, memory.tails, offsets[at],
+                       memory.histories, offsets[at + 1], lanes.ple_rows_at)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return logits(self.weights, hidden)

@@ -33,7 +33,7 @@ from tfd.model.memory import element_offset, to_device
 from tfd.model.mlp import MoeWeights, dense, moe, moe_add_zrms
 from tfd.model.mtp import Draft, MtpWeights
 from tfd.model.ops import add_zrms, linear, zrms
-from tfd.model.ple import ple_rows
+from tfd.model.ple import ple_rows, ple_window
 from tfd.model.rope import Rotary
 from tfd.model.stack import LayerWeights, StackWeights
 from tfd.model.verify import VerifyLanes, gdn_window
@@ -199,9 +199,10 @@ class DecodeMemory:
         return offsets
 
 
-def gdn_offsets(batch: DecodeBatch) -> torch.Tensor:
-    """Every row's GDN offset fields, [2 x layers, rows]: the states', then the conv tails'."""
-    return batch.packed[FIXED:FIXED + 2 * batch.columns.gdn_layers]
+def lane_fields(batch: DecodeBatch) -> torch.Tensor:
+    """Every row's offset fields, [columns.offsets, rows]: the GDN states', their conv tails', then
+    (with PLE) the PLE tail's and the n-gram history's."""
+    return batch.packed[FIXED:batch.columns.table_field]
 
 
 @attrs.frozen
@@ -216,7 +217,7 @@ class _Step:
     table: torch.Tensor
     lengths: torch.Tensor
     verify: VerifyLanes | None = None  # the rows are verify windows (tfd.model.verify)
-    offsets: torch.Tensor | None = None  # with verify: each lane's GDN offset fields, [2 x layers, lanes]
+    offsets: torch.Tensor | None = None  # with verify: each lane's offset fields (``lane_fields``)
 
 
 def run_decode(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory, verify: VerifyLanes | None = None
@@ -227,14 +228,11 @@ def run_decode(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory, verify
     layer and the batch's columns no PLE offsets.
 
     With ``verify``, the batch's columns are ``verify.rows`` rows a lane, together: each lane's
-    GDN states and conv tails stay as they are (``tfd.model.verify``). Flash Next's stacks (PLE,
-    QSA) have no verify windows yet: ValueError."""
-    if verify is not None and w.mixer is not None:
-        raise ValueError("verify windows run the plain stacks (Qwen3.5, Qwen3-Next); Flash Next's PLE and "
-                         "QSA rows have no rollback yet")
+    GDN states and conv tails, PLE tail and n-gram history stay as they are (``tfd.model.verify``,
+    ``ple.ple_window``)."""
     x, step = _begin(w, batch, memory)
     if verify is not None:
-        step = attrs.evolve(step, verify=verify, offsets=verify.firsts(gdn_offsets(batch)))
+        step = attrs.evolve(step, verify=verify, offsets=verify.firsts(lane_fields(batch)))
     return _streams(w, x, step) if w.mixer is not None else _plain(w, x, step)
 
 
@@ -305,7 +303,12 @@ def _streams(w: StackWeights, x: torch.Tensor, step: _Step) -> torch.Tensor:
     gdn_layer = 0
     for layer in w.layers:
         assert layer.attn_hyper is not None and layer.mlp_hyper is not None
-        if layer.ple is not None:
+        if layer.ple is not None and step.verify is not None:
+            assert step.offsets is not None
+            ple_at = 2 * batch.columns.gdn_layers  # a lane's PLE tail and history offsets
+            x = x + ple_window(layer.ple, x, batch.tokens, step.verify.rows, memory.tails, step.offsets[ple_at],
+                               memory.histories, step.offsets[ple_at + 1], step.verify.ple_rows_at)
+        elif layer.ple is not None:
             x = x + ple_rows(layer.ple, x, batch.tokens, memory.tails, batch.ple_tail_at, memory.histories,
                              batch.ple_history_at)
         h, weights = hyper.read(layer.attn_hyper, x)

@@ -169,3 +169,50 @@ def ple_rows(w: PleWeights, stack: torch.Tensor, tokens: torch.Tensor, tails: to
     store(window[:, 1:].reshape(lanes, -1), tails, tail_at)
     store(torch.cat((history[:, 1:], tokens[:, None].long()), dim=1), histories, history_at)
     return gated + silu(_conv(w, window)[:, 0].to(stack.dtype))
+
+
+def ple_window(w: PleWeights, stack: torch.Tensor, tokens: torch.Tensor, rows: int, tails: torch.Tensor,
+               tail_at: torch.Tensor, histories: torch.Tensor, history_at: torch.Tensor,
+               kept_at: torch.Tensor) -> torch.Tensor:
+    """``ple_rows`` for verify windows of ``rows`` rows a lane (``stack`` [lanes * rows, streams *
+    width], ``tokens`` [lanes * rows], a lane's rows together): row i reads the lane's history and
+    tail followed by rows before it, as decoding them one by one would, and neither moves; each
+    live lane's conv inputs are kept at ``kept_at`` (element offsets into ``tails``, [rows, width])
+    for ``ple_commit``."""
+    lanes, kept = tail_at.shape[0], len(w.multipliers) - 1
+    device = tokens.device
+    history = histories[history_at.clamp_min(0)[:, None] + torch.arange(kept, device=device)]
+    history = torch.where((history_at >= 0)[:, None], history, w.eos)
+    context = torch.cat((history, tokens.view(lanes, rows).long()), dim=1)
+    before = context.unfold(1, kept, 1)[:, :rows].reshape(-1, kept)  # each row's history: the ids before it
+    gated, normed = _gate(w, stack, ngram_rows(w, before, tokens))
+    width = normed.shape[1]
+    span = torch.arange(w.taps * width, device=device)
+    tail = tails[tail_at.clamp_min(0)[:, None] + span].view(lanes, w.taps, width)
+    window = torch.cat((tail.to(normed.dtype), normed.view(lanes, rows, width)), dim=1)
+    store = lane_rows.store if stack.is_cuda else lane_rows.reference
+    store(normed.view(lanes, rows * width).to(tails.dtype).contiguous(), tails, kept_at)
+    return gated + silu(_conv(w, window).view(lanes * rows, width).to(stack.dtype))
+
+
+def ple_commit(w: PleWeights, tokens: torch.Tensor, keep: torch.Tensor, tails: torch.Tensor,
+               tail_at: torch.Tensor, histories: torch.Tensor, history_at: torch.Tensor,
+               kept_at: torch.Tensor) -> None:
+    """After ``ple_window``: each live lane's tail and history as decoding its first ``keep`` rows
+    (int [lanes]) of the window (``tokens`` [lanes, rows]) leaves them: the last rows of [old tail;
+    kept inputs] and the last ids of [old history; kept tokens]."""
+    lanes, rows = tokens.shape
+    kept, device = len(w.multipliers) - 1, tokens.device
+    width = w.streams * w.width
+    span = torch.arange(w.taps * width, device=device)
+    old = tails[tail_at.clamp_min(0)[:, None] + span].view(lanes, w.taps, width)
+    inputs = tails[kept_at.clamp_min(0)[:, None] + torch.arange(rows * width, device=device)]
+    window = torch.cat((old, inputs.view(lanes, rows, width)), dim=1)
+    picks = keep.long()[:, None] + torch.arange(w.taps, device=device)
+    tail = window.gather(1, picks[:, :, None].expand(-1, -1, width))
+    history = histories[history_at.clamp_min(0)[:, None] + torch.arange(kept, device=device)]
+    ids = torch.cat((history, tokens.long()), dim=1).gather(1, keep.long()[:, None] + torch.arange(
+        kept, device=device))
+    store = lane_rows.store if tails.is_cuda else lane_rows.reference
+    store(tail.reshape(lanes, -1).contiguous(), tails, tail_at)
+    store(ids.contiguous(), histories, history_at)

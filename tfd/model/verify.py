@@ -38,24 +38,35 @@ class VerifyLanes:
 
     rows: int
     packed: torch.Tensor
+    ple: bool = False  # a last row: each lane's kept PLE inputs (model dtype)
 
     @classmethod
-    def of(cls, rows: int, offsets: Sequence[Sequence[int]], device: torch.device) -> VerifyLanes:
+    def of(cls, rows: int, offsets: Sequence[Sequence[int]], device: torch.device, ple: bool = False
+           ) -> VerifyLanes:
         """From each lane's ``lane_offsets`` (a list per lane; ``padding`` for a padding lane)."""
         if rows < 1:
             raise ValueError(f"a verify window has at least one row, got {rows}")
-        return cls(rows, to_device(torch.tensor(offsets, dtype=torch.int64).T.contiguous(), device))
+        return cls(rows, to_device(torch.tensor(offsets, dtype=torch.int64).T.contiguous(), device), ple)
 
     @staticmethod
     def lane_offsets(pieces: Mapping[str, torch.Tensor], gdn_layers: Sequence[str], buffer: torch.Tensor
                      ) -> list[int]:
-        """A lane's fields from its piece views: each GDN layer's spare, then logs, then conv rows."""
-        return [element_offset(buffer, pieces[f"{name}.{part}"])
-                for part in ("spare", "log", "conv_rows") for name in gdn_layers]
+        """A lane's fields from its piece views: each GDN layer's spare, then logs, then conv rows;
+        with PLE its kept inputs last."""
+        found = [element_offset(buffer, pieces[f"{name}.{part}"])
+                 for part in ("spare", "log", "conv_rows") for name in gdn_layers]
+        return found + ([element_offset(buffer, pieces["ple.rows"])] if "ple.rows" in pieces else [])
 
     @staticmethod
-    def padding(gdn_layers: int) -> list[int]:
-        return [-1] * (FIELDS * gdn_layers)
+    def padding(gdn_layers: int, ple: bool = False) -> list[int]:
+        return [-1] * (FIELDS * gdn_layers + (1 if ple else 0))
+
+    @property
+    def ple_rows_at(self) -> torch.Tensor:
+        """Each lane's kept PLE inputs' offset; ValueError without PLE."""
+        if not self.ple:
+            raise ValueError("these verify lanes have no PLE offsets")
+        return self.packed[-1]
 
     @property
     def lanes(self) -> int:
