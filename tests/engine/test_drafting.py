@@ -32,7 +32,7 @@ def device(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe", "qwen3_next"])
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp"])
 def headed(request: pytest.FixtureRequest, device: str, tmp_path_factory: pytest.TempPathFactory
            ) -> HybridModel:
     # on the GPU in bf16: verify windows through the kernels (verify, replay, the conv a row at a time)

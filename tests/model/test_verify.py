@@ -4,9 +4,9 @@ serial decoding's, byte for byte.
 Three lanes at different positions (one crossing a page inside its window) and a padding lane run a
 window of ``ROWS`` rows in one verify pass; the same tokens run as serial decode steps in a second
 pool. Every row's final hidden state must be the serial one; the lanes' committed GDN states and
-conv tails (and Flash Next's PLE tail and n-gram history) must be untouched by the verify. Then each lane keeps a different count of its rows and
-commits: its state pieces must equal a third pool's that decoded only those rows, and the next
-decode step must give both pools the same row.
+conv tails (and Flash Next's PLE tail and n-gram history) must be untouched by the verify. Then
+each lane keeps a different count of its rows and commits: its state pieces must equal a third
+pool's that decoded only those rows, and the next decode step must give both pools the same row.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class Lanes:
             offsets.append(VerifyLanes.lane_offsets(self.lanes[lane].pieces, self.gdn, self.pool.buffer))
         batch = DecodeBatch.of(columns, self.columns, self.device)
         lanes = VerifyLanes.of(ROWS, offsets, self.device, self.ple)
-        hidden = self.model.verify(batch, self.memory, lanes)
+        hidden = self.model.verify(batch, self.memory, lanes).hidden
         return torch.cat((hidden[:PAD * ROWS], hidden[(PAD + 1) * ROWS:])), batch, lanes
 
     def state(self, lane: int) -> dict[str, torch.Tensor]:

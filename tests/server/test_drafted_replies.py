@@ -72,6 +72,21 @@ async def test_clients_that_leave_during_rounds_leave_the_pool_as_at_load(server
     assert await settled(server) == at_load
 
 
+async def test_flash_next_drafted_replies_are_its_plain_replies() -> None:
+    # PLE rows, QSA blocks and the head's streams through verify rounds and their commit
+    drafting = {"TF_DRAFTS": "1", "TF_MTP_DRAFTS": "3", "TF_MTP_CONFIDENCE": "0"}
+    with tiny_server("qwen4_exp", head=True, **drafting) as daemon:
+        at_load = census(daemon)
+        async with httpx.AsyncClient(base_url=daemon.url(), timeout=120) as client:
+            for sampling in SAMPLINGS.values():
+                for prompt in PROMPTS[:2]:
+                    plain = await complete(client, prompt, sampling, draft=False)
+                    drafted = await complete(client, prompt, sampling)
+                    assert drafted["tfd"]["token_sha"] == plain["tfd"]["token_sha"]
+                    assert drafted["tfd"]["drafted"] >= 1
+        assert census(daemon) == at_load
+
+
 async def test_metrics_count_drafts_and_their_acceptance(server: ServedDaemon) -> None:
     async with httpx.AsyncClient(base_url=server.url(), timeout=120) as client:
         before = values((await client.get("/metrics")).text)

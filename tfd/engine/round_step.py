@@ -82,9 +82,9 @@ class RoundStep:
         self.ple = model.ple_state() is not None
 
     def verify(self, batch: DecodeBatch, lanes: VerifyLanes) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every row's final hidden row and logits; the lanes' states stay committed."""
-        hidden = self.model.verify(batch, self.memory, lanes)
-        return hidden, self.model.logits(hidden)
+        """Every row's logits and what the MTP head reads of it; the lanes' states stay committed."""
+        output = self.model.verify(batch, self.memory, lanes)
+        return self.model.draft_input(output), self.model.logits(output.hidden)
 
     def step(self, inputs: RoundInputs) -> torch.Tensor:
         """A round whose rows draw plainly, all on the device, its inputs advanced to the next round's."""
@@ -95,17 +95,18 @@ class RoundStep:
         inputs.packed[self.columns.table_field:] = torch.where(
             live, inputs.tables.repeat_interleave(rows, dim=1), self.null_page)
         lanes = VerifyLanes(rows, inputs.offsets, self.ple)
-        hidden, logits = self.verify(batch, lanes)
-        out = self.settle(batch, lanes, hidden, draw(logits, batch.temperature_bits, batch.seeds,
+        previous, logits = self.verify(batch, lanes)
+        out = self.settle(batch, lanes, previous, draw(logits, batch.temperature_bits, batch.seeds,
                                                      batch.positions, 1))
         width = live.view(-1, rows).sum(dim=1)
         inputs.packed.copy_(self.advance(inputs, out))
         return torch.cat((out, width[:, None]), dim=1)
 
-    def settle(self, batch: DecodeBatch, lanes: VerifyLanes, hidden: torch.Tensor, drawn: torch.Tensor
+    def settle(self, batch: DecodeBatch, lanes: VerifyLanes, previous: torch.Tensor, drawn: torch.Tensor
                ) -> torch.Tensor:
         """After the draws (``drawn`` [lanes * rows]): each lane's kept rows counted and committed,
-        the head's cells over its window, the next drafts chained from the last kept row. Returns
+        the head's cells over its window (from ``previous``, what the head reads of each row), the
+        next drafts chained from the last kept row. Returns
         [lanes, rows + 2 + most] int64: the draws, the kept count, the drafts, how many to propose."""
         count, rows = lanes.lanes, lanes.rows
         drawn = drawn.view(count, rows)
@@ -116,7 +117,7 @@ class RoundStep:
         self.model.commit(batch, self.memory, lanes, keep.int())
         fed = batch.packed.clone()
         fed[0] = drawn.flatten()  # each row's cell takes the token drawn after it
-        cells = self.model.draft_rows(DecodeBatch(fed, self.columns), self.memory, hidden)
+        cells = self.model.draft_rows(DecodeBatch(fed, self.columns), self.memory, previous)
         last = torch.arange(count, device=keep.device) * rows + keep - 1
         found = chain(self.model, self.memory, DecodeBatch(fed[:, last], self.columns), cells.hidden[last],
                       cells.carry[last], self.most, self.confidence)

@@ -55,9 +55,9 @@ class Round:
 
 
 def drafts_from_head(model: HybridModel) -> bool:
-    """Whether ``model`` drafts: it has an MTP head and a stack verify windows run (one residual
-    stream: Qwen3.5, Qwen3-Next)."""
-    return model.head is not None and model.cfg.streams == 1 and model.batches_decode
+    """Whether ``model`` drafts: it has an MTP head and its decode rows run batched (verify windows
+    are batched decode rows)."""
+    return model.head is not None and model.batches_decode
 
 
 def draft_count(lane: Lane, most: int, emitted: int = 0) -> int:
@@ -264,13 +264,13 @@ class Rounds:
             positions += [lane.next_position + i for i in range(rows)]
         batch = DecodeBatch.of(columns, self.columns, self.device)
         lanes = VerifyLanes.of(rows, offsets, self.device, self.step.ple)
-        hidden, logits = self.step.verify(batch, lanes)
+        previous, logits = self.step.verify(batch, lanes)
         drawn = sample(logits.float(), Rows.of(settings, seeds, positions, self.device))
         asked = [work.lane.request.sampling.logprobs for work in works]
         details = logprobs(logits, drawn, max(n or 0 for n in asked)) if any(n is not None for n in asked) \
             else None
         width = (batch.lengths > 0).view(-1, rows).sum(dim=1)
-        out = torch.cat((self.step.settle(batch, lanes, hidden, drawn), width[:, None]), dim=1)
+        out = torch.cat((self.step.settle(batch, lanes, previous, drawn), width[:, None]), dim=1)
         return self._rounds(works, rows, out.tolist(), details)
 
     def _rounds(self, works: Sequence[Work], rows: int, out: Sequence[Sequence[int]],

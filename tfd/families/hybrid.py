@@ -18,12 +18,20 @@ from tfd.families.config import LINEAR, HybridConfig, read_config
 from tfd.families.lane_state import AttentionRows, DraftBuffers, GdnLayers, PleState, lane_pieces
 from tfd.families.naming import Naming, Shape
 from tfd.families.random_weights import random_tensors
-from tfd.model.decode import DecodeBatch, DecodeMemory, batches, lane_fields, run_decode, run_draft_rows
+from tfd.model.decode import (
+    DecodeBatch,
+    DecodeMemory,
+    batches,
+    lane_fields,
+    run_decode,
+    run_draft_rows,
+    run_rows,
+)
 from tfd.model.gdn import GdnWeights
 from tfd.model.memory import PageRows, Span
 from tfd.model.mtp import Draft, MtpWeights, draft
-from tfd.model.stack import StackOutput, StackWeights, logits, run_stack
 from tfd.model.ple import ple_commit
+from tfd.model.stack import StackOutput, StackWeights, logits, run_stack
 from tfd.model.verify import VerifyLanes, commit
 from tfd.pool.layout import Layout, RowPart
 from tfd.pool.pieces import Piece
@@ -160,10 +168,10 @@ class HybridModel:
         """One decode row per lane of ``batch``, all together: the final hidden rows."""
         return run_decode(self.weights, batch, memory)
 
-    def verify(self, batch: DecodeBatch, memory: DecodeMemory, lanes: VerifyLanes) -> torch.Tensor:
+    def verify(self, batch: DecodeBatch, memory: DecodeMemory, lanes: VerifyLanes) -> StackOutput:
         """Verify windows (``tfd.model.verify``): ``lanes.rows`` rows a lane of ``batch``, together;
-        the final hidden rows. Each lane's state stays as committed until ``commit``."""
-        return run_decode(self.weights, batch, memory, lanes)
+        the final hidden rows and the residual. Each lane's state stays as committed until ``commit``."""
+        return run_rows(self.weights, batch, memory, lanes)
 
     def commit(self, batch: DecodeBatch, memory: DecodeMemory, lanes: VerifyLanes, keep: torch.Tensor
                ) -> None:

@@ -35,7 +35,7 @@ from tfd.model.mtp import Draft, MtpWeights
 from tfd.model.ops import add_zrms, linear, zrms
 from tfd.model.ple import ple_rows, ple_window
 from tfd.model.rope import Rotary
-from tfd.model.stack import LayerWeights, StackWeights
+from tfd.model.stack import LayerWeights, StackOutput, StackWeights
 from tfd.model.verify import VerifyLanes, gdn_window
 from tfd.pool.pages import Pool
 
@@ -230,24 +230,37 @@ def run_decode(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory, verify
     With ``verify``, the batch's columns are ``verify.rows`` rows a lane, together: each lane's
     GDN states and conv tails, PLE tail and n-gram history stay as they are (``tfd.model.verify``,
     ``ple.ple_window``)."""
+    return run_rows(w, batch, memory, verify).hidden
+
+
+def run_rows(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory, verify: VerifyLanes | None = None
+             ) -> StackOutput:
+    """``run_decode``'s rows, and the residual before the final norm or mixer (what Flash Next's MTP
+    head reads)."""
     x, step = _begin(w, batch, memory)
     if verify is not None:
         step = attrs.evolve(step, verify=verify, offsets=verify.firsts(lane_fields(batch)))
-    return _streams(w, x, step) if w.mixer is not None else _plain(w, x, step)
+    hidden, residual = _streams(w, x, step) if w.mixer is not None else _plain(w, x, step)
+    return StackOutput(hidden, residual)
 
 
 def run_draft_rows(w: StackWeights, head: MtpWeights, batch: DecodeBatch, memory: DecodeMemory,
                    previous: torch.Tensor) -> Draft:
     """MTP cells (``tfd.model.mtp``) as decode rows: a cell a column of ``batch`` (token x_(t+1) at
     position t, the head's K/V row written at t through the lane's page table) from ``previous``
-    [columns, width], the main model's hidden rows or the last cells' carry. The Qwen head only (one
-    residual stream): ValueError for Flash Next's."""
-    if head.fc is None or head.final_norm is None:
-        raise ValueError("decode-row MTP cells take the Qwen head (fc and a final norm); Flash Next's "
-                         "head mixes streams")
+    [columns, width], the main model's rows (``HybridModel.draft_input``) or the last cells' carry."""
     layer = head.layer
-    assert layer.input_norm is not None and layer.post_norm is not None
     embedded, step = _begin(w, batch, memory)
+    if head.mixer is not None:  # Flash Next: the streams, each from the main model's, then the head's mixer
+        assert head.fc_embed is not None and head.fc_hidden is not None
+        width = embedded.shape[-1]
+        normed = zrms(previous, head.hidden_norm, w.eps)
+        streams = linear(normed.reshape(-1, width), head.fc_hidden).view(normed.shape[0], -1, width)
+        x = (streams + linear(zrms(embedded, head.embed_norm, w.eps), head.fc_embed)[:, None, :]).flatten(-2)
+        x = _stream_layer(w, layer, x, 0, step)
+        return Draft(hyper.read(head.mixer, x)[0], x)
+    assert head.fc is not None and head.final_norm is not None
+    assert layer.input_norm is not None and layer.post_norm is not None
     x = linear(torch.cat((zrms(embedded, head.embed_norm, w.eps), zrms(previous, head.hidden_norm, w.eps)),
                          dim=-1), head.fc)
     mixed = _mix(w, layer, zrms(x, layer.input_norm, w.eps), 0, step)
@@ -273,7 +286,7 @@ def _begin(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory) -> tuple[t
     return x, _Step(batch, memory, cos, sin, table, batch.lengths.to(torch.int32))
 
 
-def _plain(w: StackWeights, x: torch.Tensor, step: _Step) -> torch.Tensor:
+def _plain(w: StackWeights, x: torch.Tensor, step: _Step) -> tuple[torch.Tensor, torch.Tensor]:
     """Blocks added to one residual between RMSNorms, each add joined with the next norm (an MoE
     block's in its own last launch)."""
     first = w.layers[0].input_norm
@@ -291,10 +304,10 @@ def _plain(w: StackWeights, x: torch.Tensor, step: _Step) -> torch.Tensor:
             x, h = moe_add_zrms(layer.ffn, h, x, norm, w.eps)
         else:
             x, h = add_zrms(x, dense(layer.ffn, h), norm, w.eps)
-    return h
+    return h, x
 
 
-def _streams(w: StackWeights, x: torch.Tensor, step: _Step) -> torch.Tensor:
+def _streams(w: StackWeights, x: torch.Tensor, step: _Step) -> tuple[torch.Tensor, torch.Tensor]:
     """Flash Next's residual streams: PLE where a layer has it, each block read from the streams and
     written back by its hyper-connection, then the final mixer (``stack.run_layer``'s order)."""
     assert w.mixer is not None
@@ -302,26 +315,33 @@ def _streams(w: StackWeights, x: torch.Tensor, step: _Step) -> torch.Tensor:
     x = x.repeat(1, w.streams)
     gdn_layer = 0
     for layer in w.layers:
-        assert layer.attn_hyper is not None and layer.mlp_hyper is not None
         if layer.ple is not None and step.verify is not None:
             assert step.offsets is not None
             ple_at = 2 * batch.columns.gdn_layers  # a lane's PLE tail and history offsets
-            x = x + ple_window(layer.ple, x, batch.tokens, step.verify.rows, memory.tails, step.offsets[ple_at],
-                               memory.histories, step.offsets[ple_at + 1], step.verify.ple_rows_at)
+            x = x + ple_window(layer.ple, x, batch.tokens, step.verify.rows, memory.tails,
+                               step.offsets[ple_at], memory.histories, step.offsets[ple_at + 1],
+                               step.verify.ple_rows_at)
         elif layer.ple is not None:
             x = x + ple_rows(layer.ple, x, batch.tokens, memory.tails, batch.ple_tail_at, memory.histories,
                              batch.ple_history_at)
-        h, weights = hyper.read(layer.attn_hyper, x)
-        assert weights is not None
-        mixed = _mix(w, layer, h, gdn_layer, step)
+        x = _stream_layer(w, layer, x, gdn_layer, step)
         if isinstance(layer.mixer, GdnWeights):
             gdn_layer += 1
-        x = hyper.write(x, mixed, weights)
-        h, weights = hyper.read(layer.mlp_hyper, x)
-        assert weights is not None
-        fed = moe(layer.ffn, h) if isinstance(layer.ffn, MoeWeights) else dense(layer.ffn, h)
-        x = hyper.write(x, fed, weights)
-    return hyper.read(w.mixer, x)[0]
+    return hyper.read(w.mixer, x)[0], x
+
+
+def _stream_layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, gdn_layer: int, step: _Step
+                  ) -> torch.Tensor:
+    """One layer over the streams ``x``: its mixer and its FFN, each read and written back by its
+    hyper-connection."""
+    assert layer.attn_hyper is not None and layer.mlp_hyper is not None
+    h, weights = hyper.read(layer.attn_hyper, x)
+    assert weights is not None
+    x = hyper.write(x, _mix(w, layer, h, gdn_layer, step), weights)
+    h, weights = hyper.read(layer.mlp_hyper, x)
+    assert weights is not None
+    fed = moe(layer.ffn, h) if isinstance(layer.ffn, MoeWeights) else dense(layer.ffn, h)
+    return hyper.write(x, fed, weights)
 
 
 def _mix(w: StackWeights, layer: LayerWeights, h: torch.Tensor, gdn_layer: int, step: _Step) -> torch.Tensor:
