@@ -97,7 +97,7 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
     bench.add_argument("--no-graphs", action="store_true", help="decode steps eagerly, no CUDA graphs")
     bench.add_argument("--drafts", type=_draft_counts, default=[0], metavar="N[,N...]",
                        help="MTP drafts a round at most, one run each (0: no drafting; default 0); a --shape "
-                       "then gets a random MTP head")
+                       "then gets a random MTP head; as in the daemon, no stream drafts past TF_MTP_MAX_LANES")
     bench.add_argument("--confidence", type=float, default=0.7, metavar="P",
                        help="chain a further draft while the one before is at least this likely (0.7)")
     bench.add_argument("--temperature", type=float, default=1.0, metavar="T",
@@ -303,8 +303,9 @@ def run_bench(table: Table, args: argparse.Namespace) -> int:
             print("tfd bench: --text needs a checkpoint's tokenizer and trained weights", file=sys.stderr)
             return EXIT_FAILURE
         prompts = text_prompts(loaded_path)
+    gate = settings.value("TF_MTP_MAX_LANES", int)  # as the daemon would: no drafts past it
     workloads = [Workload(n, args.prompt, args.new, args.step_tokens,
-                          Drafting(most, args.confidence) if most else None, args.temperature, prompts)
+                          Drafting(most, args.confidence, gate) if most else None, args.temperature, prompts)
                  for n in args.streams for most in args.drafts]
     if args.variant:
         return variant_bench(model, name, workloads, args.variant, args.rounds, not args.no_graphs, args.out)

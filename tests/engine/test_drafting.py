@@ -125,3 +125,12 @@ def test_lanes_that_leave_mid_round_give_every_page_back(headed: HybridModel) ->
                 propose=head.propose).tokens
     for request, tokens, serial in zip(asked, got, plain, strict=True):
         assert tokens == serial[:leaves.get(request.id, len(serial))], request.id
+
+
+def test_lanes_admitted_past_the_lane_limit_do_not_draft(headed: HybridModel) -> None:
+    # the four requests wait together: a limit under four keeps every lane serial, four lets all draft
+    asked = requests(0.0)
+    plain = drive(headed, asked, STEP_TOKENS, graphs=False).tokens
+    for limit, drafts in ((3, False), (4, True)):
+        run = drive(headed, asked, STEP_TOKENS, graphs=captured(headed), drafting=Drafting(2, 0.0, limit))
+        assert run.tokens == plain and (run.drafts.rounds > 0) == drafts, f"limit {limit}"

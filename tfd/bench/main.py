@@ -103,6 +103,7 @@ def _drafting(workload: Workload, timings: Timings) -> dict[str, Any]:
         return {"drafts": 0}
     counts = timings.drafts
     return {"drafts": workload.drafting.most, "confidence": workload.drafting.confidence,
+            "max_lanes": workload.drafting.max_lanes,
             "rounds": counts.rounds, "drafted": counts.drafted, "accepted": counts.accepted,
             "acceptance": counts.rate, "tokens_per_round": (counts.rounds + counts.accepted) / counts.rounds
             if counts.rounds else None}

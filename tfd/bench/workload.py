@@ -106,7 +106,7 @@ def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, gra
 
     def admit(lane: Lane) -> Admission:
         lane.lease = pool.promise(lane.request.window)
-        runner.open(lane)
+        runner.open(lane, scheduler.load)
         return Admission.ADMITTED
 
     if device.type == "cuda":

@@ -275,7 +275,7 @@ class Engine:
             return Admission.WAIT
         lane.lease = self.pool.promise(lane.request.window)
         try:
-            self.runner.open(lane)
+            self.runner.open(lane, self.scheduler.load)
         except Exception:
             log.exception("could not open a lane for request %s", lane.request.id)
             return Admission.DROPPED

@@ -85,10 +85,12 @@ class Drawn:
 @attrs.frozen
 class Drafting:
     """Drafts from the MTP head: ``most`` a round, later ones while the one before is at least
-    ``confidence`` likely."""
+    ``confidence`` likely; a lane drafts only when it is admitted with at most ``max_lanes`` lanes
+    running or waiting (0: always)."""
 
     most: int
     confidence: float
+    max_lanes: int = 0
 
 
 def settle(works: Sequence[Work], drawn: Sequence[Drawn]) -> None:
@@ -134,12 +136,14 @@ class Runner:
         self.copies: list[torch.cuda.Event | None] = [None, None]  # each half's last copy to the host
         self.side = None if self.device.type != "cuda" else torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
         self.rounds: Rounds | None = None
+        self.drafting = drafting
         if drafting is not None and drafts_from_head(model) and self.memory is not None:
             self.rounds = Rounds(model, self.memory, self.rows, self.columns, self.offsets, drafting.most,
                                  drafting.confidence, propose, graphs, max_lanes)
 
-    def open(self, lane: Lane) -> None:
-        """Give an admitted lane (its lease promised) its state pieces, initialised.
+    def open(self, lane: Lane, load: int = 1) -> None:
+        """Give an admitted lane (its lease promised) its state pieces, initialised; ``load``: the
+        lanes running or waiting as it is admitted (whether it drafts: ``Drafting.max_lanes``).
 
         Error handling: on failure the lease is finished, so the pool is as before.
         """
@@ -152,9 +156,14 @@ class Runner:
             lane.lease = None
             raise
         lane.memory = LaneMemory(pieces, lease.page_table)
-        lane.drafting = self.rounds is not None and lane.request.draft
+        lane.drafting = self.rounds is not None and lane.request.draft and self._drafts_at(load)
         if self.memory is not None:
             self.offsets[lane.number] = self.memory.lane_offsets(pieces, self.gdn_names, self.columns.ple)
+
+    def _drafts_at(self, load: int) -> bool:
+        """Whether a lane admitted at ``load`` lanes drafts."""
+        assert self.drafting is not None
+        return not self.drafting.max_lanes or load <= self.drafting.max_lanes
 
     def close(self, lane: Lane) -> None:
         """Give the lane's pages back (again: nothing)."""

@@ -126,5 +126,10 @@ class Scheduler:
         return Work(lane, lane.position, size, decode=False, samples=ends)
 
     @property
+    def load(self) -> int:
+        """Lanes running or waiting."""
+        return len(self.running) + len(self.waiting)
+
+    @property
     def idle(self) -> bool:
         return not self.waiting and not self.running

@@ -90,7 +90,8 @@ def drafting_of(settings: Settings, model: HybridModel) -> Drafting | None:
     """TF_DRAFTS and the MTP settings, for a model that drafts (``rounds.drafts_from_head``)."""
     if not settings.value("TF_DRAFTS", bool) or not drafts_from_head(model):
         return None
-    return Drafting(settings.value("TF_MTP_DRAFTS", int), settings.value("TF_MTP_CONFIDENCE", float))
+    return Drafting(settings.value("TF_MTP_DRAFTS", int), settings.value("TF_MTP_CONFIDENCE", float),
+                    settings.value("TF_MTP_MAX_LANES", int))
 
 
 class Service:
