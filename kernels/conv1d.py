@@ -159,17 +159,17 @@ def _verify(x, stride_x, weight, tails, tail_at, out, rows_at, rows, channels,
 
 
 @triton.jit
-def _rebuild(tails, tail_at, rows_at, keep, channels, WIDTH: tl.constexpr, BLOCK_C: tl.constexpr,
+def _rebuild(tails, tail_at, rows_at, keep, lanes, channels, WIDTH: tl.constexpr, BLOCK_C: tl.constexpr,
              BLOCK_W: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
-    lane = tl.program_id(1)
-    tail = tl.load(tail_at + lane)
+    pair = tl.program_id(1)  # layer * lanes + lane
+    tail = tl.load(tail_at + pair)
     if tail >= 0:
-        at = tl.load(rows_at + lane)
+        at = tl.load(rows_at + pair)
         cs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
         t = tl.arange(0, BLOCK_W)
         valid = (t < WIDTH - 1)[:, None] & (cs < channels)[None, :]
-        j = tl.load(keep + lane).to(tl.int64) + t  # row j of [old tail; window inputs]
+        j = tl.load(keep + pair % lanes).to(tl.int64) + t  # row j of [old tail; window inputs]
         old = (j < WIDTH - 1)[:, None]
         from_tail = tl.load(tails + tail + j[:, None] * channels + cs[None, :], mask=valid & old, other=0.0)
         from_rows = tl.load(tails + at + (j - (WIDTH - 1))[:, None] * channels + cs[None, :],
@@ -262,10 +262,14 @@ def rebuild(tails: torch.Tensor, tail_at: torch.Tensor, rows_at: torch.Tensor, k
             width: int, channels: int) -> None:
     """After a verify window: each live lane's tail becomes the last ``width - 1`` rows of [its old
     tail; the first ``keep[l]`` (int32, at least 1) inputs kept at ``rows_at``], as decoding those
-    rows would leave it."""
-    lanes = tail_at.shape[0]
-    grid = (triton.cdiv(channels, BLOCK_C), lanes)
-    _rebuild[grid](tails, tail_at.contiguous(), rows_at.contiguous(), keep.contiguous(), channels,
+    rows would leave it. The offsets are [lanes], or [layers, lanes] for layers of one shape in one
+    launch."""
+    lanes = keep.shape[0]
+    if tuple(tail_at.shape) not in ((lanes,), (tail_at.shape[0], lanes)) or rows_at.shape != tail_at.shape:
+        raise ValueError(f"tail_at {list(tail_at.shape)} and rows_at {list(rows_at.shape)} must be [lanes] "
+                         f"or [layers, lanes] for {lanes} lanes")
+    grid = (triton.cdiv(channels, BLOCK_C), tail_at.numel())
+    _rebuild[grid](tails, tail_at.contiguous(), rows_at.contiguous(), keep.contiguous(), lanes, channels,
                    WIDTH=width, BLOCK_C=BLOCK_C, BLOCK_W=triton.next_power_of_2(width - 1),
                    **pdl.options(tails.device))
 
@@ -290,7 +294,9 @@ def reference_rebuild(tails: torch.Tensor, tail_at: torch.Tensor, rows_at: torch
                       width: int, channels: int) -> None:
     """``rebuild`` in torch, a lane at a time."""
     size = (width - 1) * channels
-    for at, kept, count in zip(tail_at.tolist(), rows_at.tolist(), keep.tolist(), strict=True):
+    layers = tail_at.numel() // keep.shape[0]
+    for at, kept, count in zip(tail_at.flatten().tolist(), rows_at.flatten().tolist(), keep.tolist() * layers,
+                               strict=True):
         if at >= 0:
             inputs = tails[kept:kept + (count + width - 1) * channels]
             window = torch.cat((tails[at:at + size], inputs))[:(count + width - 1) * channels]

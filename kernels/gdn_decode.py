@@ -128,30 +128,30 @@ def _rows(q, k, v, g, beta, states, state_at, write_at, log, log_at, out, rows, 
 
 
 @triton.jit
-def _replay(log, log_at, states, from_at, to_at, kept,
+def _replay(log, log_at, states, from_at, to_at, kept, lanes,
             KEY_HEADS: tl.constexpr, VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr,
             VALUE_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
-    block, head, lane = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    block, head, pair = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # pair: layer * lanes + lane
     key_head = head // (VALUE_HEADS // KEY_HEADS)
     ks = tl.arange(0, BLOCK_K)
     vs = block * BLOCK_V + tl.arange(0, BLOCK_V)
     k_live, v_live = ks < KEY_DIM, vs < VALUE_DIM
-    at = tl.load(from_at + lane)
+    at = tl.load(from_at + pair)
     if at < 0:
         return
     tile = head * KEY_DIM * VALUE_DIM + ks[:, None] * VALUE_DIM + vs[None, :]
     tile_live = k_live[:, None] & v_live[None, :]
     s = tl.load(states + at + tile, mask=tile_live, other=0.0)
-    base = log + tl.load(log_at + lane)
-    for r in range(tl.load(kept + lane)):
+    base = log + tl.load(log_at + pair)
+    for r in range(tl.load(kept + pair % lanes)):
         entry = base + r * (KEY_HEADS * KEY_DIM + VALUE_HEADS * VALUE_DIM + 2 * VALUE_HEADS)
         kn = tl.load(entry + key_head * KEY_DIM + ks, mask=k_live, other=0.0)
         entry += KEY_HEADS * KEY_DIM
         vr = tl.load(entry + head * VALUE_DIM + vs, mask=v_live, other=0.0)
         entry += VALUE_HEADS * VALUE_DIM
         s = _step(s, kn, vr, tl.load(entry + head), tl.load(entry + VALUE_HEADS + head))
-    tl.store(states + tl.load(to_at + lane) + tile, s, mask=tile_live)
+    tl.store(states + tl.load(to_at + pair) + tile, s, mask=tile_live)
 
 
 def _check(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> None:
@@ -289,20 +289,26 @@ def replay(log: torch.Tensor, log_at: torch.Tensor, states: torch.Tensor, from_a
            to_at: torch.Tensor, kept: torch.Tensor, *, key_heads: int, value_heads: int, key_dim: int,
            value_dim: int) -> None:
     """Per lane, the state at ``from_at`` after its first ``kept`` logged rows, written to ``to_at``
-    (which may equal ``from_at``)."""
-    lanes = from_at.shape[0]
+    (which may equal ``from_at``). The offsets are [lanes], or [layers, lanes] (contiguous) for
+    layers of one shape in one launch, each lane keeping ``kept`` [lanes] rows in every layer."""
+    lanes = kept.shape[0]
     _check_view("log", log)
     _check_view("states", states)
+    shape = tuple(from_at.shape)
+    if shape not in ((lanes,), (shape[0], lanes)):
+        raise ValueError(f"from_at is {list(shape)}, expected [lanes] or [layers, lanes] for {lanes} lanes")
     for name, at in (("log_at", log_at), ("from_at", from_at), ("to_at", to_at)):
-        _check(name, at, (lanes,), torch.int64)
+        _check(name, at, shape, torch.int64)
+        if not at.is_contiguous():
+            raise ValueError(f"{name} must be contiguous, its strides are {at.stride()}")
     _check("kept", kept, (lanes,), torch.int32)
     if value_heads % key_heads:
         raise ValueError(f"value_heads {value_heads} is not a multiple of key_heads {key_heads}")
     block_k, block_v = _blocks(key_dim, value_dim)
-    grid = (triton.cdiv(value_dim, block_v), value_heads, lanes)
-    _replay[grid](log, log_at, states, from_at, to_at, kept, KEY_HEADS=key_heads, VALUE_HEADS=value_heads,
-                  KEY_DIM=key_dim, VALUE_DIM=value_dim, BLOCK_K=block_k, BLOCK_V=block_v,
-                  num_warps=NUM_WARPS, **pdl.options(log.device))
+    grid = (triton.cdiv(value_dim, block_v), value_heads, from_at.numel())
+    _replay[grid](log, log_at, states, from_at, to_at, kept, lanes, KEY_HEADS=key_heads,
+                  VALUE_HEADS=value_heads, KEY_DIM=key_dim, VALUE_DIM=value_dim, BLOCK_K=block_k,
+                  BLOCK_V=block_v, num_warps=NUM_WARPS, **pdl.options(log.device))
 
 
 def _reference_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -375,7 +381,9 @@ def reference_replay(log: torch.Tensor, log_at: torch.Tensor, states: torch.Tens
     size = value_heads * key_dim * value_dim
     width = key_heads * key_dim + value_heads * value_dim + 2 * value_heads
     ratio = value_heads // key_heads
-    lanes = zip(from_at.tolist(), to_at.tolist(), log_at.tolist(), kept.tolist(), strict=True)
+    layers = from_at.numel() // kept.shape[0]  # offsets [lanes] or [layers, lanes]
+    lanes = zip(from_at.flatten().tolist(), to_at.flatten().tolist(), log_at.flatten().tolist(),
+                kept.tolist() * layers, strict=True)
     for at, to, entry, count in lanes:
         if at < 0:
             continue

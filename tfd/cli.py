@@ -97,7 +97,8 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
     bench.add_argument("--no-graphs", action="store_true", help="decode steps eagerly, no CUDA graphs")
     bench.add_argument("--drafts", type=_draft_counts, default=[0], metavar="N[,N...]",
                        help="MTP drafts a round at most, one run each (0: no drafting; default 0); a --shape "
-                       "then gets a random MTP head; as in the daemon, no stream drafts past TF_MTP_MAX_LANES")
+                       "then gets a random MTP head; as in the daemon, no stream drafts past "
+                       "TF_MTP_MAX_LANES")
     bench.add_argument("--confidence", type=float, default=0.7, metavar="P",
                        help="chain a further draft while the one before is at least this likely (0.7)")
     bench.add_argument("--temperature", type=float, default=1.0, metavar="T",

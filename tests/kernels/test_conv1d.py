@@ -217,7 +217,15 @@ def check_verify(lanes: int, rows: int, channels: int, dtype: torch.dtype, devic
     torch.testing.assert_close(out, ref, **TOL[dtype])
     assert torch.equal(pool, held)  # the inputs kept, the tails untouched (bytes: the pool holds NaNs)
     keep = torch.arange(lanes, dtype=torch.int32, device=device) % rows + 1  # every count from 1
+    # two layers in one launch (offsets [layers, lanes]): the second a copy of the first past its end
+    doubled, shift = torch.cat((pool, pool)), pool.numel() // dtype.itemsize
+
+    def layers(at: torch.Tensor) -> torch.Tensor:
+        return torch.stack((at, torch.where(at >= 0, at + shift, -1)))
+
+    conv1d.rebuild(doubled.view(dtype), layers(tail_at), layers(rows_at), keep, WIDTH, channels)
     conv1d.rebuild(view, tail_at, rows_at, keep, WIDTH, channels)
+    assert torch.equal(doubled, torch.cat((pool, pool)))
     conv1d.reference_rebuild(held.view(dtype), tail_at, rows_at, keep, WIDTH, channels)
     assert torch.equal(pool, held)
     serial = before.clone()

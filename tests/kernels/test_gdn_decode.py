@@ -170,10 +170,20 @@ def check_identities(dims: Dims, lanes: int, rows: int, dtype: torch.dtype, devi
         assert torch.equal(pieces(scratch, spare_at, dims.state), states[n])
         assert torch.equal(splice(pool, scratch, [spare_at], dims.state), scratch)
     kept = torch.arange(lanes, dtype=torch.int32, device=device) % (rows + 1)
+    # two layers in one launch (offsets [layers, lanes]): the second a copy of the state in the spare's place
+    copied = pool.clone()
+    for at, to in zip(state_at.tolist(), spare_at.tolist(), strict=True):
+        if at >= 0:
+            copied.view(torch.float32)[to:to + dims.state] = copied.view(torch.float32)[at:at + dims.state]
+    both = torch.stack((state_at, spare_at))
+    replay(copied.view(torch.float32), torch.stack((log_at, log_at)), copied.view(torch.float32), both, both,
+           kept, **shape)
     replay(view, log_at, view, state_at, state_at, kept, **shape)  # in place, a count a lane
     after = pieces(pool, state_at, dims.state)
     for lane, n in enumerate(kept.tolist()):
         assert torch.equal(after[lane], states[n][lane])
+    for at in (state_at, spare_at):
+        assert torch.equal(pieces(copied, at, dims.state), after)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

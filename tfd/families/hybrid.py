@@ -179,8 +179,8 @@ class HybridModel:
         rows (int32 [lanes] on the device) leaves it."""
         gdn = [layer.mixer for layer in self.weights.layers if isinstance(layer.mixer, GdnWeights)]
         offsets = lanes.firsts(lane_fields(batch))
-        commit(gdn, lanes, keep, memory.states, list(offsets[:len(gdn)]), memory.tails,
-               list(offsets[len(gdn):2 * len(gdn)]))
+        layers = len(gdn)
+        commit(gdn, lanes, keep, memory.states, offsets[:layers], memory.tails, offsets[layers:2 * layers])
         ple = next((layer.ple for layer in self.weights.layers if layer.ple is not None), None)
         if ple is not None:
             at = 2 * len(gdn)

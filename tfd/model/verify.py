@@ -111,15 +111,34 @@ def gdn_window(w: GdnWeights, x: torch.Tensor, lanes: VerifyLanes, layer: int, s
 
 
 def commit(weights: Sequence[GdnWeights], lanes: VerifyLanes, keep: torch.Tensor, states: torch.Tensor,
-           state_at: Sequence[torch.Tensor], tails: torch.Tensor, tail_at: Sequence[torch.Tensor]) -> None:
+           state_at: torch.Tensor, tails: torch.Tensor, tail_at: torch.Tensor) -> None:
     """Each lane's state as serial decoding of its first ``keep`` rows (int32 [lanes], 1 to rows)
-    leaves it: per GDN layer (``weights``, ``state_at``/``tail_at`` its lanes' offsets) the logged
-    rows replayed into the committed state, the conv tail rebuilt from the old one and the kept
-    rows' inputs. A padding lane is not touched."""
-    for layer, w in enumerate(weights):
+    leaves it: per GDN layer (``weights``; ``state_at``/``tail_at`` [layers, lanes] the lanes'
+    offsets, contiguous) the logged rows replayed into the committed state, the conv tail rebuilt
+    from the old one and the kept rows' inputs. Layers of one shape go in one launch each (the
+    replay, the rebuild). A padding lane is not touched."""
+    count = len(weights)
+    logs, kept_rows = lanes.packed[count:2 * count], lanes.packed[2 * count:3 * count]
+    replay = gdn_decode.replay if states.is_cuda else gdn_decode.reference_replay
+    rebuild = conv1d.rebuild if tails.is_cuda else conv1d.reference_rebuild
+    for first, last in _same_shapes(weights):
+        w = weights[first]
         shape = {"key_heads": w.key_heads, "value_heads": w.value_heads, "key_dim": w.key_dim,
                  "value_dim": w.value_dim}
-        replay = gdn_decode.replay if states.is_cuda else gdn_decode.reference_replay
-        replay(states, lanes.log_at(layer), states, state_at[layer], state_at[layer], keep, **shape)
-        rebuild = conv1d.rebuild if tails.is_cuda else conv1d.reference_rebuild
-        rebuild(tails, tail_at[layer], lanes.rows_at(layer), keep, w.conv.shape[1], w.conv.shape[0])
+        at = state_at[first:last]
+        replay(states, logs[first:last], states, at, at, keep, **shape)
+        rebuild(tails, tail_at[first:last], kept_rows[first:last], keep, w.conv.shape[1], w.conv.shape[0])
+
+
+def _same_shapes(weights: Sequence[GdnWeights]) -> list[tuple[int, int]]:
+    """Runs of consecutive layers whose state and conv have one shape, as (first, end) indices."""
+    def shape(w: GdnWeights) -> tuple[int, ...]:
+        return (w.key_heads, w.value_heads, w.key_dim, w.value_dim, *w.conv.shape)
+
+    runs: list[tuple[int, int]] = []
+    for index, w in enumerate(weights):
+        if runs and shape(weights[runs[-1][0]]) == shape(w):
+            runs[-1] = (runs[-1][0], index + 1)
+        else:
+            runs.append((index, index + 1))
+    return runs
