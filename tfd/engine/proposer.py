@@ -62,7 +62,11 @@ def chain(model: HybridModel, memory: DecodeMemory, base: DecodeBatch, hidden: t
     ``carry`` [lanes, width]). Device work only. A cell past the page table's last row is kept at that
     row: the lane cannot reach it, its drafts are cut by the host."""
     last = base.columns.pages * memory.pool.layout.page_rows - 1
-    live = base.lengths > 0
+    if most > 1:  # every chained cell's columns at once (positions t + 1 ..); their tokens come one by one
+        packed = base.packed[None].repeat(most - 1, 1, 1)
+        ahead = torch.arange(1, most, device=packed.device)[:, None]
+        packed[:, 1] = torch.clamp(base.positions[None] + ahead, max=last)
+        packed[:, 2] = torch.where(base.lengths[None] > 0, packed[:, 1] + 1, 0)
     drafts, best = [], []
     for step in range(most):
         probabilities = torch.softmax(model.logits(hidden).float(), dim=-1)
@@ -71,11 +75,8 @@ def chain(model: HybridModel, memory: DecodeMemory, base: DecodeBatch, hidden: t
         best.append(chance)
         if step + 1 == most:
             break
-        packed = base.packed.clone()
-        position = torch.clamp(base.positions + step + 1, max=last)
-        packed[0], packed[1] = token, position
-        packed[2] = torch.where(live, position + 1, 0)
-        cell = model.draft_rows(DecodeBatch(packed, base.columns), memory, carry)
+        packed[step, 0] = token
+        cell = model.draft_rows(DecodeBatch(packed[step], base.columns), memory, carry)
         hidden, carry = cell.hidden, cell.carry
     sure = (torch.stack(best[:-1], dim=1) >= confidence).long() if most > 1 else None
     proposed = 1 + (sure.cumprod(dim=1).sum(dim=1) if sure is not None else torch.zeros_like(drafts[0]))
