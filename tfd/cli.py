@@ -7,7 +7,6 @@ exits with status 2 at once and names every problem.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import logging
 import math
@@ -272,112 +271,9 @@ def run_generate(table: Table, args: argparse.Namespace) -> int:
 def run_bench(table: Table, args: argparse.Namespace) -> int:
     settings = table.read(os.environ, table.flag_values(args))
     configure_logging(settings.value("TF_LOG_LEVEL", str))
+    from tfd.bench.command import run
 
-    import torch
-
-    from tfd.bench.main import bench, compare_hf, random_model, write
-    from tfd.bench.shapes import weight_bytes
-    from tfd.bench.workload import Workload
-    from tfd.checkpoint import CheckpointError
-    from tfd.engine.runner import Drafting
-    from tfd.models import load
-
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        if args.shape:
-            model, shape = random_model(args.shape, device, head=any(args.drafts))
-            name, size, config = shape.name, shape.weight_bytes, shape.config
-        else:
-            loaded = load(settings, os.environ, device, args.random_weights)
-            model, name, config = loaded.model, loaded.path.name, model_config(loaded.path)
-            loaded_path = loaded.path
-            size = weight_bytes(loaded.family, config, model.dtype.itemsize)
-            del loaded
-    except (CheckpointError, ValueError) as error:
-        print(f"tfd bench: {error}", file=sys.stderr)
-        return EXIT_FAILURE
-    if args.gemm:
-        return gemm_bench(model, name, device, args.out)
-    prompts = None
-    if args.text:
-        if args.shape or args.random_weights:
-            print("tfd bench: --text needs a checkpoint's tokenizer and trained weights", file=sys.stderr)
-            return EXIT_FAILURE
-        prompts = text_prompts(loaded_path)
-    gate = settings.value("TF_MTP_MAX_LANES", int)  # as the daemon would: no drafts past it
-    workloads = [Workload(n, args.prompt, args.new, args.step_tokens,
-                          Drafting(most, args.confidence, gate) if most else None, args.temperature, prompts)
-                 for n in args.streams for most in args.drafts]
-    if args.variant:
-        return variant_bench(model, name, workloads, args.variant, args.rounds, not args.no_graphs, args.out)
-    results = bench(model, name, size, workloads, not args.no_graphs, args.commit)
-    if args.profile:
-        profile_runs(model, results, workloads, not args.no_graphs, args.out)
-    if args.compare_hf:
-        dtype = model.dtype
-        del model  # the two models need not fit at once
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        compare_hf(results, workloads, config, dtype, device)
-    if args.out is not None:
-        write(results, args.out)
-    return 0
-
-
-def text_prompts(checkpoint: Path) -> tuple[tuple[int, ...], ...]:
-    """The held-out files of the demo's training text, a token tuple each."""
-    from tfd.train.corpus import Corpus
-
-    held_out = Corpus.read(tokenizer=checkpoint / "tokenizer.json").validation
-    ends = [0, *((held_out == 0).nonzero().flatten() + 1).tolist()]  # each file ends with <|endoftext|>
-    return tuple(tuple(held_out[a:b].tolist()) for a, b in itertools.pairwise(ends) if b > a)
-
-
-def profile_runs(model: Any, results: list[dict[str, Any]], workloads: list[Any], graphs: bool,
-                 out: Path | None) -> None:
-    from tfd.bench.main import run_name
-    from tfd.bench.profile import profiles
-
-    for result, workload in zip(results, workloads, strict=True):
-        for phase, table in profiles(model, workload, graphs).items():
-            if out is None:
-                print(f"== {run_name(result)} {phase}\n{table}")
-            else:
-                out.mkdir(parents=True, exist_ok=True)
-                (out / f"{run_name(result)}-{phase}.txt").write_text(table)
-
-
-def variant_bench(model: Any, name: str, workloads: list[Any], variants: list[Any], rounds: int, graphs: bool,
-                  out: Path | None) -> int:
-    from tfd.bench.main import run_name
-    from tfd.bench.variants import compare
-
-    for workload in workloads:
-        results = compare(model, name, workload, variants, rounds, graphs)
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / f"{run_name(results[0])}-variants.json").write_text(json.dumps(results, indent=2) + "\n")
-    return 0
-
-
-def gemm_bench(model: Any, name: str, device: Any, out: Path | None) -> int:
-    from tfd.bench.gemm import compare, weight_shapes
-    from tfd.bench.main import measure_ceilings
-
-    if device.type != "cuda":
-        print("tfd bench --gemm: needs a CUDA device", file=sys.stderr)
-        return EXIT_FAILURE
-    results = compare(weight_shapes(model.weights), measure_ceilings(device).copy_gbps, device)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"{name}-gemm.json").write_text(json.dumps(results, indent=2) + "\n")
-    return 0
-
-
-def model_config(path: Path) -> dict[str, Any]:
-    from tfd.checkpoint import read_config
-
-    return dict(read_config(path).text)
+    return run(settings, args)
 
 
 def run_train_demo(table: Table, args: argparse.Namespace) -> int:
