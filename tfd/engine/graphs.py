@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 import torch
 
 from tfd.engine.round_step import RoundInputs, host_inputs
-from tfd.model.decode import Columns, DecodeBatch
+from tfd.model.decode import Columns, DecodeBatch, fields_major
 
 log = logging.getLogger("tfd.graphs")
 Step = Callable[[DecodeBatch], tuple[torch.Tensor, ...]]  # a batch's outputs, each with a row a lane
@@ -62,12 +62,6 @@ def _capture(run: Callable[[], T], pool: Any, device: torch.device) -> tuple[tor
     return graph, outputs
 
 
-def _pinned(rows: Sequence[Sequence[int]]) -> torch.Tensor:
-    """Host rows as a [fields, rows] int64 tensor in pinned memory, for a copy that does not wait
-    (the caching host allocator keeps it until the copy is done)."""
-    return torch.tensor([list(row) for row in rows], dtype=torch.int64).T.contiguous().pin_memory()
-
-
 class DecodeGraphs:
     def __init__(self, step: Step, columns: Columns, null_page: int,
                  max_lanes: int, device: torch.device) -> None:
@@ -89,7 +83,8 @@ class DecodeGraphs:
         """The step's outputs (each with a row a lane) for each lane's ``Columns.column``."""
         lanes = len(columns)
         bucket = self.buckets[bisect.bisect_left(self.buckets, lanes)]
-        self.inputs[bucket].copy_(_pinned([*columns, *[self.padding] * (bucket - lanes)]),
+        # pinned, so the copy does not wait (the caching host allocator keeps it until the copy is done)
+        self.inputs[bucket].copy_(fields_major([*columns, *[self.padding] * (bucket - lanes)]).pin_memory(),
                                   non_blocking=True)
         self.graphs[bucket].replay()
         return tuple(output[:lanes] for output in self.outputs[bucket])

@@ -24,7 +24,7 @@ import attrs
 import torch
 
 from tfd.families.hybrid import HybridModel
-from tfd.model.decode import FIXED, Columns, DecodeBatch, DecodeMemory
+from tfd.model.decode import FIXED, Columns, DecodeBatch, DecodeMemory, fields_major
 from tfd.model.memory import LaneMemory, PageRows, Span, ints_on, to_device
 
 
@@ -129,8 +129,7 @@ class HeadProposer:
         columns, null = self.columns, self.rows.null_page
         fixed = [[0, a.last, a.last + 1, 0, 0, -1, *[-1] * columns.offsets] for a in absorbs]
         packed = torch.full((columns.width, len(absorbs)), null, dtype=torch.int64, device=self.device)
-        packed[:FIXED + columns.offsets] = to_device(torch.tensor(fixed, dtype=torch.int64).T.contiguous(),
-                                                     self.device)
+        packed[:FIXED + columns.offsets] = to_device(fields_major(fixed), self.device)
         for i, a in enumerate(absorbs):
             table = a.lane.page_table[:columns.pages]
             packed[columns.table_field:columns.table_field + table.shape[0], i] = table.long()

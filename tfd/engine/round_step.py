@@ -24,7 +24,7 @@ import torch
 from tfd.engine.proposer import chain
 from tfd.engine.sampling import draw
 from tfd.families.hybrid import HybridModel
-from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
+from tfd.model.decode import Columns, DecodeBatch, DecodeMemory, fields_major
 from tfd.model.memory import to_device
 from tfd.model.verify import VerifyLanes
 
@@ -59,7 +59,7 @@ def host_inputs(columns: Sequence[Sequence[int]] | None, offsets: Sequence[Seque
     """``RoundInputs``' fields as host tensors (pinned where CUDA is there to copy them): all four, or
     without columns and offsets the page tables and limits alone (a round run ahead)."""
     lists = [rows for rows in (columns, offsets) if rows is not None] + [tables]
-    held = [torch.tensor([list(row) for row in rows], dtype=torch.int64).T.contiguous() for rows in lists]
+    held = [fields_major(rows) for rows in lists]
     held.append(torch.tensor(list(limits), dtype=torch.int64))
     return [value.pin_memory() if torch.cuda.is_available() else value for value in held]
 

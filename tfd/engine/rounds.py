@@ -34,11 +34,11 @@ from tfd.engine.lane import Lane
 from tfd.engine.proposer import Absorb, HeadProposer
 from tfd.engine.request import TokenLogprob
 from tfd.engine.round_step import RoundInputs, RoundStep, host_inputs
-from tfd.engine.sampling import Rows, logprobs, plain, sample
+from tfd.engine.sampling import Rows, draws_alone, logprobs, sample
 from tfd.engine.scheduler import Work
 from tfd.families.hybrid import HybridModel
 from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
-from tfd.model.memory import PageRows
+from tfd.model.memory import PageRows, to_host
 from tfd.model.verify import VerifyLanes
 
 Propose = Callable[[Sequence[Absorb]], list[list[int]]]
@@ -157,8 +157,7 @@ class Rounds:
     def run(self, works: Sequence[Work]) -> list[Round]:
         """Verify every work's window (``work.lane.drafts`` after its pending token), keep, commit,
         and draft again; a round per work, in order."""
-        drawing_plain = all(plain(work.lane.request.sampling) and work.lane.request.sampling.logprobs is None
-                            for work in works)
+        drawing_plain = all(draws_alone(work.lane.request.sampling) for work in works)
         ahead, self.ahead = self.ahead, None
         if ahead is not None:
             same = [id(work.lane) for work in works] == list(map(id, ahead.lanes))
@@ -193,8 +192,7 @@ class Rounds:
                                                         [rows[id(work.lane)] for work in covered], None),
                          strict=True))
         if rest:
-            drawing_plain = all(plain(w.lane.request.sampling) and w.lane.request.sampling.logprobs is None
-                                for w in rest)
+            drawing_plain = all(draws_alone(work.lane.request.sampling) for work in rest)
             fresh = self._read(rest, self._launch(rest, fresh=True)) if drawing_plain else self._eager(rest)
             found.update(zip(map(id, rest), fresh, strict=True))
         return [found[id(work)] for work in works]
@@ -223,11 +221,8 @@ class Rounds:
             out = self.step.step(self.inputs)
         if self.device.type != "cuda":
             return _Launched(tuple(lanes), out, None)
-        host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
-        host.copy_(out, non_blocking=True)  # in stream order: a later replay cannot overwrite it first
-        copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        copied.record(torch.cuda.current_stream(self.device))
-        return _Launched(tuple(lanes), host, copied)
+        # on the round's stream, in order: a later replay cannot overwrite the output first
+        return _Launched(tuple(lanes), *to_host(out))
 
     def _columns(self, works: Sequence[Work], rows: int) -> tuple[list[list[int]], list[list[int]]]:
         """Each work's window as ``rows`` columns (padding rows after it), and each lane's verify

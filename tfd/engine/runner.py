@@ -31,11 +31,11 @@ from tfd.engine.graphs import DecodeGraphs
 from tfd.engine.lane import Lane
 from tfd.engine.request import TokenLogprob
 from tfd.engine.rounds import Propose, Rounds, drafts_from_head, prompt_absorbs
-from tfd.engine.sampling import Rows, draw, logprobs, plain, sample
+from tfd.engine.sampling import Rows, draw, draws_alone, logprobs, plain, sample
 from tfd.engine.scheduler import Work
 from tfd.families.hybrid import HybridModel
 from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
-from tfd.model.memory import LaneMemory, PageRows, Span, ints_on
+from tfd.model.memory import LaneMemory, PageRows, Span, ints_on, to_host
 from tfd.model.stack import StackOutput
 from tfd.pool.pages import Pool
 
@@ -226,10 +226,7 @@ class Runner:
         stepped.record(torch.cuda.current_stream(self.device))
         self.side.wait_event(stepped)
         with torch.cuda.stream(self.side):
-            host = torch.empty(drawn.shape, dtype=drawn.dtype, pin_memory=True)
-            host.copy_(drawn, non_blocking=True)
-            copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            copied.record(self.side)
+            host, copied = to_host(drawn)
         self.copies[parity] = copied
         return Launched(tuple(lanes), tuple(starts), host, copied, first)
 
@@ -252,8 +249,7 @@ class Runner:
     def _plain_decode(self, works: Sequence[Work]) -> bool:
         """Whether ``works`` are batched decode rows whose draws the step itself makes."""
         return self.memory is not None and all(
-            work.decode and work.samples and plain(work.lane.request.sampling)
-            and work.lane.request.sampling.logprobs is None for work in works)
+            work.decode and work.samples and draws_alone(work.lane.request.sampling) for work in works)
 
     @torch.no_grad()
     def run(self, works: Sequence[Work]) -> list[Drawn]:

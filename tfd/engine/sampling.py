@@ -50,6 +50,12 @@ def plain(setting: Sampling) -> bool:
     return setting.top_k <= 0 and setting.top_p >= 1.0 and setting.min_p <= 0.0
 
 
+def draws_alone(setting: Sampling) -> bool:
+    """Whether a request's draws are ``plain`` and ask for no logprobs: the graphs' own draw serves
+    them, with nothing for the host to add."""
+    return plain(setting) and setting.logprobs is None
+
+
 @attrs.frozen
 class Rows:
     """The sampling settings of each row, as tensors on the device."""

@@ -86,6 +86,12 @@ class Columns:
         return [0, 0, 0, 0, 0, -1, *[-1] * self.offsets, *[null_page] * self.pages]
 
 
+def fields_major(rows: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Host int64 [fields, rows] from a list a row (a column a lane, offsets a lane, ...): each field
+    contiguous across rows, as the kernels read them."""
+    return torch.tensor([list(row) for row in rows], dtype=torch.int64).T.contiguous()
+
+
 @attrs.frozen
 class DecodeBatch:
     """``packed`` [columns.width, lanes] int64 on the device; the fields are views of it, each
@@ -97,7 +103,7 @@ class DecodeBatch:
     @classmethod
     def of(cls, columns: list[list[int]], layout: Columns, device: torch.device) -> DecodeBatch:
         """From each lane's ``Columns.column`` (an asynchronous copy from pinned memory on CUDA)."""
-        return cls(to_device(torch.tensor(columns, dtype=torch.int64).T.contiguous(), device), layout)
+        return cls(to_device(fields_major(columns), device), layout)
 
     @property
     def tokens(self) -> torch.Tensor:

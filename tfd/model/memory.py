@@ -55,6 +55,16 @@ def to_device(held: torch.Tensor, device: torch.device) -> torch.Tensor:
     return held.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else held.to(device)
 
 
+def to_host(held: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
+    """A CUDA tensor copied into pinned host memory on the current stream without waiting, and the
+    event recorded after the copy (synchronize it before reading the copy)."""
+    host = torch.empty(held.shape, dtype=held.dtype, pin_memory=True)
+    host.copy_(held, non_blocking=True)
+    copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+    copied.record(torch.cuda.current_stream(held.device))
+    return host, copied
+
+
 def ints_on(values: Sequence[int], device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
     """Host integers (token ids, row indices, counts) as a tensor on ``device``, by ``to_device``."""
     return to_device(torch.tensor(list(values), dtype=dtype), device)
