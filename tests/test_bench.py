@@ -69,10 +69,14 @@ def test_bench_runs_the_demo_and_writes_each_run(tmp_path: Path) -> None:
 
 def test_bench_drafts_and_reports_the_rounds(tmp_path: Path) -> None:
     done = run_tfd("bench", "--prompt", "40", "--new", "12", "--drafts", "0,3", "--temperature", "0",
-                   "--out", str(tmp_path), "--commit", "test", timeout=240)
+                   "--rounds", "2", "--out", str(tmp_path), "--commit", "test", timeout=240)
     assert done.returncode == 0, done.stderr
     plain = json.loads(next(tmp_path.glob("*-1x40-12.json")).read_text())
     drafted = json.loads(next(tmp_path.glob("*-1x40-12-d3.json")).read_text())
+    # the second round runs both workloads again, after the first round's two
+    again = json.loads(next(tmp_path.glob("*-1x40-12-d3-r1.json")).read_text())
+    assert (plain["round"], drafted["round"], again["round"]) == (0, 0, 1)
+    assert (again["drafted"], again["accepted"]) == (drafted["drafted"], drafted["accepted"])
     assert plain["drafts"] == 0 and "rounds" not in plain and plain["temperature"] == 0
     assert drafted["drafts"] == 3 and drafted["confidence"] == 0.7 and 0 < drafted["rounds"] <= 11
     assert 0 <= drafted["accepted"] <= drafted["drafted"] and drafted["decode_tok_s"] > 0

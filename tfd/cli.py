@@ -118,7 +118,9 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
                        help="instead of one run a workload: kernel constants compared in this process, runs "
                        "of the variants interleaved, tokens compared with the first's (repeat per variant; "
                        "NAME= for the defaults)")
-    bench.add_argument("--rounds", type=_positive, default=2, metavar="N", help="runs a variant (2)")
+    bench.add_argument("--rounds", type=_positive, metavar="N",
+                       help="runs of each workload, all workloads in turn each round (1), or of each "
+                       "variant (2); a run's files get -r<round> past the first")
     bench.add_argument("--out", type=Path, metavar="DIR", help="write one JSON file per run here")
     bench.add_argument("--commit", help="the revision to record (default: git's HEAD)")
     table.add_flags(bench, scopes=("core",))

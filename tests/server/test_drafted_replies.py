@@ -108,10 +108,18 @@ def values(text: str) -> dict[str, float]:
     return found
 
 
-async def test_a_server_drafts_only_when_told_to() -> None:
-    # TF_DRAFTS is off by default: a checkpoint with a head decodes a token a step
-    with tiny_server("qwen3_5", head=True) as daemon:
-        async with httpx.AsyncClient(base_url=daemon.url(), timeout=120) as client:
-            reply = await complete(client, PROMPTS[0], SAMPLINGS["greedy"])
-    tokens = reply["usage"]["completion_tokens"]
-    assert (reply["tfd"]["drafted"], reply["tfd"]["rounds"]) == (0, tokens)
+async def test_a_server_drafts_unless_told_not_to() -> None:
+    # TF_DRAFTS is on by default: a checkpoint with a head decodes in rounds, TF_DRAFTS=0 a token a step
+    replies = {}
+    for drafts in ("1", None, "0"):
+        env = {} if drafts is None else {"TF_DRAFTS": drafts}
+        with tiny_server("qwen3_5", head=True, **env) as daemon:
+            async with httpx.AsyncClient(base_url=daemon.url(), timeout=120) as client:
+                replies[drafts] = await complete(client, PROMPTS[0], SAMPLINGS["greedy"])
+    tokens = replies["0"]["usage"]["completion_tokens"]
+    assert (replies["0"]["tfd"]["drafted"], replies["0"]["tfd"]["rounds"]) == (0, tokens)
+    counts = [{key: replies[d]["tfd"][key] for key in ("token_sha", "drafted", "accepted", "rounds")}
+              for d in (None, "1")]
+    assert counts[0] == counts[1] and counts[0]["drafted"] >= 1
+    assert replies[None]["tfd"]["token_sha"] == replies["0"]["tfd"]["token_sha"]
+    assert replies[None]["choices"] == replies["0"]["choices"]

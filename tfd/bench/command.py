@@ -60,8 +60,13 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
                           Drafting(most, args.confidence, gate) if most else None, args.temperature, prompts)
                  for n in args.streams for most in args.drafts]
     if args.variant:
-        return variant_bench(model, name, workloads, args.variant, args.rounds, not args.no_graphs, args.out)
-    results = bench(model, name, size, workloads, not args.no_graphs, args.commit)
+        return variant_bench(model, name, workloads, args.variant, args.rounds or 2, not args.no_graphs,
+                             args.out)
+    # rounds interleave the workloads: a machine's drift reaches every one alike
+    results = bench(model, name, size, workloads * (args.rounds or 1), not args.no_graphs, args.commit)
+    workloads = workloads * (args.rounds or 1)
+    for at, result in enumerate(results):
+        result["round"] = at // (len(results) // (args.rounds or 1))
     if args.profile:
         profile_runs(model, results, workloads, not args.no_graphs, args.out)
     if args.compare_hf:

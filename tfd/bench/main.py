@@ -142,9 +142,11 @@ def bench(model: HybridModel, shape_name: str, weight_bytes: int, workloads: lis
 
 
 def run_name(result: dict[str, Any]) -> str:
-    """``<shape>-<streams>x<prompt>-<new>[-d<drafts>]``: a run's files are named after it."""
+    """``<shape>-<streams>x<prompt>-<new>[-d<drafts>][-r<round>]``: a run's files are named after it."""
     drafts = f"-d{result['drafts']}" if result.get("drafts") else ""
-    return f"{result['shape']}-{result['streams']}x{result['prompt_tokens']}-{result['new_tokens']}{drafts}"
+    again = f"-r{result['round']}" if result.get("round") else ""
+    return (f"{result['shape']}-{result['streams']}x{result['prompt_tokens']}-{result['new_tokens']}"
+            f"{drafts}{again}")
 
 
 def write(results: list[dict[str, Any]], out: Path) -> None:

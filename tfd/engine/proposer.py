@@ -69,16 +69,17 @@ def chain(model: HybridModel, memory: DecodeMemory, base: DecodeBatch, hidden: t
         packed[:, 2] = torch.where(base.lengths[None] > 0, packed[:, 1] + 1, 0)
     drafts, best = [], []
     for step in range(most):
-        probabilities = torch.softmax(model.logits(hidden).float(), dim=-1)
-        chance, token = probabilities.max(dim=-1)
+        logits = model.logits(hidden)
+        if step + 1 == most:  # the last draft's chance decides nothing: its argmax is the same token
+            drafts.append(logits.argmax(dim=-1))
+            break
+        chance, token = torch.softmax(logits.float(), dim=-1).max(dim=-1)
         drafts.append(token)
         best.append(chance)
-        if step + 1 == most:
-            break
         packed[step, 0] = token
         cell = model.draft_rows(DecodeBatch(packed[step], base.columns), memory, carry)
         hidden, carry = cell.hidden, cell.carry
-    sure = (torch.stack(best[:-1], dim=1) >= confidence).long() if most > 1 else None
+    sure = (torch.stack(best, dim=1) >= confidence).long() if most > 1 else None
     proposed = 1 + (sure.cumprod(dim=1).sum(dim=1) if sure is not None else torch.zeros_like(drafts[0]))
     return Chained(torch.stack(drafts, dim=1), proposed)
 

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from tfd.engine.proposer import chain
+from kernels import round_columns
+from tfd.engine.proposer import Chained, chain
 from tfd.engine.sampling import draw
 from tfd.families.hybrid import HybridModel
 from tfd.model.decode import Columns, DecodeBatch, DecodeMemory, fields_major
@@ -90,56 +91,27 @@ class RoundStep:
         """A round whose rows draw plainly, all on the device, its inputs advanced to the next round's."""
         rows = self.most + 1
         batch = DecodeBatch(inputs.packed, self.columns)
+        fused = inputs.packed.is_cuda
         # each live row reads its lane's page table as it is now (a round run ahead got it copied in)
-        live = (batch.lengths > 0)[None, :]
-        inputs.packed[self.columns.table_field:] = torch.where(
-            live, inputs.tables.repeat_interleave(rows, dim=1), self.null_page)
+        (round_columns.tables if fused else round_columns.reference_tables)(
+            inputs.packed, inputs.tables, rows, self.columns.table_field, self.null_page)
         lanes = VerifyLanes(rows, inputs.offsets, self.ple)
         previous, logits = self.verify(batch, lanes)
-        out = self.settle(batch, lanes, previous, draw(logits, batch.temperature_bits, batch.seeds,
-                                                     batch.positions, 1))
-        width = live.view(-1, rows).sum(dim=1)
-        inputs.packed.copy_(self.advance(inputs, out))
-        return torch.cat((out, width[:, None]), dim=1)
+        drawn = draw(logits, batch.temperature_bits, batch.seeds, batch.positions, 1)
+        kept, found = self.settle(batch, lanes, previous, drawn)
+        advance = round_columns.advance if fused else round_columns.reference_advance
+        return advance(inputs.packed, drawn, kept, found.drafts, found.proposed, inputs.limits, self.padding,
+                       self.last)
 
     def settle(self, batch: DecodeBatch, lanes: VerifyLanes, previous: torch.Tensor, drawn: torch.Tensor
-               ) -> torch.Tensor:
+               ) -> tuple[torch.Tensor, Chained]:
         """After the draws (``drawn`` [lanes * rows]): each lane's kept rows counted and committed,
         the head's cells over its window (from ``previous``, what the head reads of each row), the
-        next drafts chained from the last kept row. Returns
-        [lanes, rows + 2 + most] int64: the draws, the kept count, the drafts, how many to propose."""
-        count, rows = lanes.lanes, lanes.rows
-        drawn = drawn.view(count, rows)
-        tokens = batch.tokens.view(count, rows)
-        real = (batch.lengths > 0).view(count, rows)
-        holds = (tokens[:, 1:] == drawn[:, :-1]) & real[:, 1:]
-        keep = 1 + holds.long().cumprod(dim=1).sum(dim=1)
-        self.model.commit(batch, self.memory, lanes, keep.int())
-        fed = batch.packed.clone()
-        fed[0] = drawn.flatten()  # each row's cell takes the token drawn after it
+        next drafts chained from the last kept row. Returns the kept counts [lanes] and the chain."""
+        keep = round_columns.keep if batch.packed.is_cuda else round_columns.reference_keep
+        kept, kept32, last, fed, base = keep(batch.packed, drawn, lanes.rows)
+        self.model.commit(batch, self.memory, lanes, kept32)
         cells = self.model.draft_rows(DecodeBatch(fed, self.columns), self.memory, previous)
-        last = torch.arange(count, device=keep.device) * rows + keep - 1
-        found = chain(self.model, self.memory, DecodeBatch(fed[:, last], self.columns), cells.hidden[last],
+        found = chain(self.model, self.memory, DecodeBatch(base, self.columns), cells.hidden[last],
                       cells.carry[last], self.most, self.confidence)
-        return torch.cat((drawn, keep[:, None], found.drafts, found.proposed[:, None]), dim=1)
-
-    def advance(self, inputs: RoundInputs, out: torch.Tensor) -> torch.Tensor:
-        """The next round's columns [width, lanes * rows] after ``out`` (``settle``'s): each live lane
-        at its first row not kept, fed its last kept draw, then as many drafts as the chain proposes
-        and its limit allows; the rest padding rows. The page tables are left for ``step`` to fill."""
-        rows = self.most + 1
-        fields, count = inputs.packed.shape[0], inputs.offsets.shape[1]
-        first = inputs.packed.view(fields, count, rows)[:, :, 0]  # a lane's fields at its first row
-        keep = out[:, rows]
-        pending = out[:, :rows].gather(1, (keep - 1)[:, None])
-        drafts = out[:, rows + 1:rows + 1 + self.most]
-        start = first[1] + keep
-        most = torch.clamp(torch.minimum(out[:, -1], inputs.limits - start), 0, self.most)
-        at = torch.arange(rows, device=out.device)
-        position = torch.clamp(start[:, None] + at, max=self.last)
-        real = (at[None, :] <= most[:, None]) & (first[2] > 0)[:, None]
-        following = first[:, :, None].expand(fields, count, rows).clone()
-        following[0] = torch.cat((pending, drafts[:, :rows - 1]), dim=1)
-        following[1] = position
-        following[2] = position + 1
-        return torch.where(real[None], following, self.padding[:, None, None]).view(fields, count * rows)
+        return kept, found

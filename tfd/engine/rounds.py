@@ -265,7 +265,9 @@ class Rounds:
         details = logprobs(logits, drawn, max(n or 0 for n in asked)) if any(n is not None for n in asked) \
             else None
         width = (batch.lengths > 0).view(-1, rows).sum(dim=1)
-        out = torch.cat((self.step.settle(batch, lanes, previous, drawn), width[:, None]), dim=1)
+        kept, found = self.step.settle(batch, lanes, previous, drawn)
+        out = torch.cat((drawn.view(-1, rows), kept[:, None], found.drafts, found.proposed[:, None],
+                         width[:, None]), dim=1)
         return self._rounds(works, rows, out.tolist(), details)
 
     def _rounds(self, works: Sequence[Work], rows: int, out: Sequence[Sequence[int]],
