@@ -25,6 +25,7 @@ import triton.language as tl
 from kernels import pdl
 
 TOKEN, POSITION, KEYS = 0, 1, 2  # fields of a column (``Columns``)
+_TOKEN, _POSITION, _KEYS = tl.constexpr(TOKEN), tl.constexpr(POSITION), tl.constexpr(KEYS)  # for kernels
 
 
 @triton.jit
@@ -38,7 +39,7 @@ def _tables(packed, tables, count, table_field, pages, null_page,
     table = tl.load(tables + at * count + lane, mask=inside)
     for r in tl.static_range(ROWS):
         column = lane * ROWS + r
-        live = tl.load(packed + KEYS * n + column) > 0
+        live = tl.load(packed + _KEYS * n + column) > 0
         tl.store(packed + (table_field + at) * n + column, tl.where(live, table, null_page), mask=inside)
 
 
@@ -51,9 +52,9 @@ def _keep(packed, drawn, keep, keep32, last, fed, base, count, fields,
     r = tl.arange(0, BLOCK_R)
     first = lane * ROWS
     later = (r >= 1) & (r < ROWS)
-    token = tl.load(packed + TOKEN * n + first + r, mask=later, other=0)
+    token = tl.load(packed + _TOKEN * n + first + r, mask=later, other=0)
     before = tl.load(drawn + first + r - 1, mask=later, other=-1)
-    live = tl.load(packed + KEYS * n + first + r, mask=later, other=0) > 0
+    live = tl.load(packed + _KEYS * n + first + r, mask=later, other=0) > 0
     broken = later & ((token != before) | (live == 0))
     kept = tl.min(tl.where(broken, r, ROWS), axis=0)  # the first draft not held: rows before it kept
     tl.store(keep + lane, kept.to(tl.int64))
@@ -66,10 +67,10 @@ def _keep(packed, drawn, keep, keep32, last, fed, base, count, fields,
         inside = field < fields
         for row in tl.static_range(ROWS):
             value = tl.load(packed + field * n + first + row, mask=inside)
-            value = tl.where(field == TOKEN, tl.load(drawn + first + row), value)
+            value = tl.where(field == _TOKEN, tl.load(drawn + first + row), value)
             tl.store(fed + field * n + first + row, value, mask=inside)
         value = tl.load(packed + field * n + end, mask=inside)
-        value = tl.where(field == TOKEN, tl.load(drawn + end), value)
+        value = tl.where(field == _TOKEN, tl.load(drawn + end), value)
         tl.store(base + field * count + lane, value, mask=inside)
 
 
@@ -83,11 +84,11 @@ def _advance(packed, drawn, keep, drafts, proposed, limits, padding, out, count,
     first = lane * ROWS
     r = tl.arange(0, BLOCK_R)
     window = r < ROWS
-    width = tl.sum((tl.load(packed + KEYS * n + first + r, mask=window, other=0) > 0).to(tl.int64), axis=0)
+    width = tl.sum((tl.load(packed + _KEYS * n + first + r, mask=window, other=0) > 0).to(tl.int64), axis=0)
     kept = tl.load(keep + lane)
     chained = tl.load(proposed + lane)
-    start = tl.load(packed + POSITION * n + first) + kept
-    on = tl.load(packed + KEYS * n + first) > 0
+    start = tl.load(packed + _POSITION * n + first) + kept
+    on = tl.load(packed + _KEYS * n + first) > 0
     most = tl.minimum(tl.maximum(tl.minimum(chained, tl.load(limits + lane) - start), 0), MOST)
     # the round's output row: draws, kept count, drafts, how many proposed, the window's width
     size = ROWS + MOST + 3
@@ -111,8 +112,8 @@ def _advance(packed, drawn, keep, drafts, proposed, limits, padding, out, count,
         else:
             token = tl.load(drafts + lane * MOST + at - 1)
         position = tl.minimum(start + at, last_row)
-        value = tl.where(f == TOKEN, token, tl.where(f == POSITION, position,
-                                                     tl.where(f == KEYS, position + 1, fixed)))
+        value = tl.where(f == _TOKEN, token, tl.where(f == _POSITION, position,
+                                                     tl.where(f == _KEYS, position + 1, fixed)))
         real = (at <= most) & on
         tl.store(packed + f * n + first + at, tl.where(real, value, empty), mask=inside)
 
