@@ -73,10 +73,16 @@ def test_bench_drafts_and_reports_the_rounds(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     plain = json.loads(next(tmp_path.glob("*-1x40-12.json")).read_text())
     drafted = json.loads(next(tmp_path.glob("*-1x40-12-d3.json")).read_text())
-    # the second round runs both workloads again, after the first round's two
+    # the second round runs both workloads again, after the first round's two, on other prompts
     again = json.loads(next(tmp_path.glob("*-1x40-12-d3-r1.json")).read_text())
     assert (plain["round"], drafted["round"], again["round"]) == (0, 0, 1)
-    assert (again["drafted"], again["accepted"]) == (drafted["drafted"], drafted["accepted"])
+    read = json.loads(next(tmp_path.glob("*-summary.json")).read_text())
+    summaries = {entry["run"]: entry for entry in read}
+    pooled = summaries[f"{drafted['shape']}-1x40-12-d3"]
+    assert pooled["runs"] == 2 and "acceptance" not in summaries[f"{drafted['shape']}-1x40-12"]
+    both = (drafted["accepted"] + again["accepted"], drafted["drafted"] + again["drafted"])
+    assert pooled["acceptance"] == both[0] / both[1]
+    assert pooled["decode_tok_s_min"] <= pooled["decode_tok_s_median"] <= pooled["decode_tok_s_max"]
     assert plain["drafts"] == 0 and "rounds" not in plain and plain["temperature"] == 0
     assert drafted["drafts"] == 3 and drafted["confidence"] == 0.7 and 0 < drafted["rounds"] <= 11
     assert 0 <= drafted["accepted"] <= drafted["drafted"] and drafted["decode_tok_s"] > 0

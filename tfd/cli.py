@@ -119,7 +119,8 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
                        "of the variants interleaved, tokens compared with the first's (repeat per variant; "
                        "NAME= for the defaults)")
     bench.add_argument("--rounds", type=_positive, metavar="N",
-                       help="runs of each workload, all workloads in turn each round (1), or of each "
+                       help="runs of each workload, all workloads in turn each round, round r cutting "
+                       "its prompts with seed r; a summary of each over its rounds (1); or runs of each "
                        "variant (2); a run's files get -r<round> past the first")
     bench.add_argument("--out", type=Path, metavar="DIR", help="write one JSON file per run here")
     bench.add_argument("--commit", help="the revision to record (default: git's HEAD)")

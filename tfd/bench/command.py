@@ -18,7 +18,7 @@ import torch
 
 from tfd.bench.gemm import compare as compare_gemm
 from tfd.bench.gemm import weight_shapes
-from tfd.bench.main import bench, compare_hf, measure_ceilings, random_model, run_name, write
+from tfd.bench.main import bench, compare_hf, measure_ceilings, random_model, run_name, summary, write
 from tfd.bench.profile import profiles
 from tfd.bench.shapes import weight_bytes
 from tfd.bench.variants import compare as compare_variants
@@ -62,21 +62,23 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     if args.variant:
         return variant_bench(model, name, workloads, args.variant, args.rounds or 2, not args.no_graphs,
                              args.out)
-    # rounds interleave the workloads: a machine's drift reaches every one alike
-    results = bench(model, name, size, workloads * (args.rounds or 1), not args.no_graphs, args.commit)
-    workloads = workloads * (args.rounds or 1)
-    for at, result in enumerate(results):
-        result["round"] = at // (len(results) // (args.rounds or 1))
+    # rounds interleave the workloads, so a machine's drift reaches every one alike, and each round
+    # cuts other prompts, so one stream's speed is not one prompt's
+    rounds = args.rounds or 1
+    results = bench(model, name, size, workloads, not args.no_graphs, args.commit, rounds)
+    summaries = summary(results) if rounds > 1 else []
     if args.profile:
-        profile_runs(model, results, workloads, not args.no_graphs, args.out)
+        profile_runs(model, results[:len(workloads)], workloads, not args.no_graphs, args.out)
     if args.compare_hf:
         dtype = model.dtype
         del model  # the two models need not fit at once
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        compare_hf(results, workloads, config, dtype, device)
+        compare_hf(results[:len(workloads)], workloads, config, dtype, device)
     if args.out is not None:
         write(results, args.out)
+        if summaries:
+            (args.out / f"{name}-summary.json").write_text(json.dumps(summaries, indent=2) + "\n")
     return 0
 
 

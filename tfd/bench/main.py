@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import statistics
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -121,24 +122,53 @@ def line(result: dict[str, Any]) -> str:
 
 
 def bench(model: HybridModel, shape_name: str, weight_bytes: int, workloads: list[Workload], graphs: bool,
-          revision: str | None = None) -> list[dict[str, Any]]:
-    """Run each workload on ``model``; print a line each; the run objects, in order."""
+          revision: str | None = None, rounds: int = 1) -> list[dict[str, Any]]:
+    """Run each workload on ``model``, all of them in turn each of ``rounds`` rounds (round r cuts its
+    prompts with seed r, so every workload of a round reads the same prompts); print a line each;
+    the run objects, round by round."""
     device = model.weights.embed.device
     ceilings = measure_ceilings(device)
     print(f"tfd bench: {ceilings.gpu}: copy {ceilings.copy_gbps:.0f} GB/s, "
           f"matmul {ceilings.matmul_tflops:.0f} TFLOP/s")
     revision = revision or commit()
     results = []
-    for workload in workloads:
-        # untimed first, at the same streams: Triton compiles a kernel per shape class on first use
-        # (32 lanes' prompt rows compiled 6 s into the timed prefill when the warm-up ran one)
-        warm = attrs.evolve(workload, new_tokens=2)
-        run(model, warm, graphs, seed=1)
-        timings = run(model, workload, graphs)
-        result = describe(model, shape_name, weight_bytes, workload, timings, ceilings, revision)
-        print(line(result), flush=True)
-        results.append(result)
+    for round_ in range(rounds):
+        for workload in workloads:
+            # untimed first, at the same streams: Triton compiles a kernel per shape class on first use
+            # (32 lanes' prompt rows compiled 6 s into the timed prefill when the warm-up ran one)
+            warm = attrs.evolve(workload, new_tokens=2)
+            run(model, warm, graphs, seed=rounds + 1)
+            timings = run(model, workload, graphs, seed=round_)
+            result = describe(model, shape_name, weight_bytes, workload, timings, ceilings, revision)
+            result["round"] = round_
+            print(line(result), flush=True)
+            results.append(result)
     return results
+
+
+def summary(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per run name over its rounds: the median, least and most decode tok/s and, with drafts, the
+    acceptance and tokens a round of all its rounds' drafts together."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for result in results:
+        runs.setdefault(run_name({**result, "round": 0}), []).append(result)
+    found = []
+    for name, group in runs.items():
+        speeds = sorted(result["decode_tok_s"] for result in group)
+        entry: dict[str, Any] = {"run": name, "runs": len(group),
+                                 "decode_tok_s_median": statistics.median(speeds),
+                                 "decode_tok_s_min": speeds[0], "decode_tok_s_max": speeds[-1]}
+        if group[0].get("drafts"):
+            drafted = sum(result["drafted"] for result in group)
+            accepted = sum(result["accepted"] for result in group)
+            verified = sum(result["rounds"] for result in group)
+            entry.update(acceptance=accepted / drafted if drafted else None,
+                         tokens_per_round=(verified + accepted) / verified if verified else None)
+        found.append(entry)
+        print(f"{name}: {len(group)} rounds, decode median {entry['decode_tok_s_median']:.1f} tok/s "
+              f"({speeds[0]:.1f} to {speeds[-1]:.1f})"
+              + (f", acceptance {entry['acceptance'] or 0:.1%}" if "acceptance" in entry else ""), flush=True)
+    return found
 
 
 def run_name(result: dict[str, Any]) -> str:
