@@ -27,6 +27,7 @@ from kernels import pdl
 
 BLOCK_C = 256  # channels per program
 BLOCK_T = 16  # prefill rows per program; at least width - 1, so only a lane's first block reads its tail
+VERIFY_BLOCK_C = 64  # channels per program of a verify window
 
 
 @triton.jit
@@ -251,10 +252,13 @@ def verify(x: torch.Tensor, weight: torch.Tensor, tails: torch.Tensor, tail_at: 
     rows = x.shape[0] // max(lanes, 1)
     x, weight = _rows(x), weight.contiguous()
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(x.shape[1], BLOCK_C), max(1, triton.cdiv(rows, BLOCK_T)), lanes)
+    # a window is a few rows: one block of them, and narrow channel blocks for more programs (the
+    # tail is only read here, so no block size bounds it; each element's sum is the same either way)
+    block_t = triton.next_power_of_2(max(rows, 2))
+    grid = (triton.cdiv(x.shape[1], VERIFY_BLOCK_C), max(1, triton.cdiv(rows, block_t)), lanes)
     _verify[grid](x, x.stride(0), weight, tails, tail_at, out, rows_at.contiguous(), rows, x.shape[1],
-                  WIDTH=width, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C, BLOCK_W=triton.next_power_of_2(width - 1),
-                  **pdl.options(x.device))
+                  WIDTH=width, BLOCK_T=block_t, BLOCK_C=VERIFY_BLOCK_C,
+                  BLOCK_W=triton.next_power_of_2(width - 1), **pdl.options(x.device))
     return out
 
 

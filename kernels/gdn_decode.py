@@ -285,6 +285,26 @@ def verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b
     return out
 
 
+def verify_gated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+                 a_log: torch.Tensor, dt_bias: torch.Tensor, states: torch.Tensor, state_at: torch.Tensor,
+                 spare_at: torch.Tensor, log: torch.Tensor, log_at: torch.Tensor, scale: float
+                 ) -> torch.Tensor:
+    """``verify`` with the gates formed in the kernel from the projection's ``b`` and ``a`` [lanes,
+    rows, value_heads] (model dtype, heads contiguous) and the heads' ``a_log`` and ``dt_bias``: the
+    same bits as ``verify`` given ``kernels.gdn_gates.gates(b, a, a_log, dt_bias)`` (the formed gates
+    are what it logs), one launch less."""
+    _, value_heads, _, _ = _check_rows(q, k, v, None, None, states, lead=2)
+    for name, t in (("b", b), ("a", a)):
+        _check(name, t, (*q.shape[:2], value_heads), q.dtype)
+    for name, t in (("a_log", a_log), ("dt_bias", dt_bias)):
+        _check(name, t, (value_heads,))
+    _check_view("log", log)
+    out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    _launch(q, k, v, Gates(a, b, a_log, dt_bias), states, state_at, spare_at, log, log_at, out, q.shape[1],
+            scale, logging=True)
+    return out
+
+
 def replay(log: torch.Tensor, log_at: torch.Tensor, states: torch.Tensor, from_at: torch.Tensor,
            to_at: torch.Tensor, kept: torch.Tensor, *, key_heads: int, value_heads: int, key_dim: int,
            value_dim: int) -> None:

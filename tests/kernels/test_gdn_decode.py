@@ -95,6 +95,30 @@ def check_gated(dims: Dims, lanes: int, dtype: torch.dtype, device: str) -> None
                                   dims.scale)
     assert torch.equal(got, want)
     assert torch.equal(pool, plain)
+    check_verify_gated(dims, lanes, 3, dtype, device)
+
+
+def check_verify_gated(dims: Dims, lanes: int, rows: int, dtype: torch.dtype, device: str) -> None:
+    """A verify window's gates formed in the kernel: verify's bits (outputs, spare, log) with gdn_gates'."""
+    size = max(dims.state, rows * dims.log_row)
+    pool, (state_at, spare_at, log_at) = make_pool(lanes, [dims.state, size, size], [lanes - 1], device)
+    q, k, v, _, _ = inputs(dims, lanes, rows, dtype, device)
+    gen = torch.Generator().manual_seed(rows)
+    projected = (torch.randn(lanes, rows, 3 * dims.value_heads, generator=gen) * 4).to(dtype).to(device)
+    b, a = projected[..., dims.value_heads:2 * dims.value_heads], projected[..., 2 * dims.value_heads:]
+    a[0, 1, 0] = 30.0  # past softplus's threshold
+    a_log = torch.rand(dims.value_heads, generator=gen).to(device)
+    dt_bias = torch.randn(dims.value_heads, generator=gen).to(dtype).to(device)
+    beta, g = gdn_gates.gates(b.flatten(0, 1), a.flatten(0, 1), a_log, dt_bias)
+    plain = pool.clone()
+    view = plain.view(torch.float32)
+    want = gdn_decode.verify(q, k, v, g.view(lanes, rows, -1), beta.view(lanes, rows, -1), view, state_at,
+                             spare_at, view, log_at, dims.scale)
+    view = pool.view(torch.float32)
+    got = gdn_decode.verify_gated(q, k, v, b, a, a_log, dt_bias, view, state_at, spare_at, view, log_at,
+                                  dims.scale)
+    assert torch.equal(got, want)
+    assert torch.equal(pool, plain)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -79,9 +79,10 @@ def chain(model: HybridModel, memory: DecodeMemory, base: DecodeBatch, hidden: t
         packed[step, 0] = token
         cell = model.draft_rows(DecodeBatch(packed[step], base.columns), memory, carry)
         hidden, carry = cell.hidden, cell.carry
-    sure = (torch.stack(best, dim=1) >= confidence).long() if most > 1 else None
-    proposed = 1 + (sure.cumprod(dim=1).sum(dim=1) if sure is not None else torch.zeros_like(drafts[0]))
-    return Chained(torch.stack(drafts, dim=1), proposed)
+    if most == 1:  # a view and one fill: a one-draft round's chain is its head's argmax
+        return Chained(drafts[0][:, None], torch.ones_like(drafts[0]))
+    sure = (torch.stack(best, dim=1) >= confidence).long()
+    return Chained(torch.stack(drafts, dim=1), 1 + sure.cumprod(dim=1).sum(dim=1))
 
 
 def proposals(found: Chained, wanted: Sequence[int]) -> list[list[int]]:

@@ -49,7 +49,7 @@ class Projected:
     g: torch.Tensor  # [rows, value_heads] fp32
 
 
-def _split(w: GdnWeights, projected: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def split_projection(w: GdnWeights, projected: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The fused projection as views: conv input, z [rows, value_heads, value_dim], b, a."""
     rows, heads = projected.shape[0], w.value_heads
     channels = 2 * w.key_heads * w.key_dim + heads * w.value_dim
@@ -58,7 +58,7 @@ def _split(w: GdnWeights, projected: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def project(w: GdnWeights, x: torch.Tensor) -> Projected:
-    mixed, z, b, a = _split(w, linear(x, w.proj))
+    mixed, z, b, a = split_projection(w, linear(x, w.proj))
     beta, g = gates(b, a, w.a_log, w.dt_bias)
     return Projected(mixed, z, beta, g)
 
@@ -146,7 +146,8 @@ def gdn_rows(w: GdnWeights, x: torch.Tensor, states: torch.Tensor, state_at: tor
     On CUDA the projection's product applies the conv as it stores, and the rule's kernel forms the
     gates from the projection itself."""
     if x.is_cuda:  # the conv in the projection's last step (kernels.gemm.Conv): conv1d.decode's bits
-        mixed, z, b, a = _split(w, gemm.matmul(x, w.proj, conv=gemm.Conv(w.conv, tails, tail_at), early=True))
+        projected = gemm.matmul(x, w.proj, conv=gemm.Conv(w.conv, tails, tail_at), early=True)
+        mixed, z, b, a = split_projection(w, projected)
         q, k, v = split_heads(w, mixed)
         out = gdn_decode.decode_gated(q, k, v, b, a, w.a_log, w.dt_bias, states, state_at, w.key_dim ** -0.5)
         return finish(w, out, z)

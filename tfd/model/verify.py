@@ -24,8 +24,9 @@ import attrs
 import torch
 
 from kernels import conv1d, gdn_decode
-from tfd.model.gdn import GdnWeights, finish, project, split_heads
+from tfd.model.gdn import GdnWeights, finish, project, split_heads, split_projection
 from tfd.model.memory import element_offset, to_device
+from tfd.model.ops import linear
 
 FIELDS = 3  # offsets a lane has per GDN layer: spare state, replay log, conv rows
 
@@ -97,17 +98,25 @@ def gdn_window(w: GdnWeights, x: torch.Tensor, lanes: VerifyLanes, layer: int, s
     ``state_at``/``tail_at`` [lanes] its committed state and conv tail, which stay as they are."""
     rows = lanes.rows
     count = x.shape[0] // rows
-    p = project(w, x)  # decode's product bits (on CUDA decode applies the conv in its epilogue; here after)
-    conv = conv1d.verify if x.is_cuda else conv1d.reference_verify
-    q, k, v = split_heads(w, conv(p.mixed, w.conv, tails, tail_at, lanes.rows_at(layer)))
 
     def windows(t: torch.Tensor) -> torch.Tensor:
         return t.reshape(count, rows, *t.shape[1:])
 
-    verify = gdn_decode.verify if x.is_cuda else gdn_decode.reference_verify
-    out = verify(windows(q), windows(k), windows(v), windows(p.g), windows(p.beta), states, state_at,
-                 lanes.spare_at(layer), states, lanes.log_at(layer), w.key_dim ** -0.5)
-    return finish(w, out.reshape(x.shape[0], w.value_heads, w.value_dim), p.z)  # fp32, as gdn_rows passes it
+    offsets = (states, state_at, lanes.spare_at(layer), states, lanes.log_at(layer), w.key_dim ** -0.5)
+    if x.is_cuda:  # decode's product bits (decode applies the conv in its epilogue; here after), the
+        # gates formed in the rule's kernel as decode forms them
+        mixed, z, b, a = split_projection(w, linear(x, w.proj))
+        q, k, v = split_heads(w, conv1d.verify(mixed, w.conv, tails, tail_at, lanes.rows_at(layer)))
+        out = gdn_decode.verify_gated(windows(q), windows(k), windows(v), windows(b), windows(a), w.a_log,
+                                      w.dt_bias, *offsets)
+    else:
+        p = project(w, x)
+        z = p.z
+        mixed = conv1d.reference_verify(p.mixed, w.conv, tails, tail_at, lanes.rows_at(layer))
+        q, k, v = split_heads(w, mixed)
+        out = gdn_decode.reference_verify(windows(q), windows(k), windows(v), windows(p.g), windows(p.beta),
+                                          *offsets)
+    return finish(w, out.reshape(x.shape[0], w.value_heads, w.value_dim), z)  # fp32, as gdn_rows passes it
 
 
 def commit(weights: Sequence[GdnWeights], lanes: VerifyLanes, keep: torch.Tensor, states: torch.Tensor,
