@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 from tfd import __version__
 from tfd.env import FAMILY_SCOPES, SettingsRefused, Table
-from tfd.train.recipe import SAFETY_MINUTES, Recipe
+from tfd.train.recipe import MTP_TARGETS, SAFETY_MINUTES, Recipe
 
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
@@ -146,6 +146,9 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
     train.add_argument("--seed", type=_natural, default=DEFAULT_RECIPE.seed, metavar="S",
                        help=f"seed of the windows' draw ({DEFAULT_RECIPE.seed}; the init is always the "
                        "demo's)")
+    train.add_argument("--mtp-target", choices=MTP_TARGETS, default=DEFAULT_RECIPE.mtp_target,
+                       help="what the MTP head learns: the text two tokens ahead, or the main model's own "
+                       f"next distribution (self-distillation) ({DEFAULT_RECIPE.mtp_target})")
     train.add_argument("--minutes", type=_positive_float, default=SAFETY_MINUTES, metavar="M",
                        help=f"stop training after this wall time, whatever --steps says ({SAFETY_MINUTES})")
     train.add_argument("--log-every", type=_positive, default=DEFAULT_RECIPE.log_every, metavar="N",
@@ -299,7 +302,7 @@ def run_train_demo(table: Table, args: argparse.Namespace) -> int:
 
     device = pick_device(settings.value("TF_DEVICE", str))
     recipe = Recipe(steps=args.steps, batch=args.batch, seq=args.seq, lr=args.lr, seed=args.seed,
-                    minutes=args.minutes, log_every=args.log_every)
+                    minutes=args.minutes, log_every=args.log_every, mtp_target=args.mtp_target)
     log = logging.getLogger("tfd.train")
     try:
         corpus = Corpus.read(args.corpus)

@@ -6,6 +6,7 @@ import itertools
 import json
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -16,8 +17,9 @@ from tfd.checkpoint import Checkpoint
 from tfd.demo import DEMOS
 from tfd.families.hybrid import load_model
 from tfd.generate import greedy
-from tfd.train.corpus import Corpus
-from tfd.train.loop import Trained, train
+from tfd.train.corpus import Corpus, Sampler
+from tfd.train.loop import Trained, losses, train
+from tfd.train.model import TrainModel
 from tfd.train.recipe import Recipe
 from tfd.train.written import check_out, write
 
@@ -63,6 +65,26 @@ def test_a_few_steps_lower_the_loss(trained: Trained) -> None:
     assert trained.after.mtp_loss < trained.before.mtp_loss - 0.5
     assert 0 <= trained.after.mtp_confident <= 1
     assert trained.after.positions in (SHORT.seq, 2 * SHORT.seq)  # a window or two fit the split
+
+
+def test_a_head_taught_by_the_main_model_learns_its_distribution(corpus: Corpus) -> None:
+    # self-distillation: the head's loss is its cross-entropy against the main model's next
+    # distribution, which the head's training leaves untouched (no gradient through the target)
+    model = TrainModel.random(DEMOS["qwen3_5"][1], 1, CPU)
+    windows = Sampler(corpus.train, 2, 34, 1).draw()
+    lm, mtp = losses(model, windows, CPU, "main")
+    out = model.forward(windows[:, :-2], windows[:, 1:-1])
+    assert out.draft_logits is not None
+    wanted = torch.softmax(out.logits[:, 1:].float(), dim=-1)
+    by_hand = -(wanted * torch.log_softmax(out.draft_logits[:, :-1].float(), dim=-1)).sum(dim=-1).mean()
+    assert torch.allclose(mtp, by_hand) and torch.allclose(lm, losses(model, windows, CPU, "data")[0])
+    mtp.backward()
+    assert model.params["mtp.fc.weight"].grad is not None
+    taught = train(attrs.evolve(SHORT, mtp_target="main"), corpus, CPU)
+    assert taught.history[-1]["mtp_loss"] < taught.history[0]["mtp_loss"]
+    assert taught.after.mtp_agrees >= 0 and taught.after.lm_loss < taught.before.lm_loss - 0.5
+    with pytest.raises(ValueError, match="recipe mtp_target must be one of data, main, got 'text'"):
+        Recipe(mtp_target="text")
 
 
 def test_the_same_recipe_trains_the_same_weights(corpus: Corpus, trained: Trained) -> None:

@@ -4,7 +4,10 @@ The model starts from the demo's own seeded random init (``tfd.demo.SEED``, draw
 ``tfd.families.random_weights``); ``seed`` draws the training windows. AdamW (betas 0.9/0.95,
 weight decay on tensors of two or more dimensions only), linear warmup then cosine decay to a tenth
 of the peak rate, gradients clipped to norm 1, bf16 autocast on CUDA over fp32 master weights. The
-loss is the main model's cross-entropy plus half the MTP head's (both means over positions).
+loss is the main model's cross-entropy plus half the MTP head's (both means over positions), the head
+learning the text two ahead or, with ``mtp_target`` "main", the main model's own next distribution
+(self-distillation, as speculative decoding's draft heads are trained: acceptance is agreement with
+the main model, not with the text).
 
 Only the data order and the init are fixed by the recipe: on a GPU, kernels that add with atomics
 (embedding and attention backward) may give other low bits run to run.
@@ -78,7 +81,7 @@ def train(recipe: Recipe, corpus: Corpus, device: torch.device,
         for group in adamw.param_groups:
             group["lr"] = recipe.rate(step)
         windows = sampler.draw().to(device, non_blocking=True)
-        lm, mtp = losses(model, windows, device)
+        lm, mtp = losses(model, windows, device, recipe.mtp_target)
         torch.autograd.backward(lm + recipe.mtp_weight * mtp)
         torch.nn.utils.clip_grad_norm_(params, recipe.clip)
         adamw.step()
@@ -95,14 +98,21 @@ def train(recipe: Recipe, corpus: Corpus, device: torch.device,
     return Trained(model, step, seconds, progress.history, before, after)
 
 
-def losses(model: TrainModel, windows: torch.Tensor, device: torch.device
+def losses(model: TrainModel, windows: torch.Tensor, device: torch.device, target: str = "data"
            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The main model's and the MTP head's mean cross-entropy over ``windows`` [batch, seq + 2]."""
+    """The main model's and the MTP head's mean cross-entropy over ``windows`` [batch, seq + 2]: the
+    head's against x_{t+2} (``target`` "data") or against the main model's distribution at t + 1,
+    no gradient through it ("main"; a window's last position has no main row after it)."""
     ids, nexts, afters = windows[:, :-2], windows[:, 1:-1], windows[:, 2:]
     with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
         out = model.forward(ids, nexts)
     assert out.draft_logits is not None
-    lm = F.cross_entropy(out.logits.float().flatten(0, 1), nexts.flatten())
+    logits = out.logits.float()
+    lm = F.cross_entropy(logits.flatten(0, 1), nexts.flatten())
+    if target == "main":
+        wanted = torch.softmax(logits[:, 1:].detach(), dim=-1)
+        drafted = torch.log_softmax(out.draft_logits[:, :-1].float(), dim=-1)
+        return lm, -(wanted * drafted).sum(dim=-1).mean()
     mtp = F.cross_entropy(out.draft_logits.float().flatten(0, 1), afters.flatten())
     return lm, mtp
 

@@ -1,5 +1,5 @@
 """What a training run of the demo is a function of: steps, batch, seq, lr, seed, and the fixed
-rest of the recipe (optimizer, schedule, clipping, the MTP loss weight). No torch here, so the
+rest of the recipe (optimizer, schedule, clipping, the MTP loss weight and target). No torch here, so the
 command line reads its defaults without loading it.
 
 The defaults are sized for one H200 (about 4 minutes of training); ``minutes`` stops a run at that
@@ -18,6 +18,7 @@ from tfd.demo import SEED
 # The command line's default wall-time limit: under the device runner's 10 minutes a command, with
 # room for reading the corpus, the two validation passes and writing the checkpoint.
 SAFETY_MINUTES = 8.0
+MTP_TARGETS = ("data", "main")
 
 @attrs.frozen
 class Recipe:
@@ -38,6 +39,9 @@ class Recipe:
     weight_decay: float = 0.1
     clip: float = 1.0
     mtp_weight: float = 0.5
+    # what the MTP head at t learns: the text's x_{t+2} ("data"), or the main model's own distribution
+    # at t+1, detached ("main": a draft is kept when it is what the main model draws there)
+    mtp_target: str = "data"
 
     def __attrs_post_init__(self) -> None:
         for name in ("steps", "batch", "seq", "log_every", "eval_windows"):
@@ -45,6 +49,9 @@ class Recipe:
                 raise ValueError(f"recipe {name} must be at least 1, got {getattr(self, name)}")
         if not self.lr > 0:
             raise ValueError(f"recipe lr must be positive, got {self.lr}")
+        if self.mtp_target not in MTP_TARGETS:
+            raise ValueError(f"recipe mtp_target must be one of {', '.join(MTP_TARGETS)}, "
+                             f"got {self.mtp_target!r}")
         if self.minutes is not None and not self.minutes > 0:
             raise ValueError(f"recipe minutes must be positive, got {self.minutes}")
 
