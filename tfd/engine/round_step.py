@@ -112,6 +112,8 @@ class RoundStep:
         kept, kept32, last, fed, base = keep(batch.packed, drawn, lanes.rows)
         self.model.commit(batch, self.memory, lanes, kept32)
         cells = self.model.draft_rows(DecodeBatch(fed, self.columns), self.memory, previous)
-        found = chain(self.model, self.memory, DecodeBatch(base, self.columns), cells.hidden[last],
-                      cells.carry[last], self.most, self.confidence)
+        hidden = cells.hidden[last]
+        carry = hidden if cells.carry is cells.hidden else cells.carry[last]  # Qwen's carry is its hidden
+        found = chain(self.model, self.memory, DecodeBatch(base, self.columns), hidden, carry, self.most,
+                      self.confidence)
         return kept, found
