@@ -5,7 +5,8 @@ rows), each lane's verify offsets, its page table and its last position a window
 round verifies the windows, draws every row, and then, still on the device: how many rows each
 lane keeps, the commit of those rows, the MTP head's cells over the window fed the drawn tokens, the
 chain of next drafts from the last kept row (``proposer.chain``), and the next round's inputs
-(``advance``), written over its own: the last kept draw as the pending token, the drafts the chain
+(``kernels.round_columns.advance``; its page tables, kept counts and fed columns are that module's
+launches too), written over its own: the last kept draw as the pending token, the drafts the chain
 proposes within the lane's limit, their positions and visible keys. So a round can be launched
 before the host has read the one before it (``Rounds``' run ahead), nothing copied in but the page
 tables, which may have grown.

@@ -102,20 +102,20 @@ def gdn_window(w: GdnWeights, x: torch.Tensor, lanes: VerifyLanes, layer: int, s
     def windows(t: torch.Tensor) -> torch.Tensor:
         return t.reshape(count, rows, *t.shape[1:])
 
-    offsets = (states, state_at, lanes.spare_at(layer), states, lanes.log_at(layer), w.key_dim ** -0.5)
+    memory = (states, state_at, lanes.spare_at(layer), states, lanes.log_at(layer), w.key_dim ** -0.5)
     if x.is_cuda:  # decode's product bits (decode applies the conv in its epilogue; here after), the
         # gates formed in the rule's kernel as decode forms them
         mixed, z, b, a = split_projection(w, linear(x, w.proj))
         q, k, v = split_heads(w, conv1d.verify(mixed, w.conv, tails, tail_at, lanes.rows_at(layer)))
         out = gdn_decode.verify_gated(windows(q), windows(k), windows(v), windows(b), windows(a), w.a_log,
-                                      w.dt_bias, *offsets)
+                                      w.dt_bias, *memory)
     else:
         p = project(w, x)
         z = p.z
         mixed = conv1d.reference_verify(p.mixed, w.conv, tails, tail_at, lanes.rows_at(layer))
         q, k, v = split_heads(w, mixed)
         out = gdn_decode.reference_verify(windows(q), windows(k), windows(v), windows(p.g), windows(p.beta),
-                                          *offsets)
+                                          *memory)
     return finish(w, out.reshape(x.shape[0], w.value_heads, w.value_dim), z)  # fp32, as gdn_rows passes it
 
 
