@@ -1,11 +1,12 @@
 """drafted == plain: lanes that verify drafts in rounds draw exactly the serial tokens.
 
-Requests run together through the runner (``drive``), greedy and seeded, with drafts of 1 to 4 a
-round, against the same requests with drafting off. Two sources of drafts: the checkpoint's MTP head
-(random weights: its drafts are mostly wrong, so rounds keep one row), and a scripted head that is
-right for a set count of tokens and then wrong, cycling 0, 1, 2, ... so that rounds keep every
-count of rows from one to all, lanes keeping different counts in one step. Every run ends with the
-pool at its census at load (``drive`` raises ``Leak`` otherwise).
+Twenty requests run together through the runner (``drive``), greedy and seeded, with drafts of 1 to
+4 a round, against the same requests with drafting off, for every family's tiny checkpoint. Two
+sources of drafts: the checkpoint's MTP head (random weights: its drafts are mostly wrong, so rounds
+keep one row), and a scripted head that is right for a set count of tokens and then wrong, cycling
+0, 1, 2, ... so that rounds keep every count of rows from one to all, lanes keeping different counts
+in one step. Every run ends with the pool at its census at load (``drive`` raises ``Leak``
+otherwise).
 """
 
 from __future__ import annotations
@@ -47,12 +48,15 @@ def captured(model: HybridModel) -> bool:
     return model.weights.embed.is_cuda
 
 
-def requests(temperature: float) -> list[Request]:
+def requests(temperature: float, count: int = 20) -> list[Request]:
+    """``count`` prompts of 7 to 159 tokens (some past a step: their chunks absorbed apart), 11 to 14
+    new tokens each, keyed seeds."""
     generator = torch.Generator().manual_seed(11)
     made = []
-    for i, length in enumerate((7, 30, 75, 140)):
+    for i in range(count):
+        length = (7, 30, 75, 140)[i % 4] + i
         prompt = torch.randint(8, tiny_models.VOCAB, (length,), generator=generator)
-        made.append(Request(f"r{i}", tuple(prompt.tolist()), 14 - i, Sampling(temperature, seed=90 + i)))
+        made.append(Request(f"r{i}", tuple(prompt.tolist()), 14 - i % 4, Sampling(temperature, seed=90 + i)))
     return made
 
 
@@ -93,7 +97,7 @@ class ScriptedHead:
 def test_drafts_from_the_head_draw_the_serial_tokens(headed: HybridModel, temperature: float) -> None:
     asked = requests(temperature)
     plain = drive(headed, asked, STEP_TOKENS, graphs=False).tokens
-    for most in (1, 4):
+    for most in (1, 2, 3, 4):
         drafted = drive(headed, asked, STEP_TOKENS, graphs=captured(headed),
                         drafting=Drafting(most, 0.0)).tokens
         assert drafted == plain, f"{most} drafts a round"
@@ -129,7 +133,7 @@ def test_lanes_that_leave_mid_round_give_every_page_back(headed: HybridModel) ->
 
 def test_lanes_admitted_past_the_lane_limit_do_not_draft(headed: HybridModel) -> None:
     # the four requests wait together: a limit under four keeps every lane serial, four lets all draft
-    asked = requests(0.0)
+    asked = requests(0.0, 4)
     plain = drive(headed, asked, STEP_TOKENS, graphs=False).tokens
     for limit, drafts in ((3, False), (4, True)):
         run = drive(headed, asked, STEP_TOKENS, graphs=captured(headed), drafting=Drafting(2, 0.0, limit))
