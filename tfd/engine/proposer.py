@@ -9,8 +9,11 @@ first draft; each further draft is a one-row cell at the next position fed the d
 previous cell's carry (``chain``). Speculative head rows are written over before any cell reads them:
 a cell reads rows up to its own position, and the next absorb starts at the first row not kept.
 
-A draft is the head's most likely token; the first is always proposed, each later one only while
-the one before had at least ``confidence`` probability (temperature 1). The chain runs on the device
+A draft is the head's keyed draw: the lane's sampler (its seed, temperature and the drafted token's
+position) applied to the head's logits, so head and main model share their noise and a draft holds
+wherever their distributions are close (greedy: the head's most likely token). The first is always
+proposed, each later one only while the head's most likely token before it had at least
+``confidence`` probability (temperature 1). The chain runs on the device
 as decode rows (``HybridModel.draft_rows``), with no host sync between its cells, so a verify round
 captures it in its graph; the host reads the drafts and how many to propose once. Drafts never change
 a lane's tokens, only how many a round keeps, so none of this needs the exactness of the main path.
@@ -23,8 +26,9 @@ from collections.abc import Sequence
 import attrs
 import torch
 
+from tfd.engine.sampling import draw
 from tfd.families.hybrid import HybridModel
-from tfd.model.decode import FIXED, Columns, DecodeBatch, DecodeMemory, fields_major
+from tfd.model.decode import FIXED, Columns, DecodeBatch, DecodeMemory, fields_major, temperature_bits
 from tfd.model.memory import LaneMemory, PageRows, Span, ints_on, to_device
 
 
@@ -39,6 +43,8 @@ class Absorb:
     rows: torch.Tensor
     tokens: Sequence[int]
     drafts: int
+    seed: int = 0  # the lane's sampling key and temperature: its drafts are drawn as its tokens are
+    temperature: float = 0.0
 
     @property
     def last(self) -> int:
@@ -68,18 +74,21 @@ def chain(model: HybridModel, memory: DecodeMemory, base: DecodeBatch, hidden: t
         packed[:, 1] = torch.clamp(base.positions[None] + ahead, max=last)
         packed[:, 2] = torch.where(base.lengths[None] > 0, packed[:, 1] + 1, 0)
     drafts, best = [], []
+    columns = base
     for step in range(most):
         logits = model.logits(hidden)
-        if step + 1 == most:  # the last draft's chance decides nothing: its argmax is the same token
-            drafts.append(logits.argmax(dim=-1))
-            break
-        chance, token = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+        # the cell at position p drafts the token at p + 2: drawn with the key the main model's draw
+        # there uses, so the two share their noise and agree wherever their distributions are close
+        token = draw(logits, columns.temperature_bits, columns.seeds, columns.positions, 2)
         drafts.append(token)
-        best.append(chance)
+        if step + 1 == most:  # the last draft's chance decides nothing
+            break
+        best.append(torch.softmax(logits.float(), dim=-1).amax(dim=-1))
         packed[step, 0] = token
-        cell = model.draft_rows(DecodeBatch(packed[step], base.columns), memory, carry)
+        columns = DecodeBatch(packed[step], base.columns)
+        cell = model.draft_rows(columns, memory, carry)
         hidden, carry = cell.hidden, cell.carry
-    if most == 1:  # a view and one fill: a one-draft round's chain is its head's argmax
+    if most == 1:  # a view and one fill: a one-draft round's chain is its head's draw
         return Chained(drafts[0][:, None], torch.ones_like(drafts[0]))
     sure = (torch.stack(best, dim=1) >= confidence).long()
     return Chained(torch.stack(drafts, dim=1), 1 + sure.cumprod(dim=1).sum(dim=1))
@@ -129,7 +138,8 @@ class HeadProposer:
         """A column a lane at its last absorbed row: its position and page table (no offsets: the
         head reads only its attention rows)."""
         columns, null = self.columns, self.rows.null_page
-        fixed = [[0, a.last, a.last + 1, 0, 0, -1, *[-1] * columns.offsets] for a in absorbs]
+        fixed = [[0, a.last, a.last + 1, a.seed, temperature_bits(a.temperature), -1, *[-1] * columns.offsets]
+                 for a in absorbs]
         packed = torch.full((columns.width, len(absorbs)), null, dtype=torch.int64, device=self.device)
         packed[:FIXED + columns.offsets] = to_device(fields_major(fixed), self.device)
         for i, a in enumerate(absorbs):

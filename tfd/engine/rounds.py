@@ -317,7 +317,8 @@ def prompt_absorbs(works: Sequence[Work], rows: torch.Tensor, drawn: dict[int, i
                 token = drawn[id(work)]
                 follow.append(token)
                 wanted = 0 if token in lane.request.stop_ids else draft_count(lane, most, 1)
-            absorbs.append(Absorb(lane.memory, work.start, rows[at:at + work.length], follow, wanted))
+            absorbs.append(Absorb(lane.memory, work.start, rows[at:at + work.length], follow, wanted,
+                                  lane.seed, lane.request.sampling.temperature))
             owners.append(work)
         at += work.length
     return absorbs, owners

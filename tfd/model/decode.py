@@ -76,14 +76,18 @@ class Columns:
         if len(offsets) != self.offsets or len(pages) > self.pages:
             raise ValueError(f"a lane has {self.offsets} offsets and at most {self.pages} pages, got "
                              f"{len(offsets)} offsets and {len(pages)} pages")
-        bits = struct.unpack("<i", struct.pack("<f", temperature))[0]
-        return [token, position, position + 1, seed, bits, draw_row, *offsets, *pages,
-                *[null_page] * (self.pages - len(pages))]
+        return [token, position, position + 1, seed, temperature_bits(temperature), draw_row, *offsets,
+                *pages, *[null_page] * (self.pages - len(pages))]
 
     def padding(self, null_page: int) -> list[int]:
         """A padding lane's fields: no keys, greedy, no draw kept, offsets -1, every page the null
         page."""
         return [0, 0, 0, 0, 0, -1, *[-1] * self.offsets, *[null_page] * self.pages]
+
+
+def temperature_bits(temperature: float) -> int:
+    """A temperature as the int32 bits of its fp32 value: how a column holds it."""
+    return int(struct.unpack("<i", struct.pack("<f", temperature))[0])
 
 
 def fields_major(rows: Sequence[Sequence[int]]) -> torch.Tensor:
