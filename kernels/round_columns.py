@@ -193,6 +193,15 @@ def reference_keep(packed: torch.Tensor, drawn: torch.Tensor, rows: int
     return kept, kept.int(), last, fed, fed[:, last]
 
 
+def reference_output(packed: torch.Tensor, drawn: torch.Tensor, kept: torch.Tensor, drafts: torch.Tensor,
+                     proposed: torch.Tensor) -> torch.Tensor:
+    """``advance``'s output row in torch, for windows of any width (an eager round's are the widest
+    window's): the draws, kept count, drafts, how many proposed, the window's width."""
+    count = drafts.shape[0]
+    width = (packed[KEYS] > 0).view(count, -1).sum(dim=1)
+    return torch.cat((drawn.view(count, -1), kept[:, None], drafts, proposed[:, None], width[:, None]), dim=1)
+
+
 def reference_advance(packed: torch.Tensor, drawn: torch.Tensor, kept: torch.Tensor, drafts: torch.Tensor,
                       proposed: torch.Tensor, limits: torch.Tensor, padding: torch.Tensor, last_row: int
                       ) -> torch.Tensor:
@@ -200,11 +209,8 @@ def reference_advance(packed: torch.Tensor, drawn: torch.Tensor, kept: torch.Ten
     fields, n = packed.shape
     count, most = drafts.shape
     rows = n // count
-    columns = packed.view(fields, count, rows)
-    width = (columns[KEYS] > 0).sum(dim=1)
-    out = torch.cat((drawn.view(count, rows), kept[:, None], drafts, proposed[:, None], width[:, None]),
-                    dim=1)
-    first = columns[:, :, 0]
+    out = reference_output(packed, drawn, kept, drafts, proposed)
+    first = packed.view(fields, count, rows)[:, :, 0]
     pending = drawn.view(count, rows).gather(1, (kept - 1)[:, None])
     start = first[POSITION] + kept
     going = torch.clamp(torch.minimum(proposed, limits - start), 0, most)

@@ -135,8 +135,8 @@ class HeadProposer:
         return drafts
 
     def base(self, absorbs: Sequence[Absorb]) -> DecodeBatch:
-        """A column a lane at its last absorbed row: its position and page table (no offsets: the
-        head reads only its attention rows)."""
+        """A column a lane at its last absorbed row: its position, sampling key and page table (no
+        offsets: the head reads only its attention rows)."""
         columns, null = self.columns, self.rows.null_page
         fixed = [[0, a.last, a.last + 1, a.seed, temperature_bits(a.temperature), -1, *[-1] * columns.offsets]
                  for a in absorbs]

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import torch
 
+from kernels import round_columns
 from tfd.engine.graphs import RoundGraphs
 from tfd.engine.lane import Lane
 from tfd.engine.proposer import Absorb, HeadProposer
@@ -264,10 +265,8 @@ class Rounds:
         asked = [work.lane.request.sampling.logprobs for work in works]
         details = logprobs(logits, drawn, max(n or 0 for n in asked)) if any(n is not None for n in asked) \
             else None
-        width = (batch.lengths > 0).view(-1, rows).sum(dim=1)
         kept, found = self.step.settle(batch, lanes, previous, drawn)
-        out = torch.cat((drawn.view(-1, rows), kept[:, None], found.drafts, found.proposed[:, None],
-                         width[:, None]), dim=1)
+        out = round_columns.reference_output(batch.packed, drawn, kept, found.drafts, found.proposed)
         return self._rounds(works, rows, out.tolist(), details)
 
     def _rounds(self, works: Sequence[Work], rows: int, out: Sequence[Sequence[int]],
