@@ -24,7 +24,7 @@ from tfd.train.recipe import Recipe
 from tfd.train.written import check_out, write
 
 CPU = torch.device("cpu")
-SHORT = Recipe(steps=10, batch=2, seq=48, lr=3e-3, seed=5, log_every=4, eval_windows=2)
+SHORT = Recipe(steps=10, batch=2, seq=48, lr=3e-3, seed=5, log_every=4, eval_windows=2, mtp_target="data")
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def test_a_head_taught_by_the_main_model_learns_its_distribution(corpus: Corpus)
     assert torch.allclose(mtp, by_hand) and torch.allclose(lm, losses(model, windows, CPU, "data")[0])
     mtp.backward()
     assert model.params["mtp.fc.weight"].grad is not None
-    taught = train(attrs.evolve(SHORT, mtp_target="main"), corpus, CPU)
+    taught = train(attrs.evolve(SHORT, mtp_target="main"), corpus, CPU)  # the default, SHORT says "data"
     assert taught.history[-1]["mtp_loss"] < taught.history[0]["mtp_loss"]
     assert taught.after.mtp_agrees >= 0 and taught.after.lm_loss < taught.before.lm_loss - 0.5
     with pytest.raises(ValueError, match="recipe mtp_target must be one of data, main, got 'text'"):
