@@ -143,7 +143,7 @@ def fragmented(pool: Pool) -> list[object]:
 def test_fragmentation_refuses_a_run_and_admits_pieces() -> None:
     pool = Pool(layout(), 20)
     holds = fragmented(pool)
-    assert pool.free == 10 and pool.census().holds == 10
+    assert pool.free == 10 and pool.kept_pages == 10 and pool.census().free == 20
     run_lane = pool.promise(ROWS)  # 3 pages promised of the 10 free
     with pytest.raises(NoRun, match="no run of 2 consecutive free pages \\(10 pages are free\\)"):
         run_lane.claim_run()
@@ -235,7 +235,8 @@ def test_holds_keep_pages_until_released() -> None:
     lease.take(2 * ROWS)
     kept = pool.hold(lease.row_pages)
     lease.finish()
-    assert pool.free == 4 and pool.census().holds == 2  # the hold is now the only holder
+    assert pool.free == 4 and pool.kept_pages == 2  # the hold is now the only holder
+    assert pool.census().free == 6  # a page only kept states hold is a lane's for the asking
     with pytest.raises(ValueError, match="only taken pages can be held"):
         pool.hold([5])
     kept.release()

@@ -79,7 +79,7 @@ def test_bad_lines_are_answered_and_the_connection_stays(served: type[ServedDaem
     codes = [answer["error"]["code"] if not answer["ok"] else "ok" for answer in answers]  # type: ignore[index]
     assert codes == ["bad_json", "bad_request", "unknown_command", "bad_request", "bad_request", "ok"]
     assert answers[2]["error"]["message"] == (  # type: ignore[index]
-        "unknown command 'reboot'; known: cancel, drain, lanes, pool, settings, status")
+        "unknown command 'reboot'; known: cancel, drain, evict, lanes, learn, pool, settings, status")
     assert answers[3]["error"]["message"] == "status takes no arguments, got 1"  # type: ignore[index]
 
 

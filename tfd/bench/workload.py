@@ -53,6 +53,7 @@ class Timings:
     graphs: bool  # decode steps replayed CUDA graphs
     peak_bytes: int  # device memory allocated at most
     drafts: DraftCounts = attrs.Factory(DraftCounts)  # all streams' rounds, drafts and accepted ones
+    cached: tuple[int, ...] = ()  # each request's prompt tokens resumed from a kept state
 
 
 def run(model: HybridModel, workload: Workload, graphs: bool, seed: int = 0) -> Timings:
@@ -81,23 +82,35 @@ def prompt_of(workload: Workload, vocab: int, generator: torch.Generator) -> tup
     return tuple(ids[start:start + length])
 
 
+def runner_for(model: HybridModel, window: int, streams: int, graphs: bool, drafting: Drafting | None = None,
+               propose: Propose | None = None, kept_pages: int = 0) -> Runner:
+    """A runner on a pool sized for ``streams`` lanes of ``window`` tokens, and ``kept_pages`` more
+    pages for kept prompt states (a prompt cache of that many pages; none when 0)."""
+    device = model.weights.embed.device
+    head = drafting is not None and drafts_from_head(model)
+    verify = 1 + drafting.most if drafting is not None and head else 0  # rows a window takes at most
+    smallest = model.layout(PAGE_ROWS, head, verify).smallest_page_rows()  # a page holds the largest piece
+    layout = model.layout(-(-smallest // PAGE_ROWS) * PAGE_ROWS, head, verify)
+    pool = Pool(layout, streams * layout.need(window) + kept_pages, max_lanes=streams, device=device)
+    return Runner(model, pool, window, streams, graphs, drafting, propose,
+                  kept_bytes=kept_pages * layout.page_bytes)
+
+
 def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, graphs: bool,
           leaves: Mapping[str, int] | None = None, drafting: Drafting | None = None,
-          propose: Propose | None = None) -> Timings:
+          propose: Propose | None = None, runner: Runner | None = None) -> Timings:
     """Run ``requests`` together, as the engine would, each to its ``max_tokens`` (stop ids are not
-    read), on a pool sized for all of them; every lane's pages go back at the end (``Leak`` if not).
+    read), on a pool sized for all of them (or ``runner``'s, whose kept prompt states then carry over
+    from call to call); every lane's pages go back at the end (``Leak`` if not).
     ``leaves``: request id to the tokens after which it is cancelled, as a client leaving would be
     (it leaves at the next plan and gives its pages back). ``drafting``: lanes draft and verify in
     rounds (``Runner``'s, with ``propose``)."""
     device = model.weights.embed.device
     window = max(request.window for request in requests)
     streams = len(requests)
-    head = drafting is not None and drafts_from_head(model)
-    verify = 1 + drafting.most if drafting is not None and head else 0  # rows a window takes at most
-    smallest = model.layout(PAGE_ROWS, head, verify).smallest_page_rows()  # a page holds the largest piece
-    layout = model.layout(-(-smallest // PAGE_ROWS) * PAGE_ROWS, head, verify)
-    pool = Pool(layout, streams * layout.need(window), max_lanes=streams, device=device)
-    runner = Runner(model, pool, window, streams, graphs, drafting, propose)
+    if runner is None:
+        runner = runner_for(model, window, streams, graphs, drafting, propose)
+    pool = runner.pool
     scheduler = Scheduler(step_tokens, streams)
     words = Detokenizer(tokenizers.Tokenizer(tokenizers.models.BPE()))  # tokens are never read as text
     lanes = [Lane(number, request, words) for number, request in enumerate(requests)]
@@ -105,9 +118,7 @@ def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, gra
         scheduler.add(lane)
 
     def admit(lane: Lane) -> Admission:
-        lane.lease = pool.promise(lane.request.window)
-        runner.open(lane, scheduler.load)
-        return Admission.ADMITTED
+        return runner.admit(lane, scheduler.load)
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -148,4 +159,5 @@ def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, gra
         drafts.drafted += lane.counts.drafted
         drafts.accepted += lane.counts.accepted
     return Timings(tuple(tuple(lane.generated) for lane in lanes), max(ttft), ttft, steps, decode_s,
-                   decode_tokens, runner.graphs is not None, peak, drafts)
+                   decode_tokens, runner.graphs is not None, peak, drafts,
+                   tuple(lane.cached for lane in lanes))

@@ -83,7 +83,7 @@ class Engine:
                  heartbeat: Heartbeat | None = None,
                  on_failure: Callable[[BaseException], None] | None = None,
                  on_step: Callable[[float, int], None] | None = None, graphs: bool = False,
-                 drafting: Drafting | None = None) -> None:
+                 drafting: Drafting | None = None, kept_bytes: int = 0) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.pool = pool
@@ -92,7 +92,8 @@ class Engine:
         self.on_failure = on_failure
         self.on_step = on_step  # (seconds, rows) after each step, on the trio thread
         self.scheduler = Scheduler(limits.step_tokens, limits.max_lanes)
-        self.runner = Runner(model, pool, limits.context, limits.max_lanes, graphs, drafting)
+        self.runner = Runner(model, pool, limits.context, limits.max_lanes, graphs, drafting,
+                             kept_bytes=kept_bytes)
         self.stats = StepStats()
         self.failure: BaseException | None = None
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
@@ -271,17 +272,11 @@ class Engine:
                 self._stopping = True
 
     def _admit(self, lane: Lane) -> Admission:
-        if not self.pool.can_promise(lane.request.window):
-            return Admission.WAIT
-        lane.lease = self.pool.promise(lane.request.window)
-        try:
-            self.runner.open(lane, self.scheduler.load)
-        except Exception:
-            log.exception("could not open a lane for request %s", lane.request.id)
-            return Admission.DROPPED
-        self.stats.prompt_tokens += lane.prompt_length
-        self._admissions.append((lane.request.id, Admitted(lane.prompt_length)))
-        return Admission.ADMITTED
+        outcome = self.runner.admit(lane, self.scheduler.load)
+        if outcome is Admission.ADMITTED:
+            self.stats.prompt_tokens += lane.prompt_length
+            self._admissions.append((lane.request.id, Admitted(lane.prompt_length, lane.cached)))
+        return outcome
 
     def _advance(self, works: Sequence[Work], drawn: Sequence[Drawn],
                  events: list[tuple[str, Event]]) -> None:
@@ -318,8 +313,8 @@ class Engine:
         counts = lane.counts
         steps = 1 + counts.rounds if lane.drafting and lane.generated else len(lane.generated)
         events.append((lane.request.id, Finished(reason, tuple(lane.generated), rest, message,
-                                                 lane.prompt_length, 0, ttft, counts.drafted, counts.accepted,
-                                                 steps, counts.narrowest)))
+                                                 lane.prompt_length, lane.cached, ttft, counts.drafted,
+                                                 counts.accepted, steps, counts.narrowest)))
 
     def _deliver(self, events: list[tuple[str, Event]], seconds: float, rows: int) -> None:
         if events or rows:

@@ -10,6 +10,7 @@ import enum
 from typing import TYPE_CHECKING
 
 from tfd.engine.drafts import DraftCounts
+from tfd.engine.prefixes import keep_points
 from tfd.engine.request import Request, prompt_seed
 
 if TYPE_CHECKING:
@@ -42,6 +43,9 @@ class Lane:
         self.drafting = False  # its decode steps are verify rounds (the runner decides at open)
         self.drafts: list[int] = []  # the drafts its next round verifies after its pending token
         self.counts = DraftCounts()
+        self.keep_points = keep_points(len(request.prompt), request.keep_at)  # prefill chunks end there
+        self.cached = 0  # prompt tokens resumed from a kept state
+        self.digests: list[bytes] | None = None  # the prompt's prefix digests, once a cache asks
 
     def record(self, token: int, now: float) -> None:
         """A token drawn for this lane: kept, the lane decodes from here, the first one's time noted."""
@@ -63,7 +67,8 @@ class Lane:
         """What admin ``lanes`` shows of it."""
         lease = self.lease
         return {"lane": self.number, "request": self.request.id, "phase": self.phase.value,
-                "prompt_tokens": self.prompt_length, "generated": len(self.generated),
+                "prompt_tokens": self.prompt_length, "cached_tokens": self.cached,
+                "generated": len(self.generated),
                 "position": self.position, "window": self.request.window,
                 "pages": None if lease is None else len(lease.row_pages) + len(lease.state_pages),
                 "drafting": self.drafting, "rounds": self.counts.rounds, "drafted": self.counts.drafted,

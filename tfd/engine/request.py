@@ -41,6 +41,7 @@ class Request:
     stop_ids: tuple[int, ...] = ()  # tokens that end the reply (EOS), kept in the token ids
     arrived: float = 0.0  # monotonic time the server received it
     draft: bool = True  # MTP drafts where the server drafts; False: the serial reference
+    keep_at: tuple[int, ...] = ()  # prompt positions to keep states near (a chat's latest user message)
 
     @property
     def window(self) -> int:

@@ -22,22 +22,26 @@ as usual; every other lane's rows are what the next plan asks for, the same bits
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import attrs
 import torch
 
 from tfd.engine.graphs import DecodeGraphs
+from tfd.engine.kept import KeptState, KeptStates
 from tfd.engine.lane import Lane
 from tfd.engine.request import TokenLogprob
 from tfd.engine.rounds import Propose, Rounds, drafts_from_head, prompt_absorbs
 from tfd.engine.sampling import Rows, draw, draws_alone, logprobs, plain, sample
-from tfd.engine.scheduler import Work
+from tfd.engine.scheduler import Admission, Work
 from tfd.families.hybrid import HybridModel
 from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
 from tfd.model.memory import LaneMemory, PageRows, Span, ints_on, to_host
 from tfd.model.stack import StackOutput
 from tfd.pool.pages import Pool
+
+log = logging.getLogger("tfd.engine")
 
 
 @attrs.frozen
@@ -112,11 +116,12 @@ class Runner:
     ``graphs``: replay captured CUDA graphs for decode steps (CUDA only; captured here, at load).
     ``drafting``: lanes that ask for it verify drafts from the MTP head in rounds (a model with a
     head and one residual stream; the pool's layout with the head's rows and verify's buffers for
-    windows of ``drafting.most + 1`` rows); ``propose`` replaces the head (a scripted one in tests)."""
+    windows of ``drafting.most + 1`` rows); ``propose`` replaces the head (a scripted one in tests).
+    ``kept_bytes``: the prompt cache's budget (``tfd.engine.kept``; 0: no cache)."""
 
     def __init__(self, model: HybridModel, pool: Pool, context: int, max_lanes: int,
                  graphs: bool = False, drafting: Drafting | None = None,
-                 propose: Propose | None = None) -> None:
+                 propose: Propose | None = None, kept_bytes: int = 0) -> None:
         self.model = model
         self.pool = pool
         self.rows = PageRows(pool)
@@ -140,10 +145,33 @@ class Runner:
         if drafting is not None and drafts_from_head(model) and self.memory is not None:
             self.rounds = Rounds(model, self.memory, self.rows, self.columns, self.offsets, drafting.most,
                                  drafting.confidence, propose, graphs, max_lanes)
+        self.kept = KeptStates(pool, model.pieces(), kept_bytes) if kept_bytes else None
 
-    def open(self, lane: Lane, load: int = 1) -> None:
-        """Give an admitted lane (its lease promised) its state pieces, initialised; ``load``: the
-        lanes running or waiting as it is admitted (whether it drafts: ``Drafting.max_lanes``).
+    def admit(self, lane: Lane, load: int = 1) -> Admission:
+        """Admit a waiting lane if the pool can promise its window (evicting kept states that are in
+        the way), resuming it from the longest kept state its prompt extends; ``load``: the lanes
+        running or waiting. WAIT while the pool is short; DROPPED when opening it failed (logged;
+        its pages are back)."""
+        drafts = self.rounds is not None and lane.request.draft and self._drafts_at(load)
+        state = None
+        if self.kept is None:
+            lane.keep_points = ()
+        else:
+            state = self.kept.admission(lane, drafts)
+        adopted = 0 if state is None else len(state.shared)
+        if not self.pool.can_promise(lane.request.window, adopted):
+            return Admission.WAIT
+        lane.lease = self.pool.promise(lane.request.window, adopted)
+        try:
+            self.open(lane, drafts, state)
+        except Exception:
+            log.exception("could not open a lane for request %s", lane.request.id)
+            return Admission.DROPPED
+        return Admission.ADMITTED
+
+    def open(self, lane: Lane, drafts: bool, state: KeptState | None = None) -> None:
+        """Give an admitted lane (its lease promised) its state pieces, initialised, or ``state``'s
+        rows and pieces; ``drafts``: it verifies drafts in rounds.
 
         Error handling: on failure the lease is finished, so the pool is as before.
         """
@@ -151,12 +179,17 @@ class Runner:
         assert lease is not None
         try:
             pieces = lease.open(self.model.init_state)
+            lane.memory = LaneMemory(pieces, lease.page_table)
+            if state is not None:
+                assert self.kept is not None
+                self.kept.resume(lane, state)
+            elif self.kept is not None:
+                self.kept.counts.misses += 1
         except BaseException:
             lease.finish()
-            lane.lease = None
+            lane.lease, lane.memory, lane.position, lane.cached = None, None, 0, 0
             raise
-        lane.memory = LaneMemory(pieces, lease.page_table)
-        lane.drafting = self.rounds is not None and lane.request.draft and self._drafts_at(load)
+        lane.drafting = drafts
         if self.memory is not None:
             self.offsets[lane.number] = self.memory.lane_offsets(pieces, self.gdn_names, self.columns.ple)
 
@@ -164,6 +197,15 @@ class Runner:
         """Whether a lane admitted at ``load`` lanes drafts."""
         assert self.drafting is not None
         return not self.drafting.max_lanes or load <= self.drafting.max_lanes
+
+    def _keep_states(self, works: Sequence[Work]) -> None:
+        """Keep the state of each lane whose prompt chunk just ended at one of its keep points."""
+        if self.kept is None:
+            return
+        for work in works:
+            end = work.start + work.length
+            if not work.decode and end in work.lane.keep_points:
+                self.kept.keep(work.lane, end, work.lane.drafting)
 
     def close(self, lane: Lane) -> None:
         """Give the lane's pages back (again: nothing)."""
@@ -284,6 +326,7 @@ class Runner:
             self.ahead = self._ahead_of(step, works)
             return self._drawn(works, step)
         drawn = self._run(rest)
+        self._keep_states(rest)
         if ahead is None or not covered:
             return drawn
         return self._drawn(covered, ahead) + drawn

@@ -5,7 +5,8 @@ waits); prefilling lanes get prompt chunks, oldest first, from what is left of t
 budget; then waiting requests are admitted, oldest first and strictly in order, while the pool can
 promise their window (the ``admit`` callback) and the budget lasts. A prefill chunk ends at a
 multiple of ``CHUNK`` absolute positions or at the end of the prompt, whatever the budget, so every
-split of a prompt cuts the GDN chunks in the same places; the oldest prefilling lane always gets at
+split of a prompt cuts the GDN chunks in the same places; a chunk also ends at the lane's next keep
+point (a multiple of ``CHUNK``: its state is kept there); the oldest prefilling lane always gets at
 least one chunk, so decode rows never starve it. Cancelled lanes leave at the step boundary.
 """
 
@@ -109,8 +110,10 @@ class Scheduler:
 
     @staticmethod
     def _chunk(lane: Lane, budget: int, first: bool) -> int:
-        """Rows of ``lane``'s prompt this step: to a chunk multiple or the prompt's end."""
-        left = lane.prompt_length - lane.position
+        """Rows of ``lane``'s prompt this step: to a chunk multiple, the next keep point (where its
+        state is kept) or the prompt's end."""
+        stop = next((point for point in lane.keep_points if point > lane.position), lane.prompt_length)
+        left = stop - lane.position
         if left <= budget:
             return left
         end = (lane.position + budget) // CHUNK * CHUNK

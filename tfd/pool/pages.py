@@ -14,7 +14,7 @@ it and it stays zero.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
 import torch
@@ -42,18 +42,17 @@ class LaneCensus:
 
 @attrs.frozen
 class Census:
-    """Free and promised pages, what each lane holds, extra holds on pages (kept states sharing
-    a lane's rows), and whether the null page is still zero."""
+    """What lanes hold: pages free for them (those only kept prompt states hold included: evicting
+    frees them), pages promised, each lane's, and whether the null page is still zero. Kept
+    states' own books are ``Pool.kept_pages`` and the prompt cache's report."""
 
     free: int
     promised: int
     lanes: tuple[tuple[int, LaneCensus], ...]
-    holds: int
     null_clean: bool
 
     def as_dict(self) -> dict[str, object]:
-        return {"free": self.free, "promised": self.promised, "holds": self.holds,
-                "null_clean": self.null_clean,
+        return {"free": self.free, "promised": self.promised, "null_clean": self.null_clean,
                 "lanes": {lane: attrs.asdict(held) for lane, held in self.lanes}}
 
 
@@ -86,7 +85,6 @@ class Pool:
         self.buffer = torch.zeros((pages + 1) * layout.page_bytes, dtype=torch.uint8, device=device)
         self._pages = FreePages(pages)
         self._promised = 0
-        self._held = 0  # pages held by live PageHolds, counted once a hold
         self._leases: dict[int, Lease] = {}
         self._next_lane = 0
         self.at_load = self.census()
@@ -120,13 +118,26 @@ class Pool:
     def leases(self) -> Mapping[int, Lease]:
         return dict(self._leases)
 
-    def can_promise(self, window: int) -> bool:
-        slots = self.max_lanes is None or len(self._leases) < self.max_lanes
-        return slots and self.layout.need(window) <= self.available
+    @property
+    def kept_pages(self) -> int:
+        """Pages only kept states hold (the census counts them free)."""
+        return self._pages.kept
 
-    def promise(self, window: int) -> Lease:
-        """Admit a lane of ``window`` tokens: promise the pages it needs, or raise ``PoolShort``."""
-        need = self.layout.need(window)
+    @property
+    def held_pages(self) -> int:
+        """Pages some kept state holds, lanes' shared rows included: what kept states cost."""
+        return self._pages.held
+
+    def can_promise(self, window: int, adopted: int = 0) -> bool:
+        """Whether a lane of ``window`` tokens, ``adopted`` of its row pages a kept state's, may be
+        admitted now."""
+        slots = self.max_lanes is None or len(self._leases) < self.max_lanes
+        return slots and self.layout.need(window) - adopted <= self.available
+
+    def promise(self, window: int, adopted: int = 0) -> Lease:
+        """Admit a lane of ``window`` tokens: promise the pages it needs, less ``adopted`` row pages
+        it will share with a kept state (``Lease.adopt``), or raise ``PoolShort``."""
+        need = self.layout.need(window) - adopted
         if self.max_lanes is not None and len(self._leases) >= self.max_lanes:
             raise PoolShort(f"all {self.max_lanes} lane slots are taken")
         if need > self.available:
@@ -142,17 +153,29 @@ class Pool:
         lanes = tuple((lane, LaneCensus(len(lease.row_pages), len(lease.state_pages), lease.promised))
                       for lane, lease in sorted(self._leases.items()))
         null = self.page_bytes_view(self.null_page)
-        return Census(self.free, self._promised, lanes, self._held, not bool(null.any()))
+        return Census(self.free + self._pages.kept, self._promised, lanes, not bool(null.any()))
 
     def hold(self, pages: Iterable[int]) -> PageHold:
-        """Keep ``pages`` (taken by some lane) from going free until the hold is released.
-
-        A kept prompt state shares a lane's full row pages this way; they outlive the lane.
-        """
+        """Keep ``pages`` (taken by some lane or kept state) from going free until the hold is
+        released: a kept prompt state shares a lane's full row pages this way; they outlive it."""
         pages = tuple(pages)
         self._pages.hold(pages)
-        self._held += len(pages)
         return PageHold(self, pages)
+
+    def keep(self, own: int, shared: Sequence[int]) -> PageHold:
+        """A kept state's pages: ``own`` free unpromised pages (lowest first) and a hold on ``shared``
+        ones; ``PoolShort`` (nothing taken) when fewer than ``own`` are available."""
+        if own > self.available:
+            raise PoolShort(f"a kept state needs {own} pages; {self.available} are free and unpromised")
+        shared = tuple(shared)
+        self._pages.hold(shared)
+        try:
+            taken = self._pages.take_lowest(own)
+        except BaseException:
+            self._pages.give_held(shared)
+            raise
+        self._pages.mark_held(taken)
+        return PageHold(self, (*taken, *shared), own=len(taken))
 
     def check_at_load(self) -> None:
         """Raise ``Leak`` describing the difference when the census is not the one at load."""
@@ -179,18 +202,19 @@ class Pool:
 
 
 class PageHold:
-    """One extra holder of some pages; ``release`` gives them back, once."""
+    """A kept state's holder of some pages (its ``own`` first, taken for it, then shared ones);
+    ``release`` gives them back, once."""
 
-    def __init__(self, pool: Pool, pages: tuple[int, ...]) -> None:
+    def __init__(self, pool: Pool, pages: tuple[int, ...], own: int = 0) -> None:
         self.pool = pool
         self.pages = pages
+        self.own = pages[:own]
         self.released = False
 
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self.pool._pages.give(self.pages)
-            self.pool._held -= len(self.pages)
+            self.pool._pages.give_held(self.pages)
 
 
 class Lease:
@@ -247,6 +271,24 @@ class Lease:
             raise
         self.row_pages += pages
         self._spend(extra)
+
+    def adopt(self, pages: Sequence[int]) -> None:
+        """Make a kept state's row pages this lane's first ones, shared (the lane never writes rows
+        before the kept position): before any row page is taken; they were not promised."""
+        self._alive()
+        if self.row_pages or self.pool.mode is Mode.ONE_RUN:
+            raise PoolError(f"lane {self.lane} can adopt row pages only first, and not with pages off")
+        if len(pages) > self.pool.layout.row_pages(self.window):
+            raise OverPromise(f"lane {self.lane} adopts {len(pages)} row pages; its window holds "
+                              f"{self.pool.layout.row_pages(self.window)}")
+        pages = list(pages)
+        self.pool._pages.share(pages)
+        try:
+            self._write_table(0, pages)
+        except BaseException:
+            self.pool._pages.give(pages)
+            raise
+        self.row_pages = pages
 
     def take_state(self, init: StateInit | None = None) -> Mapping[str, torch.Tensor]:
         """Take the state pages (any free pages, lowest first) and place the pieces on them.

@@ -117,6 +117,8 @@ class Daemon:
         pool, engine = service.pool, service.engine
         self.metrics.watch(lambda: (pool.free, pool.pages - pool.free),
                            lambda: (engine.running, engine.waiting))
+        if engine.runner.kept is not None:
+            self.metrics.watch_kept(engine.runner.kept.counts)
         self.notify(f"STATUS=warming up {service.name}")
         await service.warm_up()
 
@@ -205,6 +207,14 @@ class Daemon:
             service = self._loaded()
             return {"report": service.report.as_dict(), "census": await service.census()}
 
+        async def learn(args: Sequence[object]) -> dict[str, object]:
+            no_args("learn", args)
+            return await self._loaded().kept()
+
+        async def evict(args: Sequence[object]) -> dict[str, object]:
+            no_args("evict", args)
+            return {"evicted": await self._loaded().evict()}
+
         async def lanes(args: Sequence[object]) -> dict[str, object]:
             no_args("lanes", args)
             return {"lanes": await self._loaded().lanes()}
@@ -220,7 +230,7 @@ class Daemon:
             return {"request": args[0]}
 
         return {"status": status, "settings": settings, "drain": drain, "pool": pool, "lanes": lanes,
-                "cancel": cancel}
+                "cancel": cancel, "learn": learn, "evict": evict}
 
     def _loaded(self) -> Service:
         if self.service is None:

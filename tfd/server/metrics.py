@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CollectorRegistry,
@@ -14,10 +15,15 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from tfd import __version__
 from tfd.server.lifecycle import Lifecycle, Phase
+
+if TYPE_CHECKING:  # the metrics load without torch
+    from tfd.engine.kept import KeptCounts
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Request latency buckets, seconds: from a cached /health to a long generation.
@@ -82,6 +88,10 @@ class Metrics:
         self._lanes.labels("running").set_function(lambda: lanes()[0])
         self._lanes.labels("waiting").set_function(lambda: lanes()[1])
 
+    def watch_kept(self, counts: KeptCounts) -> None:
+        """Read the prompt cache's counts at each scrape (plain integers the engine thread moves)."""
+        self.registry.register(_KeptCollector(counts))
+
     def count_drafts(self, drafted: int, accepted: int) -> None:
         """A finished request's drafts: ``drafted`` verified, ``accepted`` of them held."""
         self._drafts.labels("drafted").inc(drafted)
@@ -95,6 +105,28 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _KeptCollector(Collector):
+    """The prompt cache's lookups (hit, miss), states (kept, evicted, refused) and resumed tokens."""
+
+    def __init__(self, counts: KeptCounts) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self.counts
+        lookups = CounterMetricFamily("tfd_prompt_cache_lookups", "Admissions that looked for a kept "
+                                      "prompt state, by result", labels=["result"])
+        lookups.add_metric(["hit"], counts.hits)
+        lookups.add_metric(["miss"], counts.misses)
+        states = CounterMetricFamily("tfd_prompt_cache_states", "Prompt states kept, evicted, and refused "
+                                     "(no pages, or over the budget alone)", labels=["kind"])
+        for kind in ("kept", "evicted", "refused"):
+            states.add_metric([kind], getattr(counts, kind))
+        yield lookups
+        yield states
+        yield CounterMetricFamily("tfd_prompt_cache_resumed_tokens", "Prompt tokens resumed from kept states",
+                                  value=counts.resumed_tokens)
 
 
 def _is_phase(lifecycle: Lifecycle, phase: Phase) -> Callable[[], float]:

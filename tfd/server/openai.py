@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -67,7 +67,8 @@ class OpenAI:
                 raise BadRequest(f"the chat template refused the messages: {error.message}",
                                  "messages") from None
             ids = tuple(service.loaded.tokenizer.encode(text, add_special_tokens=False).ids)
-            return await self._generate(request, service, "chat", ids, body.common)
+            marks = _latest_user_mark(service, body.messages, body.template_kwargs, ids)
+            return await self._generate(request, service, "chat", ids, body.common, marks)
         except _Refusal as refusal:
             return refusal.response
         except BadRequest as error:
@@ -159,14 +160,14 @@ class OpenAI:
                                           f"{service.name}", "model_not_found", param="model"))
 
     async def _generate(self, http: HttpRequest, service: Service, api: Api, ids: tuple[int, ...],
-                        common: Common) -> Response:
+                        common: Common, marks: tuple[int, ...] = ()) -> Response:
         if not ids:
             raise BadRequest("the prompt has no tokens", "prompt" if api == "completion" else "messages")
         context = service.engine.limits.context
         max_tokens = common.max_tokens if common.max_tokens is not None else max(context - len(ids), 1)
         stop_ids = () if common.ignore_eos else service.loaded.eos_ids
         request = Request(f"{api}-{uuid.uuid4().hex}", ids, max_tokens, common.sampling, common.stop,
-                          stop_ids, arrived=time.monotonic(), draft=common.draft)
+                          stop_ids, arrived=time.monotonic(), draft=common.draft, keep_at=marks)
         try:
             self.lifecycle.begin_work()
         except NotAdmitting as refusal:
@@ -243,6 +244,7 @@ class OpenAI:
 
     def _count(self, finished: Finished) -> None:
         self.metrics.tokens.labels("prompt").inc(finished.prompt_tokens)
+        self.metrics.tokens.labels("cached").inc(finished.cached_tokens)
         self.metrics.tokens.labels("generated").inc(len(finished.tokens))
         self.metrics.count_drafts(finished.drafted, finished.accepted)
         if finished.time_to_first_token is not None:
@@ -265,3 +267,20 @@ async def _json(request: HttpRequest) -> Any:
         return json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise BadRequest(f"the body is not JSON: {error}") from None
+
+
+def _latest_user_mark(service: Service, messages: Sequence[Mapping[str, object]],
+                      kwargs: Mapping[str, object], ids: tuple[int, ...]) -> tuple[int, ...]:
+    """Where the chat's latest user message starts in ``ids``, as a keep mark: the conversation before
+    it, rendered and tokenized, when that is a prefix of ``ids`` (a template may render earlier turns
+    differently once a later one follows; then no mark). None without a prompt cache."""
+    template = service.loaded.template
+    latest = max((i for i, message in enumerate(messages) if message.get("role") == "user"), default=0)
+    if service.engine.runner.kept is None or latest == 0 or template is None:
+        return ()
+    try:
+        before = template.render(list(messages[:latest]), add_generation_prompt=False, **kwargs)
+    except ChatTemplateError:
+        return ()
+    head = service.loaded.tokenizer.encode(before, add_special_tokens=False).ids
+    return (len(head),) if 0 < len(head) < len(ids) and ids[:len(head)] == tuple(head) else ()

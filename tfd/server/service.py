@@ -40,6 +40,7 @@ class Prepared:
     name: str
     report: LoadReport
     drafting: Drafting | None = None  # lanes draft from the MTP head
+    kept_bytes: int = 0  # the prompt cache's budget (0: none)
 
 
 def pick_device(name: str) -> torch.device:
@@ -83,7 +84,8 @@ def prepare(settings: Settings, environ: Mapping[str, str]) -> Prepared:
         else loaded.path.name)
     report = LoadReport.of(pool, context)
     log.info("%s", report.line())
-    return Prepared(loaded, pool, limits, name, report, drafting)
+    kept_bytes = int(settings.value("TF_PROMPT_CACHE_GIB", float) * GIB)
+    return Prepared(loaded, pool, limits, name, report, drafting, kept_bytes)
 
 
 def drafting_of(settings: Settings, model: HybridModel) -> Drafting | None:
@@ -107,7 +109,7 @@ class Service:
         self.report = prepared.report
         graphs = prepared.loaded.settings.value("TF_CUDA_GRAPHS", bool)
         self.engine = Engine(prepared.loaded.model, prepared.loaded.tokenizer, prepared.pool, prepared.limits,
-                             heartbeat, on_failure, on_step, graphs, prepared.drafting)
+                             heartbeat, on_failure, on_step, graphs, prepared.drafting, prepared.kept_bytes)
 
     def start(self) -> None:
         self.engine.start()
@@ -125,6 +127,22 @@ class Service:
 
     async def census(self) -> dict[str, object]:
         return await self.engine.ask(lambda: self.pool.census().as_dict())  # type: ignore[no-any-return]
+
+    async def kept(self) -> dict[str, object]:
+        """What the prompt cache holds and did (admin ``learn``); ``{"enabled": false}`` without one."""
+        kept = self.engine.runner.kept
+        if kept is None:
+            return {"enabled": False}
+        report: dict[str, object] = await self.engine.ask(lambda: {"enabled": True, "memory": kept.report()})
+        return report
+
+    async def evict(self) -> int:
+        """Evict every kept prompt state; how many there were."""
+        kept = self.engine.runner.kept
+        if kept is None:
+            return 0
+        count: int = await self.engine.ask(kept.clear)
+        return count
 
     async def lanes(self) -> list[dict[str, object]]:
         scheduler = self.engine.scheduler

@@ -1,0 +1,176 @@
+"""resumed == fresh from kept prompt states in memory, for every family's tiny checkpoint.
+
+A conversation's second turn resends the first turn's prompt and reply and adds to them. Turn one runs
+through a runner with a prompt cache, which keeps each lane's state where its prefill passed a keep
+point; turn two, through the same runner, resumes from the longest state its prompt extends. Its
+tokens must be a fresh runner's, greedy and seeded, with the MTP head drafting and not. Every run ends
+with the pool at its census at load (``drive`` raises ``Leak`` otherwise: pages only kept states hold
+count free), and once the cache is cleared every page is free again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import pytest
+import tiny_models
+import torch
+
+from tfd.bench.workload import drive, runner_for
+from tfd.checkpoint import Checkpoint
+from tfd.engine.kept import KeptStates
+from tfd.engine.prefixes import keep_points
+from tfd.engine.request import Request, Sampling
+from tfd.engine.runner import Drafting, Runner
+from tfd.families.hybrid import HybridModel, load_model
+
+STEP_TOKENS = 128  # a turn-two prompt takes several steps: its chunks end at keep points and step ends
+NEW = 10
+
+
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp"])
+def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> HybridModel:
+    path: Path = tiny_models.save(str(request.param), tmp_path_factory.mktemp("kept"))
+    tiny_models.add_head(path, str(request.param))
+    return load_model(Checkpoint.open(path), "cpu", torch.float32, progress=False)
+
+
+def first_turns(temperature: float, count: int = 3) -> list[Request]:
+    """Prompts of 70 to 200 tokens: each keeps a state at its last row rounded down to 64."""
+    generator = torch.Generator().manual_seed(5)
+    made = []
+    for i in range(count):
+        prompt = torch.randint(8, tiny_models.VOCAB, (70 + 65 * i,), generator=generator)
+        made.append(Request(f"t1-{i}", tuple(prompt.tolist()), NEW, Sampling(temperature, seed=20 + i)))
+    return made
+
+
+def second_turns(first: list[Request], replies: tuple[tuple[int, ...], ...]) -> list[Request]:
+    """Each first turn's prompt and reply and 30 to 90 new tokens; the point before the new tokens is
+    a keep mark, as a chat's latest user message is."""
+    generator = torch.Generator().manual_seed(6)
+    made = []
+    for i, (request, reply) in enumerate(zip(first, replies, strict=True)):
+        said = tuple(torch.randint(8, tiny_models.VOCAB, (30 + 30 * i,), generator=generator).tolist())
+        prompt = request.prompt + reply
+        made.append(attrs.evolve(request, id=f"t2-{i}", prompt=prompt + said, keep_at=(len(prompt),)))
+    return made
+
+
+def cached_runner(model: HybridModel, drafting: Drafting | None, pages: int = 64) -> Runner:
+    return runner_for(model, 512, 3, graphs=False, drafting=drafting, kept_pages=pages)
+
+
+def kept_bytes(runner: Runner) -> dict[tuple[int, bytes, int], bytes]:
+    """Each kept state's bytes: its pieces (GDN states, conv tails, PLE tail and history) and the
+    row pages before its position (whole pages here: 64-row pages, positions multiples of 64)."""
+    assert runner.kept is not None
+    found = {}
+    for key, state in runner.kept.states.items():
+        assert not state.copied
+        pieces = b"".join(view.contiguous().view(torch.uint8).numpy().tobytes()
+                          for _, view in sorted(state.pieces.items()))
+        rows = b"".join(runner.pool.page_bytes_view(page).numpy().tobytes() for page in state.shared)
+        found[key] = pieces + rows
+    return found
+
+
+def same_states(resumed: Runner, fresh: Runner) -> int:
+    """How many states both runners kept, after asserting that each has the same bytes in both."""
+    ours, theirs = kept_bytes(resumed), kept_bytes(fresh)
+    both = set(ours) & set(theirs)
+    for key in both:
+        assert ours[key] == theirs[key], f"the state at {key[0]} differs"
+    return len(both)
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_second_turn_resumed_from_memory_draws_the_fresh_tokens(model: HybridModel, temperature: float,
+                                                                   drafts: int) -> None:
+    drafting = Drafting(drafts, 0.0) if drafts else None
+    runner = cached_runner(model, drafting)
+    first = first_turns(temperature)
+    turn1 = drive(model, first, STEP_TOKENS, graphs=False, drafting=drafting, runner=runner)
+    assert turn1.cached == (0, 0, 0)
+    second = second_turns(first, turn1.tokens)
+    cold = cached_runner(model, drafting)
+    fresh = drive(model, second, STEP_TOKENS, graphs=False, drafting=drafting, runner=cold)
+    assert fresh.cached == (0, 0, 0)
+    resumed = drive(model, second, STEP_TOKENS, graphs=False, drafting=drafting, runner=runner)
+    assert resumed.tokens == fresh.tokens
+    assert resumed.cached == tuple(keep_points(len(r.prompt))[-1] for r in first)  # 64, 128, 192
+    assert same_states(runner, cold) >= 3  # what the resumed lanes kept further on, byte for byte
+    # the same second turns again resume from the states they kept themselves: their latest marks
+    again = drive(model, second, STEP_TOKENS, graphs=False, drafting=drafting, runner=runner)
+    assert again.tokens == fresh.tokens
+    assert again.cached == tuple(keep_points(len(r.prompt))[-1] for r in second)
+    kept = runner.kept
+    assert kept is not None and kept.counts.hits == 6 and kept.counts.refused == 0
+    assert kept.clear() > 0 and runner.pool.free == runner.pool.pages  # no page outlives the cache
+
+
+def test_a_state_without_the_heads_rows_serves_only_lanes_that_do_not_draft(model: HybridModel) -> None:
+    drafting = Drafting(2, 0.0)
+    runner = cached_runner(model, drafting)
+    first = [attrs.evolve(r, draft=False) for r in first_turns(0.0)]
+    turn1 = drive(model, first, STEP_TOKENS, graphs=False, drafting=drafting, runner=runner)
+    second = second_turns(first, turn1.tokens)
+    drafting_lanes = [attrs.evolve(r, draft=True) for r in second]
+    fresh = drive(model, drafting_lanes, STEP_TOKENS, graphs=False, drafting=drafting)
+    if fresh.drafts.rounds == 0:
+        pytest.skip("this family does not draft (several residual streams)")
+    plain = drive(model, second, STEP_TOKENS, graphs=False, drafting=drafting, runner=runner)
+    assert plain.cached == (64, 128, 192) and plain.tokens == fresh.tokens
+    resumed = drive(model, drafting_lanes, STEP_TOKENS, graphs=False, drafting=drafting, runner=runner)
+    assert resumed.tokens == fresh.tokens and resumed.cached == (0, 0, 0)  # no state has the head's rows
+
+
+def test_the_budget_keeps_the_newest_states(model: HybridModel) -> None:
+    runner = cached_runner(model, None)
+    kept = runner.kept
+    assert kept is not None
+    per_state = kept.map.pages + 1  # its pieces, the page its position falls in (64-row pages here)
+    runner.kept = KeptStates(runner.pool, kept.pieces, 2 * per_state * runner.pool.layout.page_bytes)
+    first = first_turns(0.0)
+    turn1 = drive(model, first, STEP_TOKENS, graphs=False, runner=runner)
+    assert runner.kept.bytes <= runner.kept.budget and len(runner.kept.states) < 3
+    second = second_turns(first, turn1.tokens)
+    fresh = drive(model, second, STEP_TOKENS, graphs=False)
+    resumed = drive(model, second[::-1], STEP_TOKENS, graphs=False, runner=runner)
+    assert resumed.tokens == fresh.tokens[::-1]
+    assert resumed.cached[-1] == 0 and runner.kept.counts.evicted > 0  # the first conversation's went first
+
+
+def test_admission_evicts_kept_states_that_are_in_the_way(model: HybridModel) -> None:
+    # a pool of one lane: a new prompt's lane needs the pages the first turn's states hold
+    runner = runner_for(model, 512, 1, graphs=False, kept_pages=0)
+    runner.kept = KeptStates(runner.pool, model.pieces(), runner.pool.pages * runner.pool.layout.page_bytes)
+    first = first_turns(0.0, 1)
+    drive(model, first, STEP_TOKENS, graphs=False, runner=runner)
+    assert runner.kept.states and runner.pool.kept_pages > 0
+    other = attrs.evolve(first[0], id="other", prompt=first[0].prompt[::-1], max_tokens=512 - 70)
+    fresh = drive(model, [other], STEP_TOKENS, graphs=False)
+    assert drive(model, [other], STEP_TOKENS, graphs=False, runner=runner).tokens == fresh.tokens
+    assert runner.kept.counts.evicted > 0
+
+
+@pytest.mark.parametrize("skipped", ["conv_tail", "state", "ple.tail", "ple.history"])
+def test_a_resume_that_skips_a_piece_is_caught(model: HybridModel, skipped: str) -> None:
+    # the gate can fail: a planted fault (a piece left at its initial value on resume) changes the
+    # states the resumed lanes keep further on, even where the few tokens drawn do not show it
+    runner, cold = cached_runner(model, None), cached_runner(model, None)
+    first = first_turns(1.0)
+    turn1 = drive(model, first, STEP_TOKENS, graphs=False, runner=runner)
+    second = second_turns(first, turn1.tokens)
+    drive(model, second, STEP_TOKENS, graphs=False, runner=cold)
+    assert runner.kept is not None
+    if not any(name.endswith(skipped) for name in runner.kept.map.by_name()):
+        pytest.skip(f"this family keeps no {skipped}")
+    for state in runner.kept.states.values():
+        state.pieces = {name: view for name, view in state.pieces.items() if not name.endswith(skipped)}
+    resumed = drive(model, second, STEP_TOKENS, graphs=False, runner=runner)
+    assert resumed.cached == (64, 128, 192)
+    with pytest.raises(AssertionError, match=r"the state at \d+ differs"):
+        same_states(runner, cold)

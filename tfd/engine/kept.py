@@ -1,0 +1,221 @@
+"""Kept prompt states in memory: a lane's state at a prompt position, kept on the pool's pages.
+
+A kept state at position p holds what a lane needs to go on from p as a fresh prefill would: its
+rows before p (the full row pages shared with the lane that kept it, by a hold on them; the page p
+falls in copied, as it will be written past p; with pages off, every row page copied), its own state
+pieces copied (GDN states and conv tails, Flash Next's PLE tail and n-gram history) and, kept from a
+drafting lane, the MTP head's rows (on the same pages). It is named by the prompt's first p tokens
+(``tfd.engine.prefixes``) and the token at p: the head's row p - 1 was absorbed with that token, and
+a lane resuming at p prefills from it, so a match leaves at least that row to run.
+
+``KeptStates`` is the prompt cache: ``match`` finds the longest kept state a lane's prompt extends
+(one with the head's rows for a drafting lane), ``resume`` copies it into a lane just opened,
+``keep`` copies a lane's state after a prompt chunk ended at a keep point. Least recently used
+states go first: past the byte budget, when a keep or an admission needs pages, on ``evict``.
+
+Resource handling: every page a kept state holds is in its ``PageHold``; eviction releases it, and a
+keep that fails releases what it took before raising. Device copies are queued on the current stream,
+behind the step that wrote the lane's state and ahead of the next one, so nothing waits. Owned by the
+engine thread, like the pool.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping, Sequence
+
+import attrs
+import torch
+
+from tfd.engine.lane import Lane
+from tfd.engine.prefixes import prefix_digests
+from tfd.model import GDN_CHUNK as CHUNK
+from tfd.pool.layout import Mode
+from tfd.pool.pages import PageHold, Pool, place
+from tfd.pool.pieces import Piece, pack
+
+Key = tuple[int, bytes, int]  # position, digest of the tokens before it, the token at it
+
+
+@attrs.define(eq=False)
+class KeptState:
+    """A lane's state at ``position``; ``head``: the MTP head's rows are there too."""
+
+    key: Key
+    head: bool
+    hold: PageHold
+    pieces: Mapping[str, torch.Tensor]  # the state pieces, on the hold's own pages
+    shared: tuple[int, ...]  # row pages a resuming lane adopts (its first ones)
+    copied: tuple[tuple[int, int], ...]  # (row page index, own page) a resuming lane copies
+    hits: int = 0
+
+    @property
+    def position(self) -> int:
+        return self.key[0]
+
+
+@attrs.define
+class KeptCounts:
+    """What the prompt cache did: lanes that resumed and that found nothing, states kept, evicted,
+    and keeps refused (no pages, or over the budget alone)."""
+
+    hits: int = 0
+    misses: int = 0
+    kept: int = 0
+    evicted: int = 0
+    refused: int = 0
+    resumed_tokens: int = 0
+
+
+def digests_of(lane: Lane) -> list[bytes]:
+    """The lane's prompt prefix digests, computed once."""
+    if lane.digests is None:
+        lane.digests = prefix_digests(lane.request.prompt, lane.prompt_length - 1)
+    return lane.digests
+
+
+class KeptStates:
+    """Kept states on ``pool``'s pages within ``budget`` bytes (pages any of them holds, counted
+    once); ``pieces``: a lane's state pieces to keep (not verify's buffers)."""
+
+    def __init__(self, pool: Pool, pieces: Sequence[Piece], budget: int) -> None:
+        if budget <= 0:
+            raise ValueError(f"a prompt cache needs a positive budget, got {budget} bytes")
+        self.pool = pool
+        self.pieces = tuple(pieces)
+        self.map = pack(self.pieces, pool.layout.page_bytes)
+        self.budget = budget
+        self.states: collections.OrderedDict[Key, KeptState] = collections.OrderedDict()  # oldest first
+        self.counts = KeptCounts()
+
+    @property
+    def bytes(self) -> int:
+        return self.pool.held_pages * self.pool.layout.page_bytes
+
+    def match(self, lane: Lane, head: bool) -> KeptState | None:
+        """The longest kept state the lane's prompt extends past (with the head's rows when
+        ``head``), or None. A match becomes the newest."""
+        prompt = lane.request.prompt
+        digests = digests_of(lane)
+        for chunk in range((len(prompt) - 1) // CHUNK, 0, -1):
+            position = chunk * CHUNK
+            state = self.states.get((position, digests[chunk], prompt[position]))
+            if state is not None and (state.head or not head):
+                self.states.move_to_end(state.key)
+                return state
+        return None
+
+    def admission(self, lane: Lane, head: bool) -> KeptState | None:
+        """The state a waiting lane resumes from (``match``), once the kept states in the way of its
+        window are evicted, least recently used first: none when evicting cannot make room (lanes
+        hold the pages: the lane waits), the match itself only when nothing else would and no lane
+        runs to free pages."""
+        state = self.match(lane, head)
+        adopted = 0 if state is None else len(state.shared)
+        window = lane.request.window
+        if self.pool.layout.need(window) - adopted > self.pool.available + self.pool.kept_pages:
+            return state
+        if self.make_room(0, state, window, adopted) or state is None or self.pool.leases:
+            return state
+        self.evict(state)
+        return None
+
+    def resume(self, lane: Lane, state: KeptState) -> None:
+        """Give a lane just opened (its state pieces taken, no row page yet) ``state``: its rows
+        and pieces; the lane goes on from ``state.position``."""
+        lease, memory = lane.lease, lane.memory
+        assert lease is not None and memory is not None
+        if state.shared:
+            lease.adopt(state.shared)
+        for name, view in state.pieces.items():
+            memory.pieces[name].copy_(view)
+        if state.copied:
+            lease.take(state.position)
+            for index, page in state.copied:
+                self.pool.page_bytes_view(lease.row_pages[index]).copy_(self.pool.page_bytes_view(page))
+        lane.position = lane.cached = state.position
+        state.hits += 1
+        self.counts.hits += 1
+        self.counts.resumed_tokens += state.position
+
+    def keep(self, lane: Lane, position: int, head: bool) -> KeptState | None:
+        """Keep ``lane``'s state now that its prefill reached ``position`` (a keep point); ``head``:
+        its MTP head's rows are written. None when it could not be kept (counted refused) or a state
+        as good is kept already."""
+        digests = digests_of(lane)
+        key = (position, digests[position // CHUNK], lane.request.prompt[position])
+        known = self.states.get(key)
+        if known is not None and (known.head or not head):
+            self.states.move_to_end(key)
+            return None
+        lease, memory = lane.lease, lane.memory
+        assert lease is not None and memory is not None
+        rows = self.pool.layout.page_rows
+        full = position // rows
+        share = self.pool.mode is not Mode.ONE_RUN
+        shared = tuple(lease.row_pages[:full]) if share else ()
+        copies = list(range(full if share else 0, -(-position // rows)))
+        own = self.map.pages + len(copies)
+        if not self.make_room(own, spare=known):
+            self.counts.refused += 1
+            return None
+        hold = self.pool.keep(own, shared)
+        try:
+            views = place(self.pool, self.map, self.pieces, list(hold.own[:self.map.pages]))
+            for name, view in views.items():
+                view.copy_(memory.pieces[name])
+            copied = tuple(zip(copies, hold.own[self.map.pages:], strict=True))
+            for index, page in copied:
+                self.pool.page_bytes_view(page).copy_(self.pool.page_bytes_view(lease.row_pages[index]))
+        except BaseException:
+            hold.release()
+            raise
+        if known is not None:  # the same prefix without the head's rows: this one serves more lanes
+            self.evict(known)
+        state = KeptState(key, head, hold, views, shared, copied)
+        self.states[key] = state
+        while self.bytes > self.budget and len(self.states) > 1:
+            self.evict(next(iter(self.states.values())))
+        if self.bytes > self.budget:  # over the budget alone
+            del self.states[key]
+            hold.release()
+            self.counts.refused += 1
+            return None
+        self.counts.kept += 1
+        return state
+
+    def make_room(self, pages: int, spare: KeptState | None = None, window: int | None = None,
+                  adopted: int = 0) -> bool:
+        """Evict the least recently used states (never ``spare``) until ``pages`` free unpromised
+        pages are there (or, given a ``window``, a lane of it adopting ``adopted`` row pages can be
+        promised); whether they are."""
+        def enough() -> bool:
+            if window is not None:
+                return self.pool.can_promise(window, adopted)
+            return self.pool.available >= pages
+
+        while not enough():
+            oldest = next((state for state in self.states.values() if state is not spare), None)
+            if oldest is None:
+                return False
+            self.evict(oldest)
+        return True
+
+    def evict(self, state: KeptState) -> None:
+        """Forget ``state`` and release its pages (those a lane shares stay with the lane)."""
+        if self.states.get(state.key) is state:
+            del self.states[state.key]
+            self.counts.evicted += 1
+        state.hold.release()
+
+    def clear(self) -> int:
+        """Evict every state; how many there were."""
+        count = len(self.states)
+        for state in list(self.states.values()):
+            self.evict(state)
+        return count
+
+    def report(self) -> dict[str, object]:
+        """What admin ``learn`` shows of the memory tier."""
+        return {"entries": len(self.states), "bytes": self.bytes, "budget": self.budget,
+                **attrs.asdict(self.counts)}

@@ -1,0 +1,39 @@
+"""Prompt prefixes as kept states see them: where a state may be kept, and digests that name prefixes.
+
+A state is kept only at a multiple of ``CHUNK`` positions that prefill reached (prefill cuts its
+GDN chunks there, so a state kept at p is the state a fresh prefill has at p, and a resumed lane
+prefilling on from p cuts where a fresh one cuts). ``keep_points`` turns marks (the prompt's last
+row, the start of its latest user message) into such positions. A prefix is named by a chain of
+digests over ``CHUNK``-token pieces, so one pass over a prompt names all its keepable prefixes and a
+lookup is a dictionary probe per position. Pure Python.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterable, Sequence
+
+from tfd.model import GDN_CHUNK as CHUNK
+
+DIGEST_BYTES = 16
+
+
+def keep_points(prompt_length: int, marks: Iterable[int] = ()) -> tuple[int, ...]:
+    """Where a lane of ``prompt_length`` prompt tokens keeps states: its last row and each mark in
+    ``marks`` rounded down to a multiple of ``CHUNK``, at least one chunk in and short of the prompt's
+    end (a kept state must leave a row to prefill, whose logits draw the next token)."""
+    last = prompt_length - 1
+    found = {m // CHUNK * CHUNK for m in (last, *marks) if 0 <= m <= last}
+    return tuple(sorted(p for p in found if p >= CHUNK))
+
+
+def prefix_digests(tokens: Sequence[int], upto: int | None = None) -> list[bytes]:
+    """``digests[i]`` names ``tokens[:i * CHUNK]``, for every whole chunk up to ``upto`` tokens (all of
+    them by default): a chain of blake2b over each chunk's ids and the digest before."""
+    end = len(tokens) if upto is None else min(upto, len(tokens))
+    digests = [b"\0" * DIGEST_BYTES]
+    for start in range(0, end - CHUNK + 1, CHUNK):
+        piece = struct.pack(f"<{CHUNK}I", *tokens[start:start + CHUNK])
+        digests.append(hashlib.blake2b(digests[-1] + piece, digest_size=DIGEST_BYTES).digest())
+    return digests

@@ -1,0 +1,178 @@
+"""Copies between the device and the host through pinned staging buffers, for the disk store.
+
+``Copier.save`` copies device byte ranges out, a staging buffer at a time, and hands each buffer's
+bytes to a sink (the file writer) in order; ``Copier.load`` fills staging buffers from a source (the
+file reader) and copies them into device ranges. Two buffers take turns, so the device copies one
+while the host fills or drains the other. The copies run on the device's own stream, queued without
+waiting; a buffer is reused only after the copy that used it is done.
+
+Error handling: whatever raises (a refused copy, a sink or source that fails, a cancel), every copy
+queued is waited for before the call returns or raises, so no copy is left in flight into or out of
+a buffer the caller may then free or reuse. The layer speaks to a ``Device``: ``TorchDevice`` on a
+real one (a CUDA stream of its own, or plain copies on the CPU), a fake in tests that queues copies
+and refuses the Nth.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import torch
+
+CHUNK_BYTES = 32 << 20  # a staging buffer
+
+
+class Device(Protocol):
+    """What the copy layer needs of a device: pinned host buffers, copies queued on a stream of its
+    own, marks after what is queued, and waits for them."""
+
+    def pinned(self, nbytes: int) -> torch.Tensor:
+        """A host byte buffer the device copies to and from."""
+
+    def to_host(self, source: torch.Tensor, target: torch.Tensor) -> None:
+        """Queue a copy of device bytes ``source`` into host bytes ``target``."""
+
+    def to_device(self, source: torch.Tensor, target: torch.Tensor) -> None:
+        """Queue a copy of host bytes ``source`` into device bytes ``target``."""
+
+    def begin(self) -> None:
+        """The copies queued next see the device's work queued before (the state they read)."""
+
+    def end(self) -> None:
+        """The device's work queued next sees the copies queued before (the state they wrote)."""
+
+    def mark(self) -> object:
+        """A mark after every copy queued so far."""
+
+    def wait(self, mark: object) -> None:
+        """Return once the copies before ``mark`` are done."""
+
+    def drain(self) -> None:
+        """Return once every copy queued is done."""
+
+
+class TorchDevice:
+    """A torch device: on CUDA a stream of its own (its copies start after the work queued on the
+    compute stream, and the compute stream waits for loads), pinned buffers; on the CPU plain
+    copies, done when queued."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None  # type: ignore[no-untyped-call]
+
+    def pinned(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.stream is not None)
+
+    def begin(self) -> None:
+        """The copies queued next see every step queued on the compute stream before."""
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+
+    def end(self) -> None:
+        """The compute stream's next work sees every copy queued before."""
+        if self.stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
+
+    def to_host(self, source: torch.Tensor, target: torch.Tensor) -> None:
+        self._copy(source, target)
+
+    def to_device(self, source: torch.Tensor, target: torch.Tensor) -> None:
+        self._copy(source, target)
+
+    def _copy(self, source: torch.Tensor, target: torch.Tensor) -> None:
+        if self.stream is None:
+            target.copy_(source)
+            return
+        with torch.cuda.stream(self.stream):
+            target.copy_(source, non_blocking=True)
+
+    def mark(self) -> object:
+        if self.stream is None:
+            return None
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record(self.stream)
+        return event
+
+    def wait(self, mark: object) -> None:
+        if isinstance(mark, torch.cuda.Event):
+            mark.synchronize()
+
+    def drain(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
+
+
+def host_bytes(buffer: torch.Tensor) -> memoryview:
+    """A writable view of a contiguous host byte tensor's memory (no numpy needed)."""
+    if buffer.device.type != "cpu" or buffer.dtype != torch.uint8 or not buffer.is_contiguous():
+        raise TypeError(f"host_bytes takes contiguous uint8 host bytes, not {buffer.dtype} on "
+                        f"{buffer.device}")
+    return memoryview((ctypes.c_char * buffer.numel()).from_address(buffer.data_ptr())).cast("B")
+
+
+def pieces(ranges: Sequence[torch.Tensor], chunk: int) -> list[tuple[int, torch.Tensor]]:
+    """Each range (flat bytes) cut into pieces of at most ``chunk`` bytes: (offset in the whole, piece)."""
+    cut, at = [], 0
+    for whole in ranges:
+        flat = whole.reshape(-1)
+        if flat.dtype != torch.uint8:
+            raise TypeError(f"copies move bytes: a range is {flat.dtype}, not uint8")
+        for start in range(0, flat.numel(), chunk):
+            piece = flat[start:start + chunk]
+            cut.append((at + start, piece))
+        at += flat.numel()
+    return cut
+
+
+class Copier:
+    """Copies through two staging buffers of ``chunk`` bytes on ``device``."""
+
+    def __init__(self, device: Device, chunk: int = CHUNK_BYTES) -> None:
+        self.device = device
+        self.chunk = chunk
+        self.buffers = [device.pinned(chunk), device.pinned(chunk)]
+
+    def save(self, ranges: Sequence[torch.Tensor], sink: Callable[[memoryview], None]) -> int:
+        """Copy the device ``ranges`` out and give ``sink`` their bytes in order (it must be done with
+        a view when it returns); the bytes copied."""
+        cut = pieces(ranges, self.chunk)
+        marks: list[object] = [None, None]
+        total = 0
+        self.device.begin()
+        try:
+            if cut:
+                self._out(cut[0][1], 0, marks)
+            for i, (_, piece) in enumerate(cut):
+                if i + 1 < len(cut):  # the next piece copies while the host takes this one
+                    self._out(cut[i + 1][1], (i + 1) % 2, marks)
+                self.device.wait(marks[i % 2])
+                sink(host_bytes(self.buffers[i % 2][:piece.numel()]))
+                total += piece.numel()
+        finally:
+            self.device.drain()
+        return total
+
+    def load(self, source: Callable[[memoryview], None], ranges: Sequence[torch.Tensor]) -> int:
+        """Fill the device ``ranges`` from ``source`` (which fills a view it is given, exactly); the
+        bytes copied."""
+        marks: list[object] = [None, None]
+        total = 0
+        try:
+            for i, (_, piece) in enumerate(pieces(ranges, self.chunk)):
+                buffer = self.buffers[i % 2]
+                if marks[i % 2] is not None:  # the copy from this buffer two pieces ago is done first
+                    self.device.wait(marks[i % 2])
+                source(host_bytes(buffer[:piece.numel()]))
+                self.device.to_device(buffer[:piece.numel()], piece)
+                marks[i % 2] = self.device.mark()
+                total += piece.numel()
+        finally:
+            self.device.drain()
+            self.device.end()
+        return total
+
+    def _out(self, piece: torch.Tensor, slot: int, marks: list[object]) -> None:
+        self.device.to_host(piece, self.buffers[slot][:piece.numel()])
+        marks[slot] = self.device.mark()
