@@ -67,6 +67,17 @@ def test_bench_runs_the_demo_and_writes_each_run(tmp_path: Path) -> None:
         assert run["decode_tok_s"] > 0 and run["prefill_tok_s"] > 0 and 0 < run["roofline_fraction"] < 1
 
 
+def test_bench_times_a_second_turn_read_back_from_disk(tmp_path: Path) -> None:
+    done = run_tfd("bench", "--conversation", "--prompt", "200", "--new", "4", "--out", str(tmp_path),
+                   "--commit", "test", timeout=240)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(next(tmp_path.glob("*-conversation.json")).read_text())
+    assert found["commit"] == "test" and found["tokens_equal"] is True
+    assert found["turn2_prompt_tokens"] == 200 + 4 + 64 and found["cached_tokens"] == 192
+    assert found["bytes_written"] >= found["bytes_read"] > 0 and found["ttft_from_disk_s"] > 0
+    assert "192 read back" in done.stdout
+
+
 def test_bench_drafts_and_reports_the_rounds(tmp_path: Path) -> None:
     done = run_tfd("bench", "--prompt", "40", "--new", "12", "--drafts", "0,3", "--temperature", "0",
                    "--rounds", "2", "--out", str(tmp_path), "--commit", "test", timeout=240)

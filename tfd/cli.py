@@ -122,6 +122,10 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
                        help="runs of each workload, all workloads in turn each round, round r cutting "
                        "its prompts with seed r; a summary of each over its rounds (1); or runs of each "
                        "variant (2); a run's files get -r<round> past the first")
+    bench.add_argument("--conversation", action="store_true",
+                       help="instead of workloads: a conversation's second turn after a restart, its state "
+                       "read back from disk (learned), against the same turn prefilled cold: time to first "
+                       "token of each, bytes read and the read bandwidth (--prompt: the first turn's tokens)")
     bench.add_argument("--out", type=Path, metavar="DIR", help="write one JSON file per run here")
     bench.add_argument("--commit", help="the revision to record (default: git's HEAD)")
     table.add_flags(bench, scopes=("core",))

@@ -24,6 +24,8 @@ from tfd.engine.prefixes import keep_points
 from tfd.engine.request import Request, Sampling
 from tfd.engine.runner import Drafting, Runner
 from tfd.families.hybrid import HybridModel, load_model
+from tfd.store.learned import Learned
+from tfd.store.store import Store
 
 STEP_TOKENS = 128  # a turn-two prompt takes several steps: its chunks end at keep points and step ends
 NEW = 10
@@ -174,3 +176,71 @@ def test_a_resume_that_skips_a_piece_is_caught(model: HybridModel, skipped: str)
     assert resumed.cached == (64, 128, 192)
     with pytest.raises(AssertionError, match=r"the state at \d+ differs"):
         same_states(runner, cold)
+
+
+def learning_runner(model: HybridModel, drafting: Drafting | None, root: Path, identity: str = "test"
+                    ) -> Runner:
+    """A runner with a prompt cache whose states also go to a store under ``root``."""
+    runner = cached_runner(model, drafting)
+    store = Store(root, identity, 1 << 30, 1 << 30, 0, verify=True)
+    runner.learned = Learned(store, runner.pool, torch.device("cpu"))
+    return runner
+
+
+def written(runner: Runner) -> None:
+    """Wait for the writer: every state offered is on disk."""
+    assert runner.learned is not None
+    runner.learned.close()
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_a_second_turn_after_a_restart_reads_the_first_from_disk(model: HybridModel, drafts: int,
+                                                                 tmp_path: Path) -> None:
+    drafting = Drafting(drafts, 0.0) if drafts else None
+    before = learning_runner(model, drafting, tmp_path)
+    first = first_turns(1.0)
+    turn1 = drive(model, first, STEP_TOKENS, graphs=False, drafting=drafting, runner=before)
+    written(before)
+    assert before.learned is not None and before.learned.store.counts.written == 3
+    second = second_turns(first, turn1.tokens)
+    cold = cached_runner(model, drafting)
+    fresh = drive(model, second, STEP_TOKENS, graphs=False, drafting=drafting, runner=cold)
+    after = learning_runner(model, drafting, tmp_path)  # a new process: an empty memory, the same disk
+    resumed = drive(model, second, STEP_TOKENS, graphs=False, drafting=drafting, runner=after)
+    assert resumed.tokens == fresh.tokens and resumed.cached == (64, 128, 192)
+    assert same_states(after, cold) >= 3
+    written(after)
+    assert after.learned is not None and after.learned.store.counts.read == 3
+
+
+def test_a_damaged_learned_state_is_recomputed(model: HybridModel, tmp_path: Path) -> None:
+    before = learning_runner(model, None, tmp_path)
+    first = first_turns(0.0)
+    turn1 = drive(model, first, STEP_TOKENS, graphs=False, runner=before)
+    written(before)
+    for block in sorted((tmp_path / "test" / "blocks").iterdir()):
+        data = bytearray(block.read_bytes())
+        data[len(data) // 2] ^= 0x10
+        block.write_bytes(bytes(data))
+    second = second_turns(first, turn1.tokens)
+    fresh = drive(model, second, STEP_TOKENS, graphs=False)
+    after = learning_runner(model, None, tmp_path)
+    resumed = drive(model, second, STEP_TOKENS, graphs=False, runner=after)
+    assert resumed.tokens == fresh.tokens and resumed.cached == (0, 0, 0)
+    assert after.learned is not None and after.learned.store.counts.refused == 3
+    written(after)
+    third = learning_runner(model, None, tmp_path)
+    again = drive(model, second, STEP_TOKENS, graphs=False, runner=third)
+    assert again.cached == tuple(keep_points(len(r.prompt))[-1] for r in second)  # what it wrote instead
+    written(third)
+
+
+def test_another_identity_reads_nothing(model: HybridModel, tmp_path: Path) -> None:
+    before = learning_runner(model, None, tmp_path, "one")
+    first = first_turns(0.0)
+    turn1 = drive(model, first, STEP_TOKENS, graphs=False, runner=before)
+    written(before)
+    second = second_turns(first, turn1.tokens)
+    stranger = learning_runner(model, None, tmp_path, "two")
+    assert drive(model, second, STEP_TOKENS, graphs=False, runner=stranger).cached == (0, 0, 0)
+    written(stranger)

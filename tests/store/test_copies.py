@@ -26,7 +26,7 @@ class FakeDevice:
     def pinned(self, nbytes: int) -> torch.Tensor:
         return torch.zeros(nbytes, dtype=torch.uint8)
 
-    def begin(self) -> None:
+    def begin(self, after: object = None) -> None:
         self.began += 1
 
     def end(self) -> None:

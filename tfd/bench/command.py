@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
+from tfd.bench.conversation import conversation
 from tfd.bench.gemm import compare as compare_gemm
 from tfd.bench.gemm import weight_shapes
-from tfd.bench.main import bench, compare_hf, measure_ceilings, random_model, run_name, summary, write
+from tfd.bench.main import bench, commit, compare_hf, measure_ceilings, random_model, run_name, summary, write
 from tfd.bench.profile import profiles
 from tfd.bench.shapes import weight_bytes
 from tfd.bench.variants import compare as compare_variants
@@ -49,6 +50,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     if args.gemm:
         return gemm_bench(model, name, device, args.out)
+    if args.conversation:
+        return conversation_bench(model, name, args)
     prompts = None
     if args.text:
         if args.shape or args.random_weights:
@@ -79,6 +82,21 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         write(results, args.out)
         if summaries:
             (args.out / f"{name}-summary.json").write_text(json.dumps(summaries, indent=2) + "\n")
+    return 0
+
+
+def conversation_bench(model: Any, name: str, args: argparse.Namespace) -> int:
+    """``--conversation``: one line and, with ``--out``, ``<name>-conversation.json``."""
+    found = conversation(model, args.prompt, args.new, not args.no_graphs, args.step_tokens)
+    found = {"shape": name, "commit": args.commit or commit(), **found}
+    mib = found["bytes_read"] / 2**20
+    print(f"{name} conversation of {found['prompt_tokens']} tokens: turn two ({found['turn2_prompt_tokens']} "
+          f"tokens, {found['cached_tokens']} read back) first token {found['ttft_from_disk_s']:.3f} s from "
+          f"disk, {found['ttft_cold_s']:.3f} s cold ({100 * found['ratio']:.1f}%); {mib:.0f} MiB read in "
+          f"{found['read_s']:.3f} s")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"{name}-conversation.json").write_text(json.dumps(found, indent=2) + "\n")
     return 0
 
 

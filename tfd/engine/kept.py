@@ -47,7 +47,10 @@ class KeptState:
     pieces: Mapping[str, torch.Tensor]  # the state pieces, on the hold's own pages
     shared: tuple[int, ...]  # row pages a resuming lane adopts (its first ones)
     copied: tuple[tuple[int, int], ...]  # (row page index, own page) a resuming lane copies
+    ready: object = None  # on CUDA, an event after the copies that made it (a disk write waits for it)
     hits: int = 0
+    writing: bool = False  # being written to disk: its pages are released once the write is done
+    dropped: bool = False  # evicted while writing
 
     @property
     def position(self) -> int:
@@ -172,7 +175,11 @@ class KeptStates:
             raise
         if known is not None:  # the same prefix without the head's rows: this one serves more lanes
             self.evict(known)
-        state = KeptState(key, head, hold, views, shared, copied)
+        ready = None
+        if self.pool.buffer.is_cuda:
+            ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            ready.record()
+        state = KeptState(key, head, hold, views, shared, copied, ready)
         self.states[key] = state
         while self.bytes > self.budget and len(self.states) > 1:
             self.evict(next(iter(self.states.values())))
@@ -202,11 +209,15 @@ class KeptStates:
         return True
 
     def evict(self, state: KeptState) -> None:
-        """Forget ``state`` and release its pages (those a lane shares stay with the lane)."""
+        """Forget ``state`` and release its pages (those a lane shares stay with the lane); one
+        being written to disk keeps them until the write is done (``tfd.store.learned``)."""
         if self.states.get(state.key) is state:
             del self.states[state.key]
             self.counts.evicted += 1
-        state.hold.release()
+        if state.writing:
+            state.dropped = True
+        else:
+            state.hold.release()
 
     def clear(self) -> int:
         """Evict every state; how many there were."""

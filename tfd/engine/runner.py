@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import attrs
 import torch
 
+from tfd.engine import resume
 from tfd.engine.graphs import DecodeGraphs
 from tfd.engine.kept import KeptState, KeptStates
 from tfd.engine.lane import Lane
@@ -40,6 +41,8 @@ from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
 from tfd.model.memory import LaneMemory, PageRows, Span, ints_on, to_host
 from tfd.model.stack import StackOutput
 from tfd.pool.pages import Pool
+from tfd.store.learned import Learned
+from tfd.store.store import Image
 
 log = logging.getLogger("tfd.engine")
 
@@ -146,6 +149,7 @@ class Runner:
             self.rounds = Rounds(model, self.memory, self.rows, self.columns, self.offsets, drafting.most,
                                  drafting.confidence, propose, graphs, max_lanes)
         self.kept = KeptStates(pool, model.pieces(), kept_bytes) if kept_bytes else None
+        self.learned: Learned | None = None  # kept states on disk too (attached once the identity is known)
 
     def admit(self, lane: Lane, load: int = 1) -> Admission:
         """Admit a waiting lane if the pool can promise its window (evicting kept states that are in
@@ -153,25 +157,22 @@ class Runner:
         running or waiting. WAIT while the pool is short; DROPPED when opening it failed (logged;
         its pages are back)."""
         drafts = self.rounds is not None and lane.request.draft and self._drafts_at(load)
-        state = None
-        if self.kept is None:
-            lane.keep_points = ()
-        else:
-            state = self.kept.admission(lane, drafts)
+        state, image = resume.choose(self.kept, self.learned, lane, drafts)
         adopted = 0 if state is None else len(state.shared)
         if not self.pool.can_promise(lane.request.window, adopted):
             return Admission.WAIT
         lane.lease = self.pool.promise(lane.request.window, adopted)
         try:
-            self.open(lane, drafts, state)
+            self.open(lane, drafts, state, image)
         except Exception:
             log.exception("could not open a lane for request %s", lane.request.id)
             return Admission.DROPPED
         return Admission.ADMITTED
 
-    def open(self, lane: Lane, drafts: bool, state: KeptState | None = None) -> None:
-        """Give an admitted lane (its lease promised) its state pieces, initialised, or ``state``'s
-        rows and pieces; ``drafts``: it verifies drafts in rounds.
+    def open(self, lane: Lane, drafts: bool, state: KeptState | None = None, image: Image | None = None
+             ) -> None:
+        """Give an admitted lane (its lease promised) its state pieces, initialised, and start it at
+        ``state`` or ``image`` (``tfd.engine.resume``); ``drafts``: it verifies drafts in rounds.
 
         Error handling: on failure the lease is finished, so the pool is as before.
         """
@@ -180,11 +181,7 @@ class Runner:
         try:
             pieces = lease.open(self.model.init_state)
             lane.memory = LaneMemory(pieces, lease.page_table)
-            if state is not None:
-                assert self.kept is not None
-                self.kept.resume(lane, state)
-            elif self.kept is not None:
-                self.kept.counts.misses += 1
+            resume.start(self.model, self.kept, self.learned, lane, state, image, drafts)
         except BaseException:
             lease.finish()
             lane.lease, lane.memory, lane.position, lane.cached = None, None, 0, 0
@@ -197,15 +194,6 @@ class Runner:
         """Whether a lane admitted at ``load`` lanes drafts."""
         assert self.drafting is not None
         return not self.drafting.max_lanes or load <= self.drafting.max_lanes
-
-    def _keep_states(self, works: Sequence[Work]) -> None:
-        """Keep the state of each lane whose prompt chunk just ended at one of its keep points."""
-        if self.kept is None:
-            return
-        for work in works:
-            end = work.start + work.length
-            if not work.decode and end in work.lane.keep_points:
-                self.kept.keep(work.lane, end, work.lane.drafting)
 
     def close(self, lane: Lane) -> None:
         """Give the lane's pages back (again: nothing)."""
@@ -298,6 +286,8 @@ class Runner:
         """Run every work's rows (decode rows batched, prompt chunks as spans of one forward);
         draw a token for each work that samples. Rows the step run ahead already ran are not run
         again; a plain decode step launches the next one before it waits."""
+        if self.learned is not None:
+            self.learned.settle()
         for work in works:
             lease = work.lane.lease
             assert lease is not None and work.lane.memory is not None
@@ -326,7 +316,7 @@ class Runner:
             self.ahead = self._ahead_of(step, works)
             return self._drawn(works, step)
         drawn = self._run(rest)
-        self._keep_states(rest)
+        resume.keep(self.kept, self.learned, rest)
         if ahead is None or not covered:
             return drawn
         return self._drawn(covered, ahead) + drawn

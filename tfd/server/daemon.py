@@ -121,6 +121,8 @@ class Daemon:
             self.metrics.watch_kept(engine.runner.kept.counts)
         self.notify(f"STATUS=warming up {service.name}")
         await service.warm_up()
+        if await service.learn(self.environ) is not None and engine.runner.learned is not None:
+            self.metrics.watch_learned(engine.runner.learned.store.counts)
 
     def _engine_failed(self, error: BaseException) -> None:
         log.error("the engine failed (%s): draining, then exiting with status 1", error)
@@ -213,7 +215,7 @@ class Daemon:
 
         async def evict(args: Sequence[object]) -> dict[str, object]:
             no_args("evict", args)
-            return {"evicted": await self._loaded().evict()}
+            return dict(await self._loaded().evict())
 
         async def lanes(args: Sequence[object]) -> dict[str, object]:
             no_args("lanes", args)

@@ -24,6 +24,7 @@ from tfd.server.lifecycle import Lifecycle, Phase
 
 if TYPE_CHECKING:  # the metrics load without torch
     from tfd.engine.kept import KeptCounts
+    from tfd.store.store import StoreCounts
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Request latency buckets, seconds: from a cached /health to a long generation.
@@ -92,6 +93,10 @@ class Metrics:
         """Read the prompt cache's counts at each scrape (plain integers the engine thread moves)."""
         self.registry.register(_KeptCollector(counts))
 
+    def watch_learned(self, counts: StoreCounts) -> None:
+        """Read the disk store's counts at each scrape."""
+        self.registry.register(_LearnedCollector(counts))
+
     def count_drafts(self, drafted: int, accepted: int) -> None:
         """A finished request's drafts: ``drafted`` verified, ``accepted`` of them held."""
         self._drafts.labels("drafted").inc(drafted)
@@ -127,6 +132,27 @@ class _KeptCollector(Collector):
         yield states
         yield CounterMetricFamily("tfd_prompt_cache_resumed_tokens", "Prompt tokens resumed from kept states",
                                   value=counts.resumed_tokens)
+
+
+class _LearnedCollector(Collector):
+    """The disk store's states (written, read, refused, the budgets' refusals, evicted) and bytes."""
+
+    def __init__(self, counts: StoreCounts) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self.counts
+        states = CounterMetricFamily("tfd_learned_states", "Learned states written, read back, refused "
+                                     "(damaged or missing), refused by the daily budget or the free-space "
+                                     "floor, evicted", labels=["kind"])
+        for kind in ("written", "read", "refused", "daily_spent", "no_space", "evicted"):
+            states.add_metric([kind], getattr(counts, kind))
+        moved = CounterMetricFamily("tfd_learned_bytes", "Bytes of learned states, by direction",
+                                    labels=["direction"])
+        moved.add_metric(["written"], counts.bytes_written)
+        moved.add_metric(["read"], counts.bytes_read)
+        yield states
+        yield moved
 
 
 def _is_phase(lifecycle: Lifecycle, phase: Phase) -> Callable[[], float]:

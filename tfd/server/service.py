@@ -10,11 +10,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import attrs
 import torch
+import trio
 
 from tfd.engine.engine import Engine, Limits
+from tfd.engine.prefixes import prefix_digests
 from tfd.engine.request import Finished, Request, Sampling
 from tfd.engine.rounds import drafts_from_head
 from tfd.engine.runner import Drafting
@@ -26,10 +29,14 @@ from tfd.pool.errors import PoolShort
 from tfd.pool.pages import Pool
 from tfd.pool.report import LoadReport
 from tfd.server.systemd import Heartbeat
+from tfd.store.identity import PROBE_TOKENS, facts, identity, probe_prompt
+from tfd.store.learned import Learned, state_digest
+from tfd.store.store import Store
 
 log = logging.getLogger("tfd.service")
 # A step longer than this means the engine is stuck: the watchdog stops pinging.
 ENGINE_STALL_S = 120.0
+PROBE_AT = (PROBE_TOKENS - 1) // 64 * 64  # where the identity probe's state is kept
 
 
 @attrs.frozen
@@ -55,6 +62,7 @@ def pick_device(name: str) -> torch.device:
 def prepare(settings: Settings, environ: Mapping[str, str]) -> Prepared:
     """Load the model and cut the pool (blocking). Raises ``SettingsRefused`` for a TF_PARALLEL or
     TF_CONTEXT the pool cannot hold, naming what fits."""
+    check_learning(settings)
     device = pick_device(settings.value("TF_DEVICE", str))
     loaded = load(settings, environ, device)
     settings = loaded.settings
@@ -86,6 +94,25 @@ def prepare(settings: Settings, environ: Mapping[str, str]) -> Prepared:
     log.info("%s", report.line())
     kept_bytes = int(settings.value("TF_PROMPT_CACHE_GIB", float) * GIB)
     return Prepared(loaded, pool, limits, name, report, drafting, kept_bytes)
+
+
+def learn_directory(settings: Settings, environ: Mapping[str, str]) -> Path:
+    """TF_LEARN_DIR, else systemd's StateDirectory=, else the XDG state home."""
+    explicit = settings.optional("TF_LEARN_DIR", str)
+    if explicit:
+        return Path(explicit)
+    if environ.get("STATE_DIRECTORY"):
+        return Path(environ["STATE_DIRECTORY"].split(":")[0]) / "learned"
+    if environ.get("XDG_STATE_HOME"):
+        return Path(environ["XDG_STATE_HOME"]) / "tfd" / "learned"
+    return Path.home() / ".local" / "state" / "tfd" / "learned"
+
+
+def check_learning(settings: Settings) -> None:
+    """TF_LEARN_CONVERSATIONS needs a prompt cache: refused by name before anything loads."""
+    if settings.value("TF_LEARN_CONVERSATIONS", bool) and settings.value("TF_PROMPT_CACHE_GIB", float) == 0:
+        raise SettingsRefused(["TF_LEARN_CONVERSATIONS=1 requires TF_PROMPT_CACHE_GIB above 0: "
+                               "learned states are the prompt cache's, written to disk"])
 
 
 def drafting_of(settings: Settings, model: HybridModel) -> Drafting | None:
@@ -125,6 +152,44 @@ class Service:
         await self.engine.ask(self.pool.check_at_load)
         log.info("warm-up step done in %.2fs", time.monotonic() - began)
 
+    async def learn(self, environ: Mapping[str, str]) -> str | None:
+        """With TF_LEARN_CONVERSATIONS, the identity (a probe prompt's kept state's digest with the
+        facts it covers) and the store of its learned states, attached to the engine; its name."""
+        settings = self.loaded.settings
+        runner = self.engine.runner
+        if not settings.value("TF_LEARN_CONVERSATIONS", bool) or runner.kept is None:
+            return None
+        prompt = probe_prompt(self.loaded.model.cfg.vocab)
+        handle = self.engine.submit(Request("identity-probe", prompt, 1, Sampling(temperature=0.0),
+                                            arrived=time.monotonic()))
+        async for event in handle.events:
+            if isinstance(event, Finished) and event.reason in ("failed", "cancelled"):
+                raise RuntimeError(f"the identity probe {event.reason}: {event.message}")
+        found = facts(self.loaded.path, self.pool.buffer.device, self.loaded.model.dtype,
+                      runner.rounds is not None)
+        store_root = learn_directory(settings, environ)
+
+        def attach() -> str:
+            kept = runner.kept
+            assert kept is not None
+            key = (PROBE_AT, prefix_digests(prompt, PROBE_AT)[PROBE_AT // 64], prompt[PROBE_AT])
+            state = kept.states.get(key)
+            if state is None:
+                raise RuntimeError("the identity probe kept no state: TF_PROMPT_CACHE_GIB holds none")
+            name = identity(found, state_digest(self.pool, state))
+            kept.evict(state)
+            store = Store(store_root, name, int(settings.value("TF_LEARN_GIB", float) * GIB),
+                          int(settings.value("TF_LEARN_DAILY_GIB", float) * GIB),
+                          int(settings.value("TF_LEARN_MIN_FREE_GIB", float) * GIB),
+                          settings.value("TF_IMPRINT_VERIFY", bool))
+            runner.learned = Learned(store, self.pool, self.pool.buffer.device)
+            return name
+
+        name: str = await self.engine.ask(attach)
+        log.info("learned conversations in %s (%d states)", store_root / name,
+                 len(runner.learned.store.index.entries) if runner.learned is not None else 0)
+        return name
+
     async def census(self) -> dict[str, object]:
         return await self.engine.ask(lambda: self.pool.census().as_dict())  # type: ignore[no-any-return]
 
@@ -133,16 +198,33 @@ class Service:
         kept = self.engine.runner.kept
         if kept is None:
             return {"enabled": False}
-        report: dict[str, object] = await self.engine.ask(lambda: {"enabled": True, "memory": kept.report()})
-        return report
+        learned = self.engine.runner.learned
 
-    async def evict(self) -> int:
-        """Evict every kept prompt state; how many there were."""
-        kept = self.engine.runner.kept
+        def report() -> dict[str, object]:
+            assert kept is not None
+            found: dict[str, object] = {"enabled": True, "memory": kept.report()}
+            if learned is not None:
+                found["disk"] = learned.report()
+            return found
+
+        answer: dict[str, object] = await self.engine.ask(report)
+        return answer
+
+    async def evict(self) -> dict[str, int]:
+        """Evict every kept prompt state, in memory and on disk; how many there were of each."""
+        kept, learned = self.engine.runner.kept, self.engine.runner.learned
         if kept is None:
-            return 0
-        count: int = await self.engine.ask(kept.clear)
-        return count
+            return {"evicted": 0}
+
+        def evict() -> dict[str, int]:
+            assert kept is not None
+            counts = {"evicted": kept.clear()}
+            if learned is not None:
+                counts["evicted_disk"] = learned.evict()
+            return counts
+
+        counts: dict[str, int] = await self.engine.ask(evict)
+        return counts
 
     async def lanes(self) -> list[dict[str, object]]:
         scheduler = self.engine.scheduler
@@ -150,4 +232,8 @@ class Service:
             lambda: [lane.describe() for lane in [*scheduler.running, *scheduler.waiting]])
 
     async def close(self) -> None:
+        """Stop the engine, then let the learned states offered be written."""
         await self.engine.close()
+        learned = self.engine.runner.learned
+        if learned is not None:
+            await trio.to_thread.run_sync(learned.close)

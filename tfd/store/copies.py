@@ -37,8 +37,9 @@ class Device(Protocol):
     def to_device(self, source: torch.Tensor, target: torch.Tensor) -> None:
         """Queue a copy of host bytes ``source`` into device bytes ``target``."""
 
-    def begin(self) -> None:
-        """The copies queued next see the device's work queued before (the state they read)."""
+    def begin(self, after: object = None) -> None:
+        """The copies queued next see the device's work queued before (the state they read), or
+        only the work before ``after`` (an event of the device's) when given."""
 
     def end(self) -> None:
         """The device's work queued next sees the copies queued before (the state they wrote)."""
@@ -65,9 +66,14 @@ class TorchDevice:
     def pinned(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.stream is not None)
 
-    def begin(self) -> None:
-        """The copies queued next see every step queued on the compute stream before."""
-        if self.stream is not None:
+    def begin(self, after: object = None) -> None:
+        """The copies queued next see every step queued on the compute stream before, or the
+        work before ``after`` (a CUDA event) when given."""
+        if self.stream is None:
+            return
+        if isinstance(after, torch.cuda.Event):
+            self.stream.wait_event(after)
+        else:
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
 
     def end(self) -> None:
@@ -134,13 +140,15 @@ class Copier:
         self.chunk = chunk
         self.buffers = [device.pinned(chunk), device.pinned(chunk)]
 
-    def save(self, ranges: Sequence[torch.Tensor], sink: Callable[[memoryview], None]) -> int:
+    def save(self, ranges: Sequence[torch.Tensor], sink: Callable[[memoryview], None],
+             after: object = None) -> int:
         """Copy the device ``ranges`` out and give ``sink`` their bytes in order (it must be done with
-        a view when it returns); the bytes copied."""
+        a view when it returns); ``after``: the device's mark they wait for (else all work queued
+        before). The bytes copied."""
         cut = pieces(ranges, self.chunk)
         marks: list[object] = [None, None]
         total = 0
-        self.device.begin()
+        self.device.begin(after)
         try:
             if cut:
                 self._out(cut[0][1], 0, marks)

@@ -1,0 +1,91 @@
+"""``tfd bench --conversation``: a conversation's second turn after a restart, read from disk or cold.
+
+Turn one (``prompt`` random tokens, ``new`` tokens drawn) runs through a runner whose prompt cache
+writes its kept states to a store in a fresh directory; the writes are waited for and the files
+dropped from the page cache (``posix_fadvise``), so turn two reads them from the disk. Turn two (turn
+one, its reply, and 64 tokens more) then runs as after a restart: a new runner, an empty memory, the
+same store; its time to first token includes reading the state back. Then the same turn two on a
+runner without any cache: the cold prefill. One JSON object: both times, their ratio, the bytes
+written and read and the read bandwidth.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tfd.bench.workload import drive, runner_for
+from tfd.engine.request import Request, Sampling
+from tfd.engine.runner import Runner
+from tfd.families.hybrid import HybridModel
+from tfd.store.learned import Learned
+from tfd.store.store import Store
+
+FOLLOW_UP = 64  # tokens the second turn adds after the first turn's reply
+IDENTITY = "bench"
+
+
+def learning(model: HybridModel, window: int, graphs: bool, root: Path) -> Runner:
+    """A one-lane runner whose prompt cache (room for a state) writes to a store under ``root``."""
+    runner = runner_for(model, window, 1, graphs, kept_states=1)
+    store = Store(root, IDENTITY, 1 << 50, 1 << 50, 0)
+    runner.learned = Learned(store, runner.pool, runner.pool.buffer.device)
+    return runner
+
+
+def drop_page_cache(root: Path) -> None:
+    """Ask the kernel to forget the store's file pages, so the next read comes from the disk."""
+    for base, _, files in os.walk(root):
+        for name in files:
+            handle = os.open(os.path.join(base, name), os.O_RDONLY)
+            try:
+                os.fsync(handle)
+                os.posix_fadvise(handle, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(handle)
+
+
+def conversation(model: HybridModel, prompt_tokens: int, new_tokens: int, graphs: bool,
+                 step_tokens: int = 8192, seed: int = 0) -> dict[str, Any]:
+    """Turn two's time to first token read back from disk after a restart, and cold."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.cfg.vocab, (prompt_tokens,), generator=generator)
+    first = Request("turn-1", tuple(ids.tolist()), new_tokens, Sampling(temperature=0.0))
+    window = prompt_tokens + 2 * new_tokens + FOLLOW_UP
+    root = Path(tempfile.mkdtemp(prefix="tfd-bench-learned-"))
+    try:
+        writer = learning(model, window, graphs, root)
+        reply = drive(model, [first], step_tokens, graphs, runner=writer).tokens[0]
+        began = time.perf_counter()
+        assert writer.learned is not None
+        writer.learned.close()
+        waited_s = time.perf_counter() - began
+        written = writer.learned.store.counts
+        del writer
+        drop_page_cache(root)
+        follow = tuple(torch.randint(0, model.cfg.vocab, (FOLLOW_UP,), generator=generator).tolist())
+        second = Request("turn-2", first.prompt + reply + follow, new_tokens, Sampling(temperature=0.0))
+        reader = learning(model, window, graphs, root)
+        restored = drive(model, [second], step_tokens, graphs, runner=reader)
+        assert reader.learned is not None
+        reader.learned.close()
+        read = reader.learned.store.counts
+        del reader
+        cold = drive(model, [second], step_tokens, graphs)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if restored.tokens != cold.tokens:
+        raise AssertionError("turn two read back from disk drew other tokens than the cold prefill")
+    ttft, cold_ttft = restored.first_token_s[0], cold.first_token_s[0]
+    return {"prompt_tokens": prompt_tokens, "turn2_prompt_tokens": len(second.prompt),
+            "cached_tokens": restored.cached[0], "ttft_from_disk_s": ttft, "ttft_cold_s": cold_ttft,
+            "ratio": ttft / cold_ttft, "bytes_written": written.bytes_written, "write_wait_s": waited_s,
+            "bytes_read": read.bytes_read, "read_s": read.read_s,
+            "read_gbps": read.bytes_read / read.read_s / 1e9 if read.read_s else None,
+            "tokens_equal": True}

@@ -1,0 +1,76 @@
+"""Which states a server may read: the identity of what computes them.
+
+A learned state is read back only by a server that would have computed the same bytes. Its identity
+covers the checkpoint (config.json's bytes; each weight file's name, size and modification time),
+the sources of the code that computes states (``kernels/``, ``tfd/model/``, ``tfd/families/``), the
+device and its driver, torch's and triton's versions, the dtype, whether the MTP head drafts (its
+rows are then part of a state), and the digest of a probe: a fixed prompt's state computed at load.
+The probe catches what the facts miss (a weight rewritten in place with the same time, a compiler
+that changed bits). Its hex digest names the identity's directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = ("kernels", "tfd/model", "tfd/families")
+PROBE_TOKENS = 129  # a state kept at 128: two GDN chunks, and a row left to run
+
+
+def probe_prompt(vocab: int) -> tuple[int, ...]:
+    """The probe's prompt: fixed ids spread over the vocabulary."""
+    return tuple((37 * i + 11) % vocab for i in range(PROBE_TOKENS))
+
+
+def sources_digest(root: Path = ROOT, folders: Iterable[str] = SOURCES) -> str:
+    """sha256 over the Python sources that compute states, by relative path."""
+    digest = hashlib.sha256()
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def checkpoint_facts(directory: Path) -> dict[str, object]:
+    """config.json's digest and each weight file's name, size and modification time."""
+    files = []
+    for path in sorted(directory.glob("*.safetensors")):
+        status = path.stat()
+        files.append([path.name, status.st_size, status.st_mtime_ns])
+    config = hashlib.sha256((directory / "config.json").read_bytes()).hexdigest()
+    return {"config": config, "weights": files}
+
+
+def device_facts(device: torch.device) -> dict[str, object]:
+    """The device's name and driver, and the versions of torch and triton."""
+    facts: dict[str, object] = {"torch": torch.__version__, "device": device.type}
+    try:
+        import triton
+
+        facts["triton"] = triton.__version__
+    except ImportError:
+        facts["triton"] = None
+    if device.type == "cuda":
+        facts["device"] = torch.cuda.get_device_name(device)
+        facts["cuda"] = torch.version.cuda
+        driver = getattr(torch._C, "_cuda_getDriverVersion", None)
+        facts["driver"] = driver() if driver is not None else None
+    return facts
+
+
+def facts(checkpoint: Path, device: torch.device, dtype: torch.dtype, drafts: bool) -> dict[str, object]:
+    """Everything the identity covers but the probe."""
+    return {"checkpoint": checkpoint_facts(checkpoint), "sources": sources_digest(),
+            **device_facts(device), "dtype": str(dtype), "drafts": drafts}
+
+
+def identity(found: Mapping[str, object], probe: str) -> str:
+    """The identity's name: 16 hex digits of the facts and the probe's digest."""
+    text = json.dumps({**found, "probe": probe}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

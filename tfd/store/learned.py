@@ -1,0 +1,172 @@
+"""Learned conversations: kept prompt states written to the disk store, and read back into lanes.
+
+The engine thread ``offer``s each state the prompt cache keeps; a writer thread copies it out
+(``tfd.store.copies``, on a stream of its own, after the copies that made it) and writes it to the
+``Store``. While a state is being written it is pinned: evicting it from memory only forgets it
+there, and its pages are released when the write is done (``settle``, on the engine thread, each
+step). At admission the engine thread ``find``s the longest learned state a prompt extends and,
+when it is longer than what memory holds, ``restore``s it into the lane just opened (its state
+pieces and its rows on its own pages): a damaged or missing file is refused, counted, forgotten, and
+the lane prefills from the start.
+
+Threads: the store and its files are behind one lock (the writer holds it for a write, the engine
+thread for a read). The engine thread never waits for a write: ``offer`` only queues, and ``find``
+answers nothing while the writer holds the lock (the lane prefills, or resumes from memory). Each
+side has its own copier and staging buffers. ``close`` lets the writer finish what was offered,
+then stops it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import threading
+from collections.abc import Sequence
+
+import attrs
+import torch
+
+from tfd.engine.kept import KeptState, digests_of
+from tfd.engine.lane import Lane
+from tfd.model import GDN_CHUNK as CHUNK
+from tfd.pool.pages import Pool
+from tfd.store.copies import Copier, TorchDevice, host_bytes
+from tfd.store.image import image_of, piece_ranges, row_ranges, state_key, state_pages
+from tfd.store.sealed import Reader, Writer
+from tfd.store.store import BLOCK_ROWS, Image, Refused, Store
+
+log = logging.getLogger("tfd.learn")
+
+
+@attrs.frozen
+class Job:
+    state: KeptState
+    image: Image
+
+
+def block_rows(image: Image, index: int) -> tuple[int, int]:
+    """The rows block ``index`` of ``image`` holds."""
+    start = index * BLOCK_ROWS
+    return start, min(start + BLOCK_ROWS, image.position)
+
+
+class Learned:
+    """``store`` fed from and read into ``pool``'s pages on ``device``."""
+
+    def __init__(self, store: Store, pool: Pool, device: torch.device) -> None:
+        self.store = store
+        self.pool = pool
+        self.lock = threading.Lock()
+        self.writes = Copier(TorchDevice(device))
+        self.reads = Copier(TorchDevice(device))
+        self.jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self.written: queue.SimpleQueue[KeptState] = queue.SimpleQueue()
+        self.pending = 0  # offered, not settled (engine thread)
+        self.thread = threading.Thread(target=self._write_all, name="tfd-learn", daemon=True)
+        self.thread.start()
+
+    # -- the engine thread ---------------------------------------------------------------------
+
+    def offer(self, state: KeptState, lane: Lane) -> None:
+        """Write ``state`` (just kept from ``lane``) to disk (the writer skips it when the store has
+        it already); never waits for the writer."""
+        image = image_of(self.pool, state, digests_of(lane), lane.request.prompt)
+        state.writing = True
+        self.pending += 1
+        self.jobs.put(Job(state, image))
+
+    def settle(self) -> None:
+        """Unpin the states written since; release those evicted meanwhile."""
+        while True:
+            try:
+                state = self.written.get_nowait()
+            except queue.Empty:
+                return
+            self.pending -= 1
+            state.writing = False
+            if state.dropped:
+                state.hold.release()
+
+    def find(self, lane: Lane, head: bool, longer_than: int = 0) -> Image | None:
+        """The longest learned state ``lane``'s prompt extends past, longer than ``longer_than``
+        tokens (with the head's rows when ``head``)."""
+        prompt, digests = lane.request.prompt, digests_of(lane)
+        keys = [state_key(chunk * CHUNK, digests[chunk], prompt[chunk * CHUNK])
+                for chunk in range((len(prompt) - 1) // CHUNK, longer_than // CHUNK, -1)]
+        if not keys or not self.lock.acquire(blocking=False):  # the writer is busy: do not stall a step
+            return None
+        try:
+            return self.store.find(keys, head)
+        finally:
+            self.lock.release()
+
+    def restore(self, lane: Lane, image: Image) -> None:
+        """Read ``image`` into ``lane`` (opened, its rows up to the image's position taken); raises
+        ``Refused`` (counted, forgotten) when its files cannot be trusted."""
+        lease, memory = lane.lease, lane.memory
+        assert lease is not None and memory is not None
+        pieces = [(name, memory.pieces[name]) for name, _ in image.pieces]
+
+        def read_pieces(reader: Reader) -> None:
+            self.reads.load(reader.readinto, piece_ranges(pieces))
+
+        def read_block(index: int, reader: Reader) -> None:
+            start, end = block_rows(image, index)
+            self.reads.load(reader.readinto, row_ranges(self.pool, lease.row_pages, start, end))
+
+        with self.lock:
+            self.store.read(image, read_pieces, read_block)
+
+    def report(self) -> dict[str, object]:
+        with self.lock:
+            return {**self.store.report(), "writing": self.pending}
+
+    def evict(self) -> int:
+        with self.lock:
+            return self.store.evict()
+
+    def close(self) -> None:
+        """Finish the writes offered, stop the writer, and settle."""
+        self.jobs.put(None)
+        self.thread.join()
+        self.settle()
+
+    # -- the writer thread ---------------------------------------------------------------------
+
+    def _write_all(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            try:
+                self._write(job)
+            except Refused as refused:
+                log.info("a learned state stays in memory: %s (%s)", refused, refused.reason)
+            except Exception:
+                log.exception("writing a learned state failed; it stays in memory")
+            finally:
+                self.written.put(job.state)
+
+    def _write(self, job: Job) -> None:
+        state, image = job.state, job.image
+        pages = state_pages(state)
+        pieces = sorted(state.pieces.items())
+
+        def write_pieces(writer: Writer) -> None:
+            self.writes.save(piece_ranges(pieces), writer.write, after=state.ready)
+
+        def write_block(index: int, writer: Writer) -> None:
+            start, end = block_rows(image, index)
+            self.writes.save(row_ranges(self.pool, pages, start, end), writer.write, after=state.ready)
+
+        with self.lock:
+            self.store.write(image, write_pieces, write_block)
+
+
+def state_digest(pool: Pool, state: KeptState, ranges: Sequence[torch.Tensor] | None = None) -> str:
+    """sha256 of a kept state's bytes (its pieces and rows): the identity's probe."""
+    digest = hashlib.sha256()
+    if ranges is None:
+        ranges = [*piece_ranges(sorted(state.pieces.items())),
+                  *row_ranges(pool, state_pages(state), 0, state.position)]
+    for part in ranges:
+        digest.update(host_bytes(part.cpu().contiguous()))
+    return digest.hexdigest()

@@ -1,0 +1,317 @@
+"""The learned-states store: one identity's kept states on disk, their budgets, and reading them back.
+
+Layout under the root (``--learn-dir``): a directory per identity (``<identity>/``, 0700) holding
+``index`` (``tfd.store.index``), ``states/<key>.st`` (a state's words and pieces) and
+``blocks/<name>.blk`` (its rows, 256 tokens a block, named by the prefix they belong to, so states
+sharing a prefix share its blocks), and a ``used`` file whose time says when the identity was last
+opened. Every file is sealed (``tfd.store.sealed``); a state is in the index only once its blocks
+and its state file are all on disk.
+
+Budgets: ``budget`` bytes on disk for every identity together (the least recently opened other
+identities go first, whole, then this one's least recently used states); ``daily`` bytes written a
+day (UTC), after which writes are refused (``DailyBudgetSpent``) and states stay in memory; a
+filesystem must keep ``floor`` bytes free. ``verify`` reads each file back after writing it.
+
+Error handling: a write that fails leaves no file under a real name and no index record (its
+blocks, if new, are removed); a read that finds a file missing, damaged or not what the index says
+raises ``Refused``, after forgetting the state. Not thread-safe: one owner.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from tfd.store import sealed
+from tfd.store.index import Index
+from tfd.store.sealed import Corrupt, Reader, Writer
+
+BLOCK_ROWS = 256
+
+
+class Refused(Exception):
+    """A write the budgets refuse, or a state whose files cannot be trusted; ``reason`` names which."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+@attrs.frozen
+class Image:
+    """A kept state as the store writes it: its key, position, whether the MTP head's rows are in
+    it, its pieces' names and bytes, and its row blocks' names and bytes, in row order."""
+
+    key: str
+    position: int
+    head: bool
+    pieces: tuple[tuple[str, int], ...]
+    blocks: tuple[tuple[str, int], ...]
+
+    @property
+    def piece_bytes(self) -> int:
+        return sum(size for _, size in self.pieces)
+
+    def words(self) -> dict[str, Any]:
+        return {"key": self.key, "position": self.position, "head": self.head,
+                "pieces": [list(p) for p in self.pieces], "blocks": [list(b) for b in self.blocks]}
+
+    @classmethod
+    def of(cls, words: dict[str, Any]) -> Image:
+        return cls(words["key"], words["position"], words["head"],
+                   tuple((n, s) for n, s in words["pieces"]), tuple((n, s) for n, s in words["blocks"]))
+
+
+@attrs.define
+class StoreCounts:
+    """What the store did: states written and read, reads refused (missing or damaged files), writes
+    refused by the budgets (daily, free space), states evicted, bytes written and read."""
+
+    written: int = 0
+    read: int = 0
+    refused: int = 0
+    daily_spent: int = 0
+    no_space: int = 0
+    evicted: int = 0
+    bytes_written: int = 0
+    bytes_read: int = 0
+    read_s: float = 0.0  # spent reading states back, copies to the device included
+
+
+PieceSource = Callable[[Writer], None]  # writes a state's piece bytes into a sealed file
+BlockSource = Callable[[int, Writer], None]  # writes block i's row bytes
+PieceSink = Callable[[Reader], None]  # reads a state's piece bytes from a sealed file
+BlockSink = Callable[[int, Reader], None]
+
+
+class Store:
+    def __init__(self, root: Path, identity: str, budget: int, daily: int, floor: int,
+                 verify: bool = False, clock: Callable[[], float] = time.time) -> None:
+        self.root = root
+        self.identity = identity
+        self.budget, self.daily, self.floor, self.verify = budget, daily, floor, verify
+        self.clock = clock
+        self.home = root / identity
+        for directory in (root, self.home, self.home / "states", self.home / "blocks"):
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(directory, 0o700)
+        (self.home / "used").touch(mode=0o600)
+        os.utime(self.home / "used", (clock(), clock()))
+        self.index = Index.open(self.home / "index")
+        self.counts = StoreCounts()
+        self.today, self.spent = self._day(), 0
+        try:  # today's writes so far, as the last run left them
+            day = json.loads((self.home / "daily").read_text())
+            if day.get("day") == self.today and isinstance(day.get("spent"), int):
+                self.spent = day["spent"]
+        except (OSError, ValueError):
+            pass
+
+    # -- what is there -------------------------------------------------------------------------
+
+    def find(self, keys: Sequence[str], head: bool) -> Image | None:
+        """The first of ``keys`` (longest prefix first) the store holds, with the head's rows when
+        ``head``."""
+        for key in keys:
+            entry = self.index.entries.get(key)
+            if entry is not None and (entry["image"]["head"] or not head):
+                return Image.of(entry["image"])
+        return None
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of this identity's states and blocks (blocks shared by states counted once)."""
+        states: int = sum(entry["state_bytes"] for entry in self.index)
+        return states + sum(self._blocks().values())
+
+    def report(self) -> dict[str, object]:
+        self._roll()
+        return {"dir": str(self.home), "entries": len(self.index.entries), "bytes": self.bytes,
+                "budget": self.budget, "daily_budget_left": max(0, self.daily - self.spent),
+                **attrs.asdict(self.counts)}
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def write(self, image: Image, pieces: PieceSource, blocks: BlockSource) -> bool:
+        """Write ``image``: its blocks not on disk yet, its state file, then its index record. False
+        when it was there already (with the head's rows, or this one has none); ``Refused``
+        (counted) when a budget refuses it; what the sources or the disk raise, after removing what
+        this write made."""
+        known = self.index.entries.get(image.key)
+        if known is not None and (known["image"]["head"] or not image.head):
+            return False
+        if known is not None:  # the same prefix without the head's rows: this one serves more lanes
+            self.forget(image.key)
+        self._roll()
+        have = self._blocks()
+        new = [(i, name, size) for i, (name, size) in enumerate(image.blocks) if name not in have]
+        size = image.piece_bytes + sum(size for _, _, size in new)
+        if self.spent + size > self.daily:
+            self.counts.daily_spent += 1
+            raise Refused("DailyBudgetSpent", f"today's {self.daily} bytes of writes are spent "
+                                              f"({self.spent} written); the state stays in memory")
+        self._make_room(size)
+        if shutil.disk_usage(self.home).free - size < self.floor:
+            self.counts.no_space += 1
+            raise Refused("NoSpace", f"{self.home}: writing {size} bytes would leave less than {self.floor} "
+                                     "bytes free")
+        made: list[Path] = []
+        try:
+            for i, name, length in new:
+                path = self._block(name)
+                with Writer(path, "rows", {"name": name, "bytes": length}, length) as writer:
+                    blocks(i, writer)
+                    writer.commit()
+                made.append(path)
+                self._check_written(path, "rows")
+            path = self.home / "states" / f"{image.key}.st"
+            with Writer(path, "state", image.words(), image.piece_bytes) as writer:
+                pieces(writer)
+                writer.commit()
+            made.append(path)
+            self._check_written(path, "state")
+            now = self.clock()
+            state_bytes = path.stat().st_size
+            self.index.append({"op": "put", "key": image.key, "image": image.words(),
+                               "state_bytes": state_bytes, "bytes": size, "written": now, "used": now})
+        except BaseException:
+            for path in made:
+                sealed.remove(path)
+            raise
+        self.spent += size
+        self._note_spent()
+        self.counts.written += 1
+        self.counts.bytes_written += size
+        return True
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def read(self, image: Image, pieces: PieceSink, blocks: BlockSink) -> None:
+        """Read ``image`` back through the sinks (each must read its whole payload). ``Refused``
+        (counted, the state forgotten) when a file is missing, damaged, or is another state's; the
+        sinks' targets then hold nothing to trust."""
+        began = time.perf_counter()
+        try:
+            read = 0
+            for i, (name, size) in enumerate(image.blocks):
+                with Reader(self._block(name), "rows") as reader:
+                    if reader.header != {"name": name, "bytes": size}:
+                        raise Corrupt(f"{reader.path}: holds the rows of {reader.header.get('name')}, "
+                                      f"not {name}")
+                    blocks(i, reader)
+                    reader.finish()
+                read += size
+            with Reader(self.home / "states" / f"{image.key}.st", "state") as reader:
+                if reader.header != image.words():
+                    raise Corrupt(f"{reader.path}: holds the state {reader.header.get('key')}, "
+                                  f"not {image.key}")
+                pieces(reader)
+                reader.finish()
+            read += image.piece_bytes
+        except (Corrupt, OSError) as error:
+            self.counts.refused += 1
+            self.forget(image.key)
+            raise Refused("Corrupt", str(error)) from error
+        self.counts.read += 1
+        self.counts.bytes_read += read
+        self.counts.read_s += time.perf_counter() - began
+        self.index.append({"op": "use", "key": image.key, "at": self.clock()})
+
+    # -- forgetting ----------------------------------------------------------------------------
+
+    def forget(self, key: str) -> None:
+        """Drop a state: its index record, its state file, and the blocks no other state uses."""
+        entry = self.index.entries.get(key)
+        if entry is None:
+            return
+        self.index.append({"op": "drop", "key": key})
+        sealed.remove(self.home / "states" / f"{key}.st")
+        live = self._blocks()
+        for name, _ in entry["image"]["blocks"]:
+            if name not in live:
+                sealed.remove(self._block(name))
+        if self.index.records > 4 * len(self.index.entries) + 64:
+            self.index.rewrite()
+
+    def evict(self) -> int:
+        """Forget every state of this identity; how many there were."""
+        keys = list(self.index.entries)
+        for key in keys:
+            self.forget(key)
+        self.counts.evicted += len(keys)
+        return len(keys)
+
+    def _make_room(self, size: int) -> None:
+        """Within the budget with ``size`` more bytes: other identities first (least recently opened,
+        whole), then this one's least recently used states."""
+        used = _directory_bytes(self.root)
+        others = sorted((d for d in self.root.iterdir() if d.is_dir() and d != self.home),
+                        key=lambda d: _used(d))
+        for other in others:
+            if used + size <= self.budget:
+                return
+            freed = _directory_bytes(other)
+            shutil.rmtree(other, ignore_errors=True)
+            used -= freed
+        for entry in sorted(self.index, key=lambda e: e.get("used", 0)):
+            if used + size <= self.budget:
+                return
+            before = self.bytes
+            self.forget(entry["key"])
+            self.counts.evicted += 1
+            used -= before - self.bytes
+        if used + size > self.budget:
+            raise Refused("OverBudget", f"a state of {size} bytes is more than the {self.budget}-byte budget")
+
+    def _blocks(self) -> dict[str, int]:
+        """Every block the index's states use, with its bytes."""
+        return {name: size for entry in self.index for name, size in entry["image"]["blocks"]}
+
+    def _block(self, name: str) -> Path:
+        return self.home / "blocks" / f"{name}.blk"
+
+    def _check_written(self, path: Path, kind: str) -> None:
+        """With ``verify``, read the file back whole: its digest must hold."""
+        if self.verify:
+            sealed.read(path, kind)
+
+    def _note_spent(self) -> None:
+        """Today's bytes written, for the next run (written beside and renamed over)."""
+        part = self.home / ".daily"
+        part.write_text(json.dumps({"day": self.today, "spent": self.spent}))
+        os.chmod(part, 0o600)
+        os.replace(part, self.home / "daily")
+
+    def _roll(self) -> None:
+        if self._day() != self.today:
+            self.today, self.spent = self._day(), 0
+
+    def _day(self, at: float | None = None) -> str:
+        moment = self.clock() if at is None else at
+        return datetime.datetime.fromtimestamp(moment, datetime.UTC).date().isoformat()
+
+
+def _used(directory: Path) -> float:
+    try:
+        return (directory / "used").stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _directory_bytes(directory: Path) -> int:
+    total = 0
+    for base, _, files in os.walk(directory):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(base, name)).st_size
+            except OSError:
+                continue
+    return total
