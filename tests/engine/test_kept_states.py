@@ -15,14 +15,19 @@ from pathlib import Path
 import attrs
 import pytest
 import tiny_models
+import tokenizers
 import torch
+from fake_device import FakeDevice
 
 from tfd.bench.workload import drive, runner_for
 from tfd.checkpoint import Checkpoint
+from tfd.engine.detokenize import Detokenizer
 from tfd.engine.kept import KeptStates
+from tfd.engine.lane import Lane
 from tfd.engine.prefixes import keep_points
 from tfd.engine.request import Request, Sampling
 from tfd.engine.runner import Drafting, Runner
+from tfd.engine.scheduler import Admission
 from tfd.families.hybrid import HybridModel, load_model
 from tfd.store.learned import Learned
 from tfd.store.store import Store
@@ -244,3 +249,35 @@ def test_another_identity_reads_nothing(model: HybridModel, tmp_path: Path) -> N
     stranger = learning_runner(model, None, tmp_path, "two")
     assert drive(model, second, STEP_TOKENS, graphs=False, runner=stranger).cached == (0, 0, 0)
     written(stranger)
+
+
+@pytest.mark.parametrize("refuse", [1, None])
+def test_a_refused_copy_while_reading_back_fails_only_that_lane(model: HybridModel, tmp_path: Path,
+                                                                refuse: int | None) -> None:
+    # the state's one copy to the device refused: the lane is dropped (its request fails), the copy
+    # drained, nothing pending, the pool as at load; a device that copies resumes it
+    before = learning_runner(model, None, tmp_path)
+    first = first_turns(0.0, 1)
+    turn1 = drive(model, first, STEP_TOKENS, graphs=False, runner=before)
+    written(before)
+    devices: list[FakeDevice] = []
+
+    def make(device: torch.device) -> FakeDevice:
+        devices.append(FakeDevice(refuse))
+        return devices[-1]
+
+    runner = cached_runner(model, None)
+    store = Store(tmp_path, "test", 1 << 30, 1 << 30, 0)
+    runner.learned = Learned(store, runner.pool, torch.device("cpu"), make)
+    words = Detokenizer(tokenizers.Tokenizer(tokenizers.models.BPE()))
+    lane = Lane(1, second_turns(first, turn1.tokens)[0], words)
+    outcome = runner.admit(lane)
+    reads = devices[1]
+    assert reads.pending == 0, f"expected 0, found {reads.pending}"
+    if refuse is None:
+        assert outcome is Admission.ADMITTED and lane.cached == 64
+        runner.close(lane)
+    else:
+        assert outcome is Admission.DROPPED and lane.lease is None
+    runner.pool.check_at_load()
+    written(runner)

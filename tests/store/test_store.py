@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tfd.store import sealed
-from tfd.store.sealed import Reader, Writer
+from tfd.store.sealed import Writer
 from tfd.store.store import Image, Refused, Store
 
 MIB = 1 << 20
@@ -48,20 +48,15 @@ def write(store: Store, made: Image) -> bool:
     return store.write(made, pieces, blocks)
 
 
-def read(store: Store, made: Image) -> tuple[bytes, list[bytes]]:
-    got: list[bytes] = []
-    state = bytearray(made.piece_bytes)
-
-    def pieces(reader: Reader) -> None:
-        reader.readinto(memoryview(state))
-
-    def blocks(i: int, reader: Reader) -> None:
-        out = bytearray(made.blocks[i][1])
-        reader.readinto(memoryview(out))
-        got.append(bytes(out))
-
-    store.read(made, pieces, blocks)
-    return bytes(state), got
+def read(store: Store, made: Image, threads: int = 1) -> tuple[bytes, list[bytes]]:
+    """The state's pieces and each block's bytes, as the store reads them back."""
+    into = bytearray(made.bytes)
+    store.read(made, memoryview(into), threads)
+    blocks, at = [], 0
+    for _, size in made.blocks:
+        blocks.append(bytes(into[at:at + size]))
+        at += size
+    return bytes(into[at:]), blocks
 
 
 def opened(root: Path, identity: str = "aaaa", clock: Clock | None = None, budget: int = 64 * MIB,
@@ -76,7 +71,7 @@ def test_a_state_reads_back_after_a_reopen(tmp_path: Path) -> None:
     assert sorted(p.name for p in (store.home / "blocks").iterdir()) == ["b0.blk", "b1.blk", "b2.blk"]
     again = opened(tmp_path)
     assert again.find(["k9", "k2", "k1"], head=False) == second
-    state, blocks = read(again, second)
+    state, blocks = read(again, second, threads=3)
     assert state == block_bytes("k2", second.piece_bytes)
     assert blocks == [block_bytes(name, size) for name, size in second.blocks]
     assert again.counts.read == 1 and again.counts.bytes_read == 3 * 4096 + 3000

@@ -116,8 +116,9 @@ class KeptStates:
         state = self.match(lane, head)
         adopted = 0 if state is None else len(state.shared)
         window = lane.request.window
-        if self.pool.layout.need(window) - adopted > self.pool.available + self.pool.kept_pages:
-            return state
+        if not self.pool.has_slot or \
+                self.pool.layout.need(window) - adopted > self.pool.available + self.pool.kept_pages:
+            return state  # evicting cannot make room: the lane waits for lanes to finish
         if self.make_room(0, state, window, adopted) or state is None or self.pool.leases:
             return state
         self.evict(state)

@@ -128,11 +128,15 @@ class Pool:
         """Pages some kept state holds, lanes' shared rows included: what kept states cost."""
         return self._pages.held
 
+    @property
+    def has_slot(self) -> bool:
+        """Whether a lane slot is free (``max_lanes``)."""
+        return self.max_lanes is None or len(self._leases) < self.max_lanes
+
     def can_promise(self, window: int, adopted: int = 0) -> bool:
         """Whether a lane of ``window`` tokens, ``adopted`` of its row pages a kept state's, may be
         admitted now."""
-        slots = self.max_lanes is None or len(self._leases) < self.max_lanes
-        return slots and self.layout.need(window) - adopted <= self.available
+        return self.has_slot and self.layout.need(window) - adopted <= self.available
 
     def promise(self, window: int, adopted: int = 0) -> Lease:
         """Admit a lane of ``window`` tokens: promise the pages it needs, less ``adopted`` row pages

@@ -1,10 +1,10 @@
 """Copies between the device and the host through pinned staging buffers, for the disk store.
 
 ``Copier.save`` copies device byte ranges out, a staging buffer at a time, and hands each buffer's
-bytes to a sink (the file writer) in order; ``Copier.load`` fills staging buffers from a source (the
-file reader) and copies them into device ranges. Two buffers take turns, so the device copies one
-while the host fills or drains the other. The copies run on the device's own stream, queued without
-waiting; a buffer is reused only after the copy that used it is done.
+bytes to a sink (the file writer) in order. Two buffers take turns, so the device copies one while
+the host drains the other. The copies run on the device's own stream, queued without waiting; a
+buffer is reused only after the copy that used it is done. (A state read back is one copy from one
+pinned buffer: ``tfd.store.learned``, against the same ``Device``.)
 
 Error handling: whatever raises (a refused copy, a sink or source that fails, a cancel), every copy
 queued is waited for before the call returns or raises, so no copy is left in flight into or out of
@@ -133,7 +133,7 @@ def pieces(ranges: Sequence[torch.Tensor], chunk: int) -> list[tuple[int, torch.
 
 
 class Copier:
-    """Copies through two staging buffers of ``chunk`` bytes on ``device``."""
+    """Copies out through two staging buffers of ``chunk`` bytes on ``device``."""
 
     def __init__(self, device: Device, chunk: int = CHUNK_BYTES) -> None:
         self.device = device
@@ -160,25 +160,6 @@ class Copier:
                 total += piece.numel()
         finally:
             self.device.drain()
-        return total
-
-    def load(self, source: Callable[[memoryview], None], ranges: Sequence[torch.Tensor]) -> int:
-        """Fill the device ``ranges`` from ``source`` (which fills a view it is given, exactly); the
-        bytes copied."""
-        marks: list[object] = [None, None]
-        total = 0
-        try:
-            for i, (_, piece) in enumerate(pieces(ranges, self.chunk)):
-                buffer = self.buffers[i % 2]
-                if marks[i % 2] is not None:  # the copy from this buffer two pieces ago is done first
-                    self.device.wait(marks[i % 2])
-                source(host_bytes(buffer[:piece.numel()]))
-                self.device.to_device(buffer[:piece.numel()], piece)
-                marks[i % 2] = self.device.mark()
-                total += piece.numel()
-        finally:
-            self.device.drain()
-            self.device.end()
         return total
 
     def _out(self, piece: torch.Tensor, slot: int, marks: list[object]) -> None:

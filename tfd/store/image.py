@@ -12,13 +12,13 @@ blocks. The same ranges, taken from a lane's pages, are where a state read back 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from tfd.engine.kept import KeptState
 from tfd.model import GDN_CHUNK as CHUNK
-from tfd.pool.pages import Pool
+from tfd.pool.pages import TORCH_DTYPES, Pool
 from tfd.store.store import BLOCK_ROWS, Image
 
 
@@ -79,3 +79,31 @@ def image_of(pool: Pool, state: KeptState, digests: Sequence[bytes], prompt: Seq
         name = block_name(digests[end // CHUNK], prompt[end], state.head)
         blocks.append((name, block_bytes(pool, end - start)))
     return Image(state_key(position, digest, lookahead), position, state.head, pieces, tuple(blocks))
+
+
+def scatter(pool: Pool, image: Image, staged: torch.Tensor, pages: Sequence[int],
+            pieces: Mapping[str, torch.Tensor]) -> None:
+    """Place an image read back (``staged``: its bytes on the pool's device, blocks then pieces) in
+    a lane: its rows into the row pages ``pages`` (in row order), its pieces into the views
+    ``pieces``. Two launches a row part for the whole blocks, two for a last short one, one a piece."""
+    layout, position = pool.layout, image.position
+    table = torch.tensor(list(pages), dtype=torch.int64, device=staged.device)
+    spans = [(0, position // BLOCK_ROWS, BLOCK_ROWS)] if position >= BLOCK_ROWS else []
+    if position % BLOCK_ROWS:
+        spans.append((position // BLOCK_ROWS, 1, position % BLOCK_ROWS))
+    at = 0
+    for first, count, rows in spans:
+        size = block_bytes(pool, rows)
+        region = staged[at:at + count * size].view(count, size)
+        offset = 0
+        for part in layout.row_parts:
+            entries, per_page = rows // part.rows, layout.page_rows // part.rows
+            width = entries * part.entry_bytes
+            values = region[:, offset:offset + width].contiguous().view(TORCH_DTYPES[part.dtype])
+            index = first * BLOCK_ROWS // part.rows + torch.arange(count * entries, device=staged.device)
+            pool.rows(part.name)[table[index // per_page], index % per_page] = values.view(-1, *part.shape)
+            offset += width
+        at += count * size
+    for name, size in image.pieces:
+        pieces[name].view(torch.uint8).reshape(-1).copy_(staged[at:at + size])
+        at += size

@@ -11,9 +11,9 @@ the lane prefills from the start.
 
 Threads: the store and its files are behind one lock (the writer holds it for a write, the engine
 thread for a read). The engine thread never waits for a write: ``offer`` only queues, and ``find``
-answers nothing while the writer holds the lock (the lane prefills, or resumes from memory). Each
-side has its own copier and staging buffers. ``close`` lets the writer finish what was offered,
-then stops it.
+answers nothing while the writer holds the lock (the lane prefills, or resumes from memory). The
+writer copies out through its own staging buffers; reads have a pinned buffer of their own.
+``close`` lets the writer finish what was offered, then stops it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import hashlib
 import logging
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 import torch
@@ -31,12 +31,13 @@ from tfd.engine.kept import KeptState, digests_of
 from tfd.engine.lane import Lane
 from tfd.model import GDN_CHUNK as CHUNK
 from tfd.pool.pages import Pool
-from tfd.store.copies import Copier, TorchDevice, host_bytes
-from tfd.store.image import image_of, piece_ranges, row_ranges, state_key, state_pages
-from tfd.store.sealed import Reader, Writer
+from tfd.store.copies import Copier, Device, TorchDevice, host_bytes
+from tfd.store.image import image_of, piece_ranges, row_ranges, scatter, state_key, state_pages
+from tfd.store.sealed import Writer
 from tfd.store.store import BLOCK_ROWS, Image, Refused, Store
 
 log = logging.getLogger("tfd.learn")
+READ_THREADS = 8  # files read and checked at once when a state is read back
 
 
 @attrs.frozen
@@ -54,12 +55,14 @@ def block_rows(image: Image, index: int) -> tuple[int, int]:
 class Learned:
     """``store`` fed from and read into ``pool``'s pages on ``device``."""
 
-    def __init__(self, store: Store, pool: Pool, device: torch.device) -> None:
+    def __init__(self, store: Store, pool: Pool, device: torch.device,
+                 make_device: Callable[[torch.device], Device] = TorchDevice) -> None:
         self.store = store
         self.pool = pool
         self.lock = threading.Lock()
-        self.writes = Copier(TorchDevice(device))
-        self.reads = Copier(TorchDevice(device))
+        self.writes = Copier(make_device(device))
+        self.reading = make_device(device)
+        self.buffer = torch.empty(0, dtype=torch.uint8)  # reads land here (the device's pinned memory)
         self.jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self.written: queue.SimpleQueue[KeptState] = queue.SimpleQueue()
         self.pending = 0  # offered, not settled (engine thread)
@@ -102,21 +105,25 @@ class Learned:
             self.lock.release()
 
     def restore(self, lane: Lane, image: Image) -> None:
-        """Read ``image`` into ``lane`` (opened, its rows up to the image's position taken); raises
-        ``Refused`` (counted, forgotten) when its files cannot be trusted."""
+        """Read ``image`` into ``lane`` (opened, its rows up to the image's position taken): its files
+        read and checked by ``READ_THREADS`` threads into one pinned buffer, one copy to the device,
+        then scattered into the lane's pages and pieces. Raises ``Refused`` (counted, forgotten)
+        when its files cannot be trusted; the lane's memory then holds nothing to use."""
         lease, memory = lane.lease, lane.memory
         assert lease is not None and memory is not None
-        pieces = [(name, memory.pieces[name]) for name, _ in image.pieces]
-
-        def read_pieces(reader: Reader) -> None:
-            self.reads.load(reader.readinto, piece_ranges(pieces))
-
-        def read_block(index: int, reader: Reader) -> None:
-            start, end = block_rows(image, index)
-            self.reads.load(reader.readinto, row_ranges(self.pool, lease.row_pages, start, end))
-
+        total = image.bytes
+        if self.buffer.numel() < total:  # no copy is in flight from it: each restore drains its own
+            self.buffer = self.reading.pinned(total)
+        host = self.buffer[:total]
         with self.lock:
-            self.store.read(image, read_pieces, read_block)
+            self.store.read(image, host_bytes(host), READ_THREADS)
+        staged = torch.empty(total, dtype=torch.uint8, device=self.pool.buffer.device)
+        try:
+            self.reading.to_device(host, staged)
+        finally:
+            self.reading.drain()  # the buffer is free again, error or not
+        self.reading.end()
+        scatter(self.pool, image, staged, lease.row_pages, memory.pieces)
 
     def report(self) -> dict[str, object]:
         with self.lock:

@@ -25,6 +25,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,11 @@ class Image:
     def piece_bytes(self) -> int:
         return sum(size for _, size in self.pieces)
 
+    @property
+    def bytes(self) -> int:
+        """Its blocks' bytes and its pieces': what ``Store.read`` fills."""
+        return sum(size for _, size in self.blocks) + self.piece_bytes
+
     def words(self) -> dict[str, Any]:
         return {"key": self.key, "position": self.position, "head": self.head,
                 "pieces": [list(p) for p in self.pieces], "blocks": [list(b) for b in self.blocks]}
@@ -88,8 +94,6 @@ class StoreCounts:
 
 PieceSource = Callable[[Writer], None]  # writes a state's piece bytes into a sealed file
 BlockSource = Callable[[int, Writer], None]  # writes block i's row bytes
-PieceSink = Callable[[Reader], None]  # reads a state's piece bytes from a sealed file
-BlockSink = Callable[[int, Reader], None]
 
 
 class Store:
@@ -194,34 +198,34 @@ class Store:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def read(self, image: Image, pieces: PieceSink, blocks: BlockSink) -> None:
-        """Read ``image`` back through the sinks (each must read its whole payload). ``Refused``
-        (counted, the state forgotten) when a file is missing, damaged, or is another state's; the
-        sinks' targets then hold nothing to trust."""
+    def read(self, image: Image, into: memoryview, threads: int = 1) -> None:
+        """Read ``image`` into ``into`` (``image.bytes`` long): its blocks in order, then its pieces,
+        ``threads`` files at once, each file's digest checked. ``Refused`` (counted, the state
+        forgotten) when a file is missing, damaged, or is another state's: ``into`` then holds
+        nothing to trust."""
         began = time.perf_counter()
+        files = [(self._block(name), "rows", {"name": name, "bytes": size}, size)
+                 for name, size in image.blocks]
+        files.append((self.home / "states" / f"{image.key}.st", "state", image.words(), image.piece_bytes))
+        places, at = [], 0
+        for path, kind, header, size in files:
+            places.append((path, kind, header, into[at:at + size]))
+            at += size
+        if at != len(into):
+            raise ValueError(f"reading {image.key}: {len(into)} bytes given, the image holds {at}")
         try:
-            read = 0
-            for i, (name, size) in enumerate(image.blocks):
-                with Reader(self._block(name), "rows") as reader:
-                    if reader.header != {"name": name, "bytes": size}:
-                        raise Corrupt(f"{reader.path}: holds the rows of {reader.header.get('name')}, "
-                                      f"not {name}")
-                    blocks(i, reader)
-                    reader.finish()
-                read += size
-            with Reader(self.home / "states" / f"{image.key}.st", "state") as reader:
-                if reader.header != image.words():
-                    raise Corrupt(f"{reader.path}: holds the state {reader.header.get('key')}, "
-                                  f"not {image.key}")
-                pieces(reader)
-                reader.finish()
-            read += image.piece_bytes
+            if threads > 1 and len(places) > 1:
+                with ThreadPoolExecutor(min(threads, len(places)), "tfd-learn-read") as pool:
+                    list(pool.map(lambda place: _read_one(*place), places))
+            else:
+                for place in places:
+                    _read_one(*place)
         except (Corrupt, OSError) as error:
             self.counts.refused += 1
             self.forget(image.key)
             raise Refused("Corrupt", str(error)) from error
         self.counts.read += 1
-        self.counts.bytes_read += read
+        self.counts.bytes_read += at
         self.counts.read_s += time.perf_counter() - began
         self.index.append({"op": "use", "key": image.key, "at": self.clock()})
 
@@ -297,6 +301,16 @@ class Store:
     def _day(self, at: float | None = None) -> str:
         moment = self.clock() if at is None else at
         return datetime.datetime.fromtimestamp(moment, datetime.UTC).date().isoformat()
+
+
+def _read_one(path: Path, kind: str, header: dict[str, Any], into: memoryview) -> None:
+    """One sealed file's payload into ``into``, checked: its header must be ``header``."""
+    with Reader(path, kind) as reader:
+        if reader.header != header:
+            raise Corrupt(f"{path}: holds {reader.header.get('key') or reader.header.get('name')}, "
+                          f"not {header.get('key') or header.get('name')}")
+        reader.readinto(into)
+        reader.finish()
 
 
 def _used(directory: Path) -> float:
