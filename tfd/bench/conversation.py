@@ -36,7 +36,7 @@ def learning(model: HybridModel, window: int, graphs: bool, root: Path) -> Runne
     """A one-lane runner whose prompt cache (room for a state) writes to a store under ``root``."""
     runner = runner_for(model, window, 1, graphs, kept_states=1)
     store = Store(root, IDENTITY, 1 << 50, 1 << 50, 0)
-    runner.learned = Learned(store, runner.pool, runner.pool.buffer.device)
+    runner.learned = Learned(store, runner.pool, runner.pool.buffer.device, context=window)
     return runner
 
 

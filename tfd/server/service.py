@@ -182,7 +182,8 @@ class Service:
                           int(settings.value("TF_LEARN_DAILY_GIB", float) * GIB),
                           int(settings.value("TF_LEARN_MIN_FREE_GIB", float) * GIB),
                           settings.value("TF_IMPRINT_VERIFY", bool))
-            runner.learned = Learned(store, self.pool, self.pool.buffer.device)
+            runner.learned = Learned(store, self.pool, self.pool.buffer.device,
+                                     context=self.engine.limits.context)
             return name
 
         name: str = await self.engine.ask(attach)
@@ -194,36 +195,24 @@ class Service:
         return await self.engine.ask(lambda: self.pool.census().as_dict())  # type: ignore[no-any-return]
 
     async def kept(self) -> dict[str, object]:
-        """What the prompt cache holds and did (admin ``learn``); ``{"enabled": false}`` without one."""
-        kept = self.engine.runner.kept
+        """What the prompt cache holds and did (admin ``learn``); ``{"enabled": false}`` without one.
+        The disk's part is read off the engine thread: it may wait for a write to end."""
+        kept, learned = self.engine.runner.kept, self.engine.runner.learned
         if kept is None:
             return {"enabled": False}
-        learned = self.engine.runner.learned
-
-        def report() -> dict[str, object]:
-            assert kept is not None
-            found: dict[str, object] = {"enabled": True, "memory": kept.report()}
-            if learned is not None:
-                found["disk"] = learned.report()
-            return found
-
-        answer: dict[str, object] = await self.engine.ask(report)
-        return answer
+        found: dict[str, object] = {"enabled": True, "memory": await self.engine.ask(kept.report)}
+        if learned is not None:
+            found["disk"] = await trio.to_thread.run_sync(learned.report)
+        return found
 
     async def evict(self) -> dict[str, int]:
         """Evict every kept prompt state, in memory and on disk; how many there were of each."""
         kept, learned = self.engine.runner.kept, self.engine.runner.learned
         if kept is None:
             return {"evicted": 0}
-
-        def evict() -> dict[str, int]:
-            assert kept is not None
-            counts = {"evicted": kept.clear()}
-            if learned is not None:
-                counts["evicted_disk"] = learned.evict()
-            return counts
-
-        counts: dict[str, int] = await self.engine.ask(evict)
+        counts = {"evicted": await self.engine.ask(kept.clear)}
+        if learned is not None:
+            counts["evicted_disk"] = await trio.to_thread.run_sync(learned.evict)
         return counts
 
     async def lanes(self) -> list[dict[str, object]]:

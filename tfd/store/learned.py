@@ -32,12 +32,17 @@ from tfd.engine.lane import Lane
 from tfd.model import GDN_CHUNK as CHUNK
 from tfd.pool.pages import Pool
 from tfd.store.copies import Copier, Device, TorchDevice, host_bytes
-from tfd.store.image import image_of, piece_ranges, row_ranges, scatter, state_key, state_pages
+from tfd.store.image import block_bytes, image_of, piece_ranges, row_ranges, scatter, state_key, state_pages
 from tfd.store.sealed import Writer
 from tfd.store.store import BLOCK_ROWS, Image, Refused, Store
 
 log = logging.getLogger("tfd.learn")
 READ_THREADS = 8  # files read and checked at once when a state is read back
+
+
+def reserve(pool: Pool, rows: int) -> int:
+    """Bytes of a learned state of ``rows`` rows: its row blocks and its pieces (at most a lane's)."""
+    return block_bytes(pool, rows) + pool.layout.state_pages * pool.layout.page_bytes
 
 
 @attrs.frozen
@@ -56,13 +61,16 @@ class Learned:
     """``store`` fed from and read into ``pool``'s pages on ``device``."""
 
     def __init__(self, store: Store, pool: Pool, device: torch.device,
-                 make_device: Callable[[torch.device], Device] = TorchDevice) -> None:
+                 make_device: Callable[[torch.device], Device] = TorchDevice, context: int = 0) -> None:
         self.store = store
         self.pool = pool
         self.lock = threading.Lock()
         self.writes = Copier(make_device(device))
         self.reading = make_device(device)
-        self.buffer = torch.empty(0, dtype=torch.uint8)  # reads land here (the device's pinned memory)
+        # reads land here, pinned; sized at load for a state of ``context`` rows: pinning a gigabyte
+        # takes long enough that the first read after a restart should not wait for it
+        empty = torch.empty(0, dtype=torch.uint8)
+        self.buffer = self.reading.pinned(reserve(pool, context)) if context else empty
         self.jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self.written: queue.SimpleQueue[KeptState] = queue.SimpleQueue()
         self.pending = 0  # offered, not settled (engine thread)
