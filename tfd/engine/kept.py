@@ -110,9 +110,9 @@ class KeptStates:
 
     def admission(self, lane: Lane, head: bool) -> KeptState | None:
         """The state a waiting lane resumes from (``match``), once the kept states in the way of its
-        window are evicted, least recently used first: none when evicting cannot make room (lanes
-        hold the pages: the lane waits), the match itself only when nothing else would and no lane
-        runs to free pages."""
+        window are evicted, least recently used first. Nothing is evicted when that cannot make room
+        (lanes hold the pages or the lane slots: the lane waits); the match itself goes only when
+        nothing else would make room and no lane runs to free pages (then None)."""
         state = self.match(lane, head)
         adopted = 0 if state is None else len(state.shared)
         window = lane.request.window
