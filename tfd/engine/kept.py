@@ -28,8 +28,7 @@ import attrs
 import torch
 
 from tfd.engine.lane import Lane
-from tfd.engine.prefixes import prefix_digests
-from tfd.model import GDN_CHUNK as CHUNK
+from tfd.engine.prefixes import key_at, keys_of, prefix_digests
 from tfd.pool.layout import Mode
 from tfd.pool.pages import PageHold, Pool, place
 from tfd.pool.pieces import Piece, pack
@@ -48,7 +47,6 @@ class KeptState:
     shared: tuple[int, ...]  # row pages a resuming lane adopts (its first ones)
     copied: tuple[tuple[int, int], ...]  # (row page index, own page) a resuming lane copies
     ready: object = None  # on CUDA, an event after the copies that made it (a disk write waits for it)
-    hits: int = 0
     writing: bool = False  # being written to disk: its pages are released once the write is done
     dropped: bool = False  # evicted while writing
 
@@ -98,11 +96,8 @@ class KeptStates:
     def match(self, lane: Lane, head: bool) -> KeptState | None:
         """The longest kept state the lane's prompt extends past (with the head's rows when
         ``head``), or None. A match becomes the newest."""
-        prompt = lane.request.prompt
-        digests = digests_of(lane)
-        for chunk in range((len(prompt) - 1) // CHUNK, 0, -1):
-            position = chunk * CHUNK
-            state = self.states.get((position, digests[chunk], prompt[position]))
+        for key in keys_of(lane.request.prompt, digests_of(lane)):
+            state = self.states.get(key)
             if state is not None and (state.head or not head):
                 self.states.move_to_end(state.key)
                 return state
@@ -138,7 +133,6 @@ class KeptStates:
             for index, page in state.copied:
                 self.pool.page_bytes_view(lease.row_pages[index]).copy_(self.pool.page_bytes_view(page))
         lane.position = lane.cached = state.position
-        state.hits += 1
         self.counts.hits += 1
         self.counts.resumed_tokens += state.position
 
@@ -146,8 +140,7 @@ class KeptStates:
         """Keep ``lane``'s state now that its prefill reached ``position`` (a keep point); ``head``:
         its MTP head's rows are written. None when it could not be kept (counted refused) or a state
         as good is kept already."""
-        digests = digests_of(lane)
-        key = (position, digests[position // CHUNK], lane.request.prompt[position])
+        key = key_at(lane.request.prompt, digests_of(lane), position)
         known = self.states.get(key)
         if known is not None and (known.head or not head):
             self.states.move_to_end(key)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from tfd.model import GDN_CHUNK as CHUNK
 
@@ -26,6 +26,19 @@ def keep_points(prompt_length: int, marks: Iterable[int] = ()) -> tuple[int, ...
     last = prompt_length - 1
     found = {m // CHUNK * CHUNK for m in (last, *marks) if 0 <= m <= last}
     return tuple(sorted(p for p in found if p >= CHUNK))
+
+
+def key_at(prompt: Sequence[int], digests: Sequence[bytes], position: int) -> tuple[int, bytes, int]:
+    """What names a state kept at ``position`` (a multiple of ``CHUNK``): the position, the digest of
+    the tokens before it, the token at it."""
+    return position, digests[position // CHUNK], prompt[position]
+
+
+def keys_of(prompt: Sequence[int], digests: Sequence[bytes], above: int = 0
+            ) -> Iterator[tuple[int, bytes, int]]:
+    """The names of the states ``prompt`` could resume from, longest first, past ``above`` tokens."""
+    for chunk in range((len(prompt) - 1) // CHUNK, above // CHUNK, -1):
+        yield key_at(prompt, digests, chunk * CHUNK)
 
 
 def prefix_digests(tokens: Sequence[int], upto: int | None = None) -> list[bytes]:

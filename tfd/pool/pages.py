@@ -142,7 +142,7 @@ class Pool:
         """Admit a lane of ``window`` tokens: promise the pages it needs, less ``adopted`` row pages
         it will share with a kept state (``Lease.adopt``), or raise ``PoolShort``."""
         need = self.layout.need(window) - adopted
-        if self.max_lanes is not None and len(self._leases) >= self.max_lanes:
+        if not self.has_slot:
             raise PoolShort(f"all {self.max_lanes} lane slots are taken")
         if need > self.available:
             raise PoolShort(f"a lane of {window} tokens needs {need} pages; {self.available} of "

@@ -91,11 +91,11 @@ class Metrics:
 
     def watch_kept(self, counts: KeptCounts) -> None:
         """Read the prompt cache's counts at each scrape (plain integers the engine thread moves)."""
-        self.registry.register(_KeptCollector(counts))
+        self.registry.register(_CountsCollector(counts, KEPT_FAMILIES))
 
     def watch_learned(self, counts: StoreCounts) -> None:
         """Read the disk store's counts at each scrape."""
-        self.registry.register(_LearnedCollector(counts))
+        self.registry.register(_CountsCollector(counts, LEARNED_FAMILIES))
 
     def count_drafts(self, drafted: int, accepted: int) -> None:
         """A finished request's drafts: ``drafted`` verified, ``accepted`` of them held."""
@@ -112,47 +112,43 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-class _KeptCollector(Collector):
-    """The prompt cache's lookups (hit, miss), states (kept, evicted, refused) and resumed tokens."""
+# A counter family read off a record of counts: its name, its help, its label, and (label value,
+# attribute) pairs; a family of one unlabelled attribute has the label None.
+Family = tuple[str, str, str | None, tuple[tuple[str, str], ...]]
 
-    def __init__(self, counts: KeptCounts) -> None:
+KEPT_FAMILIES: tuple[Family, ...] = (
+    ("tfd_prompt_cache_lookups", "Admissions that looked for a kept prompt state, by result", "result",
+     (("hit", "hits"), ("miss", "misses"))),
+    ("tfd_prompt_cache_states", "Prompt states kept, evicted, and refused (no pages, or over the budget "
+     "alone)", "kind", (("kept", "kept"), ("evicted", "evicted"), ("refused", "refused"))),
+    ("tfd_prompt_cache_resumed_tokens", "Prompt tokens resumed from kept states", None,
+     (("", "resumed_tokens"),)),
+)
+LEARNED_FAMILIES: tuple[Family, ...] = (
+    ("tfd_learned_states", "Learned states written, read back, refused (damaged or missing), refused by the "
+     "daily budget or the free-space floor, evicted", "kind",
+     tuple((kind, kind) for kind in ("written", "read", "refused", "daily_spent", "no_space", "evicted"))),
+    ("tfd_learned_bytes", "Bytes of learned states, by direction", "direction",
+     (("written", "bytes_written"), ("read", "bytes_read"))),
+)
+
+
+class _CountsCollector(Collector):
+    """Counter families read off ``counts`` (plain integers another thread moves) at each scrape."""
+
+    def __init__(self, counts: object, families: tuple[Family, ...]) -> None:
         self.counts = counts
+        self.families = families
 
     def collect(self) -> Iterator[Metric]:
-        counts = self.counts
-        lookups = CounterMetricFamily("tfd_prompt_cache_lookups", "Admissions that looked for a kept "
-                                      "prompt state, by result", labels=["result"])
-        lookups.add_metric(["hit"], counts.hits)
-        lookups.add_metric(["miss"], counts.misses)
-        states = CounterMetricFamily("tfd_prompt_cache_states", "Prompt states kept, evicted, and refused "
-                                     "(no pages, or over the budget alone)", labels=["kind"])
-        for kind in ("kept", "evicted", "refused"):
-            states.add_metric([kind], getattr(counts, kind))
-        yield lookups
-        yield states
-        yield CounterMetricFamily("tfd_prompt_cache_resumed_tokens", "Prompt tokens resumed from kept states",
-                                  value=counts.resumed_tokens)
-
-
-class _LearnedCollector(Collector):
-    """The disk store's states (written, read, refused, the budgets' refusals, evicted) and bytes."""
-
-    def __init__(self, counts: StoreCounts) -> None:
-        self.counts = counts
-
-    def collect(self) -> Iterator[Metric]:
-        counts = self.counts
-        states = CounterMetricFamily("tfd_learned_states", "Learned states written, read back, refused "
-                                     "(damaged or missing), refused by the daily budget or the free-space "
-                                     "floor, evicted", labels=["kind"])
-        for kind in ("written", "read", "refused", "daily_spent", "no_space", "evicted"):
-            states.add_metric([kind], getattr(counts, kind))
-        moved = CounterMetricFamily("tfd_learned_bytes", "Bytes of learned states, by direction",
-                                    labels=["direction"])
-        moved.add_metric(["written"], counts.bytes_written)
-        moved.add_metric(["read"], counts.bytes_read)
-        yield states
-        yield moved
+        for name, text, label, fields in self.families:
+            if label is None:
+                yield CounterMetricFamily(name, text, value=getattr(self.counts, fields[0][1]))
+                continue
+            family = CounterMetricFamily(name, text, labels=[label])
+            for value, attribute in fields:
+                family.add_metric([value], getattr(self.counts, attribute))
+            yield family
 
 
 def _is_phase(lifecycle: Lifecycle, phase: Phase) -> Callable[[], float]:

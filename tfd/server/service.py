@@ -17,12 +17,13 @@ import torch
 import trio
 
 from tfd.engine.engine import Engine, Limits
-from tfd.engine.prefixes import prefix_digests
+from tfd.engine.prefixes import key_at, prefix_digests
 from tfd.engine.request import Finished, Request, Sampling
 from tfd.engine.rounds import drafts_from_head
 from tfd.engine.runner import Drafting
 from tfd.env import Settings, SettingsRefused
 from tfd.families.hybrid import HybridModel
+from tfd.model import GDN_CHUNK as CHUNK
 from tfd.models import Loaded, load
 from tfd.pool.config import GIB, PoolConfig
 from tfd.pool.errors import PoolShort
@@ -36,7 +37,7 @@ from tfd.store.store import Store
 log = logging.getLogger("tfd.service")
 # A step longer than this means the engine is stuck: the watchdog stops pinging.
 ENGINE_STALL_S = 120.0
-PROBE_AT = (PROBE_TOKENS - 1) // 64 * 64  # where the identity probe's state is kept
+PROBE_AT = (PROBE_TOKENS - 1) // CHUNK * CHUNK  # where the identity probe's state is kept
 
 
 @attrs.frozen
@@ -172,8 +173,7 @@ class Service:
         def attach() -> str:
             kept = runner.kept
             assert kept is not None
-            key = (PROBE_AT, prefix_digests(prompt, PROBE_AT)[PROBE_AT // 64], prompt[PROBE_AT])
-            state = kept.states.get(key)
+            state = kept.states.get(key_at(prompt, prefix_digests(prompt, PROBE_AT), PROBE_AT))
             if state is None:
                 raise RuntimeError("the identity probe kept no state: TF_PROMPT_CACHE_GIB holds none")
             name = identity(found, state_digest(self.pool, state))

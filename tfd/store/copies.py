@@ -118,17 +118,14 @@ def host_bytes(buffer: torch.Tensor) -> memoryview:
     return memoryview((ctypes.c_char * buffer.numel()).from_address(buffer.data_ptr())).cast("B")
 
 
-def pieces(ranges: Sequence[torch.Tensor], chunk: int) -> list[tuple[int, torch.Tensor]]:
-    """Each range (flat bytes) cut into pieces of at most ``chunk`` bytes: (offset in the whole, piece)."""
-    cut, at = [], 0
+def pieces(ranges: Sequence[torch.Tensor], chunk: int) -> list[torch.Tensor]:
+    """Each range (flat bytes) cut into pieces of at most ``chunk`` bytes, in order."""
+    cut = []
     for whole in ranges:
         flat = whole.reshape(-1)
         if flat.dtype != torch.uint8:
             raise TypeError(f"copies move bytes: a range is {flat.dtype}, not uint8")
-        for start in range(0, flat.numel(), chunk):
-            piece = flat[start:start + chunk]
-            cut.append((at + start, piece))
-        at += flat.numel()
+        cut += [flat[start:start + chunk] for start in range(0, flat.numel(), chunk)]
     return cut
 
 
@@ -151,10 +148,10 @@ class Copier:
         self.device.begin(after)
         try:
             if cut:
-                self._out(cut[0][1], 0, marks)
-            for i, (_, piece) in enumerate(cut):
+                self._out(cut[0], 0, marks)
+            for i, piece in enumerate(cut):
                 if i + 1 < len(cut):  # the next piece copies while the host takes this one
-                    self._out(cut[i + 1][1], (i + 1) % 2, marks)
+                    self._out(cut[i + 1], (i + 1) % 2, marks)
                 self.device.wait(marks[i % 2])
                 sink(host_bytes(self.buffers[i % 2][:piece.numel()]))
                 total += piece.numel()

@@ -22,14 +22,14 @@ import hashlib
 import logging
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import attrs
 import torch
 
 from tfd.engine.kept import KeptState, digests_of
 from tfd.engine.lane import Lane
-from tfd.model import GDN_CHUNK as CHUNK
+from tfd.engine.prefixes import keys_of
 from tfd.pool.pages import Pool
 from tfd.store.copies import Copier, Device, TorchDevice, host_bytes
 from tfd.store.image import block_bytes, image_of, piece_ranges, row_ranges, scatter, state_key, state_pages
@@ -102,9 +102,7 @@ class Learned:
     def find(self, lane: Lane, head: bool, longer_than: int = 0) -> Image | None:
         """The longest learned state ``lane``'s prompt extends past, longer than ``longer_than``
         tokens (with the head's rows when ``head``)."""
-        prompt, digests = lane.request.prompt, digests_of(lane)
-        keys = [state_key(chunk * CHUNK, digests[chunk], prompt[chunk * CHUNK])
-                for chunk in range((len(prompt) - 1) // CHUNK, longer_than // CHUNK, -1)]
+        keys = [state_key(*key) for key in keys_of(lane.request.prompt, digests_of(lane), longer_than)]
         if not keys or not self.lock.acquire(blocking=False):  # the writer is busy: do not stall a step
             return None
         try:
@@ -176,12 +174,10 @@ class Learned:
             self.store.write(image, write_pieces, write_block)
 
 
-def state_digest(pool: Pool, state: KeptState, ranges: Sequence[torch.Tensor] | None = None) -> str:
+def state_digest(pool: Pool, state: KeptState) -> str:
     """sha256 of a kept state's bytes (its pieces and rows): the identity's probe."""
     digest = hashlib.sha256()
-    if ranges is None:
-        ranges = [*piece_ranges(sorted(state.pieces.items())),
-                  *row_ranges(pool, state_pages(state), 0, state.position)]
-    for part in ranges:
+    for part in (*piece_ranges(sorted(state.pieces.items())),
+                 *row_ranges(pool, state_pages(state), 0, state.position)):
         digest.update(host_bytes(part.cpu().contiguous()))
     return digest.hexdigest()
