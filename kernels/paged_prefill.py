@@ -6,28 +6,50 @@ Each lane's rows ``q[cu_seqlens[b]:cu_seqlens[b + 1]]`` sit at absolute position
 softmax and the P @ V sums are fp32; the output is cast to q's dtype. ``reference_prefill`` is the
 torch reference.
 
+Keys are cut into spans of ``SPAN`` at fixed positions from 0; a row's softmax is each span's own
+(max, sum of exp, P @ V), merged span after span from span 0 upwards. A long chunk's tiles (many
+programs) walk their spans one after another and merge as they go; a short chunk's (a resumed turn's
+few rows over a long prefix: a dozen programs walking 30,000 keys left most of the GPU idle, 2.7 ms a
+layer on the H200) give each span a program of its own, whose partials a second launch merges in
+the same order with the same arithmetic (``merged``, its sums fused explicitly): the same bits.
+
 Memory: reads q, the page-table entries and K/V rows of the keys it needs (no gather copy), writes
-out; no scratch.
+out; a short chunk also writes and reads fp32 partials, one row a (span, row, head), in scratch it
+allocates (at most ``SCRATCH_BYTES``; past that it walks its spans one after another).
 
 Batch invariance: tiles of query rows sit at fixed multiples of ``BLOCK_Q`` absolute positions and
-walk key blocks aligned at multiples of the block size from position 0, always from block 0 upwards.
-A tile may visit blocks past some of its rows' last key: those rows see only -inf scores there, so
-their running max stays, the rescale factor is exactly 1 and they add exact zeros. A row's bits thus
-depend on its absolute position and its lane's keys only, not on the chunk or the other rows. The
-grid depends on shapes and the host's ``max_rows`` only: no host sync when it is given, CUDA-graph
-safe. Keys past the page table's ``max_pages * page_rows`` are clamped to it on the device.
+walk key blocks aligned at multiples of the block size from position 0, span by span. A tile never
+straddles a span's start (``SPAN`` is a multiple of every ``BLOCK_Q``), so every row sees its span's
+first key: each span's max is finite. A tile may visit blocks past some of its rows' last key: those
+rows see only -inf scores there, so their running max stays, the rescale factor is exactly 1 and
+they add exact zeros. A row's bits thus depend on its absolute position and its lane's keys only,
+not on the chunk, the other rows or whether its spans ran apart. The grid depends on shapes and the
+host's ``max_rows`` only: no host sync when it is given, CUDA-graph safe. Keys past the page table's
+``max_pages * page_rows`` are clamped to it on the device.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
 from kernels import INTERPRETED, pdl
-from kernels.paged_attention import LOG2E, attend_block, attend_rows, cache_strides, checked_group, gathered
+from kernels.paged_attention import (
+    LOG2E,
+    STATS,
+    attend_block,
+    attend_rows,
+    cache_strides,
+    checked_group,
+    gathered,
+)
 
 PREFILL_M = 128  # prefill tile rows along M: query rows x group members
+SPAN = 2048  # keys a span covers: fixed, so a row's merges never depend on the chunk
+SCRATCH_BYTES = 256 << 20  # a short chunk's partials at most; past it its tiles walk their spans
 
 
 def _prefill_config(group_pad: int) -> dict[str, int]:
@@ -35,38 +57,54 @@ def _prefill_config(group_pad: int) -> dict[str, int]:
     return {"BLOCK_Q": max(1, PREFILL_M // group_pad), "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
 
 
+@functools.cache
+def _programs_to_fill(device: torch.device) -> int:
+    """Programs below which a launch leaves multiprocessors idle: split a short chunk's spans then."""
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 @triton.jit
-def _prefill_tile(q, k_cache, v_cache, page_table, starts, cu_seqlens, out, scale_log2, max_keys,
-                  stride_qt, stride_qh, stride_qd, stride_kp, stride_ks, stride_kh, stride_kd,
-                  stride_vp, stride_vs, stride_vh, stride_vd, stride_tb, stride_tp,
-                  stride_ot, stride_oh, stride_od,
-                  PAGE_ROWS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, WIDEN: tl.constexpr,
-                  PDL: tl.constexpr):
-    pdl.wait(PDL)
-    lane = tl.program_id(1)
-    kv_head = tl.program_id(2)
+def merged(m_run, l_run, acc_run, m_span, l_span, acc_span):
+    """A span's (max, sum of exp, P @ V) merged into the running ones; both sums fused explicitly,
+    so the walking tile and the merge launch round alike. From (-inf, 0, 0) it gives the span's."""
+    m_new = tl.maximum(m_run, m_span)
+    alpha = tl.exp2(m_run - m_new)
+    beta = tl.exp2(m_span - m_new)
+    return (m_new, tl.fma(l_run, alpha, l_span * beta),
+            tl.fma(acc_run, alpha[:, None] + tl.zeros_like(acc_run), acc_span * beta[:, None]))
+
+
+@triton.jit
+def _tile_rows(starts, cu_seqlens, max_keys, lane, tile_index, BLOCK_Q: tl.constexpr, GROUP: tl.constexpr,
+               GROUP_PAD: tl.constexpr):
+    """A tile's rows: their positions, query heads (within the kv head's group), whether each is
+    the chunk's, the last key each sees, their rows in q, and the tile's end of keys (0: no rows)."""
     first_row = tl.load(cu_seqlens + lane)
     start = tl.load(starts + lane)
     end = tl.minimum(start + tl.load(cu_seqlens + lane + 1) - first_row, max_keys)
-    tile = start // BLOCK_Q + tl.program_id(0)  # tiles sit at multiples of BLOCK_Q absolute positions
-    if tile * BLOCK_Q >= end:
-        return
+    tile = start // BLOCK_Q + tile_index  # tiles sit at multiples of BLOCK_Q absolute positions
     m = tl.arange(0, BLOCK_Q * GROUP_PAD)
     positions = tile * BLOCK_Q + m // GROUP_PAD
     members = m % GROUP_PAD
-    heads = kv_head * GROUP + members
     live = (positions >= start) & (positions < end) & (members < GROUP)
     limit = tl.minimum(positions, end - 1)  # rows outside the chunk still see key 0: no NaN anywhere
     rows = (first_row + positions - start).to(tl.int64)
-    dims = tl.arange(0, HEAD_DIM)
-    query = tl.load(q + rows[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :] * stride_qd,
-                    mask=live[:, None], other=0.0)
-    m_i = tl.full((BLOCK_Q * GROUP_PAD,), float("-inf"), tl.float32)
-    l_i = tl.zeros((BLOCK_Q * GROUP_PAD,), tl.float32)
-    acc = tl.zeros((BLOCK_Q * GROUP_PAD, HEAD_DIM), tl.float32)
-    last = tl.minimum(tile * BLOCK_Q + BLOCK_Q, end)
-    for block in range(0, last, BLOCK_N):  # from key 0 upwards, blocks at fixed multiples
+    last = tl.where(tile * BLOCK_Q < end, tl.minimum(tile * BLOCK_Q + BLOCK_Q, end), 0)
+    return members, live, limit, rows, last
+
+
+@triton.jit
+def _span(query, k_cache, v_cache, page_table, lane, kv_head, dims, limit, first, last, scale_log2,
+          stride_kp, stride_ks, stride_kh, stride_kd, stride_vp, stride_vs, stride_vh, stride_vd,
+          stride_tb, stride_tp, PAGE_ROWS: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+          BLOCK_N: tl.constexpr, WIDEN: tl.constexpr):
+    """The rows' softmax over keys ``first .. last`` alone: (max, sum of exp, P @ V)."""
+    m_i = tl.full((ROWS,), float("-inf"), tl.float32)
+    l_i = tl.zeros((ROWS,), tl.float32)
+    acc = tl.zeros((ROWS, HEAD_DIM), tl.float32)
+    for block in range(first, last, BLOCK_N):  # blocks at fixed multiples, upwards
         keys = block + tl.arange(0, BLOCK_N)
         valid = keys < last
         pages = tl.load(page_table + lane * stride_tb + (keys // PAGE_ROWS) * stride_tp, mask=valid, other=0)
@@ -74,35 +112,125 @@ def _prefill_tile(q, k_cache, v_cache, page_table, starts, cu_seqlens, out, scal
         m_i, l_i, acc = attend_block(query, k_cache, v_cache, pages, keys % PAGE_ROWS, valid, seen, kv_head,
                                      dims, scale_log2, m_i, l_i, acc, stride_kp, stride_ks, stride_kh,
                                      stride_kd, stride_vp, stride_vs, stride_vh, stride_vd, WIDEN)
-    result = acc / l_i[:, None]
-    tl.store(out + rows[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :] * stride_od,
-             result.to(out.dtype.element_ty), mask=live[:, None])
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _prefill_tile(q, k_cache, v_cache, page_table, starts, cu_seqlens, out, partials, scale_log2, max_keys,
+                  spans,
+                  stride_qt, stride_qh, stride_qd, stride_kp, stride_ks, stride_kh, stride_kd,
+                  stride_vp, stride_vs, stride_vh, stride_vd, stride_tb, stride_tp,
+                  stride_ot, stride_oh, stride_od, stride_ps, stride_pt, stride_ph,
+                  PAGE_ROWS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SPAN: tl.constexpr,
+                  SPLIT: tl.constexpr, WIDEN: tl.constexpr, PDL: tl.constexpr):
+    """One tile of a lane's rows for one kv head: every span, merged (``SPLIT`` off), or the span
+    ``program_id(2) % spans`` alone, its partials written for ``_prefill_merge``."""
+    pdl.wait(PDL)
+    lane = tl.program_id(1)
+    kv_head = tl.program_id(2) // spans
+    members, live, limit, rows, last = _tile_rows(starts, cu_seqlens, max_keys, lane, tl.program_id(0),
+                                                  BLOCK_Q, GROUP, GROUP_PAD)
+    heads = kv_head * GROUP + members
+    dims = tl.arange(0, HEAD_DIM)
+    query = tl.load(q + rows[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :] * stride_qd,
+                    mask=live[:, None], other=0.0)
+    if SPLIT:
+        first = (tl.program_id(2) % spans) * SPAN
+        if first < last:
+            m_i, l_i, acc = _span(query, k_cache, v_cache, page_table, lane, kv_head, dims, limit, first,
+                                  tl.minimum(first + SPAN, last), scale_log2, stride_kp, stride_ks, stride_kh,
+                                  stride_kd, stride_vp, stride_vs, stride_vh, stride_vd, stride_tb, stride_tp,
+                                  PAGE_ROWS,
+                                  BLOCK_Q * GROUP_PAD, HEAD_DIM, BLOCK_N, WIDEN)
+            at = partials + (first // SPAN) * stride_ps + rows * stride_pt + heads * stride_ph
+            tl.store(at[:, None] + dims[None, :], acc, mask=live[:, None])
+            tl.store(at + HEAD_DIM, m_i, mask=live)
+            tl.store(at + HEAD_DIM + 1, l_i, mask=live)
+    elif last > 0:
+        m_run = tl.full((BLOCK_Q * GROUP_PAD,), float("-inf"), tl.float32)
+        l_run = tl.zeros((BLOCK_Q * GROUP_PAD,), tl.float32)
+        acc_run = tl.zeros((BLOCK_Q * GROUP_PAD, HEAD_DIM), tl.float32)
+        for first in range(0, last, SPAN):  # from span 0 upwards
+            m_i, l_i, acc = _span(query, k_cache, v_cache, page_table, lane, kv_head, dims, limit, first,
+                                  tl.minimum(first + SPAN, last), scale_log2, stride_kp, stride_ks, stride_kh,
+                                  stride_kd, stride_vp, stride_vs, stride_vh, stride_vd, stride_tb, stride_tp,
+                                  PAGE_ROWS,
+                                  BLOCK_Q * GROUP_PAD, HEAD_DIM, BLOCK_N, WIDEN)
+            m_run, l_run, acc_run = merged(m_run, l_run, acc_run, m_i, l_i, acc)
+        tl.store(out + rows[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :] * stride_od,
+                 (acc_run / l_run[:, None]).to(out.dtype.element_ty), mask=live[:, None])
+
+
+@triton.jit
+def _prefill_merge(starts, cu_seqlens, out, partials, max_keys, stride_ot, stride_oh, stride_od,
+                   stride_ps, stride_pt, stride_ph, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, SPAN: tl.constexpr, PDL: tl.constexpr):
+    """A split tile's spans merged from span 0 upwards, as the walking tile merges them."""
+    pdl.wait(PDL)
+    lane = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    members, live, _, rows, last = _tile_rows(starts, cu_seqlens, max_keys, lane, tl.program_id(0), BLOCK_Q,
+                                              GROUP, GROUP_PAD)
+    if last > 0:
+        heads = kv_head * GROUP + members
+        dims = tl.arange(0, HEAD_DIM)
+        m_run = tl.full((BLOCK_Q * GROUP_PAD,), float("-inf"), tl.float32)
+        l_run = tl.zeros((BLOCK_Q * GROUP_PAD,), tl.float32)
+        acc_run = tl.zeros((BLOCK_Q * GROUP_PAD, HEAD_DIM), tl.float32)
+        for first in range(0, last, SPAN):
+            at = partials + (first // SPAN) * stride_ps + rows * stride_pt + heads * stride_ph
+            acc = tl.load(at[:, None] + dims[None, :], mask=live[:, None], other=0.0)
+            m_i = tl.load(at + HEAD_DIM, mask=live, other=0.0)  # rows not stored: finite, never written out
+            l_i = tl.load(at + HEAD_DIM + 1, mask=live, other=1.0)
+            m_run, l_run, acc_run = merged(m_run, l_run, acc_run, m_i, l_i, acc)
+        tl.store(out + rows[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :] * stride_od,
+                 (acc_run / l_run[:, None]).to(out.dtype.element_ty), mask=live[:, None])
 
 
 def prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
             starts: torch.Tensor, cu_seqlens: torch.Tensor, scale: float, out: torch.Tensor, *,
-            max_rows: int | None = None) -> torch.Tensor:
+            max_rows: int | None = None, span: int = SPAN, split: bool | None = None) -> torch.Tensor:
     """Causal attention of each lane's rows ``q[cu_seqlens[b]:cu_seqlens[b + 1]]`` (absolute positions
     from ``starts[b]``) over its keys up to each row's position, into ``out``. ``max_rows`` bounds any
-    lane's rows (the grid's size); None reads it from ``cu_seqlens`` (a host sync). Returns ``out``."""
+    lane's rows (the grid's size); None reads it from ``cu_seqlens`` (a host sync). ``span``: keys a
+    span covers (a multiple of 128; the bits depend on it); ``split``: give each span a program of
+    its own (None: when the tiles alone would leave the device's multiprocessors idle; the bits are
+    the same either way). Returns ``out``."""
     lanes = page_table.shape[0] if page_table.dim() == 2 else 0
     group = checked_group(q, k_cache, v_cache, page_table, out,
                           {"starts": (starts, lanes), "cu_seqlens": (cu_seqlens, lanes + 1)})
+    if span <= 0 or span % PREFILL_M:
+        raise ValueError(f"span must be a positive multiple of {PREFILL_M}, got {span}")
     if max_rows is None:
         max_rows = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if lanes else 0
     if max_rows < 0:
         raise ValueError(f"max_rows must be >= 0, got {max_rows}")
     if lanes == 0 or max_rows == 0 or q.shape[0] == 0:
         return out
-    head_dim, kv_heads = q.shape[2], k_cache.shape[2]
+    heads, head_dim, kv_heads = q.shape[1], q.shape[2], k_cache.shape[2]
     group_pad = triton.next_power_of_2(group)
     config = _prefill_config(group_pad)
     tiles = triton.cdiv(max_rows - 1, config["BLOCK_Q"]) + 1  # an unaligned chunk spans one more tile
-    _prefill_tile[(tiles, lanes, kv_heads)](
-        q, k_cache, v_cache, page_table, starts, cu_seqlens, out, scale * LOG2E,
-        page_table.shape[1] * k_cache.shape[1], *q.stride(), *cache_strides(k_cache, v_cache, page_table),
-        *out.stride(), PAGE_ROWS=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
-        WIDEN=INTERPRETED, **config, **pdl.options(q.device))
+    max_keys = page_table.shape[1] * k_cache.shape[1]
+    spans = triton.cdiv(max_keys, span)
+    scratch = spans * q.shape[0] * heads * (head_dim + STATS) * 4
+    if split is None:
+        few = tiles * lanes * kv_heads < _programs_to_fill(q.device)
+        split = spans > 1 and few and scratch <= SCRATCH_BYTES
+    partials = torch.empty(spans if split else 0, q.shape[0], heads, head_dim + STATS, dtype=torch.float32,
+                           device=q.device)
+    shared = (page_table, starts, cu_seqlens, out, partials, scale * LOG2E, max_keys, spans if split else 1,
+              *q.stride(), *cache_strides(k_cache, v_cache, page_table), *out.stride(),
+              *partials.stride()[:3])
+    _prefill_tile[(tiles, lanes, kv_heads * (spans if split else 1))](
+        q, k_cache, v_cache, *shared, PAGE_ROWS=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad,
+        HEAD_DIM=head_dim, SPAN=span, SPLIT=split, WIDEN=INTERPRETED, **config, **pdl.options(q.device))
+    if split:
+        _prefill_merge[(tiles, lanes, kv_heads)](
+            starts, cu_seqlens, out, partials, max_keys, *out.stride(), *partials.stride()[:3], GROUP=group,
+            GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_Q=config["BLOCK_Q"], SPAN=span,
+            **pdl.options(q.device))
     return out
 
 

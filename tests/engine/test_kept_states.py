@@ -251,11 +251,12 @@ def test_another_identity_reads_nothing(model: HybridModel, tmp_path: Path) -> N
     written(stranger)
 
 
-@pytest.mark.parametrize("refuse", [1, None])
+@pytest.mark.parametrize("refuse", [1, 2, None])
 def test_a_refused_copy_while_reading_back_fails_only_that_lane(model: HybridModel, tmp_path: Path,
                                                                 refuse: int | None) -> None:
-    # the state's one copy to the device refused: the lane is dropped (its request fails), the copy
-    # drained, nothing pending, the pool as at load; a device that copies resumes it
+    # the state's copies to the device (one a file: its block, then its pieces), the first or the
+    # second refused: the lane is dropped (its request fails), the copy queued before drained,
+    # nothing pending, the pool as at load; a device that copies resumes it
     before = learning_runner(model, None, tmp_path)
     first = first_turns(0.0, 1)
     turn1 = drive(model, first, STEP_TOKENS, graphs=False, runner=before)
@@ -274,6 +275,7 @@ def test_a_refused_copy_while_reading_back_fails_only_that_lane(model: HybridMod
     outcome = runner.admit(lane)
     reads = devices[1]
     assert reads.pending == 0, f"expected 0, found {reads.pending}"
+    assert reads.count == (refuse or 2)
     if refuse is None:
         assert outcome is Admission.ADMITTED and lane.cached == 64
         runner.close(lane)

@@ -8,6 +8,7 @@ wrote left random, so a stride or mask slip changes the result.
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import attrs
 import pytest
@@ -82,17 +83,20 @@ def prefill_args(spans: list[tuple[int, int]], device: torch.device) -> tuple[to
 
 
 def run_prefill(q: torch.Tensor, c: Paged, spans: list[tuple[int, int]], *, reference: bool = False,
-                table: torch.Tensor | None = None) -> torch.Tensor:
+                table: torch.Tensor | None = None, **options: Any) -> torch.Tensor:
+    """``options``: the kernel's ``span`` and ``split``."""
     starts, cu = prefill_args(spans, q.device)
-    go = reference_prefill if reference else prefill
-    return go(q, c.k, c.v, c.table if table is None else table, starts, cu, c.scale, torch.zeros_like(q),
-              max_rows=max(rows for _, rows in spans))
+    table = c.table if table is None else table
+    if reference:
+        return reference_prefill(q, c.k, c.v, table, starts, cu, c.scale, torch.zeros_like(q))
+    return prefill(q, c.k, c.v, table, starts, cu, c.scale, torch.zeros_like(q),
+                   max_rows=max(rows for _, rows in spans), **options)
 
 
-def run_split(q: torch.Tensor, c: Paged, start: int, cuts: list[int]) -> torch.Tensor:
+def run_split(q: torch.Tensor, c: Paged, start: int, cuts: list[int], **options: Any) -> torch.Tensor:
     """Lane 0's rows from ``start`` prefilled in one call per piece between ``cuts`` (absolute)."""
     bounds = [start, *cuts, start + q.shape[0]]
-    return torch.cat([run_prefill(q[a - start:b - start], c, [(a, b - a)], table=c.table[:1])
+    return torch.cat([run_prefill(q[a - start:b - start], c, [(a, b - a)], table=c.table[:1], **options)
                       for a, b in itertools.pairwise(bounds)])
 
 
@@ -211,6 +215,26 @@ def test_prefill_rows_are_bit_identical_split_at_64_and_in_any_batch(dtype: torc
     assert torch.equal(both[40:], whole)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_prefill_spans_run_apart_or_walked_give_the_same_bits(dtype: torch.dtype, kv_heads: int) -> None:
+    # keys in spans of 128: lanes of one, two and three spans; a chunk whose tile starts at a span's start
+    spans = [(3, 150), (50, 40), (0, 1), (128, 33), (250, 6)]
+    c = paged([start + rows for start, rows in spans], kv_heads=kv_heads, dtype=dtype, max_pages=40)
+    q = queries(sum(rows for _, rows in spans), dtype)
+    walked = run_prefill(q, c, spans, span=128, split=False)
+    assert torch.equal(run_prefill(q, c, spans, span=128, split=True), walked)
+    torch.testing.assert_close(walked, run_prefill(q, c, spans, reference=True), **TOLERANCE[dtype])
+    mine = q[:150]  # a resumed turn's short chunks, their spans apart, against the whole prompt walked
+    assert torch.equal(run_split(mine, c, 3, [64, 128, 140], span=128, split=True), walked[:150])
+
+
+def test_prefill_span_must_hold_whole_tiles() -> None:
+    c = paged([20], kv_heads=2, dtype=torch.float32)
+    with pytest.raises(ValueError, match="span must be a positive multiple of 128, got 96"):
+        run_prefill(queries(4, torch.float32), c, [(0, 4)], span=96)
+
+
 def test_prefill_last_row_agrees_with_decode() -> None:
     c = paged([160], kv_heads=2, dtype=torch.float32, max_pages=24)
     q = queries(33, torch.float32)
@@ -272,6 +296,23 @@ def test_prefill_real_sizes_on_gpu(heads: int, kv_heads: int, page_rows: int) ->
     both = run_prefill(q, c, spans)
     torch.testing.assert_close(both, run_prefill(q, c, spans, reference=True), **TOLERANCE[torch.bfloat16])
     assert torch.equal(run_split(q[:rows], c, start, [1_024, 1_472]), both[:rows])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("heads", "kv_heads", "page_rows"), [(16, 4, 64), (32, 2, 16)])
+def test_prefill_short_chunk_over_a_long_prefix_on_gpu(heads: int, kv_heads: int, page_rows: int) -> None:
+    # a resumed turn: 64 rows after 20,000 keys run their ten spans apart; the same bits as the prompt
+    # walked whole, near the reference
+    length = 20_064
+    c = paged([length], kv_heads=kv_heads, dtype=torch.bfloat16, heads=heads, head_dim=256,
+              page_rows=page_rows, max_pages=32_768 // page_rows, device="cuda")
+    q = queries(length, torch.bfloat16, heads=heads, head_dim=256, device="cuda")
+    walked = run_prefill(q, c, [(0, length)], split=False)
+    tail = run_prefill(q[-64:], c, [(length - 64, 64)])
+    assert torch.equal(tail, walked[-64:])
+    assert torch.equal(run_split(q[-64:], c, length - 64, [length - 40]), walked[-64:])
+    torch.testing.assert_close(tail, run_prefill(q[-64:], c, [(length - 64, 64)], reference=True),
+                               **TOLERANCE[torch.bfloat16])
 
 
 @pytest.mark.gpu

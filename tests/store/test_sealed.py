@@ -52,13 +52,24 @@ def damaged(path: Path, how: str, other: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize(("how", "says"), [("flip", "sha256 does not match"), ("truncate", "its head says"),
+@pytest.mark.parametrize(("how", "says"), [("flip", "CRC-32 does not match"), ("truncate", "its head says"),
                                            ("append", "its head says")])
 def test_a_damaged_file_is_refused(tmp_path: Path, how: str, says: str) -> None:
     path, other = written(tmp_path), written(tmp_path, "b.st", b"another state")
     damaged(path, how, other)
     with pytest.raises(Corrupt, match=says):
         sealed.read(path, "state")
+
+
+def test_every_flipped_bit_anywhere_is_refused(tmp_path: Path) -> None:
+    path = written(tmp_path, payload=b"a short state")
+    whole = path.read_bytes()
+    for bit in range(8 * len(whole)):
+        data = bytearray(whole)
+        data[bit // 8] ^= 1 << bit % 8
+        path.write_bytes(bytes(data))
+        with pytest.raises(Corrupt):
+            sealed.read(path, "state")
 
 
 def test_a_file_of_another_kind_is_refused(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -49,9 +50,15 @@ def write(store: Store, made: Image) -> bool:
 
 
 def read(store: Store, made: Image, threads: int = 1) -> tuple[bytes, list[bytes]]:
-    """The state's pieces and each block's bytes, as the store reads them back."""
+    """The state's pieces and each block's bytes, as the store reads them back (``threads`` files at
+    once); each file is handed on in order, once read."""
     into = bytearray(made.bytes)
-    store.read(made, memoryview(into), threads)
+    handed: list[tuple[int, int]] = []
+    with ThreadPoolExecutor(threads) as readers:
+        store.read(made, memoryview(into), readers if threads > 1 else None,
+                   lambda at, size: handed.append((at, size)))
+    sizes = [size for _, size in made.blocks] + [made.piece_bytes]
+    assert handed == [(sum(sizes[:i]), size) for i, size in enumerate(sizes)]
     blocks, at = [], 0
     for _, size in made.blocks:
         blocks.append(bytes(into[at:at + size]))
@@ -109,18 +116,33 @@ def damage(store: Store, made: Image, how: str) -> None:
         block.unlink()
 
 
+@pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("how", ["flip", "truncate", "append", "swap", "delete"])
-def test_damage_is_refused_counted_and_forgotten(tmp_path: Path, how: str) -> None:
+def test_damage_is_refused_counted_and_forgotten(tmp_path: Path, how: str, threads: int) -> None:
     store = opened(tmp_path)
     made = image("k1", ["b0", "b1"])
     write(store, made)
     damage(store, made, how)
     with pytest.raises(Refused) as refused:
-        read(store, made)
+        read(store, made, threads)
     assert refused.value.reason == "Corrupt" and store.counts.refused == 1
     assert store.find(["k1"], head=False) is None and not (store.home / "states" / "k1.st").exists()
     assert write(store, made)  # written again, it reads back
     assert read(store, made)[0] == block_bytes("k1", made.piece_bytes)
+
+
+def test_what_the_hand_on_raises_goes_through_and_the_state_stays(tmp_path: Path) -> None:
+    store = opened(tmp_path)
+    made = image("k1", ["b0", "b1", "b2"])
+    write(store, made)
+
+    def refuse(at: int, size: int) -> None:
+        if at:
+            raise RuntimeError("the device refused a copy")
+
+    with ThreadPoolExecutor(2) as readers, pytest.raises(RuntimeError, match="refused a copy"):
+        store.read(made, memoryview(bytearray(made.bytes)), readers, refuse)
+    assert store.counts.refused == 0 and store.find(["k1"], head=False) == made
 
 
 def test_another_identity_never_reads_this_ones_states(tmp_path: Path) -> None:

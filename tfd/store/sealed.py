@@ -1,21 +1,27 @@
-"""Sealed files: a header, a payload and a sha256 over both, written whole or not at all.
+"""Sealed files: a header, a payload and a CRC-32 over both, written whole or not at all.
 
 A sealed file is ``MAGIC``, a version, its kind, the lengths of a JSON header and of the payload,
-the header, the payload, and the sha256 of everything before it. ``write`` streams the payload
+the header, the payload, and the CRC-32 of everything before it. ``write`` streams the payload
 into a temporary name beside the target (``.tmp-*``), fsyncs it, renames it into place and fsyncs
 the directory: a crash leaves no half file under the real name. ``read`` refuses (``Corrupt``, naming
 the file and what is wrong) a file of another kind, a length that is not exactly the one the header
-gives (truncated, or a byte appended), or a digest that does not match (any flipped bit). Files are
-created 0600.
+gives (truncated, or a byte appended), or a digest that does not match. Files are created 0600.
+
+Why CRC-32: a learned state is read back while a request waits for its first token, and its check
+is on that path. zlib's CRC-32 ran at 4.2 GB/s a core on the H200's host against sha256's 1.5 (16
+threads reading 8 MiB files from the page cache: about 40 GB/s against 12.5). It catches every
+change of up to 32 consecutive bits and misses any other with odds of 2**-32, which is what a cache
+that recomputes on a mismatch needs: the files are the service user's own (0700), named by what
+they hold and checked against it, so a forger is not the threat, a damaged disk or a stray write is.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import struct
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,10 +29,23 @@ from typing import Any
 from tfd.store.index import fsync_directory, write_all
 
 MAGIC = b"TFDS"
-VERSION = 1
+VERSION = 2  # 1 sealed with sha256
 HEAD = struct.Struct("<4sHHIQ")  # magic, version, kind, header bytes, payload bytes
-DIGEST = 32
+DIGEST = 4  # CRC-32, little-endian
 KINDS = {"state": 1, "rows": 2}
+
+
+class Crc32:
+    """A running CRC-32 (zlib's; it lets go of the GIL over large pieces, so reads check in parallel)."""
+
+    def __init__(self, data: bytes | memoryview = b"") -> None:
+        self.value = zlib.crc32(data)
+
+    def update(self, data: bytes | memoryview) -> None:
+        self.value = zlib.crc32(data, self.value)
+
+    def digest(self) -> bytes:
+        return self.value.to_bytes(DIGEST, "little")
 
 
 class Corrupt(Exception):
@@ -46,7 +65,7 @@ class Writer:
         self.temporary.unlink(missing_ok=True)
         head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
         self.handle: int | None = os.open(self.temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        self.digest = hashlib.sha256()
+        self.digest = Crc32()
         try:
             for piece in (HEAD.pack(MAGIC, VERSION, KINDS[kind], len(head), size), head):
                 self._put(piece)
@@ -124,7 +143,7 @@ class Reader:
             if total != HEAD.size + head_size + self.size + DIGEST:
                 raise Corrupt(f"{path}: {total} bytes, its head says "
                               f"{HEAD.size + head_size + self.size + DIGEST}")
-            self.digest = hashlib.sha256(fixed)
+            self.digest = Crc32(fixed)
             head = self.handle.read(head_size)
             self.digest.update(head)
             try:
@@ -164,7 +183,7 @@ class Reader:
             if self.left:
                 raise Corrupt(f"{self.path}: {self.left} payload bytes were not read")
             if self.handle.read(DIGEST) != self.digest.digest():
-                raise Corrupt(f"{self.path}: its sha256 does not match: it changed after it was written")
+                raise Corrupt(f"{self.path}: its CRC-32 does not match: it changed after it was written")
         finally:
             self.handle.close()
 

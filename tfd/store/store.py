@@ -25,7 +25,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, wait
 from pathlib import Path
 from typing import Any
 
@@ -198,28 +198,38 @@ class Store:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def read(self, image: Image, into: memoryview, threads: int = 1) -> None:
+    def read(self, image: Image, into: memoryview, readers: Executor | None = None,
+             each: Callable[[int, int], None] | None = None) -> None:
         """Read ``image`` into ``into`` (``image.bytes`` long): its blocks in order, then its pieces,
-        ``threads`` files at once, each file's digest checked. ``Refused`` (counted, the state
-        forgotten) when a file is missing, damaged, or is another state's: ``into`` then holds
-        nothing to trust."""
+        each file's digest checked, by ``readers``' threads (else this one). ``each(offset, size)``
+        is called here, in order, with each file's place in ``into`` once that file is read and
+        checked, while later ones are read (the caller copies it on). ``Refused`` (counted, the
+        state forgotten) when a file is missing, damaged, or is another state's: ``into`` then holds
+        nothing to trust; what ``each`` raises goes through, after every read has stopped."""
         began = time.perf_counter()
         files = [(self._block(name), "rows", {"name": name, "bytes": size}, size)
                  for name, size in image.blocks]
         files.append((self.home / "states" / f"{image.key}.st", "state", image.words(), image.piece_bytes))
         places, at = [], 0
         for path, kind, header, size in files:
-            places.append((path, kind, header, into[at:at + size]))
+            places.append((at, path, kind, header, into[at:at + size]))
             at += size
         if at != len(into):
             raise ValueError(f"reading {image.key}: {len(into)} bytes given, the image holds {at}")
+        pending = [readers.submit(_read_one, *place[1:]) for place in places] if readers is not None else []
         try:
-            if threads > 1 and len(places) > 1:
-                with ThreadPoolExecutor(min(threads, len(places)), "tfd-learn-read") as pool:
-                    list(pool.map(lambda place: _read_one(*place), places))
-            else:
-                for place in places:
-                    _read_one(*place)
+            try:
+                for number, place in enumerate(places):
+                    if pending:
+                        pending[number].result()
+                    else:
+                        _read_one(*place[1:])
+                    if each is not None:
+                        each(place[0], len(place[4]))
+            finally:
+                for future in pending:  # no thread may still write into ``into`` once this returns
+                    future.cancel()
+                wait(pending)
         except (Corrupt, OSError) as error:
             self.counts.refused += 1
             self.forget(image.key)
