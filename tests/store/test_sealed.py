@@ -52,7 +52,7 @@ def damaged(path: Path, how: str, other: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize(("how", "says"), [("flip", "CRC-32 does not match"), ("truncate", "its head says"),
+@pytest.mark.parametrize(("how", "says"), [("flip", "word sum does not match"), ("truncate", "its head says"),
                                            ("append", "its head says")])
 def test_a_damaged_file_is_refused(tmp_path: Path, how: str, says: str) -> None:
     path, other = written(tmp_path), written(tmp_path, "b.st", b"another state")

@@ -11,8 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 
 from tfd.store import sealed
+from tfd.store.checksum import file_sums
 from tfd.store.sealed import Writer
 from tfd.store.store import Image, Refused, Store
 
@@ -143,6 +145,30 @@ def test_what_the_hand_on_raises_goes_through_and_the_state_stays(tmp_path: Path
     with ThreadPoolExecutor(2) as readers, pytest.raises(RuntimeError, match="refused a copy"):
         store.read(made, memoryview(bytearray(made.bytes)), readers, refuse)
     assert store.counts.refused == 0 and store.find(["k1"], head=False) == made
+
+
+@pytest.mark.parametrize("how", ["flip", None])
+def test_the_callers_check_of_the_sums_refuses_a_flipped_byte(tmp_path: Path, how: str | None) -> None:
+    # the store reads without summing; the caller sums the bytes where they went (here: the host)
+    store = opened(tmp_path)
+    made = image("k1", ["b0", "b1"])
+    write(store, made)
+    if how:
+        damage(store, made, how)
+    into = bytearray(made.bytes)
+    sizes = [size for _, size in made.blocks] + [made.piece_bytes]
+
+    def check(expected: list[int]) -> list[int]:
+        found = file_sums(torch.frombuffer(into, dtype=torch.uint8), sizes)
+        return [place for place, (a, b) in enumerate(zip(found, expected, strict=True)) if a != b]
+
+    if how is None:
+        store.read(made, memoryview(into), check=check)
+        assert bytes(into[made.bytes - made.piece_bytes:]) == block_bytes("k1", made.piece_bytes)
+        return
+    with pytest.raises(Refused, match=r"b1\.blk: its payload's word sum does not match"):
+        store.read(made, memoryview(into), check=check)
+    assert store.counts.refused == 1 and store.find(["k1"], head=False) is None
 
 
 def test_another_identity_never_reads_this_ones_states(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ from tfd.engine.kept import KeptState, digests_of
 from tfd.engine.lane import Lane
 from tfd.engine.prefixes import keys_of
 from tfd.pool.pages import Pool
+from tfd.store.checksum import file_sums
 from tfd.store.copies import Copier, Device, TorchDevice, host_bytes
 from tfd.store.image import block_bytes, image_of, piece_ranges, row_ranges, scatter, state_key, state_pages
 from tfd.store.sealed import Writer
@@ -118,10 +119,11 @@ class Learned:
 
     def restore(self, lane: Lane, image: Image) -> None:
         """Read ``image`` into ``lane`` (opened, its rows up to the image's position taken): its files
-        read and checked by ``READ_THREADS`` threads into one pinned buffer, each copied to the device
-        as soon as it is checked (while later ones are read), then scattered into the lane's pages
-        and pieces. Raises ``Refused`` (counted, forgotten) when its files cannot be trusted; the
-        lane's memory then holds nothing to use. Every copy is drained before it returns or raises."""
+        read by ``READ_THREADS`` threads into one pinned buffer, each copied to the device as soon as
+        it is read (while later ones are read), their word sums checked there, then scattered into
+        the lane's pages and pieces. Raises ``Refused`` (counted, forgotten) when its files cannot be
+        trusted; the lane's memory then holds nothing to use. Every copy is drained before it
+        returns or raises."""
         lease, memory = lane.lease, lane.memory
         assert lease is not None and memory is not None
         total = image.bytes
@@ -129,14 +131,20 @@ class Learned:
             self.buffer = self.reading.pinned(total)
         host = self.buffer[:total]
         staged = torch.empty(total, dtype=torch.uint8, device=self.pool.buffer.device)
+        sizes = [size for _, size in image.blocks] + [image.piece_bytes]
 
         def copy(at: int, size: int) -> None:
             self.reading.to_device(host[at:at + size], staged[at:at + size])
 
+        def check(expected: list[int]) -> list[int]:
+            self.reading.drain()  # every file's bytes are on the device
+            found = file_sums(staged, sizes)
+            return [place for place, (a, b) in enumerate(zip(found, expected, strict=True)) if a != b]
+
         self.reading.begin()  # ``staged`` may reuse memory the compute stream's queued work reads
         try:
             with self.lock:
-                self.store.read(image, host_bytes(host), self.readers, copy)
+                self.store.read(image, host_bytes(host), self.readers, copy, check)
         finally:
             self.reading.drain()  # the buffer is free again, error or not
         self.reading.end()

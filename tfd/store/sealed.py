@@ -1,18 +1,14 @@
-"""Sealed files: a header, a payload and a CRC-32 over both, written whole or not at all.
+"""Sealed files: a header, a payload and two checks, written whole or not at all.
 
 A sealed file is ``MAGIC``, a version, its kind, the lengths of a JSON header and of the payload,
-the header, the payload, and the CRC-32 of everything before it. ``write`` streams the payload
-into a temporary name beside the target (``.tmp-*``), fsyncs it, renames it into place and fsyncs
-the directory: a crash leaves no half file under the real name. ``read`` refuses (``Corrupt``, naming
-the file and what is wrong) a file of another kind, a length that is not exactly the one the header
-gives (truncated, or a byte appended), or a digest that does not match. Files are created 0600.
-
-Why CRC-32: a learned state is read back while a request waits for its first token, and its check
-is on that path. zlib's CRC-32 ran at 4.2 GB/s a core on the H200's host against sha256's 1.5 (16
-threads reading 8 MiB files from the page cache: about 40 GB/s against 12.5). It catches every
-change of up to 32 consecutive bits and misses any other with odds of 2**-32, which is what a cache
-that recomputes on a mismatch needs: the files are the service user's own (0700), named by what
-they hold and checked against it, so a forger is not the threat, a damaged disk or a stray write is.
+the header, the payload, then the CRC-32 of the head and header and the payload's word sum
+(``tfd.store.checksum``). ``write`` streams the payload into a temporary name beside the target
+(``.tmp-*``), fsyncs it, renames it into place and fsyncs the directory: a crash leaves no half file
+under the real name. ``Reader`` refuses (``Corrupt``, naming the file and what is wrong) a file of
+another kind or version, a length that is not exactly the one the head gives (truncated, or a byte
+appended), a head or header whose CRC does not match, and, once the payload is read, a word sum
+that does not match; or it leaves the payload's sum to the caller, whose device holds the bytes
+(``expected``). Files are created 0600.
 """
 
 from __future__ import annotations
@@ -26,30 +22,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tfd.store.checksum import SUM_BYTES, WordSum
 from tfd.store.index import fsync_directory, write_all
 
 MAGIC = b"TFDS"
-VERSION = 2  # 1 sealed with sha256
+VERSION = 2  # 1 sealed everything with one sha256
 HEAD = struct.Struct("<4sHHIQ")  # magic, version, kind, header bytes, payload bytes
-DIGEST = 4  # CRC-32, little-endian
+TRAILER = struct.Struct(f"<I{SUM_BYTES}s")  # CRC-32 of the head and header, the payload's word sum
 KINDS = {"state": 1, "rows": 2}
 
 
-class Crc32:
-    """A running CRC-32 (zlib's; it lets go of the GIL over large pieces, so reads check in parallel)."""
-
-    def __init__(self, data: bytes | memoryview = b"") -> None:
-        self.value = zlib.crc32(data)
-
-    def update(self, data: bytes | memoryview) -> None:
-        self.value = zlib.crc32(data, self.value)
-
-    def digest(self) -> bytes:
-        return self.value.to_bytes(DIGEST, "little")
-
-
 class Corrupt(Exception):
-    """A sealed file that cannot be trusted: wrong kind or version, wrong length, or a bad digest."""
+    """A sealed file that cannot be trusted: wrong kind or version, wrong length, or a check that
+    does not match."""
 
 
 class Writer:
@@ -65,10 +50,11 @@ class Writer:
         self.temporary.unlink(missing_ok=True)
         head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
         self.handle: int | None = os.open(self.temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        self.digest = Crc32()
+        self.sum = WordSum()
+        fixed = HEAD.pack(MAGIC, VERSION, KINDS[kind], len(head), size)
+        self.head_crc = zlib.crc32(fixed + head)
         try:
-            for piece in (HEAD.pack(MAGIC, VERSION, KINDS[kind], len(head), size), head):
-                self._put(piece)
+            write_all(self.handle, fixed + head)
         except BaseException:
             self.abort()
             raise
@@ -77,17 +63,20 @@ class Writer:
         if self.written + len(piece) > self.size:
             raise ValueError(f"{self.path}: {self.written + len(piece)} payload bytes, its header says "
                              f"{self.size}")
-        self._put(piece)
+        assert self.handle is not None
+        self.sum.update(piece)
+        write_all(self.handle, piece)
         self.written += len(piece)
 
     def commit(self) -> None:
-        """Seal it: the digest, fsync, the rename into place, the directory fsynced."""
+        """Seal it: the checks, fsync, the rename into place, the directory fsynced."""
         if self.written != self.size:
             raise ValueError(f"{self.path}: the payload was {self.written} bytes, its header says "
                              f"{self.size}")
         assert self.handle is not None
         try:
-            write_all(self.handle, self.digest.digest())
+            payload_sum = self.sum.total().to_bytes(SUM_BYTES, "little")
+            write_all(self.handle, TRAILER.pack(self.head_crc, payload_sum))
             os.fsync(self.handle)
         except BaseException:
             self.abort()
@@ -104,11 +93,6 @@ class Writer:
             self.handle = None
             self.temporary.unlink(missing_ok=True)
 
-    def _put(self, piece: bytes | memoryview) -> None:
-        assert self.handle is not None
-        self.digest.update(piece)
-        write_all(self.handle, piece)
-
     def __enter__(self) -> Writer:
         return self
 
@@ -124,13 +108,14 @@ def write(path: Path, kind: str, header: Mapping[str, Any], payload: bytes) -> N
 
 
 class Reader:
-    """An open sealed file: ``header`` and the payload's ``size`` checked at open; ``readinto``
-    reads the payload in order into views (staging buffers); ``finish`` checks that all of it was
-    read and the digest. What was read must not be used before ``finish`` returns. Closes on
-    ``finish``, on ``close`` and when leaving a ``with`` block."""
+    """An open sealed file: its head, ``header`` and length checked at open; ``readinto`` reads the
+    payload in order into views; ``finish`` checks that all of it was read and, with ``check``, its
+    word sum (else the caller checks the bytes against ``expected``). What was read must not be used
+    before it is checked. Closes on ``finish``, on ``close`` and when leaving a ``with`` block."""
 
-    def __init__(self, path: Path, kind: str) -> None:
+    def __init__(self, path: Path, kind: str, check: bool = True) -> None:
         self.path = path
+        self.sum = WordSum() if check else None
         self.handle = open(path, "rb")  # noqa: SIM115 - closed by finish or close
         try:
             total = os.fstat(self.handle.fileno()).st_size
@@ -140,19 +125,22 @@ class Reader:
             magic, version, found, head_size, self.size = HEAD.unpack(fixed)
             if magic != MAGIC or version != VERSION or found != KINDS[kind]:
                 raise Corrupt(f"{path}: not a sealed {kind} file of version {VERSION}")
-            if total != HEAD.size + head_size + self.size + DIGEST:
+            if total != HEAD.size + head_size + self.size + TRAILER.size:
                 raise Corrupt(f"{path}: {total} bytes, its head says "
-                              f"{HEAD.size + head_size + self.size + DIGEST}")
-            self.digest = Crc32(fixed)
+                              f"{HEAD.size + head_size + self.size + TRAILER.size}")
             head = self.handle.read(head_size)
-            self.digest.update(head)
-            try:
-                header = json.loads(head)
-            except ValueError:
-                raise Corrupt(f"{path}: its header is not JSON") from None
+            head_crc, payload_sum = TRAILER.unpack(os.pread(self.handle.fileno(), TRAILER.size,
+                                                            total - TRAILER.size))
+            if zlib.crc32(fixed + head) != head_crc:
+                raise Corrupt(f"{path}: its head's CRC-32 does not match: it changed after it was written")
+            self.expected = int.from_bytes(payload_sum, "little")
+            header = json.loads(head)
             if not isinstance(header, dict):
                 raise Corrupt(f"{path}: its header is not a JSON object")
             self.header: dict[str, Any] = header
+        except ValueError:
+            self.handle.close()
+            raise Corrupt(f"{path}: its header is not JSON") from None
         except BaseException:
             self.handle.close()
             raise
@@ -162,10 +150,10 @@ class Reader:
         """The next ``len(view)`` payload bytes into ``view``."""
         if len(view) > self.left:
             raise Corrupt(f"{self.path}: asked for {len(view)} bytes past the payload's end")
-        got = self.handle.readinto(view)
-        if got != len(view):
+        if self.handle.readinto(view) != len(view):
             raise Corrupt(f"{self.path}: the payload ended early")
-        self.digest.update(view)
+        if self.sum is not None:
+            self.sum.update(view)
         self.left -= len(view)
 
     def read(self) -> bytes:
@@ -173,17 +161,19 @@ class Reader:
         data = self.handle.read(self.left)
         if len(data) != self.left:
             raise Corrupt(f"{self.path}: the payload ended early")
-        self.digest.update(data)
+        if self.sum is not None:
+            self.sum.update(data)
         self.left = 0
         return data
 
     def finish(self) -> None:
-        """``Corrupt`` unless the whole payload was read and the digest matches; closes the file."""
+        """``Corrupt`` unless the whole payload was read and (checking) its word sum matches; closes
+        the file."""
         try:
             if self.left:
                 raise Corrupt(f"{self.path}: {self.left} payload bytes were not read")
-            if self.handle.read(DIGEST) != self.digest.digest():
-                raise Corrupt(f"{self.path}: its CRC-32 does not match: it changed after it was written")
+            if self.sum is not None and self.sum.total() != self.expected:
+                raise Corrupt(mismatch(self.path))
         finally:
             self.handle.close()
 
@@ -195,6 +185,11 @@ class Reader:
 
     def __exit__(self, *exc: object) -> None:
         self.handle.close()
+
+
+def mismatch(path: Path) -> str:
+    """What a payload whose word sum does not match says."""
+    return f"{path}: its payload's word sum does not match: it changed after it was written"
 
 
 def read(path: Path, kind: str) -> tuple[dict[str, Any], bytes]:

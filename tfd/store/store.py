@@ -94,6 +94,7 @@ class StoreCounts:
 
 PieceSource = Callable[[Writer], None]  # writes a state's piece bytes into a sealed file
 BlockSource = Callable[[int, Writer], None]  # writes block i's row bytes
+FileCheck = Callable[[list[int]], list[int]]  # files' expected word sums -> places of those that differ
 
 
 class Store:
@@ -199,13 +200,15 @@ class Store:
     # -- reading -------------------------------------------------------------------------------
 
     def read(self, image: Image, into: memoryview, readers: Executor | None = None,
-             each: Callable[[int, int], None] | None = None) -> None:
+             each: Callable[[int, int], None] | None = None, check: FileCheck | None = None) -> None:
         """Read ``image`` into ``into`` (``image.bytes`` long): its blocks in order, then its pieces,
-        each file's digest checked, by ``readers``' threads (else this one). ``each(offset, size)``
-        is called here, in order, with each file's place in ``into`` once that file is read and
-        checked, while later ones are read (the caller copies it on). ``Refused`` (counted, the
-        state forgotten) when a file is missing, damaged, or is another state's: ``into`` then holds
-        nothing to trust; what ``each`` raises goes through, after every read has stopped."""
+        by ``readers``' threads (else this one), each file's head checked. ``each(offset, size)`` is
+        called here, in order, with each file's place in ``into`` once that file is read, while later
+        ones are read (the caller copies it on). Each payload's word sum is checked on the host as it
+        is read, or, with ``check``, by it once all are read: given each file's expected sum, it
+        gives the places of the files whose bytes do not sum to it. ``Refused`` (counted, the state
+        forgotten) when a file is missing, damaged, or is another state's: ``into`` then holds nothing
+        to trust; what ``each`` or ``check`` raise goes through, after every read has stopped."""
         began = time.perf_counter()
         files = [(self._block(name), "rows", {"name": name, "bytes": size}, size)
                  for name, size in image.blocks]
@@ -216,20 +219,21 @@ class Store:
             at += size
         if at != len(into):
             raise ValueError(f"reading {image.key}: {len(into)} bytes given, the image holds {at}")
-        pending = [readers.submit(_read_one, *place[1:]) for place in places] if readers is not None else []
+        on_host = check is None
+        pending = [readers.submit(_read_one, *place[1:], on_host) for place in places] if readers else []
         try:
             try:
+                expected = []
                 for number, place in enumerate(places):
-                    if pending:
-                        pending[number].result()
-                    else:
-                        _read_one(*place[1:])
+                    expected.append(pending[number].result() if pending else _read_one(*place[1:], on_host))
                     if each is not None:
                         each(place[0], len(place[4]))
             finally:
                 for future in pending:  # no thread may still write into ``into`` once this returns
                     future.cancel()
                 wait(pending)
+            if check is not None and (wrong := check(expected)):
+                raise Corrupt(sealed.mismatch(places[wrong[0]][1]))
         except (Corrupt, OSError) as error:
             self.counts.refused += 1
             self.forget(image.key)
@@ -313,14 +317,16 @@ class Store:
         return datetime.datetime.fromtimestamp(moment, datetime.UTC).date().isoformat()
 
 
-def _read_one(path: Path, kind: str, header: dict[str, Any], into: memoryview) -> None:
-    """One sealed file's payload into ``into``, checked: its header must be ``header``."""
-    with Reader(path, kind) as reader:
+def _read_one(path: Path, kind: str, header: dict[str, Any], into: memoryview, on_host: bool) -> int:
+    """One sealed file's payload into ``into``: its header must be ``header``, its word sum (checked
+    here when ``on_host``) is returned."""
+    with Reader(path, kind, on_host) as reader:
         if reader.header != header:
             raise Corrupt(f"{path}: holds {reader.header.get('key') or reader.header.get('name')}, "
                           f"not {header.get('key') or header.get('name')}")
         reader.readinto(into)
         reader.finish()
+    return reader.expected
 
 
 def _used(directory: Path) -> float:

@@ -1,0 +1,142 @@
+"""The word sum: a sealed payload's check, computed by whichever device holds the bytes.
+
+A payload of n bytes, zero-padded to whole 32-bit little-endian words ``w_0 .. w_(m-1)`` (read
+unsigned), sums to ``S = sum_i w_i * key(i)`` with ``key(i) = ((i + 1) * 2654435761 mod 2**31) | 1``,
+an exact integer (each product is below 2**63 and the sums are split in 32-bit halves, so torch's
+int64 never wraps; S is below 2**95 for payloads under 8 GiB), kept in 16 bytes. Any change of one
+word moves S (a key is odd, a product nonzero), as does any swap of two different words at two
+different keys; other changes are missed with odds near 2**-31. Sums are additive: a payload's S is
+the sum of its pieces' S, each keyed from its first word.
+
+Why not a CRC on the host: a learned state is read back while its request waits for the first
+token. On the H200's host, 16 threads read a 30,000-token state's files from the page cache at
+about 39 GB/s, but checked with CRC-32 as they went only at 13.8 (the check is one more pass over a
+gigabyte of host memory); the device sums the same gigabyte, already copied, in milliseconds.
+The writer thread sums on the host (torch on the CPU), where nothing waits for it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MULTIPLIER = 2654435761
+KEY_MASK = (1 << 31) - 1
+LOW = (1 << 32) - 1
+SUM_BYTES = 16
+MAX_WORDS = 1 << 31  # (i + 1) * MULTIPLIER stays below 2**63
+GROUP_BYTES = 64 << 20  # summed at a time: bounds the int64 temporaries (four times this)
+
+_keys: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def keys(first: int, count: int, device: torch.device) -> torch.Tensor:
+    """``key(first) .. key(first + count - 1)`` as int64 on ``device``."""
+    if first + count > MAX_WORDS:
+        raise ValueError(f"a payload of more than {MAX_WORDS} words cannot be summed")
+    index = torch.arange(first + 1, first + count + 1, dtype=torch.int64, device=device)
+    return index.mul_(MULTIPLIER).bitwise_and_(KEY_MASK).bitwise_or_(1)
+
+
+def _cached_keys(count: int, device: torch.device) -> torch.Tensor:
+    """``keys(0, count)``, kept: every block of a state has the same length."""
+    name = (str(device), count)
+    if name not in _keys:
+        _keys[name] = keys(0, count, device)
+    return _keys[name]
+
+
+def _row_halves(words: torch.Tensor, row_keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's sum of ``words`` [rows, m] (int32) times ``row_keys`` [m], as (high, low) halves:
+    int64 tensors [rows] whose ``high * 2**32 + low`` is the exact sum."""
+    products = words.to(torch.int64).bitwise_and_(LOW).mul_(row_keys)
+    high = (products >> 32).sum(1)
+    return high, products.bitwise_and_(LOW).sum(1)
+
+
+def _padded(data: torch.Tensor) -> torch.Tensor:
+    """Bytes zero-padded to whole words, at a word-aligned address (viewable as int32)."""
+    extra = -data.numel() % 4
+    if extra:
+        return torch.cat([data, data.new_zeros(extra)])
+    return data if data.storage_offset() % 4 == 0 else data.clone()
+
+
+def word_sum(data: torch.Tensor, first_word: int = 0) -> int:
+    """S of the bytes ``data`` (uint8, 1-D, any device), keyed from word ``first_word`` (waits for
+    the device)."""
+    words = _padded(data).view(torch.int32)
+    total = 0
+    step = GROUP_BYTES // 4
+    for at in range(0, words.numel(), step):
+        piece = words[at:at + step]
+        high, low = _row_halves(piece[None], keys(first_word + at, piece.numel(), piece.device))
+        total += (int(high.item()) << 32) + int(low.item())
+    return total
+
+
+def file_sums(data: torch.Tensor, sizes: list[int]) -> list[int]:
+    """S of each of the consecutive payloads of ``sizes`` bytes that ``data`` (uint8, 1-D, any
+    device) holds in order; the equal-sized ones summed together, one wait for the device in all."""
+    if sum(sizes) != data.numel():
+        raise ValueError(f"payloads of {sum(sizes)} bytes in all, the data holds {data.numel()}")
+    parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+    at, index = 0, 0
+    while index < len(sizes):
+        size, run = sizes[index], 1
+        while (index + run < len(sizes) and sizes[index + run] == size and size % 4 == 0
+               and (data.storage_offset() + at) % 4 == 0):
+            run += 1
+        if size % 4 or run == 1:
+            padded = _padded(data[at:at + size])
+            parts.append(_row_halves(padded.view(torch.int32)[None], _cached_keys(padded.numel() // 4,
+                                                                                  data.device)))
+        else:
+            rows = data[at:at + size * run].view(run, size).view(torch.int32)
+            row_keys = _cached_keys(size // 4, data.device)
+            group = max(1, GROUP_BYTES // size)
+            for first in range(0, run, group):
+                parts.append(_row_halves(rows[first:first + group], row_keys))
+        at, index = at + size * run, index + run
+    high = torch.cat([h for h, _ in parts]).tolist() if parts else []
+    low = torch.cat([lo for _, lo in parts]).tolist() if parts else []
+    return [(h << 32) + lo for h, lo in zip(high, low, strict=True)]
+
+
+class WordSum:
+    """S of bytes given in pieces of any length, on the host."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.words = 0  # whole words summed so far
+        self.carry = b""  # the bytes of a word not yet whole
+
+    def update(self, data: bytes | memoryview) -> None:
+        data = memoryview(data).cast("B")
+        if self.carry:
+            need = 4 - len(self.carry)
+            self.carry += bytes(data[:need])
+            data = data[need:]
+            if len(self.carry) < 4:
+                return
+            self._add(memoryview(self.carry))
+            self.carry = b""
+        whole = len(data) - len(data) % 4
+        if whole:
+            self._add(data[:whole])
+        self.carry = bytes(data[whole:])
+
+    def total(self) -> int:
+        """S of everything given (a last partial word zero-padded)."""
+        if not self.carry:
+            return self.value
+        last = int.from_bytes(self.carry.ljust(4, b"\0"), "little")
+        return self.value + last * _key(self.words)
+
+    def _add(self, data: memoryview) -> None:
+        host = torch.frombuffer(data if not data.readonly else bytearray(data), dtype=torch.uint8)
+        self.value += word_sum(host, self.words)
+        self.words += len(data) // 4
+
+
+def _key(index: int) -> int:
+    return ((index + 1) * MULTIPLIER & KEY_MASK) | 1
