@@ -1,22 +1,29 @@
-"""A fake device for the copy layer's error paths: copies are queued, and run only when waited for
-(a mark before them, or a drain); copy number ``refuse`` (counting from 1) raises."""
+"""A fake device for the copy layer's error paths: work is queued, and runs only when waited for (a
+mark before it, or a drain); copy number ``refuse`` (counting from 1; a gather is a copy) raises."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
+
+from tfd.store.checksum import word_sum
 
 
 class FakeDevice:
-    """Copies queued, done only when waited for; copy number ``refuse`` (from 1) raises."""
+    """Work queued, done only when waited for; copy number ``refuse`` (from 1) raises."""
 
     def __init__(self, refuse: int | None = None) -> None:
         self.refuse = refuse
-        self.queued: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.done = 0  # copies run, in queue order
-        self.count = 0
+        self.queued: list[Callable[[], None]] = []
+        self.done = 0  # queued work run, in queue order
+        self.count = 0  # copies asked for
         self.began = self.ended = 0
 
     def pinned(self, nbytes: int) -> torch.Tensor:
+        return torch.zeros(nbytes, dtype=torch.uint8)
+
+    def buffer(self, nbytes: int) -> torch.Tensor:
         return torch.zeros(nbytes, dtype=torch.uint8)
 
     def begin(self, after: object = None) -> None:
@@ -25,17 +32,35 @@ class FakeDevice:
     def end(self) -> None:
         self.ended += 1
 
+    def gather(self, sources: Sequence[torch.Tensor], target: torch.Tensor) -> None:
+        parts = list(sources)
+        self._copy(lambda: torch.cat(parts, out=target))
+
+    def word_sum(self, data: torch.Tensor, first_word: int) -> Callable[[], int]:
+        found: list[int] = []
+        self.queued.append(lambda: found.append(word_sum(data, first_word)))
+
+        def total() -> int:
+            assert found, "a word sum read before the work that makes it ran"
+            return found[0]
+
+        return total
+
     def to_host(self, source: torch.Tensor, target: torch.Tensor) -> None:
-        self._queue(source, target)
+        self._copy(lambda: target.copy_(source))
 
     def to_device(self, source: torch.Tensor, target: torch.Tensor) -> None:
-        self._queue(source, target)
+        self._copy(lambda: target.copy_(source))
 
-    def _queue(self, source: torch.Tensor, target: torch.Tensor) -> None:
+    def _copy(self, work: Callable[[], object]) -> None:
         self.count += 1
         if self.count == self.refuse:
             raise RuntimeError(f"copy {self.count} refused")
-        self.queued.append((source, target))
+
+        def run() -> None:
+            work()
+
+        self.queued.append(run)
 
     def mark(self) -> object:
         return len(self.queued)
@@ -43,8 +68,7 @@ class FakeDevice:
     def wait(self, mark: object) -> None:
         assert isinstance(mark, int)
         while self.done < mark:
-            source, target = self.queued[self.done]
-            target.copy_(source)
+            self.queued[self.done]()
             self.done += 1
 
     def drain(self) -> None:

@@ -29,6 +29,7 @@ from tfd.engine.request import Request, Sampling
 from tfd.engine.runner import Drafting, Runner
 from tfd.engine.scheduler import Admission
 from tfd.families.hybrid import HybridModel, load_model
+from tfd.store import sealed
 from tfd.store.learned import Learned
 from tfd.store.store import Store
 
@@ -193,9 +194,13 @@ def learning_runner(model: HybridModel, drafting: Drafting | None, root: Path, i
 
 
 def written(runner: Runner) -> None:
-    """Wait for the writer: every state offered is on disk."""
+    """Wait for the writer: every state offered is on disk, each file's sums (the payload's summed
+    by the device as it was copied out) as the host sums what it reads back."""
     assert runner.learned is not None
     runner.learned.close()
+    home = runner.learned.store.home
+    for path in [*home.glob("states/*.st"), *home.glob("blocks/*.blk")]:
+        sealed.read(path, "state" if path.suffix == ".st" else "rows")
 
 
 @pytest.mark.parametrize("drafts", [0, 2])

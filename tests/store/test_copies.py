@@ -1,9 +1,9 @@
-"""The copy layer: bytes go out through two staging buffers in order, and on every error path (a
-refused copy, a failing sink) nothing is left pending on the device when the call returns; a state
-read back from the store is one copy, drained whether it fails or not.
+"""The copy layer: bytes go out through two staging windows in order, summed on the device as the
+host would sum them, and on every error path (a refused copy, a failing sink) nothing is left
+pending on the device when the call returns.
 
-The fake device (``fake_device``) runs a copy only when it is waited for, so a staging buffer reused
-too early would copy the wrong bytes; it refuses the Nth copy.
+The fake device (``fake_device``) runs its work only when it is waited for, so a staging buffer
+reused too early would copy the wrong bytes; it refuses the Nth copy (a gather or a copy out).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import pytest
 import torch
 from fake_device import FakeDevice
 
+from tfd.store.checksum import word_sum
 from tfd.store.copies import Copier, TorchDevice
 
 
@@ -29,7 +30,8 @@ def saved(copier: Copier, parts: list[torch.Tensor], fail_at: int | None = None)
             raise OSError("disk full")
         out.extend(view)
 
-    copier.save(parts, sink)
+    summed = copier.save(parts, sink)
+    assert summed == word_sum(torch.frombuffer(bytearray(out), dtype=torch.uint8))
     return bytes(out)
 
 
@@ -40,13 +42,19 @@ def test_bytes_go_out_in_order() -> None:
     assert device.pending == 0 and device.began == 1
 
 
-def test_the_cpu_device_copies_the_same_bytes() -> None:
+@pytest.mark.parametrize("chunk", [4, 100, 1024])
+def test_the_cpu_device_copies_the_same_bytes(chunk: int) -> None:
     parts = ranges()
-    assert saved(Copier(TorchDevice(torch.device("cpu")), chunk=100), parts) == \
+    assert saved(Copier(TorchDevice(torch.device("cpu")), chunk=chunk), parts) == \
         b"".join(part.numpy().tobytes() for part in parts)
 
 
-COPIES = 10  # pieces of at most 64 bytes: 4 (250 bytes) + 1 (7) + 0 (0) + 5 (301)
+def test_a_window_is_whole_words() -> None:
+    with pytest.raises(ValueError, match="positive multiple of 4 bytes, not 66"):
+        Copier(FakeDevice(), chunk=66)
+
+
+COPIES = 18  # 558 bytes in windows of 64: 9 windows, each gathered and copied out
 
 
 @pytest.mark.parametrize("refuse", range(1, COPIES + 1))
@@ -72,4 +80,13 @@ def test_the_drain_is_what_empties_the_queue_on_error(monkeypatch: pytest.Monkey
     device = FakeDevice(refuse=3)
     with pytest.raises(RuntimeError):
         saved(Copier(device, chunk=64), ranges())
-    assert device.pending == 1
+    assert device.pending == 3  # the first window's gather, sum and copy out
+
+
+@pytest.mark.gpu
+def test_the_gpu_gathers_sums_and_copies_out_what_the_host_would() -> None:
+    generator = torch.Generator().manual_seed(5)
+    parts = [torch.randint(0, 256, (size,), generator=generator, dtype=torch.uint8)
+             for size in (3 << 20, 7, 0, 5 << 20 | 2, 1 << 20)]
+    got = saved(Copier(TorchDevice(torch.device("cuda")), chunk=2 << 20), [part.cuda() for part in parts])
+    assert got == b"".join(part.numpy().tobytes() for part in parts)

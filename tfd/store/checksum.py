@@ -53,6 +53,14 @@ def _row_halves(words: torch.Tensor, row_keys: torch.Tensor) -> tuple[torch.Tens
     return high, products.bitwise_and_(LOW).sum(1)
 
 
+def row_halves(data: torch.Tensor, first_word: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """S of the bytes ``data`` (uint8, 1-D, at most ``GROUP_BYTES``) keyed from word ``first_word``,
+    as 0-d (high, low) halves on its device, without waiting for it."""
+    words = _padded(data).view(torch.int32)
+    high, low = _row_halves(words[None], keys(first_word, words.numel(), data.device))
+    return high[0], low[0]
+
+
 def _padded(data: torch.Tensor) -> torch.Tensor:
     """Bytes zero-padded to whole words, at a word-aligned address (viewable as int32)."""
     extra = -data.numel() % 4

@@ -1,25 +1,32 @@
 """Copies between the device and the host through pinned staging buffers, for the disk store.
 
-``Copier.save`` copies device byte ranges out, a staging buffer at a time, and hands each buffer's
-bytes to a sink (the file writer) in order. Two buffers take turns, so the device copies one while
-the host drains the other. The copies run on the device's own stream, queued without waiting; a
-buffer is reused only after the copy that used it is done. (A state read back is one copy from one
-pinned buffer: ``tfd.store.learned``, against the same ``Device``.)
+``Copier.save`` takes device byte ranges as one stream of bytes cut into windows of ``chunk`` bytes:
+each window is gathered on the device into a staging buffer of its own (one launch however many
+ranges it spans: a 30,000-token state's rows are thousands of ranges), summed there
+(``tfd.store.checksum``, keyed from the window's first word) and copied out once to a pinned host
+buffer, whose bytes go to a sink (the file writer) in order. Two windows take turns, so the device
+gathers and copies one while the host drains the other. Everything runs on the device's own
+stream, queued without waiting; a buffer is reused only after the work that used it is done.
+(A state read back is one copy a file into one device buffer: ``tfd.store.learned``, against the
+same ``Device``.)
 
-Error handling: whatever raises (a refused copy, a sink or source that fails, a cancel), every copy
+Error handling: whatever raises (a refused copy, a sink or source that fails, a cancel), everything
 queued is waited for before the call returns or raises, so no copy is left in flight into or out of
 a buffer the caller may then free or reuse. The layer speaks to a ``Device``: ``TorchDevice`` on a
-real one (a CUDA stream of its own, or plain copies on the CPU), a fake in tests that queues copies
-and refuses the Nth.
+real one (a CUDA stream of its own, or plain copies on the CPU), a fake in tests that queues the
+work and refuses the Nth copy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
+
+from tfd.store.checksum import row_halves
 
 CHUNK_BYTES = 32 << 20  # a staging buffer
 
@@ -30,6 +37,16 @@ class Device(Protocol):
 
     def pinned(self, nbytes: int) -> torch.Tensor:
         """A host byte buffer the device copies to and from."""
+
+    def buffer(self, nbytes: int) -> torch.Tensor:
+        """A device byte buffer."""
+
+    def gather(self, sources: Sequence[torch.Tensor], target: torch.Tensor) -> None:
+        """Queue a copy of device bytes ``sources``, one after another, into device bytes ``target``."""
+
+    def word_sum(self, data: torch.Tensor, first_word: int) -> Callable[[], int]:
+        """Queue the word sum of device bytes ``data`` keyed from ``first_word``; what it gives once
+        the work before a later mark is waited for."""
 
     def to_host(self, source: torch.Tensor, target: torch.Tensor) -> None:
         """Queue a copy of device bytes ``source`` into host bytes ``target``."""
@@ -65,6 +82,21 @@ class TorchDevice:
 
     def pinned(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.stream is not None)
+
+    def buffer(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+
+    def gather(self, sources: Sequence[torch.Tensor], target: torch.Tensor) -> None:
+        with self._on_stream():
+            torch.cat(list(sources), out=target)
+
+    def word_sum(self, data: torch.Tensor, first_word: int) -> Callable[[], int]:
+        with self._on_stream():
+            high, low = row_halves(data, first_word)
+        return lambda: (int(high.item()) << 32) + int(low.item())
+
+    def _on_stream(self) -> contextlib.AbstractContextManager[object]:
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
     def begin(self, after: object = None) -> None:
         """The copies queued next see every step queued on the compute stream before, or the
@@ -118,47 +150,63 @@ def host_bytes(buffer: torch.Tensor) -> memoryview:
     return memoryview((ctypes.c_char * buffer.numel()).from_address(buffer.data_ptr())).cast("B")
 
 
-def pieces(ranges: Sequence[torch.Tensor], chunk: int) -> list[torch.Tensor]:
-    """Each range (flat bytes) cut into pieces of at most ``chunk`` bytes, in order."""
-    cut = []
+def windows(ranges: Sequence[torch.Tensor], chunk: int) -> list[list[torch.Tensor]]:
+    """The ranges (flat bytes) as one stream cut into windows of ``chunk`` bytes (the last shorter),
+    each the list of range slices it holds, in order."""
+    cut: list[list[torch.Tensor]] = [[]]
+    room = chunk
     for whole in ranges:
         flat = whole.reshape(-1)
         if flat.dtype != torch.uint8:
             raise TypeError(f"copies move bytes: a range is {flat.dtype}, not uint8")
-        cut += [flat[start:start + chunk] for start in range(0, flat.numel(), chunk)]
-    return cut
+        at = 0
+        while at < flat.numel():
+            if not room:
+                cut.append([])
+                room = chunk
+            take = min(room, flat.numel() - at)
+            cut[-1].append(flat[at:at + take])
+            at, room = at + take, room - take
+    return [window for window in cut if window]
 
 
 class Copier:
-    """Copies out through two staging buffers of ``chunk`` bytes on ``device``."""
+    """Copies out through two windows of ``chunk`` bytes (a multiple of 4) on ``device``."""
 
     def __init__(self, device: Device, chunk: int = CHUNK_BYTES) -> None:
+        if chunk <= 0 or chunk % 4:
+            raise ValueError(f"a window is a positive multiple of 4 bytes, not {chunk}")
         self.device = device
         self.chunk = chunk
         self.buffers = [device.pinned(chunk), device.pinned(chunk)]
+        self.gathered = [device.buffer(chunk), device.buffer(chunk)]
 
     def save(self, ranges: Sequence[torch.Tensor], sink: Callable[[memoryview], None],
              after: object = None) -> int:
         """Copy the device ``ranges`` out and give ``sink`` their bytes in order (it must be done with
         a view when it returns); ``after``: the device's mark they wait for (else all work queued
-        before). The bytes copied."""
-        cut = pieces(ranges, self.chunk)
+        before). Their word sum (as one payload), summed on the device."""
+        cut = windows(ranges, self.chunk)
         marks: list[object] = [None, None]
-        total = 0
+        sums: list[Callable[[], int]] = []
         self.device.begin(after)
         try:
             if cut:
-                self._out(cut[0], 0, marks)
-            for i, piece in enumerate(cut):
-                if i + 1 < len(cut):  # the next piece copies while the host takes this one
-                    self._out(cut[i + 1], (i + 1) % 2, marks)
+                self._out(cut[0], 0, marks, sums)
+            for i, window in enumerate(cut):
+                if i + 1 < len(cut):  # the next window is gathered and copied while the host takes this one
+                    self._out(cut[i + 1], (i + 1) % 2, marks, sums)
                 self.device.wait(marks[i % 2])
-                sink(host_bytes(self.buffers[i % 2][:piece.numel()]))
-                total += piece.numel()
+                sink(host_bytes(self.buffers[i % 2][:sum(piece.numel() for piece in window)]))
         finally:
             self.device.drain()
-        return total
+        return sum(total() for total in sums)
 
-    def _out(self, piece: torch.Tensor, slot: int, marks: list[object]) -> None:
-        self.device.to_host(piece, self.buffers[slot][:piece.numel()])
+    def _out(self, window: list[torch.Tensor], slot: int, marks: list[object],
+             sums: list[Callable[[], int]]) -> None:
+        size = sum(piece.numel() for piece in window)
+        gathered = self.gathered[slot][:size]
+        self.device.gather(window, gathered)
+        sums.append(self.device.word_sum(gathered, len(sums) * self.chunk // 4))
+        self.device.to_host(gathered, self.buffers[slot][:size])
         marks[slot] = self.device.mark()

@@ -184,14 +184,15 @@ class Learned:
         pieces = sorted(state.pieces.items())
 
         def write_pieces(writer: Writer) -> None:
-            self.writes.save(piece_ranges(pieces), writer.write, after=state.ready)
+            writer.given(self.writes.save(piece_ranges(pieces), writer.write, after=state.ready))
 
         def write_block(index: int, writer: Writer) -> None:
             start, end = block_rows(image, index)
-            self.writes.save(row_ranges(self.pool, pages, start, end), writer.write, after=state.ready)
+            ranges = row_ranges(self.pool, pages, start, end)
+            writer.given(self.writes.save(ranges, writer.write, after=state.ready))
 
-        with self.lock:
-            self.store.write(image, write_pieces, write_block)
+        with self.lock:  # the device sums what it copies out: the host only writes
+            self.store.write(image, write_pieces, write_block, summed=True)
 
 
 def state_digest(pool: Pool, state: KeptState) -> str:

@@ -40,9 +40,11 @@ class Corrupt(Exception):
 class Writer:
     """A sealed file being written: ``write`` the payload's pieces in order (``size`` bytes in all),
     then ``commit`` (fsync, rename into place) or ``abort`` (the temporary file removed). A ``with``
-    block aborts unless committed."""
+    block aborts unless committed. The payload's word sum is summed here as it is written, or, with
+    ``summed``, given by the writer of the payload (``given``: its device summed it)."""
 
-    def __init__(self, path: Path, kind: str, header: Mapping[str, Any], size: int) -> None:
+    def __init__(self, path: Path, kind: str, header: Mapping[str, Any], size: int, summed: bool = False
+                 ) -> None:
         self.path = path
         self.size = size
         self.written = 0
@@ -50,7 +52,8 @@ class Writer:
         self.temporary.unlink(missing_ok=True)
         head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
         self.handle: int | None = os.open(self.temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        self.sum = WordSum()
+        self.sum = None if summed else WordSum()
+        self.given_sum: int | None = None
         fixed = HEAD.pack(MAGIC, VERSION, KINDS[kind], len(head), size)
         self.head_crc = zlib.crc32(fixed + head)
         try:
@@ -64,19 +67,26 @@ class Writer:
             raise ValueError(f"{self.path}: {self.written + len(piece)} payload bytes, its header says "
                              f"{self.size}")
         assert self.handle is not None
-        self.sum.update(piece)
+        if self.sum is not None:
+            self.sum.update(piece)
         write_all(self.handle, piece)
         self.written += len(piece)
+
+    def given(self, payload_sum: int) -> None:
+        """The payload's word sum, summed where its bytes were (a writer made with ``summed``)."""
+        self.given_sum = payload_sum
 
     def commit(self) -> None:
         """Seal it: the checks, fsync, the rename into place, the directory fsynced."""
         if self.written != self.size:
             raise ValueError(f"{self.path}: the payload was {self.written} bytes, its header says "
                              f"{self.size}")
+        payload_sum = self.sum.total() if self.sum is not None else self.given_sum
+        if payload_sum is None:
+            raise ValueError(f"{self.path}: its payload's word sum was never given")
         assert self.handle is not None
         try:
-            payload_sum = self.sum.total().to_bytes(SUM_BYTES, "little")
-            write_all(self.handle, TRAILER.pack(self.head_crc, payload_sum))
+            write_all(self.handle, TRAILER.pack(self.head_crc, payload_sum.to_bytes(SUM_BYTES, "little")))
             os.fsync(self.handle)
         except BaseException:
             self.abort()

@@ -145,11 +145,11 @@ class Store:
 
     # -- writing -------------------------------------------------------------------------------
 
-    def write(self, image: Image, pieces: PieceSource, blocks: BlockSource) -> bool:
+    def write(self, image: Image, pieces: PieceSource, blocks: BlockSource, summed: bool = False) -> bool:
         """Write ``image``: its blocks not on disk yet, its state file, then its index record. False
         when it was there already (with the head's rows, or this one has none); ``Refused``
         (counted) when a budget refuses it; what the sources or the disk raise, after removing what
-        this write made."""
+        this write made. ``summed``: the sources give each payload's word sum (``Writer.given``)."""
         known = self.index.entries.get(image.key)
         if known is not None and (known["image"]["head"] or not image.head):
             return False
@@ -172,13 +172,13 @@ class Store:
         try:
             for i, name, length in new:
                 path = self._block(name)
-                with Writer(path, "rows", {"name": name, "bytes": length}, length) as writer:
+                with Writer(path, "rows", {"name": name, "bytes": length}, length, summed) as writer:
                     blocks(i, writer)
                     writer.commit()
                 made.append(path)
                 self._check_written(path, "rows")
             path = self.home / "states" / f"{image.key}.st"
-            with Writer(path, "state", image.words(), image.piece_bytes) as writer:
+            with Writer(path, "state", image.words(), image.piece_bytes, summed) as writer:
                 pieces(writer)
                 writer.commit()
             made.append(path)
