@@ -88,3 +88,9 @@ def test_the_device_sums_as_the_host() -> None:
     sizes = [8 << 20] * 9 + [3 << 20, 48 << 20 | 6]  # a state's blocks, a short last one, its pieces
     data = torch.randint(0, 256, (sum(sizes),), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
     assert file_sums(data.cuda(), sizes) == file_sums(data, sizes)
+
+
+def test_a_file_longer_than_a_group_sums_in_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checksum, "GROUP_BYTES", 64)
+    data = random.Random(6).randbytes(1000)
+    assert file_sums(tensor(data + data[:10]), [1000, 0, 10]) == [defined(data), 0, defined(data[:10])]

@@ -38,7 +38,8 @@ def keys(first: int, count: int, device: torch.device) -> torch.Tensor:
 
 
 def _cached_keys(count: int, device: torch.device) -> torch.Tensor:
-    """``keys(0, count)``, kept: every block of a state has the same length."""
+    """``keys(0, count)``, kept: every whole block of every state has the same length (a 256-token
+    block of the 9B shape: 8 MiB, its keys 16 MiB)."""
     name = (str(device), count)
     if name not in _keys:
         _keys[name] = keys(0, count, device)
@@ -94,10 +95,14 @@ def file_sums(data: torch.Tensor, sizes: list[int]) -> list[int]:
         while (index + run < len(sizes) and sizes[index + run] == size and size % 4 == 0
                and (data.storage_offset() + at) % 4 == 0):
             run += 1
-        if size % 4 or run == 1:
-            padded = _padded(data[at:at + size])
-            parts.append(_row_halves(padded.view(torch.int32)[None], _cached_keys(padded.numel() // 4,
-                                                                                  data.device)))
+        if size % 4 or run == 1:  # a group at a time, its halves summed on the device
+            words = _padded(data[at:at + size]).view(torch.int32)
+            step = GROUP_BYTES // 4
+            halves = [_row_halves(words[first:first + step][None],
+                                  keys(first, words[first:first + step].numel(), data.device))
+                      for first in range(0, max(words.numel(), 1), step)]
+            high, low = torch.stack([h for h, _ in halves]), torch.stack([lo for _, lo in halves])
+            parts.append((high.sum(0), low.sum(0)))
         else:
             rows = data[at:at + size * run].view(run, size).view(torch.int32)
             row_keys = _cached_keys(size // 4, data.device)
@@ -105,9 +110,9 @@ def file_sums(data: torch.Tensor, sizes: list[int]) -> list[int]:
             for first in range(0, run, group):
                 parts.append(_row_halves(rows[first:first + group], row_keys))
         at, index = at + size * run, index + run
-    high = torch.cat([h for h, _ in parts]).tolist() if parts else []
-    low = torch.cat([lo for _, lo in parts]).tolist() if parts else []
-    return [(h << 32) + lo for h, lo in zip(high, low, strict=True)]
+    highs = torch.cat([h for h, _ in parts]).tolist() if parts else []
+    lows = torch.cat([lo for _, lo in parts]).tolist() if parts else []
+    return [(h << 32) + lo for h, lo in zip(highs, lows, strict=True)]
 
 
 class WordSum:
