@@ -73,6 +73,23 @@ async def test_a_second_turn_resumes_and_answers_as_fresh(server: ServedDaemon, 
     assert census(server) == at_load  # pages only kept states hold count free
 
 
+async def test_a_request_that_bypasses_the_cache_neither_resumes_nor_keeps(server: ServedDaemon) -> None:
+    first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Write a loop."}]
+    async with httpx.AsyncClient(base_url=server.url(), timeout=120) as client:
+        turn1 = await chat(client, first, SAMPLINGS["greedy"])
+        second = [*first, {"role": "assistant", "content": turn1["choices"][0]["message"]["content"]},
+                  {"role": "user", "content": "Now a function."}]
+        before = server.admin_call("learn")["learn"]["memory"]  # type: ignore[index]
+        bypassed = await chat(client, second, SAMPLINGS["greedy"], cache=False)
+        after = server.admin_call("learn")["learn"]["memory"]  # type: ignore[index]
+        resumed = await chat(client, second, SAMPLINGS["greedy"])
+    assert cached(bypassed) == 0 and cached(resumed) > 0
+    counted = ("entries", "hits", "misses")
+    assert [after[name] for name in counted] == [before[name] for name in counted]
+    assert bypassed["tfd"]["token_sha"] == resumed["tfd"]["token_sha"]
+    evicted(server)
+
+
 async def test_admin_and_metrics_report_the_cache(server: ServedDaemon) -> None:
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Count to three."}]
     async with httpx.AsyncClient(base_url=server.url(), timeout=120) as client:

@@ -55,6 +55,7 @@ def test_a_prompt_over_the_context_is_refused_before_any_stream_byte(server: Ser
     ({**CHAT, "n": 2}, "n", "n must be 1"),
     ({**CHAT, "presence_penalty": 0.5}, "presence_penalty", "not supported"),
     ({**CHAT, "stream": "yes"}, "stream", "boolean"),
+    ({**CHAT, "cache": "no"}, "cache", "boolean"),
     ({**CHAT, "top_logprobs": 3}, "top_logprobs", "needs logprobs"),
     ({"messages": []}, "messages", "non-empty"),
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "one of"),

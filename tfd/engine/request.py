@@ -42,6 +42,7 @@ class Request:
     arrived: float = 0.0  # monotonic time the server received it
     draft: bool = True  # MTP drafts where the server drafts; False: the serial reference
     keep_at: tuple[int, ...] = ()  # prompt positions to keep states near (a chat's latest user message)
+    cache: bool = True  # resume from kept states and keep new ones; False: prefilled as without a cache
 
     @property
     def window(self) -> int:

@@ -24,8 +24,9 @@ from tfd.store.store import Image, Refused
 def choose(kept: KeptStates | None, learned: Learned | None, lane: Lane, drafts: bool
            ) -> tuple[KeptState | None, Image | None]:
     """The kept state or the learned image ``lane`` resumes from (at most one), or neither; a lane
-    of a runner without a prompt cache keeps nothing (its keep points are cleared)."""
-    if kept is None:
+    of a runner without a prompt cache, or whose request bypasses it, keeps nothing (its keep points
+    are cleared: its prompt is chunked as on a server without a cache)."""
+    if kept is None or not lane.request.cache:
         lane.keep_points = ()
         return None, None
     state = kept.admission(lane, drafts)
@@ -38,7 +39,7 @@ def choose(kept: KeptStates | None, learned: Learned | None, lane: Lane, drafts:
 def start(model: HybridModel, kept: KeptStates | None, learned: Learned | None, lane: Lane,
           state: KeptState | None, image: Image | None, drafts: bool) -> None:
     """Put a lane just opened (pieces initialised, no row page yet) at ``state`` or ``image``."""
-    if kept is None:
+    if kept is None or not lane.request.cache:  # a bypass is neither a hit nor a miss
         return
     if state is not None:
         kept.resume(lane, state)

@@ -167,7 +167,8 @@ class OpenAI:
         max_tokens = common.max_tokens if common.max_tokens is not None else max(context - len(ids), 1)
         stop_ids = () if common.ignore_eos else service.loaded.eos_ids
         request = Request(f"{api}-{uuid.uuid4().hex}", ids, max_tokens, common.sampling, common.stop,
-                          stop_ids, arrived=time.monotonic(), draft=common.draft, keep_at=marks)
+                          stop_ids, arrived=time.monotonic(), draft=common.draft, keep_at=marks,
+                          cache=common.cache)
         try:
             self.lifecycle.begin_work()
         except NotAdmitting as refusal:

@@ -46,6 +46,7 @@ class Common:
     ignore_eos: bool
     return_token_ids: bool
     draft: bool
+    cache: bool  # resume from and keep prompt states; False: prefilled as on a server without a cache
 
 
 @attrs.frozen
@@ -130,7 +131,8 @@ def _common(fields: dict[str, Any], max_tokens: int | None, logprobs: int | None
     return Common(model=model, max_tokens=max_tokens, sampling=sampling, stop=_stop(fields),
                   stream=_bool(fields, "stream"), include_usage=include_usage,
                   ignore_eos=_bool(fields, "ignore_eos"), return_token_ids=_bool(fields, "return_token_ids"),
-                  draft=_default(_optional_bool(fields, "draft"), True))
+                  draft=_default(_optional_bool(fields, "draft"), True),
+                  cache=_default(_optional_bool(fields, "cache"), True))
 
 
 def _object(body: object) -> dict[str, Any]:
