@@ -162,6 +162,20 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
     table.add_flags(train, scopes=("core",), only=TRAIN_ROWS)
     train.set_defaults(command=run_train_demo)
 
+    kit = commands.add_parser("conformance", help="check a live server against the contract",
+                              description="Run the contract's gates against a running tfd through its HTTP "
+                              "API and admin socket and print a table; exit 0 only when every gate holds. "
+                              "Or compare two reports key by key.")
+    kit.add_argument("--url", metavar="URL", help="the server, http://host:port")
+    kit.add_argument("--admin", metavar="SOCKET",
+                     help="its admin socket (the cancel and evict gates need it)")
+    kit.add_argument("--api-key", metavar="KEY", help="a key of its TF_API_KEYS, when it wants one")
+    kit.add_argument("--profile", choices=["quick", "full"], default="quick",
+                     help="quick: 3 prompts, 1-4 streams; full: 10 prompts, 1-8 streams, drafts on and off")
+    kit.add_argument("--json", metavar="OUT", help="write the report, every row's key and value, here")
+    kit.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two reports key by key")
+    kit.set_defaults(command=run_conformance)
+
     env = commands.add_parser("env", help="the environment table",
                               description="Print the environment table with current values.")
     mode = env.add_mutually_exclusive_group()
@@ -244,6 +258,12 @@ def run_admin(table: Table, args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     print(json.dumps(answer, indent=2))
     return 0 if answer.get("ok") is True else EXIT_FAILURE
+
+
+def run_conformance(table: Table, args: argparse.Namespace) -> int:
+    from tfd.conformance.kit import main as conformance
+
+    return conformance(args)
 
 
 def run_generate(table: Table, args: argparse.Namespace) -> int:

@@ -1,0 +1,109 @@
+"""The conformance kit's view of a live server: its OpenAI API over HTTP and its admin socket.
+
+Plain blocking calls (``http.client``, one connection a call) so that gates run requests side by
+side from threads, as separate clients would. ``leave`` opens a streaming request and drops the
+connection at a chosen moment, as a client that goes away does.
+
+Error handling: a server that does not answer raises ``OSError`` (refused, reset, timed out); an
+answer that is not JSON where JSON is due raises ``ValueError``; HTTP errors are answers (their
+status and body are returned), since refusals are what some gates check.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from tfd.server.admin import call
+
+
+@attrs.frozen
+class Answer:
+    status: int
+    body: dict[str, Any]
+
+
+class Client:
+    """``url`` (http://host:port), its API key if it wants one, and its admin socket if given."""
+
+    def __init__(self, url: str, api_key: str | None = None, admin: Path | None = None,
+                 timeout: float = 300.0) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme != "http" or not parsed.hostname:
+            raise ValueError(f"--url must be http://host:port, not {url!r}")
+        self.host, self.port = parsed.hostname, parsed.port or 80
+        self.headers = {"Content-Type": "application/json"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+        self.admin_path = admin
+        self.timeout = timeout
+
+    def post(self, path: str, body: object, raw: bytes | None = None) -> Answer:
+        """POST ``body`` as JSON (or ``raw`` bytes) to ``path``; the status and the JSON answer."""
+        connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        try:
+            payload = raw if raw is not None else json.dumps(body).encode()
+            connection.request("POST", path, payload, self.headers)
+            response = connection.getresponse()
+            data = response.read()
+        finally:
+            connection.close()
+        try:
+            answer = json.loads(data)
+        except ValueError:
+            raise ValueError(f"POST {path} answered {response.status} with no JSON: {data[:120]!r}") from None
+        return Answer(response.status, answer if isinstance(answer, dict) else {"answer": answer})
+
+    def get(self, path: str) -> Answer:
+        connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        try:
+            connection.request("GET", path, headers=self.headers)
+            response = connection.getresponse()
+            data = response.read()
+        finally:
+            connection.close()
+        try:
+            return Answer(response.status, json.loads(data))
+        except ValueError:
+            return Answer(response.status, {"text": data.decode(errors="replace")})
+
+    def leave(self, path: str, body: dict[str, Any], after_chunks: int) -> int:
+        """Stream ``body`` and drop the connection once ``after_chunks`` chunks came (0: as soon as
+        the request is sent, mid-prefill); the chunks read."""
+        connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        try:
+            connection.request("POST", path, json.dumps({**body, "stream": True}).encode(), self.headers)
+            if after_chunks == 0:
+                time.sleep(0.05)  # the server has the request; its prefill is under way
+                return 0
+            response = connection.getresponse()
+            chunks = 0
+            while chunks < after_chunks:
+                line = response.readline()
+                if not line:
+                    break
+                chunks += line.startswith(b"data: ")
+            return chunks
+        finally:
+            connection.close()  # the client is gone
+
+    def admin(self, command: str) -> dict[str, Any]:
+        """An admin command's answer (``ValueError`` when the kit has no socket or it says no)."""
+        if self.admin_path is None:
+            raise ValueError(f"admin {command}: the kit was given no --admin socket")
+        answer = call(self.admin_path, command)
+        if answer.get("ok") is not True:
+            raise ValueError(f"admin {command} answered {answer}")
+        found = answer.get(command)
+        return found if isinstance(found, dict) else {"value": found}
+
+    def census(self) -> dict[str, Any]:
+        census = self.admin("pool")["census"]
+        assert isinstance(census, dict)
+        return census

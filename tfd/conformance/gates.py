@@ -1,0 +1,211 @@
+"""The contract's gates, run against a live server through its HTTP API and admin socket.
+
+Each gate sends requests and returns rows (``tfd.conformance.report``): repeat (the same request
+twice, the same tokens), concurrent == solo (1 to 8 requests side by side, each as it was alone),
+drafted == plain (``"draft": false`` the reference), resumed == fresh (a conversation's second turn
+from the prompt cache against ``"cache": false``), refusals (each bad input's status and code),
+cancel (clients leaving mid-prefill, mid-decode and while queued; then the census is the one at
+the start) and evict (after admin ``evict`` a second turn starts fresh and still answers the same).
+Generations are fixed-length (``ignore_eos``) so that every reply has the same tokens to compare.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import attrs
+
+from tfd.conformance.client import Answer, Client
+from tfd.conformance.report import Row
+
+SAMPLINGS: dict[str, dict[str, Any]] = {"greedy": {"temperature": 0.0},
+                                        "seeded": {"temperature": 0.9, "top_p": 0.95, "seed": 7}}
+TOPICS = ("a function that sums a list", "a class for a bank account", "reading a file line by line",
+          "a binary search", "parsing command-line flags", "a retry with backoff", "merging two dicts",
+          "a context manager that times a block", "a generator of primes", "a tiny HTTP handler")
+SETTLE_S = 30.0  # a cancel takes effect at the next step; the census may lag that long at most
+
+
+@attrs.frozen
+class Profile:
+    name: str
+    prompts: int
+    levels: tuple[int, ...]
+    drafts: tuple[bool, ...]  # the concurrent gate's draft settings
+    conversations: int
+    new_tokens: int
+
+
+PROFILES = {"quick": Profile("quick", 3, (1, 2, 4), (True,), 2, 12),
+            "full": Profile("full", 10, (1, 2, 4, 8), (True, False), 4, 32)}
+
+
+def prompt(index: int) -> str:
+    return f"# {TOPICS[index % len(TOPICS)]}\ndef "
+
+
+class Gates:
+    """The gates of ``profile`` against ``client``; ``solo`` holds each (prompt, sampling)'s tokens
+    alone, as the repeat gate saw them."""
+
+    def __init__(self, client: Client, profile: Profile) -> None:
+        self.client = client
+        self.profile = profile
+        self.solo: dict[tuple[int, str], str] = {}
+
+    def complete(self, index: int, sampling: str, **extra: Any) -> Answer:
+        body = {"prompt": prompt(index), "max_tokens": self.profile.new_tokens, "ignore_eos": True,
+                **SAMPLINGS[sampling], **extra}
+        return self.client.post("/v1/completions", body)
+
+    def repeat(self) -> list[Row]:
+        rows = []
+        for index in range(self.profile.prompts):
+            for sampling in SAMPLINGS:
+                first, second = (self.complete(index, sampling, cache=False) for _ in range(2))
+                shas = [sha(first), sha(second)]
+                self.solo[index, sampling] = shas[0]
+                rows.append(Row("repeat", {"prompt": index, "sampling": sampling}, shas[0], shas[0] == shas[1]
+                                and first.status == 200, "" if shas[0] == shas[1] else f"twice: {shas}"))
+        return rows
+
+    def concurrent(self) -> list[Row]:
+        rows = []
+        for level in self.profile.levels:
+            for sampling in SAMPLINGS:
+                for draft in self.profile.drafts:
+                    indices = [i % self.profile.prompts for i in range(level)]
+                    with ThreadPoolExecutor(level) as pool:
+                        sent = [pool.submit(self.complete, i, sampling, cache=False, draft=draft)
+                                for i in indices]
+                        answers = [future.result() for future in sent]
+                    for slot, (index, answer) in enumerate(zip(indices, answers, strict=True)):
+                        alone = self.solo[index, sampling]
+                        key = {"prompt": index, "sampling": sampling, "concurrency": level, "slot": slot,
+                               "drafts": draft}
+                        rows.append(Row("concurrent", key, sha(answer), sha(answer) == alone,
+                                        f"prompt {index} {sampling} at {level}: {sha(answer)} alone {alone}"))
+        return rows
+
+    def drafted(self) -> list[Row]:
+        rows = []
+        for index in range(self.profile.prompts):
+            for sampling in SAMPLINGS:
+                plain = self.complete(index, sampling, cache=False, draft=False)
+                drafted = self.complete(index, sampling, cache=False, draft=True)
+                counts = drafted.body.get("tfd", {})
+                detail = (f"prompt {index} {sampling}: drafted {sha(drafted)} plain {sha(plain)} "
+                          f"({counts.get('accepted')} of {counts.get('drafted')} drafts held)")
+                for draft, answer in ((False, plain), (True, drafted)):
+                    rows.append(Row("drafted", {"prompt": index, "sampling": sampling, "drafts": draft},
+                                    sha(answer), sha(drafted) == sha(plain) and answer.status == 200, detail))
+        return rows
+
+    def conversation(self, index: int, sampling: str) -> tuple[list[dict[str, str]], Answer]:
+        """A first turn, and the messages of the second."""
+        first = [{"role": "system", "content": "You write short Python. " * 8},
+                 {"role": "user", "content": f"Write {TOPICS[index % len(TOPICS)]}."}]
+        turn1 = self.chat(first, sampling)
+        reply = turn1.body.get("choices", [{}])[0].get("message", {}).get("content", "")
+        return [*first, {"role": "assistant", "content": reply},
+                {"role": "user", "content": "Now make it shorter."}], turn1
+
+    def chat(self, messages: list[dict[str, str]], sampling: str, **extra: Any) -> Answer:
+        body = {"messages": messages, "max_tokens": self.profile.new_tokens, "ignore_eos": True,
+                **SAMPLINGS[sampling], **extra}
+        return self.client.post("/v1/chat/completions", body)
+
+    def resumed(self) -> list[Row]:
+        rows = []
+        for index in range(self.profile.conversations):
+            for sampling in SAMPLINGS:
+                second, _ = self.conversation(index, sampling)
+                resumed = self.chat(second, sampling)
+                fresh = self.chat(second, sampling, cache=False)
+                detail = (f"conversation {index} {sampling}: resumed ({cached(resumed)} cached) "
+                          f"{sha(resumed)}, fresh {sha(fresh)}")
+                rows.append(Row("resumed", {"conversation": index, "sampling": sampling}, sha(resumed),
+                                sha(resumed) == sha(fresh) and resumed.status == 200, detail))
+        return rows
+
+    def evict(self) -> list[Row]:
+        rows = []
+        for sampling in SAMPLINGS:
+            second, _ = self.conversation(0, sampling)
+            self.chat(second, sampling)  # kept again
+            self.client.admin("evict")
+            after = self.chat(second, sampling)
+            fresh = self.chat(second, sampling, cache=False)
+            held = sha(after) == sha(fresh) and cached(after) == 0
+            detail = f"{sampling}: after evict {cached(after)} cached, {sha(after)}, fresh {sha(fresh)}"
+            rows.append(Row("evict", {"conversation": 0, "sampling": sampling}, sha(after), held, detail))
+        return rows
+
+    def refusals(self, context: int | None) -> list[Row]:
+        long_prompt = "word " * (2 * context if context else 1 << 20)
+        ok = {"prompt": "x", "max_tokens": 4}
+        cases: list[tuple[str, Callable[[], Answer], int, str]] = [
+            ("over-long", lambda: self.client.post("/v1/completions", {**ok, "prompt": long_prompt}),
+             400, "context_length_exceeded"),
+            ("malformed", lambda: self.client.post("/v1/completions", None, raw=b'{"prompt": '), 400, ""),
+            ("unknown model", lambda: self.client.post("/v1/completions", {**ok, "model": "no-such-model"}),
+             404, "model_not_found"),
+            ("bad temperature", lambda: self.client.post("/v1/completions", {**ok, "temperature": "hot"}),
+             400, "temperature"),
+            ("bad top_p", lambda: self.client.post("/v1/completions", {**ok, "top_p": 0}), 400, "top_p"),
+            ("n > 1", lambda: self.client.post("/v1/completions", {**ok, "n": 2}), 400, "n"),
+        ]
+        rows = []
+        for name, send, status, says in cases:
+            answer = send()
+            error = answer.body.get("error", {})
+            value = f"{answer.status} {error.get('code')} {error.get('param')}"
+            held = answer.status == status and (not says or says in (error.get("code"), error.get("param")))
+            rows.append(Row("refusals", {"refusal": name}, value, held,
+                            f"{name}: {value}, want {status} {says}".strip()))
+        return rows
+
+    def cancel(self, at_start: dict[str, Any], lanes: int) -> list[Row]:
+        long_prompt = "def f(x):\n    return x\n" * 200
+        body = {"prompt": prompt(0), "max_tokens": 512, "ignore_eos": True, "temperature": 0.0}
+        cases: list[tuple[str, Callable[[], object]]] = [
+            ("mid-prefill", lambda: self.client.leave("/v1/completions", {**body, "prompt": long_prompt}, 0)),
+            ("mid-decode", lambda: self.client.leave("/v1/completions", body, 3)),
+            ("while queued", lambda: self._flood(body, lanes + 2)),
+        ]
+        rows = []
+        for name, leave in cases:
+            leave()
+            census = self._settled(at_start)
+            value = "census at start" if census == at_start else "census differs"
+            rows.append(Row("cancel", {"cancel": name}, value, census == at_start,
+                            f"{name}: census {census}, at start {at_start}"))
+        return rows
+
+    def _flood(self, body: dict[str, Any], count: int) -> None:
+        """``count`` clients at once (more than the server's lanes: some wait in its queue), all gone
+        before their first chunk."""
+        with ThreadPoolExecutor(count) as pool:
+            list(pool.map(lambda _: self.client.leave("/v1/completions", body, 0), range(count)))
+
+    def _settled(self, want: dict[str, Any]) -> dict[str, Any]:
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            census = self.client.census()
+            if census == want or time.monotonic() > deadline:
+                return census
+            time.sleep(0.1)
+
+
+def sha(answer: Answer) -> str:
+    """A reply's token sha, or what it said instead."""
+    if answer.status != 200:
+        return f"status {answer.status}"
+    return str(answer.body.get("tfd", {}).get("token_sha"))
+
+
+def cached(answer: Answer) -> int:
+    return int(answer.body.get("usage", {}).get("prompt_tokens_details", {}).get("cached_tokens", 0) or 0)
