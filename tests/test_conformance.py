@@ -1,16 +1,19 @@
-"""``tfd conformance`` against a real daemon (the tiny Qwen3.5 checkpoint with a drafting head): every
-gate holds through the HTTP API and the admin socket, the JSON report keeps every row's key and
-value, and two runs compare equal key by key; without the admin socket the run does not pass."""
+"""``tfd conformance`` against a real daemon (the demo model, its trained head drafting): every gate
+holds through the HTTP API and the admin socket, the JSON report keeps every row's key and value,
+two runs compare equal key by key, and so do runs with drafts on and off; without the admin socket
+the run does not pass."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from support import ServedDaemon, tiny_server
+from support import ServedDaemon
 from tfd.cli import main
 from tfd.conformance import report
 from tfd.conformance.report import Report, Row
@@ -18,8 +21,21 @@ from tfd.conformance.report import Report, Row
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServedDaemon]:
-    with tiny_server("qwen3_5", head=True, TF_DRAFTS="1", TF_MTP_DRAFTS="2", TF_MTP_CONFIDENCE="0") as daemon:
-        yield daemon
+    workdir = Path(tempfile.mkdtemp(prefix="tfd-", dir="/tmp"))
+    daemon = ServedDaemon(workdir)
+    try:
+        yield daemon.start(timeout=120)
+    finally:
+        daemon.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def first_run(server: ServedDaemon, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The quick profile's report of the demo server (drafting), once for the module."""
+    out = tmp_path_factory.mktemp("kit") / "a.json"
+    assert kit("--url", server.url(), "--admin", str(server.admin), "--json", str(out)) == 0
+    return out
 
 
 def kit(*args: str) -> int:
@@ -28,11 +44,11 @@ def kit(*args: str) -> int:
     return int(ended.value.code or 0)
 
 
-def test_every_gate_holds_and_two_runs_agree(server: ServedDaemon, tmp_path: Path,
+def test_every_gate_holds_and_two_runs_agree(server: ServedDaemon, first_run: Path, tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    first, second = tmp_path / "a.json", tmp_path / "b.json"
-    for out in (first, second):
-        assert kit("--url", server.url(), "--admin", str(server.admin), "--json", str(out)) == 0
+    first, second = first_run, tmp_path / "b.json"
+    capsys.readouterr()
+    assert kit("--url", server.url(), "--admin", str(server.admin), "--json", str(second)) == 0
     printed = capsys.readouterr().out
     assert "every gate holds" in printed
     for gate in report.GATES:
@@ -49,6 +65,17 @@ def test_every_gate_holds_and_two_runs_agree(server: ServedDaemon, tmp_path: Pat
     keys = len({Row(**row).name for row in words["rows"]})
     rows = len(json.loads(second.read_text())["rows"])
     assert f"{len(words['rows'])} and {rows} rows, {keys} keys in both, 0 differ" in compared
+
+
+def test_runs_with_drafts_on_and_off_agree(first_run: Path, served: type[ServedDaemon], tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    plain = served(TF_DRAFTS="0").start(timeout=120)
+    drafted, serial = first_run, tmp_path / "serial.json"
+    assert kit("--url", plain.url(), "--admin", str(plain.admin), "--json", str(serial)) == 0
+    drafts = [row["key"] for row in json.loads(drafted.read_text())["rows"] if row["gate"] == "drafted"]
+    assert drafts and any(row.get("drafts") for row in drafts)
+    assert kit("--compare", str(drafted), str(serial)) == 0
+    assert " 0 differ; 0 and 0 keys in one alone" in capsys.readouterr().out
 
 
 def test_a_run_without_the_admin_socket_does_not_pass(server: ServedDaemon,

@@ -39,7 +39,7 @@ class Profile:
     new_tokens: int
 
 
-PROFILES = {"quick": Profile("quick", 3, (1, 2, 4), (True,), 2, 12),
+PROFILES = {"quick": Profile("quick", 3, (1, 2, 4), (True, False), 2, 12),
             "full": Profile("full", 10, (1, 2, 4, 8), (True, False), 4, 32)}
 
 

@@ -1,0 +1,80 @@
+"""Planted faults turn the conformance kit red by name. Each faulty variant is built here, in the
+test, on a daemon run in-process (the shipped code has none): a resume that reads a kept state one
+token early fails resumed == fresh; a batched step that gives a lane after the first the wrong
+position fails concurrent == solo; a verify round's commit that skips the conv tail fails drafted ==
+plain."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import trio
+
+from kernels import conv1d
+from support import InProcessDaemon
+from tfd.conformance.client import Client
+from tfd.conformance.kit import check
+from tfd.conformance.report import Report
+from tfd.engine.kept import KeptState, KeptStates
+from tfd.engine.lane import Lane
+from tfd.model.decode import Columns, DecodeBatch
+
+
+async def checked(workdir: Path) -> Report:
+    """The quick profile against a daemon of the demo model (trained: its tokens follow its state
+    closely, where a tiny random checkpoint's barely move), in this process."""
+    async with trio.open_nursery() as nursery:
+        served = InProcessDaemon(workdir)
+        await nursery.start(served.run)
+        client = Client(served.url, None, served.daemon.admin_path)
+        found = await trio.to_thread.run_sync(check, client, served.url, "quick")
+        served.daemon.lifecycle.request_drain("test over")
+    return found
+
+
+def failing(report: Report) -> set[str]:
+    return {row.gate for row in report.rows if not row.ok}
+
+
+async def test_a_state_read_one_token_early_fails_resumed(short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    real = KeptStates.resume
+
+    def early(self: KeptStates, lane: Lane, state: KeptState) -> None:
+        real(self, lane, state)
+        lane.position = lane.cached = state.position - 1  # the state's last token goes in twice
+
+    monkeypatch.setattr(KeptStates, "resume", early)
+    found = await checked(short_tmp)
+    assert "resumed" in failing(found) and not found.ok
+    assert {"repeat", "concurrent", "drafted", "refusals", "cancel"}.isdisjoint(failing(found))
+
+
+async def test_a_lane_whose_batch_slot_moves_its_position_fails_concurrent(
+        short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = DecodeBatch.of
+
+    def shifted(columns: list[list[int]], layout: Columns, device: torch.device) -> DecodeBatch:
+        # every row of a lane after the batch's first (a lane: its offsets and pages) one position on
+        first = next((tuple(column[6:]) for column in columns if column[5] >= 0), None)
+        moved = [column if column[5] < 0 or tuple(column[6:]) == first
+                 else [column[0], column[1] + 1, column[2] + 1, *column[3:]] for column in columns]
+        return real(moved, layout, device)
+
+    monkeypatch.setattr(DecodeBatch, "of", staticmethod(shifted))
+    found = await checked(short_tmp)
+    assert "concurrent" in failing(found) and not found.ok
+    assert {"repeat", "resumed", "refusals", "cancel"}.isdisjoint(failing(found))
+    wrong = [row for row in found.rows if row.gate == "concurrent" and not row.ok]
+    assert all(row.key["concurrency"] > 1 for row in wrong)
+
+
+async def test_a_rollback_that_skips_the_conv_tail_fails_drafted(short_tmp: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # a verify round's commit leaves each GDN layer's conv tail as it was before the window
+    monkeypatch.setattr(conv1d, "reference_rebuild", lambda *args, **kwargs: None)
+    found = await checked(short_tmp)
+    assert "drafted" in failing(found) and not found.ok
+    assert {"refusals", "cancel"}.isdisjoint(failing(found))
