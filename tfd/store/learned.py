@@ -41,8 +41,8 @@ from tfd.store.sealed import Writer
 from tfd.store.store import BLOCK_ROWS, Image, Refused, Store
 
 log = logging.getLogger("tfd.learn")
-# files read and checked at once when a state is read back: on the H200's host 16 threads read 8 MiB
-# files from the page cache at 39 GB/s, 8 at 29, one at 3.7
+# files read at once when a state is read back (their sums are checked on the device): on the
+# H200's host 16 threads read 8 MiB files from the page cache at 39 GB/s, 8 at 29, one at 3.7
 READ_THREADS = min(16, os.cpu_count() or 1)
 
 
