@@ -1,7 +1,7 @@
 """``tfd conformance`` against a real daemon (the demo model, its trained head drafting): every gate
 holds through the HTTP API and the admin socket, the JSON report keeps every row's key and value,
 two runs compare equal key by key, and so do runs with drafts on and off; without the admin socket
-the run does not pass."""
+the run does not pass. Every family's tiny checkpoint passes too."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tiny_models import FAMILIES
 
-from support import ServedDaemon
+from support import ServedDaemon, tiny_server
 from tfd.cli import main
 from tfd.conformance import report
 from tfd.conformance.report import Report, Row
@@ -101,3 +102,10 @@ def test_compare_names_the_keys_that_differ(tmp_path: Path, capsys: pytest.Captu
 def test_an_unreachable_server_is_named(capsys: pytest.CaptureFixture[str]) -> None:
     assert kit("--url", "http://127.0.0.1:9") == 1
     assert "http://127.0.0.1:9" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_passes(family: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # each family's tiny checkpoint with a drafting head, so every gate has drafts to check
+    with tiny_server(family, head=True, TF_DRAFTS="1", TF_MTP_DRAFTS="2", TF_MTP_CONFIDENCE="0") as daemon:
+        assert kit("--url", daemon.url(), "--admin", str(daemon.admin)) == 0, capsys.readouterr().out
