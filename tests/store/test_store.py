@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tfd.store import sealed
-from tfd.store.checksum import file_sums
+from tfd.store.checksum import mismatched
 from tfd.store.sealed import Writer
 from tfd.store.store import Image, Refused, Store
 
@@ -159,8 +159,7 @@ def test_the_callers_check_of_the_sums_refuses_a_flipped_byte(tmp_path: Path, ho
     sizes = [size for _, size in made.blocks] + [made.piece_bytes]
 
     def check(expected: list[int]) -> list[int]:
-        found = file_sums(torch.frombuffer(into, dtype=torch.uint8), sizes)
-        return [place for place, (a, b) in enumerate(zip(found, expected, strict=True)) if a != b]
+        return mismatched(torch.frombuffer(into, dtype=torch.uint8), sizes, expected)
 
     if how is None:
         store.read(made, memoryview(into), check=check)

@@ -46,32 +46,29 @@ class Client:
 
     def post(self, path: str, body: object, raw: bytes | None = None) -> Answer:
         """POST ``body`` as JSON (or ``raw`` bytes) to ``path``; the status and the JSON answer."""
-        connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
-        try:
-            payload = raw if raw is not None else json.dumps(body).encode()
-            connection.request("POST", path, payload, self.headers)
-            response = connection.getresponse()
-            data = response.read()
-        finally:
-            connection.close()
+        status, data = self._exchange("POST", path, raw if raw is not None else json.dumps(body).encode())
         try:
             answer = json.loads(data)
         except ValueError:
-            raise ValueError(f"POST {path} answered {response.status} with no JSON: {data[:120]!r}") from None
-        return Answer(response.status, answer if isinstance(answer, dict) else {"answer": answer})
+            raise ValueError(f"POST {path} answered {status} with no JSON: {data[:120]!r}") from None
+        return Answer(status, answer if isinstance(answer, dict) else {"answer": answer})
 
     def get(self, path: str) -> Answer:
+        status, data = self._exchange("GET", path, None)
+        try:
+            return Answer(status, json.loads(data))
+        except ValueError:
+            return Answer(status, {"text": data.decode(errors="replace")})
+
+    def _exchange(self, method: str, path: str, payload: bytes | None) -> tuple[int, bytes]:
+        """One request on a connection of its own: the status and the whole body."""
         connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         try:
-            connection.request("GET", path, headers=self.headers)
+            connection.request(method, path, payload, self.headers)
             response = connection.getresponse()
-            data = response.read()
+            return response.status, response.read()
         finally:
             connection.close()
-        try:
-            return Answer(response.status, json.loads(data))
-        except ValueError:
-            return Answer(response.status, {"text": data.decode(errors="replace")})
 
     def leave(self, path: str, body: dict[str, Any], after_chunks: int) -> int:
         """Stream ``body`` and drop the connection once ``after_chunks`` chunks came (0: as soon as

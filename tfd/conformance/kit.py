@@ -17,9 +17,8 @@ from tfd.conformance.gates import PROFILES, Gates
 from tfd.conformance.report import Report, Row
 
 
-def setting(client: Client, name: str) -> int | None:
-    """An integer setting of the server, from its admin socket."""
-    rows = client.admin("settings")["rows"]
+def setting(rows: list[dict[str, object]], name: str) -> int | None:
+    """An integer setting among the server's ``rows`` (admin ``settings``)."""
     value = next((row["value"] for row in rows if row["name"] == name), None)
     try:
         return int(str(value))
@@ -33,8 +32,9 @@ def check(client: Client, url: str, profile_name: str) -> Report:
     gates = Gates(client, profile)
     admin = client.admin_path is not None
     at_start = client.census() if admin else {}
-    context = setting(client, "TF_CONTEXT") if admin else None
-    lanes = (setting(client, "TF_PARALLEL") if admin else None) or 8
+    settings = client.admin("settings")["rows"] if admin else []
+    context = setting(settings, "TF_CONTEXT")
+    lanes = setting(settings, "TF_PARALLEL") or 8
     rows: list[Row] = [*gates.repeat(), *gates.concurrent(), *gates.drafted(), *gates.resumed(),
                        *gates.refusals(context)]
     skipped = {}

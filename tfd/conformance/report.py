@@ -9,7 +9,7 @@ key by key on their values: the same server twice, or two builds or settings of 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +105,3 @@ def _values(rows: Iterable[Row]) -> dict[str, set[str]]:
     for row in rows:
         found.setdefault(row.name, set()).add(row.value)
     return found
-
-
-def failed(rows: Sequence[Row]) -> list[Row]:
-    return [row for row in rows if not row.ok]

@@ -56,12 +56,17 @@ def _row_halves(words: torch.Tensor, row_keys: torch.Tensor) -> tuple[torch.Tens
     return high, products.bitwise_and_(LOW).sum(1)
 
 
-def row_halves(data: torch.Tensor, first_word: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """S of the bytes ``data`` (uint8, 1-D, at most ``GROUP_BYTES``) keyed from word ``first_word``,
-    as 0-d (high, low) halves on its device, without waiting for it."""
+def halves(data: torch.Tensor, first_word: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """S of the bytes ``data`` (uint8, 1-D, any length and device) keyed from word ``first_word``,
+    as [1] (high, low) halves on its device, without waiting for it: ``GROUP_BYTES`` at a time."""
     words = _padded(data).view(torch.int32)
-    high, low = _row_halves(words[None], keys(first_word, words.numel(), data.device))
-    return high[0], low[0]
+    step = GROUP_BYTES // 4
+    pieces = [words[at:at + step] for at in range(0, max(words.numel(), 1), step)]
+    found = [_row_halves(piece[None], keys(first_word + at * step, piece.numel(), data.device))
+             for at, piece in enumerate(pieces)]
+    if len(found) == 1:
+        return found[0]
+    return torch.stack([h for h, _ in found]).sum(0), torch.stack([lo for _, lo in found]).sum(0)
 
 
 def _padded(data: torch.Tensor) -> torch.Tensor:
@@ -72,17 +77,15 @@ def _padded(data: torch.Tensor) -> torch.Tensor:
     return data if data.storage_offset() % 4 == 0 else data.clone()
 
 
+def joined(high: torch.Tensor, low: torch.Tensor) -> int:
+    """S from its [1] halves (waits for the device)."""
+    return (int(high.item()) << 32) + int(low.item())
+
+
 def word_sum(data: torch.Tensor, first_word: int = 0) -> int:
     """S of the bytes ``data`` (uint8, 1-D, any device), keyed from word ``first_word`` (waits for
     the device)."""
-    words = _padded(data).view(torch.int32)
-    total = 0
-    step = GROUP_BYTES // 4
-    for at in range(0, words.numel(), step):
-        piece = words[at:at + step]
-        high, low = _row_halves(piece[None], keys(first_word + at, piece.numel(), piece.device))
-        total += (int(high.item()) << 32) + int(low.item())
-    return total
+    return joined(*halves(data, first_word))
 
 
 def file_sums(data: torch.Tensor, sizes: list[int]) -> list[int]:
@@ -97,14 +100,8 @@ def file_sums(data: torch.Tensor, sizes: list[int]) -> list[int]:
         while (index + run < len(sizes) and sizes[index + run] == size and size % 4 == 0
                and (data.storage_offset() + at) % 4 == 0):
             run += 1
-        if size % 4 or run == 1:  # a group at a time, its halves summed on the device
-            words = _padded(data[at:at + size]).view(torch.int32)
-            step = GROUP_BYTES // 4
-            halves = [_row_halves(words[first:first + step][None],
-                                  keys(first, words[first:first + step].numel(), data.device))
-                      for first in range(0, max(words.numel(), 1), step)]
-            high, low = torch.stack([h for h, _ in halves]), torch.stack([lo for _, lo in halves])
-            parts.append((high.sum(0), low.sum(0)))
+        if size % 4 or run == 1:
+            parts.append(halves(data[at:at + size]))
         else:
             rows = data[at:at + size * run].view(run, size).view(torch.int32)
             row_keys = _cached_keys(size // 4, data.device)
@@ -115,6 +112,13 @@ def file_sums(data: torch.Tensor, sizes: list[int]) -> list[int]:
     highs = torch.cat([h for h, _ in parts]).tolist() if parts else []
     lows = torch.cat([lo for _, lo in parts]).tolist() if parts else []
     return [(h << 32) + lo for h, lo in zip(highs, lows, strict=True)]
+
+
+def mismatched(data: torch.Tensor, sizes: list[int], expected: list[int]) -> list[int]:
+    """The places of the payloads in ``data`` (as ``file_sums`` takes them) whose S is not the one
+    ``expected``."""
+    found = file_sums(data, sizes)
+    return [place for place, (a, b) in enumerate(zip(found, expected, strict=True)) if a != b]
 
 
 class WordSum:

@@ -26,7 +26,7 @@ from typing import Protocol
 
 import torch
 
-from tfd.store.checksum import row_halves
+from tfd.store.checksum import halves, joined
 
 CHUNK_BYTES = 32 << 20  # a staging buffer
 
@@ -92,8 +92,8 @@ class TorchDevice:
 
     def word_sum(self, data: torch.Tensor, first_word: int) -> Callable[[], int]:
         with self._on_stream():
-            high, low = row_halves(data, first_word)
-        return lambda: (int(high.item()) << 32) + int(low.item())
+            high, low = halves(data, first_word)
+        return lambda: joined(high, low)
 
     def _on_stream(self) -> contextlib.AbstractContextManager[object]:
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()

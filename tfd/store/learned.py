@@ -34,7 +34,7 @@ from tfd.engine.kept import KeptState, digests_of
 from tfd.engine.lane import Lane
 from tfd.engine.prefixes import keys_of
 from tfd.pool.pages import Pool
-from tfd.store.checksum import file_sums
+from tfd.store.checksum import mismatched
 from tfd.store.copies import Copier, Device, TorchDevice, host_bytes
 from tfd.store.image import block_bytes, image_of, piece_ranges, row_ranges, scatter, state_key, state_pages
 from tfd.store.sealed import Writer
@@ -138,8 +138,7 @@ class Learned:
 
         def check(expected: list[int]) -> list[int]:
             self.reading.drain()  # every file's bytes are on the device
-            found = file_sums(staged, sizes)
-            return [place for place, (a, b) in enumerate(zip(found, expected, strict=True)) if a != b]
+            return mismatched(staged, sizes, expected)
 
         self.reading.begin()  # ``staged`` may reuse memory the compute stream's queued work reads
         try:
