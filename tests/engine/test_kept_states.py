@@ -66,8 +66,9 @@ def second_turns(first: list[Request], replies: tuple[tuple[int, ...], ...]) -> 
     return made
 
 
-def cached_runner(model: HybridModel, drafting: Drafting | None, pages: int = 64) -> Runner:
-    return runner_for(model, 512, 3, graphs=False, drafting=drafting, kept_pages=pages)
+def cached_runner(model: HybridModel, drafting: Drafting | None, pages: int = 64, keep_gain: int = 0
+                  ) -> Runner:
+    return runner_for(model, 512, 3, graphs=False, drafting=drafting, kept_pages=pages, keep_gain=keep_gain)
 
 
 def kept_bytes(runner: Runner) -> dict[tuple[int, bytes, int], bytes]:
@@ -117,6 +118,26 @@ def test_a_second_turn_resumed_from_memory_draws_the_fresh_tokens(model: HybridM
     kept = runner.kept
     assert kept is not None and kept.counts.hits == 6 and kept.counts.refused == 0
     assert kept.clear() > 0 and runner.pool.free == runner.pool.pages  # no page outlives the cache
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_a_resumed_lane_keeps_nothing_closer_than_the_gain_and_the_next_turn_still_draws_fresh(
+        model: HybridModel, drafts: int) -> None:
+    drafting = Drafting(drafts, 0.0) if drafts else None
+    runner = cached_runner(model, drafting, keep_gain=128)
+    first = first_turns(1.0)
+    turn1 = drive(model, first, STEP_TOKENS, graphs=False, drafting=drafting, runner=runner)
+    kept = runner.kept
+    assert kept is not None and kept.counts.kept == 3  # a fresh lane keeps at every point: 64, 128, 192
+    second = second_turns(first, turn1.tokens)
+    fresh = drive(model, second, STEP_TOKENS, graphs=False, drafting=drafting)
+    resumed = drive(model, second, STEP_TOKENS, graphs=False, drafting=drafting, runner=runner)
+    assert resumed.cached == (64, 128, 192) and resumed.tokens == fresh.tokens
+    # their keep points (64; 128 and 192; 192 and 256) lie less than 128 tokens past where they resumed
+    assert kept.counts.kept == 3
+    again = drive(model, second, STEP_TOKENS, graphs=False, drafting=drafting, runner=runner)
+    assert again.cached == (64, 128, 192) and again.tokens == fresh.tokens
+    assert kept.counts.hits == 6 and kept.clear() == 3 and runner.pool.free == runner.pool.pages
 
 
 def test_a_state_without_the_heads_rows_serves_only_lanes_that_do_not_draft(model: HybridModel) -> None:

@@ -19,7 +19,9 @@ SYSTEM = "You answer in Python. " + " ".join(f"rule {i}: keep it short." for i i
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServedDaemon]:
-    with tiny_server("qwen3_5", head=True, TF_DRAFTS="1", TF_MTP_DRAFTS="2", TF_MTP_CONFIDENCE="0") as daemon:
+    # a resumed turn keeps at every point, so an edited last message resumes from the mark before it
+    with tiny_server("qwen3_5", head=True, TF_DRAFTS="1", TF_MTP_DRAFTS="2", TF_MTP_CONFIDENCE="0",
+                     TF_PROMPT_KEEP_GAIN="0") as daemon:
         yield daemon
 
 

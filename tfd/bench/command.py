@@ -51,7 +51,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     if args.gemm:
         return gemm_bench(model, name, device, args.out)
     if args.conversation:
-        return conversation_bench(model, name, args)
+        return conversation_bench(model, name, args, settings.value("TF_PROMPT_KEEP_GAIN", int))
     prompts = None
     if args.text:
         if args.shape or args.random_weights:
@@ -85,9 +85,11 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def conversation_bench(model: Any, name: str, args: argparse.Namespace) -> int:
-    """``--conversation``: one line and, with ``--out``, ``<name>-conversation.json``."""
-    found = conversation(model, args.prompt, args.new, not args.no_graphs, args.step_tokens)
+def conversation_bench(model: Any, name: str, args: argparse.Namespace, keep_gain: int) -> int:
+    """``--conversation``: one line and, with ``--out``, ``<name>-conversation.json``; resumed lanes
+    keep states as the daemon would (``keep_gain``: TF_PROMPT_KEEP_GAIN)."""
+    found = conversation(model, args.prompt, args.new, not args.no_graphs, args.step_tokens,
+                         keep_gain=keep_gain)
     found = {"shape": name, "commit": args.commit or commit(), **found}
     mib = found["bytes_read"] / 2**20
     print(f"{name} conversation of {found['prompt_tokens']} tokens: turn two ({found['turn2_prompt_tokens']} "

@@ -32,9 +32,10 @@ FOLLOW_UP = 64  # tokens the second turn adds after the first turn's reply
 IDENTITY = "bench"
 
 
-def learning(model: HybridModel, window: int, graphs: bool, root: Path) -> Runner:
-    """A one-lane runner whose prompt cache (room for a state) writes to a store under ``root``."""
-    runner = runner_for(model, window, 1, graphs, kept_states=1)
+def learning(model: HybridModel, window: int, graphs: bool, root: Path, keep_gain: int) -> Runner:
+    """A one-lane runner whose prompt cache (room for a state; a resumed lane keeps again
+    ``keep_gain`` tokens on) writes to a store under ``root``."""
+    runner = runner_for(model, window, 1, graphs, kept_states=1, keep_gain=keep_gain)
     store = Store(root, IDENTITY, 1 << 50, 1 << 50, 0)
     runner.learned = Learned(store, runner.pool, runner.pool.buffer.device, context=window)
     return runner
@@ -53,15 +54,16 @@ def drop_page_cache(root: Path) -> None:
 
 
 def conversation(model: HybridModel, prompt_tokens: int, new_tokens: int, graphs: bool,
-                 step_tokens: int = 8192, seed: int = 0) -> dict[str, Any]:
+                 step_tokens: int = 8192, seed: int = 0, keep_gain: int = 0) -> dict[str, Any]:
     """Turn two's time to first token read back from disk after a restart, and cold; a shorter
-    conversation first, untimed, so kernels compile before either is timed."""
-    turns(model, min(prompt_tokens, 1024), new_tokens, graphs, step_tokens, seed + 1)
-    return turns(model, prompt_tokens, new_tokens, graphs, step_tokens, seed)
+    conversation first, untimed, so kernels compile before either is timed. ``keep_gain``: as
+    TF_PROMPT_KEEP_GAIN."""
+    turns(model, min(prompt_tokens, 1024), new_tokens, graphs, step_tokens, seed + 1, keep_gain)
+    return turns(model, prompt_tokens, new_tokens, graphs, step_tokens, seed, keep_gain)
 
 
 def turns(model: HybridModel, prompt_tokens: int, new_tokens: int, graphs: bool, step_tokens: int,
-          seed: int) -> dict[str, Any]:
+          seed: int, keep_gain: int) -> dict[str, Any]:
     """One conversation: turn two read back with the page cache dropped, then again with it kept
     (a restart on the same machine), then cold."""
     generator = torch.Generator().manual_seed(seed)
@@ -70,7 +72,7 @@ def turns(model: HybridModel, prompt_tokens: int, new_tokens: int, graphs: bool,
     window = prompt_tokens + 2 * new_tokens + FOLLOW_UP
     root = Path(tempfile.mkdtemp(prefix="tfd-bench-learned-"))
     try:
-        writer = learning(model, window, graphs, root)
+        writer = learning(model, window, graphs, root, keep_gain)
         reply = drive(model, [first], step_tokens, graphs, runner=writer).tokens[0]
         began = time.perf_counter()
         assert writer.learned is not None
@@ -81,13 +83,14 @@ def turns(model: HybridModel, prompt_tokens: int, new_tokens: int, graphs: bool,
         drop_page_cache(root)
         follow = tuple(torch.randint(0, model.cfg.vocab, (FOLLOW_UP,), generator=generator).tolist())
         second = Request("turn-2", first.prompt + reply + follow, new_tokens, Sampling(temperature=0.0))
-        reader = learning(model, window, graphs, root)
+        reader = learning(model, window, graphs, root, keep_gain)
         restored = drive(model, [second], step_tokens, graphs, runner=reader)
         assert reader.learned is not None
         reader.learned.close()
         read = reader.learned.store.counts
         del reader
-        cached_reader = learning(model, window, graphs, root)  # the files are in the page cache now
+        # the files are in the page cache now
+        cached_reader = learning(model, window, graphs, root, keep_gain)
         again = drive(model, [second], step_tokens, graphs, runner=cached_reader)
         assert cached_reader.learned is not None
         cached_reader.learned.close()
@@ -100,7 +103,8 @@ def turns(model: HybridModel, prompt_tokens: int, new_tokens: int, graphs: bool,
         raise AssertionError("turn two read back from disk drew other tokens than the cold prefill")
     ttft, cold_ttft = restored.first_token_s[0], cold.first_token_s[0]
     return {"prompt_tokens": prompt_tokens, "turn2_prompt_tokens": len(second.prompt),
-            "cached_tokens": restored.cached[0], "ttft_from_disk_s": ttft, "ttft_cold_s": cold_ttft,
+            "cached_tokens": restored.cached[0], "keep_gain": keep_gain, "ttft_from_disk_s": ttft,
+            "ttft_cold_s": cold_ttft,
             "ratio": ttft / cold_ttft, "ttft_page_cache_s": again.first_token_s[0],
             "page_cache_ratio": again.first_token_s[0] / cold_ttft,
             "bytes_written": written.bytes_written, "write_wait_s": waited_s,

@@ -83,10 +83,12 @@ def prompt_of(workload: Workload, vocab: int, generator: torch.Generator) -> tup
 
 
 def runner_for(model: HybridModel, window: int, streams: int, graphs: bool, drafting: Drafting | None = None,
-               propose: Propose | None = None, kept_pages: int = 0, kept_states: int = 0) -> Runner:
+               propose: Propose | None = None, kept_pages: int = 0, kept_states: int = 0,
+               keep_gain: int = 0) -> Runner:
     """A runner on a pool sized for ``streams`` lanes of ``window`` tokens, ``kept_pages`` more pages
     for kept prompt states and room for ``kept_states`` more (their pieces and a copied page; the
-    rows they share with lanes are the lanes'): a prompt cache bounded by the pool, none without."""
+    rows they share with lanes are the lanes'): a prompt cache bounded by the pool, none without;
+    ``keep_gain`` as TF_PROMPT_KEEP_GAIN."""
     device = model.weights.embed.device
     head = drafting is not None and drafts_from_head(model)
     verify = 1 + drafting.most if drafting is not None and head else 0  # rows a window takes at most
@@ -96,7 +98,7 @@ def runner_for(model: HybridModel, window: int, streams: int, graphs: bool, draf
     pool = Pool(layout, streams * layout.need(window) + kept_pages, max_lanes=streams, device=device)
     # the cache's budget is the pool: a state's rows shared with a lane count against it too
     return Runner(model, pool, window, streams, graphs, drafting, propose,
-                  kept_bytes=pool.pages * layout.page_bytes if kept_pages else 0)
+                  kept_bytes=pool.pages * layout.page_bytes if kept_pages else 0, keep_gain=keep_gain)
 
 
 def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, graphs: bool,

@@ -83,7 +83,7 @@ class Engine:
                  heartbeat: Heartbeat | None = None,
                  on_failure: Callable[[BaseException], None] | None = None,
                  on_step: Callable[[float, int], None] | None = None, graphs: bool = False,
-                 drafting: Drafting | None = None, kept_bytes: int = 0) -> None:
+                 drafting: Drafting | None = None, kept_bytes: int = 0, keep_gain: int = 0) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.pool = pool
@@ -93,7 +93,7 @@ class Engine:
         self.on_step = on_step  # (seconds, rows) after each step, on the trio thread
         self.scheduler = Scheduler(limits.step_tokens, limits.max_lanes)
         self.runner = Runner(model, pool, limits.context, limits.max_lanes, graphs, drafting,
-                             kept_bytes=kept_bytes)
+                             kept_bytes=kept_bytes, keep_gain=keep_gain)
         self.stats = StepStats()
         self.failure: BaseException | None = None
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()

@@ -77,15 +77,17 @@ def digests_of(lane: Lane) -> list[bytes]:
 
 class KeptStates:
     """Kept states on ``pool``'s pages within ``budget`` bytes (pages any of them holds, counted
-    once); ``pieces``: a lane's state pieces to keep (not verify's buffers)."""
+    once); ``pieces``: a lane's state pieces to keep (not verify's buffers); ``gain``: the tokens a
+    resumed lane prefills past its state before it keeps another (``resume.start``)."""
 
-    def __init__(self, pool: Pool, pieces: Sequence[Piece], budget: int) -> None:
+    def __init__(self, pool: Pool, pieces: Sequence[Piece], budget: int, gain: int = 0) -> None:
         if budget <= 0:
             raise ValueError(f"a prompt cache needs a positive budget, got {budget} bytes")
         self.pool = pool
         self.pieces = tuple(pieces)
         self.map = pack(self.pieces, pool.layout.page_bytes)
         self.budget = budget
+        self.gain = gain
         self.states: collections.OrderedDict[Key, KeptState] = collections.OrderedDict()  # oldest first
         self.counts = KeptCounts()
 

@@ -5,8 +5,9 @@
 it holds a longer one (``tfd.store.learned``). ``start`` puts the lane there once it is opened: a
 memory state's rows adopted and pieces copied, a learned state read into the lane's own pages and
 then kept in memory too; a learned state the store refuses (damaged, missing) leaves the lane at the
-beginning, recomputed. ``keep`` runs after a step: each lane whose prompt chunk ended at a keep point
-keeps its state, and offers it to the disk store. Engine thread only.
+beginning, recomputed; a lane resumed passes over its keep points within the cache's ``gain`` of
+where it resumed (TF_PROMPT_KEEP_GAIN). ``keep`` runs after a step: each lane whose prompt chunk
+ended at a keep point keeps its state, and offers it to the disk store. Engine thread only.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def start(model: HybridModel, kept: KeptStates | None, learned: Learned | None, 
         return
     if state is not None:
         kept.resume(lane, state)
+        _pass_near(kept, lane)
         return
     if image is None or learned is None:
         kept.counts.misses += 1
@@ -59,6 +61,14 @@ def start(model: HybridModel, kept: KeptStates | None, learned: Learned | None, 
     kept.counts.hits += 1
     kept.counts.resumed_tokens += image.position
     kept.keep(lane, image.position, drafts)
+    _pass_near(kept, lane)
+
+
+def _pass_near(kept: KeptStates, lane: Lane) -> None:
+    """A lane just resumed passes over its keep points closer than ``kept.gain`` past its position:
+    a state is kept only where a step ends, and cutting the turn's few new rows into two steps costs
+    more launches than the next turn's first step prefilling them again."""
+    lane.keep_points = tuple(p for p in lane.keep_points if p >= lane.position + kept.gain)
 
 
 def keep(kept: KeptStates | None, learned: Learned | None, works: Sequence[Work]) -> None:

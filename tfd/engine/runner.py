@@ -120,11 +120,12 @@ class Runner:
     ``drafting``: lanes that ask for it verify drafts from the MTP head in rounds (a model with a
     head and one residual stream; the pool's layout with the head's rows and verify's buffers for
     windows of ``drafting.most + 1`` rows); ``propose`` replaces the head (a scripted one in tests).
-    ``kept_bytes``: the prompt cache's budget (``tfd.engine.kept``; 0: no cache)."""
+    ``kept_bytes``: the prompt cache's budget (``tfd.engine.kept``; 0: no cache), ``keep_gain`` the
+    tokens a resumed lane prefills before it keeps a state again."""
 
     def __init__(self, model: HybridModel, pool: Pool, context: int, max_lanes: int,
                  graphs: bool = False, drafting: Drafting | None = None,
-                 propose: Propose | None = None, kept_bytes: int = 0) -> None:
+                 propose: Propose | None = None, kept_bytes: int = 0, keep_gain: int = 0) -> None:
         self.model = model
         self.pool = pool
         self.rows = PageRows(pool)
@@ -148,7 +149,7 @@ class Runner:
         if drafting is not None and drafts_from_head(model) and self.memory is not None:
             self.rounds = Rounds(model, self.memory, self.rows, self.columns, self.offsets, drafting.most,
                                  drafting.confidence, propose, graphs, max_lanes)
-        self.kept = KeptStates(pool, model.pieces(), kept_bytes) if kept_bytes else None
+        self.kept = KeptStates(pool, model.pieces(), kept_bytes, keep_gain) if kept_bytes else None
         self.learned: Learned | None = None  # kept states on disk too (attached once the identity is known)
 
     def admit(self, lane: Lane, load: int = 1) -> Admission:

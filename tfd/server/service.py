@@ -49,6 +49,7 @@ class Prepared:
     report: LoadReport
     drafting: Drafting | None = None  # lanes draft from the MTP head
     kept_bytes: int = 0  # the prompt cache's budget (0: none)
+    keep_gain: int = 0  # tokens a resumed lane prefills before it keeps again
 
 
 def pick_device(name: str) -> torch.device:
@@ -94,7 +95,8 @@ def prepare(settings: Settings, environ: Mapping[str, str]) -> Prepared:
     report = LoadReport.of(pool, context)
     log.info("%s", report.line())
     kept_bytes = int(settings.value("TF_PROMPT_CACHE_GIB", float) * GIB)
-    return Prepared(loaded, pool, limits, name, report, drafting, kept_bytes)
+    return Prepared(loaded, pool, limits, name, report, drafting, kept_bytes,
+                    settings.value("TF_PROMPT_KEEP_GAIN", int))
 
 
 def learn_directory(settings: Settings, environ: Mapping[str, str]) -> Path:
@@ -137,7 +139,8 @@ class Service:
         self.report = prepared.report
         graphs = prepared.loaded.settings.value("TF_CUDA_GRAPHS", bool)
         self.engine = Engine(prepared.loaded.model, prepared.loaded.tokenizer, prepared.pool, prepared.limits,
-                             heartbeat, on_failure, on_step, graphs, prepared.drafting, prepared.kept_bytes)
+                             heartbeat, on_failure, on_step, graphs, prepared.drafting, prepared.kept_bytes,
+                             prepared.keep_gain)
 
     def start(self) -> None:
         self.engine.start()
