@@ -50,6 +50,7 @@ from kernels.paged_attention import (
 PREFILL_M = 128  # prefill tile rows along M: query rows x group members
 SPAN = 2048  # keys a span covers: fixed, so a row's merges never depend on the chunk
 SCRATCH_BYTES = 256 << 20  # a short chunk's partials at most; past it its tiles walk their spans
+MERGE_M, MERGE_DIMS = 16, 64  # (row, member) pairs and dims a merge program takes (powers of two)
 
 
 def _prefill_config(group_pad: int) -> dict[str, int]:
@@ -77,15 +78,16 @@ def merged(m_run, l_run, acc_run, m_span, l_span, acc_span):
 
 
 @triton.jit
-def _tile_rows(starts, cu_seqlens, max_keys, lane, tile_index, BLOCK_Q: tl.constexpr, GROUP: tl.constexpr,
-               GROUP_PAD: tl.constexpr):
-    """A tile's rows: their positions, query heads (within the kv head's group), whether each is
-    the chunk's, the last key each sees, their rows in q, and the tile's end of keys (0: no rows)."""
+def _tile_rows(starts, cu_seqlens, max_keys, lane, tile_index, first_m, BLOCK_Q: tl.constexpr,
+               GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, M: tl.constexpr):
+    """``M`` of a tile's (row, group member) pairs from the ``first_m``-th: their positions, query
+    heads (within the kv head's group), whether each is the chunk's, the last key each sees, their
+    rows in q, and the tile's end of keys (0: no rows)."""
     first_row = tl.load(cu_seqlens + lane)
     start = tl.load(starts + lane)
     end = tl.minimum(start + tl.load(cu_seqlens + lane + 1) - first_row, max_keys)
     tile = start // BLOCK_Q + tile_index  # tiles sit at multiples of BLOCK_Q absolute positions
-    m = tl.arange(0, BLOCK_Q * GROUP_PAD)
+    m = first_m + tl.arange(0, M)
     positions = tile * BLOCK_Q + m // GROUP_PAD
     members = m % GROUP_PAD
     live = (positions >= start) & (positions < end) & (members < GROUP)
@@ -129,8 +131,8 @@ def _prefill_tile(q, k_cache, v_cache, page_table, starts, cu_seqlens, out, part
     pdl.wait(PDL)
     lane = tl.program_id(1)
     kv_head = tl.program_id(2) // spans
-    members, live, limit, rows, last = _tile_rows(starts, cu_seqlens, max_keys, lane, tl.program_id(0),
-                                                  BLOCK_Q, GROUP, GROUP_PAD)
+    members, live, limit, rows, last = _tile_rows(starts, cu_seqlens, max_keys, lane, tl.program_id(0), 0,
+                                                  BLOCK_Q, GROUP, GROUP_PAD, BLOCK_Q * GROUP_PAD)
     heads = kv_head * GROUP + members
     dims = tl.arange(0, HEAD_DIM)
     query = tl.load(q + rows[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :] * stride_qd,
@@ -165,23 +167,27 @@ def _prefill_tile(q, k_cache, v_cache, page_table, starts, cu_seqlens, out, part
 @triton.jit
 def _prefill_merge(starts, cu_seqlens, out, partials, max_keys, stride_ot, stride_oh, stride_od,
                    stride_ps, stride_pt, stride_ph, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                   HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, SPAN: tl.constexpr, PDL: tl.constexpr):
-    """A split tile's spans merged from span 0 upwards, as the walking tile merges them."""
+                   HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, SPAN: tl.constexpr, M: tl.constexpr,
+                   DIMS: tl.constexpr, PDL: tl.constexpr):
+    """A split tile's spans merged from span 0 upwards, as the walking tile merges them: ``M`` of
+    its (row, member) pairs and ``DIMS`` of their dims a program (the merge is elementwise, so the
+    cut changes no bits; a whole tile a program spilled its registers, 0.6 ms a layer on the H200)."""
     pdl.wait(PDL)
     lane = tl.program_id(1)
-    kv_head = tl.program_id(2)
-    members, live, _, rows, last = _tile_rows(starts, cu_seqlens, max_keys, lane, tl.program_id(0), BLOCK_Q,
-                                              GROUP, GROUP_PAD)
+    pieces = BLOCK_Q * GROUP_PAD // M
+    kv_head = tl.program_id(2) // (HEAD_DIM // DIMS)
+    members, live, _, rows, last = _tile_rows(starts, cu_seqlens, max_keys, lane, tl.program_id(0) // pieces,
+                                              (tl.program_id(0) % pieces) * M, BLOCK_Q, GROUP, GROUP_PAD, M)
     if last > 0:
         heads = kv_head * GROUP + members
-        dims = tl.arange(0, HEAD_DIM)
-        m_run = tl.full((BLOCK_Q * GROUP_PAD,), float("-inf"), tl.float32)
-        l_run = tl.zeros((BLOCK_Q * GROUP_PAD,), tl.float32)
-        acc_run = tl.zeros((BLOCK_Q * GROUP_PAD, HEAD_DIM), tl.float32)
+        dims = (tl.program_id(2) % (HEAD_DIM // DIMS)) * DIMS + tl.arange(0, DIMS)
+        m_run = tl.full((M,), float("-inf"), tl.float32)
+        l_run = tl.zeros((M,), tl.float32)
+        acc_run = tl.zeros((M, DIMS), tl.float32)
         for first in range(0, last, SPAN):
             at = partials + (first // SPAN) * stride_ps + rows * stride_pt + heads * stride_ph
             acc = tl.load(at[:, None] + dims[None, :], mask=live[:, None], other=0.0)
-            m_i = tl.load(at + HEAD_DIM, mask=live, other=0.0)  # rows not stored: finite, never written out
+            m_i = tl.load(at + HEAD_DIM, mask=live, other=0.0)  # pairs not stored: finite, never written out
             l_i = tl.load(at + HEAD_DIM + 1, mask=live, other=1.0)
             m_run, l_run, acc_run = merged(m_run, l_run, acc_run, m_i, l_i, acc)
         tl.store(out + rows[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :] * stride_od,
@@ -227,10 +233,12 @@ def prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_
         q, k_cache, v_cache, *shared, PAGE_ROWS=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad,
         HEAD_DIM=head_dim, SPAN=span, SPLIT=split, WIDEN=INTERPRETED, **config, **pdl.options(q.device))
     if split:
-        _prefill_merge[(tiles, lanes, kv_heads)](
+        pairs = config["BLOCK_Q"] * group_pad
+        m, dims = min(MERGE_M, pairs), min(MERGE_DIMS, head_dim)
+        _prefill_merge[(tiles * (pairs // m), lanes, kv_heads * (head_dim // dims))](
             starts, cu_seqlens, out, partials, max_keys, *out.stride(), *partials.stride()[:3], GROUP=group,
-            GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_Q=config["BLOCK_Q"], SPAN=span,
-            **pdl.options(q.device))
+            GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_Q=config["BLOCK_Q"], SPAN=span, M=m, DIMS=dims,
+            num_warps=2, **pdl.options(q.device))
     return out
 
 
