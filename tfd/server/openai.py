@@ -28,6 +28,7 @@ from starlette.routing import Route
 from tfd.chat import ChatTemplateError
 from tfd.engine.engine import EngineError, Handle
 from tfd.engine.request import Emitted, Finished, Request
+from tfd.server.description import description
 from tfd.server.http import error_response
 from tfd.server.lifecycle import Lifecycle, NotAdmitting
 from tfd.server.metrics import Metrics
@@ -44,13 +45,25 @@ class OpenAI:
         self.lifecycle = lifecycle
         self.metrics = metrics
         self.service = service
+        self._description: dict[str, Any] | None = None
 
     def routes(self) -> list[Route]:
         return [Route("/v1/chat/completions", self.chat, methods=["POST"]),
                 Route("/v1/completions", self.completions, methods=["POST"]),
                 Route("/v1/models", self.models, methods=["GET"]),
                 Route("/tokenize", self.tokenize, methods=["POST"]),
-                Route("/detokenize", self.detokenize, methods=["POST"])]
+                Route("/detokenize", self.detokenize, methods=["POST"]),
+                Route("/openapi.json", self.description, methods=["GET"])]
+
+    async def description(self, request: HttpRequest) -> Response:
+        """The OpenAPI description (``tfd.server.description``) of the model served, built once."""
+        try:
+            service = self._ready()
+        except _Refusal as refusal:
+            return refusal.response
+        if self._description is None:
+            self._description = description(service.loaded.model.cfg.vocab)
+        return JSONResponse(self._description)
 
     async def chat(self, request: HttpRequest) -> Response:
         try:

@@ -22,6 +22,15 @@ MAX_TOP_LOGPROBS = 20
 SEED_MASK = (1 << 63) - 1
 T = TypeVar("T")
 NEUTRAL_PENALTIES = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0}
+# the bounds each field is read with, (lowest, highest or None); ``tfd.server.description`` states them
+INTEGERS: dict[str, tuple[int, int | None]] = {
+            "max_tokens": (1, None), "max_completion_tokens": (1, None), "n": (1, None), "best_of": (1, None),
+            "top_k": (-1, None), "seed": (-(1 << 63), (1 << 64) - 1), "top_logprobs": (0, MAX_TOP_LOGPROBS)}
+COMPLETION_LOGPROBS = (0, MAX_TOP_LOGPROBS)  # /v1/completions' logprobs: how many alternatives
+# (lowest, highest, whether the lowest itself is refused)
+NUMBERS = {"temperature": (0.0, 2.0, False), "top_p": (0.0, 1.0, True), "min_p": (0.0, 1.0, False)}
+TEMPLATE_ARGUMENTS = frozenset({"messages", "add_generation_prompt"})  # chat_template_kwargs may not set
+SWITCHES = ("stream", "ignore_eos", "return_token_ids", "draft", "cache")  # booleans both routes read
 
 
 class BadRequest(Exception):
@@ -68,16 +77,17 @@ def chat_body(body: object) -> ChatBody:
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty array of messages", "messages")
     read = [_message(message, f"messages[{i}]") for i, message in enumerate(messages)]
-    kwargs = fields.get("chat_template_kwargs") or {}
+    kwargs = _default(fields.get("chat_template_kwargs"), {})
     if not isinstance(kwargs, dict):
         raise BadRequest("chat_template_kwargs must be an object", "chat_template_kwargs")
+    for name in TEMPLATE_ARGUMENTS & kwargs.keys():
+        raise BadRequest(f"chat_template_kwargs may not set {name}: the request gives it",
+                         f"chat_template_kwargs.{name}")
     logprobs = _bool(fields, "logprobs")
-    top = _int(fields, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    top = _int(fields, "top_logprobs")
     if top is not None and not logprobs:
         raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
-    limit = _int(fields, "max_completion_tokens", 1, None)
-    if limit is None:
-        limit = _int(fields, "max_tokens", 1, None)
+    limit = _default(_int(fields, "max_completion_tokens"), _int(fields, "max_tokens"))
     return ChatBody(_common(fields, limit, (top or 0) if logprobs else None), tuple(read), kwargs)
 
 
@@ -89,40 +99,40 @@ def completion_body(body: object) -> CompletionBody:
     if isinstance(prompt, str):
         read: str | tuple[int, ...] = prompt
     elif isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
-        read = tuple(prompt)
+        read = tuple(int(t) for t in prompt)
     elif isinstance(prompt, list) and len(prompt) > 1:
         raise BadRequest("prompt: batches are not supported; send one prompt per request", "prompt")
     else:
         raise BadRequest("prompt must be a string or a non-empty array of token ids", "prompt")
     if _bool(fields, "echo"):
         raise BadRequest("echo is not supported", "echo")
-    top = _int(fields, "logprobs", 0, MAX_TOP_LOGPROBS)
-    return CompletionBody(_common(fields, _int(fields, "max_tokens", 1, None), top), read)
+    top = _int(fields, "logprobs", COMPLETION_LOGPROBS)
+    return CompletionBody(_common(fields, _int(fields, "max_tokens"), top), read)
 
 
 def _common(fields: dict[str, Any], max_tokens: int | None, logprobs: int | None) -> Common:
     model = fields.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("model must be a string", "model")
-    n = _int(fields, "n", 1, None)
+    n = _int(fields, "n")
     if n is not None and n != 1:
         raise BadRequest("n must be 1: one choice per request", "n")
-    if _int(fields, "best_of", 1, None) not in (None, 1):
+    if _int(fields, "best_of") not in (None, 1):
         raise BadRequest("best_of must be 1", "best_of")
     for penalty, neutral in NEUTRAL_PENALTIES.items():
         value = fields.get(penalty)
         if value is not None and (isinstance(value, bool) or value != neutral):
             raise BadRequest(f"{penalty} is not supported; leave it out or at {neutral:g}", penalty)
-    top_k = _int(fields, "top_k", -1, None)
-    seed = _int(fields, "seed", -(1 << 63), (1 << 64) - 1)
+    top_k = _int(fields, "top_k")
+    seed = _int(fields, "seed")
     sampling = Sampling(
-        temperature=_default(_number(fields, "temperature", 0.0, 2.0), 1.0),
-        top_p=_default(_number(fields, "top_p", 0.0, 1.0, low_open=True), 1.0),
+        temperature=_default(_number(fields, "temperature"), 1.0),
+        top_p=_default(_number(fields, "top_p"), 1.0),
         top_k=max(0, _default(top_k, 0)),
-        min_p=_default(_number(fields, "min_p", 0.0, 1.0), 0.0),
+        min_p=_default(_number(fields, "min_p"), 0.0),
         seed=None if seed is None else seed & SEED_MASK,
         logprobs=logprobs)
-    options = fields.get("stream_options") or {}
+    options = _default(fields.get("stream_options"), {})
     if not isinstance(options, dict):
         raise BadRequest("stream_options must be an object", "stream_options")
     include_usage = options.get("include_usage", False)
@@ -145,7 +155,7 @@ def _message(message: object, where: str) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise BadRequest(f"{where} must be an object", where)
     role = message.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:
         raise BadRequest(f"{where}.role must be one of {', '.join(sorted(ROLES))}", f"{where}.role")
     content = message.get("content")
     if isinstance(content, list):
@@ -177,10 +187,14 @@ def _stop(fields: dict[str, Any]) -> tuple[str, ...]:
 
 
 def _is_int(value: object) -> bool:
+    """An integer as JSON has them: ``3`` or ``3.0`` (JSON Schema's integer), not ``true``."""
+    if isinstance(value, float):
+        return value.is_integer()
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _int(fields: dict[str, Any], name: str, low: int, high: int | None) -> int | None:
+def _int(fields: dict[str, Any], name: str, bounds: tuple[int, int | None] | None = None) -> int | None:
+    low, high = bounds or INTEGERS[name]
     value = fields.get(name)
     if value is None:
         return None
@@ -190,8 +204,8 @@ def _int(fields: dict[str, Any], name: str, low: int, high: int | None) -> int |
     return int(value)
 
 
-def _number(fields: dict[str, Any], name: str, low: float, high: float,
-            low_open: bool = False) -> float | None:
+def _number(fields: dict[str, Any], name: str) -> float | None:
+    low, high, low_open = NUMBERS[name]
     value = fields.get(name)
     if value is None:
         return None

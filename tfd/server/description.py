@@ -1,0 +1,178 @@
+"""The OpenAPI 3.1 description of the HTTP API, served at ``/openapi.json``.
+
+Built from the bounds ``tfd.server.schema`` reads requests with (its ``INTEGERS``, ``NUMBERS``,
+``SWITCHES``, roles, stop and logprob limits), so the description and the server cannot drift
+apart on them; what a JSON Schema cannot say (a prompt's length against the context, token ids
+against the vocabulary, what the chat template accepts) is said in the descriptions, and answered
+400 by name. Integers are JSON numbers without a fraction (``1.0`` is refused where ``1`` is
+asked). Pure data: no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfd import __version__
+from tfd.server.schema import (
+    COMPLETION_LOGPROBS,
+    INTEGERS,
+    MAX_STOPS,
+    NEUTRAL_PENALTIES,
+    NUMBERS,
+    ROLES,
+    SWITCHES,
+    TEMPLATE_ARGUMENTS,
+)
+
+JSON = "application/json"
+SWITCH_HELP = {
+    "stream": "Send the reply as server-sent events, ending with `data: [DONE]`.",
+    "ignore_eos": "Keep drawing past the model's end-of-sequence tokens, up to max_tokens.",
+    "return_token_ids": "Add the prompt's and the reply's token ids to the reply.",
+    "draft": "Verify drafts from the model's MTP head (the same tokens either way); false: decode serially.",
+    "cache": "Resume from and keep prompt states; false: prefill as a server without a prompt cache would.",
+}
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` or null: the server reads a null field as one left out."""
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _integer(low: int, high: int | None) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "integer", "minimum": low}
+    if high is not None:
+        schema["maximum"] = high
+    return schema
+
+
+def _number(low: float, high: float, low_open: bool) -> dict[str, Any]:
+    return {"type": "number", ("exclusiveMinimum" if low_open else "minimum"): low, "maximum": high}
+
+
+def common_fields() -> dict[str, Any]:
+    """The fields both generating routes read."""
+    fields: dict[str, Any] = {
+        "model": _nullable({"type": "string", "description": "The served model's name (GET /v1/models); "
+                                                             "another is answered 404."}),
+        "max_tokens": _nullable({**_integer(*INTEGERS["max_tokens"]), "description":
+                                 "Tokens to draw at most; with the prompt within the server's context."}),
+        "stop": _nullable({"anyOf": [{"type": "string", "minLength": 1},
+                                     {"type": "array", "items": {"type": "string", "minLength": 1},
+                                      "maxItems": MAX_STOPS}]}),
+        "stream_options": _nullable({"type": "object", "properties": {
+            "include_usage": {"type": "boolean"}}}),
+        "n": _nullable({"const": 1, "description": "One choice per request."}),
+        "best_of": _nullable({"const": 1}),
+        "top_k": _nullable({**_integer(*INTEGERS["top_k"]), "description": "0 or -1: no cut."}),
+        "seed": _nullable({**_integer(*INTEGERS["seed"]),
+                           "description": "Keys the draw: the same seed, the same tokens."}),
+        "user": {"description": "Ignored."},
+        "metadata": {"description": "Ignored."},
+    }
+    for name, (low, high, low_open) in NUMBERS.items():
+        fields[name] = _nullable(_number(low, high, low_open))
+    for name in SWITCHES:
+        fields[name] = _nullable({"type": "boolean", "description": SWITCH_HELP[name]})
+    for name, neutral in NEUTRAL_PENALTIES.items():
+        fields[name] = _nullable({"const": neutral, "description": "Not supported: only the neutral value."})
+    return fields
+
+
+def message_schema() -> dict[str, Any]:
+    text_part = {"type": "object", "required": ["type", "text"],
+                 "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
+    content = {"anyOf": [{"type": "string"}, {"type": "array", "items": text_part}]}
+    return {"type": "object", "required": ["role"], "anyOf": [
+        {"required": ["content"], "properties": {"role": {"enum": sorted(ROLES)}, "content": content}},
+        {"properties": {"role": {"const": "assistant"}, "content": {"type": "null"}}},
+    ]}
+
+
+def chat_request() -> dict[str, Any]:
+    return {"type": "object", "required": ["messages"], "properties": {
+        **common_fields(),
+        "messages": {"type": "array", "minItems": 1, "items": message_schema(),
+                     "description": "Rendered by the model's chat template, which may refuse them (400)."},
+        "max_completion_tokens": _nullable(_integer(*INTEGERS["max_completion_tokens"])),
+        "logprobs": _nullable({"type": "boolean"}),
+        "top_logprobs": _nullable({**_integer(*INTEGERS["top_logprobs"]),
+                                   "description": "Needs logprobs: true."}),
+        "chat_template_kwargs": _nullable({"type": "object", "propertyNames": {"not": {"enum": sorted(
+            TEMPLATE_ARGUMENTS)}}, "description": "More arguments to the chat template (tools, "
+                                                  "enable_thinking...)."}),
+    }, "anyOf": [  # top_logprobs only with logprobs: true
+        {"not": {"required": ["top_logprobs"]}},
+        {"properties": {"top_logprobs": {"type": "null"}}},
+        {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
+    ]}
+
+
+def completion_request(vocab: int | None = None) -> dict[str, Any]:
+    """``vocab``: the served model's vocabulary size, the bound of token ids (None: unbounded)."""
+    token_id = _integer(0, None if vocab is None else vocab - 1)
+    token_ids = {"type": "array", "minItems": 1, "items": token_id, "description": "Token ids."}
+    text = {"type": "string", "minLength": 1}
+    batch = {"type": "array", "minItems": 1, "maxItems": 1, "items": {"anyOf": [text, token_ids]}}
+    prompt = {"anyOf": [text, token_ids, batch],
+              "description": "One prompt: text, token ids, or a batch of exactly one of them."}
+    return {"type": "object", "required": ["prompt"], "properties": {
+        **common_fields(), "prompt": prompt,
+        "logprobs": _nullable(_integer(*COMPLETION_LOGPROBS)),
+        "echo": _nullable({"const": False, "description": "Not supported."}),
+    }}
+
+
+def _answers(ok: dict[str, Any], *statuses: int) -> dict[str, Any]:
+    answers: dict[str, Any] = {"200": ok}
+    for status in statuses:
+        answers[str(status)] = {"description": STATUS_HELP[status],
+                                "content": {JSON: {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    return answers
+
+
+STATUS_HELP = {400: "Refused: error.param names the field at fault.", 401: "No valid API key.",
+               404: "Another model than the one served.", 413: "A body over 32 MiB.",
+               503: "Loading, draining, or the queue full (Retry-After)."}
+GENERATING = (400, 401, 404, 413, 503)
+
+
+def description(vocab: int | None = None) -> dict[str, Any]:
+    """The whole OpenAPI document; ``vocab`` bounds token ids (the served model's)."""
+    def generated(kind: str, schema: dict[str, Any]) -> dict[str, Any]:
+        return {"requestBody": {"required": True, "content": {JSON: {"schema": schema}}},
+                "responses": _answers({"description": f"A {kind} (JSON), or server-sent events when "
+                                                      "stream is true.",
+                                       "content": {JSON: {"schema": {"type": "object"}},
+                                                   "text/event-stream": {"schema": {"type": "string"}}}},
+                                      *GENERATING)}
+
+    json_ok = {"description": "OK", "content": {JSON: {"schema": {"type": "object"}}}}
+    text = {"description": "Prometheus text.", "content": {"text/plain": {"schema": {"type": "string"}}}}
+    this = {**json_ok, "description": "This document."}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "tfd", "version": __version__,
+                 "description": "An OpenAI-compatible API for hybrid linear-attention models."},
+        "paths": {
+            "/v1/chat/completions": {"post": generated("chat.completion", chat_request())},
+            "/v1/completions": {"post": generated("text_completion", completion_request(vocab))},
+            "/v1/models": {"get": {"responses": _answers(json_ok, 401, 503)}},
+            "/tokenize": {"post": {"requestBody": {"required": True, "content": {JSON: {"schema": {
+                "type": "object", "description": "Either prompt (a string) or messages, as a chat request "
+                                                 "(add_generation_prompt: a boolean, true by default)."}}}},
+                "responses": _answers(json_ok, 400, 401, 503)}},
+            "/detokenize": {"post": {"requestBody": {"required": True, "content": {JSON: {"schema": {
+                "type": "object", "required": ["tokens"],
+                "properties": {"tokens": {"type": "array", "items": _integer(0, None if vocab is None
+                                                                             else vocab - 1)}}}}}},
+                "responses": _answers(json_ok, 400, 401, 503)}},
+            "/health": {"get": {"responses": {"200": json_ok, "503": {"description": "Not ready."}}}},
+            "/metrics": {"get": {"responses": {"200": text, "401": {"description": STATUS_HELP[401]}}}},
+            "/openapi.json": {"get": {"responses": _answers(this, 401, 503)}},
+        },
+        "components": {"schemas": {"Error": {"type": "object", "required": ["error"], "properties": {
+            "error": {"type": "object", "required": ["message", "type", "param", "code"], "properties": {
+                "message": {"type": "string"}, "type": {"type": "string"},
+                "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}}},
+    }
