@@ -109,3 +109,20 @@ def test_every_family_passes(family: str, capsys: pytest.CaptureFixture[str]) ->
     # each family's tiny checkpoint with a drafting head, so every gate has drafts to check
     with tiny_server(family, head=True, TF_DRAFTS="1", TF_MTP_DRAFTS="2", TF_MTP_CONFIDENCE="0") as daemon:
         assert kit("--url", daemon.url(), "--admin", str(daemon.admin)) == 0, capsys.readouterr().out
+
+
+def test_a_soak_of_random_requests_and_cancels_holds(server: ServedDaemon, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "soak.json"
+    assert kit("--url", server.url(), "--admin", str(server.admin), "--soak", "8", "--clients", "4",
+               "--json", str(out)) == 0
+    assert "soak holds" in capsys.readouterr().out
+    words = json.loads(out.read_text())
+    assert words["ok"] is True and words["failures"] == 0 and words["leaks"] == {}
+    assert words["requests"] >= 20 and words["tokens"] > 0 and words["answers"]["200"] > 0
+    assert words["left"] > 0  # the fourth client's first request leaves (its draws are seeded)
+    assert set(words["memory"]) == {"start", "end"} and words["memory"]["end"]["rss_bytes"] > 0
+
+
+def test_a_soak_needs_the_admin_socket(server: ServedDaemon) -> None:
+    assert kit("--url", server.url(), "--soak", "1") == 2

@@ -2,7 +2,7 @@
 test, on a daemon run in-process (the shipped code has none): a resume that reads a kept state one
 token early fails resumed == fresh; a batched step that gives a lane after the first the wrong
 position fails concurrent == solo; a verify round's commit that skips the conv tail fails drafted ==
-plain."""
+plain; a cancelled lane that keeps its pages fails the soak (a leak)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,14 @@ import trio
 
 from kernels import conv1d
 from support import InProcessDaemon
+from tfd.conformance import soak as soak_module
 from tfd.conformance.client import Client
 from tfd.conformance.kit import check
 from tfd.conformance.report import Report
+from tfd.conformance.soak import soak
 from tfd.engine.kept import KeptState, KeptStates
 from tfd.engine.lane import Lane
+from tfd.engine.runner import Runner
 from tfd.model.decode import Columns, DecodeBatch
 
 
@@ -78,3 +81,25 @@ async def test_a_rollback_that_skips_the_conv_tail_fails_drafted(short_tmp: Path
     found = await checked(short_tmp)
     assert "drafted" in failing(found) and not found.ok
     assert {"refusals", "cancel"}.isdisjoint(failing(found))
+
+
+async def test_a_cancelled_lane_that_keeps_its_pages_fails_the_soak(short_tmp: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    real = Runner.close
+
+    def keeping(self: Runner, lane: Lane) -> None:
+        if lane.cancelled:  # a client that went away: its lease is never finished
+            lane.lease, lane.memory = None, None
+            return
+        real(self, lane)
+
+    monkeypatch.setattr(Runner, "close", keeping)
+    monkeypatch.setattr(soak_module, "SETTLE_S", 3.0)
+    async with trio.open_nursery() as nursery:
+        served = InProcessDaemon(short_tmp)
+        await nursery.start(served.run)
+        client = Client(served.url, None, served.daemon.admin_path)
+        found = await trio.to_thread.run_sync(soak, client, 6.0, 4)
+        served.daemon.lifecycle.request_drain("test over")
+    assert found.left > 0 and found.failures == 0
+    assert not found.ok and "free" in found.leaks and found.leaks["free"][1] < found.leaks["free"][0]

@@ -174,6 +174,11 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
                      help="quick: 3 prompts, 1-4 streams; full: 10 prompts, 1-8 streams, drafts on and off")
     kit.add_argument("--json", metavar="OUT", help="write the report, every row's key and value, here")
     kit.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two reports key by key")
+    kit.add_argument("--soak", type=_positive_float, metavar="SECONDS",
+                     help="instead of the gates, a random mix of requests, cancels included, for SECONDS: "
+                     "requests, tokens, errors by kind, leaks and memory (needs --admin)")
+    kit.add_argument("--clients", type=_positive, default=4, metavar="N",
+                     help="the soak's clients at once (4)")
     kit.set_defaults(command=run_conformance)
 
     env = commands.add_parser("env", help="the environment table",

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import http.client
 import json
-import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,15 +70,37 @@ class Client:
         finally:
             connection.close()
 
-    def leave(self, path: str, body: dict[str, Any], after_chunks: int) -> int:
-        """Stream ``body`` and drop the connection once ``after_chunks`` chunks came (0: as soon as
-        the request is sent, mid-prefill); the chunks read."""
+    def stream(self, path: str, body: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
+        """Stream ``body`` to its end: the status and every event's JSON (``[DONE]`` left out; an
+        answer that is not a stream comes back as one event, its JSON). ``ValueError`` when a
+        stream ends without ``[DONE]``."""
         connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         try:
             connection.request("POST", path, json.dumps({**body, "stream": True}).encode(), self.headers)
-            if after_chunks == 0:
-                time.sleep(0.05)  # the server has the request; its prefill is under way
-                return 0
+            response = connection.getresponse()
+            if not response.getheader("Content-Type", "").startswith("text/event-stream"):
+                return response.status, [json.loads(response.read())]
+            events, done = [], False
+            while line := response.readline():
+                if line.startswith(b"data: "):
+                    data = line.removeprefix(b"data: ").strip()
+                    done = data == b"[DONE]"
+                    if not done:
+                        events.append(json.loads(data))
+            if not done:
+                raise ValueError(f"POST {path}: the stream ended without [DONE]")
+            return response.status, events
+        finally:
+            connection.close()
+
+    def leave(self, path: str, body: dict[str, Any], after_chunks: int,
+              before_leaving: Callable[[], None] | None = None) -> int:
+        """Stream ``body`` and drop the connection once ``after_chunks`` chunks came (the first one
+        comes as soon as the server has queued the request, before any token), calling
+        ``before_leaving`` first; the chunks read."""
+        connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        try:
+            connection.request("POST", path, json.dumps({**body, "stream": True}).encode(), self.headers)
             response = connection.getresponse()
             chunks = 0
             while chunks < after_chunks:
@@ -86,6 +108,8 @@ class Client:
                 if not line:
                     break
                 chunks += line.startswith(b"data: ")
+            if before_leaving is not None:
+                before_leaving()
             return chunks
         finally:
             connection.close()  # the client is gone
@@ -99,6 +123,12 @@ class Client:
             raise ValueError(f"admin {command} answered {answer}")
         found = answer.get(command)
         return found if isinstance(found, dict) else {"value": found}
+
+    def lanes(self) -> list[dict[str, Any]]:
+        """Admin ``lanes``: each running or waiting request, its phase and position."""
+        found = self.admin("lanes")["lanes"]
+        assert isinstance(found, list)
+        return found
 
     def census(self) -> dict[str, Any]:
         census = self.admin("pool")["census"]

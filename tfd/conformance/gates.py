@@ -11,6 +11,7 @@ Generations are fixed-length (``ignore_eos``) so that every reply has the same t
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -169,27 +170,54 @@ class Gates:
         return rows
 
     def cancel(self, at_start: dict[str, Any], lanes: int) -> list[Row]:
+        """Clients that leave: once their request is queued (its first chunk, sent before any token;
+        a long prompt, so it is likely still prefilling), mid-decode (three tokens in), and ``lanes``
+        + 2 at once (some wait in the queue). Admin ``lanes`` is read as they leave: the row holds
+        only if the requests were there (queued, prefilling or decoding as the case asks) and the
+        census comes back to the start."""
         long_prompt = "def f(x):\n    return x\n" * 200
         body = {"prompt": prompt(0), "max_tokens": 512, "ignore_eos": True, "temperature": 0.0}
-        cases: list[tuple[str, Callable[[], object]]] = [
-            ("mid-prefill", lambda: self.client.leave("/v1/completions", {**body, "prompt": long_prompt}, 0)),
-            ("mid-decode", lambda: self.client.leave("/v1/completions", body, 3)),
-            ("while queued", lambda: self._flood(body, lanes + 2)),
+        seen: list[list[str]] = []
+
+        def look() -> None:
+            seen.append(sorted(lane["phase"] for lane in self.client.lanes()))
+
+        path = "/v1/completions"
+        cases: list[tuple[str, Callable[[], object], Callable[[list[str]], bool]]] = [
+            ("mid-prefill", lambda: self.client.leave(path, {**body, "prompt": long_prompt}, 1, look),
+             lambda phases: len(phases) == 1),
+            ("mid-decode", lambda: self.client.leave(path, body, 4, look),
+             lambda phases: phases == ["decode"]),
+            ("while queued", lambda: self._flood(body, lanes + 2, look),
+             lambda phases: "waiting" in phases),
         ]
         rows = []
-        for name, leave in cases:
-            leave()
+        for name, leave, proof in cases:
+            seen.clear()
+            try:
+                leave()
+            except threading.BrokenBarrierError:
+                seen.append(["a client never got its first chunk"])
+            phases = seen[-1] if seen else []
             census = self._settled(at_start)
             value = "census at start" if census == at_start else "census differs"
-            rows.append(Row("cancel", {"cancel": name}, value, census == at_start,
-                            f"{name}: census {census}, at start {at_start}"))
+            rows.append(Row("cancel", {"cancel": name}, value, census == at_start and proof(phases),
+                            f"{name}: lanes as it left {phases}; census {census}, at start {at_start}"))
         return rows
 
-    def _flood(self, body: dict[str, Any], count: int) -> None:
-        """``count`` clients at once (more than the server's lanes: some wait in its queue), all gone
-        before their first chunk."""
+    def _flood(self, body: dict[str, Any], count: int, look: Callable[[], None]) -> None:
+        """``count`` clients at once (more than the server's lanes: some wait in its queue), each
+        gone once all have their first chunk and ``look`` has run."""
+        everyone = threading.Barrier(count, action=look, timeout=SETTLE_S)
+
+        def arrive() -> None:
+            everyone.wait()
+
+        def client(_: int) -> None:
+            self.client.leave("/v1/completions", body, 1, arrive)
+
         with ThreadPoolExecutor(count) as pool:
-            list(pool.map(lambda _: self.client.leave("/v1/completions", body, 0), range(count)))
+            list(pool.map(client, range(count)))
 
     def _settled(self, want: dict[str, Any]) -> dict[str, Any]:
         deadline = time.monotonic() + SETTLE_S

@@ -8,13 +8,17 @@ not pass: the contract was not checked whole.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
+
+import attrs
 
 from tfd.conformance import report
 from tfd.conformance.client import Client
 from tfd.conformance.gates import PROFILES, Gates
 from tfd.conformance.report import Report, Row
+from tfd.conformance.soak import soak
 
 
 def setting(rows: list[dict[str, object]], name: str) -> int | None:
@@ -34,7 +38,7 @@ def check(client: Client, url: str, profile_name: str) -> Report:
     at_start = client.census() if admin else {}
     settings = client.admin("settings")["rows"] if admin else []
     context = setting(settings, "TF_CONTEXT")
-    lanes = setting(settings, "TF_PARALLEL") or 8
+    lanes = int(client.admin("pool")["report"]["lane_slots"]) if admin else 8
     rows: list[Row] = [*gates.repeat(), *gates.concurrent(), *gates.drafted(), *gates.resumed(),
                        *gates.refusals(context)]
     skipped = {}
@@ -59,6 +63,8 @@ def main(args: argparse.Namespace) -> int:
         print("tfd conformance: give --url (or --compare A.json B.json)", file=sys.stderr)
         return 2
     client = Client(args.url, args.api_key, Path(args.admin) if args.admin else None)
+    if args.soak is not None:
+        return soaked(client, args)
     try:
         checked = check(client, args.url, args.profile)
     except (OSError, ValueError) as error:
@@ -68,3 +74,19 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         checked.write(Path(args.json))
     return 0 if checked.ok else 1
+
+
+def soaked(client: Client, args: argparse.Namespace) -> int:
+    """``--soak``: the mix for ``args.soak`` seconds; 0 when nothing failed or leaked."""
+    if client.admin_path is None:
+        print("tfd conformance: --soak needs --admin (the census and memory come from it)", file=sys.stderr)
+        return 2
+    try:
+        found = soak(client, args.soak, args.clients)
+    except (OSError, ValueError) as error:
+        print(f"tfd conformance: {args.url}: {error}", file=sys.stderr)
+        return 1
+    print("\n".join(found.lines()))
+    if args.json:
+        Path(args.json).write_text(json.dumps({**attrs.asdict(found), "ok": found.ok}, indent=2) + "\n")
+    return 0 if found.ok else 1

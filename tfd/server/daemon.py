@@ -27,7 +27,7 @@ from tfd.server.http import build_app
 from tfd.server.lifecycle import Lifecycle, Phase
 from tfd.server.metrics import Metrics
 from tfd.server.openai import OpenAI
-from tfd.server.service import ENGINE_STALL_S, Service, prepare
+from tfd.server.service import ENGINE_STALL_S, Service, prepare, resident_bytes
 from tfd.server.systemd import Heartbeat, Heartbeats, keep_watchdog, notify, watchdog_interval
 
 log = logging.getLogger("tfd.daemon")
@@ -190,9 +190,10 @@ class Daemon:
 
         async def status(args: Sequence[object]) -> dict[str, object]:
             no_args("status", args)
+            memory = self.service.memory() if self.service is not None else {"rss_bytes": resident_bytes()}
             return {"state": self.lifecycle.phase.value, "version": __version__, "pid": os.getpid(),
                     "uptime_s": round(self.lifecycle.uptime, 3), "http": self.binds,
-                    "admin": os.fspath(self.admin_path), "running": self.lifecycle.running}
+                    "admin": os.fspath(self.admin_path), "running": self.lifecycle.running, "memory": memory}
 
         async def settings(args: Sequence[object]) -> dict[str, object]:
             no_args("settings", args)

@@ -8,6 +8,8 @@ the engine and checks that the pool's census is back at load before the daemon s
 from __future__ import annotations
 
 import logging
+import os
+import resource
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -97,6 +99,15 @@ def prepare(settings: Settings, environ: Mapping[str, str]) -> Prepared:
     kept_bytes = int(settings.value("TF_PROMPT_CACHE_GIB", float) * GIB)
     return Prepared(loaded, pool, limits, name, report, drafting, kept_bytes,
                     settings.value("TF_PROMPT_KEEP_GAIN", int))
+
+
+def resident_bytes() -> int:
+    """This process's resident set (Linux's /proc; elsewhere its peak)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 def learn_directory(settings: Settings, environ: Mapping[str, str]) -> Path:
@@ -193,6 +204,16 @@ class Service:
         log.info("learned conversations in %s (%d states)", store_root / name,
                  len(runner.learned.store.index.entries) if runner.learned is not None else 0)
         return name
+
+    def memory(self) -> dict[str, int]:
+        """The process's resident bytes; on a GPU, the device bytes torch holds, allocated (tensors)
+        and reserved (its cache, the pool and the weights within)."""
+        found = {"rss_bytes": resident_bytes()}
+        device = self.pool.buffer.device
+        if device.type == "cuda":
+            found["device_allocated_bytes"] = torch.cuda.memory_allocated(device)
+            found["device_reserved_bytes"] = torch.cuda.memory_reserved(device)
+        return found
 
     async def census(self) -> dict[str, object]:
         return await self.engine.ask(lambda: self.pool.census().as_dict())  # type: ignore[no-any-return]

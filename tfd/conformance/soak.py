@@ -1,0 +1,165 @@
+"""``tfd conformance --soak SECONDS --clients N``: a live server under a random mix, for a while.
+
+Each client, a thread of its own, sends request after request until the time is up: chat or text
+completion, prompts of random length, random sampling (greedy, seeded, top-p/top-k cuts), drafts
+on or off, the prompt cache used or bypassed, whole replies or streams, now and then a
+conversation's next turn (so states are resumed) and now and then a client that leaves mid-prefill
+or mid-decode. It counts requests, tokens and errors by kind; at the end it waits for the server to
+settle and compares the admin census with the one at the start (pages or lanes not back are leaks)
+and reports memory at the start and the end (admin ``status``).
+
+A soak passes when no request failed on the server's side (a 5xx other than the queue being full,
+a broken stream, a connection error) and nothing leaked. Resource handling: every connection is
+closed by the client call that opened it; the threads end by the deadline plus one request.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import attrs
+
+from tfd.conformance.client import Client
+from tfd.conformance.gates import TOPICS
+
+WORDS = ("def", "return", "for", "while", "class", "import", "with", "yield", "lambda", "value", "items",
+         "index", "result", "error", "count", "path", "line", "data", "self", "None", "True", "list")
+SETTLE_S = 30.0
+ROUTES = ("/v1/completions", "/v1/chat/completions")
+
+
+@attrs.define
+class Tally:
+    """What the clients saw, under a lock: requests, tokens drawn, answers by kind."""
+
+    requests: int = 0
+    tokens: int = 0
+    left: int = 0  # clients that went away mid-request on purpose
+    answers: collections.Counter[str] = attrs.Factory(collections.Counter)
+    lock: threading.Lock = attrs.Factory(threading.Lock)
+
+    def add(self, kind: str, tokens: int = 0, left: bool = False) -> None:
+        with self.lock:
+            self.requests += 1
+            self.tokens += tokens
+            self.left += left
+            self.answers[kind] += 1
+
+
+@attrs.frozen
+class SoakReport:
+    seconds: float
+    clients: int
+    requests: int
+    tokens: int
+    left: int
+    answers: dict[str, int]  # "200", "400 context_length_exceeded", "error ConnectionResetError"...
+    failures: int  # answers that count against the server
+    leaks: dict[str, Any]  # census fields not back to the start: {field: [start, end]}
+    memory: dict[str, dict[str, int]]  # {"start": ..., "end": ...}
+
+    @property
+    def ok(self) -> bool:
+        return self.failures == 0 and not self.leaks
+
+    def lines(self) -> list[str]:
+        mib = {when: {name: round(value / 2**20, 1) for name, value in found.items()}
+               for when, found in self.memory.items()}
+        return [f"soak: {self.clients} clients for {self.seconds:.0f} s: {self.requests} requests "
+                f"({self.left} left on purpose), {self.tokens} tokens",
+                "answers: " + ", ".join(f"{kind} x{n}" for kind, n in sorted(self.answers.items())),
+                f"failures: {self.failures}; leaks: {self.leaks or 0}",
+                f"memory (MiB) at the start {mib.get('start')}, at the end {mib.get('end')}",
+                "soak holds" if self.ok else "SOAK FAILED"]
+
+
+def failed(kind: str) -> bool:
+    """An answer that counts against the server: a 5xx (a full queue aside) or a broken exchange."""
+    if kind == "left":
+        return False
+    if kind.startswith("error"):
+        return True
+    status = int(kind.split()[0])
+    return status >= 500 and "queue_full" not in kind
+
+
+def soak(client: Client, seconds: float, clients: int, seed: int = 0) -> SoakReport:
+    """Run the mix for ``seconds`` with ``clients`` threads; the census and memory at both ends."""
+    at_start, memory_start = client.census(), client.admin("status")["memory"]
+    tally = Tally()
+    deadline = time.monotonic() + seconds
+    with ThreadPoolExecutor(clients) as pool:
+        for number in range(clients):
+            pool.submit(_client, client, tally, deadline, random.Random(seed * 1000 + number))
+    at_end = _settled(client, at_start)
+    leaks = {name: [at_start[name], at_end[name]] for name in at_start if at_end.get(name) != at_start[name]}
+    answers = dict(tally.answers)
+    return SoakReport(seconds, clients, tally.requests, tally.tokens, tally.left, answers,
+                      sum(n for kind, n in answers.items() if failed(kind)), leaks,
+                      {"start": memory_start, "end": client.admin("status")["memory"]})
+
+
+def _settled(client: Client, at_start: dict[str, Any]) -> dict[str, Any]:
+    """The census once it is back at the start, or as it is after ``SETTLE_S``."""
+    give_up = time.monotonic() + SETTLE_S
+    while (now := client.census()) != at_start and time.monotonic() < give_up:
+        time.sleep(0.1)
+    return now
+
+
+def _client(client: Client, tally: Tally, deadline: float, draw: random.Random) -> None:
+    """One client's requests until ``deadline``; a conversation goes on from its last reply."""
+    history: list[dict[str, str]] = []
+    while time.monotonic() < deadline:
+        path = draw.choice(ROUTES)
+        body = _body(draw, path, history)
+        try:
+            if draw.random() < 0.1:  # a long reply, so the server is still at it when the client goes
+                long = {**body, "max_tokens": draw.randint(256, 512), "ignore_eos": True}
+                client.leave(path, long, after_chunks=draw.choice((1, 2, 4)))
+                tally.add("left", left=True)
+                continue
+            if body.get("stream"):
+                status, events = client.stream(path, {**body, "stream_options": {"include_usage": True}})
+                answer = events[-1] if events else {}
+                if status == 200 and any("error" in event for event in events):
+                    tally.add("error stream")
+                    continue
+            else:
+                found = client.post(path, body)
+                status, answer = found.status, found.body
+        except (OSError, ValueError) as error:
+            tally.add(f"error {type(error).__name__}")
+            continue
+        code = answer.get("error", {}).get("code") if status != 200 else None
+        tokens = answer.get("usage", {}).get("completion_tokens", 0)
+        tally.add(f"{status} {code}" if code else str(status), tokens)
+        history = _next_turn(path, body, answer, history, draw) if status == 200 else []
+
+
+def _body(draw: random.Random, path: str, history: list[dict[str, str]]) -> dict[str, Any]:
+    words = " ".join(draw.choice(WORDS) for _ in range(draw.randint(1, 60)))
+    text = f"# {draw.choice(TOPICS)}\n{words}\n"
+    body: dict[str, Any] = {"max_tokens": draw.randint(1, 48), "stream": draw.random() < 0.4,
+                            "draft": draw.random() < 0.7, "cache": draw.random() < 0.9,
+                            "ignore_eos": draw.random() < 0.5}
+    body.update(draw.choice(({"temperature": 0.0}, {"temperature": 0.8, "seed": draw.randint(0, 1 << 30)},
+                             {"temperature": 1.0, "top_p": 0.9, "top_k": 20},
+                             {"temperature": 0.7, "min_p": 0.05})))
+    if path == "/v1/completions":
+        return {**body, "prompt": text}
+    return {**body, "messages": [*history, {"role": "user", "content": text}]}
+
+
+def _next_turn(path: str, body: dict[str, Any], answer: dict[str, Any], history: list[dict[str, str]],
+               draw: random.Random) -> list[dict[str, str]]:
+    """The conversation the next chat goes on from: this one and its reply, half the time."""
+    if path != "/v1/chat/completions" or body.get("stream") or draw.random() < 0.5 or len(history) > 6:
+        return []
+    reply = answer["choices"][0]["message"]["content"]
+    return [*body["messages"], {"role": "assistant", "content": reply}]
