@@ -20,7 +20,7 @@ ROWS_PER_SCOPE = {
     "core": 6,
     "server": 13,
     "pool": 5,
-    "learn": 7,
+    "learn": 8,
     "cuda": 2,
     "flashnext": 2,
     "qwen3_5": 0,
