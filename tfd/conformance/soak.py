@@ -94,8 +94,10 @@ def soak(client: Client, seconds: float, clients: int, seed: int = 0) -> SoakRep
     tally = Tally()
     deadline = time.monotonic() + seconds
     with ThreadPoolExecutor(clients) as pool:
-        for number in range(clients):
-            pool.submit(_client, client, tally, deadline, random.Random(seed * 1000 + number))
+        running = [pool.submit(_client, client, tally, deadline, random.Random(seed * 1000 + number))
+                   for number in range(clients)]
+        for one in running:
+            one.result()  # a client's own fault (the kit's) is raised, not lost
     at_end = _settled(client, at_start)
     leaks = {name: [at_start[name], at_end[name]] for name in at_start if at_end.get(name) != at_start[name]}
     answers = dict(tally.answers)
@@ -136,10 +138,14 @@ def _client(client: Client, tally: Tally, deadline: float, draw: random.Random) 
         except (OSError, ValueError) as error:
             tally.add(f"error {type(error).__name__}")
             continue
-        code = answer.get("error", {}).get("code") if status != 200 else None
-        tokens = answer.get("usage", {}).get("completion_tokens", 0)
+        try:
+            code = answer["error"]["code"] if status != 200 else None
+            tokens = int(answer["usage"]["completion_tokens"]) if status == 200 else 0
+            history = _next_turn(path, body, answer, history, draw) if status == 200 else []
+        except (KeyError, TypeError, IndexError):  # not the shape the API promises
+            tally.add(f"error answer {status}")
+            continue
         tally.add(f"{status} {code}" if code else str(status), tokens)
-        history = _next_turn(path, body, answer, history, draw) if status == 200 else []
 
 
 def _body(draw: random.Random, path: str, history: list[dict[str, str]]) -> dict[str, Any]:
