@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
@@ -134,3 +135,11 @@ class Client:
         census = self.admin("pool")["census"]
         assert isinstance(census, dict)
         return census
+
+    def settled(self, want: dict[str, Any], seconds: float) -> dict[str, Any]:
+        """The census once it equals ``want``, or as it is after ``seconds`` (a cancel takes effect at
+        the server's next step, a finished lane's pages come back after its last one)."""
+        give_up = time.monotonic() + seconds
+        while (now := self.census()) != want and time.monotonic() < give_up:
+            time.sleep(0.1)
+        return now

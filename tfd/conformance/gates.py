@@ -12,7 +12,6 @@ Generations are fixed-length (``ignore_eos``) so that every reply has the same t
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -199,7 +198,7 @@ class Gates:
             except threading.BrokenBarrierError:
                 seen.append(["a client never got its first chunk"])
             phases = seen[-1] if seen else []
-            census = self._settled(at_start)
+            census = self.client.settled(at_start, SETTLE_S)
             value = "census at start" if census == at_start else "census differs"
             rows.append(Row("cancel", {"cancel": name}, value, census == at_start and proof(phases),
                             f"{name}: lanes as it left {phases}; census {census}, at start {at_start}"))
@@ -218,14 +217,6 @@ class Gates:
 
         with ThreadPoolExecutor(count) as pool:
             list(pool.map(client, range(count)))
-
-    def _settled(self, want: dict[str, Any]) -> dict[str, Any]:
-        deadline = time.monotonic() + SETTLE_S
-        while True:
-            census = self.client.census()
-            if census == want or time.monotonic() > deadline:
-                return census
-            time.sleep(0.1)
 
 
 def sha(answer: Answer) -> str:

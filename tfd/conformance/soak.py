@@ -25,11 +25,10 @@ from typing import Any
 import attrs
 
 from tfd.conformance.client import Client
-from tfd.conformance.gates import TOPICS
+from tfd.conformance.gates import SETTLE_S, TOPICS
 
 WORDS = ("def", "return", "for", "while", "class", "import", "with", "yield", "lambda", "value", "items",
          "index", "result", "error", "count", "path", "line", "data", "self", "None", "True", "list")
-SETTLE_S = 30.0
 ROUTES = ("/v1/completions", "/v1/chat/completions")
 
 
@@ -98,20 +97,12 @@ def soak(client: Client, seconds: float, clients: int, seed: int = 0) -> SoakRep
                    for number in range(clients)]
         for one in running:
             one.result()  # a client's own fault (the kit's) is raised, not lost
-    at_end = _settled(client, at_start)
+    at_end = client.settled(at_start, SETTLE_S)
     leaks = {name: [at_start[name], at_end[name]] for name in at_start if at_end.get(name) != at_start[name]}
     answers = dict(tally.answers)
     return SoakReport(seconds, clients, tally.requests, tally.tokens, tally.left, answers,
                       sum(n for kind, n in answers.items() if failed(kind)), leaks,
                       {"start": memory_start, "end": client.admin("status")["memory"]})
-
-
-def _settled(client: Client, at_start: dict[str, Any]) -> dict[str, Any]:
-    """The census once it is back at the start, or as it is after ``SETTLE_S``."""
-    give_up = time.monotonic() + SETTLE_S
-    while (now := client.census()) != at_start and time.monotonic() < give_up:
-        time.sleep(0.1)
-    return now
 
 
 def _client(client: Client, tally: Tally, deadline: float, draw: random.Random) -> None:

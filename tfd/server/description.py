@@ -46,6 +46,11 @@ def _integer(low: int, high: int | None) -> dict[str, Any]:
     return schema
 
 
+def _token_id(vocab: int | None) -> dict[str, Any]:
+    """A token id of a vocabulary of ``vocab`` (None: any natural number)."""
+    return _integer(0, None if vocab is None else vocab - 1)
+
+
 def _number(low: float, high: float, low_open: bool) -> dict[str, Any]:
     return {"type": "number", ("exclusiveMinimum" if low_open else "minimum"): low, "maximum": high}
 
@@ -110,8 +115,7 @@ def chat_request() -> dict[str, Any]:
 
 def completion_request(vocab: int | None = None) -> dict[str, Any]:
     """``vocab``: the served model's vocabulary size, the bound of token ids (None: unbounded)."""
-    token_id = _integer(0, None if vocab is None else vocab - 1)
-    token_ids = {"type": "array", "minItems": 1, "items": token_id, "description": "Token ids."}
+    token_ids = {"type": "array", "minItems": 1, "items": _token_id(vocab), "description": "Token ids."}
     text = {"type": "string", "minLength": 1}
     batch = {"type": "array", "minItems": 1, "maxItems": 1, "items": {"anyOf": [text, token_ids]}}
     prompt = {"anyOf": [text, token_ids, batch],
@@ -164,8 +168,7 @@ def description(vocab: int | None = None) -> dict[str, Any]:
                 "responses": _answers(json_ok, 400, 401, 503)}},
             "/detokenize": {"post": {"requestBody": {"required": True, "content": {JSON: {"schema": {
                 "type": "object", "required": ["tokens"],
-                "properties": {"tokens": {"type": "array", "items": _integer(0, None if vocab is None
-                                                                             else vocab - 1)}}}}}},
+                "properties": {"tokens": {"type": "array", "items": _token_id(vocab)}}}}}},
                 "responses": _answers(json_ok, 400, 401, 503)}},
             "/health": {"get": {"responses": {"200": json_ok, "503": {"description": "Not ready."}}}},
             "/metrics": {"get": {"responses": {"200": text, "401": {"description": STATUS_HELP[401]}}}},
