@@ -76,6 +76,13 @@ MID = Tiles(32, 64, 128, 4, 4)  # up to 32 rows: 25-30% faster there than 64-row
 SPREAD = Tiles(64, 64, 128, 4, 4)  # up to SPREAD_ROWS rows: many small programs keep every SM reading
 WHOLE = Tiles(128, 128, 128, 8, 3)  # many rows: large tiles reuse what they read (453-525 TFLOP/s at 8192)
 WHOLE_ONE = Tiles(256, 128, 64, 8, 4)  # many rows, one K segment: one accumulator leaves room for 256 rows
+# 65 to 128 rows (a resumed turn's step, a prompt's last chunk): the spread form with taller tiles where the
+# whole form would leave most multiprocessors idle or half its one-segment tile padding. H200, qwen3_5-9b's
+# products at 128 rows (docs/bench/382b9ac2ac41/gemm-mid-rows.log, us): [4096,4096] 29 against 36,
+# [4096,12288] 54 against 85, [24576,4096] 87 against 142; the whole form kept on [10240|12352,4096] (38, 40
+# against 45, 52). From 192 rows the whole form wins everywhere.
+MIDDLE = Tiles(128, 64, 64, 8, 4)
+FEW_PROGRAMS = 64  # whole-form programs under which the middle tile's spread wins (about half the SMs)
 
 
 @attrs.frozen
@@ -99,6 +106,7 @@ class Plan:
     few: Tiles = FEW
     mid: Tiles = MID
     whole_one: Tiles = WHOLE_ONE
+    middle: Tiles = MIDDLE
 
     def whole_tiles(self, element_size: int = 2) -> Tiles:
         """The whole form's tile: taller with one K segment (no second accumulator, where two
@@ -112,20 +120,35 @@ class Plan:
 
     def spread_tiles(self, rows: int) -> Tiles:
         """The spread form's tile for ``rows`` rows: the smallest row block that holds them."""
-        return self.few if rows <= self.few.block_m else self.mid if rows <= self.mid.block_m else self.spread
+        for tiles in (self.few, self.mid, self.spread):
+            if rows <= tiles.block_m:
+                return tiles
+        return self.middle
+
+    def spreads(self, rows: int, n: int, element_size: int = 2) -> bool:
+        """Whether ``rows`` rows of an ``n``-column product run in the spread form: up to
+        ``SPREAD_ROWS``, and up to the middle tile's rows where the whole form would run one K
+        segment (its tile then twice the rows) or fewer than ``FEW_PROGRAMS`` programs."""
+        if rows <= SPREAD_ROWS:
+            return True
+        if rows > self.middle.block_m:
+            return False
+        whole = self.whole_tiles(element_size)
+        programs = triton.cdiv(n, whole.block_n) * triton.cdiv(rows, whole.block_m)
+        return self.segments == 1 or programs < FEW_PROGRAMS
 
 
 def plan(n: int, k: int, spread: Tiles = SPREAD, whole: Tiles = WHOLE, few: Tiles = FEW, mid: Tiles = MID,
-         whole_one: Tiles = WHOLE_ONE) -> Plan:
+         whole_one: Tiles = WHOLE_ONE, middle: Tiles = MIDDLE) -> Plan:
     """K segments for a weight of shape [n, k]; the same for every number of rows. Segments are
     whole K steps of every tile."""
-    step = max(spread.block_k, whole.block_k, few.block_k, mid.block_k, whole_one.block_k)
+    step = max(spread.block_k, whole.block_k, few.block_k, mid.block_k, whole_one.block_k, middle.block_k)
     k_tiles = math.ceil(k / step)
     n_tiles = math.ceil(n / spread.block_n)
     segments = max(1, min(math.ceil(TARGET_PROGRAMS / n_tiles), k_tiles // 4))
     per_segment = math.ceil(k_tiles / segments)
     segments = math.ceil(k_tiles / per_segment)  # no segment left empty
-    return Plan(segments, per_segment * step, spread, whole, few, mid, whole_one)
+    return Plan(segments, per_segment * step, spread, whole, few, mid, whole_one, middle)
 
 
 @triton.jit
@@ -344,7 +367,7 @@ def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice:
         raise ValueError(f"w must be contiguous along k, its strides are {w.stride()}")
     choice = choice or plan(n, k)
     if spread is None:
-        spread = m <= SPREAD_ROWS  # one segment too: the whole form's large tiles stream slowly at one row
+        spread = choice.spreads(m, n, x.element_size())
     whole = choice.whole_tiles(x.element_size())
     forms_middle = swiglu and (spread or whole.block_n % (2 * PAIR) == 0)  # the tile holds whole pairs
     out = torch.empty(m, n // 2 if forms_middle else n, dtype=x.dtype, device=x.device)

@@ -27,6 +27,11 @@ def test_bf16_within_rounding() -> None:
     assert ((got - want).abs() <= 2 ** -6 * want.abs() + 1e-3).all()
 
 
+def one_tile(n: int, k: int, tiles: gemm.Tiles) -> gemm.Plan:
+    """The plan for an [n, k] weight with ``tiles`` in every form."""
+    return gemm.plan(n, k, spread=tiles, whole=tiles, few=tiles, mid=tiles, whole_one=tiles, middle=tiles)
+
+
 def test_plan_follows_the_weight_alone() -> None:
     plan = gemm.plan(4096, 12288)
     assert plan.segments > 1 and plan.segments * plan.k_per_segment >= 12288
@@ -42,7 +47,7 @@ def test_both_launch_forms_give_the_same_bits(k: int, one_segment: bool) -> None
     # Same tiles in both forms: the interpreter's dot (numpy) sums a tile in an order that follows
     # its shape, where the GPU's MMA does not (that part is the GPU test's).
     tiles = gemm.Tiles(16, 64, 64)
-    choice = gemm.plan(64, k, spread=tiles, whole=tiles, few=tiles, mid=tiles, whole_one=tiles)
+    choice = one_tile(64, k, tiles)
     x = torch.randn(6, k, generator=torch.Generator().manual_seed(6))
     w = weights(64, k, torch.float32)
     assert (choice.segments == 1) == one_segment
@@ -66,7 +71,7 @@ def test_the_paired_product_forms_swiglus_middle_as_the_plain_product_then_swigl
         dtype: torch.dtype, spread: bool) -> None:
     inner, k = 96, 256
     tiles = gemm.Tiles(16, 64, 64)  # one tile shape in both products and forms (see above)
-    choice = gemm.plan(2 * inner, k, spread=tiles, whole=tiles, few=tiles, mid=tiles, whole_one=tiles)
+    choice = one_tile(2 * inner, k, tiles)
     gate_up = weights(2 * inner, k, dtype)
     x = torch.randn(5, k, generator=torch.Generator().manual_seed(5)).to(dtype)
     want = swiglu.swiglu(gemm.matmul(x, gate_up, spread=spread, choice=choice))
@@ -107,9 +112,21 @@ def test_the_paired_product_gives_the_plain_bits_on_the_device(inner: int) -> No
     gate_up = weights(2 * inner, 4096, torch.bfloat16, "cuda")
     paired = swiglu.pair_rows(gate_up)
     x = torch.randn(80, 4096, device="cuda", dtype=torch.bfloat16)
-    for m in (1, 17, 33, 64, 80):  # every spread tile, then the whole form
+    for m in (1, 17, 33, 64, 80, 192):  # every spread tile (80: the middle one), then the whole form
         want = swiglu.swiglu(gemm.matmul(x[:m], gate_up))
         assert torch.equal(gemm.matmul(x[:m], paired, swiglu=True), want), f"differs at m={m}"
+
+
+def test_the_spread_form_takes_the_middle_rows_where_the_whole_form_would_idle() -> None:
+    # qwen3_5-9b's products: up to 64 rows all spread; at 65 to 128 the out and down projections (32
+    # whole-form programs) and gate|up (one K segment: its whole tile twice the rows) spread, the GDN
+    # and attention projections (80 and 97 programs) stay whole; from 129 rows all whole
+    spreads = {(n, k): [gemm.plan(n, k).spreads(m, n) for m in (64, 65, 128, 129)]
+               for n, k in ((4096, 4096), (4096, 12288), (24576, 4096), (10240, 4096), (12352, 4096))}
+    assert spreads == {(4096, 4096): [True, True, True, False], (4096, 12288): [True, True, True, False],
+                       (24576, 4096): [True, True, True, False], (10240, 4096): [True, False, False, False],
+                       (12352, 4096): [True, False, False, False]}
+    assert gemm.plan(4096, 4096).spread_tiles(100) == gemm.MIDDLE
 
 
 def test_k_segments_give_two_programs_per_multiprocessor() -> None:
@@ -143,7 +160,7 @@ def check_projection_conv(channels: int, m: int, spread: bool, width: int, seed:
     conv1d.decode: the same bits and tails moved, the padding lane's untouched."""
     n, k = 192, 256
     tiles = gemm.Tiles(16, 64, 64)
-    choice = gemm.plan(n, k, spread=tiles, whole=tiles, few=tiles, mid=tiles, whole_one=tiles)
+    choice = one_tile(n, k, tiles)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed))
     w = weights(n, k, torch.float32)
     conv_weight = torch.randn(channels, width, generator=torch.Generator().manual_seed(1)) / 2
@@ -188,7 +205,7 @@ def test_weights_asked_for_before_the_wait_give_the_same_bits(steps: int,
     # a plain product at few rows and the projection with its conv, one segment of six K steps
     n, k, width, channels = 192, 384, 4, 128
     tiles = gemm.Tiles(16, 64, 64)
-    choice = gemm.plan(n, k, spread=tiles, whole=tiles, few=tiles, mid=tiles, whole_one=tiles)
+    choice = one_tile(n, k, tiles)
     assert choice.k_per_segment // tiles.block_k >= steps
     monkeypatch.setattr(gemm, "EARLY_STEPS", steps)
     x = torch.randn(5, k, generator=torch.Generator().manual_seed(3))

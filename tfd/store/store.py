@@ -25,7 +25,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, wait
+from concurrent.futures import Executor, Future, wait
 from pathlib import Path
 from typing import Any
 
@@ -220,7 +220,10 @@ class Store:
         if at != len(into):
             raise ValueError(f"reading {image.key}: {len(into)} bytes given, the image holds {at}")
         on_host = check is None
-        pending = [readers.submit(_read_one, *place[1:], on_host) for place in places] if readers else []
+        pending: list[Future[int]] = []
+        if readers:  # the state file first: one thread reads its pieces while the others read the blocks
+            last = readers.submit(_read_one, *places[-1][1:], on_host)
+            pending = [readers.submit(_read_one, *place[1:], on_host) for place in places[:-1]] + [last]
         try:
             try:
                 expected = []

@@ -1,0 +1,57 @@
+"""A state read back is placed in a lane's pages file by file as it lands, whole blocks a group at a
+time: the lane then holds the rows and pieces the state was written from, byte for byte, and nothing
+past its position."""
+
+from __future__ import annotations
+
+import torch
+
+from tfd.pool.layout import Layout, RowPart
+from tfd.pool.pages import Pool
+from tfd.pool.pieces import Piece
+from tfd.store.image import Placement, block_bytes, piece_ranges, row_ranges
+from tfd.store.store import BLOCK_ROWS, Image
+
+POSITION = 3 * BLOCK_ROWS + 128  # three whole blocks and a short one
+PARTS = [RowPart("a.k", (2, 8), "bfloat16"), RowPart("a.v", (2, 8), "bfloat16"),
+         RowPart("a.pooled", (8,), "float32", rows=4)]
+PIECES = [Piece("a.state", (4, 8), "float32"), Piece("a.tail", (3, 5), "bfloat16")]
+
+
+def lane_bytes(pool: Pool, pages: list[int], pieces: dict[str, torch.Tensor], rows: int) -> bytes:
+    parts = row_ranges(pool, pages, 0, rows) + piece_ranges(sorted(pieces.items()))
+    return b"".join(bytes(part.numpy()) for part in parts)
+
+
+def test_a_state_placed_as_its_files_land_is_the_state_it_was_written_from() -> None:
+    pool = Pool(Layout(64, PARTS, PIECES), 64)
+    generator = torch.Generator().manual_seed(3)
+    pool.buffer.copy_(torch.randint(0, 256, pool.buffer.shape, generator=generator, dtype=torch.uint8))
+    source = pool.promise(POSITION)
+    source.take(POSITION)
+    source_pieces = dict(source.take_state())
+    blocks = [(f"b{start}", block_bytes(pool, min(BLOCK_ROWS, POSITION - start)))
+              for start in range(0, POSITION, BLOCK_ROWS)]
+    pieces = tuple((name, view.numel() * view.element_size()) for name, view in sorted(source_pieces.items()))
+    image = Image("k", POSITION, False, pieces, tuple(blocks))
+    written = [torch.cat(row_ranges(pool, source.row_pages, start, min(start + BLOCK_ROWS, POSITION)))
+               for start in range(0, POSITION, BLOCK_ROWS)]  # each block as the writer writes it
+    staged = torch.cat([*written, *piece_ranges(sorted(source_pieces.items()))])
+    assert staged.numel() == image.bytes
+
+    target = pool.promise(POSITION + 64)
+    target.take(POSITION + 64)
+    target_pieces = dict(target.take_state())
+    placed = list(reversed(target.row_pages))  # a lane's pages need not be in the pool's order
+    past = bytes(torch.cat(row_ranges(pool, placed, POSITION, POSITION + 64)).numpy())
+    placement = Placement(pool, image, staged, placed, target_pieces, group=2)
+    works = [placement.landed(index) for index in range(len(blocks) + 1)]
+    # blocks 0-1 a group, block 2 the last whole one, then the short block, then the pieces
+    assert [work is not None for work in works] == [False, True, True, True, True]
+    for work in works:
+        if work is not None:
+            work()
+
+    assert lane_bytes(pool, placed, target_pieces, POSITION) == lane_bytes(pool, source.row_pages,
+                                                                           source_pieces, POSITION)
+    assert bytes(torch.cat(row_ranges(pool, placed, POSITION, POSITION + 64)).numpy()) == past
