@@ -46,9 +46,6 @@ class FakeDevice:
 
         return total
 
-    def run(self, work: Callable[[], None]) -> None:
-        self.queued.append(work)
-
     def to_host(self, source: torch.Tensor, target: torch.Tensor) -> None:
         self._copy(lambda: target.copy_(source))
 

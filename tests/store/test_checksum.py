@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tfd.store import checksum
-from tfd.store.checksum import WordSum, word_sum
+from tfd.store.checksum import WordSum, file_sums, word_sum
 
 
 def defined(data: bytes, first_word: int = 0) -> int:
@@ -37,6 +37,7 @@ def test_the_largest_words_do_not_wrap(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(checksum, "GROUP_BYTES", 64)  # many groups, each summed exactly
     data = b"\xff" * 4096
     assert word_sum(tensor(data)) == defined(data) > 2**63
+    assert file_sums(tensor(data), [2048, 2048]) == [defined(data[:2048])] * 2
 
 
 def test_pieces_of_any_length_sum_as_the_whole() -> None:
@@ -51,14 +52,14 @@ def test_pieces_of_any_length_sum_as_the_whole() -> None:
 
 
 def test_each_file_sums_alone_whatever_its_size_or_place() -> None:
-    # a state's files as they land side by side: runs of equal blocks, odd sizes, misaligned ones
     rng = random.Random(2)
-    sizes = [256, 256, 256, 100, 6, 256, 256, 37]
+    sizes = [256, 256, 256, 100, 6, 256, 256, 37]  # runs of equal blocks, odd sizes, misaligned ones
     data = rng.randbytes(sum(sizes))
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    whole = tensor(data)
-    assert [word_sum(whole[a:a + n]) for a, n in zip(starts, sizes, strict=True)] == \
-        [defined(data[a:a + n]) for a, n in zip(starts, sizes, strict=True)]
+    want = [defined(data[a:a + n]) for a, n in zip(starts, sizes, strict=True)]
+    assert file_sums(tensor(data), sizes) == want
+    with pytest.raises(ValueError, match="payloads of 1 bytes in all, the data holds 0"):
+        file_sums(tensor(b""), [1])
 
 
 def test_any_change_of_one_word_and_any_swap_of_two_moves_the_sum() -> None:
@@ -84,16 +85,12 @@ def test_a_payload_too_long_to_key_is_refused() -> None:
 
 @pytest.mark.gpu
 def test_the_device_sums_as_the_host() -> None:
-    sizes = [8 << 20] * 3 + [3 << 20, 48 << 20 | 6]  # a state's blocks, a short last one, its pieces
+    sizes = [8 << 20] * 9 + [3 << 20, 48 << 20 | 6]  # a state's blocks, a short last one, its pieces
     data = torch.randint(0, 256, (sum(sizes),), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
-    on_device = data.cuda()
-    starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    assert [word_sum(on_device[a:a + n]) for a, n in zip(starts, sizes, strict=True)] == \
-        [word_sum(data[a:a + n]) for a, n in zip(starts, sizes, strict=True)]
+    assert file_sums(data.cuda(), sizes) == file_sums(data, sizes)
 
 
-def test_a_payload_longer_than_a_group_sums_in_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_file_longer_than_a_group_sums_in_groups(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(checksum, "GROUP_BYTES", 64)
     data = random.Random(6).randbytes(1000)
-    assert word_sum(tensor(data)) == defined(data)
-    assert word_sum(tensor(data), 7) == defined(data, 7)
+    assert file_sums(tensor(data + data[:10]), [1000, 0, 10]) == [defined(data), 0, defined(data[:10])]

@@ -1,6 +1,6 @@
-"""A state read back is placed in a lane's pages file by file as it lands, whole blocks a group at a
-time: the lane then holds the rows and pieces the state was written from, byte for byte, and nothing
-past its position."""
+"""A state read back is scattered into a lane's pages and pieces: the lane then holds the rows and
+pieces the state was written from, byte for byte (whole blocks, a short last one, every row part,
+pooled ones too), and nothing past its position."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from tfd.pool.layout import Layout, RowPart
 from tfd.pool.pages import Pool
 from tfd.pool.pieces import Piece
-from tfd.store.image import Placement, block_bytes, piece_ranges, row_ranges
+from tfd.store.image import block_bytes, piece_ranges, row_ranges, scatter
 from tfd.store.store import BLOCK_ROWS, Image
 
 POSITION = 3 * BLOCK_ROWS + 128  # three whole blocks and a short one
@@ -23,7 +23,7 @@ def lane_bytes(pool: Pool, pages: list[int], pieces: dict[str, torch.Tensor], ro
     return b"".join(bytes(part.numpy()) for part in parts)
 
 
-def test_a_state_placed_as_its_files_land_is_the_state_it_was_written_from() -> None:
+def test_a_state_scattered_into_a_lane_is_the_state_it_was_written_from() -> None:
     pool = Pool(Layout(64, PARTS, PIECES), 64)
     generator = torch.Generator().manual_seed(3)
     pool.buffer.copy_(torch.randint(0, 256, pool.buffer.shape, generator=generator, dtype=torch.uint8))
@@ -44,13 +44,7 @@ def test_a_state_placed_as_its_files_land_is_the_state_it_was_written_from() -> 
     target_pieces = dict(target.take_state())
     placed = list(reversed(target.row_pages))  # a lane's pages need not be in the pool's order
     past = bytes(torch.cat(row_ranges(pool, placed, POSITION, POSITION + 64)).numpy())
-    placement = Placement(pool, image, staged, placed, target_pieces, group=2)
-    works = [placement.landed(index) for index in range(len(blocks) + 1)]
-    # blocks 0-1 a group, block 2 the last whole one, then the short block, then the pieces
-    assert [work is not None for work in works] == [False, True, True, True, True]
-    for work in works:
-        if work is not None:
-            work()
+    scatter(pool, image, staged, placed, target_pieces)
 
     assert lane_bytes(pool, placed, target_pieces, POSITION) == lane_bytes(pool, source.row_pages,
                                                                            source_pieces, POSITION)

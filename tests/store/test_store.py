@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tfd.store import sealed
-from tfd.store.checksum import word_sum
+from tfd.store.checksum import mismatched
 from tfd.store.sealed import Writer
 from tfd.store.store import Image, Refused, Store
 
@@ -159,9 +159,7 @@ def test_the_callers_check_of_the_sums_refuses_a_flipped_byte(tmp_path: Path, ho
     sizes = [size for _, size in made.blocks] + [made.piece_bytes]
 
     def check(expected: list[int]) -> list[int]:
-        data, starts = torch.frombuffer(into, dtype=torch.uint8), [sum(sizes[:i]) for i in range(len(sizes))]
-        return [i for i, (at, size, want) in enumerate(zip(starts, sizes, expected, strict=True))
-                if word_sum(data[at:at + size]) != want]
+        return mismatched(torch.frombuffer(into, dtype=torch.uint8), sizes, expected)
 
     if how is None:
         store.read(made, memoryview(into), check=check)

@@ -28,12 +28,24 @@ SUM_BYTES = 16
 MAX_WORDS = 1 << 31  # (i + 1) * MULTIPLIER stays below 2**63
 GROUP_BYTES = 64 << 20  # summed at a time: bounds the int64 temporaries (four times this)
 
+_keys: dict[tuple[str, int], torch.Tensor] = {}
+
+
 def keys(first: int, count: int, device: torch.device) -> torch.Tensor:
     """``key(first) .. key(first + count - 1)`` as int64 on ``device``."""
     if first + count > MAX_WORDS:
         raise ValueError(f"a payload of more than {MAX_WORDS} words cannot be summed")
     index = torch.arange(first + 1, first + count + 1, dtype=torch.int64, device=device)
     return index.mul_(MULTIPLIER).bitwise_and_(KEY_MASK).bitwise_or_(1)
+
+
+def _cached_keys(count: int, device: torch.device) -> torch.Tensor:
+    """``keys(0, count)``, kept: every whole block of every state has the same length (a 256-token
+    block of the 9B shape: 8 MiB, its keys 16 MiB)."""
+    name = (str(device), count)
+    if name not in _keys:
+        _keys[name] = keys(0, count, device)
+    return _keys[name]
 
 
 def _row_halves(words: torch.Tensor, row_keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,6 +86,39 @@ def word_sum(data: torch.Tensor, first_word: int = 0) -> int:
     """S of the bytes ``data`` (uint8, 1-D, any device), keyed from word ``first_word`` (waits for
     the device)."""
     return joined(*halves(data, first_word))
+
+
+def file_sums(data: torch.Tensor, sizes: list[int]) -> list[int]:
+    """S of each of the consecutive payloads of ``sizes`` bytes that ``data`` (uint8, 1-D, any
+    device) holds in order; the equal-sized ones summed together, one wait for the device in all."""
+    if sum(sizes) != data.numel():
+        raise ValueError(f"payloads of {sum(sizes)} bytes in all, the data holds {data.numel()}")
+    parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+    at, index = 0, 0
+    while index < len(sizes):
+        size, run = sizes[index], 1
+        while (index + run < len(sizes) and sizes[index + run] == size and size % 4 == 0
+               and (data.storage_offset() + at) % 4 == 0):
+            run += 1
+        if size % 4 or run == 1:
+            parts.append(halves(data[at:at + size]))
+        else:
+            rows = data[at:at + size * run].view(run, size).view(torch.int32)
+            row_keys = _cached_keys(size // 4, data.device)
+            group = max(1, GROUP_BYTES // size)
+            for first in range(0, run, group):
+                parts.append(_row_halves(rows[first:first + group], row_keys))
+        at, index = at + size * run, index + run
+    highs = torch.cat([h for h, _ in parts]).tolist() if parts else []
+    lows = torch.cat([lo for _, lo in parts]).tolist() if parts else []
+    return [(h << 32) + lo for h, lo in zip(highs, lows, strict=True)]
+
+
+def mismatched(data: torch.Tensor, sizes: list[int], expected: list[int]) -> list[int]:
+    """The places of the payloads in ``data`` (as ``file_sums`` takes them) whose S is not the one
+    ``expected``."""
+    found = file_sums(data, sizes)
+    return [place for place, (a, b) in enumerate(zip(found, expected, strict=True)) if a != b]
 
 
 class WordSum:

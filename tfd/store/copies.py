@@ -48,9 +48,6 @@ class Device(Protocol):
         """Queue the word sum of device bytes ``data`` keyed from ``first_word``; what it gives once
         the work before a later mark is waited for."""
 
-    def run(self, work: Callable[[], None]) -> None:
-        """Queue device work (``work`` launches it) after the copies queued so far."""
-
     def to_host(self, source: torch.Tensor, target: torch.Tensor) -> None:
         """Queue a copy of device bytes ``source`` into host bytes ``target``."""
 
@@ -96,16 +93,7 @@ class TorchDevice:
     def word_sum(self, data: torch.Tensor, first_word: int) -> Callable[[], int]:
         with self._on_stream():
             high, low = halves(data, first_word)
-            if self.stream is None:
-                return lambda: joined(high, low)
-            # to pinned memory behind the sum: read once waited for, without a sync of its own
-            host = torch.empty(2, dtype=torch.int64, pin_memory=True)
-            host.copy_(torch.cat([high, low]), non_blocking=True)
-        return lambda: (int(host[0]) << 32) + int(host[1])
-
-    def run(self, work: Callable[[], None]) -> None:
-        with self._on_stream():
-            work()
+        return lambda: joined(high, low)
 
     def _on_stream(self) -> contextlib.AbstractContextManager[object]:
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()

@@ -12,7 +12,7 @@ blocks. The same ranges, taken from a lane's pages, are where a state read back 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -81,53 +81,29 @@ def image_of(pool: Pool, state: KeptState, digests: Sequence[bytes], prompt: Seq
     return Image(state_key(position, digest, lookahead), position, state.head, pieces, tuple(blocks))
 
 
-class Placement:
-    """Where an image read back goes in a lane, placed file by file as its bytes land on the device
-    (``staged``: blocks then pieces, in file order): its whole blocks ``group`` at a time, then a
-    short last block, into the row pages ``pages`` (in row order), then its pieces into the views
-    ``pieces``. ``landed(i)`` gives the device work that file ``i``'s landing completes: a few
-    launches a row part a group, one a piece."""
-
-    def __init__(self, pool: Pool, image: Image, staged: torch.Tensor, pages: Sequence[int],
-                 pieces: Mapping[str, torch.Tensor], group: int) -> None:
-        self.pool, self.image, self.staged, self.pieces = pool, image, staged, pieces
-        self.pages = list(pages[:-(-image.position // pool.layout.page_rows)])
-        self.group = group
-        self.whole = image.position // BLOCK_ROWS  # blocks of BLOCK_ROWS rows; a short one may follow
-        self.table: torch.Tensor | None = None
-        self.starts = [0]
-        for _, size in (*image.blocks, ("pieces", image.piece_bytes)):
-            self.starts.append(self.starts[-1] + size)
-
-    def landed(self, index: int) -> Callable[[], None] | None:
-        """The device work placing what file ``index`` (landed, as every file before it) completes,
-        or None."""
-        if index < self.whole:
-            if (index + 1) % self.group and index + 1 < self.whole:
-                return None
-            first = index // self.group * self.group
-            return lambda: self._rows(first, index + 1 - first, BLOCK_ROWS)
-        if index < len(self.image.blocks):
-            return lambda: self._rows(index, 1, self.image.position - index * BLOCK_ROWS)
-        return self._place_pieces
-
-    def _rows(self, first: int, count: int, rows: int) -> None:
-        pool, layout = self.pool, self.pool.layout
-        if self.table is None:  # made on the stream that places: ordered before its use
-            self.table = torch.tensor(self.pages, dtype=torch.int64).to(self.staged.device, non_blocking=True)
+def scatter(pool: Pool, image: Image, staged: torch.Tensor, pages: Sequence[int],
+            pieces: Mapping[str, torch.Tensor]) -> None:
+    """Place an image read back (``staged``: its bytes on the pool's device, blocks then pieces) in
+    a lane: its rows into the row pages ``pages`` (in row order), its pieces into the views
+    ``pieces``. Two launches a row part for the whole blocks, two for a last short one, one a piece."""
+    layout, position = pool.layout, image.position
+    table = torch.tensor(list(pages), dtype=torch.int64, device=staged.device)
+    spans = [(0, position // BLOCK_ROWS, BLOCK_ROWS)] if position >= BLOCK_ROWS else []
+    if position % BLOCK_ROWS:
+        spans.append((position // BLOCK_ROWS, 1, position % BLOCK_ROWS))
+    at = 0
+    for first, count, rows in spans:
         size = block_bytes(pool, rows)
-        region = self.staged[self.starts[first]:self.starts[first] + count * size].view(count, size)
-        offset, table = 0, self.table
+        region = staged[at:at + count * size].view(count, size)
+        offset = 0
         for part in layout.row_parts:
             entries, per_page = rows // part.rows, layout.page_rows // part.rows
             width = entries * part.entry_bytes
             values = region[:, offset:offset + width].contiguous().view(TORCH_DTYPES[part.dtype])
-            index = first * BLOCK_ROWS // part.rows + torch.arange(count * entries, device=self.staged.device)
+            index = first * BLOCK_ROWS // part.rows + torch.arange(count * entries, device=staged.device)
             pool.rows(part.name)[table[index // per_page], index % per_page] = values.view(-1, *part.shape)
             offset += width
-
-    def _place_pieces(self) -> None:
-        at = self.starts[len(self.image.blocks)]
-        for name, size in self.image.pieces:
-            self.pieces[name].view(torch.uint8).reshape(-1).copy_(self.staged[at:at + size])
-            at += size
+        at += count * size
+    for name, size in image.pieces:
+        pieces[name].view(torch.uint8).reshape(-1).copy_(staged[at:at + size])
+        at += size

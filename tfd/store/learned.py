@@ -34,8 +34,9 @@ from tfd.engine.kept import KeptState, digests_of
 from tfd.engine.lane import Lane
 from tfd.engine.prefixes import keys_of
 from tfd.pool.pages import Pool
+from tfd.store.checksum import mismatched
 from tfd.store.copies import Copier, Device, TorchDevice, host_bytes
-from tfd.store.image import Placement, block_bytes, image_of, piece_ranges, row_ranges, state_key, state_pages
+from tfd.store.image import block_bytes, image_of, piece_ranges, row_ranges, scatter, state_key, state_pages
 from tfd.store.sealed import Writer
 from tfd.store.store import BLOCK_ROWS, Image, Refused, Store
 
@@ -43,7 +44,6 @@ log = logging.getLogger("tfd.learn")
 # files read at once when a state is read back (their sums are checked on the device): on the
 # H200's host 16 threads read 8 MiB files from the page cache at 39 GB/s, 8 at 29, one at 3.7
 READ_THREADS = min(16, os.cpu_count() or 1)
-GROUP_BLOCKS = 16  # whole blocks placed in a lane at once as they land: 4,096 rows, a few dozen launches
 
 
 def reserve(pool: Pool, rows: int) -> int:
@@ -120,11 +120,10 @@ class Learned:
     def restore(self, lane: Lane, image: Image) -> None:
         """Read ``image`` into ``lane`` (opened, its rows up to the image's position taken): its files
         read by ``READ_THREADS`` threads into one pinned buffer, each copied to the device as soon as
-        it is read (while later ones are read), summed there and placed in the lane's pages and
-        pieces (``Placement``) behind its copy; the sums are checked once every file has landed.
-        Raises ``Refused`` (counted, forgotten) when its files cannot be trusted; the lane's memory
-        then holds nothing to use (the caller starts it afresh). Every copy and placement is drained
-        before it returns or raises."""
+        it is read (while later ones are read), their word sums checked there, then scattered into
+        the lane's pages and pieces. Raises ``Refused`` (counted, forgotten) when its files cannot be
+        trusted; the lane's memory then holds nothing to use. Every copy is drained before it
+        returns or raises."""
         lease, memory = lane.lease, lane.memory
         assert lease is not None and memory is not None
         total = image.bytes
@@ -132,28 +131,23 @@ class Learned:
             self.buffer = self.reading.pinned(total)
         host = self.buffer[:total]
         staged = torch.empty(total, dtype=torch.uint8, device=self.pool.buffer.device)
-        placement = Placement(self.pool, image, staged, lease.row_pages, memory.pieces, GROUP_BLOCKS)
-        sums: list[Callable[[], int]] = []
+        sizes = [size for _, size in image.blocks] + [image.piece_bytes]
 
-        def land(at: int, size: int) -> None:
-            target = staged[at:at + size]
-            self.reading.to_device(host[at:at + size], target)
-            sums.append(self.reading.word_sum(target, 0))
-            work = placement.landed(len(sums) - 1)
-            if work is not None:
-                self.reading.run(work)
+        def copy(at: int, size: int) -> None:
+            self.reading.to_device(host[at:at + size], staged[at:at + size])
 
         def check(expected: list[int]) -> list[int]:
-            self.reading.drain()  # every file's bytes are on the device, summed and placed
-            return [i for i, (found, want) in enumerate(zip(sums, expected, strict=True)) if found() != want]
+            self.reading.drain()  # every file's bytes are on the device
+            return mismatched(staged, sizes, expected)
 
-        self.reading.begin()  # staged bytes and the lane's pages: memory queued compute work may read
+        self.reading.begin()  # ``staged`` may reuse memory the compute stream's queued work reads
         try:
             with self.lock:
-                self.store.read(image, host_bytes(host), self.readers, land, check)
+                self.store.read(image, host_bytes(host), self.readers, copy, check)
         finally:
             self.reading.drain()  # the buffer is free again, error or not
         self.reading.end()
+        scatter(self.pool, image, staged, lease.row_pages, memory.pieces)
 
     def report(self) -> dict[str, object]:
         with self.lock:
