@@ -94,3 +94,15 @@ def test_a_file_longer_than_a_group_sums_in_groups(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(checksum, "GROUP_BYTES", 64)
     data = random.Random(6).randbytes(1000)
     assert file_sums(tensor(data + data[:10]), [1000, 0, 10]) == [defined(data), 0, defined(data[:10])]
+
+
+def test_the_kernel_sums_every_file_as_torch_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the GPU's path (kernels.word_sums, here in Triton's interpreter): runs of equal files in one
+    # launch, odd and misaligned ones alone, a window keyed from a later word
+    sizes = [256, 256, 256, 100, 6, 256, 256, 37]
+    data = random.Random(7).randbytes(sum(sizes))
+    want = file_sums(tensor(data), sizes)
+    window = word_sum(tensor(data)[512:1024], 128)
+    monkeypatch.setattr(checksum, "on_kernel", lambda _: True)
+    assert file_sums(tensor(data), sizes) == want
+    assert word_sum(tensor(data)[512:1024], 128) == window == defined(data[512:1024], 128)

@@ -4,6 +4,7 @@ pooled ones too), and nothing past its position."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tfd.pool.layout import Layout, RowPart
@@ -15,6 +16,8 @@ from tfd.store.store import BLOCK_ROWS, Image
 POSITION = 3 * BLOCK_ROWS + 128  # three whole blocks and a short one
 PARTS = [RowPart("a.k", (2, 8), "bfloat16"), RowPart("a.v", (2, 8), "bfloat16"),
          RowPart("a.pooled", (8,), "float32", rows=4)]
+# a part of one 2-byte entry every 128 rows leaves blocks a multiple of 4 bytes, not 8: copied in bytes
+SPARSE = RowPart("a.sparse", (1,), "bfloat16", rows=128)
 PIECES = [Piece("a.state", (4, 8), "float32"), Piece("a.tail", (3, 5), "bfloat16")]
 
 
@@ -23,8 +26,13 @@ def lane_bytes(pool: Pool, pages: list[int], pieces: dict[str, torch.Tensor], ro
     return b"".join(bytes(part.numpy()) for part in parts)
 
 
-def test_a_state_scattered_into_a_lane_is_the_state_it_was_written_from() -> None:
-    pool = Pool(Layout(64, PARTS, PIECES), 64)
+@pytest.mark.parametrize(("page_rows", "parts"), [
+    (64, PARTS),  # whole blocks and the short one cover whole pages: page by page, in 8-byte words
+    (256, [*PARTS, SPARSE]),  # the short block ends inside a page: entry by entry; the rest in bytes
+])
+def test_a_state_scattered_into_a_lane_is_the_state_it_was_written_from(page_rows: int,
+                                                                         parts: list[RowPart]) -> None:
+    pool = Pool(Layout(page_rows, parts, PIECES), 64)
     generator = torch.Generator().manual_seed(3)
     pool.buffer.copy_(torch.randint(0, 256, pool.buffer.shape, generator=generator, dtype=torch.uint8))
     source = pool.promise(POSITION)
@@ -39,13 +47,13 @@ def test_a_state_scattered_into_a_lane_is_the_state_it_was_written_from() -> Non
     staged = torch.cat([*written, *piece_ranges(sorted(source_pieces.items()))])
     assert staged.numel() == image.bytes
 
-    target = pool.promise(POSITION + 64)
-    target.take(POSITION + 64)
+    target = pool.promise(POSITION + 128)
+    target.take(POSITION + 128)
     target_pieces = dict(target.take_state())
     placed = list(reversed(target.row_pages))  # a lane's pages need not be in the pool's order
-    past = bytes(torch.cat(row_ranges(pool, placed, POSITION, POSITION + 64)).numpy())
+    past = bytes(torch.cat(row_ranges(pool, placed, POSITION, POSITION + 128)).numpy())
     scatter(pool, image, staged, placed, target_pieces)
 
     assert lane_bytes(pool, placed, target_pieces, POSITION) == lane_bytes(pool, source.row_pages,
                                                                            source_pieces, POSITION)
-    assert bytes(torch.cat(row_ranges(pool, placed, POSITION, POSITION + 64)).numpy()) == past
+    assert bytes(torch.cat(row_ranges(pool, placed, POSITION, POSITION + 128)).numpy()) == past

@@ -11,8 +11,9 @@ the sum of its pieces' S, each keyed from its first word.
 Why not a CRC on the host: a learned state is read back while its request waits for the first
 token. On the H200's host, 16 threads read a 30,000-token state's files from the page cache at
 about 39 GB/s, but checked with CRC-32 as they went only at 13.8 (the check is one more pass over a
-gigabyte of host memory); the device sums the same gigabyte, already copied, in 7 ms. Writes are
-summed on the device too, window by window as the copier gathers them (``tfd.store.copies``):
+gigabyte of host memory); the device sums the same gigabyte, already copied: torch's int64 form
+took 7 to 8.7 ms, a GPU sums with ``kernels.word_sums`` instead (one read of the bytes, one launch
+a run of equal files). Writes are summed on the device too, window by window as the copier gathers them (``tfd.store.copies``):
 summed on the host, torch took every core and slowed the prefill steps running beside the writer.
 Files written on the host (tests, tools) are summed there (``WordSum``), to the same value.
 """
@@ -20,6 +21,8 @@ Files written on the host (tests, tools) are summed there (``WordSum``), to the 
 from __future__ import annotations
 
 import torch
+
+from kernels import word_sums
 
 MULTIPLIER = 2654435761
 KEY_MASK = (1 << 31) - 1
@@ -56,10 +59,17 @@ def _row_halves(words: torch.Tensor, row_keys: torch.Tensor) -> tuple[torch.Tens
     return high, products.bitwise_and_(LOW).sum(1)
 
 
+def on_kernel(data: torch.Tensor) -> bool:
+    """Whether ``data`` is summed by ``kernels.word_sums`` (on a GPU) rather than by torch's int64 form."""
+    return data.is_cuda
+
+
 def halves(data: torch.Tensor, first_word: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """S of the bytes ``data`` (uint8, 1-D, any length and device) keyed from word ``first_word``,
     as [1] (high, low) halves on its device, without waiting for it: ``GROUP_BYTES`` at a time."""
     words = _padded(data).view(torch.int32)
+    if on_kernel(data):  # one launch, no int64 temporaries
+        return word_sums.halves(words[None], first_word)
     step = GROUP_BYTES // 4
     pieces = [words[at:at + step] for at in range(0, max(words.numel(), 1), step)]
     found = [_row_halves(piece[None], keys(first_word + at * step, piece.numel(), data.device))
@@ -100,7 +110,9 @@ def file_sums(data: torch.Tensor, sizes: list[int]) -> list[int]:
         while (index + run < len(sizes) and sizes[index + run] == size and size % 4 == 0
                and (data.storage_offset() + at) % 4 == 0):
             run += 1
-        if size % 4 or run == 1:
+        if on_kernel(data) and size % 4 == 0 and (data.storage_offset() + at) % 4 == 0:  # one launch a run
+            parts.append(word_sums.halves(data[at:at + size * run].view(run, size).view(torch.int32)))
+        elif size % 4 or run == 1:
             parts.append(halves(data[at:at + size]))
         else:
             rows = data[at:at + size * run].view(run, size).view(torch.int32)

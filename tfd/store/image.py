@@ -18,6 +18,7 @@ import torch
 
 from tfd.engine.kept import KeptState
 from tfd.model import GDN_CHUNK as CHUNK
+from tfd.pool.layout import RowPart
 from tfd.pool.pages import TORCH_DTYPES, Pool
 from tfd.store.store import BLOCK_ROWS, Image
 
@@ -85,7 +86,9 @@ def scatter(pool: Pool, image: Image, staged: torch.Tensor, pages: Sequence[int]
             pieces: Mapping[str, torch.Tensor]) -> None:
     """Place an image read back (``staged``: its bytes on the pool's device, blocks then pieces) in
     a lane: its rows into the row pages ``pages`` (in row order), its pieces into the views
-    ``pieces``. Two launches a row part for the whole blocks, two for a last short one, one a piece."""
+    ``pieces``. Blocks of whole pages go a row part at a time, page by page (one indexed copy of
+    8-byte words where the offsets allow); a short block that ends inside a page, entry by entry;
+    one copy a piece."""
     layout, position = pool.layout, image.position
     table = torch.tensor(list(pages), dtype=torch.int64, device=staged.device)
     spans = [(0, position // BLOCK_ROWS, BLOCK_ROWS)] if position >= BLOCK_ROWS else []
@@ -97,13 +100,42 @@ def scatter(pool: Pool, image: Image, staged: torch.Tensor, pages: Sequence[int]
         region = staged[at:at + count * size].view(count, size)
         offset = 0
         for part in layout.row_parts:
-            entries, per_page = rows // part.rows, layout.page_rows // part.rows
-            width = entries * part.entry_bytes
-            values = region[:, offset:offset + width].contiguous().view(TORCH_DTYPES[part.dtype])
-            index = first * BLOCK_ROWS // part.rows + torch.arange(count * entries, device=staged.device)
-            pool.rows(part.name)[table[index // per_page], index % per_page] = values.view(-1, *part.shape)
-            offset += width
+            if rows % layout.page_rows == 0:
+                _place_pages(pool, part, region, offset, rows, first * BLOCK_ROWS // layout.page_rows, table)
+            else:
+                _place_entries(pool, part, region, offset, rows, first, table)
+            offset += rows // part.rows * part.entry_bytes
         at += count * size
     for name, size in image.pieces:
         pieces[name].view(torch.uint8).reshape(-1).copy_(staged[at:at + size])
         at += size
+
+
+def _place_pages(pool: Pool, part: RowPart, region: torch.Tensor, offset: int, rows: int, first_page: int,
+                 table: torch.Tensor) -> None:
+    """Row part ``part`` of blocks of ``rows`` rows, whole pages (``region``: [blocks, block bytes],
+    the part at byte ``offset`` of each), into the lane's pages ``table[first_page:]``."""
+    layout = pool.layout
+    count, size = region.shape
+    pages = rows // layout.page_rows  # a block's
+    span = layout.page_rows // part.rows * part.entry_bytes  # the part's bytes in a page
+    start = layout.part_offsets[part.name]
+    wide = all(n % 8 == 0 for n in (span, offset, start, size, layout.page_bytes, region.storage_offset()))
+    dtype, word = (torch.int64, 8) if wide else (torch.uint8, 1)
+    target = pool.buffer.view(dtype).view(pool.pages + 1, layout.page_bytes // word)
+    target = target[:, start // word:(start + span) // word]
+    source = region.view(dtype)[:, offset // word:(offset + pages * span) // word]
+    index = table[first_page + torch.arange(count * pages, device=table.device)].view(count, pages)
+    target[index] = source.view(count, pages, span // word)
+
+
+def _place_entries(pool: Pool, part: RowPart, region: torch.Tensor, offset: int, rows: int, first: int,
+                   table: torch.Tensor) -> None:
+    """Row part ``part`` of blocks of ``rows`` rows that end inside a page, entry by entry."""
+    count = region.shape[0]
+    entries, per_page = rows // part.rows, pool.layout.page_rows // part.rows
+    # a fresh copy: the part's bytes need not sit at an offset its dtype can be viewed from
+    values = region[:, offset:offset + entries * part.entry_bytes].reshape(-1).clone()
+    index = first * BLOCK_ROWS // part.rows + torch.arange(count * entries, device=region.device)
+    pool.rows(part.name)[table[index // per_page], index % per_page] = \
+        values.view(TORCH_DTYPES[part.dtype]).view(-1, *part.shape)
