@@ -13,8 +13,9 @@ token. On the H200's host, 16 threads read a 30,000-token state's files from the
 about 39 GB/s, but checked with CRC-32 as they went only at 13.8 (the check is one more pass over a
 gigabyte of host memory); the device sums the same gigabyte, already copied: torch's int64 form
 took 7 to 8.7 ms, a GPU sums with ``kernels.word_sums`` instead (one read of the bytes, one launch
-a run of equal files). Writes are summed on the device too, window by window as the copier gathers them (``tfd.store.copies``):
-summed on the host, torch took every core and slowed the prefill steps running beside the writer.
+a run of equal files). Writes are summed on the device too, window by window as the copier
+gathers them (``tfd.store.copies``): summed on the host, torch took every core and slowed the
+prefill steps running beside the writer.
 Files written on the host (tests, tools) are summed there (``WordSum``), to the same value.
 """
 

@@ -41,9 +41,11 @@ from tfd.store.sealed import Writer
 from tfd.store.store import BLOCK_ROWS, Image, Refused, Store
 
 log = logging.getLogger("tfd.learn")
-# files read at once when a state is read back (their sums are checked on the device): on the
-# H200's host 16 threads read 8 MiB files from the page cache at 39 GB/s, 8 at 29, one at 3.7
-READ_THREADS = min(16, os.cpu_count() or 1)
+# files read at once when a state is read back (their sums are checked on the device): on one H200
+# host 16 threads read 8 MiB files from the page cache at 39 GB/s, 8 at 29, one at 3.7; on another
+# (16 cores) 16 threads at 11.6 GB/s, 32 at 16.2, and this read with its copies 92-108 ms against
+# 136-140 (docs/bench/13b301f172c2/h2d-and-read.log): reads wait on more than the cores
+READ_THREADS = min(32, 2 * (os.cpu_count() or 1))
 
 
 def reserve(pool: Pool, rows: int) -> int:
