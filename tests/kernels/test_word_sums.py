@@ -46,3 +46,14 @@ def test_what_cannot_be_summed_is_refused_by_name() -> None:
         word_sums.halves(torch.zeros(2, 8, dtype=torch.int64))
     with pytest.raises(ValueError, match="cannot be keyed"):
         word_sums.halves(torch.zeros(1, 8, dtype=torch.int32), 2**31 - 4)
+
+
+@pytest.mark.gpu
+def test_the_device_sums_a_states_blocks_as_torch_does() -> None:
+    data = words(118, 2 << 20, 11).cuda()  # a 30,000-token state's 8 MiB blocks of the 9B shape
+    high, low = word_sums.halves(data)
+    want_high, want_low = word_sums.reference(data)
+    assert torch.equal(high, want_high) and torch.equal(low, want_low)
+    high, low = word_sums.halves(data[:1, 7:], 7)  # keyed from a later word, at an odd address
+    want_high, want_low = word_sums.reference(data[:1, 7:].contiguous(), 7)
+    assert torch.equal(high, want_high) and torch.equal(low, want_low)
