@@ -11,6 +11,7 @@ import pytest
 import trio
 
 from support import InProcessDaemon
+from tfd.server.openai import OpenAI
 
 
 @pytest.fixture
@@ -80,6 +81,24 @@ async def test_errors_are_json_in_openai_shape(served: InProcessDaemon) -> None:
     assert wrong_method.status_code == 405
     assert wrong_method.json()["error"]["code"] == "method_not_allowed"
     assert "GET" in wrong_method.headers["allow"]
+
+
+async def test_an_unhandled_error_answers_json_and_the_server_goes_on(served: InProcessDaemon,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(self: OpenAI) -> None:
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(OpenAI, "_ready", broken)
+    async with httpx.AsyncClient(base_url=served.url) as client:
+        failed = await client.get("/v1/models")
+        health = await client.get("/health")
+        text = (await client.get("/metrics")).text
+    assert failed.status_code == 500
+    assert failed.json() == {"error": {
+        "message": "internal error (RuntimeError); the server's log has the details", "type": "server_error",
+        "param": None, "code": "internal_error"}}
+    assert health.status_code == 200
+    assert sample(text, "tfd_http_requests_total", route="/v1/models", method="GET", status="500") == 1
 
 
 @pytest.mark.parametrize("served", [{"TF_API_KEYS": "sk-first,sk-second"}], indirect=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -23,6 +24,7 @@ from tfd import __version__
 from tfd.server.lifecycle import Lifecycle, Phase
 from tfd.server.metrics import CONTENT_TYPE, Metrics
 
+log = logging.getLogger("tfd.http")
 OPEN_PATHS = frozenset({"/health"})
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -63,9 +65,16 @@ def build_app(lifecycle: Lifecycle, metrics: Metrics, api_keys: Sequence[str] = 
                                   "method_not_allowed", headers=exc.headers)
         return error_response(exc.status_code, str(exc.detail), "http_error", headers=exc.headers)
 
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        # the answer is JSON too; the traceback goes to the log (starlette raises it on after this)
+        log.error("%s %s failed: %r", request.method, request.url.path, exc)
+        return error_response(500, f"internal error ({type(exc).__name__}); the server's log has the details",
+                              "internal_error")
+
     all_routes = [Route("/health", health, methods=["GET"]),
                   Route("/metrics", metrics_text, methods=["GET"]), *routes]
-    app = Starlette(routes=all_routes, exception_handlers={HTTPException: http_error})
+    app = Starlette(routes=all_routes,
+                    exception_handlers={HTTPException: http_error, Exception: internal_error})
     paths = frozenset(route.path for route in all_routes if isinstance(route, Route))
     return Gate(app, metrics, api_keys, paths)
 
