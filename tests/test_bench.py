@@ -75,7 +75,8 @@ def test_bench_times_a_second_turn_read_back_from_disk(tmp_path: Path) -> None:
     assert found["commit"] == "test" and found["tokens_equal"] is True
     assert found["turn2_prompt_tokens"] == 200 + 4 + 64 and found["cached_tokens"] == 192
     assert found["bytes_written"] >= found["bytes_read"] > 0 and found["ttft_from_disk_s"] > 0
-    assert "192 read back" in done.stdout
+    assert found["host_read_bytes"] >= found["bytes_read"] and found["host_read_gbps"] > 0
+    assert "192 read back" in done.stdout and "the host alone reads the files in" in done.stdout
 
 
 def test_bench_drafts_and_reports_the_rounds(tmp_path: Path) -> None:
