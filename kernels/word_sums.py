@@ -5,7 +5,7 @@ them ``key(i) = ((i + 1) * 2654435761 mod 2**31) | 1`` from the payload's first 
 products' sums in 32-bit halves: each product is below 2**63, a half's sum over 2**31 words too, so
 int64 never wraps. The caller adds the programs' halves (exact in int64). Torch does the same in
 about a dozen passes over int64 temporaries (8.7 ms for a 30,000-token state on an H200); this is one
-read of the bytes. ``reference`` is that torch form.
+read of the bytes. ``reference`` is that torch form (the store's sum off a GPU), ``keys`` its keys.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ import triton
 import triton.language as tl
 
 MULTIPLIER = 2654435761
+KEY_MASK = (1 << 31) - 1
+LOW = (1 << 32) - 1
+MAX_WORDS = 1 << 31  # (i + 1) * MULTIPLIER stays below 2**63
 BLOCK = 4096  # words a program sums: 16 KiB read, a tile of int64 products in registers
 
 
@@ -49,9 +52,15 @@ def halves(words: torch.Tensor, first: int = 0, block: int = BLOCK) -> tuple[tor
     return summed[:, 0], summed[:, 1]
 
 
+def keys(first: int, count: int, device: torch.device) -> torch.Tensor:
+    """``key(first) .. key(first + count - 1)`` as int64 on ``device``."""
+    if first + count > MAX_WORDS:
+        raise ValueError(f"a payload of more than {MAX_WORDS} words cannot be summed")
+    index = torch.arange(first + 1, first + count + 1, dtype=torch.int64, device=device)
+    return index.mul_(MULTIPLIER).bitwise_and_(KEY_MASK).bitwise_or_(1)
+
+
 def reference(words: torch.Tensor, first: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """``halves`` by torch (int64 temporaries of the words' size)."""
-    index = torch.arange(first + 1, first + words.shape[1] + 1, dtype=torch.int64, device=words.device)
-    keys = index.mul_(MULTIPLIER).bitwise_and_((1 << 31) - 1).bitwise_or_(1)
-    products = words.to(torch.int64).bitwise_and_((1 << 32) - 1).mul_(keys)
-    return (products >> 32).sum(1), products.bitwise_and_((1 << 32) - 1).sum(1)
+    """``halves`` by torch (int64 temporaries four times the words' size)."""
+    products = words.to(torch.int64).bitwise_and_(LOW).mul_(keys(first, words.shape[1], words.device))
+    return (products >> 32).sum(1), products.bitwise_and_(LOW).sum(1)

@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from kernels import word_sums
 from tfd.store import checksum
 from tfd.store.checksum import WordSum, file_sums, word_sum
 
@@ -80,7 +81,7 @@ def test_any_change_of_one_word_and_any_swap_of_two_moves_the_sum() -> None:
 
 def test_a_payload_too_long_to_key_is_refused() -> None:
     with pytest.raises(ValueError, match="more than 2147483648 words"):
-        checksum.keys(2**31 - 1, 2, torch.device("cpu"))
+        word_sums.keys(2**31 - 1, 2, torch.device("cpu"))
 
 
 @pytest.mark.gpu

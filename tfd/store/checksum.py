@@ -24,40 +24,10 @@ from __future__ import annotations
 import torch
 
 from kernels import word_sums
+from kernels.word_sums import KEY_MASK, MULTIPLIER
 
-MULTIPLIER = 2654435761
-KEY_MASK = (1 << 31) - 1
-LOW = (1 << 32) - 1
 SUM_BYTES = 16
-MAX_WORDS = 1 << 31  # (i + 1) * MULTIPLIER stays below 2**63
-GROUP_BYTES = 64 << 20  # summed at a time: bounds the int64 temporaries (four times this)
-
-_keys: dict[tuple[str, int], torch.Tensor] = {}
-
-
-def keys(first: int, count: int, device: torch.device) -> torch.Tensor:
-    """``key(first) .. key(first + count - 1)`` as int64 on ``device``."""
-    if first + count > MAX_WORDS:
-        raise ValueError(f"a payload of more than {MAX_WORDS} words cannot be summed")
-    index = torch.arange(first + 1, first + count + 1, dtype=torch.int64, device=device)
-    return index.mul_(MULTIPLIER).bitwise_and_(KEY_MASK).bitwise_or_(1)
-
-
-def _cached_keys(count: int, device: torch.device) -> torch.Tensor:
-    """``keys(0, count)``, kept: every whole block of every state has the same length (a 256-token
-    block of the 9B shape: 8 MiB, its keys 16 MiB)."""
-    name = (str(device), count)
-    if name not in _keys:
-        _keys[name] = keys(0, count, device)
-    return _keys[name]
-
-
-def _row_halves(words: torch.Tensor, row_keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's sum of ``words`` [rows, m] (int32) times ``row_keys`` [m], as (high, low) halves:
-    int64 tensors [rows] whose ``high * 2**32 + low`` is the exact sum."""
-    products = words.to(torch.int64).bitwise_and_(LOW).mul_(row_keys)
-    high = (products >> 32).sum(1)
-    return high, products.bitwise_and_(LOW).sum(1)
+GROUP_BYTES = 64 << 20  # summed at a time off a GPU: bounds the int64 temporaries (four times this)
 
 
 def on_kernel(data: torch.Tensor) -> bool:
@@ -73,8 +43,7 @@ def halves(data: torch.Tensor, first_word: int = 0) -> tuple[torch.Tensor, torch
         return word_sums.halves(words[None], first_word)
     step = GROUP_BYTES // 4
     pieces = [words[at:at + step] for at in range(0, max(words.numel(), 1), step)]
-    found = [_row_halves(piece[None], keys(first_word + at * step, piece.numel(), data.device))
-             for at, piece in enumerate(pieces)]
+    found = [word_sums.reference(piece[None], first_word + at * step) for at, piece in enumerate(pieces)]
     if len(found) == 1:
         return found[0]
     return torch.stack([h for h, _ in found]).sum(0), torch.stack([lo for _, lo in found]).sum(0)
@@ -108,19 +77,18 @@ def file_sums(data: torch.Tensor, sizes: list[int]) -> list[int]:
     at, index = 0, 0
     while index < len(sizes):
         size, run = sizes[index], 1
-        while (index + run < len(sizes) and sizes[index + run] == size and size % 4 == 0
-               and (data.storage_offset() + at) % 4 == 0):
+        aligned = size % 4 == 0 and (data.storage_offset() + at) % 4 == 0
+        while aligned and index + run < len(sizes) and sizes[index + run] == size:
             run += 1
-        if on_kernel(data) and size % 4 == 0 and (data.storage_offset() + at) % 4 == 0:  # one launch a run
-            parts.append(word_sums.halves(data[at:at + size * run].view(run, size).view(torch.int32)))
-        elif size % 4 or run == 1:
+        if not aligned or (run == 1 and not on_kernel(data)):
             parts.append(halves(data[at:at + size]))
         else:
             rows = data[at:at + size * run].view(run, size).view(torch.int32)
-            row_keys = _cached_keys(size // 4, data.device)
-            group = max(1, GROUP_BYTES // size)
-            for first in range(0, run, group):
-                parts.append(_row_halves(rows[first:first + group], row_keys))
+            if on_kernel(data):  # one launch a run
+                parts.append(word_sums.halves(rows))
+            else:
+                group = max(1, GROUP_BYTES // size)
+                parts += [word_sums.reference(rows[first:first + group]) for first in range(0, run, group)]
         at, index = at + size * run, index + run
     highs = torch.cat([h for h, _ in parts]).tolist() if parts else []
     lows = torch.cat([lo for _, lo in parts]).tolist() if parts else []
