@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl
+from tfd_kernels import pdl
 
 BLOCKS = 32  # blocks a program scores
 

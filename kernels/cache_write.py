@@ -11,13 +11,13 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl
+from tfd_kernels import pdl
 
 
 @triton.jit
 def last_row(page_table, stride_tl, lane, length, page_rows, stride_cp, stride_cr):
     """The cache element offset of the row at a live lane's last position (``length - 1``): its
-    page from the lane's table, then the slot in it (shared with kernels.rope's decode store)."""
+    page from the lane's table, then the slot in it (shared with tfd_kernels.rope's decode store)."""
     position = length - 1
     page = tl.load(page_table + lane * stride_tl + position // page_rows).to(tl.int64)
     return page * stride_cp + (position % page_rows) * stride_cr
@@ -45,7 +45,7 @@ def _write(k, v, k_cache, v_cache, page_table, lengths, page_rows, stride_tl, st
 def check(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
           page_table: torch.Tensor, lengths: torch.Tensor) -> None:
     """ValueError unless ``k``/``v`` [lanes, kv_heads, head_dim] fit the caches, the page table and
-    ``lengths`` (shared with kernels.rope's decode store)."""
+    ``lengths`` (shared with tfd_kernels.rope's decode store)."""
     lanes, heads, dim = k.shape
     if v.shape != k.shape or k_cache.shape[2:] != (heads, dim) or v_cache.stride() != k_cache.stride():
         raise ValueError(f"k {list(k.shape)}, v {list(v.shape)} and caches {list(k_cache.shape)} disagree")

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl
+from tfd_kernels import pdl
 
 BLOCK_C = 256  # channels per program
 BLOCK_T = 16  # prefill rows per program; at least width - 1, so only a lane's first block reads its tail
@@ -42,7 +42,7 @@ def conv_loads(tail, row_live, cs, weight, tails, channels, WIDTH: tl.constexpr)
     """What the conv of one new row per lane reads (width 2 to 4), asked for at once: each row's
     tail rows (``tail`` its lanes' offsets, loaded; -1 for padding), the taps' weights, and where
     the rows are live (``row_live`` and not padding). Unread taps past the width repeat the first;
-    for ``conv_apply``. Shared with the GEMM that forms the projection (kernels.gemm, decode rows)."""
+    for ``conv_apply``. Shared with the GEMM that forms the projection (tfd_kernels.gemm, decode rows)."""
     c_live = cs < channels
     live = ((tail >= 0) & row_live)[:, None] & c_live[None, :]
     o0 = tl.load(tails + tail[:, None] + cs[None, :], mask=live, other=0.0)

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import gdn_gates, pdl
+from tfd_kernels import gdn_gates, pdl
 
 # Value columns per program and warps: measured best of 8/16/32/64 x 1..8 on the H200 at 16 to 96 lanes
 # (about 3.3 TB/s of state read plus written). The same for every path: the reductions' order follows them.
@@ -199,7 +199,7 @@ def _heads(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
 class Gates:
     """A GDN layer's gates for the rule: ``g`` and ``beta`` (fp32) formed already, or, ``raw``, the
     projection's ``a`` and ``b`` (model dtype, views) with the heads' ``a_log`` and ``dt_bias``,
-    from which the kernel forms them itself (``kernels.gdn_gates``' arithmetic, the same bits)."""
+    from which the kernel forms them itself (``tfd_kernels.gdn_gates``' arithmetic, the same bits)."""
 
     g: torch.Tensor  # [lanes(, rows), value_heads]: g, or a when raw
     beta: torch.Tensor  # beta, or b when raw
@@ -256,7 +256,7 @@ def decode_gated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Ten
                  scale: float) -> torch.Tensor:
     """``decode`` with the gates formed in the kernel from the projection's ``b`` and ``a`` [lanes,
     value_heads] (model dtype, any lane stride) and the heads' ``a_log`` and ``dt_bias``: the same
-    bits as ``decode`` given ``kernels.gdn_gates.gates(b, a, a_log, dt_bias)``, one launch less."""
+    bits as ``decode`` given ``tfd_kernels.gdn_gates.gates(b, a, a_log, dt_bias)``, one launch less."""
     _, value_heads, _, _ = _check_rows(q, k, v, None, None, states, lead=1)
     for name, t in (("b", b), ("a", a)):
         _check(name, t, (q.shape[0], value_heads), q.dtype)
@@ -291,7 +291,7 @@ def verify_gated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Ten
                  ) -> torch.Tensor:
     """``verify`` with the gates formed in the kernel from the projection's ``b`` and ``a`` [lanes,
     rows, value_heads] (model dtype, heads contiguous) and the heads' ``a_log`` and ``dt_bias``: the
-    same bits as ``verify`` given ``kernels.gdn_gates.gates(b, a, a_log, dt_bias)`` (the formed gates
+    same bits as ``verify`` given ``tfd_kernels.gdn_gates.gates(b, a, a_log, dt_bias)`` (the formed gates
     are what it logs), one launch less."""
     _, value_heads, _, _ = _check_rows(q, k, v, None, None, states, lead=2)
     for name, t in (("b", b), ("a", a)):

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl
+from tfd_kernels import pdl
 
 SOFTPLUS_THRESHOLD = 20.0
 

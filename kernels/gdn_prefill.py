@@ -49,8 +49,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import gdn_chunk
-from kernels.gdn_chunk import dot
+from tfd_kernels import gdn_chunk
+from tfd_kernels.gdn_chunk import dot
 
 CHUNK = 64  # rows a chunk: tfd.model.GDN_CHUNK (the tests check), restated as kernels do not import tfd
 # Value columns a phase-two program: 128 programs for one lane of 32 heads about fill an H200's 132

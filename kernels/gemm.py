@@ -32,10 +32,10 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-import kernels
-from kernels import INTERPRETED, conv1d, pdl
-from kernels.swiglu import PAIR, silu_mul
-from kernels.swiglu import swiglu as swiglu_rows
+from tfd_kernels import conv1d, pdl, runtime
+from tfd_kernels.runtime import INTERPRETED
+from tfd_kernels.swiglu import PAIR, silu_mul
+from tfd_kernels.swiglu import swiglu as swiglu_rows
 
 # K segments rounded up to two programs per multiprocessor of an H200: in the 9B's decode step 4.63 ms
 # against 4.79 with segments rounded down to one (6.57 against 7.02 at 32 lanes), though the products
@@ -55,7 +55,7 @@ CONV_ROWS = 16
 EARLY_STEPS = 1
 # The conv's reads (its tail rows and weights) asked for by a tile's last program with the partials', where
 # each tap's read had waited for the one before; widths up to CONV_WIDTH (a wider conv runs after the
-# product, kernels.conv1d.decode: the same bits). H200, 35B-A3B one stream, tfd bench --variant, best of
+# product, tfd_kernels.conv1d.decode: the same bits). H200, 35B-A3B one stream, tfd bench --variant, best of
 # three (2026-12-02): 2.4274 ms against 2.4381 with the taps read in turn (9B 4.4862 against 4.4987).
 CONV_WIDTH = 4
 
@@ -87,7 +87,7 @@ FEW_PROGRAMS = 64  # whole-form programs under which the middle tile's spread wi
 
 @attrs.frozen
 class Conv:
-    """The depthwise causal conv of ``kernels.conv1d.decode`` over a product's first
+    """The depthwise causal conv of ``tfd_kernels.conv1d.decode`` over a product's first
     ``weight.shape[0]`` columns, each row a lane's new input: the GDN projection's conv columns."""
 
     weight: torch.Tensor  # [channels, width]
@@ -246,7 +246,7 @@ def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride
     if tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu") == SEGMENTS - 1:
         # the tile's last program adds all partials, always in segment order, and rearms its counter
         dtype = out.dtype.element_ty
-        if SWIGLU:  # the tile holds whole gate|up pairs: each pair's middle, rounded as kernels.swiglu
+        if SWIGLU:  # the tile holds whole gate|up pairs: each pair's middle, rounded as tfd_kernels.swiglu
             half = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
             gate_at = rows[:, None] * stride_pm + ((half // PAIR) * (2 * PAIR) + half % PAIR)[None, :]
             live = (rows[:, None] < m) & (half[None, :] < n // 2)
@@ -336,14 +336,14 @@ def _described(x: torch.Tensor, w: torch.Tensor, t: Tiles) -> tuple[object, obje
 def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice: Plan | None = None,
            swiglu: bool = False, conv: Conv | None = None, early: bool = False) -> torch.Tensor:
     """``x @ w.T`` for ``x`` [m, k] and ``w`` [n, k], both contiguous in k; the result in x's dtype.
-    With ``swiglu``, w is a gate|up weight laid out by ``kernels.swiglu.pair_rows`` and the result
+    With ``swiglu``, w is a gate|up weight laid out by ``tfd_kernels.swiglu.pair_rows`` and the result
     is SwiGLU's middle [m, n / 2]: each form forms it from the summed tile before it stores (the
     whole form only when its tile holds whole pairs; else it writes the product and
-    ``kernels.swiglu`` reads it), the same bits as the plain product, then ``swiglu`` on the
+    ``tfd_kernels.swiglu`` reads it), the same bits as the plain product, then ``swiglu`` on the
     unpaired columns.
 
     With ``conv``, the result's first ``conv.weight.shape[0]`` columns are that conv's output instead
-    (``kernels.conv1d.decode``'s bits, its tails moved forward): the spread form applies it as it
+    (``tfd_kernels.conv1d.decode``'s bits, its tails moved forward): the spread form applies it as it
     stores, up to ``CONV_ROWS`` rows and when those columns are whole tiles; else the conv runs
     after the product.
 
@@ -422,7 +422,7 @@ def _spread_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, choice:
 
 
 def _conv_after(out: torch.Tensor, conv: Conv) -> torch.Tensor:
-    """``out`` with ``conv`` run over its first columns by ``kernels.conv1d.decode`` (same bits)."""
+    """``out`` with ``conv`` run over its first columns by ``tfd_kernels.conv1d.decode`` (same bits)."""
     channels = conv.weight.shape[0]
     out[:, :channels] = conv1d.decode(out[:, :channels], conv.weight, conv.tails, conv.tail_at)
     return out
@@ -436,7 +436,7 @@ def _counters(device: torch.device, tiles: int) -> torch.Tensor:
     shared by every product on the device, which run one at a time on one stream."""
     if tiles > COUNTERS:
         raise ValueError(f"a spread product of {tiles} output tiles, more than the {COUNTERS} counted")
-    return kernels.counters("gemm.spread", COUNTERS, device)
+    return runtime.counters("gemm.spread", COUNTERS, device)
 
 
 def reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

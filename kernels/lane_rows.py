@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl
+from tfd_kernels import pdl
 
 BLOCK = 1024  # columns a program stores
 

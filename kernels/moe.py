@@ -3,7 +3,7 @@ ascending expert id of ``weight * down_e(h)``, h = silu(gate_e(x)) * up_e(x) com
 cast to the model dtype (as a model-dtype linear hands it on); the sum is fp32, the result cast to
 x's dtype. With the layer's shared expert (``Shared``), the MoE block's output instead: that routed
 sum rounded, plus the shared expert's output (the same arithmetic, rounded as a linear's output)
-times sigmoid(gate), rounded as ``kernels.sigmoid_gate`` rounds it.
+times sigmoid(gate), rounded as ``tfd_kernels.sigmoid_gate`` rounds it.
 
 The shared expert runs in the same launches as expert number ``experts``, one past every routed
 id: each row has one pair more, of weight 1, and the tiles of those pairs read the shared expert's
@@ -14,21 +14,21 @@ Memory: each selected expert's ``gate_up`` and ``down`` weights are read once pe
 ``BLOCK_M`` pairs that chose it, so once per call at decode sizes (the shared expert's once per
 ``BLOCK_M`` rows); an expert no row chose is never touched. Beside the weights a call writes and
 reads back ``h`` (pairs x the wider inner size, model dtype), an fp32 buffer of one hidden vector per
-pair, and the plan's int32 tables (``kernels.moe_plan``), all sized by shapes alone and for at most
+pair, and the plan's int32 tables (``tfd_kernels.moe_plan``), all sized by shapes alone and for at most
 ``ROW_CHUNK`` rows (more rows take several passes).
 
-Launches: the plan (``kernels.moe_plan``: one launch at decode sizes, the router's choice included
+Launches: the plan (``tfd_kernels.moe_plan``: one launch at decode sizes, the router's choice included
 when called through ``routed``); ``_gate_up`` computes h for a tile of pairs sharing an expert; at
 one row through ``routed`` there is no plan launch: each ``_gate_up`` program makes the router's
-choice itself (``kernels.router.choice``, in the same warps as every other choice), takes the
+choice itself (``tfd_kernels.router.choice``, in the same warps as every other choice), takes the
 chosen expert of its tile's rank by id (the shared expert last) and writes what ``_down`` reads;
 ``_down`` multiplies h by the expert's down weight and the routing weight into the pair's buffer
 row, ranked by expert id within its row (the shared pairs' rows after all routed ones);
-``kernels.moe_sum`` sums a row's ranks in order and adds the gated shared expert, or
+``tfd_kernels.moe_sum`` sums a row's ranks in order and adds the gated shared expert, or
 (``routed_add_zrms``, decode) adds that to the residual stream and normalises it for the next block
-as ``kernels.norm.add_zrms`` does, the same bits one launch sooner; at one row ``_down``'s last
+as ``tfd_kernels.norm.add_zrms`` does, the same bits one launch sooner; at one row ``_down``'s last
 program to finish (an arrival counter) does that in its own launch, in the same warps; with
-``ONE_LAUNCH`` both products are one launch (``kernels.moe_one``), and through ``block_add_zrms``
+``ONE_LAUNCH`` both products are one launch (``tfd_kernels.moe_one``), and through ``block_add_zrms``
 the router's product too. Every grid is fixed by the shapes (an upper bound on the tiles; a program
 past the last tile exits at once), so a call can be captured in a CUDA graph.
 
@@ -47,8 +47,8 @@ import torch
 import triton
 import triton.language as tl
 
-import kernels
-from kernels import INTERPRETED, gemm, moe_one, moe_plan, moe_sum, moe_tiles, norm, pdl, router
+from tfd_kernels import gemm, moe_one, moe_plan, moe_sum, moe_tiles, norm, pdl, router, runtime
+from tfd_kernels.runtime import INTERPRETED
 
 BLOCK_M = 16  # pairs in a tile: one tensor-core row block
 # Stage one's columns, reduction step and pipeline depth, then stage two's: the best pair of a 24-pair
@@ -60,7 +60,7 @@ ROW_CHUNK = 2048  # rows a pass takes at most: bounds the fp32 buffer (rows neve
 # One row through ``routed``: the choice in the experts' first launch and the combine in the last
 # program of their second; off, the plan's launch and the combining launch (comparisons: same bits).
 ONE_ROW = True
-# One row through ``routed``: both products in one launch (kernels.moe_one); off, two (same bits).
+# One row through ``routed``: both products in one launch (tfd_kernels.moe_one); off, two (same bits).
 ONE_LAUNCH = True
 # One row through ``block_add_zrms``: the router's product in that launch too; off, a launch before.
 ROUTER_IN_LAUNCH = True
@@ -194,9 +194,9 @@ def _check_shared(x: torch.Tensor, shared: Shared) -> None:
 
 def routed(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: torch.Tensor, top_k: int,
            normalise: bool, shared: Shared | None = None) -> torch.Tensor:
-    """``experts`` for the choice ``kernels.router.top_k(logits, top_k, normalise, x.dtype)`` makes
+    """``experts`` for the choice ``tfd_kernels.router.top_k(logits, top_k, normalise, x.dtype)`` makes
     from router ``logits`` [rows, experts] (unit column stride): the same bits, and when the rows'
-    routed pairs are few (decode at a few lanes: ``kernels.moe_plan.CHOICE_PAIRS``) the choice and
+    routed pairs are few (decode at a few lanes: ``tfd_kernels.moe_plan.CHOICE_PAIRS``) the choice and
     the grouping are one launch."""
     return _routed(x, gate_up, down, logits, top_k, normalise, shared, None)[0]
 
@@ -204,7 +204,7 @@ def routed(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: t
 def routed_add_zrms(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: torch.Tensor,
                     top_k: int, normalise: bool, shared: Shared | None, residual: Residual
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``kernels.norm.add_zrms(residual.x, routed(...), residual.weight, residual.eps)`` with the
+    """``tfd_kernels.norm.add_zrms(residual.x, routed(...), residual.weight, residual.eps)`` with the
     same bits, the addition and the norm in the experts' last launch (rows up to ``ROW_CHUNK``):
     the residual stream and the next block's input."""
     total, normed = _routed(x, gate_up, down, logits, top_k, normalise, shared, residual)
@@ -215,10 +215,10 @@ def routed_add_zrms(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, 
 def block_add_zrms(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
                    top_k: int, normalise: bool, shared: tuple[torch.Tensor, torch.Tensor] | None,
                    residual: Residual) -> tuple[torch.Tensor, torch.Tensor]:
-    """``routed_add_zrms`` from the block's input: the router's product ``kernels.gemm.matmul(x,
+    """``routed_add_zrms`` from the block's input: the router's product ``tfd_kernels.gemm.matmul(x,
     router_weight)`` first (``router_weight`` [experts, hidden], with a shared expert one row more
     for its gate, last), and the shared expert's (gate_up, down); the same bits. At one row the
-    router's product runs in the experts' one launch (``kernels.moe_one``)."""
+    router's product runs in the experts' one launch (``tfd_kernels.moe_one``)."""
     rows, hidden = x.shape
     experts = down.shape[0]
     if router_weight.shape != (experts + (shared is not None), hidden) or router_weight.dtype != x.dtype:
@@ -257,7 +257,8 @@ def _routed(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: 
 
 
 def _one_launch(rows: int, hidden: int, per_row: int, chosen: bool) -> bool:
-    """Whether the block's experts take one launch (``kernels.moe_one``): one row whose choice they make."""
+    """Whether the block's experts take one launch (``tfd_kernels.moe_one``): one row whose choice they
+    make."""
     return ONE_ROW and ONE_LAUNCH and chosen and rows == 1 and moe_one.fits(hidden, per_row)
 
 
@@ -269,7 +270,7 @@ def experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: tor
     each row's ``ids`` [rows, top_k] (in [0, experts)) and ``weights``; with ``shared``, the MoE
     block's output (the module docstring says how it is rounded), in the same launches. ``choice``
     (``routed``'s): the router logits and normalisation that ids and weights are written from, in
-    the planning launch (at most ``kernels.moe_plan.CHOICE_PAIRS`` routed pairs). A wrong shape, dtype
+    the planning launch (at most ``tfd_kernels.moe_plan.CHOICE_PAIRS`` routed pairs). A wrong shape, dtype
     or device raises ValueError naming the input."""
     return _experts(x, gate_up, down, ids, weights, shared, choice, None)[0]
 
@@ -364,7 +365,7 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
 
 def _arrivals(device: torch.device) -> torch.Tensor:
     """The device's arrival counter of ``_down`` at one row (its last program rearms it)."""
-    return kernels.counters("moe.down", 1, device)
+    return runtime.counters("moe.down", 1, device)
 
 
 def _check_residual(x: torch.Tensor, residual: Residual) -> None:

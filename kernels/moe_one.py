@@ -1,9 +1,9 @@
-"""An MoE block at one row in one launch (``kernels.moe`` at decode, one lane): the same bits as its
+"""An MoE block at one row in one launch (``tfd_kernels.moe`` at decode, one lane): the same bits as its
 launches one after another, without the boundaries between them.
 
-The launch's first programs make the router's product when it is given (``kernels.gemm``'s
+The launch's first programs make the router's product when it is given (``tfd_kernels.gemm``'s
 segments and order, in ``ROUTER_N``-column tiles; each program stores its fp32 partial and counts
-it), then come the gate/up programs (a tile's expert by ``kernels.moe_plan.chosen_tile_of``, the
+it), then come the gate/up programs (a tile's expert by ``tfd_kernels.moe_plan.chosen_tile_of``, the
 router's choice each makes for itself once every partial is stored, from the partials summed in
 segment order and rounded as the logits: ``FROM_PARTIALS``), then the down programs. A routed down
 program takes its tile's expert and pair weight from the tile's first gate/up program, which publishes
@@ -13,11 +13,11 @@ arrival a gate/up program of the tile) before it reads h from L2, its weights (f
 asked for. The shared expert's programs come first and make no choice, so they read while the
 router's product runs (``SHARED_DOWN_LAST`` puts its down programs last instead).
 
-The finish is spread (``SPREAD_FINISH``, ``kernels.moe_sum.finish_spread``): the last down program
+The finish is spread (``SPREAD_FINISH``, ``tfd_kernels.moe_sum.finish_spread``): the last down program
 of each column block to arrive (a counter a block) sums the block's ranks in order, adds the shared
 expert and at decode the residual, and stores those columns of the stream; the last block to finish
 (the arrival counter, counting blocks) reloads the stored row and normalises it with the norm's own
-code (``kernels.norm.zrms_row``, the same warps and reduction), then rearms the launch's counters.
+code (``tfd_kernels.norm.zrms_row``, the same warps and reduction), then rearms the launch's counters.
 Each block's columns are elementwise and the norm reads back the rounded values it would have held,
 so the bits are those of the last down program doing all of it alone (the flag off: ~3 us a layer
 that one program spent while memory idled). Each program counts after a barrier and its stores
@@ -36,8 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-import kernels
-from kernels import INTERPRETED, gemm, moe_plan, moe_sum, moe_tiles, norm, pdl, router
+from tfd_kernels import gemm, moe_plan, moe_sum, moe_tiles, norm, pdl, router, runtime
+from tfd_kernels.runtime import INTERPRETED
 
 READY = 64  # tiles of one launch at most: top_k routed experts and the shared one
 ROUTER_TILES = 32  # column tiles of the router's product at most, when it runs in the launch
@@ -76,7 +76,7 @@ ROUTER_EARLY = 1
 @triton.jit
 def _router_early(w, program, n, k, k_per_segment, stride_w, live, TILES: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, STEP: tl.constexpr):
-    """K step ``STEP`` of a router program's weights (``kernels.gemm.weight_tile``), nothing read
+    """K step ``STEP`` of a router program's weights (``tfd_kernels.gemm.weight_tile``), nothing read
     unless ``live`` (a router program)."""
     column, segment = program % TILES, program // TILES
     cols = column * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -89,7 +89,7 @@ def _router_tile(x, w, partials, logits, counters, program, n, k, k_per_segment,
                  TILES: tl.constexpr, SEGMENTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, WIDEN: tl.constexpr, FROM_PARTIALS: tl.constexpr,
                  EARLY: tl.constexpr):
-    """One program of the router's product at one row, as ``kernels.gemm``'s spread form computes
+    """One program of the router's product at one row, as ``tfd_kernels.gemm``'s spread form computes
     it (the same segments, tiles and order), its first ``EARLY`` K steps' weights ``b0``, ``b1``
     loaded already: it stores its fp32 partial; with ``FROM_PARTIALS`` it counts it
     (``counters[TILES + 1]``), else the last program of a tile stores the tile's logits and counts
@@ -132,7 +132,7 @@ def _logits_wait(router_counters, ROUTER_TILES: tl.constexpr, SEGMENTS: tl.const
 def _chosen(logits, partials, n, ids, weights, pair_at, dest_at, tile_expert, experts, tile, writes,
             K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, SLOTS: tl.constexpr,
             CACHE: tl.constexpr, SEGMENTS: tl.constexpr, FROM_PARTIALS: tl.constexpr):
-    """``kernels.moe_plan.chosen_tile``, its logits read or (``FROM_PARTIALS``) summed from the
+    """``tfd_kernels.moe_plan.chosen_tile``, its logits read or (``FROM_PARTIALS``) summed from the
     router's partials as the tile's last program would sum them; a writing program of tile 0 then
     stores them, as the logits the launch promises."""
     if FROM_PARTIALS:
@@ -276,7 +276,7 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
 
 def fits(hidden: int, tiles: int) -> bool:
     """Whether the one launch serves this block: its counters hold the tiles, and its warps (the
-    router's choice) are the warps of the norm it ends with (``kernels.norm.warps``)."""
+    router's choice) are the warps of the norm it ends with (``tfd_kernels.norm.warps``)."""
     return tiles <= READY and norm.warps(triton.next_power_of_2(hidden)) == router.ROUTE_WARPS
 
 
@@ -287,7 +287,7 @@ def _router_n(few: gemm.Tiles) -> int:
 
 def takes_router(n: int, hidden: int) -> bool:
     """Whether the router's product ([n, hidden] weight) can run in the launch with the bits
-    ``kernels.gemm.matmul`` gives it at one row: its tiles fit the counters, and its spread tile has
+    ``tfd_kernels.gemm.matmul`` gives it at one row: its tiles fit the counters, and its spread tile has
     the launch's warps."""
     few = gemm.plan(n, hidden).few
     return triton.cdiv(n, _router_n(few)) <= ROUTER_TILES and few.warps == router.ROUTE_WARPS
@@ -298,7 +298,7 @@ def counters(device: torch.device) -> torch.Tensor:
     ``SPREAD_FINISH``, the column blocks' finished), the router's ``ROUTER_TILES`` tiles' arrivals
     and its stored tiles and stored partials, then ``COLUMNS`` column blocks' arrivals, then ``READY``
     tiles' published choices (``DOWN_TAKES_CHOICE``); the programs that finish rearm them."""
-    return kernels.counters("moe_one", READY + ROUTER_TILES + 3 + COLUMNS + READY, device)
+    return runtime.counters("moe_one", READY + ROUTER_TILES + 3 + COLUMNS + READY, device)
 
 
 def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor, h: torch.Tensor,
@@ -309,9 +309,9 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
            tiles: dict[str, int], router_weight: torch.Tensor | None = None) -> None:
     """One row's block into ``total`` (the residual stream at decode, with ``residual`` = (the
     stream before, the norm's weight, eps, where the normed row goes)); the other arguments are
-    ``kernels.moe._experts``' (checked there), ``tiles`` its tile sizes. ``ids`` and ``weights``
+    ``tfd_kernels.moe._experts``' (checked there), ``tiles`` its tile sizes. ``ids`` and ``weights``
     are written as the router kernel would. With ``router_weight`` (contiguous, ``takes_router``),
-    the launch first makes ``kernels.gemm.matmul(x, router_weight)`` and writes its experts' columns
+    the launch first makes ``tfd_kernels.gemm.matmul(x, router_weight)`` and writes its experts' columns
     into ``logits`` (and, with ``FROM_PARTIALS`` off, the shared expert's gate after them, where
     ``gate`` views it; on, the finish sums the gate from the partials and ``gate`` is not read);
     scratch: its fp32 partials."""

@@ -1,10 +1,10 @@
-"""The plan of an MoE layer's grouped experts (``kernels.moe``): where each (row, expert) pair goes.
+"""The plan of an MoE layer's grouped experts (``tfd_kernels.moe``): where each (row, expert) pair goes.
 
 The ``rows * top_k`` routed pairs are grouped by expert on the device with no host sync: per-block
 histograms (``_count``), their prefix over blocks (``_scan``) and a stable placement (``_place``)
 give each pair its position in expert order; when all pairs fit one block, ``_plan_one`` does it in
 one launch, and for up to ``CHOICE_PAIRS`` pairs (decode at a few lanes) ``_route_plan_one`` makes
-the router's choice first in that same launch (``kernels.moe`` makes it in its first launch at one
+the router's choice first in that same launch (``tfd_kernels.moe`` makes it in its first launch at one
 row, with no plan launch). With a
 shared expert every row has one pair more, (row, expert ``experts``): its id is past every routed
 one, so those pairs form the last group, one a row in row order from position ``rows * top_k``; the
@@ -29,12 +29,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl, router
+from tfd_kernels import pdl, router
 
 PLAN_BLOCK = 128  # pairs a placement program takes
 SCAN_BLOCK = 8  # histogram rows the scan adds at a time
 # Pairs the router's choice and the plan take in one launch: its rows choose one after another
-# (kernels.router), so more rows go faster through the router's kernel, a row a program.
+# (tfd_kernels.router), so more rows go faster through the router's kernel, a row a program.
 CHOICE_PAIRS = 32
 
 
@@ -113,7 +113,7 @@ def _route_plan_one(logits, stride_l, ids, weights, rows, experts, layout, pair_
                     BLOCK_K: tl.constexpr, BINS: tl.constexpr, BLOCK_P: tl.constexpr, SLOTS: tl.constexpr,
                     BLOCK_M: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
-    for row in range(rows):  # each row's choice, as kernels.router makes it
+    for row in range(rows):  # each row's choice, as tfd_kernels.router makes it
         router.choose(logits + row * stride_l, ids + row * K, weights + row * K, experts, K, NORM, BLOCK_E,
                       BLOCK_K)
     tl.debug_barrier()  # the ids every thread wrote are there for every thread to read
@@ -206,10 +206,10 @@ def tile_of(layout, tile, BINS: tl.constexpr, BLOCK_M: tl.constexpr):
 def chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts, tile, writes, K: tl.constexpr,
                 NORM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, CACHE: tl.constexpr):
     """At one row, tile ``tile``'s expert and its pair's fp32 routing weight (1 for the shared expert)
-    from the router's choice, which every program makes for itself (``kernels.router.choice``): tile
+    from the router's choice, which every program makes for itself (``tfd_kernels.router.choice``): tile
     t < K is the chosen expert of rank t by id, tile K the shared expert. With ``writes`` (one
     program a tile), what the router kernel and the plan would write for it: its pair's id and weight
-    (in slot order), its slot, its rank, its expert. ``CACHE``: as ``kernels.router.choice``'s."""
+    (in slot order), its slot, its rank, its expert. ``CACHE``: as ``tfd_kernels.router.choice``'s."""
     return chosen_tile_of(router.row_logits(logits, experts, BLOCK_E, CACHE), ids, weights, pair_at, dest_at,
                           tile_expert, experts, tile, writes, K, NORM, BLOCK_E, BLOCK_K)
 
@@ -217,7 +217,7 @@ def chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts, ti
 @triton.jit
 def chosen_tile_of(x, ids, weights, pair_at, dest_at, tile_expert, experts, tile, writes, K: tl.constexpr,
                    NORM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``chosen_tile`` from the row's logits ``x`` (``kernels.router.row_logits``' form)."""
+    """``chosen_tile`` from the row's logits ``x`` (``tfd_kernels.router.row_logits``' form)."""
     best, picked = router.choice_of(x, experts, K, NORM, BLOCK_E, BLOCK_K)
     slots = tl.arange(0, BLOCK_K)
     live = slots < K

@@ -1,8 +1,8 @@
-"""The last step of an MoE block (``kernels.moe``): a row's ranked expert outputs (fp32 rows of the
+"""The last step of an MoE block (``tfd_kernels.moe``): a row's ranked expert outputs (fp32 rows of the
 experts' buffer, ``top_k`` a row in ascending expert id, then the shared expert's rows after every
 routed one) summed in that order and rounded, plus the shared expert's output times sigmoid(gate)
-rounded as ``kernels.sigmoid_gate`` rounds it; ``combine_add_zrms`` also adds the residual stream and
-normalises the sum for the next block as ``kernels.norm.add_zrms`` does (the same bits, one launch).
+rounded as ``tfd_kernels.sigmoid_gate`` rounds it; ``combine_add_zrms`` also adds the residual stream and
+normalises the sum for the next block as ``tfd_kernels.norm.add_zrms`` does (the same bits, one launch).
 ``combined`` is the row arithmetic, shared with the experts' own last program at one row;
 ``finish_spread`` is that work at one row spread over the experts' last programs of each column block.
 """
@@ -13,8 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import gemm, norm, pdl
-from kernels.sigmoid_gate import gated
+from tfd_kernels import gemm, norm, pdl
+from tfd_kernels.sigmoid_gate import gated
 
 COMBINE_N = 256  # hidden columns of a combining program
 
@@ -58,7 +58,7 @@ def _combine(buf, out, gate, pairs, hidden, stride_o, stride_g, TOP_K: tl.conste
 @triton.jit
 def _combine_add_zrms(buf, gate, residual, total, out, weight, pairs, hidden, stride_g, eps,
                       TOP_K: tl.constexpr, SHARED: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """``_combine``'s row added to the residual and normalised, as ``kernels.norm.add_zrms`` does."""
+    """``_combine``'s row added to the residual and normalised, as ``tfd_kernels.norm.add_zrms`` does."""
     pdl.wait(PDL)
     combined_add_zrms(buf, gate, residual, total, out, weight, tl.program_id(0).to(tl.int64), pairs, hidden,
                       stride_g, eps, TOP_K, SHARED, BLOCK, 0)
@@ -69,8 +69,8 @@ def combined_add_zrms(buf, gate, residual, total, out, weight, row, pairs, hidde
                       TOP_K: tl.constexpr, SHARED: tl.constexpr, BLOCK: tl.constexpr,
                       GATE_SEGMENTS: tl.constexpr):
     """Row ``row``'s block output (``combined``) added to the residual into ``total`` and normalised
-    into ``out`` (``kernels.norm.add_zrms_row``): the work of ``_combine_add_zrms``'s program, shared
-    with the experts' own last program at one row (kernels.moe, kernels.moe_one)."""
+    into ``out`` (``tfd_kernels.norm.add_zrms_row``): the work of ``_combine_add_zrms``'s program, shared
+    with the experts' own last program at one row (tfd_kernels.moe, tfd_kernels.moe_one)."""
     delta = combined(buf, gate, row, tl.arange(0, BLOCK), pairs, hidden, stride_g, TOP_K, SHARED,
                      total.dtype.element_ty, GATE_SEGMENTS)
     cols = tl.arange(0, BLOCK)
@@ -88,7 +88,7 @@ def finish_spread(buf, gate, residual, total, out, weight, blocks, finished, col
     barrier has seen every thread's part. The last of a block's programs (its ``blocks`` counter)
     sums the block's columns (elementwise, so the same bits as the whole row at once), adds the
     residual and stores them into ``total``; the last of those (``finished``) normalises the stored
-    row as ``kernels.norm.add_zrms_row`` does. True for that last program; each counter is rearmed
+    row as ``tfd_kernels.norm.add_zrms_row`` does. True for that last program; each counter is rearmed
     by the program that completes it."""
     last = column < 0  # false, of the counts' scalar type
     if tl.atomic_add(blocks + column, 1, sem="acq_rel", scope="gpu") == tiles - 1:
@@ -124,7 +124,7 @@ def combine_add_zrms(buf: torch.Tensor, gate: torch.Tensor, residual: torch.Tens
                      out: torch.Tensor, weight: torch.Tensor, pairs: int, top_k: int, shared: bool,
                      eps: float) -> None:
     """``total`` = ``residual`` + each row's sum, ``out`` = its zero-centred norm (``weight``, ``eps``),
-    a program a row, in ``kernels.norm``'s warps for the row's width."""
+    a program a row, in ``tfd_kernels.norm``'s warps for the row's width."""
     rows, hidden = total.shape
     block = triton.next_power_of_2(hidden)
     _combine_add_zrms[(rows,)](buf, gate, residual, total, out, weight, pairs, hidden, gate.stride(0), eps,

@@ -1,5 +1,5 @@
-"""The two products of an MoE expert tile (``kernels.moe``), shared by the two-launch form and the
-one-launch form at one row (``kernels.moe_one``): a tile is up to ``BLOCK_M`` pairs of one expert.
+"""The two products of an MoE expert tile (``tfd_kernels.moe``), shared by the two-launch form and the
+one-launch form at one row (``tfd_kernels.moe_one``): a tile is up to ``BLOCK_M`` pairs of one expert.
 
 ``gate_up_tile``: h = silu(x @ gate.T) * (x @ up.T) for a tile's pairs over ``BLOCK_N`` of the
 expert's inner columns, in fp32 and stored in the model dtype. ``down_tile``: h @ down.T over

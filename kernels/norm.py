@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl
+from tfd_kernels import pdl
 
 ACTIVATIONS = {"silu": 0, "sigmoid": 1}
 GATED_HEADS = 4  # heads a gated-norm program takes: one head of 128 was one value a thread (262k programs)
@@ -72,7 +72,7 @@ def zrms(x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = 
 def added(x, delta, at, mask, dtype: tl.constexpr):
     """x at ``at`` + ``delta`` in fp32, rounded to ``dtype`` as the model's x + delta would be: the
     residual sum, before it is normalised (``add_zrms_row``, and a block of columns of it in
-    kernels.moe_sum.finish_spread)."""
+    tfd_kernels.moe_sum.finish_spread)."""
     return (tl.load(x + at, mask=mask, other=0.0).to(tl.float32) + delta.to(tl.float32)).to(dtype)
 
 
@@ -86,9 +86,9 @@ def row_weight(weight, cols, mask):
 def zrms_row(values, out, w, at, mask, width, eps):
     """The zero-centred norm of one row's ``values`` ([BLOCK] fp32 of the rounded residual sum, zeros
     past ``width``) into ``out`` at ``at``: ``add_zrms_row``'s norm, shared with the MoE launch that
-    adds the sum in column blocks and normalises the stored row (kernels.moe_sum.finish_spread): one
+    adds the sum in column blocks and normalises the stored row (tfd_kernels.moe_sum.finish_spread): one
     arithmetic, and in one layout one order of the squares' sum (on sm_90 fp32 rows still pair the
-    squares into FMAs by where the values come from: kernels.moe_one keeps the last program there).
+    squares into FMAs by where the values come from: tfd_kernels.moe_one keeps the last program there).
     ``w``: the norm's weight at those columns (``row_weight``)."""
     scaled = values * tl.rsqrt(tl.sum(values * values, axis=0) / width + eps)
     tl.store(out + at, (scaled * (1.0 + w)).to(out.dtype.element_ty), mask=mask)
@@ -98,7 +98,7 @@ def zrms_row(values, out, w, at, mask, width, eps):
 def add_zrms_row(x, delta, total, out, w, row, width, eps, BLOCK: tl.constexpr):
     """Row ``row`` of x + delta (``delta`` that row's values, [BLOCK] in the model dtype) into
     ``total``, and its zero-centred norm (``w`` its weight, ``row_weight``) into ``out``:
-    ``_add_zrms``'s arithmetic, shared with the MoE's last launch (kernels.moe), whose sum it adds
+    ``_add_zrms``'s arithmetic, shared with the MoE's last launch (tfd_kernels.moe), whose sum it adds
     to the residual."""
     cols = tl.arange(0, BLOCK)
     mask = cols < width

@@ -4,7 +4,7 @@
 keys. Query head h reads kv head h // (heads // kv_heads); a kv head's query group is packed along
 the M side of ``tl.dot`` so it uses tensor cores. Scores, softmax and the P @ V sums are fp32; the
 output is cast to q's dtype. ``reference_decode`` is the torch reference. The pieces
-``kernels.paged_prefill`` and ``kernels.sparse_attention`` share live here too: a key block's step
+``tfd_kernels.paged_prefill`` and ``tfd_kernels.sparse_attention`` share live here too: a key block's step
 of the running softmax (``attend_block``), the argument checks and the torch references' attention.
 
 Memory: K/V caches are ``[pages + 1, page_rows, kv_heads, head_dim]`` strided views into the pool
@@ -34,8 +34,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import INTERPRETED, pdl
-from kernels.sigmoid_gate import gated
+from tfd_kernels import pdl
+from tfd_kernels.runtime import INTERPRETED
+from tfd_kernels.sigmoid_gate import gated
 
 SEGMENT = 512  # keys a decode program covers: fixed, so a lane's split never depends on the batch
 # Keys up to SHORT_KEYS go in segments of SHORT_SEGMENT: a lane of 1,100 keys was 3 programs a kv head
@@ -244,7 +245,7 @@ def _decode_merge(partials, lengths, out, gate, max_keys, stride_pb, stride_ps, 
     denominator = tl.sum(total, 0)
     dtype = out.dtype.element_ty
     result = (tl.sum(acc, 0) / tl.where(denominator > 0, denominator, 1.0)).to(dtype)
-    if GATED:  # attention's output gate, rounded as kernels.sigmoid_gate rounds it
+    if GATED:  # attention's output gate, rounded as tfd_kernels.sigmoid_gate rounds it
         if not FIRST:
             gates = tl.load(gate + lane * stride_gb + head * stride_gh + dims)
         result = gated(result, gates, dtype)
@@ -302,7 +303,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_t
     """Attention of ``q`` [lanes, heads, head_dim] over each lane's first ``lengths[lane]`` keys, into
     ``out``; a lane of length 0 gets zeros. ``partials`` comes from ``partials_for``. With ``gate``
     (like q, unit last stride: attention's output gate), ``out`` is the gated output, the bits of
-    ``kernels.sigmoid_gate`` on the plain one. Returns ``out``."""
+    ``tfd_kernels.sigmoid_gate`` on the plain one. Returns ``out``."""
     if gate is not None and (gate.shape != q.shape or gate.stride(2) != 1 or gate.dtype != out.dtype):
         raise ValueError(f"gate is {list(gate.shape)} {gate.dtype}: want q's shape {list(q.shape)} in "
                          f"{out.dtype}, unit last stride")

@@ -2,7 +2,7 @@
 
 Each lane's rows ``q[cu_seqlens[b]:cu_seqlens[b + 1]]`` sit at absolute positions from
 ``starts[b]`` and see the keys up to their own position, K/V caches and GQA packing as in
-``kernels.paged_attention`` (whose ``attend_block`` each tile runs a key block at a time). Scores,
+``tfd_kernels.paged_attention`` (whose ``attend_block`` each tile runs a key block at a time). Scores,
 softmax and the P @ V sums are fp32; the output is cast to q's dtype. ``reference_prefill`` is the
 torch reference.
 
@@ -36,8 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import INTERPRETED, pdl
-from kernels.paged_attention import (
+from tfd_kernels import pdl
+from tfd_kernels.paged_attention import (
     LOG2E,
     STATS,
     attend_block,
@@ -46,6 +46,7 @@ from kernels.paged_attention import (
     checked_group,
     gathered,
 )
+from tfd_kernels.runtime import INTERPRETED
 
 PREFILL_M = 128  # prefill tile rows along M: query rows x group members
 SPAN = 2048  # keys a span covers: fixed, so a row's merges never depend on the chunk

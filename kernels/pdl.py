@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import INTERPRETED
+from tfd_kernels.runtime import INTERPRETED
 
 ENABLED = True
 

@@ -5,7 +5,7 @@
 ``rotary`` pass through normalised. The cast points follow ``tfd.model.ops.zrms`` and
 ``tfd.model.rope.Rotary.apply``: the norm rounds to the model dtype, each rotated product rounds,
 then their sum. One program per (row, head): nothing depends on the other rows. At decode
-``norm_rope_store`` also stores k, and v beside it, into the caches as ``kernels.cache_write`` does.
+``norm_rope_store`` also stores k, and v beside it, into the caches as ``tfd_kernels.cache_write`` does.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import cache_write, pdl
+from tfd_kernels import cache_write, pdl
 
 # A head's reads besides its values (weights, rotation partners, angles) asked for before the norm's sum,
 # after which each waited for it; the same bits.
@@ -131,7 +131,7 @@ def norm_rope_store(x: torch.Tensor, x_weight: torch.Tensor, y: torch.Tensor, y_
                     v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, page_table: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """``norm_rope`` of x, returned, and of y with v stored into the caches at each lane's last
-    position as ``kernels.cache_write.write`` stores them (decode: a row per lane, ``lengths`` [lanes]
+    position as ``tfd_kernels.cache_write.write`` stores them (decode: a row per lane, ``lengths`` [lanes]
     its visible keys, 0 for a padding lane, which stores nothing), all in one launch; the same bits
     as ``norm_rope_pair`` then ``cache_write.write``."""
     _check(x, x_weight, cos, sin)

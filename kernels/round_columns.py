@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl
+from tfd_kernels import pdl
 
 TOKEN, POSITION, KEYS = 0, 1, 2  # fields of a column (``Columns``)
 _TOKEN, _POSITION, _KEYS = tl.constexpr(TOKEN), tl.constexpr(POSITION), tl.constexpr(KEYS)  # for kernels

@@ -16,11 +16,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl
+from tfd_kernels import pdl
 
 # Warps of a choice: the softmax's sums follow the thread layout, so every kernel that makes a choice
-# runs this many: the router kernel, the plan's launch that chooses first (kernels.moe_plan) and the
-# grouped experts' first launch at one row (kernels.moe), whose programs each choose for themselves.
+# runs this many: the router kernel, the plan's launch that chooses first (tfd_kernels.moe_plan) and the
+# grouped experts' first launch at one row (tfd_kernels.moe), whose programs each choose for themselves.
 ROUTE_WARPS = 4
 # The form of ``choice``: True, the top k within each warp's part of the row first and then across
 # the warps (``choice_merged``); False, K rounds over the whole row (``choice_rounds``). The same

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl
+from tfd_kernels import pdl
 
 SEED_MIX = 0x9E3779B97F4A7C15
 POSITION_MIX = 0xC2B2AE3D27D4EB4F

@@ -3,7 +3,7 @@
 Qwen Sparse Attention gives every query row a set of positions (the chosen blocks and the tail,
 ``tfd.model.qsa``): row r of a call reads lane ``lane_of[r]``'s keys at ``positions[r, :counts[r]]``
 (ascending, the rest of the row is padding), through that lane's page-table row, K/V caches laid
-out as in ``kernels.paged_attention``. Query head h reads kv head h // (heads // kv_heads), the
+out as in ``tfd_kernels.paged_attention``. Query head h reads kv head h // (heads // kv_heads), the
 group packed along the M side of ``tl.dot``; scores, softmax and the P @ V sums are fp32, the output
 cast to q's dtype.
 
@@ -19,8 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import INTERPRETED, pdl
-from kernels.paged_attention import LOG2E, attend_block
+from tfd_kernels import pdl
+from tfd_kernels.paged_attention import LOG2E, attend_block
+from tfd_kernels.runtime import INTERPRETED
 
 
 @triton.jit

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl
+from tfd_kernels import pdl
 
 BLOCK = 1024  # embedding columns (or page-table entries) a program copies
 

@@ -2,7 +2,7 @@
 
 ``h`` [rows, 2 * inner] is the fused gate|up projection; the result [rows, inner] in h's dtype. The
 cast points follow ``tfd.model.ops``: silu in fp32 rounded to the model dtype, then the product in
-fp32 rounded again (``silu_mul``, which the paired product's epilogue in ``kernels.gemm`` shares).
+fp32 rounded again (``silu_mul``, which the paired product's epilogue in ``tfd_kernels.gemm`` shares).
 Elementwise, so a row's bits never depend on the others. ``paired``: h's columns come in blocks of
 ``PAIR`` gate columns then the same ``PAIR`` up columns (``pair_rows`` lays a weight out so), as the
 paired product writes them when it does not form the middle itself.
@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import pdl
+from tfd_kernels import pdl
 
 BLOCK = 1024
 PAIR = 32  # columns of a paired block: PAIR gate columns, then their PAIR up columns

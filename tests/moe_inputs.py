@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import moe
+from tfd_kernels import moe
 
 Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}

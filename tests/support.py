@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import trio
 _HOST_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "RUNTIME_DIRECTORY", "CACHE_DIRECTORY")
 # The demo models are built once per machine for every test run (their directory names carry a
 # digest of the recipe, so a changed recipe builds anew).
+ROOT = Path(__file__).resolve().parent.parent  # the checkout
 CACHE = Path(tempfile.gettempdir()) / f"tfd-test-cache-{os.getuid()}"
 
 
@@ -61,9 +62,11 @@ class ServedDaemon:
         self.proc: subprocess.Popen[bytes] | None = None
         self._url: str | None = None
 
-    def start(self, timeout: float = 30) -> ServedDaemon:
+    def start(self, timeout: float = 30, command: Sequence[str] = (sys.executable, "-m", "tfd"),
+              cwd: Path | None = None) -> ServedDaemon:
+        """Run ``command serve`` (by default ``python -m tfd``; from ``cwd``, by default this one)."""
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "tfd", "serve"], env=self.env,
+            self.proc = subprocess.Popen([*command, "serve"], env=self.env, cwd=cwd,
                                          stdout=log, stderr=subprocess.STDOUT)
         self.wait_for("READY=1", timeout)
         return self

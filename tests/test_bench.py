@@ -155,23 +155,24 @@ def test_kernels_are_told_apart_by_their_launch_grid() -> None:
 def test_a_variant_names_kernel_constants_and_refuses_the_rest() -> None:
     from tfd.bench.variants import parse
 
-    variant = parse("narrow=kernels.moe_one.ROUTER_N=16,kernels.moe_one.SPREAD_FINISH=0")
+    variant = parse("narrow=tfd_kernels.moe_one.ROUTER_N=16,tfd_kernels.moe_one.SPREAD_FINISH=0")
     assert variant.name == "narrow"
-    assert variant.values == (("kernels.moe_one", "ROUTER_N", 16), ("kernels.moe_one", "SPREAD_FINISH", 0))
+    assert variant.values == (("tfd_kernels.moe_one", "ROUTER_N", 16),
+                              ("tfd_kernels.moe_one", "SPREAD_FINISH", 0))
     assert parse("main=").values == ()
-    for spec, named in (("x=kernels.nothing.A=1", "no module kernels.nothing"),
-                        ("x=kernels.moe_one.NOPE=1", "kernels.moe_one.NOPE is not an int or bool"),
-                        ("x=kernels.router.TWO_LEVEL=0", "separate runs"),
-                        ("x=kernels.moe_one.ROUTER_N=wide", "'wide' is not an integer"),
-                        ("x=tfd.env.TABLE=1", "is not kernels.MODULE.CONSTANT=VALUE"),
-                        ("=kernels.moe_one.ROUTER_N=1", "want NAME=")):
+    for spec, named in (("x=tfd_kernels.nothing.A=1", "no module tfd_kernels.nothing"),
+                        ("x=tfd_kernels.moe_one.NOPE=1", "tfd_kernels.moe_one.NOPE is not an int or bool"),
+                        ("x=tfd_kernels.router.TWO_LEVEL=0", "separate runs"),
+                        ("x=tfd_kernels.moe_one.ROUTER_N=wide", "'wide' is not an integer"),
+                        ("x=tfd.env.TABLE=1", "is not tfd_kernels.MODULE.CONSTANT=VALUE"),
+                        ("=tfd_kernels.moe_one.ROUTER_N=1", "want NAME=")):
         with pytest.raises(ValueError, match=named):
             parse(spec)
 
 
 def test_variants_run_interleaved_and_compare_tokens(tmp_path: Path) -> None:
     done = run_tfd("bench", "--streams", "1", "--prompt", "20", "--new", "4", "--rounds", "2",
-                   "--variant", "main=", "--variant", "narrow=kernels.moe_one.ROUTER_N=16",
+                   "--variant", "main=", "--variant", "narrow=tfd_kernels.moe_one.ROUTER_N=16",
                    "--out", str(tmp_path), timeout=240)
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stdout.splitlines() if "step" in line and "best of" in line]
@@ -179,19 +180,19 @@ def test_variants_run_interleaved_and_compare_tokens(tmp_path: Path) -> None:
     assert all("tokens the same as main's" in line for line in lines)  # the CPU path runs no kernel
     runs = json.loads(next(tmp_path.glob("*-1x20-4-variants.json")).read_text())
     assert [run["variant"] for run in runs] == ["main", "narrow"] and runs[0]["shape"] == runs[1]["shape"]
-    assert runs[1]["values"] == {"kernels.moe_one.ROUTER_N": 16} and len(runs[1]["step_ms"]) == 2
+    assert runs[1]["values"] == {"tfd_kernels.moe_one.ROUTER_N": 16} and len(runs[1]["step_ms"]) == 2
     assert all(run["same_tokens"] and run["best_step_ms"] > 0 for run in runs)
-    refused = run_tfd("bench", "--variant", "x=kernels.moe_one.NOPE=1", timeout=120)
+    refused = run_tfd("bench", "--variant", "x=tfd_kernels.moe_one.NOPE=1", timeout=120)
     assert refused.returncode == 2 and "NOPE" in refused.stderr
 
 
 def test_a_variant_is_set_only_inside_its_run() -> None:
-    from kernels import moe_one
     from tfd.bench.variants import applied, parse
+    from tfd_kernels import moe_one
 
-    named = [("kernels.moe_one", "ROUTER_N"), ("kernels.moe_one", "SPREAD_FINISH")]
-    with applied(parse("n=kernels.moe_one.ROUTER_N=16"), named):
+    named = [("tfd_kernels.moe_one", "ROUTER_N"), ("tfd_kernels.moe_one", "SPREAD_FINISH")]
+    with applied(parse("n=tfd_kernels.moe_one.ROUTER_N=16"), named):
         assert moe_one.ROUTER_N == 16 and moe_one.SPREAD_FINISH is True  # the other named one at its default
-    with applied(parse("s=kernels.moe_one.SPREAD_FINISH=0"), named):
+    with applied(parse("s=tfd_kernels.moe_one.SPREAD_FINISH=0"), named):
         assert moe_one.ROUTER_N == 32 and moe_one.SPREAD_FINISH is False
     assert moe_one.ROUTER_N == 32 and moe_one.SPREAD_FINISH is True

@@ -12,7 +12,6 @@ import pytest
 import torch
 import trio
 
-from kernels import conv1d
 from support import InProcessDaemon
 from tfd.conformance import soak as soak_module
 from tfd.conformance.client import Client
@@ -23,6 +22,7 @@ from tfd.engine.kept import KeptState, KeptStates
 from tfd.engine.lane import Lane
 from tfd.engine.runner import Runner
 from tfd.model.decode import Columns, DecodeBatch
+from tfd_kernels import conv1d
 
 
 async def checked(workdir: Path) -> Report:

@@ -168,15 +168,26 @@ def test_a_family_row_inherits_its_core_row_until_set() -> None:
     assert problem == "TF_FLASHNEXT_KV_PAGES=100: must be 0 (off) or a multiple of 16 from 16 to 8192"
 
 
-def test_a_family_scope_is_checked_only_when_that_family_loads() -> None:
-    settings = TABLE.read({"TF_FLASHNEXT_STATE_PAGES": "2"})  # a Qwen3.5 start reads it as text
+def test_a_family_rows_form_is_checked_at_once_its_values_when_that_family_loads() -> None:
+    # Malformed is refused whatever loads, beside the other scopes' problems.
+    assert refusal({"TF_FLASHNEXT_STATE_PAGES": "2", "TF_PORT": "http"}) == (
+        "TF_PORT=http: must be an integer from 0 to 65535",
+        "TF_FLASHNEXT_STATE_PAGES=2: must be exactly 0 or 1",
+    )
+    assert refusal({"TF_FLASHNEXT_KV_PAGES": "100"}) == (
+        "TF_FLASHNEXT_KV_PAGES=100: must be 0 (off) or a multiple of 16 from 16 to 8192",)
+    # Well formed but not applicable alone (pieces need pages): that waits for the family.
+    environ = {"TF_FLASHNEXT_STATE_PAGES": "1", "TF_FLASHNEXT_KV_PAGES": "0"}
+    settings = TABLE.read(environ)  # a Qwen3.5 start reads it as text
     with pytest.raises(LookupError, match="scope flashnext"):
         settings["TF_FLASHNEXT_STATE_PAGES"]
     settings.check_family("qwen3_5")  # another family loads: no complaint
     settings.check_family("qwen3_next")
     with pytest.raises(SettingsRefused) as refused:
         settings.check_family("qwen4_exp")  # Flash Next's model_type
-    assert refused.value.problems == ("TF_FLASHNEXT_STATE_PAGES=2: must be exactly 0 or 1",)
+    assert refused.value.problems == (
+        "TF_FLASHNEXT_STATE_PAGES=1 requires TF_FLASHNEXT_KV_PAGES, which is 0 (off)",)
+    assert TABLE.read(environ, families=["qwen3_5"]).checked_scopes.isdisjoint({"flashnext"})
     with pytest.raises(ValueError, match="llama"):
         settings.check_family("llama")
 

@@ -114,7 +114,7 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
     bench.add_argument("--gemm", action="store_true",
                        help="instead of workloads: the batch-invariant GEMM against cuBLAS at the model's "
                        "weight shapes (CUDA only)")
-    bench.add_argument("--variant", type=_variant, action="append", metavar="NAME=kernels.M.C=V[,...]",
+    bench.add_argument("--variant", type=_variant, action="append", metavar="NAME=tfd_kernels.M.C=V[,...]",
                        help="instead of one run a workload: kernel constants compared in this process, runs "
                        "of the variants interleaved, tokens compared with the first's (repeat per variant; "
                        "NAME= for the defaults)")

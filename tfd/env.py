@@ -3,9 +3,11 @@
 Rows live in ``env/<scope>.toml`` (one TOML table per row). Startup reads the whole environment
 once, before torch or any device work, through ``Table.read``: every malformed value, every unknown
 ``TF_*`` name and every unmet ``requires`` is collected and raised together as ``SettingsRefused``,
-each problem naming the variable and the form it expects. Family scopes (``flashnext``,
-``qwen3_5``, ``qwen3_next``) are read but checked only when that family loads
-(``Settings.check_family``), so a bad Flash Next value never stops a Qwen3.5 start.
+each problem naming the variable and the form it expects. That pass checks the form of every row of
+every scope, the family scopes (``flashnext``, ``qwen3_5``, ``qwen3_next``) included; what waits for
+the family that loads (``Settings.check_family``) is only whether its rows apply: their values and
+their ``requires``, so a Flash Next row that needs another does not stop a Qwen3.5 start, while a
+malformed one does.
 
 Flags of ``tfd serve`` are generated from the rows; a flag beats the environment and meets the same
 parser. An empty value counts as unset, as systemd's ``EnvironmentFile=`` writes ``NAME=``.
@@ -176,9 +178,10 @@ class Table:
     ) -> Settings:
         """Read the environment and flags; raise ``SettingsRefused`` naming every problem.
 
-        ``flags`` maps row names to the text given on the command line (empty: unset). Rows of
-        family scopes are kept as text until ``Settings.check_family``, except those of
-        ``families``, checked here in the same pass. ``only`` restricts reading to these row names
+        ``flags`` maps row names to the text given on the command line (empty: unset). Every row's
+        form is checked here; the values of family scopes are kept as text until
+        ``Settings.check_family`` (their ``requires`` too), except those of ``families``, checked
+        whole in the same pass. ``only`` restricts reading to these row names
         and skips the unknown-name check (for ``tfd admin``, which needs one row).
         """
         flags = flags or {}
@@ -200,7 +203,8 @@ class Table:
                 texts[row.name] = (None, "unset")
         settings = Settings(self, texts, {}, frozenset())
         scopes = {row.scope for row in rows} - (FAMILY_SCOPES - {family_scope(f) for f in families})
-        return settings._checked(scopes, problems)
+        # Another family's rows are malformed or not whatever loads: their form is refused now.
+        return settings._checked(scopes, problems, {row.scope for row in rows} - scopes)
 
     def _unknown_names(self, environ: Mapping[str, str]) -> list[str]:
         known = self.by_name()
@@ -296,22 +300,31 @@ class Settings:
             records.append({"name": row.name, "scope": row.scope, "value": text, "source": source})
         return records
 
-    def _checked(self, scopes: set[str], problems: list[str]) -> Settings:
+    def _checked(self, scopes: set[str], problems: list[str], form_only: set[str] = frozenset()) -> Settings:
+        """Parse the rows of ``scopes`` into values and check their ``requires``; the rows of
+        ``form_only`` scopes are parsed for their problems alone (their values wait for their family).
+        Problems come in the table's order."""
         rows = [row for row in self.table.rows if row.scope in scopes and row.name in self.texts]
         values = dict(self.values)
-        for row in rows:
+        for row in self.table.rows:
+            if row.name not in self.texts or row.scope not in scopes | form_only:
+                continue
             text, source = self.texts[row.name]
             if source == "inherited" and row.inherits is not None:
-                if row.inherits in values:  # else the source row was refused already
+                if row.scope in scopes and row.inherits in values:  # else the source was refused
                     values[row.name] = values[row.inherits]
                 continue
             if text is None:
-                values[row.name] = None
+                if row.scope in scopes:
+                    values[row.name] = None
                 continue
             try:
-                values[row.name] = row.kind.parse(text)
+                value = row.kind.parse(text)
             except Malformed as error:
                 problems.append(f"{_given(row, text, source)}: {error}")
+                continue
+            if row.scope in scopes:
+                values[row.name] = value
         for row in rows:
             text, source = self.texts[row.name]
             # A default or inherited value needs nothing: only what the user gave is refused.

@@ -24,8 +24,10 @@ all of them:
 - An unknown `TF_*` name is refused with the closest known name. Names that other programs own
   (Terraform, TensorFlow; listed at the end) are left alone.
 - A row whose `requires` is unset is refused, naming both rows.
-- Family scopes (`flashnext`, `qwen3_5`, `qwen3_next`) are checked when that family loads, so a
-  bad Flash Next value does not stop a Qwen3.5 start. A start with no model checks them all.
+- The form of every row is checked at start, family scopes (`flashnext`, `qwen3_5`, `qwen3_next`)
+  included, so a malformed Flash Next value stops a Qwen3.5 start too. Whether a family's rows
+  apply (their `requires`, their effect) waits for that family to load: a well-formed Flash Next
+  row is left alone by a Qwen3.5 start.
 - Each row with a flag has it on `tfd serve`; a flag beats the environment and meets the same
   check. A switch `--x` has `--no-x` beside it. Secrets have no flag.
 - An empty value (`TF_PORT=`) counts as unset; an empty flag (`--http-socket ''`) unsets what

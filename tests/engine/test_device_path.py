@@ -16,7 +16,6 @@ import pytest
 import tiny_models
 import torch
 
-from kernels import pdl
 from support import CACHE
 from tfd.bench.workload import drive
 from tfd.checkpoint import Checkpoint
@@ -24,6 +23,7 @@ from tfd.engine.request import Request, Sampling
 from tfd.families.hybrid import HybridModel, load_model
 from tfd.generate import LanePool, greedy
 from tfd.model.memory import Span
+from tfd_kernels import pdl
 
 ONE_PASS = 8192
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import block_scores
+from tfd_kernels import block_scores
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

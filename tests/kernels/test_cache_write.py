@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cache_write, rope
+from tfd_kernels import cache_write, rope
 
 
 def caches(device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:

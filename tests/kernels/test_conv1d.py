@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import conv1d
+from tfd_kernels import conv1d
 
 ALIGN = 256  # the pool places pieces at multiples of this many bytes
 WIDTH = 4

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import gdn_gates, rope, sigmoid_gate, swiglu
 from tfd.model import ops
 from tfd.model.gdn import gates
+from tfd_kernels import gdn_gates, rope, sigmoid_gate, swiglu
 
 
 def rand(*shape: int, seed: int = 0, scale: float = 1.0) -> torch.Tensor:

@@ -8,8 +8,8 @@ import pytest
 import torch
 from gdn_shapes import ALIGN, TOL, Dims
 
-from kernels import gdn_decode, gdn_gates
 from tfd.model.gdn import recurrent
+from tfd_kernels import gdn_decode, gdn_gates
 
 TINY = Dims(key_heads=2, value_heads=4, key_dim=16, value_dim=64)  # several value blocks a head
 REAL = [Dims(16, heads, 128, 128) for heads in (32, 48, 64)]

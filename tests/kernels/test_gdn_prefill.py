@@ -10,9 +10,9 @@ import pytest
 import torch
 from gdn_shapes import ALIGN, TOL, Dims
 
-from kernels import gdn_prefill
 from tfd.model import GDN_CHUNK
 from tfd.model.gdn import chunked
+from tfd_kernels import gdn_prefill
 
 # 1500 rows of carried state, tf32x3 products and the GPU's approximate exp; the interpreter was within
 # 2e-7 on outputs and 1e-6 on states at these sizes (bf16)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import conv1d, gemm, swiglu
+from tfd_kernels import conv1d, gemm, swiglu
 
 
 def weights(n: int, k: int, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:

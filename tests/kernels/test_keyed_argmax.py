@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import sampling
-from kernels.sampling import BLOCK, SLICE, keyed_argmax
 from tfd.engine.sampling import draw
+from tfd_kernels import sampling
+from tfd_kernels.sampling import BLOCK, SLICE, keyed_argmax
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

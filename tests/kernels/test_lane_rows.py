@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import lane_rows
+from tfd_kernels import lane_rows
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

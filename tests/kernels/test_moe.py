@@ -18,7 +18,7 @@ from moe_inputs import (
     rows_alone,
 )
 
-from kernels import moe, moe_plan, router, sigmoid_gate
+from tfd_kernels import moe, moe_plan, router, sigmoid_gate
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -119,7 +119,7 @@ def test_the_shared_expert_matches_the_reference(rows: int, top_k: int, inner: i
 def test_the_shared_expert_is_one_expert_more_then_the_gate_kernel(rows: int, top_k: int,
                                                                    dtype: torch.dtype) -> None:
     """Bit for bit: the shared expert's output is a routed expert's of weight 1 holding its weights,
-    rounded; the block's output is kernels.sigmoid_gate's of that on the routed sum."""
+    rounded; the block's output is tfd_kernels.sigmoid_gate's of that on the routed sum."""
     x, gate_up, down, ids, weights = make(rows, top_k, dtype, seed=20 + rows)
     shared = make_shared(rows, dtype, seed=20)
     stacked = torch.cat([gate_up, shared.gate_up[None]]), torch.cat([down, shared.down[None]])

@@ -1,5 +1,5 @@
 """An MoE block at decode: added to the residual and normalised in its last launch, and at one row
-in one launch (kernels.moe_one) with the router's product, its finish spread over column blocks: the
+in one launch (tfd_kernels.moe_one) with the router's product, its finish spread over column blocks: the
 same bits as the launches one after another."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 from moe_inputs import REAL, make, make_real, make_real_shared, make_shared, residual_of, router_product
 
-from kernels import gemm, moe, moe_one, norm, router
+from tfd_kernels import gemm, moe, moe_one, norm, router
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

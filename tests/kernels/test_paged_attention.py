@@ -14,9 +14,9 @@ import attrs
 import pytest
 import torch
 
-from kernels import paged_attention, sigmoid_gate
-from kernels.paged_attention import decode, partials_for, reference_decode
-from kernels.paged_prefill import prefill, reference_prefill
+from tfd_kernels import paged_attention, sigmoid_gate
+from tfd_kernels.paged_attention import decode, partials_for, reference_decode
+from tfd_kernels.paged_prefill import prefill, reference_prefill
 
 HEADS, HEAD_DIM, PAGE_ROWS = 4, 32, 8
 SEGMENT = 128  # small, so lanes span several segments of two key blocks each

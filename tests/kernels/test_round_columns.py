@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import round_columns
+from tfd_kernels import round_columns
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FIXED, OFFSETS, PAGES, NULL = 6, 5, 7, 99

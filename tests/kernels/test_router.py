@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import router
+from tfd_kernels import router
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import sparse_attention
+from tfd_kernels import sparse_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

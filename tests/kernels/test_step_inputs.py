@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import step_inputs
 from tfd.model.rope import Rotary
+from tfd_kernels import step_inputs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

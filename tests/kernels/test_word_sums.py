@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import word_sums
 from tfd.store.checksum import word_sum
+from tfd_kernels import word_sums
 
 
 def words(rows: int, count: int, seed: int) -> torch.Tensor:

@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from kernels import word_sums
 from tfd.store import checksum
 from tfd.store.checksum import WordSum, file_sums, word_sum
+from tfd_kernels import word_sums
 
 
 def defined(data: bytes, first_word: int = 0) -> int:
@@ -98,7 +98,7 @@ def test_a_file_longer_than_a_group_sums_in_groups(monkeypatch: pytest.MonkeyPat
 
 
 def test_the_kernel_sums_every_file_as_torch_does(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the GPU's path (kernels.word_sums, here in Triton's interpreter): runs of equal files in one
+    # the GPU's path (tfd_kernels.word_sums, here in Triton's interpreter): runs of equal files in one
     # launch, odd and misaligned ones alone, a window keyed from a later word
     sizes = [256, 256, 256, 100, 6, 256, 256, 37]
     data = random.Random(7).randbytes(sum(sizes))

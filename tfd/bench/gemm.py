@@ -1,7 +1,7 @@
 """``tfd bench --gemm``: the batch-invariant GEMM against cuBLAS at a model's weight shapes.
 
 For each distinct weight shape of the model and each row count, the median time of
-``kernels.gemm.matmul`` and of ``torch.nn.functional.linear`` (cuBLAS) under CUDA graphs, the
+``tfd_kernels.gemm.matmul`` and of ``torch.nn.functional.linear`` (cuBLAS) under CUDA graphs, the
 weight bytes over that time as a fraction of the copy bandwidth, and whether each keeps row i's
 bits the same across row counts (the property the exact path needs).
 """
@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kernels import gemm
 from tfd.bench.roofline import timed
+from tfd_kernels import gemm
 
 ROWS = (1, 8, 32, 256, 8192)
 

@@ -22,9 +22,9 @@ import attrs
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from kernels import pdl
 from tfd.bench.workload import Workload, run
 from tfd.families.hybrid import HybridModel
+from tfd_kernels import pdl
 
 ROWS = 40  # kernels a table shows
 DECODE_PROMPT, DECODE_NEW = 16, 33

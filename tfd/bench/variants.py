@@ -1,7 +1,7 @@
 """``tfd bench --variant``: kernel switches compared in one process, runs interleaved, tokens compared.
 
-The kernels keep their launch choices as module constants (``kernels.moe_one.ROUTER_N``,
-``kernels.moe_one.SPREAD_FINISH``, ``kernels.gemm.TARGET_PROGRAMS``, ...), read when a launch is
+The kernels keep their launch choices as module constants (``tfd_kernels.moe_one.ROUTER_N``,
+``tfd_kernels.moe_one.SPREAD_FINISH``, ``tfd_kernels.gemm.TARGET_PROGRAMS``, ...), read when a launch is
 made, and so do the model's layers where they choose among launches (``tfd.model.attention``). A
 variant names some of them and their values; each run sets its variant's values and every other
 named constant back to its default, captures its own graphs (so the launches are made anew), and
@@ -43,8 +43,8 @@ def parse(spec: str) -> Variant:
     for item in filter(None, rest.split(",")):
         key, sep, text = item.partition("=")
         module_name, _, constant = key.rpartition(".")
-        if not sep or not module_name.startswith(("kernels.", "tfd.model.")):
-            raise ValueError(f"variant {name!r}: {item!r} is not kernels.MODULE.CONSTANT=VALUE "
+        if not sep or not module_name.startswith(("tfd_kernels.", "tfd.model.")):
+            raise ValueError(f"variant {name!r}: {item!r} is not tfd_kernels.MODULE.CONSTANT=VALUE "
                              f"(or tfd.model.MODULE.CONSTANT=VALUE)")
         try:
             module = importlib.import_module(module_name)

@@ -5,7 +5,7 @@ rows), each lane's verify offsets, its page table and its last position a window
 round verifies the windows, draws every row, and then, still on the device: how many rows each
 lane keeps, the commit of those rows, the MTP head's cells over the window fed the drawn tokens, the
 chain of next drafts from the last kept row (``proposer.chain``), and the next round's inputs
-(``kernels.round_columns.advance``; its page tables, kept counts and fed columns are that module's
+(``tfd_kernels.round_columns.advance``; its page tables, kept counts and fed columns are that module's
 launches too), written over its own: the last kept draw as the pending token, the drafts the chain
 proposes within the lane's limit, their positions and visible keys. So a round can be launched
 before the host has read the one before it (``Rounds``' run ahead), nothing copied in but the page
@@ -22,13 +22,13 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from kernels import round_columns
 from tfd.engine.proposer import Chained, chain
 from tfd.engine.sampling import draw
 from tfd.families.hybrid import HybridModel
 from tfd.model.decode import Columns, DecodeBatch, DecodeMemory, fields_major
 from tfd.model.memory import to_device
 from tfd.model.verify import VerifyLanes
+from tfd_kernels import round_columns
 
 
 @attrs.frozen

@@ -29,7 +29,6 @@ from collections.abc import Callable, Sequence
 import attrs
 import torch
 
-from kernels import round_columns
 from tfd.engine.graphs import RoundGraphs
 from tfd.engine.lane import Lane
 from tfd.engine.proposer import Absorb, HeadProposer
@@ -41,6 +40,7 @@ from tfd.families.hybrid import HybridModel
 from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
 from tfd.model.memory import PageRows, to_host
 from tfd.model.verify import VerifyLanes
+from tfd_kernels import round_columns
 
 Propose = Callable[[Sequence[Absorb]], list[list[int]]]
 

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from kernels import sampling as keyed
 from tfd.engine.request import Sampling, TokenLogprob
 from tfd.model.memory import to_device
+from tfd_kernels import sampling as keyed
 
 
 def _signed(value: int) -> int:

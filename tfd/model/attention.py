@@ -10,15 +10,15 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kernels import cache_write, paged_attention, paged_prefill, sparse_attention
-from kernels import rope as rope_kernel
 from tfd.model.memory import PageRows, PromptLanes, Span
 from tfd.model.ops import linear, sigmoid_gate, zrms
 from tfd.model.qsa import IndexerWeights, select_positions, select_rows
 from tfd.model.rope import Rotary
+from tfd_kernels import cache_write, paged_attention, paged_prefill, sparse_attention
+from tfd_kernels import rope as rope_kernel
 
 # At decode, the output projection's first K step of weights asked for before it waits for the merge of
-# the attention's segments, a kernel of few reads (kernels.gemm.EARLY_STEPS). H200, 35B-A3B one stream,
+# the attention's segments, a kernel of few reads (tfd_kernels.gemm.EARLY_STEPS). H200, 35B-A3B one stream,
 # best of three: 2.4099 ms against 2.4106, with the short segments 2.3979 against 2.3993. At every
 # layer's out projection at once (GDN's too, which follow the rule's state traffic) it had lost.
 OUT_EARLY = True
@@ -133,7 +133,7 @@ def sparse_rows(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: to
     ``lengths - 1`` (``lengths`` int32 [lanes], 0 for a padding lane; ``page_table`` int32 [lanes,
     pages]). Stores each live row's K and V, its raw index key and the block it completes in
     ``caches`` (``qsa.select_rows``), then attends each row's chosen positions
-    (``kernels.sparse_attention``: the kernel on CUDA, its reference elsewhere), as ``attention``
+    (``tfd_kernels.sparse_attention``: the kernel on CUDA, its reference elsewhere), as ``attention``
     does for a span's rows. A padding lane stores nothing and reads the null page."""
     assert w.indexer is not None
     p = project(w, x, cos, sin, rotary)

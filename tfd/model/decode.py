@@ -25,7 +25,6 @@ from collections.abc import Mapping, Sequence
 import attrs
 import torch
 
-from kernels import step_inputs
 from tfd.model import hyper
 from tfd.model.attention import QsaCaches, attention_rows, sparse_rows
 from tfd.model.gdn import GdnWeights, gdn_rows
@@ -38,6 +37,7 @@ from tfd.model.rope import Rotary
 from tfd.model.stack import LayerWeights, StackOutput, StackWeights
 from tfd.model.verify import VerifyLanes, gdn_window
 from tfd.pool.pages import Pool
+from tfd_kernels import step_inputs
 
 FIXED = 6  # fields before the offsets: token, position, visible keys, seed, temperature, draw row
 
@@ -182,7 +182,7 @@ class DecodeMemory:
     def angle_tables(self, rotary: Rotary, pages: int, dtype: torch.dtype
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) [positions, rotary.dim] of every position a lane of ``pages`` row pages can hold,
-        made once (on the pool's device, by ``rotary.angles``) for ``kernels.step_inputs`` to gather."""
+        made once (on the pool's device, by ``rotary.angles``) for ``tfd_kernels.step_inputs`` to gather."""
         rows = pages * self.pool.layout.page_rows
         found = self._angles.get((rows, dtype))
         if found is None:

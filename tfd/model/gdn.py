@@ -12,10 +12,10 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kernels import conv1d, gdn_decode, gdn_gates, gdn_prefill, gemm
 from tfd.model import GDN_CHUNK
 from tfd.model.memory import PromptLanes
 from tfd.model.ops import gated_rms, l2norm, linear, sigmoid, softplus
+from tfd_kernels import conv1d, gdn_decode, gdn_gates, gdn_prefill, gemm
 
 CHUNK = GDN_CHUNK
 
@@ -145,7 +145,7 @@ def gdn_rows(w: GdnWeights, x: torch.Tensor, states: torch.Tensor, state_at: tor
     kernels on CUDA, their torch references elsewhere; either updates states and tails in place.
     On CUDA the projection's product applies the conv as it stores, and the rule's kernel forms the
     gates from the projection itself."""
-    if x.is_cuda:  # the conv in the projection's last step (kernels.gemm.Conv): conv1d.decode's bits
+    if x.is_cuda:  # the conv in the projection's last step (tfd_kernels.gemm.Conv): conv1d.decode's bits
         projected = gemm.matmul(x, w.proj, conv=gemm.Conv(w.conv, tails, tail_at), early=True)
         mixed, z, b, a = split_projection(w, projected)
         q, k, v = split_heads(w, mixed)

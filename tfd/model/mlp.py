@@ -3,7 +3,7 @@
 The router runs its softmax in fp32; each row's routed experts are summed in ascending expert
 order, one row at a time, so a row's output never depends on which other rows chose the expert.
 On CUDA the block after the router's product is ``grouped_moe``: the grouped kernels of
-``kernels.moe`` run the routed experts in the same order, their sum in fp32 rather than the model
+``tfd_kernels.moe`` run the routed experts in the same order, their sum in fp32 rather than the model
 dtype and each expert's SwiGLU middle rounded once rather than after each step, and the shared
 expert as one more expert of every row in the same launches (no products of its own).
 """
@@ -13,17 +13,17 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kernels import moe as kernels_moe
-from kernels import router
-from kernels import swiglu as swiglu_kernel
 from tfd.model.ops import add_zrms, linear, sigmoid_gate, silu, swiglu, swiglu_product
+from tfd_kernels import moe as kernels_moe
+from tfd_kernels import router
+from tfd_kernels import swiglu as swiglu_kernel
 
 
 @attrs.frozen
 class DenseMlp:
     gate_up: torch.Tensor  # [2 * inner, hidden]: gate rows, then up rows (one product for both)
     down: torch.Tensor  # [hidden, inner]
-    paired: bool = False  # gate_up's rows in kernels.swiglu.pair_rows blocks instead (CUDA)
+    paired: bool = False  # gate_up's rows in tfd_kernels.swiglu.pair_rows blocks instead (CUDA)
 
 
 def paired(w: DenseMlp) -> DenseMlp:
@@ -39,14 +39,15 @@ class MoeWeights:
     router: torch.Tensor  # [experts + 1, hidden]: the router's rows, then the shared expert's gate row
     gate_up: torch.Tensor  # [experts, 2 * inner, hidden]: gate rows, then up rows
     down: torch.Tensor  # [experts, hidden, inner]
-    shared: DenseMlp = attrs.field()  # gate rows, then up rows (never paired): kernels.moe reads them so
+    shared: DenseMlp = attrs.field()  # gate rows, then up rows (never paired): tfd_kernels.moe reads them so
     top_k: int
     norm_top_k: bool
 
     @shared.validator
     def _unpaired(self, _: attrs.Attribute[DenseMlp], shared: DenseMlp) -> None:
         if shared.paired:
-            raise ValueError("shared must keep gate rows then up rows, as kernels.moe reads them, not paired")
+            raise ValueError("shared must keep gate rows then up rows, as tfd_kernels.moe reads them, "
+                             "not paired")
 
 
 def dense(w: DenseMlp, x: torch.Tensor) -> torch.Tensor:
@@ -90,9 +91,9 @@ def moe_add_zrms(w: MoeWeights, x: torch.Tensor, residual: torch.Tensor, weight:
 
 def grouped_moe(w: MoeWeights, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """The block from the router's product ``logits`` [rows, experts + 1] (the shared gate last) by
-    ``kernels.moe.routed``: the choice and the grouping, the routed experts with the shared expert
+    ``tfd_kernels.moe.routed``: the choice and the grouping, the routed experts with the shared expert
     beside them, and the gated sum; CUDA's path (any device the kernels run on, the interpreter's
-    CPU in tests). Scratch and errors: ``kernels.moe.experts``'."""
+    CPU in tests). Scratch and errors: ``tfd_kernels.moe.experts``'."""
     choice, shared = _split_router(w, logits)
     return kernels_moe.routed(x, w.gate_up, w.down, choice, w.top_k, w.norm_top_k, shared)
 

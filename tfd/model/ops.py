@@ -9,8 +9,8 @@ tail), so they are written out here from ``exp``, ``log1p`` and exact arithmetic
 measured to be position-invariant, as are reductions along the last axis. Model code takes these
 functions from here, never from torch directly.
 
-On CUDA the products and norms go to batch-invariant Triton kernels (``kernels.gemm``,
-``kernels.norm``): cuBLAS and torch's reductions choose their split by the number of rows there.
+On CUDA the products and norms go to batch-invariant Triton kernels (``tfd_kernels.gemm``,
+``tfd_kernels.norm``): cuBLAS and torch's reductions choose their split by the number of rows there.
 Elementwise CUDA kernels apply the same function to every element, so the others stay torch's.
 """
 
@@ -19,9 +19,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels import gemm, norm
-from kernels import sigmoid_gate as sigmoid_gate_kernel
-from kernels import swiglu as swiglu_kernel
+from tfd_kernels import gemm, norm
+from tfd_kernels import sigmoid_gate as sigmoid_gate_kernel
+from tfd_kernels import swiglu as swiglu_kernel
 
 # softplus(x) == x to float precision past this, as torch's own threshold.
 SOFTPLUS_THRESHOLD = 20.0
@@ -30,7 +30,7 @@ _NARROW = (torch.bfloat16, torch.float16)
 
 def linear(x: torch.Tensor, weight: torch.Tensor, early: bool = False) -> torch.Tensor:
     """``x @ weight.T`` for ``x`` of shape [rows, in]; every row is a product of its own. ``early``:
-    ``kernels.gemm.matmul``'s (timing only)."""
+    ``tfd_kernels.gemm.matmul``'s (timing only)."""
     if x.is_cuda:
         return gemm.matmul(x, weight, early=early)
     if x.shape[0] == 1:
@@ -79,7 +79,7 @@ def swiglu(h: torch.Tensor) -> torch.Tensor:
 
 def swiglu_product(x: torch.Tensor, paired: torch.Tensor) -> torch.Tensor:
     """SwiGLU's middle of ``x``'s product with a gate|up weight laid out by
-    ``kernels.swiglu.pair_rows`` (CUDA only): at few rows formed as the product's partial sums are
+    ``tfd_kernels.swiglu.pair_rows`` (CUDA only): at few rows formed as the product's partial sums are
     added, one launch for both; the same bits as ``swiglu(linear(x, gate_up))``."""
     if not x.is_cuda:
         raise ValueError("a paired gate|up weight is built for CUDA only; the CPU keeps gate then up")

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from kernels import lane_rows
 from tfd.model.ops import linear, row_sums, sigmoid, silu, zrms
+from tfd_kernels import lane_rows
 
 
 @attrs.frozen
@@ -154,7 +154,7 @@ def ple_rows(w: PleWeights, stack: torch.Tensor, tokens: torch.Tensor, tails: to
 
     Each lane's conv tail and n-gram history sit in the pool views ``tails`` (the model dtype) and
     ``histories`` (int64) at element offsets ``tail_at`` / ``history_at`` [lanes] (int64): read by
-    gathers, moved past the row by ``kernels.lane_rows`` (the kernel on CUDA, its reference
+    gathers, moved past the row by ``tfd_kernels.lane_rows`` (the kernel on CUDA, its reference
     elsewhere). A padding lane (offsets -1) reads the pool's first elements, hashes an EOS history
     and stores nothing. Needs a table looked up on the device (one shard)."""
     lanes, kept = tokens.shape[0], len(w.multipliers) - 1

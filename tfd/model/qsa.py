@@ -7,7 +7,7 @@ complete block: sum over index heads of relu(q_h . K_b) / sqrt(dim) in fp32, tak
 ``budget / block`` (ties to the lower block), and adds the incomplete tail up to p.
 
 ``select_positions`` chooses for a lane's rows (the span path), ``select_rows`` for one row of each
-lane of a batched decode step. Both score with ``kernels.block_scores`` and choose with ``choose``,
+lane of a batched decode step. Both score with ``tfd_kernels.block_scores`` and choose with ``choose``,
 so a row's positions have the same bits by either path and whatever else is in the call.
 """
 
@@ -16,10 +16,10 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kernels import block_scores, lane_rows
 from tfd.model.memory import PageRows, Span
 from tfd.model.ops import linear, zrms
 from tfd.model.rope import Rotary
+from tfd_kernels import block_scores, lane_rows
 
 
 @attrs.frozen
@@ -56,7 +56,7 @@ def pool_blocks(w: IndexerWeights, raw: torch.Tensor, starts: torch.Tensor, rota
 
 def scores(query: torch.Tensor, pooled: torch.Tensor, page_table: torch.Tensor, lane_of: torch.Tensor,
            complete: torch.Tensor, blocks: int) -> torch.Tensor:
-    """``kernels.block_scores`` on CUDA, its reference elsewhere."""
+    """``tfd_kernels.block_scores`` on CUDA, its reference elsewhere."""
     score = block_scores.scores if query.is_cuda else block_scores.reference
     return score(query, pooled, page_table, lane_of, complete, blocks)
 
@@ -82,7 +82,7 @@ def choose(w: IndexerWeights, scored: torch.Tensor, positions: torch.Tensor, nev
 def select_positions(w: IndexerWeights, x: torch.Tensor, span: Span, rows: PageRows, layer: str,
                      rotary: Rotary, cos: torch.Tensor, sin: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The positions each row of ``span`` attends, as ``kernels.sparse_attention`` reads them
+    """The positions each row of ``span`` attends, as ``tfd_kernels.sparse_attention`` reads them
     (``choose``), after storing the rows' raw index keys and the blocks they complete."""
     query, keys = index_rows(w, x, rotary, cos, sin)
     positions = torch.arange(span.start, span.end, device=x.device)
@@ -107,7 +107,7 @@ def select_rows(w: IndexerWeights, x: torch.Tensor, rotary: Rotary, cos: torch.T
     the lanes' ``page_table`` int32 [lanes, pages] into the layer's ``index`` and ``pooled`` parts.
 
     Stores each live row's raw index key and, when the row completes a block, the block's pooled
-    key (``kernels.lane_rows``: the kernel on CUDA); a padding lane stores nothing. Every lane scores
+    key (``tfd_kernels.lane_rows``: the kernel on CUDA); a padding lane stores nothing. Every lane scores
     all blocks its page table can hold (-inf past its complete ones), so shapes depend on the lane
     count alone; a padding lane chooses position 0 of the null page."""
     lanes, device = x.shape[0], x.device

@@ -5,13 +5,13 @@ rows next to each other in ``DecodeBatch``, each with its own position and visib
 layer but GDN runs them as decode rows: products and MoE row by row, attention writing every row's
 K and V before any row attends its keys up to its own position, so row i sees rows before it. A GDN
 layer runs a lane's rows in order from its committed state and conv tail and changes neither: the
-state after the last row goes to the lane's spare (``kernels.gdn_decode.verify``), each row's k, v,
+state after the last row goes to the lane's spare (``tfd_kernels.gdn_decode.verify``), each row's k, v,
 g and beta to its replay log, each row's conv input to its ``conv_rows`` piece
-(``kernels.conv1d.verify``). Each row gets the bits serial decoding gives it at its position.
+(``tfd_kernels.conv1d.verify``). Each row gets the bits serial decoding gives it at its position.
 
 ``commit`` then makes a lane's state what serial decoding of its first ``keep`` rows leaves: the
 logged rows replayed into the committed state (the routine decode updates it with), the conv tail
-rebuilt as the last rows of [old tail; kept rows' inputs] (``kernels.conv1d.rebuild``). Attention
+rebuilt as the last rows of [old tail; kept rows' inputs] (``tfd_kernels.conv1d.rebuild``). Attention
 rows past the kept ones are left for later rows to overwrite. Everything stays on the device: ``keep``
 is a device tensor.
 """
@@ -23,10 +23,10 @@ from collections.abc import Mapping, Sequence
 import attrs
 import torch
 
-from kernels import conv1d, gdn_decode
 from tfd.model.gdn import GdnWeights, finish, project, split_heads, split_projection
 from tfd.model.memory import element_offset, to_device
 from tfd.model.ops import linear
+from tfd_kernels import conv1d, gdn_decode
 
 FIELDS = 3  # offsets a lane has per GDN layer: spare state, replay log, conv rows
 

@@ -12,7 +12,7 @@ Why not a CRC on the host: a learned state is read back while its request waits 
 token. On the H200's host, 16 threads read a 30,000-token state's files from the page cache at
 about 39 GB/s, but checked with CRC-32 as they went only at 13.8 (the check is one more pass over a
 gigabyte of host memory); the device sums the same gigabyte, already copied: torch's int64 form
-took 7 to 8.7 ms, a GPU sums with ``kernels.word_sums`` instead (one read of the bytes, one launch
+took 7 to 8.7 ms, a GPU sums with ``tfd_kernels.word_sums`` instead (one read of the bytes, one launch
 a run of equal files). Writes are summed on the device too, window by window as the copier
 gathers them (``tfd.store.copies``): summed on the host, torch took every core and slowed the
 prefill steps running beside the writer.
@@ -23,15 +23,16 @@ from __future__ import annotations
 
 import torch
 
-from kernels import word_sums
-from kernels.word_sums import KEY_MASK, MULTIPLIER
+from tfd_kernels import word_sums
+from tfd_kernels.word_sums import KEY_MASK, MULTIPLIER
 
 SUM_BYTES = 16
 GROUP_BYTES = 64 << 20  # summed at a time off a GPU: bounds the int64 temporaries (four times this)
 
 
 def on_kernel(data: torch.Tensor) -> bool:
-    """Whether ``data`` is summed by ``kernels.word_sums`` (on a GPU) rather than by torch's int64 form."""
+    """Whether ``data`` is summed by ``tfd_kernels.word_sums`` (on a GPU) rather than by torch's int64
+    form."""
     return data.is_cuda
 
 

@@ -2,7 +2,7 @@
 
 A learned state is read back only by a server that would have computed the same bytes. Its identity
 covers the checkpoint (config.json's bytes; each weight file's name, size and modification time),
-the sources of the code that computes states (``kernels/``, ``tfd/model/``, ``tfd/families/``), the
+the sources of the code that computes states (``tfd_kernels``, ``tfd.model``, ``tfd.families``), the
 device and its driver, torch's and triton's versions, the dtype, whether the MTP head drafts (its
 rows are then part of a state), and the digest of a probe: a fixed prompt's state computed at load.
 The probe catches what the facts miss (a weight rewritten in place with the same time, a compiler
@@ -12,14 +12,14 @@ that changed bits). Its hex digest names the identity's directory.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("kernels", "tfd/model", "tfd/families")
+SOURCES = ("tfd_kernels", "tfd.model", "tfd.families")
 PROBE_TOKENS = 129  # a state kept at 128: two GDN chunks, and a row left to run
 
 
@@ -28,12 +28,21 @@ def probe_prompt(vocab: int) -> tuple[int, ...]:
     return tuple((37 * i + 11) % vocab for i in range(PROBE_TOKENS))
 
 
-def sources_digest(root: Path = ROOT, folders: Iterable[str] = SOURCES) -> str:
-    """sha256 over the Python sources that compute states, by relative path."""
+def sources_digest(packages: Iterable[str] = SOURCES) -> str:
+    """sha256 over the Python sources of ``packages`` (found where they import from, a checkout or a
+    wheel alike), each file by its package and name. ``tfd_kernels`` is a namespace package: where
+    several folders hold it, a name's first file is the one imported, and the one digested."""
     digest = hashlib.sha256()
-    for folder in folders:
-        for path in sorted((root / folder).rglob("*.py")):
-            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for package in packages:
+        folders = [Path(folder) for folder in importlib.import_module(package).__path__]
+        files: dict[str, Path] = {}
+        for folder in folders:
+            for path in folder.rglob("*.py") if folder.is_dir() else ():
+                files.setdefault(str(path.relative_to(folder)), path)
+        if not files:
+            raise FileNotFoundError(f"{package}: no sources to digest in {[str(f) for f in folders]}")
+        for name, path in sorted(files.items()):
+            digest.update(f"{package}/{name}".encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
 

@@ -3,7 +3,7 @@
 Training runs sequences of hundreds of tokens from a zero state and needs gradients, so this is
 written for that case: ``chunked`` forms every chunk's in-chunk work (decays, the UT transform's
 triangular solve, Q K^T) for all chunks of all sequences at once and walks the chunks only for the
-state, which keeps the launches per layer few. The serving references (``kernels.gdn_prefill``'s
+state, which keeps the launches per layer few. The serving references (``tfd_kernels.gdn_prefill``'s
 ``reference_chunk``, ``tfd.model.gdn.recurrent``) take one lane's rows a chunk at a time and write
 their state in place, which autograd cannot follow. ``naive`` is the per-token recurrence, kept
 only to hold ``chunked`` to it in tests. Neither writes in place into a tensor that needs grad.

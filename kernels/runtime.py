@@ -1,4 +1,8 @@
-"""Triton kernels for tfd's device path; each module has a launcher and a torch reference.
+"""What every kernel of ``tfd_kernels`` shares: whether Triton interprets, and device counters.
+
+``tfd_kernels`` is this folder (``kernels/`` of the checkout) under a name tfd owns: Triton kernels
+for the device path, each module with a launcher and a torch reference. The folder has no
+``__init__``, so from the checkout's root a bare ``import kernels`` still finds Hugging Face's package.
 
 ``INTERPRETED``: the kernels run in Triton's CPU interpreter (``TRITON_INTERPRET=1``, how CI tests
 them). Its ``tl.dot`` on bf16 operands gives garbage, so kernels pass this as a constexpr and widen
