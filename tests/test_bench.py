@@ -11,8 +11,8 @@ import tiny_models
 from support import CACHE, clean_environ, run_tfd
 from tfd.bench import roofline
 from tfd.bench.profile import by_grid
-from tfd.bench.shapes import PRESETS, fit, weight_bytes
 from tfd.families.config import read_config
+from tfd.shapes import PRESETS, fit, weight_bytes
 
 REQUIRED = ("shape", "streams", "prompt_tokens", "new_tokens", "decode_tok_s", "prefill_tok_s",
             "roofline_fraction", "matmul_fraction", "copy_gbps", "gpu", "commit")

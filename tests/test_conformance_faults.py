@@ -6,6 +6,7 @@ plain; a cancelled lane that keeps its pages fails the soak (a leak)."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -99,7 +100,7 @@ async def test_a_cancelled_lane_that_keeps_its_pages_fails_the_soak(short_tmp: P
         served = InProcessDaemon(short_tmp)
         await nursery.start(served.run)
         client = Client(served.url, None, served.daemon.admin_path)
-        found = await trio.to_thread.run_sync(soak, client, 6.0, 4)
+        found = await trio.to_thread.run_sync(partial(soak, client, 3600.0, 4, requests=24))
         served.daemon.lifecycle.request_drain("test over")
     assert found.left > 0 and found.failures == 0
     assert not found.ok and "free" in found.leaks and found.leaks["free"][1] < found.leaks["free"][0]

@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Adding or removing a row is a deliberate change: update this count in the same commit.
 ROWS_PER_SCOPE = {
-    "core": 6,
-    "server": 13,
+    "core": 7,
+    "server": 15,
     "pool": 5,
     "learn": 8,
     "cuda": 2,
@@ -70,6 +70,8 @@ def test_switch_is_exactly_0_or_1(text: str) -> None:
     ("TF_API_KEYS", "k1,k-2", ("k1", "k-2")), ("TF_HTTP_SOCKET", "/run/tfd/http.sock", "/run/tfd/http.sock"),
     ("TF_KV_PAGES", "0", 0), ("TF_KV_PAGES", "16", 16), ("TF_KV_PAGES", "8192", 8192),
     ("TF_CUDA_MEMORY_LIMIT_GB", "79.5", 79.5),
+    ("TF_PROMPT_CACHE_GIB", "auto", None), ("TF_PROMPT_CACHE_GIB", "0", 0.0),
+    ("TF_PROMPT_CACHE_GIB", "2.5", 2.5), ("TF_POOL_GIB", "0.001", 0.001),
 ])
 def test_values_accepted(name: str, text: str, value: object) -> None:
     settings = TABLE.read({name: text})
@@ -96,11 +98,25 @@ def test_values_accepted(name: str, text: str, value: object) -> None:
     ("TF_KV_PAGES", "8", "must be 0 (off) or a multiple of 16 from 16 to 8192"),
     ("TF_KV_PAGES", "264", "must be 0 (off) or a multiple of 16 from 16 to 8192"),
     ("TF_CUDA_MEMORY_LIMIT_GB", "0", "must be a number of GiB from 0.25 to 16384"),
+    ("TF_CUDA_MEMORY_LIMIT_GB", "auto", "must be a number of GiB from 0.25 to 16384"),
+    ("TF_PROMPT_CACHE_GIB", "Auto", "must be auto or a number of GiB from 0 to 16384"),
+    ("TF_PROMPT_CACHE_GIB", "-1", "must be auto or a number of GiB from 0 to 16384"),
+    ("TF_POOL_GIB", "auto", "must be a number of GiB from 0.001 to 16384"),
 ])
 def test_malformed_values_are_refused_by_name(name: str, text: str, expected: str) -> None:
     (problem,) = refusal({name: text})
     assert problem.startswith(f"{name}=")
     assert expected in problem
+
+
+def test_auto_counts_as_on_for_a_row_that_requires_it() -> None:
+    settings = TABLE.read({"TF_PROMPT_KEEP_GAIN": "64"})  # the cache is auto by default
+    assert (settings["TF_PROMPT_CACHE_GIB"], settings["TF_PROMPT_KEEP_GAIN"]) == (None, 64)
+    auto = TABLE.read({"TF_PROMPT_KEEP_GAIN": "64", "TF_PROMPT_CACHE_GIB": "auto"})
+    assert auto["TF_PROMPT_KEEP_GAIN"] == 64
+    assert refusal({"TF_PROMPT_KEEP_GAIN": "64", "TF_PROMPT_CACHE_GIB": "0"}) == (
+        "TF_PROMPT_KEEP_GAIN=64 requires TF_PROMPT_CACHE_GIB, which is 0 (off)",)
+    assert TABLE.read({})["TF_POOL_GIB"] is None  # unset: the CPU's default or the GPU's plan
 
 
 def test_empty_value_counts_as_unset() -> None:

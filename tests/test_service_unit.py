@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -91,3 +94,52 @@ def test_a_cuda_device_that_is_absent_is_refused_by_name() -> None:
     assert pick_device("auto").type == "cpu"
     with pytest.raises(SettingsRefused, match="TF_DEVICE=cuda"):
         pick_device("cuda")
+
+
+# What env/tfd.service must keep: the sandbox a GPU daemon allows (the unit's comments say why each).
+HARDENING = {
+    "NoNewPrivileges": "yes", "CapabilityBoundingSet": "", "UMask": "0077", "ProtectSystem": "strict",
+    "ProtectHome": "yes", "PrivateTmp": "yes", "ProtectKernelTunables": "yes",
+    "ProtectKernelModules": "yes", "ProtectKernelLogs": "yes", "ProtectControlGroups": "yes",
+    "ProtectClock": "yes", "ProtectHostname": "yes", "ProtectProc": "invisible", "LockPersonality": "yes",
+    "RestrictRealtime": "yes", "RestrictNamespaces": "yes", "RestrictSUIDSGID": "yes", "RemoveIPC": "yes",
+    "SystemCallArchitectures": "native",
+    "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6", "DevicePolicy": "closed",
+    "SystemCallErrorNumber": "EPERM", "MemoryDenyWriteExecute": "yes", "PrivateUsers": "yes",
+}
+
+
+def test_the_unit_is_hardened_as_far_as_a_gpu_allows() -> None:
+    unit = service()
+    assert {key: unit.get(key) for key in HARDENING} == HARDENING
+    assert unit.every["SystemCallFilter"] == ["@system-service", "~@privileged"]
+    # CUDA's nodes, and nothing else but what DevicePolicy=closed keeps
+    assert sorted(unit.every["DeviceAllow"]) == ["char-nvidia-caps r", "char-nvidia-frontend rw",
+                                                 "char-nvidia-uvm rw"]
+    assert unit["PrivateDevices"] == "no"  # it would hide /dev/nvidia*
+    # Triton's and the driver's JIT caches live where the service may write
+    assert {"TRITON_CACHE_DIR=%C/tfd/triton", "CUDA_CACHE_PATH=%C/tfd/nv"} <= set(unit.every["Environment"])
+    assert unit["CacheDirectory"] == "tfd"
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+def test_systemd_analyze_scores_the_unit_5_or_better() -> None:
+    done = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--threshold=50", "--no-pager",
+                           str(UNIT)], capture_output=True, text=True, timeout=60)
+    found = re.search(r"Overall exposure level for tfd\.service: (\d+\.\d)", done.stdout)
+    assert found, done.stdout + done.stderr
+    assert done.returncode == 0 and float(found[1]) <= 5.0, done.stdout
+    # the score the unit's header states is the one this systemd-analyze gives, where it is that version
+    version = subprocess.run(["systemd-analyze", "--version"], capture_output=True,
+                             text=True).stdout.split()[1]
+    stated = re.search(r"scores it (\d+\.\d) \w+ \(systemd (\d+)\)", UNIT.read_text())
+    assert stated, "the unit's header states its score and the systemd that gave it"
+    if stated[2] == version:
+        assert stated[1] == found[1]
+
+
+def test_the_readme_installs_the_environment_file_for_root_and_the_service_group_alone() -> None:
+    readme = (UNIT.parent.parent / "README.md").read_text()
+    install = next(line for line in readme.splitlines() if "/etc/tfd/tfd.env" in line and "install" in line)
+    assert "-m 0640 -o root -g tfd " in install, install
+    assert service()["EnvironmentFile"].lstrip("-") == "/etc/tfd/tfd.env"

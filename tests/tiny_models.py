@@ -121,3 +121,32 @@ def add_head(path: Path, family: str) -> None:
             scale = 0.3 if len(shape) == 1 else 1 / math.sqrt(shape[-1])
             tensors[name] = torch.randn(shape, generator=generator) * scale
     save_file(tensors, path / "model.safetensors")
+
+
+def save_sharded(family: str, directory: Path, shards: int = 2) -> Path:
+    """The tiny served checkpoint of ``family`` with its tensors split over ``shards`` files and an
+    index, as large checkpoints come."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    single = save_served(family, directory)
+    path = directory / f"{family}-sharded-{shards}"
+    if (path / "config.json").exists():
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = load_file(single / "model.safetensors")
+    names = sorted(tensors)
+    weight_map = {}
+    for index in range(shards):
+        file = f"model-{index + 1:05d}-of-{shards:05d}.safetensors"
+        part = names[index::shards]
+        save_file({name: tensors[name] for name in part}, path / file)
+        weight_map.update(dict.fromkeys(part, file))
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    # config.json last: its presence says the directory is whole
+    for item in sorted(single.iterdir(), key=lambda item: item.name == "config.json"):
+        if item.name != "model.safetensors":
+            shutil.copy(item, path / item.name)
+    return path

@@ -19,15 +19,15 @@ import json
 import os
 import struct
 import sys
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING
 
 import attrs
 
 from tfd.chat import ChatTemplate, find_chat_template
+from tfd.loading import Progress
 
 if TYPE_CHECKING:  # loading weights needs them; reading a config does not
     import tokenizers
@@ -159,7 +159,8 @@ class Checkpoint:
 
         Opens each file once (in name order, tensors in file order) and closes it before the next.
         Integer and 8-bit float tensors keep their stored dtype. ``progress`` draws a bar on
-        standard error (None: only when it is a terminal). An unknown name raises
+        standard error (None: only when it is a terminal); a listener set by ``tfd.loading.reporting``
+        hears files and bytes read either way. An unknown name raises
         ``CheckpointError`` before any file opens; a file that safetensors refuses raises
         ``CheckpointError`` naming it, and the tensors read so far are dropped.
         """
@@ -176,7 +177,8 @@ class Checkpoint:
             by_file.setdefault(info.file, []).append(info)
         if progress is None:
             progress = sys.stderr.isatty()
-        bar = _Progress(sum(self.tensors[n].nbytes for n in wanted), sys.stderr if progress else None)
+        bar = Progress(sum(self.tensors[n].nbytes for n in wanted), len(by_file),
+                       sys.stderr if progress else None)
         loaded: dict[str, torch.Tensor] = {}
         try:
             for file in sorted(by_file):
@@ -188,6 +190,7 @@ class Checkpoint:
                                 tensor = tensor.to(dtype)
                             loaded[info.name] = tensor
                             bar.advance(info.nbytes)
+                    bar.file_done()
                 except (safetensors.SafetensorError, OSError) as error:
                     raise CheckpointError(f"{file}: cannot load: {error}") from error
         finally:
@@ -363,44 +366,3 @@ def _token_ids(value: object, path: Path) -> tuple[int, ...]:
             raise CheckpointError(f"{path}: eos_token_id {value!r} is not a token id or a list of them")
         ids.append(token)
     return tuple(ids)
-
-
-class _Progress:
-    """A one-line bar on ``stream`` (None: silent): MB done of total, percent, MB/s.
-
-    Redrawn in place with a carriage return at most ten times a second; ``close`` draws the last
-    state and ends the line.
-    """
-
-    INTERVAL_S = 0.1
-
-    def __init__(self, total: int, stream: TextIO | None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.total = total
-        self.stream = stream
-        self.clock = clock
-        self.done = 0
-        self.began = clock()
-        self.drawn = -self.INTERVAL_S
-
-    def advance(self, nbytes: int) -> None:
-        self.done += nbytes
-        now = self.clock()
-        if now - self.drawn >= self.INTERVAL_S:
-            self.drawn = now
-            self._draw(now)
-
-    def close(self) -> None:
-        if self.stream is not None:
-            self._draw(self.clock())
-            self.stream.write("\n")
-            self.stream.flush()
-
-    def _draw(self, now: float) -> None:
-        if self.stream is None:
-            return
-        mb, seconds = 1e6, max(now - self.began, 1e-9)
-        percent = 100 * self.done // self.total if self.total else 100
-        self.stream.write(f"\rloading weights {self.done / mb:9.1f} / {self.total / mb:.1f} MB "
-                          f"{percent:3d}% {self.done / mb / seconds:8.1f} MB/s")
-        self.stream.flush()

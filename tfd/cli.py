@@ -76,35 +76,38 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
     generate.set_defaults(command=run_generate)
 
     bench = commands.add_parser(
-        "bench", help="speed against the device's memory roofline",
+        "bench", help="speed against the device's memory roofline, or of a running server",
         description="Run workloads through the engine's scheduler and runner; print a line and write "
         "a JSON file per run (prefill and decode speed, time to first token, step time, peak memory, "
-        "bytes a decode step moves, measured copy bandwidth, roofline fraction).")
-    source = bench.add_mutually_exclusive_group()
-    source.add_argument("--shape", metavar="NAME",
-                        help="a preset shape with random weights drawn on the device "
-                        "(qwen3_5-9b, qwen3_5-35b-a3b, qwen3_next-80b-a3b, qwen3_8-flash-next); "
-                        "default: TF_MODEL or the demo")
+        "bytes a decode step moves, measured copy bandwidth, roofline fraction). With --serve URL, load "
+        "a running tfd through its HTTP API instead (streamed completions of token ids): a line and a "
+        "JSON file per run (requests, errors by kind, output tok/s, TTFT, TPOT and inter-token latency "
+        "at p50/p90/p99); no torch, no GPU needed on this side.")
     bench.add_argument("--random-weights", action="store_true",
                        help="with a checkpoint: draw its weights at random (implied by --shape)")
-    bench.add_argument("--streams", type=_counts, default=[1], metavar="N[,N...]",
+    bench.add_argument("--streams", type=_counts, metavar="N[,N...]",
                        help="concurrent streams, one run each (default 1)")
-    bench.add_argument("--prompt", type=_positive, default=1024, metavar="N", help="prompt tokens (1024)")
-    bench.add_argument("--new", type=_positive, default=256, metavar="N", help="new tokens a stream (256)")
+    bench.add_argument("--prompt", type=_span, metavar="N",
+                       help="prompt tokens (1024); with --serve also LOW:HIGH, each request's drawn "
+                       "uniformly")
+    bench.add_argument("--new", type=_span, metavar="N",
+                       help="new tokens a stream (256); with --serve also LOW:HIGH")
     bench.add_argument("--step-tokens", type=_positive, default=8192, metavar="N",
                        help="rows a step may run (8192)")
     bench.add_argument("--no-graphs", action="store_true", help="decode steps eagerly, no CUDA graphs")
-    bench.add_argument("--drafts", type=_draft_counts, default=[0], metavar="N[,N...]",
+    bench.add_argument("--drafts", type=_draft_counts, metavar="N[,N...]",
                        help="MTP drafts a round at most, one run each (0: no drafting; default 0); a --shape "
                        "then gets a random MTP head; as in the daemon, no stream drafts past "
-                       "TF_MTP_MAX_LANES")
+                       "TF_MTP_MAX_LANES. With --serve: 0 sends \"draft\": false, N sends true (give the "
+                       "server's TF_MTP_DRAFTS: --compare-engine's engine drafts N); default: the server's")
     bench.add_argument("--confidence", type=float, default=0.7, metavar="P",
                        help="chain a further draft while the one before is at least this likely (0.7)")
-    bench.add_argument("--temperature", type=float, default=1.0, metavar="T",
-                       help="sampling temperature, keyed (1.0; 0: greedy)")
+    bench.add_argument("--temperature", type=float, metavar="T",
+                       help="sampling temperature, keyed (1.0; with --serve 0; 0: greedy)")
     bench.add_argument("--text", action="store_true",
                        help="prompts cut from the held-out files of the demo's training text (Python's "
-                       "standard library) with the checkpoint's tokenizer, not random tokens")
+                       "standard library) with the checkpoint's tokenizer (with --serve: the server's "
+                       "/tokenize), not random tokens")
     bench.add_argument("--profile", action="store_true",
                        help="after each run, profile its prefill and its decode steps kernel by kernel "
                        "(written beside the JSON as <run>-prefill.txt and <run>-decode.txt, or printed)")
@@ -126,6 +129,37 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
                        help="instead of workloads: a conversation's second turn after a restart, its state "
                        "read back from disk (learned), against the same turn prefilled cold: time to first "
                        "token of each, bytes read and the read bandwidth (--prompt: the first turn's tokens)")
+    bench.add_argument("--serve", metavar="URL",
+                       help="instead of the engine: load the tfd at URL (http://host:port) through its API, "
+                       "streamed /v1/completions of token ids with ignore_eos; one run a --concurrency and "
+                       "a --rate (engine-only flags refused)")
+    serve = bench.add_argument_group("--serve runs")
+    serve.add_argument("--concurrency", type=_counts, metavar="C[,C...]",
+                       help="closed loop: C clients, each sending its next request when its last ended, one "
+                       "run each (default 1 without --rate); --requests C sends all at once")
+    serve.add_argument("--rate", type=_rates, metavar="R[,R...]",
+                       help="open loop: requests a second at Poisson arrival times (seeded), one run each")
+    serve.add_argument("--requests", type=_positive, metavar="N",
+                       help="requests a run (closed loop: max(4 C, 8); open loop: max(16, 10 R))")
+    serve.add_argument("--no-warm", action="store_true",
+                       help="no untimed warm round (C requests, open loop 8, at most 4 new tokens) before "
+                       "a run")
+    serve.add_argument("--seed", type=_natural, metavar="S",
+                       help="seed of the lengths, prompt ids and arrival times (0)")
+    serve.add_argument("--no-drafts", action="store_true", help="every request says \"draft\": false")
+    serve.add_argument("--cache", action="store_true",
+                       help="leave the server's prompt cache in play (default: \"cache\": false, every "
+                       "prompt prefilled cold, as the engine bench does)")
+    serve.add_argument("--api-key", metavar="KEY", help="a key of the server's TF_API_KEYS")
+    serve.add_argument("--timeout", type=_positive_float, metavar="S",
+                       help="seconds a request may take, stream included (600); past it, an error")
+    serve.add_argument("--compare-engine", action="store_true",
+                       help="after the HTTP runs, the engine bench on --shape (TF_SHAPE: the server's shape, "
+                       "random weights) in this process at each --concurrency's streams and lengths, and "
+                       "a table of ratios: TPOT over the engine's step, TTFT max over its, tok/s over what "
+                       "its prefill and decode rates allow (--step-tokens: give the server's TF_STEP_TOKENS "
+                       "to compare like with like). It needs room on the device beside the server: start "
+                       "the server with TF_CUDA_MEMORY_LIMIT_GB leaving it")
     bench.add_argument("--out", type=Path, metavar="DIR", help="write one JSON file per run here")
     bench.add_argument("--commit", help="the revision to record (default: git's HEAD)")
     table.add_flags(bench, scopes=("core",))
@@ -179,6 +213,9 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
                      "requests, tokens, errors by kind, leaks and memory (needs --admin)")
     kit.add_argument("--clients", type=_positive, default=4, metavar="N",
                      help="the soak's clients at once (4)")
+    kit.add_argument("--requests", type=_positive, metavar="N",
+                     help="the soak ends sooner, once its clients have sent N requests between them "
+                     "(shared out evenly: the same mix on any machine)")
     kit.set_defaults(command=run_conformance)
 
     env = commands.add_parser("env", help="the environment table",
@@ -231,16 +268,19 @@ def run_serve(table: Table, args: argparse.Namespace) -> int:
 
 
 def served_family(table: Table, flags: dict[str, str]) -> str | None:
-    """The family ``tfd serve`` will load, from TF_MODEL's config.json or TF_DEMO (no torch);
+    """The family ``tfd serve`` will load, from TF_MODEL's config.json, TF_SHAPE or TF_DEMO (no torch);
     None when those rows themselves are malformed (the full read names them)."""
     from tfd.checkpoint import read_config
     from tfd.demo import DEMOS
+    from tfd.shapes import PRESETS
 
     try:
-        rows = table.read(os.environ, flags, only=["TF_MODEL", "TF_DEMO"])
+        rows = table.read(os.environ, flags, only=["TF_MODEL", "TF_SHAPE", "TF_DEMO"])
     except SettingsRefused:
         return None
-    model = rows.optional("TF_MODEL", str)
+    model, shape = rows.optional("TF_MODEL", str), rows.optional("TF_SHAPE", str)
+    if shape is not None:
+        return PRESETS[shape][0]
     return read_config(Path(model)).family if model else DEMOS[rows.value("TF_DEMO", str)][0]
 
 
@@ -304,8 +344,19 @@ def run_generate(table: Table, args: argparse.Namespace) -> int:
 
 
 def run_bench(table: Table, args: argparse.Namespace) -> int:
+    from tfd.bench.serve_command import EXIT_REFUSED, conflicts, engine_defaults
+
+    problem = conflicts(args)
+    if problem is not None:
+        print(f"tfd bench: {problem}", file=sys.stderr)
+        return EXIT_REFUSED
     settings = table.read(os.environ, table.flag_values(args))
     configure_logging(settings.value("TF_LOG_LEVEL", str))
+    if args.serve is not None:
+        from tfd.bench.serve_command import main as serve
+
+        return serve(settings, args)
+    engine_defaults(args)
     from tfd.bench.command import run
 
     return run(settings, args)
@@ -364,6 +415,19 @@ def run_env(table: Table, args: argparse.Namespace) -> int:
 
 def _counts(text: str) -> list[int]:
     return [_positive(part) for part in text.split(",")]
+
+
+def _span(text: str) -> tuple[int, int]:
+    """``N`` or ``LOW:HIGH`` (positive, LOW at most HIGH)."""
+    low, _, high = text.partition(":")
+    span = (_positive(low), _positive(high) if high else _positive(low))
+    if span[0] > span[1]:
+        raise argparse.ArgumentTypeError(f"a range is LOW:HIGH with LOW at most HIGH, got {text!r}")
+    return span
+
+
+def _rates(text: str) -> list[float]:
+    return [_positive_float(part) for part in text.split(",")]
 
 
 def _draft_counts(text: str) -> list[int]:

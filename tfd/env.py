@@ -2,12 +2,12 @@
 
 Rows live in ``env/<scope>.toml`` (one TOML table per row). Startup reads the whole environment
 once, before torch or any device work, through ``Table.read``: every malformed value, every unknown
-``TF_*`` name and every unmet ``requires`` is collected and raised together as ``SettingsRefused``,
-each problem naming the variable and the form it expects. That pass checks the form of every row of
-every scope, the family scopes (``flashnext``, ``qwen3_5``, ``qwen3_next``) included; what waits for
-the family that loads (``Settings.check_family``) is only whether its rows apply: their values and
-their ``requires``, so a Flash Next row that needs another does not stop a Qwen3.5 start, while a
-malformed one does.
+``TF_*`` name, every unmet ``requires`` and every pair a row ``excludes`` is collected and raised
+together as ``SettingsRefused``, each problem naming the variable and the form it expects. That
+pass checks the form of every row of every scope, the family scopes (``flashnext``, ``qwen3_5``,
+``qwen3_next``) included; what waits for the family that loads (``Settings.check_family``) is only
+whether its rows apply: their values and their ``requires``, so a Flash Next row that needs another
+does not stop a Qwen3.5 start, while a malformed one does.
 
 Flags of ``tfd serve`` are generated from the rows; a flag beats the environment and meets the same
 parser. An empty value counts as unset, as systemd's ``EnvironmentFile=`` writes ``NAME=``.
@@ -38,8 +38,8 @@ MODEL_TYPE_SCOPES = {
     "qwen4_exp": "flashnext",
 }
 PREFIX = "TF_"
-_ROW_KEYS = frozenset({"kind", "default", "default_doc", "help", "requires", "inherits", "flag", "min",
-                       "max", "step", "zero_off", "auto", "values", "socket", "unit"})
+_ROW_KEYS = frozenset({"kind", "default", "default_doc", "help", "requires", "excludes", "inherits", "flag",
+                       "min", "max", "step", "zero_off", "auto", "values", "socket", "unit"})
 _SHOWN_MAX = 64
 MASK = "********"
 
@@ -84,6 +84,7 @@ class Row:
     default: str | None = None
     default_doc: str | None = None
     requires: str | None = None
+    excludes: str | None = None  # a row that must not be set beside this one
     inherits: str | None = None
     flag: str | None = None
 
@@ -140,6 +141,8 @@ class Table:
         for row in self.rows:
             if row.default is not None:
                 row.kind.parse(row.default)
+            if row.excludes is not None and (by_name.get(row.excludes) is None or row.excludes == row.name):
+                raise TypeError(f"{row.name}: excludes unknown {row.excludes}")
             if row.requires is not None:
                 target = by_name.get(row.requires)
                 if target is None:
@@ -330,10 +333,18 @@ class Settings:
             # A default or inherited value needs nothing: only what the user gave is refused.
             if row.requires and source in ("environment", "flag") and _engaged(values.get(row.name)):
                 target = self.table.by_name()[row.requires]
-                if target.name in values and not _engaged(values[target.name]):
+                # "auto" reads as None, yet it is on
+                engaged = _engaged(values.get(target.name)) or self.texts[target.name][0] == "auto"
+                if target.name in values and not engaged:
                     state = "0 (off)" if values[target.name] == 0 else "unset"
                     problems.append(f"{_given(row, text or '', source)} requires {target.name},"
                                     f" which is {state}")
+            other = row.excludes
+            if other and source in ("environment", "flag") and values.get(row.name) is not None \
+                    and self.texts.get(other, (None, "unset"))[1] in ("environment", "flag") \
+                    and self.texts[other][0] is not None:
+                problems.append(f"{_given(row, text or '', source)} excludes {other}, which is set too "
+                                f"({_given(self.table.by_name()[other], *self.texts[other])}): set one")
         if problems:
             raise SettingsRefused(problems)
         return attrs.evolve(self, values=values, checked_scopes=self.checked_scopes | scopes)
@@ -380,6 +391,7 @@ def _row_from_toml(name: str, scope: str, spec: dict[str, object]) -> Row:
         default=_optional_str(name, spec, "default"),
         default_doc=_optional_str(name, spec, "default_doc"),
         requires=_optional_str(name, spec, "requires"),
+        excludes=_optional_str(name, spec, "excludes"),
         inherits=_optional_str(name, spec, "inherits"),
         flag=flag or None,
     )

@@ -112,19 +112,23 @@ class Real:
     low: float
     high: float
     unit: str = ""
+    auto: bool = False  # the word "auto" is allowed too, read as None
     metavar = "NUMBER"
 
     @property
     def form(self) -> str:
         unit = f" {self.unit}" if self.unit else ""
-        return f"number {_number(self.low)}..{_number(self.high)}{unit}"
+        return ("auto | " if self.auto else "") + f"number {_number(self.low)}..{_number(self.high)}{unit}"
 
     @property
     def expected(self) -> str:
         what = f"a number of {self.unit}" if self.unit else "a number"
-        return f"must be {what} from {_number(self.low)} to {_number(self.high)}"
+        word = "auto or " if self.auto else ""
+        return f"must be {word}{what} from {_number(self.low)} to {_number(self.high)}"
 
-    def parse(self, text: str) -> float:
+    def parse(self, text: str) -> float | None:
+        if self.auto and text == "auto":
+            return None
         if not _REAL.fullmatch(text):
             raise Malformed(self.expected)
         value = float(text)
@@ -247,7 +251,7 @@ def kind_from_row(name: str, spec: dict[str, object]) -> Kind:
                        bool(spec.get("zero_off", False)), bool(spec.get("auto", False)))
     if kind in ("float", "gib"):
         unit = "GiB" if kind == "gib" else str(spec.get("unit", ""))
-        return Real(_bound(name, spec, "min"), _bound(name, spec, "max"), unit)
+        return Real(_bound(name, spec, "min"), _bound(name, spec, "max"), unit, bool(spec.get("auto", False)))
     if kind == "enum":
         values = spec.get("values")
         if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):

@@ -1,4 +1,5 @@
-"""Which checkpoint a command uses, and loading it: TF_MODEL, else the demo named by TF_DEMO.
+"""Which checkpoint a command uses, and loading it: TF_MODEL, else TF_SHAPE (random weights), else
+the demo named by TF_DEMO.
 
 The family's rows of the environment table are checked here, between reading config.json and
 loading any weight (``Settings.check_family``), so a bad value of another family's row never
@@ -21,6 +22,7 @@ from tfd.checkpoint import Checkpoint, CheckpointError, read_config
 from tfd.demo import build_demo, default_dtype
 from tfd.env import Settings
 from tfd.families.hybrid import HybridModel, load_model
+from tfd.shapes import Shape, fit, weight_budget, write_shape
 
 log = logging.getLogger("tfd.models")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -37,11 +39,18 @@ def cache_directory(settings: Settings, environ: Mapping[str, str]) -> Path:
     return Path.home() / ".cache" / "tfd"
 
 
-def model_directory(settings: Settings, environ: Mapping[str, str]) -> Path:
+def model_directory(settings: Settings, environ: Mapping[str, str], device: torch.device | None = None
+                    ) -> tuple[Path, Shape | None]:
+    """TF_MODEL; else TF_SHAPE written as a directory without weights (cut to fit ``device``), with
+    its shape; else the demo TF_DEMO, built at first use."""
     explicit = settings.optional("TF_MODEL", str)
     if explicit:
-        return Path(explicit)
-    return build_demo(settings.value("TF_DEMO", str), cache_directory(settings, environ))
+        return Path(explicit), None
+    preset = settings.optional("TF_SHAPE", str)
+    if preset is not None:
+        shape = fit(preset, weight_budget(device or torch.device("cpu")))
+        return write_shape(shape, cache_directory(settings, environ)), shape
+    return build_demo(settings.value("TF_DEMO", str), cache_directory(settings, environ)), None
 
 
 @attrs.frozen
@@ -54,6 +63,8 @@ class Loaded:
     template: ChatTemplate | None
     eos_ids: tuple[int, ...]
     seconds: float
+    shape: Shape | None = None  # TF_SHAPE: a released model's shape, its weights random
+    random_weights: bool = False
 
 
 def load(settings: Settings, environ: Mapping[str, str], device: torch.device,
@@ -65,14 +76,22 @@ def load(settings: Settings, environ: Mapping[str, str], device: torch.device,
     ``SettingsRefused`` for a bad row of the checkpoint's family.
     """
     began = time.monotonic()
-    path = model_directory(settings, environ)
+    path, shape = model_directory(settings, environ, device)
+    if shape is not None:
+        random_weights = True
+        if shape.cut:
+            log.warning("shape %s", shape.cut)
     config = read_config(path)
     settings = settings.check_family(config.family)
     name = settings.value("TF_DTYPE", str)
     dtype = default_dtype(device) if name == "auto" else DTYPES[name]
     if random_weights:
-        model = HybridModel.random(config.family, config.text, dtype=dtype, device=device)
+        head = int(config.text.get("mtp_num_hidden_layers", 0) or 0) > 0  # type: ignore[call-overload]
+        model = HybridModel.random(config.family, config.text, dtype=dtype, device=device, head=head)
         checkpoint = None
+        log.warning("the weights of %s are RANDOM (%s): its replies are noise, for measuring the server",
+                    shape.name if shape is not None else path, "TF_SHAPE" if shape is not None
+                    else "--random-weights")
     else:
         checkpoint = Checkpoint.open(path)
         model = load_model(checkpoint, device, dtype)
@@ -84,4 +103,4 @@ def load(settings: Settings, environ: Mapping[str, str], device: torch.device,
         raise CheckpointError(f"{tokenizer_path}: missing; the checkpoint has no tokenizer")
     eos = checkpoint.eos_ids if checkpoint is not None else model.cfg.eos
     return Loaded(path, config.family, model, settings, tokenizers.Tokenizer.from_file(str(tokenizer_path)),
-                  find_chat_template(path), eos, seconds)
+                  find_chat_template(path), eos, seconds, shape, random_weights)

@@ -18,6 +18,10 @@ TABLE = Table.load()
     ({"TF_KV_PAGES": "0"}, "qwen3_5_moe", PoolConfig(PAGE_ROWS_WHEN_OFF, Mode.ONE_RUN, None)),
     ({"TF_KV_PAGES": "128", "TF_CUDA_MEMORY_LIMIT_GB": "1.5"}, "qwen3_5",
      PoolConfig(128, Mode.PIECES, int(1.5 * GIB))),
+    ({"TF_POOL_GIB": "2", "TF_CUDA_MEMORY_LIMIT_GB": "40"}, "qwen3_5",
+     PoolConfig(256, Mode.PIECES, 40 * GIB, 2 * GIB)),
+    ({"TF_POOL_GIB": "0.001", "TF_KV_PAGES": "0"}, "qwen3_next",
+     PoolConfig(PAGE_ROWS_WHEN_OFF, Mode.ONE_RUN, None, int(0.001 * GIB))),
     # Flash Next's own rows win for Flash Next and only for it.
     ({"TF_FLASHNEXT_KV_PAGES": "512", "TF_FLASHNEXT_STATE_PAGES": "0"}, "qwen4_exp",
      PoolConfig(512, Mode.STATE_RUN, None)),

@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tfd.pool.device_plan import GIB, DevicePlan
 from tfd.pool.errors import Leak, LeaseFinished, NoRun, OverPromise, PoolError, PoolShort
 from tfd.pool.layout import Layout, Mode, RowPart
 from tfd.pool.pages import Pool
@@ -314,11 +315,24 @@ def test_the_load_report() -> None:
         "window": 80, "pieces_a_lane": 3, "piece_bytes_a_lane": 1400, "state_pages_a_lane": 2,
         "row_pages_a_lane": 5, "pages_a_lane": 7, "padding_bytes": 648, "padding_percent": 31.64,
         "fixed_bytes_a_lane": 3000, "outside": ("wide",), "lane_slots": 9, "lanes_that_fit": 9,
+        "pool_bytes": 71 * 1024, "device": None,
     }
     assert report.line() == (
-        "pool: 70 pages of 16 rows, 0.00 MiB each (pieces); a lane of 80 tokens: 3 pieces (0.00 MiB) "
-        "on 2 pages, padding 0.00 MiB (31.64 %), plus 5 row pages = 7 pages; 0.00 MiB a lane "
+        "pool: 6.77e-05 GiB, 70 pages of 16 rows, 0.00 MiB each (pieces); a lane of 80 tokens: 3 pieces "
+        "(0.00 MiB) on 2 pages, padding 0.00 MiB (31.64 %), plus 5 row pages = 7 pages; 0.00 MiB a lane "
         "outside the pool (wide); 9 lanes fit")
+
+
+def test_the_load_report_on_a_gpu_says_what_went_where() -> None:
+    pool = Pool.for_limit(layout(), 100_000, 5 * ROWS)
+    plan = DevicePlan(40 * GIB, 139 * GIB, 18 * GIB, GIB // 2, GIB // 4, GIB, 2048)
+    report = LoadReport.of(pool, 5 * ROWS, plan)
+    assert report.line().endswith("; device: 40.00 GiB planned: weights 18.00, activations 0.50, graphs "
+                                  "0.25, runtime 0.00, reserve 1.00, pool 0.00 GiB")
+    measured = report.measured(engine_bytes_measured=GIB, free_after_warm_up_bytes=2 * GIB)
+    assert measured.as_dict()["device"] == {**plan.as_dict(), "engine_bytes_measured": GIB,
+                                            "free_after_warm_up_bytes": 2 * GIB}
+    assert report.device == plan.as_dict()  # a report is a value: measured() makes another
 
 
 OPERATIONS = st.lists(st.tuples(st.sampled_from(["promise", "open", "take", "finish", "hold", "release"]),

@@ -24,11 +24,16 @@ def test_a_parallel_or_context_that_does_not_fit_is_refused_naming_what_fits() -
                         TF_ADMIN_SOCKET=tempfile.mktemp(dir="/tmp"))
     done = run_tfd("serve", env={**env, "TF_PARALLEL": "4000"}, timeout=120)
     assert done.returncode == 2, done.stderr
-    assert re.search(r"TF_PARALLEL=4000: \d+ lanes of 4096 tokens fit TF_POOL_GIB=0.01", done.stderr)
+    assert re.search(r"TF_PARALLEL=4000: \d+ lanes of 4096 tokens fit the pool's 0.01 GiB "
+                     r"\(TF_POOL_GIB=0.01\)", done.stderr)
     done = run_tfd("serve", env={**env, "TF_CONTEXT": "4000000"}, timeout=120)
     assert done.returncode == 2, done.stderr
     assert "TF_CONTEXT=4000000: one lane of 4000000 tokens needs" in done.stderr
-    assert "TF_POOL_GIB=0.01 holds none" in done.stderr
+    assert "the pool's 0.01 GiB (TF_POOL_GIB=0.01) holds none" in done.stderr
+    del env["TF_POOL_GIB"]  # the CPU's default pool, named as such
+    done = run_tfd("serve", env={**env, "TF_CONTEXT": "4000000"}, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "the pool's 0.25 GiB (TF_POOL_GIB's CPU default 0.25) holds none" in done.stderr
 
 
 def test_ready_comes_after_loading_and_a_warm_up(tmp_path: Path) -> None:
@@ -38,7 +43,7 @@ def test_ready_comes_after_loading_and_a_warm_up(tmp_path: Path) -> None:
                  "STATUS=warming up", "READY=1")
         order = [next(i for i, f in enumerate(fields) if f.startswith(step)) for step in steps]
         assert order == sorted(order)
-        assert "warm-up step done" in daemon.log()
+        assert "warm-up (short): 1 requests in " in daemon.log()
         health = daemon.get("/health").json()
         assert health["state"] == "ready" and health["model"] == "qwen3_5-served"
 

@@ -21,7 +21,6 @@ from tfd.bench.gemm import compare as compare_gemm
 from tfd.bench.gemm import weight_shapes
 from tfd.bench.main import bench, commit, compare_hf, measure_ceilings, random_model, run_name, summary, write
 from tfd.bench.profile import profiles
-from tfd.bench.shapes import weight_bytes
 from tfd.bench.variants import compare as compare_variants
 from tfd.bench.workload import Workload
 from tfd.checkpoint import CheckpointError, read_config
@@ -29,6 +28,7 @@ from tfd.cli import EXIT_FAILURE
 from tfd.engine.runner import Drafting
 from tfd.env import Settings
 from tfd.models import load
+from tfd.shapes import weight_bytes
 from tfd.train.corpus import Corpus
 
 
@@ -36,8 +36,9 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     """``tfd bench`` with its parsed ``args`` and the environment's ``settings``: the exit status."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        if args.shape:
-            model, shape = random_model(args.shape, device, head=any(args.drafts))
+        preset = settings.optional("TF_SHAPE", str)
+        if preset is not None:
+            model, shape = random_model(preset, device, head=any(args.drafts))
             name, size, config = shape.name, shape.weight_bytes, shape.config
         else:
             loaded = load(settings, os.environ, device, args.random_weights)
@@ -54,7 +55,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         return conversation_bench(model, name, args, settings.value("TF_PROMPT_KEEP_GAIN", int))
     prompts = None
     if args.text:
-        if args.shape or args.random_weights:
+        if preset is not None or args.random_weights:
             print("tfd bench: --text needs a checkpoint's tokenizer and trained weights", file=sys.stderr)
             return EXIT_FAILURE
         prompts = text_prompts(loaded_path)

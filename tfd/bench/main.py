@@ -20,12 +20,11 @@ import torch
 
 from tfd.bench import roofline
 from tfd.bench.compare_hf import hf_model, run_hf
-from tfd.bench.shapes import Shape, fit
 from tfd.bench.workload import Timings, Workload, run
 from tfd.families.hybrid import HybridModel
+from tfd.shapes import Shape, fit, weight_budget
 
 log = logging.getLogger("tfd.bench")
-WEIGHT_SHARE = 0.7  # of device memory, for a shape's weights; the rest holds pool, graphs, scratch
 
 
 @attrs.frozen
@@ -47,9 +46,7 @@ def random_model(name: str, device: torch.device, seed: int = 0, head: bool = Fa
                  ) -> tuple[HybridModel, Shape]:
     """Shape ``name`` cut to fit this device, its weights drawn there; ``head`` adds an MTP head (its
     drafts are a random head's: they measure a round's cost, not acceptance)."""
-    budget = int(torch.cuda.get_device_properties(device).total_memory * WEIGHT_SHARE) \
-        if device.type == "cuda" else 8 * 2**30
-    shape = fit(name, budget)
+    shape = fit(name, weight_budget(device))
     if shape.cut:
         print(f"tfd bench: cut {shape.cut}")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -82,7 +82,7 @@ def soaked(client: Client, args: argparse.Namespace) -> int:
         print("tfd conformance: --soak needs --admin (the census and memory come from it)", file=sys.stderr)
         return 2
     try:
-        found = soak(client, args.soak, args.clients)
+        found = soak(client, args.soak, args.clients, requests=args.requests)
     except (OSError, ValueError) as error:
         print(f"tfd conformance: {args.url}: {error}", file=sys.stderr)
         return 1

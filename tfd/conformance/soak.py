@@ -1,6 +1,8 @@
-"""``tfd conformance --soak SECONDS --clients N``: a live server under a random mix, for a while.
+"""``tfd conformance --soak SECONDS --clients N [--requests R]``: a live server under a random mix.
 
-Each client, a thread of its own, sends request after request until the time is up: chat or text
+Each client, a thread of its own, sends request after request until the time is up, or until it has
+sent its share of ``R`` requests (the clients share them out evenly, so the mix is the same
+whatever the machine's speed: the suite's soak is bounded by requests, a deployment's by time): chat or text
 completion, prompts of random length, random sampling (greedy, seeded, top-p/top-k cuts), drafts
 on or off, the prompt cache used or bypassed, whole replies or streams, now and then a
 conversation's next turn (so states are resumed) and now and then a client that leaves mid-prefill
@@ -52,7 +54,7 @@ class Tally:
 
 @attrs.frozen
 class SoakReport:
-    seconds: float
+    seconds: float  # how long the clients ran
     clients: int
     requests: int
     tokens: int
@@ -87,28 +89,37 @@ def failed(kind: str) -> bool:
     return status >= 500 and "queue_full" not in kind
 
 
-def soak(client: Client, seconds: float, clients: int, seed: int = 0) -> SoakReport:
-    """Run the mix for ``seconds`` with ``clients`` threads; the census and memory at both ends."""
+def soak(client: Client, seconds: float, clients: int, seed: int = 0, requests: int | None = None
+         ) -> SoakReport:
+    """Run the mix for ``seconds`` with ``clients`` threads, each stopping sooner once it has sent
+    its share of ``requests`` (None: no bound); the census and memory at both ends."""
     at_start, memory_start = client.census(), client.admin("status")["memory"]
     tally = Tally()
-    deadline = time.monotonic() + seconds
+    began = time.monotonic()
+    deadline = began + seconds
+    shares = [None] * clients if requests is None else \
+        [requests // clients + (number < requests % clients) for number in range(clients)]
     with ThreadPoolExecutor(clients) as pool:
-        running = [pool.submit(_client, client, tally, deadline, random.Random(seed * 1000 + number))
-                   for number in range(clients)]
+        running = [pool.submit(_client, client, tally, deadline, random.Random(seed * 1000 + number), share)
+                   for number, share in enumerate(shares)]
         for one in running:
             one.result()  # a client's own fault (the kit's) is raised, not lost
+    took = time.monotonic() - began
     at_end = client.settled(at_start, SETTLE_S)
     leaks = {name: [at_start[name], at_end[name]] for name in at_start if at_end.get(name) != at_start[name]}
     answers = dict(tally.answers)
-    return SoakReport(seconds, clients, tally.requests, tally.tokens, tally.left, answers,
+    return SoakReport(took, clients, tally.requests, tally.tokens, tally.left, answers,
                       sum(n for kind, n in answers.items() if failed(kind)), leaks,
                       {"start": memory_start, "end": client.admin("status")["memory"]})
 
 
-def _client(client: Client, tally: Tally, deadline: float, draw: random.Random) -> None:
-    """One client's requests until ``deadline``; a conversation goes on from its last reply."""
+def _client(client: Client, tally: Tally, deadline: float, draw: random.Random, share: int | None) -> None:
+    """One client's requests until ``deadline`` or its ``share`` of requests; a conversation goes on
+    from its last reply."""
     history: list[dict[str, str]] = []
-    while time.monotonic() < deadline:
+    sent = 0
+    while time.monotonic() < deadline and (share is None or sent < share):
+        sent += 1
         path = draw.choice(ROUTES)
         body = _body(draw, path, history)
         try:

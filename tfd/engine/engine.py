@@ -96,6 +96,7 @@ class Engine:
                              kept_bytes=kept_bytes, keep_gain=keep_gain)
         self.stats = StepStats()
         self.failure: BaseException | None = None
+        self.last_step_error: Exception | None = None  # what the latest step that failed raised
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._lanes: dict[str, Lane] = {}  # engine thread
@@ -123,8 +124,10 @@ class Engine:
     def waiting(self) -> int:
         return self._queued
 
-    def submit(self, request: Request) -> Handle:
-        """Queue ``request``; raises ``EngineError`` for a window over the context or a full queue."""
+    def submit(self, request: Request, *, internal: bool = False) -> Handle:
+        """Queue ``request``; raises ``EngineError`` for a window over the context or a full queue.
+        ``internal``: the daemon's own work (warm-up, probes), which the clients' queue limit does not
+        bound (a limit of 0 means clients queue nothing, not that the daemon cannot start)."""
         if self.failure is not None:
             raise EngineError(503, "engine_failed", "the engine has stopped after an error")
         if request.window > self.limits.context:
@@ -133,7 +136,7 @@ class Engine:
                 f"This server's maximum context length is {self.limits.context} tokens. However, you "
                 f"requested {request.window} tokens ({len(request.prompt)} in the prompt, "
                 f"{request.max_tokens} in the completion).", "messages")
-        if self._queued >= self.limits.queue:
+        if self._queued >= self.limits.queue and not internal:
             raise EngineError(503, "queue_full",
                               f"{self._queued} requests are already waiting; try again later")
         if request.id in self._handles:
@@ -144,6 +147,10 @@ class Engine:
         self._queued += 1
         self._post("submit", request)
         return handle
+
+    def has(self, request_id: str) -> bool:
+        """Whether a request of this id was submitted and has not finished yet (trio thread)."""
+        return request_id in self._handles
 
     def cancel(self, request_id: str) -> None:
         """Stop a request at the next step boundary; its ``Finished("cancelled")`` still comes."""
@@ -227,6 +234,7 @@ class Engine:
             try:
                 drawn = self.runner.run(plan.works)
             except Exception as error:
+                self.last_step_error = error
                 log.exception("a step failed; failing its %d lanes", len(plan.works))
                 for work in plan.works:
                     self._end(work.lane, "failed", events, f"server error: {error}")

@@ -8,6 +8,7 @@ from tfd.env import Settings, family_scope
 from tfd.pool.layout import Mode
 
 GIB = 1 << 30
+CPU_POOL_BYTES = GIB // 4  # the pool on the CPU when TF_POOL_GIB is unset
 # With pages off a lane's rows and state are one run of pages of this many rows.
 PAGE_ROWS_WHEN_OFF = 256
 # Family scopes that have rows of their own for the pool: (rows per page, states as pieces).
@@ -19,7 +20,8 @@ CORE_ROWS = ("TF_KV_PAGES", "TF_STATE_PAGES")
 class PoolConfig:
     page_rows: int
     mode: Mode
-    memory_limit: int | None  # bytes; None: what the device has free
+    memory_limit: int | None  # bytes of a GPU tfd plans with (TF_CUDA_MEMORY_LIMIT_GB); None: what is free
+    size: int | None = None  # the pool's bytes (TF_POOL_GIB); None: the CPU default, or a GPU's plan
 
     @classmethod
     def from_settings(cls, settings: Settings, family: str) -> PoolConfig:
@@ -29,6 +31,8 @@ class PoolConfig:
         pieces = settings.value(pieces_name, bool)
         limit = settings.optional("TF_CUDA_MEMORY_LIMIT_GB", float)
         memory_limit = None if limit is None else int(limit * GIB)
+        pool = settings.optional("TF_POOL_GIB", float)
+        size = None if pool is None else int(pool * GIB)
         if rows == 0:
-            return cls(PAGE_ROWS_WHEN_OFF, Mode.ONE_RUN, memory_limit)
-        return cls(rows, Mode.PIECES if pieces else Mode.STATE_RUN, memory_limit)
+            return cls(PAGE_ROWS_WHEN_OFF, Mode.ONE_RUN, memory_limit, size)
+        return cls(rows, Mode.PIECES if pieces else Mode.STATE_RUN, memory_limit, size)

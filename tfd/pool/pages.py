@@ -24,6 +24,10 @@ from tfd.pool.free import FreePages
 from tfd.pool.layout import Layout, Mode
 from tfd.pool.pieces import Piece, PieceMap, check
 
+# --parallel auto's most lanes: the largest decode graph (tfd.engine.graphs.BUCKETS); more lanes
+# would wait on each other's rows in every step for little more throughput.
+AUTO_LANES_MOST = 256
+
 TORCH_DTYPES: Mapping[str, torch.dtype] = {
     "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
     "float8_e4m3fn": torch.float8_e4m3fn, "int64": torch.int64, "int32": torch.int32,
@@ -94,11 +98,12 @@ class Pool:
                   mode: Mode = Mode.PIECES, device: torch.device | str = "cpu") -> Pool:
         """A pool filling ``memory_limit`` bytes, with lane slots for ``parallel`` lanes of ``window``.
 
-        ``parallel`` None is ``--parallel auto``: as many lanes as ``layout.plan`` fits. An explicit
+        ``parallel`` None is ``--parallel auto``: as many lanes as ``layout.plan`` fits, at most
+        ``AUTO_LANES_MOST``; the pages all lanes do not need are the prompt cache's. An explicit
         count that does not fit raises ``PoolShort`` naming what fits.
         """
         fits = layout.plan(window, memory_limit)
-        lanes = fits if parallel is None else parallel
+        lanes = min(fits, AUTO_LANES_MOST) if parallel is None else parallel
         if lanes > fits or lanes <= 0:
             raise PoolShort(f"{lanes} lanes of {window} tokens do not fit {memory_limit} bytes: "
                             f"{fits} fit, each needing {layout.lane_bytes(window)} bytes")

@@ -22,6 +22,8 @@ from hypercorn.trio import serve as serve_http
 
 from tfd import __version__
 from tfd.env import Settings
+from tfd.loading import LoadProgress, reporting
+from tfd.server.access import Access
 from tfd.server.admin import AdminError, Command, no_args, serve_admin, socket_path
 from tfd.server.http import build_app
 from tfd.server.lifecycle import Lifecycle, Phase
@@ -57,6 +59,7 @@ class Daemon:
         self._stop_http = trio.Event()
         self._http_done = trio.Event()
         self.service: Service | None = None
+        self.access = Access(settings.value("TF_ACCESS_LOG", bool))
 
     def notify(self, *fields: str) -> None:
         notify(*fields, environ=self.environ)
@@ -105,7 +108,8 @@ class Daemon:
     async def _load(self) -> None:
         """Weights, pool and engine, then one warm-up request; STATUS says which."""
         self.notify("STATUS=loading the model")
-        prepared = await trio.to_thread.run_sync(prepare, self.settings, self.environ)
+        with reporting(self._loading):  # heard in the worker thread, which gets a copy of this context
+            prepared = await trio.to_thread.run_sync(prepare, self.settings, self.environ)
         heartbeat = Heartbeat("engine", ENGINE_STALL_S)
         self.notify("STATUS=building the engine")
         # the engine's runner captures CUDA graphs as it is built: seconds, off the trio thread
@@ -123,6 +127,9 @@ class Daemon:
         await service.warm_up()
         if await service.learn(self.environ) is not None and engine.runner.learned is not None:
             self.metrics.watch_learned(engine.runner.learned.store.counts)
+
+    def _loading(self, progress: LoadProgress) -> None:
+        self.notify(f"STATUS=loading weights: {progress.line()}")  # a datagram: safe from the loader's thread
 
     def _engine_failed(self, error: BaseException) -> None:
         log.error("the engine failed (%s): draining, then exiting with status 1", error)
@@ -160,12 +167,12 @@ class Daemon:
             port = self.settings.value("TF_PORT", int)
             config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
         config.errorlog = logging.getLogger("tfd.http")
-        config.accesslog = None
+        config.accesslog = None  # tfd.access writes the lines: ids, tokens and times hypercorn cannot see
         config.graceful_timeout = HTTP_GRACE_S
         keys = self.settings.optional("TF_API_KEYS", tuple) or ()
         # starlette's and hypercorn's ASGI type aliases differ; the protocol is the same.
-        openai = OpenAI(self.lifecycle, self.metrics, lambda: self.service)
-        app: Any = build_app(self.lifecycle, self.metrics, keys, openai.routes(), self._health)
+        openai = OpenAI(self.lifecycle, self.metrics, lambda: self.service, self.access)
+        app: Any = build_app(self.lifecycle, self.metrics, keys, openai.routes(), self._health, self.access)
         try:
             await serve_http(app, config, shutdown_trigger=self._stop_http.wait,
                              task_status=task_status)

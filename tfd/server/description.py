@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from tfd import __version__
+from tfd.server.access import CLIENT_ID, HEADER
 from tfd.server.schema import (
     COMPLETION_LOGPROBS,
     INTEGERS,
@@ -144,12 +145,21 @@ GENERATING = (400, 401, 404, 413, 503)
 def description(vocab: int | None = None) -> dict[str, Any]:
     """The whole OpenAPI document; ``vocab`` bounds token ids (the served model's)."""
     def generated(kind: str, schema: dict[str, Any]) -> dict[str, Any]:
-        return {"requestBody": {"required": True, "content": {JSON: {"schema": schema}}},
-                "responses": _answers({"description": f"A {kind} (JSON), or server-sent events when "
-                                                      "stream is true.",
-                                       "content": {JSON: {"schema": {"type": "object"}},
-                                                   "text/event-stream": {"schema": {"type": "string"}}}},
-                                      *GENERATING)}
+        responses = _answers({"description": f"A {kind} (JSON), or server-sent events when stream is true.",
+                              "content": {JSON: {"schema": {"type": "object"}},
+                                          "text/event-stream": {"schema": {"type": "string"}}}}, *GENERATING)
+        id_header = {"description": "The request's id: the reply's id, what admin lanes shows and cancel "
+                                    "takes (absent on a refusal before it got one: no API key, or a "
+                                    "malformed x-request-id).",
+                     "schema": {"type": "string"}}
+        for response in responses.values():
+            response["headers"] = {HEADER: id_header}
+        client_id = {"name": HEADER, "in": "header", "required": False,
+                     "description": "The base of the request's id (chatcmpl-ID, cmpl-ID; -2, -3... while "
+                                    "one of that id still runs); another form is refused 400.",
+                     "schema": {"type": "string", "pattern": f"^{CLIENT_ID.pattern}$"}}
+        body = {"required": True, "content": {JSON: {"schema": schema}}}
+        return {"parameters": [client_id], "requestBody": body, "responses": responses}
 
     json_ok = {"description": "OK", "content": {JSON: {"schema": {"type": "object"}}}}
     text = {"description": "Prometheus text.", "content": {"text/plain": {"schema": {"type": "string"}}}}

@@ -1,8 +1,10 @@
-"""The HTTP application: /health, /metrics, API keys, JSON errors and request counters.
+"""The HTTP application: /health, /metrics, API keys, JSON errors, request counters, the access log.
 
 ``build_app`` returns an ASGI app for hypercorn. Every answer, errors included, is JSON in OpenAI's
 error shape (``{"error": {"message", "type", "param", "code"}}``) except /metrics, which is
-Prometheus text. /health stays open when API keys are set; every other route needs a key.
+Prometheus text. /health stays open when API keys are set; every other route needs a key. Every
+request gets an access line when it ends (``tfd.server.access``); an answer to a request that got
+an id carries it in ``x-request-id``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tfd import __version__
+from tfd.server.access import HEADER, Access, exchange_of, logged_path
 from tfd.server.lifecycle import Lifecycle, Phase
 from tfd.server.metrics import CONTENT_TYPE, Metrics
 
@@ -41,9 +44,11 @@ def error_response(status: int, message: str, code: str, *, param: str | None = 
 
 def build_app(lifecycle: Lifecycle, metrics: Metrics, api_keys: Sequence[str] = (),
               routes: Iterable[BaseRoute] = (),
-              details: Callable[[], Mapping[str, object]] | None = None) -> ASGIApp:
-    """The ASGI app: our routes plus ``routes``, behind the key check and the counters.
-    ``details`` adds to /health's body (the model, its lanes)."""
+              details: Callable[[], Mapping[str, object]] | None = None,
+              access: Access | None = None) -> ASGIApp:
+    """The ASGI app: our routes plus ``routes``, behind the key check, the counters and the access
+    log (``access``: the routes' own, to share its ids; None: a fresh one). ``details`` adds to
+    /health's body (the model, its lanes)."""
 
     async def health(request: Request) -> JSONResponse:
         body: dict[str, object] = {"state": lifecycle.phase.value, "uptime_s": round(lifecycle.uptime, 3),
@@ -58,6 +63,8 @@ def build_app(lifecycle: Lifecycle, metrics: Metrics, api_keys: Sequence[str] = 
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
+        exchange_of(request).error = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code,
+                                                                                         "http_error")
         if exc.status_code == 404:
             return error_response(404, f"no route {request.url.path}", "not_found")
         if exc.status_code == 405:
@@ -68,6 +75,7 @@ def build_app(lifecycle: Lifecycle, metrics: Metrics, api_keys: Sequence[str] = 
     async def internal_error(request: Request, exc: Exception) -> Response:
         # the answer is JSON too; the traceback goes to the log (starlette raises it on after this)
         log.error("%s %s failed: %r", request.method, request.url.path, exc)
+        exchange_of(request).error = "internal_error"
         return error_response(500, f"internal error ({type(exc).__name__}); the server's log has the details",
                               "internal_error")
 
@@ -76,17 +84,20 @@ def build_app(lifecycle: Lifecycle, metrics: Metrics, api_keys: Sequence[str] = 
     app = Starlette(routes=all_routes,
                     exception_handlers={HTTPException: http_error, Exception: internal_error})
     paths = frozenset(route.path for route in all_routes if isinstance(route, Route))
-    return Gate(app, metrics, api_keys, paths)
+    return Gate(app, metrics, api_keys, paths, access if access is not None else Access())
 
 
 class Gate:
-    """ASGI middleware: refuses callers without a key, counts and times every answer."""
+    """ASGI middleware: refuses callers without a key, counts and times every answer, adds the
+    request id header, and closes each request's access line once its app returned (a stream's
+    generator has ended by then: it runs inside the app)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, api_keys: Sequence[str],
-                 paths: frozenset[str]) -> None:
+                 paths: frozenset[str], access: Access) -> None:
         self.app = app
         self.metrics = metrics
         self.paths = paths
+        self.access = access
         # Compare digests, in constant time, so neither length nor prefix of a key leaks.
         self.digests = tuple(hashlib.sha256(key.encode()).digest() for key in api_keys)
 
@@ -99,17 +110,22 @@ class Gate:
         method = scope["method"] if scope["method"] in _METHODS else "other"
         status = 500
         started = time.perf_counter()
+        scope, exchange = self.access.open(scope, path if path in self.paths else logged_path(scope))
 
         async def counted_send(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status = exchange.status = message["status"]
+                if exchange.id is not None:
+                    message = {**message, "headers": [*message.get("headers", ()),
+                                                      (HEADER.encode(), exchange.id.encode())]}
             await send(message)
 
         self.metrics.in_flight.inc()
         try:
             if self.digests and path not in OPEN_PATHS and not self._authorized(scope):
                 self.metrics.refused.labels("api_key").inc()
+                exchange.error = "invalid_api_key"
                 answer = error_response(401, "a valid API key is required (Authorization: Bearer KEY)",
                                         "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
                 await answer(scope, receive, counted_send)
@@ -119,6 +135,7 @@ class Gate:
             self.metrics.in_flight.dec()
             self.metrics.requests.labels(route, method, str(status)).inc()
             self.metrics.latency.labels(route).observe(time.perf_counter() - started)
+            self.access.close(exchange)
 
     def _authorized(self, scope: Scope) -> bool:
         header = dict(scope["headers"]).get(b"authorization", b"")

@@ -6,18 +6,22 @@ queue, a draining server) is an HTTP error before any stream byte. A streamed re
 events: the role, the text deltas, the last chunk with ``finish_reason``, usage and the ``tfd``
 block, then ``[DONE]``.
 
+A generating request gets its id first (``tfd.server.access``: the client's ``x-request-id`` as the
+base, else a fresh one), so every answer of these routes but a malformed id's refusal carries it;
+the id is the engine's, the reply's and the access line's. The route feeds the engine's events to
+its access line (tokens, time to first token, finish) and names the code of any refusal.
+
 Resource handling: a request counts as running work (``Lifecycle``) from submission to its last
 byte, so a drain waits for it. A client that goes away cancels its request: a stream's generator
 is cancelled by starlette when the client disconnects, and a whole reply watches the connection
-while it waits; either way the engine stops the lane at its next step boundary.
+while it waits; either way the engine stops the lane at its next step boundary, and the access
+line's finish says ``disconnected``.
 """
 
 from __future__ import annotations
 
 import json
-import time
-import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -28,6 +32,7 @@ from starlette.routing import Route
 from tfd.chat import ChatTemplateError
 from tfd.engine.engine import EngineError, Handle
 from tfd.engine.request import Emitted, Finished, Request
+from tfd.server.access import HEADER, Access, Exchange, exchange_of
 from tfd.server.description import description
 from tfd.server.http import error_response
 from tfd.server.lifecycle import Lifecycle, NotAdmitting
@@ -38,13 +43,17 @@ from tfd.server.service import Service
 
 RETRY_AFTER_S = "2"
 MAX_BODY = 32 << 20
+# What a generating route's body gives: the prompt's token ids, the common fields, the keep marks.
+Prompt = tuple[tuple[int, ...], Common, tuple[int, ...]]
 
 
 class OpenAI:
-    def __init__(self, lifecycle: Lifecycle, metrics: Metrics, service: Callable[[], Service | None]) -> None:
+    def __init__(self, lifecycle: Lifecycle, metrics: Metrics, service: Callable[[], Service | None],
+                 access: Access | None = None) -> None:
         self.lifecycle = lifecycle
         self.metrics = metrics
         self.service = service
+        self.access = access if access is not None else Access()
         self._description: dict[str, Any] | None = None
 
     def routes(self) -> list[Route]:
@@ -66,44 +75,53 @@ class OpenAI:
         return JSONResponse(self._description)
 
     async def chat(self, request: HttpRequest) -> Response:
-        try:
-            service = self._ready()
-            body = chat_body(await _json(request))
-            self._check_model(service, body.common.model)
-            template = service.loaded.template
-            if template is None:
-                raise BadRequest("this model has no chat template; use /v1/completions", "messages")
-            try:
-                text = template.render(list(body.messages), add_generation_prompt=True,
-                                       **body.template_kwargs)
-            except ChatTemplateError as error:
-                raise BadRequest(f"the chat template refused the messages: {error.message}",
-                                 "messages") from None
-            ids = tuple(service.loaded.tokenizer.encode(text, add_special_tokens=False).ids)
-            marks = _latest_user_mark(service, body.messages, body.template_kwargs, ids)
-            return await self._generate(request, service, "chat", ids, body.common, marks)
-        except _Refusal as refusal:
-            return refusal.response
-        except BadRequest as error:
-            return error_response(400, str(error), error.code, param=error.param)
+        return await self._answer(request, "chat", self._chat_prompt)
 
     async def completions(self, request: HttpRequest) -> Response:
+        return await self._answer(request, "completion", self._completion_prompt)
+
+    async def _answer(self, http: HttpRequest, api: Api,
+                      prompt: Callable[[HttpRequest, Service], Awaitable[Prompt]]) -> Response:
+        """A generating route: the request's id first, then ``prompt`` read from the body and run;
+        a refusal answers its error, its code noted for the access line."""
+        exchange = exchange_of(http)
         try:
+            current = self.service()
+            self.access.assign(exchange, api, http.headers.get(HEADER),
+                               lambda found: current is not None and current.engine.has(found))
             service = self._ready()
-            body = completion_body(await _json(request))
-            self._check_model(service, body.common.model)
-            if isinstance(body.prompt, str):
-                ids = tuple(service.loaded.tokenizer.encode(body.prompt, add_special_tokens=False).ids)
-            else:
-                vocab = service.loaded.model.cfg.vocab
-                if max(body.prompt) >= vocab:
-                    raise BadRequest(f"prompt holds token ids past the vocabulary of {vocab}", "prompt")
-                ids = body.prompt
-            return await self._generate(request, service, "completion", ids, body.common)
+            ids, common, marks = await prompt(http, service)
+            return await self._generate(http, exchange, service, api, ids, common, marks)
         except _Refusal as refusal:
+            exchange.error = refusal.code
             return refusal.response
         except BadRequest as error:
+            exchange.error = error.code
             return error_response(400, str(error), error.code, param=error.param)
+
+    async def _chat_prompt(self, http: HttpRequest, service: Service) -> Prompt:
+        body = chat_body(await _json(http))
+        self._check_model(service, body.common.model)
+        template = service.loaded.template
+        if template is None:
+            raise BadRequest("this model has no chat template; use /v1/completions", "messages")
+        try:
+            text = template.render(list(body.messages), add_generation_prompt=True, **body.template_kwargs)
+        except ChatTemplateError as error:
+            raise BadRequest(f"the chat template refused the messages: {error.message}", "messages") from None
+        ids = tuple(service.loaded.tokenizer.encode(text, add_special_tokens=False).ids)
+        return ids, body.common, _latest_user_mark(service, body.messages, body.template_kwargs, ids)
+
+    async def _completion_prompt(self, http: HttpRequest, service: Service) -> Prompt:
+        body = completion_body(await _json(http))
+        self._check_model(service, body.common.model)
+        if isinstance(body.prompt, str):
+            ids = tuple(service.loaded.tokenizer.encode(body.prompt, add_special_tokens=False).ids)
+            return ids, body.common, ()
+        vocab = service.loaded.model.cfg.vocab
+        if max(body.prompt) >= vocab:
+            raise BadRequest(f"prompt holds token ids past the vocabulary of {vocab}", "prompt")
+        return body.prompt, body.common, ()
 
     async def models(self, request: HttpRequest) -> Response:
         try:
@@ -112,9 +130,16 @@ class OpenAI:
             return refusal.response
         except BadRequest as error:
             return error_response(400, str(error), error.code, param=error.param)
-        return JSONResponse({"object": "list", "data": [{
-            "id": service.name, "object": "model", "created": int(self.lifecycle.started_wall),
-            "owned_by": "tfd", "max_model_len": service.engine.limits.context}]})
+        entry: dict[str, object] = {"id": service.name, "object": "model",
+                                    "created": int(self.lifecycle.started_wall), "owned_by": "tfd",
+                                    "max_model_len": service.engine.limits.context}
+        loaded = service.loaded
+        if loaded.random_weights:  # said where a client looks: its replies are noise
+            entry["random_weights"] = True
+            if loaded.shape is not None:
+                entry["shape"] = loaded.shape.name
+                entry["cut"] = loaded.shape.cut
+        return JSONResponse({"object": "list", "data": [entry]})
 
     async def tokenize(self, request: HttpRequest) -> Response:
         try:
@@ -162,31 +187,33 @@ class OpenAI:
         service = self.service()
         if service is None or not self.lifecycle.admitting:
             state = self.lifecycle.phase.value
-            raise _Refusal(error_response(503, f"the server is {state}; try again later", state,
-                                          headers={"Retry-After": RETRY_AFTER_S}))
+            raise _Refusal(503, f"the server is {state}; try again later", state,
+                           headers={"Retry-After": RETRY_AFTER_S})
         return service
 
     @staticmethod
     def _check_model(service: Service, model: str | None) -> None:
         if model is not None and model != service.name:
-            raise _Refusal(error_response(404, f"the model {model} does not exist; this server serves "
-                                          f"{service.name}", "model_not_found", param="model"))
+            raise _Refusal(404, f"the model {model} does not exist; this server serves {service.name}",
+                           "model_not_found", param="model")
 
-    async def _generate(self, http: HttpRequest, service: Service, api: Api, ids: tuple[int, ...],
-                        common: Common, marks: tuple[int, ...] = ()) -> Response:
+    async def _generate(self, http: HttpRequest, exchange: Exchange, service: Service, api: Api,
+                        ids: tuple[int, ...], common: Common, marks: tuple[int, ...] = ()) -> Response:
         if not ids:
             raise BadRequest("the prompt has no tokens", "prompt" if api == "completion" else "messages")
+        assert exchange.id is not None  # _answer gave it
+        exchange.prompt = len(ids)
         context = service.engine.limits.context
         max_tokens = common.max_tokens if common.max_tokens is not None else max(context - len(ids), 1)
         stop_ids = () if common.ignore_eos else service.loaded.eos_ids
-        request = Request(f"{api}-{uuid.uuid4().hex}", ids, max_tokens, common.sampling, common.stop,
-                          stop_ids, arrived=time.monotonic(), draft=common.draft, keep_at=marks,
-                          cache=common.cache)
+        # arrived is when the HTTP request came: the time to first token counts reading and tokenizing
+        request = Request(exchange.id, ids, max_tokens, common.sampling, common.stop, stop_ids,
+                          arrived=exchange.started, draft=common.draft, keep_at=marks, cache=common.cache)
         try:
             self.lifecycle.begin_work()
         except NotAdmitting as refusal:
-            raise _Refusal(error_response(503, str(refusal), refusal.phase.value,
-                                          headers={"Retry-After": RETRY_AFTER_S})) from None
+            raise _Refusal(503, str(refusal), refusal.phase.value,
+                           headers={"Retry-After": RETRY_AFTER_S}) from None
         try:
             handle = service.engine.submit(request)
         except EngineError as error:
@@ -194,36 +221,43 @@ class OpenAI:
             headers = {"Retry-After": RETRY_AFTER_S} if error.status == 503 else None
             if error.param == "messages" and api == "completion":
                 error.param = "prompt"
-            raise _Refusal(error_response(error.status, str(error), error.code, param=error.param,
-                                          headers=headers)) from None
-        reply = Reply(api, service.name, ids, service.loaded.tokenizer, common.return_token_ids)
+            raise _Refusal(error.status, str(error), error.code, param=error.param, headers=headers) from None
+        reply = Reply(api, exchange.id, service.name, ids, service.loaded.tokenizer, common.return_token_ids)
         if common.stream:
-            return StreamingResponse(self._stream(service, handle, reply, common.include_usage),
+            return StreamingResponse(self._stream(service, handle, reply, exchange, common.include_usage),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         try:
-            finished = await self._collect(http, service, handle, reply)
+            finished = await self._collect(http, service, handle, reply, exchange)
         finally:
             self.lifecycle.end_work()
         if finished.reason == "failed":
+            exchange.error = "server_error"
             return error_response(500, finished.message or "the request failed", "server_error")
         return JSONResponse(reply.whole(finished))
 
-    async def _collect(self, http: HttpRequest, service: Service, handle: Handle, reply: Reply) -> Finished:
+    async def _collect(self, http: HttpRequest, service: Service, handle: Handle, reply: Reply,
+                       exchange: Exchange) -> Finished:
         """The whole reply; a client that disconnects meanwhile cancels the request."""
+        left = False
 
-        async def watch(cancel: trio.CancelScope) -> None:
+        async def watch() -> None:
+            nonlocal left
             while (await http.receive())["type"] != "http.disconnect":
                 pass
+            left = True
             service.engine.cancel(handle.request.id)
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch, nursery.cancel_scope)
-            finished = await self._events(handle, reply)
+            nursery.start_soon(watch)
+            finished = await self._events(handle, reply, exchange)
             nursery.cancel_scope.cancel()
+        if left and finished.reason == "cancelled":
+            exchange.finish = "disconnected"
         return finished
 
-    async def _events(self, handle: Handle, reply: Reply) -> Finished:
+    async def _events(self, handle: Handle, reply: Reply, exchange: Exchange) -> Finished:
         async for event in handle.events:
+            exchange.saw(event)
             if isinstance(event, Emitted):
                 reply.add(event)
             elif isinstance(event, Finished):
@@ -231,12 +265,13 @@ class OpenAI:
                 return event
         raise RuntimeError("the engine closed a request without finishing it")
 
-    async def _stream(self, service: Service, handle: Handle, reply: Reply, include_usage: bool
-                      ) -> AsyncIterator[bytes]:
+    async def _stream(self, service: Service, handle: Handle, reply: Reply, exchange: Exchange,
+                      include_usage: bool) -> AsyncIterator[bytes]:
         done = False
         try:
             yield sse(reply.first_chunk())
             async for event in handle.events:
+                exchange.saw(event)
                 if isinstance(event, Emitted):
                     if event.text or event.logprobs or reply.return_token_ids:
                         yield sse(reply.delta_chunk(event))
@@ -254,6 +289,7 @@ class OpenAI:
         finally:
             if not done:  # the client went away, or the server is stopping: free the lane
                 service.engine.cancel(handle.request.id)
+                exchange.finish = "disconnected"
             self.lifecycle.end_work()
 
     def _count(self, finished: Finished) -> None:
@@ -267,8 +303,12 @@ class OpenAI:
 
 
 class _Refusal(Exception):
-    def __init__(self, response: Response) -> None:
-        self.response = response
+    """A refusal before any reply byte: its error answer, and the code the access line names."""
+
+    def __init__(self, status: int, message: str, code: str, *, param: str | None = None,
+                 headers: Mapping[str, str] | None = None) -> None:
+        self.code = code
+        self.response = error_response(status, message, code, param=param, headers=headers)
 
 
 async def _json(request: HttpRequest) -> Any:
@@ -276,7 +316,7 @@ async def _json(request: HttpRequest) -> Any:
     async for piece in request.stream():
         body += piece
         if len(body) > MAX_BODY:  # stop reading: a prompt this large is no prompt
-            raise _Refusal(error_response(413, f"the body is over {MAX_BODY >> 20} MiB", "body_too_large"))
+            raise _Refusal(413, f"the body is over {MAX_BODY >> 20} MiB", "body_too_large")
     try:
         return json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:

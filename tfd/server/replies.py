@@ -1,15 +1,15 @@
 """OpenAI reply objects, built from the engine's events: whole replies and stream chunks.
 
 One ``Reply`` follows one request: it keeps the text and tokens so far and writes the JSON the
-chat or completions API gives, with ``usage`` and the ``tfd`` block (``token_sha`` of the reply's
-token ids, draft counts, time to first token).
+chat or completions API gives under the request's id (``tfd.server.access``: the engine's too),
+with ``usage`` and the ``tfd`` block (``token_sha`` of the reply's token ids, draft counts, time to
+first token).
 """
 
 from __future__ import annotations
 
 import json
 import time
-import uuid
 from typing import Any, Literal
 
 import tokenizers
@@ -25,14 +25,14 @@ def sse(payload: dict[str, Any] | str) -> bytes:
 
 
 class Reply:
-    def __init__(self, api: Api, model: str, prompt: tuple[int, ...], tokenizer: tokenizers.Tokenizer,
-                 return_token_ids: bool) -> None:
+    def __init__(self, api: Api, request_id: str, model: str, prompt: tuple[int, ...],
+                 tokenizer: tokenizers.Tokenizer, return_token_ids: bool) -> None:
         self.api = api
+        self.id = request_id
         self.model = model
         self.prompt = prompt
         self.tokenizer = tokenizer
         self.return_token_ids = return_token_ids
-        self.id = ("chatcmpl-" if api == "chat" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.text: list[str] = []
         self.logprobs: list[TokenLogprob] = []

@@ -7,11 +7,12 @@ the engine and checks that the pool's census is back at load before the daemon s
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import resource
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import attrs
@@ -27,19 +28,26 @@ from tfd.env import Settings, SettingsRefused
 from tfd.families.hybrid import HybridModel
 from tfd.model import GDN_CHUNK as CHUNK
 from tfd.models import Loaded, load
-from tfd.pool.config import GIB, PoolConfig
+from tfd.pool.config import CPU_POOL_BYTES, GIB, PoolConfig
+from tfd.pool.device_plan import DevicePlan, DeviceTooSmall
 from tfd.pool.errors import PoolShort
-from tfd.pool.pages import Pool
+from tfd.pool.pages import AUTO_LANES_MOST, Pool
 from tfd.pool.report import LoadReport
+from tfd.server.device_memory import free_at_load, plan_device
 from tfd.server.systemd import Heartbeat
+from tfd.server.warm_up import short, warm_up, waves
 from tfd.store.identity import PROBE_TOKENS, facts, identity, probe_prompt
 from tfd.store.learned import Learned, state_digest
 from tfd.store.store import Store
+from tfd_kernels.runtime import compiled_variants, watch_compiles
 
 log = logging.getLogger("tfd.service")
 # A step longer than this means the engine is stuck: the watchdog stops pinging.
 ENGINE_STALL_S = 120.0
 PROBE_AT = (PROBE_TOKENS - 1) // CHUNK * CHUNK  # where the identity probe's state is kept
+GPU_STEP_TOKENS, CPU_STEP_TOKENS = 2048, 256  # TF_STEP_TOKENS=auto (env/server.toml says why)
+OUT_OF_MEMORY = ("the device ran out of memory {doing}: lower TF_POOL_GIB, TF_PARALLEL, TF_STEP_TOKENS or "
+                 "TF_CONTEXT, or set TF_CUDA_MEMORY_LIMIT_GB below what the device has free")
 
 
 @attrs.frozen
@@ -65,40 +73,92 @@ def pick_device(name: str) -> torch.device:
 
 def prepare(settings: Settings, environ: Mapping[str, str]) -> Prepared:
     """Load the model and cut the pool (blocking). Raises ``SettingsRefused`` for a TF_PARALLEL or
-    TF_CONTEXT the pool cannot hold, naming what fits."""
+    TF_CONTEXT the pool cannot hold, naming what fits, and for a device too small for the weights
+    and what serving needs beside them (out of memory at load included), naming the rows to change."""
     check_learning(settings)
     device = pick_device(settings.value("TF_DEVICE", str))
-    loaded = load(settings, environ, device)
+    with refusing_oom("loading the weights"):
+        free = free_at_load(device)
+        loaded = load(settings, environ, device)
     settings = loaded.settings
     config = PoolConfig.from_settings(settings, loaded.family)
     drafting = drafting_of(settings, loaded.model)
     window = 1 + drafting.most if drafting is not None else 0  # rows a verify window takes at most
     layout = loaded.model.layout(config.page_rows, drafting is not None, window)
     context = settings.value("TF_CONTEXT", int)
-    gib = settings.value("TF_POOL_GIB", float)
     parallel = settings.optional("TF_PARALLEL", int)
-    fits = layout.plan(context, int(gib * GIB))
+    step_tokens = settings.optional("TF_STEP_TOKENS", int) or (GPU_STEP_TOKENS if free is not None
+                                                               else CPU_STEP_TOKENS)  # auto
+    plan = None
+    if free is None:  # the CPU: the pool is TF_POOL_GIB, or its default there
+        pool_bytes = config.size if config.size is not None else CPU_POOL_BYTES
+    else:
+        with refusing_oom("measuring a step"):
+            plan = plan_device(loaded.model, layout, device, free=free, limit=config.memory_limit,
+                               weights=torch.cuda.memory_allocated(device), step_tokens=step_tokens,
+                               lanes=parallel or AUTO_LANES_MOST, window=window,
+                               graphs=settings.value("TF_CUDA_GRAPHS", bool) and loaded.model.batches_decode)
+        try:
+            pool_bytes = plan.check(config.size)
+        except DeviceTooSmall as small:
+            raise SettingsRefused(small.problems) from None
+    gib = pool_bytes / GIB
+    fits = layout.plan(context, pool_bytes)
     if fits == 0:
         need = layout.lane_bytes(context) + layout.page_bytes
         raise SettingsRefused([f"TF_CONTEXT={context}: one lane of {context} tokens needs "
-                               f"{need / GIB:.3g} GiB; TF_POOL_GIB={gib:g} holds none"])
+                               f"{need / GIB:.3g} GiB; the pool's {gib:.3g} GiB "
+                               f"({pool_source(config, plan)}) holds none"])
+    if free is not None:
+        log.info("device: %.2f GiB free before the pool of %.2f GiB (torch holds %.2f GiB)",
+                 torch.cuda.mem_get_info(device)[0] / GIB, gib, torch.cuda.memory_reserved(device) / GIB)
     try:
-        pool = Pool.for_limit(layout, int(gib * GIB), context, parallel=parallel, mode=config.mode,
-                              device=device)
+        with refusing_oom(f"allocating the pool of {gib:.2f} GiB"):
+            pool = Pool.for_limit(layout, pool_bytes, context, parallel=parallel, mode=config.mode,
+                                  device=device)
     except PoolShort:
-        raise SettingsRefused([f"TF_PARALLEL={parallel}: {fits} lanes of {context} tokens fit "
-                               f"TF_POOL_GIB={gib:g}"]) from None
+        raise SettingsRefused([f"TF_PARALLEL={parallel}: {fits} lanes of {context} tokens fit the pool's "
+                               f"{gib:.3g} GiB ({pool_source(config, plan)})"]) from None
     assert pool.max_lanes is not None
-    limits = Limits(context=context, step_tokens=settings.value("TF_STEP_TOKENS", int),
-                    max_lanes=pool.max_lanes, queue=settings.value("TF_QUEUE_LIMIT", int))
-    name = settings.optional("TF_MODEL_NAME", str) or (
-        f"tfd-demo-{settings.value('TF_DEMO', str)}" if settings.optional("TF_MODEL", str) is None
-        else loaded.path.name)
-    report = LoadReport.of(pool, context)
+    limits = Limits(context=context, step_tokens=step_tokens, max_lanes=pool.max_lanes,
+                    queue=settings.value("TF_QUEUE_LIMIT", int))
+    name = settings.optional("TF_MODEL_NAME", str) or served_name(settings, loaded)
+    report = LoadReport.of(pool, context, plan)
     log.info("%s", report.line())
-    kept_bytes = int(settings.value("TF_PROMPT_CACHE_GIB", float) * GIB)
+    cache = settings.optional("TF_PROMPT_CACHE_GIB", float)  # auto: the whole pool
+    kept_bytes = pool.pages * layout.page_bytes if cache is None else int(cache * GIB)
     return Prepared(loaded, pool, limits, name, report, drafting, kept_bytes,
                     settings.value("TF_PROMPT_KEEP_GAIN", int))
+
+
+def served_name(settings: Settings, loaded: Loaded) -> str:
+    """The model's name in the API when TF_MODEL_NAME is unset: the checkpoint directory's, the
+    shape's (saying its weights are random) or the demo's."""
+    if loaded.shape is not None:
+        return f"{loaded.shape.name}-random"
+    if settings.optional("TF_MODEL", str) is None:
+        return f"tfd-demo-{settings.value('TF_DEMO', str)}"
+    return loaded.path.name
+
+
+def pool_source(config: PoolConfig, plan: DevicePlan | None) -> str:
+    """Where the pool's size came from, for a refusal."""
+    if config.size is not None:
+        return f"TF_POOL_GIB={config.size / GIB:g}"
+    if plan is None:
+        return f"TF_POOL_GIB's CPU default {CPU_POOL_BYTES / GIB:g}"
+    limit = "TF_CUDA_MEMORY_LIMIT_GB" if config.memory_limit is not None else "the device's free memory"
+    return f"{limit} less {plan.where()}"
+
+
+@contextlib.contextmanager
+def refusing_oom(doing: str) -> Iterator[None]:
+    """Out of device memory while ``doing`` becomes a configuration refusal naming the rows to
+    change (exit 2, not a traceback)."""
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        raise SettingsRefused([OUT_OF_MEMORY.format(doing=doing)]) from None
 
 
 def resident_bytes() -> int:
@@ -124,7 +184,8 @@ def learn_directory(settings: Settings, environ: Mapping[str, str]) -> Path:
 
 def check_learning(settings: Settings) -> None:
     """TF_LEARN_CONVERSATIONS needs a prompt cache: refused by name before anything loads."""
-    if settings.value("TF_LEARN_CONVERSATIONS", bool) and settings.value("TF_PROMPT_CACHE_GIB", float) == 0:
+    cache = settings.optional("TF_PROMPT_CACHE_GIB", float)  # None: auto, the whole pool
+    if settings.value("TF_LEARN_CONVERSATIONS", bool) and cache == 0:
         raise SettingsRefused(["TF_LEARN_CONVERSATIONS=1 requires TF_PROMPT_CACHE_GIB above 0: "
                                "learned states are the prompt cache's, written to disk"])
 
@@ -149,23 +210,52 @@ class Service:
         self.pool = prepared.pool
         self.report = prepared.report
         graphs = prepared.loaded.settings.value("TF_CUDA_GRAPHS", bool)
-        self.engine = Engine(prepared.loaded.model, prepared.loaded.tokenizer, prepared.pool, prepared.limits,
-                             heartbeat, on_failure, on_step, graphs, prepared.drafting, prepared.kept_bytes,
-                             prepared.keep_gain)
+        device = prepared.pool.buffer.device
+        before = torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
+        with refusing_oom("capturing the decode graphs"):
+            self.engine = Engine(prepared.loaded.model, prepared.loaded.tokenizer, prepared.pool,
+                                 prepared.limits, heartbeat, on_failure, on_step, graphs, prepared.drafting,
+                                 prepared.kept_bytes, prepared.keep_gain)
+        if device.type == "cuda":  # the graphs' private pools and the buffers the engine holds
+            built = torch.cuda.memory_reserved(device) - before
+            self.report = self.report.measured(engine_bytes_measured=built)
+            log.info("the engine took %.2f GiB of the device (graphs estimated at %.2f GiB)", built / GIB,
+                     (self.report.device or {}).get("graph_bytes", 0) / GIB)
 
     def start(self) -> None:
         self.engine.start()
 
     async def warm_up(self) -> None:
-        """One short greedy request through the engine; the census must come back to load."""
+        """The warm-up (``tfd.server.warm_up``): full or short as TF_WARM_UP says (auto: full on a
+        GPU, where kernels compile), then the census must be back at load. Raises ``SettingsRefused``
+        when the device runs out of memory meanwhile, ``RuntimeError`` for another failure."""
         began = time.monotonic()
-        handle = self.engine.submit(Request("warm-up", (0, 1, 2, 3), 2, Sampling(temperature=0.0),
-                                            arrived=began))
-        async for event in handle.events:
-            if isinstance(event, Finished) and event.reason in ("failed", "cancelled"):
-                raise RuntimeError(f"the warm-up request {event.reason}: {event.message}")
+        settings, model = self.loaded.settings, self.loaded.model
+        mode = settings.value("TF_WARM_UP", str)
+        full = mode == "full" or (mode == "auto" and self.pool.buffer.device.type == "cuda")
+        kept = self.engine.runner.kept
+        drafting = self.prepared.drafting is not None
+        plan = waves(self.engine.limits, model.cfg.vocab, drafting, kept is not None) if full \
+            else short(model.cfg.vocab)
+        before = len(compiled_variants())
+        try:
+            sent = await warm_up(self.engine, plan)
+        except RuntimeError:
+            if isinstance(self.engine.last_step_error, torch.OutOfMemoryError):
+                raise SettingsRefused([OUT_OF_MEMORY.format(doing="warming up")]) from None
+            raise
+        if kept is not None:
+            await self.engine.ask(kept.clear)  # the warm-up's prompts are nobody's conversation
         await self.engine.ask(self.pool.check_at_load)
-        log.info("warm-up step done in %.2fs", time.monotonic() - began)
+        counted = f"{len(compiled_variants()) - before} kernel variants compiled" if watch_compiles() \
+            else "kernel compiles not counted here"
+        log.info("warm-up (%s): %d requests in %.2fs; %s", "full" if full else "short", sent,
+                 time.monotonic() - began, counted)
+        device = self.pool.buffer.device
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            self.report = self.report.measured(free_after_warm_up_bytes=free)
+            log.info("device: %.2f GiB free after the warm-up", free / GIB)
 
     async def learn(self, environ: Mapping[str, str]) -> str | None:
         """With TF_LEARN_CONVERSATIONS, the identity (a probe prompt's kept state's digest with the
@@ -176,7 +266,7 @@ class Service:
             return None
         prompt = probe_prompt(self.loaded.model.cfg.vocab)
         handle = self.engine.submit(Request("identity-probe", prompt, 1, Sampling(temperature=0.0),
-                                            arrived=time.monotonic()))
+                                            arrived=time.monotonic()), internal=True)
         async for event in handle.events:
             if isinstance(event, Finished) and event.reason in ("failed", "cancelled"):
                 raise RuntimeError(f"the identity probe {event.reason}: {event.message}")

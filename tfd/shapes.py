@@ -1,22 +1,37 @@
-"""Benchmark shapes: text configs of released checkpoints, for ``tfd bench --random-weights``.
+"""Released models' shapes, served or benchmarked with random weights (``--shape NAME``).
 
-No real checkpoint can be fetched here, so a shape is its config with weights drawn on the device.
-A shape whose weights do not fit the device loses whole groups of layers (one attention layer
-and the GDN layers before it) until they do; ``fit`` says what it cut.
+No real checkpoint can be fetched here, so a shape is its released text config with weights drawn on
+the device. A shape whose weights do not fit the device loses whole groups of layers (one attention
+layer and the GDN layers before it) until they do; ``fit`` says what it cut. Flash Next's 51
+B-parameter n-gram table does not fit beside any layers, so a shape too big first keeps 1/64 of the
+table's rows (a step looks up the same 16 rows a token at any table size).
+
+``write_shape`` makes a shape a checkpoint directory without weights, which ``tfd serve --shape``
+loads with random weights through the whole daemon: config.json (with an MTP head, as the released
+models have), the demo's chat template, and a tokenizer whose vocabulary covers the shape's: the
+demo's byte-level BPE (4,096 tokens, which is all text encodes to) with an entry ``<ID>`` for every
+other id, so every drawn id detokenizes.
 Sources: reference/model.md sections 3.1 and 6 (configs copied from the released checkpoints).
-Flash Next's 51 B-parameter n-gram table does not fit beside any layers, so a shape too big first
-keeps 1/64 of the table's rows (a step looks up the same 16 rows a token at any table size).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
+import shutil
+import tempfile
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from tfd.families.hybrid import expected_tensors
+from tfd import demo
+
+if TYPE_CHECKING:  # torch loads only once a shape is sized or drawn
+    import torch
 
 _ROPE = {"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
          "mrope_section": [11, 11, 10], "mrope_interleaved": True}
@@ -60,6 +75,8 @@ PRESETS: Mapping[str, tuple[str, dict[str, Any]]] = {
         "make_ngram_vocab_size_divisible_by": 128, "split_ngram_parts": 128, "mamba_ssm_dtype": "float32"}),
 }
 TABLE_CUT = 64  # a shape too big keeps 1/64 of its n-gram table's rows: a lookup costs the same at any size
+WEIGHT_SHARE = 0.7  # of a GPU's memory, for a shape's weights; the rest holds pool, graphs, scratch
+CPU_WEIGHT_BUDGET = 8 << 30
 
 
 @attrs.frozen
@@ -71,7 +88,19 @@ class Shape:
     cut: str | None  # what was cut to fit, in words
 
 
+def weight_budget(device: torch.device) -> int:
+    """The bytes a shape's weights may take on ``device``."""
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory * WEIGHT_SHARE)
+    return CPU_WEIGHT_BUDGET
+
+
 def weight_bytes(family: str, config: Mapping[str, Any], element: int = 2) -> int:
+    """Bytes of the trunk's weights (no MTP head) in elements of ``element`` bytes."""
+    from tfd.families.hybrid import expected_tensors  # torch: only once a shape is sized
+
     _, _, shapes = expected_tensors(family, config, set())
     return sum(math.prod(shape) for shape in shapes.values()) * element
 
@@ -100,3 +129,52 @@ def fit(name: str, budget: int) -> Shape:
     cut = f"{name}: {', '.join(cuts)} ({size / 2**30:.1f} GiB of weights fit {budget / 2**30:.1f} GiB)" \
         if cuts else None
     return Shape(name, family, config, size, cut)
+
+
+def write_shape(shape: Shape, cache_dir: Path) -> Path:
+    """``shape`` as a checkpoint directory without weights under ``cache_dir`` (built once; its name
+    carries a digest of what it holds). Resource handling: built beside and renamed into place, as
+    ``demo.build_demo`` does."""
+    config = {**shape.config, "mtp_num_hidden_layers": 1}
+    recipe = json.dumps({"config": config, "tokenizer": _digest(demo.TOKENIZER), "cut": shape.cut,
+                         "template": _digest(demo.CHAT_TEMPLATE)}, sort_keys=True)
+    target = cache_dir / "shape" / f"{shape.name}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
+    if (target / "tokenizer.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{shape.name}-", dir=target.parent))
+    try:
+        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        eos = config["eos_token_id"]
+        (staging / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos]}) + "\n")
+        (staging / "tokenizer.json").write_text(covering_tokenizer(int(config["vocab_size"])))
+        shutil.copy(demo.CHAT_TEMPLATE, staging / "chat_template.jinja")
+        tokens = {"eos_token": f"<{eos}>", "bos_token": None,
+                  "model_max_length": config["max_position_embeddings"]}
+        (staging / "tokenizer_config.json").write_text(json.dumps(tokens) + "\n")
+        try:
+            os.rename(staging, target)
+        except OSError:
+            if not (target / "tokenizer.json").is_file():  # not a lost race: a real failure
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def covering_tokenizer(vocab: int) -> str:
+    """tokenizer.json of the demo's BPE with ``<ID>`` for each id from the demo's size up to
+    ``vocab``: text encodes as the demo's, and every id below ``vocab`` decodes."""
+    spec = json.loads(demo.TOKENIZER.read_text())
+    entries: dict[str, int] = spec["model"]["vocab"]
+    taken = set(entries.values()) | {token["id"] for token in spec.get("added_tokens", ())}
+    if vocab < len(taken):
+        raise ValueError(f"a vocabulary of {vocab} is smaller than the demo tokenizer's {len(taken)}")
+    for token_id in range(vocab):
+        if token_id not in taken:
+            entries[f"<{token_id}>"] = token_id  # printable ASCII: the byte-level decoder keeps it as is
+    return json.dumps(spec, ensure_ascii=False)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -1,0 +1,88 @@
+"""The warm-up's plan: requests that meet each size class the serving path compiles a kernel for."""
+
+from __future__ import annotations
+
+import pytest
+
+from support import ServedDaemon
+from tfd.engine.engine import Limits
+from tfd.server.warm_up import LONG, NEW, RESUMED, TOGETHER, short, waves
+
+VOCAB = 4096
+
+
+def limits(context: int = 32768, step: int = 256, lanes: int = 64) -> Limits:
+    return Limits(context=context, step_tokens=step, max_lanes=lanes, queue=0)
+
+
+def prompt_rows(plan: list[list[object]]) -> list[int]:
+    return [len(request.prompt) for wave in plan for request in wave]  # type: ignore[attr-defined]
+
+
+def test_prompts_alone_meet_each_gemm_class_with_rows_one_sixteen_and_neither() -> None:
+    plan = waves(limits(), VOCAB, drafting=True, cache=True)
+    alone = [len(wave[0].prompt) for wave in plan if len(wave) == 1 and wave[0].sampling.temperature == 0
+             and wave[0].sampling.logprobs is None]
+    for low, high in ((1, 64), (65, 128), (129, 256)):  # the GEMM's spread, middle and whole rows
+        rows = [r for r in alone if low <= r <= high]
+        assert any(r % 16 == 0 for r in rows) and any(r % 16 for r in rows), (low, high, rows)
+    assert 1 in alone and 256 in alone and 256 + 17 in alone  # a whole step, and past it
+
+
+def test_every_request_fits_the_context_and_no_wave_outnumbers_the_lanes() -> None:
+    for context in (16, 64, 300, LONG + NEW - 1, LONG + NEW, LONG + RESUMED + NEW, 1 << 20):
+        for lanes in (1, 2, 16, 17, 256):
+            plan = waves(limits(context=context, lanes=lanes), VOCAB, drafting=True, cache=True)
+            for wave in plan:
+                assert 1 <= len(wave) <= lanes
+                for request in wave:
+                    assert request.window <= context and request.prompt
+                    assert max(request.prompt) < VOCAB
+            ids = [request.id for wave in plan for request in wave]
+            assert len(set(ids)) == len(ids)
+
+
+def test_lanes_together_as_many_as_the_pool_allows() -> None:
+    for lanes in (1, 2, 16, 17, 64):
+        plan = waves(limits(lanes=lanes), VOCAB, drafting=False, cache=True)
+        together = {len(wave) for wave in plan if len(wave) > 1 and wave[0].sampling.temperature == 0
+                    and wave[0].sampling.logprobs is None}
+        assert together == {n for n in TOGETHER if n <= lanes}
+
+
+@pytest.mark.parametrize("drafting", [True, False])
+def test_cuts_and_logprobs_drafted_and_not(drafting: bool) -> None:
+    plan = waves(limits(), VOCAB, drafting=drafting, cache=True)
+    sampled = [r for wave in plan for r in wave if r.sampling.temperature or r.sampling.logprobs]
+    assert {r.draft for r in sampled} == ({True, False} if drafting else {True})
+    assert any(r.sampling.top_k for r in sampled) and any(r.sampling.top_p < 1 for r in sampled)
+    assert any(r.sampling.min_p for r in sampled) and any(r.sampling.logprobs for r in sampled)
+
+
+def test_a_long_prompt_and_its_resumed_turn_where_the_context_allows() -> None:
+    def longest(context: int, cache: bool = True) -> list[int]:
+        return [r for r in prompt_rows(waves(limits(context=context), VOCAB, False, cache)) if r > 300]
+
+    assert longest(LONG + RESUMED + NEW) == [LONG, LONG + RESUMED]  # exactly room for the next turn
+    assert longest(LONG + RESUMED + NEW - 1) == [LONG]  # one row short of it
+    assert longest(LONG + NEW) == [LONG]
+    assert longest(LONG + NEW - 1) == [LONG - 1]  # as long as the context allows
+    assert longest(1 << 20, cache=False) == [LONG]  # nothing kept: no resumed turn
+    assert longest(300) == []
+
+
+def test_the_short_warm_up_is_one_request() -> None:
+    (wave,) = short(VOCAB)
+    (request,) = wave
+    assert request.prompt == (0, 1, 2, 3) and request.max_tokens == 2
+
+
+def test_a_full_warm_up_through_the_daemon(served: type[ServedDaemon]) -> None:
+    # The CPU compiles nothing, but the full warm-up's requests take the same path as on a GPU, and
+    # the daemon with a client queue of 0 still starts: its own work is not a client's.
+    daemon = served(TF_WARM_UP="full", TF_QUEUE_LIMIT="0").start(timeout=600)
+    log = daemon.log()
+    assert "warm-up (full): " in log and "kernel compiles not counted here" in log
+    census = daemon.admin_call("pool")["pool"]["census"]  # type: ignore[index]
+    assert not census["lanes"]
+    assert daemon.admin_call("learn")["learn"]["memory"]["entries"] == 0  # type: ignore[index]

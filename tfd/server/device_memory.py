@@ -1,0 +1,81 @@
+"""The measured side of a GPU's plan (``tfd.pool.device_plan``): free memory, weights, a step.
+
+``measure_step`` runs one prefill of ``TF_STEP_TOKENS`` rows through a pool of one lane, made for it
+and freed after, and takes the peak of what it allocated: the activations a serving step needs
+beside the pool. It also compiles that step's prefill kernels before the pool exists.
+
+Resource handling: the one-lane pool and every tensor of the measured step are released (and
+torch's cache emptied) before ``measure_step`` returns or raises.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+
+import torch
+
+from tfd.families.hybrid import HybridModel
+from tfd.model.memory import LaneMemory, PageRows, Span
+from tfd.pool.device_plan import DevicePlan, graph_bytes, planned_bytes, reserve_bytes
+from tfd.pool.layout import Layout
+from tfd.pool.pages import Pool
+
+log = logging.getLogger("tfd.memory")
+
+
+def free_at_load(device: torch.device) -> int | None:
+    """The bytes free on ``device`` now (its CUDA context made); None off a GPU."""
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
+def measure_step(model: HybridModel, layout: Layout, step_tokens: int, device: torch.device) -> int:
+    """Peak bytes one prefill of ``step_tokens`` rows allocates beyond what stood before it (its
+    last row's logits included), in a pool of one lane of ``layout``."""
+    pool = Pool(layout, layout.need(step_tokens), device=device)
+    lease = pool.promise(step_tokens)
+    try:
+        lease.take_state(init=model.init_state)
+        lease.take(step_tokens)
+        lane = LaneMemory(lease.pieces, lease.page_table)
+        ids = torch.arange(step_tokens, device=device) % model.cfg.vocab
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        with torch.no_grad():
+            output = model.forward([Span(lane, 0, ids)], PageRows(pool))
+            model.logits(output.hidden[-1:])
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device) - before)
+    finally:
+        lease.finish()
+        del pool
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def plan_device(model: HybridModel, layout: Layout, device: torch.device, *, free: int, limit: int | None,
+                weights: int, step_tokens: int, lanes: int, window: int, graphs: bool) -> DevicePlan:
+    """The device's plan: ``weights`` bytes loaded, a ``step_tokens``-row step measured now, graphs
+    (when ``graphs``) for up to ``lanes`` lanes, verify windows of ``window`` rows (0: none)."""
+    activations = measure_step(model, layout, step_tokens, device)
+    graph = graph_bytes(activations, step_tokens, lanes, window, model.cfg.vocab) if graphs else 0
+    gc.collect()  # the measured step's tensors are gone with its frame: give their memory back
+    torch.cuda.empty_cache()
+    free_now, _ = torch.cuda.mem_get_info(device)
+    held = torch.cuda.memory_reserved(device)
+    runtime = max(0, free - free_now - held)  # beside torch's allocator
+    planned = planned_bytes(free, limit)
+    plan = DevicePlan(planned, free, weights, activations, graph, reserve_bytes(planned), step_tokens,
+                      runtime, free_now)
+    log.info("device: %.2f GiB free once the weights are in; torch holds %.2f GiB, %.2f GiB of it in "
+             "segments its tensors share (the step's activations reuse them)", free_now / 2**30, held / 2**30,
+             (held - torch.cuda.memory_allocated(device)) / 2**30)
+    log.info("device: %.2f GiB planned (%.2f GiB free at load%s): %s; %.2f GiB left for the pool",
+             plan.planned / 2**30, free / 2**30,
+             "" if limit is None else f", TF_CUDA_MEMORY_LIMIT_GB={limit / 2**30:g}", plan.where(),
+             plan.pool / 2**30)
+    return plan

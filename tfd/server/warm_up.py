@@ -1,0 +1,99 @@
+"""The daemon's warm-up before READY: the kernel variants the serving path takes, each run once.
+
+Triton compiles a kernel for each specialization a launch meets: its constexprs (the GEMM's tiles
+are chosen by rows: up to 64, 65 to 128, more) and, for each integer argument, whether it is 1 and
+whether it is a multiple of 16. A client whose request meets a variant first waits for its compile:
+on an H200 with an empty Triton cache the first 32 chats after READY took 17.2 s, the next 8 took
+0.2 s. The decode and verify graphs compile their variants when they are captured at load; the
+full warm-up sends through the engine, as clients' requests go, waves of requests that meet the
+rest (``waves``):
+
+1. prompts alone, one a step, whose rows are 1, a multiple of 16 and neither, in each GEMM class,
+   and a whole step of TF_STEP_TOKENS rows and past it;
+2. lanes together (2, 3, 16, 17 of them) of different lengths, so steps mix prompt chunks with
+   decode rows;
+3. sampling with cuts (top-k, top-p, min-p), seeded temperature and logprobs, drafted and not;
+4. a long prompt (past two attention spans of 2,048 keys and decode's 4,096-key split, where the
+   context allows) and its next turn, resumed from the state it kept.
+
+The short warm-up is one request of 4 tokens: where nothing compiles (the CPU's reference path) it
+checks the engine and the pool's census and costs nothing. The plan is pure arithmetic on the limits.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import trio
+
+from tfd.engine.engine import Engine, Limits
+from tfd.engine.request import Finished, Request, Sampling
+
+log = logging.getLogger("tfd.warm_up")
+NEW = 3  # tokens a warm-up request makes: its prefill's draw, then decode steps
+ALONE = (1, 2, 16, 17, 64, 80, 100, 128, 129, 200, 256)  # prompt rows: 1, 16k and not, in each GEMM class
+TOGETHER = (2, 3, 16, 17)  # lanes of a step: 1 is every alone's, 16k and not
+TOGETHER_ROWS = (17, 100, 33)  # their prompts, by turns: some decode while others still prefill
+SPAN = 2048  # prefill attention's key span; decode attention splits differently past 4,096 keys
+LONG = 2 * SPAN + 81  # past two spans and the split, a tail that is not a multiple of 16
+RESUMED = 70  # rows a resumed next turn adds
+GREEDY = Sampling(temperature=0.0)
+CUTS = (Sampling(temperature=0.8, top_k=8, seed=1), Sampling(temperature=0.9, top_p=0.9, seed=2),
+        Sampling(temperature=1.0, min_p=0.05, seed=3, logprobs=3), Sampling(temperature=0.0, logprobs=1))
+
+
+def waves(limits: Limits, vocab: int, drafting: bool, cache: bool) -> list[list[Request]]:
+    """The full warm-up's requests, a wave each list: a wave is sent at once, and waited for whole
+    before the next. Every request fits the context and the lanes; none is larger than they allow."""
+    room = limits.context - NEW  # the longest prompt a request may carry
+    made: list[list[Request]] = []
+    count = [0]
+
+    def request(rows: int, sampling: Sampling = GREEDY, draft: bool = True, start: int = 0) -> Request:
+        count[0] += 1
+        prompt = tuple((7919 * (start + i) + 13) % vocab for i in range(rows))
+        return Request(f"warm-up-{count[0]}", prompt, NEW, sampling, arrived=time.monotonic(),
+                       draft=draft, cache=cache)
+
+    alone = sorted({rows for rows in (*ALONE, limits.step_tokens, limits.step_tokens + 17) if rows <= room})
+    made += [[request(rows, start=rows)] for rows in alone]
+    for lanes in TOGETHER:
+        if lanes <= limits.max_lanes:
+            rows = [min(TOGETHER_ROWS[i % len(TOGETHER_ROWS)], room) for i in range(lanes)]
+            made.append([request(r, start=1000 * lanes + i) for i, r in enumerate(rows)])
+    drafts = (True, False) if drafting else (True,)
+    sampled = [request(min(24 + i, room), sampling, draft, start=5000 + 100 * i)
+               for i, (sampling, draft) in enumerate((s, d) for d in drafts for s in CUTS)]
+    made += [sampled[i:i + limits.max_lanes] for i in range(0, len(sampled), limits.max_lanes)]
+    made += [[request(1, sampling, start=6000)] for sampling in CUTS]  # a cut alone: one row, drawn eagerly
+    long = min(LONG, room)
+    if long > max(alone, default=0):
+        made.append([request(long, start=9000)])
+        if cache and long + RESUMED <= room:
+            made.append([request(long + RESUMED, start=9000)])  # the turn after: resumed where it kept
+    return made
+
+
+def short(vocab: int) -> list[list[Request]]:
+    """The short warm-up: one request of 4 prompt tokens and 2 new ones."""
+    return [[Request("warm-up", tuple(i % vocab for i in range(4)), 2, GREEDY, arrived=time.monotonic())]]
+
+
+async def warm_up(engine: Engine, plan: Sequence[Sequence[Request]]) -> int:
+    """Send each wave of ``plan`` through ``engine`` as the daemon's own work (no client limit
+    applies), wait for it whole, then the next. Returns the requests sent. Raises ``RuntimeError``
+    naming the first request that failed or was cancelled (the engine's error in its message)."""
+    sent = 0
+    for wave in plan:
+        handles = [engine.submit(request, internal=True) for request in wave]
+        sent += len(handles)
+        for handle in handles:
+            async for event in handle.events:
+                if isinstance(event, Finished) and event.reason in ("failed", "cancelled"):
+                    rows = len(handle.request.prompt)
+                    raise RuntimeError(f"the warm-up request {handle.request.id} ({rows} prompt tokens) "
+                                       f"{event.reason}: {event.message}")
+        await trio.lowlevel.checkpoint()
+    return sent
