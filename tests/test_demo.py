@@ -64,11 +64,17 @@ def test_generate_prints_only_the_continuation(tmp_path: Path) -> None:
     assert done.stdout == expected + "\n"
 
 
-def test_a_bad_row_of_another_family_does_not_stop_a_start(tmp_path: Path) -> None:
-    env = clean_environ(TF_CACHE_DIR=str(tmp_path), TF_FLASHNEXT_STATE_PAGES="2")
+def test_another_familys_row_stops_a_start_only_when_malformed(tmp_path: Path) -> None:
+    # Well formed, but not applicable (pieces need pages): only a Flash Next start refuses it.
+    env = clean_environ(TF_CACHE_DIR=str(tmp_path), TF_FLASHNEXT_STATE_PAGES="1", TF_FLASHNEXT_KV_PAGES="0")
     assert run_tfd("generate", "--prompt", "x", "--max-tokens", "1", env=env, timeout=120).returncode == 0
     done = run_tfd("generate", "--prompt", "x", "--max-tokens", "1", "--demo", "flashnext", env=env,
                    timeout=120)
+    assert done.returncode == 2
+    assert "TF_FLASHNEXT_STATE_PAGES=1 requires TF_FLASHNEXT_KV_PAGES, which is 0 (off)" in done.stderr
+    # Malformed: refused whatever loads.
+    env = clean_environ(TF_CACHE_DIR=str(tmp_path), TF_FLASHNEXT_STATE_PAGES="2")
+    done = run_tfd("generate", "--prompt", "x", "--max-tokens", "1", env=env, timeout=120)
     assert done.returncode == 2
     assert "TF_FLASHNEXT_STATE_PAGES=2: must be exactly 0 or 1" in done.stderr
 

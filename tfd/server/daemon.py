@@ -31,6 +31,7 @@ from tfd.server.metrics import Metrics
 from tfd.server.openai import OpenAI
 from tfd.server.service import ENGINE_STALL_S, Service, prepare, resident_bytes
 from tfd.server.systemd import Heartbeat, Heartbeats, keep_watchdog, notify, watchdog_interval
+from tfd_kernels.runtime import compiled_variants, watch_compiles
 
 log = logging.getLogger("tfd.daemon")
 # After the drain, connections still open get this long to finish before they are cut.
@@ -106,7 +107,7 @@ class Daemon:
             await self.service.close()
 
     async def _load(self) -> None:
-        """Weights, pool and engine, then one warm-up request; STATUS says which."""
+        """Weights, pool and engine, then the warm-up; STATUS says which."""
         self.notify("STATUS=loading the model")
         with reporting(self._loading):  # heard in the worker thread, which gets a copy of this context
             prepared = await trio.to_thread.run_sync(prepare, self.settings, self.environ)
@@ -127,6 +128,8 @@ class Daemon:
         await service.warm_up()
         if await service.learn(self.environ) is not None and engine.runner.learned is not None:
             self.metrics.watch_learned(engine.runner.learned.store.counts)
+        if watch_compiles():
+            self.metrics.watch_compiles(compiled_variants, len(compiled_variants()))
 
     def _loading(self, progress: LoadProgress) -> None:
         self.notify(f"STATUS=loading weights: {progress.line()}")  # a datagram: safe from the loader's thread

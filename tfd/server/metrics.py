@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:  # the metrics load without torch
     from tfd.engine.kept import KeptCounts
     from tfd.store.store import StoreCounts
 
+log = logging.getLogger("tfd.metrics")
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Request latency buckets, seconds: from a cached /health to a long generation.
 _LATENCY_BUCKETS = (0.001, 0.005, 0.02, 0.1, 0.5, 2.0, 10.0, 60.0, 300.0)
@@ -81,6 +83,8 @@ class Metrics:
         acceptance.set_function(lambda: self._accepted / self._drafted if self._drafted else 0.0)
         self._pool = Gauge("tfd_pool_pages", "Pool pages, by state", ["state"], registry=self.registry)
         self._lanes = Gauge("tfd_lanes", "Lanes, by state", ["state"], registry=self.registry)
+        self._compiled: Callable[[], tuple[str, ...]] | None = None
+        self._seen = 0
 
     def watch(self, pages: Callable[[], tuple[int, int]], lanes: Callable[[], tuple[int, int]]) -> None:
         """Read the pool's (free, held) pages and the (running, waiting) lanes at each scrape."""
@@ -97,6 +101,16 @@ class Metrics:
         """Read the disk store's counts at each scrape."""
         self.registry.register(_CountsCollector(counts, LEARNED_FAMILIES))
 
+    def watch_compiles(self, compiled: Callable[[], tuple[str, ...]], at_ready: int) -> None:
+        """Triton kernel variants compiled before READY (``at_ready``) and since, read at each scrape;
+        each one compiled while serving is logged as a step ends: a request waited for it, so the
+        warm-up missed its variant."""
+        self._compiled, self._seen = compiled, at_ready
+        family = Gauge("tfd_kernel_variants_compiled", "Triton kernel variants compiled, by when: "
+                       "loading (through the warm-up) or serving", ["when"], registry=self.registry)
+        family.labels("loading").set(at_ready)
+        family.labels("serving").set_function(lambda: len(compiled()) - at_ready)
+
     def count_drafts(self, drafted: int, accepted: int) -> None:
         """A finished request's drafts: ``drafted`` verified, ``accepted`` of them held."""
         self._drafts.labels("drafted").inc(drafted)
@@ -107,6 +121,10 @@ class Metrics:
     def on_step(self, seconds: float, rows: int) -> None:
         self.step.observe(seconds)
         self.step_rows.inc(rows)
+        if self._compiled is not None and len(names := self._compiled()) > self._seen:
+            log.warning("compiled while serving (the warm-up missed these variants): %s",
+                        ", ".join(names[self._seen:]))
+            self._seen = len(names)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

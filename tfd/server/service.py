@@ -76,6 +76,7 @@ def prepare(settings: Settings, environ: Mapping[str, str]) -> Prepared:
     TF_CONTEXT the pool cannot hold, naming what fits, and for a device too small for the weights
     and what serving needs beside them (out of memory at load included), naming the rows to change."""
     check_learning(settings)
+    watch_compiles()  # from the first launch on: the load's, the warm-up's, then any while serving
     device = pick_device(settings.value("TF_DEVICE", str))
     with refusing_oom("loading the weights"):
         free = free_at_load(device)
@@ -237,7 +238,7 @@ class Service:
         drafting = self.prepared.drafting is not None
         plan = waves(self.engine.limits, model.cfg.vocab, drafting, kept is not None) if full \
             else short(model.cfg.vocab)
-        before = len(compiled_variants())
+        before = len(compiled_variants())  # counted since prepare() began watching
         try:
             sent = await warm_up(self.engine, plan)
         except RuntimeError:
