@@ -9,14 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from tfd import __version__
+from tfd.arguments import natural, positive, positive_float
+from tfd.bench.flags import add_bench_parser
 from tfd.env import FAMILY_SCOPES, SettingsRefused, Table
 from tfd.train.recipe import MTP_TARGETS, SAFETY_MINUTES, Recipe
 
@@ -66,7 +67,7 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
         description="Print the greedy continuation of a prompt on standard output; load time and "
         "speed go to standard error.")
     generate.add_argument("--prompt", required=True, help="the text to continue")
-    generate.add_argument("--max-tokens", type=_positive, default=64, metavar="N",
+    generate.add_argument("--max-tokens", type=positive, default=64, metavar="N",
                           help="most tokens to generate (default 64)")
     generate.add_argument("--chat", action="store_true",
                           help="send the prompt as a user message through the chat template")
@@ -75,95 +76,7 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
     table.add_flags(generate, scopes=("core",))
     generate.set_defaults(command=run_generate)
 
-    bench = commands.add_parser(
-        "bench", help="speed against the device's memory roofline, or of a running server",
-        description="Run workloads through the engine's scheduler and runner; print a line and write "
-        "a JSON file per run (prefill and decode speed, time to first token, step time, peak memory, "
-        "bytes a decode step moves, measured copy bandwidth, roofline fraction). With --serve URL, load "
-        "a running tfd through its HTTP API instead (streamed completions of token ids): a line and a "
-        "JSON file per run (requests, errors by kind, output tok/s, TTFT, TPOT and inter-token latency "
-        "at p50/p90/p99); no torch, no GPU needed on this side.")
-    bench.add_argument("--random-weights", action="store_true",
-                       help="with a checkpoint: draw its weights at random (implied by --shape)")
-    bench.add_argument("--streams", type=_counts, metavar="N[,N...]",
-                       help="concurrent streams, one run each (default 1)")
-    bench.add_argument("--prompt", type=_span, metavar="N",
-                       help="prompt tokens (1024); with --serve also LOW:HIGH, each request's drawn "
-                       "uniformly")
-    bench.add_argument("--new", type=_span, metavar="N",
-                       help="new tokens a stream (256); with --serve also LOW:HIGH")
-    bench.add_argument("--step-tokens", type=_positive, default=8192, metavar="N",
-                       help="rows a step may run (8192)")
-    bench.add_argument("--no-graphs", action="store_true", help="decode steps eagerly, no CUDA graphs")
-    bench.add_argument("--drafts", type=_draft_counts, metavar="N[,N...]",
-                       help="MTP drafts a round at most, one run each (0: no drafting; default 0); a --shape "
-                       "then gets a random MTP head; as in the daemon, no stream drafts past "
-                       "TF_MTP_MAX_LANES. With --serve: 0 sends \"draft\": false, N sends true (give the "
-                       "server's TF_MTP_DRAFTS: --compare-engine's engine drafts N); default: the server's")
-    bench.add_argument("--confidence", type=float, default=0.7, metavar="P",
-                       help="chain a further draft while the one before is at least this likely (0.7)")
-    bench.add_argument("--temperature", type=float, metavar="T",
-                       help="sampling temperature, keyed (1.0; with --serve 0; 0: greedy)")
-    bench.add_argument("--text", action="store_true",
-                       help="prompts cut from the held-out files of the demo's training text (Python's "
-                       "standard library) with the checkpoint's tokenizer (with --serve: the server's "
-                       "/tokenize), not random tokens")
-    bench.add_argument("--profile", action="store_true",
-                       help="after each run, profile its prefill and its decode steps kernel by kernel "
-                       "(written beside the JSON as <run>-prefill.txt and <run>-decode.txt, or printed)")
-    bench.add_argument("--compare-hf", action="store_true",
-                       help="then run transformers (with fla-core's kernels when installed) on the same "
-                       "shape and workloads in this process, and report tfd's speed over its")
-    bench.add_argument("--gemm", action="store_true",
-                       help="instead of workloads: the batch-invariant GEMM against cuBLAS at the model's "
-                       "weight shapes (CUDA only)")
-    bench.add_argument("--variant", type=_variant, action="append", metavar="NAME=tfd_kernels.M.C=V[,...]",
-                       help="instead of one run a workload: kernel constants compared in this process, runs "
-                       "of the variants interleaved, tokens compared with the first's (repeat per variant; "
-                       "NAME= for the defaults)")
-    bench.add_argument("--rounds", type=_positive, metavar="N",
-                       help="runs of each workload, all workloads in turn each round, round r cutting "
-                       "its prompts with seed r; a summary of each over its rounds (1); or runs of each "
-                       "variant (2); a run's files get -r<round> past the first")
-    bench.add_argument("--conversation", action="store_true",
-                       help="instead of workloads: a conversation's second turn after a restart, its state "
-                       "read back from disk (learned), against the same turn prefilled cold: time to first "
-                       "token of each, bytes read and the read bandwidth (--prompt: the first turn's tokens)")
-    bench.add_argument("--serve", metavar="URL",
-                       help="instead of the engine: load the tfd at URL (http://host:port) through its API, "
-                       "streamed /v1/completions of token ids with ignore_eos; one run a --concurrency and "
-                       "a --rate (engine-only flags refused)")
-    serve = bench.add_argument_group("--serve runs")
-    serve.add_argument("--concurrency", type=_counts, metavar="C[,C...]",
-                       help="closed loop: C clients, each sending its next request when its last ended, one "
-                       "run each (default 1 without --rate); --requests C sends all at once")
-    serve.add_argument("--rate", type=_rates, metavar="R[,R...]",
-                       help="open loop: requests a second at Poisson arrival times (seeded), one run each")
-    serve.add_argument("--requests", type=_positive, metavar="N",
-                       help="requests a run (closed loop: max(4 C, 8); open loop: max(16, 10 R))")
-    serve.add_argument("--no-warm", action="store_true",
-                       help="no untimed warm round (C requests, open loop 8, at most 4 new tokens) before "
-                       "a run")
-    serve.add_argument("--seed", type=_natural, metavar="S",
-                       help="seed of the lengths, prompt ids and arrival times (0)")
-    serve.add_argument("--no-drafts", action="store_true", help="every request says \"draft\": false")
-    serve.add_argument("--cache", action="store_true",
-                       help="leave the server's prompt cache in play (default: \"cache\": false, every "
-                       "prompt prefilled cold, as the engine bench does)")
-    serve.add_argument("--api-key", metavar="KEY", help="a key of the server's TF_API_KEYS")
-    serve.add_argument("--timeout", type=_positive_float, metavar="S",
-                       help="seconds a request may take, stream included (600); past it, an error")
-    serve.add_argument("--compare-engine", action="store_true",
-                       help="after the HTTP runs, the engine bench on --shape (TF_SHAPE: the server's shape, "
-                       "random weights) in this process at each --concurrency's streams and lengths, and "
-                       "a table of ratios: TPOT over the engine's step, TTFT max over its, tok/s over what "
-                       "its prefill and decode rates allow (--step-tokens: give the server's TF_STEP_TOKENS "
-                       "to compare like with like). It needs room on the device beside the server: start "
-                       "the server with TF_CUDA_MEMORY_LIMIT_GB leaving it")
-    bench.add_argument("--out", type=Path, metavar="DIR", help="write one JSON file per run here")
-    bench.add_argument("--commit", help="the revision to record (default: git's HEAD)")
-    table.add_flags(bench, scopes=("core",))
-    bench.set_defaults(command=run_bench)
+    add_bench_parser(commands, table, run_bench)
 
     train = commands.add_parser(
         "train-demo", help="train the embedded Qwen3.5 demo on the Python standard library's sources",
@@ -173,23 +86,23 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
         "validation loss and how often the head's drafts are right.")
     train.add_argument("--out", type=Path, required=True, metavar="DIR",
                        help="the checkpoint directory to write (absent or empty)")
-    train.add_argument("--steps", type=_positive, default=DEFAULT_RECIPE.steps, metavar="N",
+    train.add_argument("--steps", type=positive, default=DEFAULT_RECIPE.steps, metavar="N",
                        help=f"optimizer steps ({DEFAULT_RECIPE.steps})")
-    train.add_argument("--batch", type=_positive, default=DEFAULT_RECIPE.batch, metavar="B",
+    train.add_argument("--batch", type=positive, default=DEFAULT_RECIPE.batch, metavar="B",
                        help=f"windows a step ({DEFAULT_RECIPE.batch})")
-    train.add_argument("--seq", type=_positive, default=DEFAULT_RECIPE.seq, metavar="L",
+    train.add_argument("--seq", type=positive, default=DEFAULT_RECIPE.seq, metavar="L",
                        help=f"tokens a window ({DEFAULT_RECIPE.seq})")
-    train.add_argument("--lr", type=_positive_float, default=DEFAULT_RECIPE.lr, metavar="X",
+    train.add_argument("--lr", type=positive_float, default=DEFAULT_RECIPE.lr, metavar="X",
                        help=f"peak learning rate ({DEFAULT_RECIPE.lr})")
-    train.add_argument("--seed", type=_natural, default=DEFAULT_RECIPE.seed, metavar="S",
+    train.add_argument("--seed", type=natural, default=DEFAULT_RECIPE.seed, metavar="S",
                        help=f"seed of the windows' draw ({DEFAULT_RECIPE.seed}; the init is always the "
                        "demo's)")
     train.add_argument("--mtp-target", choices=MTP_TARGETS, default=DEFAULT_RECIPE.mtp_target,
                        help="what the MTP head learns: the text two tokens ahead, or the main model's own "
                        f"next distribution (self-distillation) ({DEFAULT_RECIPE.mtp_target})")
-    train.add_argument("--minutes", type=_positive_float, default=SAFETY_MINUTES, metavar="M",
+    train.add_argument("--minutes", type=positive_float, default=SAFETY_MINUTES, metavar="M",
                        help=f"stop training after this wall time, whatever --steps says ({SAFETY_MINUTES})")
-    train.add_argument("--log-every", type=_positive, default=DEFAULT_RECIPE.log_every, metavar="N",
+    train.add_argument("--log-every", type=positive, default=DEFAULT_RECIPE.log_every, metavar="N",
                        help=f"steps between log lines ({DEFAULT_RECIPE.log_every})")
     train.add_argument("--corpus", type=Path, metavar="DIR",
                        help="train on every *.py under DIR instead of the standard library")
@@ -208,12 +121,12 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
                      help="quick: 3 prompts, 1-4 streams; full: 10 prompts, 1-8 streams, drafts on and off")
     kit.add_argument("--json", metavar="OUT", help="write the report, every row's key and value, here")
     kit.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two reports key by key")
-    kit.add_argument("--soak", type=_positive_float, metavar="SECONDS",
+    kit.add_argument("--soak", type=positive_float, metavar="SECONDS",
                      help="instead of the gates, a random mix of requests, cancels included, for SECONDS: "
                      "requests, tokens, errors by kind, leaks and memory (needs --admin)")
-    kit.add_argument("--clients", type=_positive, default=4, metavar="N",
+    kit.add_argument("--clients", type=positive, default=4, metavar="N",
                      help="the soak's clients at once (4)")
-    kit.add_argument("--requests", type=_positive, metavar="N",
+    kit.add_argument("--requests", type=positive, metavar="N",
                      help="the soak ends sooner, once its clients have sent N requests between them "
                      "(shared out evenly: the same mix on any machine)")
     kit.set_defaults(command=run_conformance)
@@ -411,67 +324,6 @@ def run_env(table: Table, args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(render_text(table, os.environ))
     return 0
-
-
-def _counts(text: str) -> list[int]:
-    return [_positive(part) for part in text.split(",")]
-
-
-def _span(text: str) -> tuple[int, int]:
-    """``N`` or ``LOW:HIGH`` (positive, LOW at most HIGH)."""
-    low, _, high = text.partition(":")
-    span = (_positive(low), _positive(high) if high else _positive(low))
-    if span[0] > span[1]:
-        raise argparse.ArgumentTypeError(f"a range is LOW:HIGH with LOW at most HIGH, got {text!r}")
-    return span
-
-
-def _rates(text: str) -> list[float]:
-    return [_positive_float(part) for part in text.split(",")]
-
-
-def _draft_counts(text: str) -> list[int]:
-    counts = []
-    for part in text.split(","):
-        try:
-            count = int(part)
-        except ValueError:
-            count = -1
-        if not 0 <= count <= 8:
-            raise argparse.ArgumentTypeError(f"drafts a round are 0 to 8, got {part!r}")
-        counts.append(count)
-    return counts
-
-
-def _variant(text: str) -> Any:
-    from tfd.bench.variants import parse
-
-    try:
-        return parse(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def _natural(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
-    return int(text)
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return int(text)
 
 
 def _leaves(group: BaseException) -> list[BaseException]:
