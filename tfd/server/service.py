@@ -1,8 +1,10 @@
 """The served model: loaded weights, the pool cut for them, and the engine running on both.
 
-``prepare`` is blocking work for a worker thread at startup (weights, pool); ``Service.start``
-runs on the trio thread (it starts the engine thread); ``warm_up`` sends one short request through
-the engine and checks that the pool's census is back at load before the daemon says READY.
+``prepare`` is blocking work for a worker thread at startup (weights; on a GPU the device's plan,
+``tfd.pool.device_plan``; the pool); ``Service.start`` runs on the trio thread (it starts the engine
+thread); ``warm_up`` sends the warm-up's requests through the engine (``tfd.server.warm_up``) and
+checks that the pool's census is back at load before the daemon says READY. Out of device memory
+at any of these is a configuration refusal naming the rows to change.
 """
 
 from __future__ import annotations
