@@ -137,15 +137,23 @@ class ServedDaemon:
 @contextlib.contextmanager
 def tiny_server(family: str = "qwen3_5", head: bool = False, **env: str) -> Iterator[ServedDaemon]:
     """A started `tfd serve` of the tiny served checkpoint of ``family`` (``head``: with a random
-    MTP head, so it drafts) in a fresh directory; stopped and the directory removed on the way out."""
+    MTP head, so it drafts), as ``started_server``."""
     import tiny_models  # torch-heavy: only tests that serve a model pay for it
 
     model = tiny_models.save_served(family, CACHE / ("tiny-head" if head else "tiny"))
     if head and not (model / "mtp-added").exists():
         tiny_models.add_head(model, family)
         (model / "mtp-added").touch()
+    with started_server(TF_MODEL=str(model), **env) as daemon:
+        yield daemon
+
+
+@contextlib.contextmanager
+def started_server(**env: str) -> Iterator[ServedDaemon]:
+    """A started `tfd serve` with ``env`` (the demo model unless it names another) in a fresh
+    directory; stopped and the directory removed on the way out."""
     workdir = Path(tempfile.mkdtemp(prefix="tfd-", dir="/tmp"))
-    daemon = ServedDaemon(workdir, TF_MODEL=str(model), **env)
+    daemon = ServedDaemon(workdir, **env)
     try:
         yield daemon.start(timeout=120)
     finally:

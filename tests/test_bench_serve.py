@@ -7,11 +7,9 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,7 @@ from typing import Any
 import pytest
 import trio
 
-from support import ServedDaemon, clean_environ
+from support import ServedDaemon, clean_environ, started_server
 from tfd.bench import versus as gates
 from tfd.bench.client import Events, Pool, Target
 from tfd.bench.latency import Summary, Timeline, lengths, percentile, poisson_arrivals
@@ -36,13 +34,8 @@ NO_TORCH = ("import sys, atexit; atexit.register(lambda: print('torch loaded:', 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServedDaemon]:
-    workdir = Path(tempfile.mkdtemp(prefix="tfd-", dir="/tmp"))
-    daemon = ServedDaemon(workdir)
-    try:
-        yield daemon.start(timeout=120)
-    finally:
-        daemon.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+    with started_server() as daemon:
+        yield daemon
 
 
 def bench(url: str, *args: str) -> subprocess.CompletedProcess[str]:

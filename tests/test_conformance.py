@@ -6,15 +6,13 @@ the run does not pass. Every family's tiny checkpoint passes too."""
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from tiny_models import FAMILIES
 
-from support import ServedDaemon, tiny_server
+from support import ServedDaemon, started_server, tiny_server
 from tfd.cli import main
 from tfd.conformance import report
 from tfd.conformance.report import Report, Row
@@ -22,13 +20,8 @@ from tfd.conformance.report import Report, Row
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServedDaemon]:
-    workdir = Path(tempfile.mkdtemp(prefix="tfd-", dir="/tmp"))
-    daemon = ServedDaemon(workdir)
-    try:
-        yield daemon.start(timeout=120)
-    finally:
-        daemon.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+    with started_server() as daemon:
+        yield daemon
 
 
 @pytest.fixture(scope="module")

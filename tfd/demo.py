@@ -19,7 +19,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -90,11 +90,8 @@ def build_demo(name: str, cache_dir: Path) -> Path:
                          "tokenizer": hashlib.sha256(tokenizer_bytes).hexdigest(),
                          "template": CHAT_TEMPLATE.read_text(), "weights": weights}, sort_keys=True)
     target = cache_dir / "demo" / f"{name}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
-    if (target / "model.safetensors").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
-    try:
+
+    def fill(staging: Path) -> None:
         if trained is not None:
             shutil.copy(trained, staging / "model.safetensors")
             shutil.copy(trained.with_suffix(".training.json"), staging / "training.json")
@@ -102,10 +99,28 @@ def build_demo(name: str, cache_dir: Path) -> Path:
             _, _, shapes = expected_tensors(family, config, {"mtp.head"})
             save_file(random_tensors(shapes, SEED), staging / "model.safetensors")
         write_files(staging, config)
+
+    return build_once(target, "model.safetensors", fill)
+
+
+def build_once(target: Path, marker: str, fill: Callable[[Path], None]) -> Path:
+    """``target``, a directory that is whole once its file ``marker`` is there, built by ``fill``
+    in a temporary directory beside it and renamed into place when missing.
+
+    Resource handling: a crash leaves no half-built directory (the temporary one is removed on
+    every path), and two builders racing both end with one; a rename that fails while no other
+    builder won is raised.
+    """
+    if (target / marker).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        fill(staging)
         try:
             os.rename(staging, target)
         except OSError:
-            if not (target / "model.safetensors").is_file():  # not a lost race: a real failure
+            if not (target / marker).is_file():  # not a lost race: a real failure
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)

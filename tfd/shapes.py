@@ -19,9 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -133,17 +131,13 @@ def fit(name: str, budget: int) -> Shape:
 
 def write_shape(shape: Shape, cache_dir: Path) -> Path:
     """``shape`` as a checkpoint directory without weights under ``cache_dir`` (built once; its name
-    carries a digest of what it holds). Resource handling: built beside and renamed into place, as
-    ``demo.build_demo`` does."""
+    carries a digest of what it holds). Resource handling: ``demo.build_once``'s."""
     config = {**shape.config, "mtp_num_hidden_layers": 1}
     recipe = json.dumps({"config": config, "tokenizer": _digest(demo.TOKENIZER), "cut": shape.cut,
                          "template": _digest(demo.CHAT_TEMPLATE)}, sort_keys=True)
     target = cache_dir / "shape" / f"{shape.name}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
-    if (target / "tokenizer.json").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{shape.name}-", dir=target.parent))
-    try:
+
+    def fill(staging: Path) -> None:
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         eos = config["eos_token_id"]
         (staging / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos]}) + "\n")
@@ -152,14 +146,8 @@ def write_shape(shape: Shape, cache_dir: Path) -> Path:
         tokens = {"eos_token": f"<{eos}>", "bos_token": None,
                   "model_max_length": config["max_position_embeddings"]}
         (staging / "tokenizer_config.json").write_text(json.dumps(tokens) + "\n")
-        try:
-            os.rename(staging, target)
-        except OSError:
-            if not (target / "tokenizer.json").is_file():  # not a lost race: a real failure
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+
+    return demo.build_once(target, "tokenizer.json", fill)
 
 
 def covering_tokenizer(vocab: int) -> str:

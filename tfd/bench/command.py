@@ -19,8 +19,9 @@ import torch
 from tfd.bench.conversation import conversation
 from tfd.bench.gemm import compare as compare_gemm
 from tfd.bench.gemm import weight_shapes
-from tfd.bench.main import bench, commit, compare_hf, measure_ceilings, random_model, run_name, summary, write
+from tfd.bench.main import bench, compare_hf, measure_ceilings, random_model, run_name, summary, write
 from tfd.bench.profile import profiles
+from tfd.bench.serve_record import revision
 from tfd.bench.variants import compare as compare_variants
 from tfd.bench.workload import Workload
 from tfd.checkpoint import CheckpointError, read_config
@@ -91,7 +92,7 @@ def conversation_bench(model: Any, name: str, args: argparse.Namespace, keep_gai
     keep states as the daemon would (``keep_gain``: TF_PROMPT_KEEP_GAIN)."""
     found = conversation(model, args.prompt, args.new, not args.no_graphs, args.step_tokens,
                          keep_gain=keep_gain)
-    found = {"shape": name, "commit": args.commit or commit(), **found}
+    found = {"shape": name, "commit": args.commit or revision(), **found}
     mib = found["bytes_read"] / 2**20
     print(f"{name} conversation of {found['prompt_tokens']} tokens: turn two ({found['turn2_prompt_tokens']} "
           f"tokens, {found['cached_tokens']} read back) first token {found['ttft_from_disk_s']:.3f} s from "

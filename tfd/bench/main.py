@@ -11,7 +11,6 @@ import datetime
 import json
 import logging
 import statistics
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import torch
 
 from tfd.bench import roofline
 from tfd.bench.compare_hf import hf_model, run_hf
+from tfd.bench.serve_record import revision as git_revision
 from tfd.bench.workload import Timings, Workload, run
 from tfd.families.hybrid import HybridModel
 from tfd.shapes import Shape, fit, weight_budget
@@ -51,15 +51,6 @@ def random_model(name: str, device: torch.device, seed: int = 0, head: bool = Fa
         print(f"tfd bench: cut {shape.cut}")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     return HybridModel.random(shape.family, shape.config, seed, dtype, device, head), shape
-
-
-def commit() -> str:
-    try:
-        found = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-                               check=True, cwd=Path(__file__).parent)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return found.stdout.strip()
 
 
 def describe(model: HybridModel, shape_name: str, weight_bytes: int, workload: Workload, timings: Timings,
@@ -127,7 +118,7 @@ def bench(model: HybridModel, shape_name: str, weight_bytes: int, workloads: lis
     ceilings = measure_ceilings(device)
     print(f"tfd bench: {ceilings.gpu}: copy {ceilings.copy_gbps:.0f} GB/s, "
           f"matmul {ceilings.matmul_tflops:.0f} TFLOP/s")
-    revision = revision or commit()
+    revision = revision or git_revision()
     results = []
     for round_ in range(rounds):
         for workload in workloads:

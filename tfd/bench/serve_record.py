@@ -188,7 +188,7 @@ def write(result: dict[str, Any], out: Path) -> Path:
 
 
 def revision() -> str:
-    """git's short HEAD of this checkout, as the engine bench records it (without its torch import)."""
+    """git's short HEAD of this checkout (or "unknown"), the revision every bench run records; no torch."""
     try:
         found = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
                                check=True, cwd=Path(__file__).parent)

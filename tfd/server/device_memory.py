@@ -4,8 +4,9 @@
 and freed after, and takes the peak of what it allocated: the activations a serving step needs
 beside the pool. It also compiles that step's prefill kernels before the pool exists.
 
-Resource handling: the one-lane pool and every tensor of the measured step are released (and
-torch's cache emptied) before ``measure_step`` returns or raises.
+Resource handling: the one-lane pool's lease is finished on every path; the pool and the step's
+tensors go with ``measure_step``'s frame, and ``plan_device`` then gives their memory back to the
+device (torch's cache emptied) before it reads what is free.
 """
 
 from __future__ import annotations
@@ -52,9 +53,6 @@ def measure_step(model: HybridModel, layout: Layout, step_tokens: int, device: t
         return int(torch.cuda.max_memory_allocated(device) - before)
     finally:
         lease.finish()
-        del pool
-        gc.collect()
-        torch.cuda.empty_cache()
 
 
 def plan_device(model: HybridModel, layout: Layout, device: torch.device, *, free: int, limit: int | None,

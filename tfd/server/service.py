@@ -112,9 +112,6 @@ def prepare(settings: Settings, environ: Mapping[str, str]) -> Prepared:
         raise SettingsRefused([f"TF_CONTEXT={context}: one lane of {context} tokens needs "
                                f"{need / GIB:.3g} GiB; the pool's {gib:.3g} GiB "
                                f"({pool_source(config, plan)}) holds none"])
-    if free is not None:
-        log.info("device: %.2f GiB free before the pool of %.2f GiB (torch holds %.2f GiB)",
-                 torch.cuda.mem_get_info(device)[0] / GIB, gib, torch.cuda.memory_reserved(device) / GIB)
     try:
         with refusing_oom(f"allocating the pool of {gib:.2f} GiB"):
             pool = Pool.for_limit(layout, pool_bytes, context, parallel=parallel, mode=config.mode,
