@@ -112,7 +112,8 @@ def lane_of(chunk_at, slot, lanes, LANES_BLOCK: tl.constexpr):
     return lane
 
 
-@triton.jit
+# counts that vary call by call are not specialized on (1, multiples of 16): one variant meets them all
+@triton.jit(do_not_specialize=["lanes", "rows_all"])
 def _chunks(q, k, v, g, beta, cu_seqlens, starts, chunk_at, w, u, p, f, tri, scale, q_row, k_row, v_row,
             lanes, rows_all, KEY_HEADS: tl.constexpr, VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr,
             VALUE_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, PIECE: tl.constexpr,

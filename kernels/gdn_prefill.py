@@ -79,7 +79,8 @@ def _lane_tile(cu_seqlens, lane, block, VALUE_DIM: tl.constexpr, BLOCK_V: tl.con
             vs < VALUE_DIM)
 
 
-@triton.jit
+# counts that vary call by call are not specialized on (1, multiples of 16): one variant meets them all
+@triton.jit(do_not_specialize=["rows_all"])
 def _scan(k, w, u, f, h, states, state_at, cu_seqlens, starts, chunk_at, out, k_row, rows_all,
           KEY_HEADS: tl.constexpr, VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr, VALUE_DIM: tl.constexpr,
           BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PIECE: tl.constexpr, CHUNK: tl.constexpr):
@@ -139,7 +140,8 @@ def _scan(k, w, u, f, h, states, state_at, cu_seqlens, starts, chunk_at, out, k_
         tl.store(tile + ks[:, None] * VALUE_DIM + vs[None, :], s[n], mask=kept)
 
 
-@triton.jit
+# counts that vary call by call are not specialized on (1, multiples of 16): one variant meets them all
+@triton.jit(do_not_specialize=["lanes"])
 def _output(q, u, p, f, h, cu_seqlens, starts, chunk_at, out, q_row, lanes, KEY_HEADS: tl.constexpr,
             VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr, VALUE_DIM: tl.constexpr, BLOCK_K: tl.constexpr,
             BLOCK_V: tl.constexpr, PIECE: tl.constexpr, CHUNK: tl.constexpr,

@@ -279,7 +279,8 @@ def _segment_tma(x, w, first_row, first_col, start, length, BLOCK_M: tl.constexp
     return acc
 
 
-@triton.jit
+# counts that vary call by call are not specialized on (1, multiples of 16): one variant meets them all
+@triton.jit(do_not_specialize=["m", "m_tiles"])
 def _whole(x, w, out, m, n, k, stride_xm, stride_wn, stride_om, segments, k_per_segment, n_tiles, m_tiles,
            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr,
            ONE_SEGMENT: tl.constexpr, TMA: tl.constexpr, GROUP: tl.constexpr, SWIGLU: tl.constexpr,

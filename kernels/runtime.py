@@ -50,8 +50,8 @@ def watch_compiles() -> bool:
         return False
 
     def counted(**info: Any) -> bool | None:
-        name = getattr(info.get("fn"), "name", "?")
-        _VARIANTS.append(str(name))
+        # Triton's repr names the kernel and each argument's specialization: what made it a new variant
+        _VARIANTS.append(str(info.get("repr") or getattr(info.get("fn"), "name", "?")))
         return before(**info) if before is not None else None
 
     knobs.runtime.jit_post_compile_hook = counted
@@ -60,6 +60,6 @@ def watch_compiles() -> bool:
 
 
 def compiled_variants() -> tuple[str, ...]:
-    """The kernels of each variant compiled since ``watch_compiles``, in order (a name repeats for
-    each of its variants)."""
+    """Each variant compiled since ``watch_compiles``, in order: its kernel's name, then (where Triton
+    says) its launch options and each argument's specialization in brackets and parentheses."""
     return tuple(_VARIANTS)

@@ -33,7 +33,8 @@ BLOCK = 2048  # tokens a step of a program's loop
 SLICE = 2048
 
 
-@triton.jit
+# counts that vary call by call are not specialized on (1, multiples of 16): one variant meets them all
+@triton.jit(do_not_specialize=["offset"])
 def _slice_best(logits, temperature, seeds, positions, offset, best_score, best_id, vocab, row_stride, slices,
                 SEED_MIX: tl.constexpr, POSITION_MIX: tl.constexpr, TOKEN_MIX: tl.constexpr,
                 M1: tl.constexpr, M2: tl.constexpr, BLOCK: tl.constexpr, SLICE: tl.constexpr,

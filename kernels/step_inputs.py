@@ -40,7 +40,8 @@ class StepInputs:
     lengths: torch.Tensor  # [lanes] int32: visible keys
 
 
-@triton.jit
+# counts that vary call by call are not specialized on (1, multiples of 16): one variant meets them all
+@triton.jit(do_not_specialize=["stride_f", "pages"])
 def _gather(packed, stride_f, stride_l, embed, stride_e, cos_table, sin_table, stride_t, x, stride_x, cos,
             sin, stride_a, table, stride_tb, lengths, hidden, dim, pages, table_field, feed,
             EMBED_TILES: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, FEED: tl.constexpr,

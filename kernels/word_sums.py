@@ -21,7 +21,8 @@ MAX_WORDS = 1 << 31  # (i + 1) * MULTIPLIER stays below 2**63
 BLOCK = 4096  # words a program sums: 16 KiB read, a tile of int64 products in registers
 
 
-@triton.jit
+# counts that vary call by call are not specialized on (1, multiples of 16): one variant meets them all
+@triton.jit(do_not_specialize=["count", "stride", "chunks", "first"])
 def _halves(words, partials, count, stride, chunks, first, BLOCK: tl.constexpr):
     row, chunk = tl.program_id(0), tl.program_id(1)
     at = chunk * BLOCK + tl.arange(0, BLOCK)

@@ -65,6 +65,17 @@ def test_bench_runs_the_demo_and_writes_each_run(tmp_path: Path) -> None:
         assert all(key in run for key in REQUIRED)
         assert run["streams"] == streams and run["commit"] == "test" and run["gpu"] == "cpu"
         assert run["decode_tok_s"] > 0 and run["prefill_tok_s"] > 0 and 0 < run["roofline_fraction"] < 1
+        assert 0 < run["time_per_output_token_ms"]["mean"] <= run["time_per_output_token_ms"]["max"]
+
+
+def test_a_streams_time_a_token_runs_from_its_first_token_to_its_last() -> None:
+    from tfd.bench.main import tpot_of
+    from tfd.bench.workload import Timings, Workload
+
+    timings = Timings(tokens=((1,) * 4, (1,) * 4), prefill_s=0.3, first_token_s=(0.1, 0.3), decode_steps=3,
+                      decode_s=0.3, decode_tokens=6, graphs=False, peak_bytes=0, last_token_s=(0.4, 0.9))
+    assert tpot_of(Workload(2, 40, 4), timings) == {"mean": pytest.approx(150.0), "max": pytest.approx(200.0)}
+    assert tpot_of(Workload(2, 40, 1), timings) is None  # one token a stream: no time between tokens
 
 
 def test_bench_times_a_second_turn_read_back_from_disk(tmp_path: Path) -> None:

@@ -227,8 +227,9 @@ def run_of(concurrency: int, requests: int, tpot: tuple[float, float, float] = (
             "tpot_ms": {"mean": tpot[0], "p50": tpot[1], "p99": tpot[2]}, "ttft_ms": {"max": ttft_max}}
 
 
+# a burst's streams wait for each other's prompt chunks: their TPOT (12 ms) is above the step's 10
 ENGINE = EngineRun(streams=32, drafts=0, step_ms=10.0, token_ms=10.0, ttft_max_s=0.1, prefill_tok_s=20_000.0,
-                   decode_tok_s=3_200.0)
+                   decode_tok_s=3_200.0, tpot_ms=12.0)
 
 
 def test_the_work_model_adds_prefill_and_decode_time() -> None:
@@ -237,6 +238,10 @@ def test_the_work_model_adds_prefill_and_decode_time() -> None:
     assert EngineRun.of({"streams": 2, "drafts": 1, "step_ms": 4.0, "decode_tok_s_per_stream": 400.0,
                          "time_to_first_token_s": {"max": 0.5}, "prefill_tok_s": 9.0,
                          "decode_tok_s": 800.0}).token_ms == pytest.approx(2.5)  # drafts: less than a step
+    measured = EngineRun.of({"streams": 2, "step_ms": 4.0, "decode_tok_s_per_stream": 250.0,
+                             "time_to_first_token_s": {"max": 0.5}, "prefill_tok_s": 9.0, "decode_tok_s": 500.0,
+                             "time_per_output_token_ms": {"mean": 4.5, "max": 5.0}})
+    assert (measured.token_ms, measured.tpot_ms) == (pytest.approx(4.0), 4.5)
 
 
 @pytest.mark.parametrize("held", [True, False])
@@ -246,9 +251,10 @@ def test_each_gate_holds_on_one_side_of_its_threshold(held: bool) -> None:
     assert one.gates == {"tpot": held, "throughput": one.throughput_ratio >= gates.THROUGHPUT,
                          "tpot_tail": True}
     tpot, ttft = gates.TPOT_BURST * edge, gates.TTFT_BURST * edge
-    burst = versus(run_of(32, 32, tpot=(10 * tpot, 10.0, 10.0), ttft_max=100 * ttft), ENGINE)
+    burst = versus(run_of(32, 32, tpot=(12 * tpot, 10.0, 10.0), ttft_max=100 * ttft), ENGINE)
     assert burst.gates == {"tpot": held, "ttft_max": held}  # all at once: no throughput or tail gate
-    assert burst.tpot_ratio == pytest.approx(tpot) and burst.ttft_ratio == pytest.approx(ttft)
+    assert burst.burst_tpot_ratio == pytest.approx(tpot) and burst.ttft_ratio == pytest.approx(ttft)
+    assert burst.tpot_ratio == pytest.approx(1.2 * tpot)  # over the step: reported, the engine's TPOT gated
     allowed = allowed_tok_s(128 * 1024, 128 * 256, ENGINE.prefill_tok_s, ENGINE.decode_tok_s)
     share = gates.THROUGHPUT / edge
     tail = (10.0, 10.0, 10 * gates.TAIL * edge)
@@ -351,7 +357,8 @@ def test_compare_engine_pairs_each_run_with_the_engine_at_its_concurrency(
         return [{"shape": name, "streams": w.streams, "prompt_tokens": w.prompt_tokens,
                  "new_tokens": w.new_tokens, "drafts": 0, "step_ms": 10.0, "decode_tok_s_per_stream": 100.0,
                  "decode_tok_s": 100.0 * w.streams, "time_to_first_token_s": {"max": 0.1},
-                 "prefill_tok_s": 20_000.0} for w in workloads]
+                 "prefill_tok_s": 20_000.0, "time_per_output_token_ms": {"mean": 10.0, "max": 11.0}}
+                for w in workloads]
 
     class Drawn:
         name, weight_bytes = "qwen3_5-9b", 1

@@ -6,7 +6,7 @@ import pytest
 
 from support import ServedDaemon
 from tfd.engine.engine import Limits
-from tfd.server.warm_up import LONG, NEW, RESUMED, TOGETHER, short, waves
+from tfd.server.warm_up import LONG, NEW, RESUMED, TOGETHER, by_kernel, short, waves
 
 VOCAB = 4096
 
@@ -86,3 +86,10 @@ def test_a_full_warm_up_through_the_daemon(served: type[ServedDaemon]) -> None:
     census = daemon.admin_call("pool")["pool"]["census"]  # type: ignore[index]
     assert not census["lanes"]
     assert daemon.admin_call("learn")["learn"]["memory"]["entries"] == 0  # type: ignore[index]
+
+
+def test_variants_are_counted_by_kernel_most_first() -> None:
+    variants = ["_gemm[num_warps=4](M: i32)", "_norm(x: *bf16)", "_gemm[num_warps=8](M: ('i32', 'D'))",
+                "_spread"]
+    assert by_kernel(variants) == "_gemm x2, _norm x1, _spread x1"
+    assert by_kernel([]) == "none"

@@ -7,7 +7,12 @@ runs' prompt and new ranges, random prompt ids even for ``--text``, the same tem
 concurrency run is set against it (``versus``):
 
 - ``tpot_ratio``: the run's mean TPOT over the engine's time a token a stream (its decode step
-  without drafts). Gate: at most 1.05 at one stream, 1.15 when all requests go at once (N == C);
+  without drafts). Gate: at most 1.05 at one stream;
+- ``burst_tpot_ratio``: the run's mean TPOT over the engine's, measured alike (each stream's last
+  token less its first over its tokens less one). When all requests go at once (N == C) a stream's
+  TPOT holds its waits for the prompt chunks of the streams admitted after it, which no decode step
+  does: at 32 prompts of 1,024 tokens and 256 new ones the waits alone add about half the burst's
+  prefill over 255 tokens (0.56 s / 255 = 2.2 ms on the 9B shape). Gate, all at once: at most 1.15;
 - ``ttft_ratio``: the run's largest TTFT over the engine's. Gate, all at once: at most 1.2;
 - ``throughput_ratio``: the run's output tok/s over what the engine's rates allow for the same work,
   ``T = prompt tokens / prefill tok/s + output tokens / decode tok/s at C``, ``allowed = output / T``.
@@ -46,12 +51,14 @@ class EngineRun:
     ttft_max_s: float
     prefill_tok_s: float
     decode_tok_s: float
+    tpot_ms: float | None  # the streams' mean time a token after their first, as a client measures it
 
     @classmethod
     def of(cls, result: Mapping[str, Any]) -> EngineRun:
+        tpot = result.get("time_per_output_token_ms")
         return cls(result["streams"], result.get("drafts") or 0, result["step_ms"],
                    1e3 / result["decode_tok_s_per_stream"], result["time_to_first_token_s"]["max"],
-                   result["prefill_tok_s"], result["decode_tok_s"])
+                   result["prefill_tok_s"], result["decode_tok_s"], tpot["mean"] if tpot else None)
 
 
 @attrs.frozen
@@ -59,6 +66,7 @@ class Versus:
     """An HTTP run's ratios to the engine's, and the gates that apply to its kind of run."""
 
     tpot_ratio: float
+    burst_tpot_ratio: float
     ttft_ratio: float
     allowed_tok_s: float
     throughput_ratio: float
@@ -81,19 +89,21 @@ def versus(run: Mapping[str, Any], engine: EngineRun) -> Versus:
     tpot, ttft = run["tpot_ms"], run["ttft_ms"]
     allowed = allowed_tok_s(run["prompt_tokens_total"], run["output_tokens_total"], engine.prefill_tok_s,
                             engine.decode_tok_s)
-    tpot_ratio = _ratio(tpot["mean"], engine.token_ms)
+    tpot_ratio, burst_tpot_ratio = _ratio(tpot["mean"], engine.token_ms), _ratio(tpot["mean"], engine.tpot_ms)
     ttft_ratio = _ratio(ttft["max"], engine.ttft_max_s * 1e3)
     throughput_ratio, tail_ratio = _ratio(run["output_tok_s"], allowed), _ratio(tpot["p99"], tpot["p50"])
     gates = {}
     burst = run["requests"] == run["concurrency"]
-    if run["concurrency"] == 1 or burst:
-        gates["tpot"] = tpot_ratio <= (TPOT_ONE if run["concurrency"] == 1 else TPOT_BURST)
+    if run["concurrency"] == 1:
+        gates["tpot"] = tpot_ratio <= TPOT_ONE
+    elif burst:
+        gates["tpot"] = burst_tpot_ratio <= TPOT_BURST
     if burst:
         gates["ttft_max"] = ttft_ratio <= TTFT_BURST
     else:
         gates["throughput"] = throughput_ratio >= THROUGHPUT
         gates["tpot_tail"] = tail_ratio < TAIL
-    return Versus(tpot_ratio, ttft_ratio, allowed, throughput_ratio, tail_ratio, gates)
+    return Versus(tpot_ratio, burst_tpot_ratio, ttft_ratio, allowed, throughput_ratio, tail_ratio, gates)
 
 
 def _ratio(a: float | None, b: float | None) -> float:
@@ -101,15 +111,18 @@ def _ratio(a: float | None, b: float | None) -> float:
 
 
 def table(rows: Sequence[tuple[str, EngineRun, Versus]]) -> str:
-    """The ratios a run, each applicable gate marked held (ok) or not (MISS)."""
-    def mark(found: Versus, gate: str, value: float) -> str:
-        held = found.gates.get(gate)
+    """The ratios a run, each applicable gate marked held (ok) or not (MISS): TPOT over the engine's
+    step gated at one stream, over the engine's TPOT measured alike gated when all go at once."""
+    def mark(found: Versus, gate: str, value: float, applies: bool = True) -> str:
+        held = found.gates.get(gate) if applies else None
         return f"{value:.3f}" + ("" if held is None else " ok" if held else " MISS")
 
-    lines = [f"{'run':48} {'engine ms/token':>15} {'TPOT/engine':>13} {'TTFTmax/engine':>15} "
+    lines = [f"{'run':48} {'engine ms/token':>15} {'TPOT/step':>11} {'TPOT/engine':>13} {'TTFTmax/engine':>15} "
              f"{'tok/s/allowed':>14} {'TPOT p99/p50':>13}"]
     for name, engine, found in rows:
-        lines.append(f"{name:48} {engine.token_ms:>15.3f} {mark(found, 'tpot', found.tpot_ratio):>13} "
+        burst = "ttft_max" in found.gates
+        lines.append(f"{name:48} {engine.token_ms:>15.3f} {mark(found, 'tpot', found.tpot_ratio, not burst):>11} "
+                     f"{mark(found, 'tpot', found.burst_tpot_ratio, burst):>13} "
                      f"{mark(found, 'ttft_max', found.ttft_ratio):>15} "
                      f"{mark(found, 'throughput', found.throughput_ratio):>14} "
                      f"{mark(found, 'tpot_tail', found.tail_ratio):>13}")

@@ -54,6 +54,7 @@ class Timings:
     peak_bytes: int  # device memory allocated at most
     drafts: DraftCounts = attrs.Factory(DraftCounts)  # all streams' rounds, drafts and accepted ones
     cached: tuple[int, ...] = ()  # each request's prompt tokens resumed from a kept state
+    last_token_s: tuple[float, ...] = ()  # each stream's time to its last token
 
 
 def run(model: HybridModel, workload: Workload, graphs: bool, seed: int = 0) -> Timings:
@@ -130,6 +131,7 @@ def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, gra
         torch.cuda.reset_peak_memory_stats(device)
     began = time.perf_counter()
     steps, decode_s, decode_tokens = 0, 0.0, 0
+    last_token: dict[int, float] = {}  # a lane's number: when it drew its latest token
     last: float | None = None  # the end of the previous step, when every stream decoded in it
     while not scheduler.idle:
         plan = scheduler.plan(admit)
@@ -147,6 +149,7 @@ def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, gra
             lane = item.work.lane
             for token in item.tokens:  # a verify round's may pass where the lane stops
                 lane.record(token, after - began)
+                last_token[lane.number] = after - began
                 if leaves is not None and len(lane.generated) == leaves.get(lane.request.id):
                     lane.cancelled = True
                 if lane.cancelled or len(lane.generated) >= lane.request.max_tokens:
@@ -165,4 +168,4 @@ def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, gra
         drafts.accepted += lane.counts.accepted
     return Timings(tuple(tuple(lane.generated) for lane in lanes), max(ttft), ttft, steps, decode_s,
                    decode_tokens, runner.graphs is not None, peak, drafts,
-                   tuple(lane.cached for lane in lanes))
+                   tuple(lane.cached for lane in lanes), tuple(last_token[lane.number] for lane in lanes))

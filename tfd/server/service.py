@@ -37,7 +37,7 @@ from tfd.pool.pages import AUTO_LANES_MOST, Pool
 from tfd.pool.report import LoadReport
 from tfd.server.device_memory import free_at_load, plan_device
 from tfd.server.systemd import Heartbeat
-from tfd.server.warm_up import short, warm_up, waves
+from tfd.server.warm_up import by_kernel, short, warm_up, waves
 from tfd.store.identity import PROBE_TOKENS, facts, identity, probe_prompt
 from tfd.store.learned import Learned, state_digest
 from tfd.store.store import Store
@@ -251,6 +251,8 @@ class Service:
             else "kernel compiles not counted here"
         log.info("warm-up (%s): %d requests in %.2fs; %s", "full" if full else "short", sent,
                  time.monotonic() - began, counted)
+        if watch_compiles():
+            log.info("warm-up variants by kernel: %s", by_kernel(compiled_variants()[before:]))
         device = self.pool.buffer.device
         if device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(device)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 
 import trio
@@ -74,6 +75,13 @@ def waves(limits: Limits, vocab: int, drafting: bool, cache: bool) -> list[list[
         if cache and long + RESUMED <= room:
             made.append([request(long + RESUMED, start=9000)])  # the turn after: resumed where it kept
     return made
+
+
+def by_kernel(variants: Sequence[str]) -> str:
+    """``variants`` (``tfd_kernels.runtime.compiled_variants``' form) counted by kernel, most first:
+    "_gemm x12, _norm x3"; "none" when empty."""
+    counts = Counter(variant.split("[")[0].split("(")[0] for variant in variants)
+    return ", ".join(f"{name} x{n}" for name, n in counts.most_common()) or "none"
 
 
 def short(vocab: int) -> list[list[Request]]:
