@@ -179,7 +179,7 @@ def compare(runs: Sequence[dict[str, Any]], shape: str, args: Any, max_lanes: in
         rows.append((serve_name(run), engine, found))
         if out is not None:
             write(run, out)
-    # a server prefills TF_STEP_TOKENS rows a step (2048 on a GPU by default): at another count than
+    # a server prefills TF_STEP_TOKENS rows a step (8192 on a large GPU by default): at another count than
     # the engine's, its first tokens and the decode steps beside prompt chunks differ by that alone
     print(f"engine: {drawn.name}, {args.step_tokens} rows a step (--step-tokens; the server's is its "
           f"TF_STEP_TOKENS)\n{table(rows)}", flush=True)

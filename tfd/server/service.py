@@ -35,7 +35,7 @@ from tfd.pool.device_plan import DevicePlan, DeviceTooSmall
 from tfd.pool.errors import PoolShort
 from tfd.pool.pages import AUTO_LANES_MOST, Pool
 from tfd.pool.report import LoadReport
-from tfd.server.device_memory import free_at_load, plan_device
+from tfd.server.device_memory import auto_step_tokens, device_bytes, free_at_load, plan_device
 from tfd.server.systemd import Heartbeat
 from tfd.server.warm_up import by_kernel, short, warm_up, waves
 from tfd.store.identity import PROBE_TOKENS, facts, identity, probe_prompt
@@ -47,7 +47,6 @@ log = logging.getLogger("tfd.service")
 # A step longer than this means the engine is stuck: the watchdog stops pinging.
 ENGINE_STALL_S = 120.0
 PROBE_AT = (PROBE_TOKENS - 1) // CHUNK * CHUNK  # where the identity probe's state is kept
-GPU_STEP_TOKENS, CPU_STEP_TOKENS = 2048, 256  # TF_STEP_TOKENS=auto (env/server.toml says why)
 OUT_OF_MEMORY = ("the device ran out of memory {doing}: lower TF_POOL_GIB, TF_PARALLEL, TF_STEP_TOKENS or "
                  "TF_CONTEXT, or set TF_CUDA_MEMORY_LIMIT_GB below what the device has free")
 
@@ -90,8 +89,8 @@ def prepare(settings: Settings, environ: Mapping[str, str]) -> Prepared:
     layout = loaded.model.layout(config.page_rows, drafting is not None, window)
     context = settings.value("TF_CONTEXT", int)
     parallel = settings.optional("TF_PARALLEL", int)
-    step_tokens = settings.optional("TF_STEP_TOKENS", int) or (GPU_STEP_TOKENS if free is not None
-                                                               else CPU_STEP_TOKENS)  # auto
+    step_tokens = settings.optional("TF_STEP_TOKENS", int) or auto_step_tokens(device_bytes(device),
+                                                                               config.memory_limit)
     plan = None
     if free is None:  # the CPU: the pool is TF_POOL_GIB, or its default there
         pool_bytes = config.size if config.size is not None else CPU_POOL_BYTES
