@@ -50,8 +50,10 @@ def watch_compiles() -> bool:
         return False
 
     def counted(**info: Any) -> bool | None:
-        # Triton's repr names the kernel and each argument's specialization: what made it a new variant
-        _VARIANTS.append(str(info.get("repr") or getattr(info.get("fn"), "name", "?")))
+        # the kernel and its key, each argument's specialization: what made it a new variant (Triton's
+        # own repr of it is empty in 3.6)
+        key = info.get("key")
+        _VARIANTS.append(getattr(info.get("fn"), "name", "?") + ("" if key is None else f" {key}"))
         return before(**info) if before is not None else None
 
     knobs.runtime.jit_post_compile_hook = counted
@@ -61,5 +63,5 @@ def watch_compiles() -> bool:
 
 def compiled_variants() -> tuple[str, ...]:
     """Each variant compiled since ``watch_compiles``, in order: its kernel's name, then (where Triton
-    says) its launch options and each argument's specialization in brackets and parentheses."""
+    gives it) a space and its key, each argument's type and specialization."""
     return tuple(_VARIANTS)

@@ -239,8 +239,8 @@ def test_the_work_model_adds_prefill_and_decode_time() -> None:
                          "time_to_first_token_s": {"max": 0.5}, "prefill_tok_s": 9.0,
                          "decode_tok_s": 800.0}).token_ms == pytest.approx(2.5)  # drafts: less than a step
     measured = EngineRun.of({"streams": 2, "step_ms": 4.0, "decode_tok_s_per_stream": 250.0,
-                             "time_to_first_token_s": {"max": 0.5}, "prefill_tok_s": 9.0, "decode_tok_s": 500.0,
-                             "time_per_output_token_ms": {"mean": 4.5, "max": 5.0}})
+                             "time_to_first_token_s": {"max": 0.5}, "prefill_tok_s": 9.0,
+                             "decode_tok_s": 500.0, "time_per_output_token_ms": {"mean": 4.5, "max": 5.0}})
     assert (measured.token_ms, measured.tpot_ms) == (pytest.approx(4.0), 4.5)
 
 

@@ -20,7 +20,7 @@ knobs.runtime.jit_post_compile_hook = lambda **info: seen.append(info["fn"].name
 from tfd_kernels.runtime import compiled_variants, watch_compiles
 assert watch_compiles() and watch_compiles()  # once installed, asked again: the same
 knobs.runtime.jit_post_compile_hook(fn=SimpleNamespace(name="_spread"), key=None)
-knobs.runtime.jit_post_compile_hook(fn=SimpleNamespace(name="_spread"), key=None)
+knobs.runtime.jit_post_compile_hook(fn=SimpleNamespace(name="_spread"), key=(("i32", "D"),))
 print(compiled_variants(), seen)
 """
 
@@ -30,7 +30,8 @@ def test_the_hook_counts_each_variant_after_the_hook_before_it() -> None:
     done = subprocess.run([sys.executable, "-c", HOOKED], env=environ, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "('_spread', '_spread') ['_spread', '_spread']"
+    # each variant by its kernel and key, the argument's specialization that made it one
+    assert done.stdout.strip() == "('_spread', \"_spread (('i32', 'D'),)\") ['_spread', '_spread']"
 
 
 def test_interpreted_kernels_are_not_counted() -> None:

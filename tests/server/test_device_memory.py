@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from tfd.server.device_memory import (CPU_STEP_TOKENS, GPU_STEP_TOKENS, LARGE_DEVICE_GIB, LARGE_STEP_TOKENS,
-                                      auto_step_tokens)
+from tfd.server.device_memory import (
+    CPU_STEP_TOKENS,
+    GPU_STEP_TOKENS,
+    LARGE_DEVICE_GIB,
+    LARGE_STEP_TOKENS,
+    auto_step_tokens,
+)
 
 GIB = 2**30
 

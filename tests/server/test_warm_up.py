@@ -6,7 +6,7 @@ import pytest
 
 from support import ServedDaemon
 from tfd.engine.engine import Limits
-from tfd.server.warm_up import LONG, NEW, RESUMED, TOGETHER, by_kernel, short, waves
+from tfd.server.warm_up import GEMM_CLASSES, LONG, NEW, RESUMED, TOGETHER, by_kernel, short, waves
 
 VOCAB = 4096
 
@@ -23,9 +23,11 @@ def test_prompts_alone_meet_each_gemm_class_with_rows_one_sixteen_and_neither() 
     plan = waves(limits(), VOCAB, drafting=True, cache=True)
     alone = [len(wave[0].prompt) for wave in plan if len(wave) == 1 and wave[0].sampling.temperature == 0
              and wave[0].sampling.logprobs is None]
-    for low, high in ((1, 64), (65, 128), (129, 256)):  # the GEMM's spread, middle and whole rows
+    # the GEMM's tiles: up to 16 rows, 32, 64 (spread), 128 (middle), then the whole form
+    assert GEMM_CLASSES == ((1, 16), (17, 32), (33, 64), (65, 128), (129, 256))
+    for low, high in GEMM_CLASSES:
         rows = [r for r in alone if low <= r <= high]
-        assert any(r % 16 == 0 for r in rows) and any(r % 16 for r in rows), (low, high, rows)
+        assert any(r % 16 == 0 for r in rows) and any(r % 16 and r != 1 for r in rows), (low, high, rows)
     assert 1 in alone and 256 in alone and 256 + 17 in alone  # a whole step, and past it
 
 
@@ -89,7 +91,6 @@ def test_a_full_warm_up_through_the_daemon(served: type[ServedDaemon]) -> None:
 
 
 def test_variants_are_counted_by_kernel_most_first() -> None:
-    variants = ["_gemm[num_warps=4](M: i32)", "_norm(x: *bf16)", "_gemm[num_warps=8](M: ('i32', 'D'))",
-                "_spread"]
+    variants = ["_gemm (('i32', ''),)", "_norm (('*bf16', 'D'),)", "_gemm (('i32', 'D'),)", "_spread"]
     assert by_kernel(variants) == "_gemm x2, _norm x1, _spread x1"
     assert by_kernel([]) == "none"

@@ -8,8 +8,9 @@ on an H200 with an empty Triton cache the first 32 chats after READY took 17.2 s
 full warm-up sends through the engine, as clients' requests go, waves of requests that meet the
 rest (``waves``):
 
-1. prompts alone, one a step, whose rows are 1, a multiple of 16 and neither, in each GEMM class,
-   and a whole step of TF_STEP_TOKENS rows and past it;
+1. prompts alone, one a step, whose rows are 1, a multiple of 16 and neither, in each of the GEMM's
+   row classes (``GEMM_CLASSES``, its tiles' rows: the GEMM specializes on its rows), and a whole
+   step of TF_STEP_TOKENS rows and past it;
 2. lanes together (2, 3, 16, 17 of them) of different lengths, so steps mix prompt chunks with
    decode rows;
 3. sampling with cuts (top-k, top-p, min-p), seeded temperature and logprobs, drafted and not;
@@ -31,10 +32,16 @@ import trio
 
 from tfd.engine.engine import Engine, Limits
 from tfd.engine.request import Finished, Request, Sampling
+from tfd_kernels.gemm import FEW, MID, MIDDLE, SPREAD_ROWS
 
 log = logging.getLogger("tfd.warm_up")
 NEW = 3  # tokens a warm-up request makes: its prefill's draw, then decode steps
-ALONE = (1, 2, 16, 17, 64, 80, 100, 128, 129, 200, 256)  # prompt rows: 1, 16k and not, in each GEMM class
+# the GEMM's row classes, each a tile of its own: its rows specialize on 1 and multiples of 16 within
+GEMM_CLASSES = ((1, FEW.block_m), (FEW.block_m + 1, MID.block_m), (MID.block_m + 1, SPREAD_ROWS),
+                (SPREAD_ROWS + 1, MIDDLE.block_m), (MIDDLE.block_m + 1, 2 * MIDDLE.block_m))
+# prompt rows: 1, then in each class its first rows (not a multiple of 16) and its last multiple of 16
+ALONE = tuple(sorted({1} | {low + (low == 1) for low, _ in GEMM_CLASSES}
+                    | {high // 16 * 16 for _, high in GEMM_CLASSES}))
 TOGETHER = (2, 3, 16, 17)  # lanes of a step: 1 is every alone's, 16k and not
 TOGETHER_ROWS = (17, 100, 33)  # their prompts, by turns: some decode while others still prefill
 SPAN = 2048  # prefill attention's key span; decode attention splits differently past 4,096 keys
@@ -78,9 +85,9 @@ def waves(limits: Limits, vocab: int, drafting: bool, cache: bool) -> list[list[
 
 
 def by_kernel(variants: Sequence[str]) -> str:
-    """``variants`` (``tfd_kernels.runtime.compiled_variants``' form) counted by kernel, most first:
-    "_gemm x12, _norm x3"; "none" when empty."""
-    counts = Counter(variant.split("[")[0].split("(")[0] for variant in variants)
+    """``variants`` (``tfd_kernels.runtime.compiled_variants``' form: a name, a key) counted by
+    kernel, most first: "_gemm x12, _norm x3"; "none" when empty."""
+    counts = Counter(variant.split(" ")[0] for variant in variants)
     return ", ".join(f"{name} x{n}" for name, n in counts.most_common()) or "none"
 
 
