@@ -115,7 +115,21 @@ def test_a_soak_of_random_requests_and_cancels_holds(server: ServedDaemon, tmp_p
     assert words["ok"] is True and words["failures"] == 0 and words["leaks"] == {}
     assert words["requests"] == 22 and words["tokens"] > 0 and words["answers"]["200"] > 0
     assert words["left"] > 0  # the fourth client's first request leaves (its draws are seeded)
-    assert set(words["memory"]) == {"start", "end"} and words["memory"]["end"]["rss_bytes"] > 0
+    assert set(words["memory"]) == {"start", "settled", "end"} and words["memory"]["end"]["rss_bytes"] > 0
+    assert words["flat"] is None  # no --flat: memory reported, not gated
+
+
+def test_a_soak_holds_memory_flat_only_within_its_limit() -> None:
+    from tfd.conformance.soak import SoakReport
+
+    def report(end: int, flat: float | None = 0.02) -> SoakReport:
+        memory = {"start": {"rss_bytes": 900}, "settled": {"rss_bytes": 1000}, "end": {"rss_bytes": end}}
+        return SoakReport(60.0, 4, 10, 100, 0, {"200": 10}, 0, {}, memory, flat)
+
+    assert report(1019).ok and report(1019).growth == {"rss_bytes": pytest.approx(0.019)}
+    assert not report(1021).ok  # 2.1% past settled (the ramp from the start, 900, is not counted)
+    assert report(1021, flat=None).ok and report(1000).ok and report(990).ok
+    assert "rss_bytes +2.10% (at most 2% each)" in "\n".join(report(1021).lines())
 
 
 def test_a_soak_needs_the_admin_socket(server: ServedDaemon) -> None:

@@ -129,6 +129,9 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
     kit.add_argument("--requests", type=positive, metavar="N",
                      help="the soak ends sooner, once its clients have sent N requests between them "
                      "(shared out evenly: the same mix on any machine)")
+    kit.add_argument("--flat", type=positive_float, metavar="PCT",
+                     help="the soak also fails when resident or device memory grows by more than PCT percent "
+                     "from once it settles (a fifth of the way in) to its end")
     kit.set_defaults(command=run_conformance)
 
     env = commands.add_parser("env", help="the environment table",

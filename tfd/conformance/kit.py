@@ -82,7 +82,8 @@ def soaked(client: Client, args: argparse.Namespace) -> int:
         print("tfd conformance: --soak needs --admin (the census and memory come from it)", file=sys.stderr)
         return 2
     try:
-        found = soak(client, args.soak, args.clients, requests=args.requests)
+        found = soak(client, args.soak, args.clients, requests=args.requests,
+                     flat=None if args.flat is None else args.flat / 100)
     except (OSError, ValueError) as error:
         print(f"tfd conformance: {args.url}: {error}", file=sys.stderr)
         return 1

@@ -8,11 +8,15 @@ on or off, the prompt cache used or bypassed, whole replies or streams, now and 
 conversation's next turn (so states are resumed) and now and then a client that leaves mid-prefill
 or mid-decode. It counts requests, tokens and errors by kind; at the end it waits for the server to
 settle and compares the admin census with the one at the start (pages or lanes not back are leaks)
-and reports memory at the start and the end (admin ``status``).
+and reports memory (admin ``status``) at the start, once settled (after the first fifth of its time
+or requests: a server's memory first grows with the load, its connections and allocator arenas)
+and at the end.
 
 A soak passes when no request failed on the server's side (a 5xx other than the queue being full,
-a broken stream, a connection error) and nothing leaked. Resource handling: every connection is
-closed by the client call that opened it; the threads end by the deadline plus one request.
+a broken stream, a connection error), nothing leaked and, with ``flat``, no memory grew by more
+than that share from settled to the end. Resource handling: every connection is closed by the
+client call that opened it; the threads end by the deadline plus one request; the memory sampler
+ends with them.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from tfd.conformance.gates import SETTLE_S, TOPICS
 WORDS = ("def", "return", "for", "while", "class", "import", "with", "yield", "lambda", "value", "items",
          "index", "result", "error", "count", "path", "line", "data", "self", "None", "True", "list")
 ROUTES = ("/v1/completions", "/v1/chat/completions")
+SETTLED_SHARE = 0.2  # memory is settled once this share of the time or the requests is behind
 
 
 @attrs.define
@@ -62,20 +67,32 @@ class SoakReport:
     answers: dict[str, int]  # "200", "400 context_length_exceeded", "error ConnectionResetError"...
     failures: int  # answers that count against the server
     leaks: dict[str, Any]  # census fields not back to the start: {field: [start, end]}
-    memory: dict[str, dict[str, int]]  # {"start": ..., "end": ...}
+    memory: dict[str, dict[str, int]]  # {"start": ..., "settled": ..., "end": ...}
+    flat: float | None = None  # the growth from settled to the end allowed each measure (0.02: 2%)
+
+    @property
+    def growth(self) -> dict[str, float]:
+        """Each measure's growth from settled to the end, as a share of settled."""
+        settled, end = self.memory.get("settled", {}), self.memory.get("end", {})
+        return {name: end[name] / value - 1 for name, value in settled.items() if name in end and value}
 
     @property
     def ok(self) -> bool:
-        return self.failures == 0 and not self.leaks
+        flat = self.flat is None or all(grown <= self.flat for grown in self.growth.values())
+        return self.failures == 0 and not self.leaks and flat
 
     def lines(self) -> list[str]:
         mib = {when: {name: round(value / 2**20, 1) for name, value in found.items()}
                for when, found in self.memory.items()}
+        grown = ", ".join(f"{name} {share:+.2%}" for name, share in self.growth.items()) or "nothing measured"
+        limit = "" if self.flat is None else f" (at most {self.flat:.0%} each)"
         return [f"soak: {self.clients} clients for {self.seconds:.0f} s: {self.requests} requests "
                 f"({self.left} left on purpose), {self.tokens} tokens",
                 "answers: " + ", ".join(f"{kind} x{n}" for kind, n in sorted(self.answers.items())),
                 f"failures: {self.failures}; leaks: {self.leaks or 0}",
-                f"memory (MiB) at the start {mib.get('start')}, at the end {mib.get('end')}",
+                f"memory (MiB) at the start {mib.get('start')}, settled {mib.get('settled')}, "
+                f"at the end {mib.get('end')}",
+                f"grown since settled: {grown}{limit}",
                 "soak holds" if self.ok else "SOAK FAILED"]
 
 
@@ -89,28 +106,48 @@ def failed(kind: str) -> bool:
     return status >= 500 and "queue_full" not in kind
 
 
-def soak(client: Client, seconds: float, clients: int, seed: int = 0, requests: int | None = None
-         ) -> SoakReport:
+def soak(client: Client, seconds: float, clients: int, seed: int = 0, requests: int | None = None,
+         flat: float | None = None) -> SoakReport:
     """Run the mix for ``seconds`` with ``clients`` threads, each stopping sooner once it has sent
-    its share of ``requests`` (None: no bound); the census and memory at both ends."""
+    its share of ``requests`` (None: no bound); the census at both ends, memory at the start, once
+    settled and at the end; ``flat``: the memory growth from settled to the end allowed."""
     at_start, memory_start = client.census(), client.admin("status")["memory"]
     tally = Tally()
     began = time.monotonic()
     deadline = began + seconds
     shares = [None] * clients if requests is None else \
         [requests // clients + (number < requests % clients) for number in range(clients)]
-    with ThreadPoolExecutor(clients) as pool:
-        running = [pool.submit(_client, client, tally, deadline, random.Random(seed * 1000 + number), share)
-                   for number, share in enumerate(shares)]
-        for one in running:
-            one.result()  # a client's own fault (the kit's) is raised, not lost
+    done = threading.Event()
+    settled: list[dict[str, int]] = []
+    with ThreadPoolExecutor(clients + 1) as pool:
+        sampler = pool.submit(_settled, client, tally, began + seconds * SETTLED_SHARE,
+                              None if requests is None else requests * SETTLED_SHARE, done, settled)
+        try:
+            running = [pool.submit(_client, client, tally, deadline, random.Random(seed * 1000 + number),
+                                   share) for number, share in enumerate(shares)]
+            for one in running:
+                one.result()  # a client's own fault (the kit's) is raised, not lost
+        finally:
+            done.set()
+        sampler.result()
     took = time.monotonic() - began
     at_end = client.settled(at_start, SETTLE_S)
     leaks = {name: [at_start[name], at_end[name]] for name in at_start if at_end.get(name) != at_start[name]}
     answers = dict(tally.answers)
     return SoakReport(took, clients, tally.requests, tally.tokens, tally.left, answers,
                       sum(n for kind, n in answers.items() if failed(kind)), leaks,
-                      {"start": memory_start, "end": client.admin("status")["memory"]})
+                      {"start": memory_start, "settled": settled[0] if settled else memory_start,
+                       "end": client.admin("status")["memory"]}, flat)
+
+
+def _settled(client: Client, tally: Tally, at: float, after: float | None, done: threading.Event,
+             into: list[dict[str, int]]) -> None:
+    """Memory into ``into`` once the time ``at`` is reached or ``after`` requests are sent, whichever
+    comes first; nothing if the clients are done before."""
+    while not done.wait(0.2):
+        if time.monotonic() >= at or (after is not None and tally.requests >= after):
+            into.append(client.admin("status")["memory"])
+            return
 
 
 def _client(client: Client, tally: Tally, deadline: float, draw: random.Random, share: int | None) -> None:
