@@ -12,11 +12,30 @@ import httpx
 import pytest
 import tiny_models
 
-from support import CACHE, clean_environ, run_tfd, tiny_server
+from support import CACHE, clean_environ, run_tfd, started_server, tiny_server
 
 
 def served_model() -> Path:
     return tiny_models.save_served("qwen3_5", CACHE / "tiny")
+
+
+@pytest.mark.parametrize("demo, row", [("qwen3_5", "TF_KV_PAGES"), ("flashnext", "TF_FLASHNEXT_KV_PAGES")])
+def test_a_page_too_small_for_a_piece_is_refused_naming_the_least_value_that_holds_it(demo: str, row: str
+                                                                                      ) -> None:
+    env = clean_environ(TF_DEMO=demo, TF_PORT="0", TF_ADMIN_SOCKET=tempfile.mktemp(dir="/tmp"), **{row: "16"})
+    done = run_tfd("serve", env=env, timeout=120)
+    assert done.returncode == 2, done.stderr  # a configuration refusal, not a crash
+    assert "Traceback" not in done.stderr
+    found = re.search(rf"{row}=16: the piece \S+ needs \d+ bytes, more than a page of \d+ bytes \(16 rows\); "
+                      rf"{row}=(\d+) is the least that holds it", done.stderr)
+    assert found, done.stderr
+    assert int(found.group(1)) % 16 == 0 and int(found.group(1)) > 16  # a value the row accepts
+    if demo == "qwen3_5":  # the demo's spare state is 65,536 bytes: 32 rows hold it, and serve
+        assert found.group(1) == "32"
+        with started_server(TF_KV_PAGES="32") as daemon:
+            reply = httpx.post(daemon.url() + "/v1/completions", json={"prompt": "def", "max_tokens": 2},
+                               timeout=60)
+            assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 2
 
 
 def test_a_parallel_or_context_that_does_not_fit_is_refused_naming_what_fits() -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import attrs
 
 from tfd.env import Settings, family_scope
+from tfd.env_kinds import Integer
 from tfd.pool.layout import Mode
+from tfd.pool.pieces import PieceOverPage
 
 GIB = 1 << 30
 CPU_POOL_BYTES = GIB // 4  # the pool on the CPU when TF_POOL_GIB is unset
@@ -22,6 +24,7 @@ class PoolConfig:
     mode: Mode
     memory_limit: int | None  # bytes of a GPU tfd plans with (TF_CUDA_MEMORY_LIMIT_GB); None: what is free
     size: int | None = None  # the pool's bytes (TF_POOL_GIB); None: the CPU default, or a GPU's plan
+    rows_name: str = "TF_KV_PAGES"  # the row that set page_rows (a family's own where it has one)
 
     @classmethod
     def from_settings(cls, settings: Settings, family: str) -> PoolConfig:
@@ -34,5 +37,18 @@ class PoolConfig:
         pool = settings.optional("TF_POOL_GIB", float)
         size = None if pool is None else int(pool * GIB)
         if rows == 0:
-            return cls(PAGE_ROWS_WHEN_OFF, Mode.ONE_RUN, memory_limit, size)
-        return cls(rows, Mode.PIECES if pieces else Mode.STATE_RUN, memory_limit, size)
+            return cls(PAGE_ROWS_WHEN_OFF, Mode.ONE_RUN, memory_limit, size, rows_name)
+        return cls(rows, Mode.PIECES if pieces else Mode.STATE_RUN, memory_limit, size, rows_name)
+
+    def over_page(self, error: PieceOverPage, settings: Settings) -> str:
+        """The refusal of a page too small for a piece: the row, and its least legal value that
+        holds the piece (a multiple of the row's step), or that none up to its greatest does."""
+        kind = settings.table.by_name()[self.rows_name].kind
+        rows = error.smallest_rows or self.page_rows
+        step, high = (kind.step, kind.high) if isinstance(kind, Integer) else (1, rows)
+        least = -(-rows // step) * step
+        fits = f"{self.rows_name}={least} is the least that holds it" if least <= high else \
+            f"no {self.rows_name} up to {high} holds it"
+        return (f"{self.rows_name}={settings.value(self.rows_name, int)}: the piece {error.piece} needs "
+                f"{error.nbytes} bytes, more than a page of {error.page_bytes} bytes ({self.page_rows} rows); "
+                f"{fits}")

@@ -34,6 +34,7 @@ from tfd.pool.config import CPU_POOL_BYTES, GIB, PoolConfig
 from tfd.pool.device_plan import DevicePlan, DeviceTooSmall
 from tfd.pool.errors import PoolShort
 from tfd.pool.pages import AUTO_LANES_MOST, Pool
+from tfd.pool.pieces import PieceOverPage
 from tfd.pool.report import LoadReport
 from tfd.server.device_memory import auto_step_tokens, device_bytes, free_at_load, plan_device
 from tfd.server.systemd import Heartbeat
@@ -87,6 +88,10 @@ def prepare(settings: Settings, environ: Mapping[str, str]) -> Prepared:
     drafting = drafting_of(settings, loaded.model)
     window = 1 + drafting.most if drafting is not None else 0  # rows a verify window takes at most
     layout = loaded.model.layout(config.page_rows, drafting is not None, window)
+    try:
+        layout.piece_map  # a piece wider than a page is the settings' fault: refused before any allocation
+    except PieceOverPage as error:
+        raise SettingsRefused([config.over_page(error, settings)]) from None
     context = settings.value("TF_CONTEXT", int)
     parallel = settings.optional("TF_PARALLEL", int)
     step_tokens = settings.optional("TF_STEP_TOKENS", int) or auto_step_tokens(device_bytes(device),
