@@ -88,8 +88,8 @@ def prepare(settings: Settings, environ: Mapping[str, str]) -> Prepared:
     drafting = drafting_of(settings, loaded.model)
     window = 1 + drafting.most if drafting is not None else 0  # rows a verify window takes at most
     layout = loaded.model.layout(config.page_rows, drafting is not None, window)
-    try:
-        layout.piece_map  # a piece wider than a page is the settings' fault: refused before any allocation
+    try:  # a piece wider than a page is the settings' fault: refused before anything is allocated
+        _ = layout.piece_map
     except PieceOverPage as error:
         raise SettingsRefused([config.over_page(error, settings)]) from None
     context = settings.value("TF_CONTEXT", int)
