@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from support import ServedDaemon
@@ -88,6 +89,10 @@ def test_a_full_warm_up_through_the_daemon(served: type[ServedDaemon]) -> None:
     census = daemon.admin_call("pool")["pool"]["census"]  # type: ignore[index]
     assert not census["lanes"]
     assert daemon.admin_call("learn")["learn"]["memory"]["entries"] == 0  # type: ignore[index]
+    # clients queue nothing: a request is refused as the queue being full
+    refused = httpx.post(daemon.url() + "/v1/completions", json={"prompt": "def", "max_tokens": 2},
+                         timeout=60)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "queue_full"
 
 
 def test_variants_are_counted_by_kernel_most_first() -> None:
