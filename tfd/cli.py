@@ -19,6 +19,7 @@ from tfd import __version__
 from tfd.arguments import natural, positive, positive_float
 from tfd.bench.flags import add_bench_parser
 from tfd.env import FAMILY_SCOPES, SettingsRefused, Table
+from tfd.server.admin_commands import COMMANDS as ADMIN_COMMANDS
 from tfd.train.recipe import MTP_TARGETS, SAFETY_MINUTES, Recipe
 
 EXIT_FAILURE = 1
@@ -55,8 +56,11 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
 
     admin = commands.add_parser("admin", help="send a command to a running daemon",
                                 description="Send one admin command; print the JSON answer. "
-                                "Exit 0 when the daemon answers ok, 1 otherwise.")
-    admin.add_argument("cmd", metavar="CMD", help="status, settings, drain")
+                                "Exit 0 when the daemon answers ok, 1 otherwise.",
+                                epilog="commands:\n" + "\n".join(f"  {name:9} {what}"
+                                                                  for name, what in ADMIN_COMMANDS.items()),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    admin.add_argument("cmd", metavar="CMD", help="one of the commands below")
     admin.add_argument("args", metavar="ARG", nargs="*", help="the command's arguments")
     admin.add_argument("--socket", dest="TF_ADMIN_SOCKET", metavar="PATH",
                        help="the daemon's admin socket [TF_ADMIN_SOCKET]")

@@ -8,11 +8,13 @@ import os
 import signal
 import socket
 import stat
+import threading
 from pathlib import Path
 
 import pytest
 
 from support import ServedDaemon, admin_json, clean_environ, run_tfd
+from tfd.server.admin_commands import COMMANDS
 
 NOBODY = 65534
 
@@ -95,6 +97,48 @@ def test_an_error_answer_exits_1(served: type[ServedDaemon]) -> None:
     code, answer = admin(daemon, "reboot")
     assert code == 1
     assert answer["error"]["code"] == "unknown_command"  # type: ignore[index]
+
+
+def test_help_lists_every_command_and_the_daemon_answers_each(served: type[ServedDaemon]) -> None:
+    helped = run_tfd("admin", "-h", env=clean_environ())
+    assert helped.returncode == 0
+    assert set(COMMANDS) == {"status", "settings", "pool", "lanes", "learn", "evict", "cancel", "drain"}
+    for name, what in COMMANDS.items():
+        assert f"  {name}" in helped.stdout and what in helped.stdout
+    daemon = served().start()
+    for name in COMMANDS:  # each known, and a malformed argument refused by name (drain then does not drain)
+        code, answer = admin(daemon, name, "x", "y")
+        assert code == 1 and answer["error"]["code"] == "bad_request", (name, answer)  # type: ignore[index]
+    code, answer = admin(daemon, "cancel")  # its one argument missing
+    assert code == 1 and "cancel takes one argument" in answer["error"]["message"]  # type: ignore[index]
+    code, answer = admin(daemon, "cancel", "cmpl-nobody")
+    assert code == 1 and answer["error"]["code"] == "not_found"  # type: ignore[index]
+    for name in ("status", "settings", "pool", "lanes", "learn", "evict"):
+        assert admin(daemon, name)[0] == 0, name
+    assert daemon.admin_call("status")["status"]["state"] == "ready"  # type: ignore[index]
+
+
+def test_a_path_that_is_no_daemon_is_a_clear_error(short_tmp: Path) -> None:
+    plain = short_tmp / "plain.sock"
+    plain.write_text("not a socket")
+    garbage = short_tmp / "garbage.sock"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(garbage))
+        listener.listen()
+
+        def answer_garbage() -> None:
+            peer, _ = listener.accept()
+            with peer:
+                peer.recv(65536)
+                peer.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+        server = threading.Thread(target=answer_garbage)
+        server.start()
+        for path in (plain, garbage):
+            done = run_tfd("admin", "status", env=clean_environ(TF_ADMIN_SOCKET=str(path)))
+            assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+            assert done.stderr.startswith(f"tfd admin: no daemon answered on {path}: "), done.stderr
+        server.join(timeout=30)
 
 
 def test_no_daemon_is_a_clear_error(short_tmp: Path) -> None:

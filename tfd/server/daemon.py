@@ -242,6 +242,7 @@ class Daemon:
             service.engine.cancel(args[0])
             return {"request": args[0]}
 
+        # tfd.server.admin_commands lists these for `tfd admin -h` (tests/server/test_admin.py checks)
         return {"status": status, "settings": settings, "drain": drain, "pool": pool, "lanes": lanes,
                 "cancel": cancel, "learn": learn, "evict": evict}
 
