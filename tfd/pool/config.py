@@ -50,5 +50,5 @@ class PoolConfig:
         fits = f"{self.rows_name}={least} is the least that holds it" if least <= high else \
             f"no {self.rows_name} up to {high} holds it"
         return (f"{self.rows_name}={settings.value(self.rows_name, int)}: the piece {error.piece} needs "
-                f"{error.nbytes} bytes, more than a page of {error.page_bytes} bytes ({self.page_rows} rows); "
-                f"{fits}")
+                f"{error.nbytes} bytes, more than a page of {error.page_bytes} bytes "
+                f"({self.page_rows} rows); {fits}")
