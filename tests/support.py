@@ -140,10 +140,7 @@ def tiny_server(family: str = "qwen3_5", head: bool = False, **env: str) -> Iter
     MTP head, so it drafts), as ``started_server``."""
     import tiny_models  # torch-heavy: only tests that serve a model pay for it
 
-    model = tiny_models.save_served(family, CACHE / ("tiny-head" if head else "tiny"))
-    if head and not (model / "mtp-added").exists():
-        tiny_models.add_head(model, family)
-        (model / "mtp-added").touch()
+    model = tiny_models.save_served(family, CACHE / ("tiny-head" if head else "tiny"), head=head)
     with started_server(TF_MODEL=str(model), **env) as daemon:
         yield daemon
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from tfd.demo import build_once
+
 VOCAB = 320
 EOS = 7
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
@@ -79,29 +81,30 @@ def randomise(model: torch.nn.Module, seed: int) -> None:
 
 
 def save(family: str, directory: Path, seed: int = 0) -> Path:
-    path = directory / family
-    if not (path / "config.json").exists():
-        make_model(family, seed).save_pretrained(path)
-    return path
+    # built beside and renamed into place: test processes running at once share the directory
+    return build_once(directory / family, "config.json",
+                      lambda staging: make_model(family, seed).save_pretrained(staging))
 
 
-def save_served(family: str, directory: Path, seed: int = 0) -> Path:
-    """A tiny checkpoint a server can serve: the demo's tokenizer, chat template and end tokens."""
+def save_served(family: str, directory: Path, seed: int = 0, head: bool = False) -> Path:
+    """A tiny checkpoint a server can serve: the demo's tokenizer, chat template and end tokens
+    (``head``: with a random MTP head, so it drafts)."""
     import json
     import shutil
 
     from tfd.demo import ASSETS, ENDOFTEXT, IM_END, SPECIAL
     from tfd.demo import VOCAB as TOKENS
 
-    path = directory / f"{family}-served"
-    if (path / "config.json").exists():
-        return path
-    make_model(family, seed, vocab=TOKENS, eos=ENDOFTEXT).save_pretrained(path)
-    shutil.copy(ASSETS / "demo_tokenizer.json", path / "tokenizer.json")
-    shutil.copy(ASSETS / "chat_template.jinja", path / "chat_template.jinja")
-    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": SPECIAL[IM_END]}))
-    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [IM_END, ENDOFTEXT]}))
-    return path
+    def fill(staging: Path) -> None:
+        make_model(family, seed, vocab=TOKENS, eos=ENDOFTEXT).save_pretrained(staging)
+        if head:
+            add_head(staging, family)
+        shutil.copy(ASSETS / "demo_tokenizer.json", staging / "tokenizer.json")
+        shutil.copy(ASSETS / "chat_template.jinja", staging / "chat_template.jinja")
+        (staging / "tokenizer_config.json").write_text(json.dumps({"eos_token": SPECIAL[IM_END]}))
+        (staging / "generation_config.json").write_text(json.dumps({"eos_token_id": [IM_END, ENDOFTEXT]}))
+
+    return build_once(directory / f"{family}-served", "config.json", fill)
 
 
 def add_head(path: Path, family: str) -> None:
@@ -132,21 +135,19 @@ def save_sharded(family: str, directory: Path, shards: int = 2) -> Path:
     from safetensors.torch import load_file, save_file
 
     single = save_served(family, directory)
-    path = directory / f"{family}-sharded-{shards}"
-    if (path / "config.json").exists():
-        return path
-    path.mkdir(parents=True, exist_ok=True)
-    tensors = load_file(single / "model.safetensors")
-    names = sorted(tensors)
-    weight_map = {}
-    for index in range(shards):
-        file = f"model-{index + 1:05d}-of-{shards:05d}.safetensors"
-        part = names[index::shards]
-        save_file({name: tensors[name] for name in part}, path / file)
-        weight_map.update(dict.fromkeys(part, file))
-    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    # config.json last: its presence says the directory is whole
-    for item in sorted(single.iterdir(), key=lambda item: item.name == "config.json"):
-        if item.name != "model.safetensors":
-            shutil.copy(item, path / item.name)
-    return path
+
+    def fill(path: Path) -> None:
+        tensors = load_file(single / "model.safetensors")
+        names = sorted(tensors)
+        weight_map = {}
+        for index in range(shards):
+            file = f"model-{index + 1:05d}-of-{shards:05d}.safetensors"
+            part = names[index::shards]
+            save_file({name: tensors[name] for name in part}, path / file)
+            weight_map.update(dict.fromkeys(part, file))
+        (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+        for item in single.iterdir():
+            if item.name != "model.safetensors":
+                shutil.copy(item, path / item.name)
+
+    return build_once(directory / f"{family}-sharded-{shards}", "config.json", fill)
