@@ -11,7 +11,7 @@ otherwise).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -26,6 +26,7 @@ from tfd.engine.runner import Drafting
 from tfd.families.hybrid import HybridModel, load_model
 
 STEP_TOKENS = 128  # prompts of 45 rows and more take two steps: their chunks are absorbed apart
+Serial = Callable[..., tuple[tuple[int, ...], ...]]
 
 
 @pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -41,6 +42,21 @@ def headed(request: pytest.FixtureRequest, device: str, tmp_path_factory: pytest
     tiny_models.add_head(path, str(request.param))
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     return load_model(Checkpoint.open(path), device, dtype, progress=False)
+
+
+@pytest.fixture(scope="module")
+def serial(headed: HybridModel) -> Serial:
+    """The plain (undrafted) tokens of ``requests(temperature, count)`` on ``headed``: the reference
+    every test holds its drafted runs to, run once for the module (drive is deterministic)."""
+    runs: dict[tuple[float, int], tuple[tuple[int, ...], ...]] = {}
+
+    def tokens(temperature: float, count: int = 20) -> tuple[tuple[int, ...], ...]:
+        if (temperature, count) not in runs:
+            runs[temperature, count] = drive(headed, requests(temperature, count), STEP_TOKENS,
+                                             graphs=False).tokens
+        return runs[temperature, count]
+
+    return tokens
 
 
 def captured(model: HybridModel) -> bool:
@@ -94,9 +110,10 @@ class ScriptedHead:
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_drafts_from_the_head_draw_the_serial_tokens(headed: HybridModel, temperature: float) -> None:
+def test_drafts_from_the_head_draw_the_serial_tokens(headed: HybridModel, serial: Serial,
+                                                     temperature: float) -> None:
     asked = requests(temperature)
-    plain = drive(headed, asked, STEP_TOKENS, graphs=False).tokens
+    plain = serial(temperature)
     for most in (1, 2, 3, 4):
         drafted = drive(headed, asked, STEP_TOKENS, graphs=captured(headed),
                         drafting=Drafting(most, 0.0)).tokens
@@ -104,13 +121,13 @@ def test_drafts_from_the_head_draw_the_serial_tokens(headed: HybridModel, temper
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_partial_accepts_of_every_length_draw_the_serial_tokens(headed: HybridModel,
+def test_partial_accepts_of_every_length_draw_the_serial_tokens(headed: HybridModel, serial: Serial,
                                                                  temperature: float) -> None:
     asked = requests(temperature)
-    plain = drive(headed, asked, STEP_TOKENS, graphs=False).tokens
-    serial = {request.prompt: tokens for request, tokens in zip(asked, plain, strict=True)}
+    plain = serial(temperature)
+    script = {request.prompt: tokens for request, tokens in zip(asked, plain, strict=True)}
     for most in (1, 2, 3, 4):
-        head = ScriptedHead(serial, most + 2)  # rights 0 .. most + 1: short, exact and over-long scripts
+        head = ScriptedHead(script, most + 2)  # rights 0 .. most + 1: short, exact and over-long scripts
         drafted = drive(headed, asked, STEP_TOKENS, graphs=captured(headed), drafting=Drafting(most, 0.0),
                         propose=head.propose).tokens
         assert drafted == plain, f"{most} drafts a round"
@@ -118,23 +135,23 @@ def test_partial_accepts_of_every_length_draw_the_serial_tokens(headed: HybridMo
         assert kept == list(range(1, most + 2)), f"{most} drafts a round kept {kept}"
 
 
-def test_lanes_that_leave_mid_round_give_every_page_back(headed: HybridModel) -> None:
+def test_lanes_that_leave_mid_round_give_every_page_back(headed: HybridModel, serial: Serial) -> None:
     # a leaving lane may have kept rows past its last token (the scripted head makes rounds keep several);
     # the others' tokens stay serial, and the pool is back at its census at load (drive raises Leak if not)
     asked = requests(0.0)
-    plain = drive(headed, asked, STEP_TOKENS, graphs=False).tokens
+    plain = serial(0.0)
     head = ScriptedHead({request.prompt: tokens for request, tokens in zip(asked, plain, strict=True)}, 5)
     leaves = {"r0": 3, "r2": 6}
     got = drive(headed, asked, STEP_TOKENS, graphs=captured(headed), leaves=leaves, drafting=Drafting(3, 0.0),
                 propose=head.propose).tokens
-    for request, tokens, serial in zip(asked, got, plain, strict=True):
-        assert tokens == serial[:leaves.get(request.id, len(serial))], request.id
+    for request, tokens, alone in zip(asked, got, plain, strict=True):
+        assert tokens == alone[:leaves.get(request.id, len(alone))], request.id
 
 
-def test_lanes_admitted_past_the_lane_limit_do_not_draft(headed: HybridModel) -> None:
+def test_lanes_admitted_past_the_lane_limit_do_not_draft(headed: HybridModel, serial: Serial) -> None:
     # the four requests wait together: a limit under four keeps every lane serial, four lets all draft
     asked = requests(0.0, 4)
-    plain = drive(headed, asked, STEP_TOKENS, graphs=False).tokens
+    plain = serial(0.0, 4)
     for limit, drafts in ((3, False), (4, True)):
         run = drive(headed, asked, STEP_TOKENS, graphs=captured(headed), drafting=Drafting(2, 0.0, limit))
         assert run.tokens == plain and (run.drafts.rounds > 0) == drafts, f"limit {limit}"

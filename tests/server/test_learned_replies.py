@@ -7,6 +7,7 @@ counted and recomputed: the reply is still the fresh one."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,20 @@ def disk(server: ServedDaemon) -> dict[str, Any]:
     return learn["disk"]  # type: ignore[no-any-return]
 
 
+@pytest.fixture(scope="module")
+def plain() -> Iterator[ServedDaemon]:
+    """A server that learns nothing, for the fresh replies every test compares with; started once."""
+    with tiny_server("qwen3_5", head=True, **SERVED) as daemon:
+        yield daemon
+
+
+def fresh_reply(plain: ServedDaemon, messages: list[dict[str, str]], **body: Any) -> dict[str, Any]:
+    """A cold prefill's reply: ``"cache": false`` keeps what earlier tests sent from resuming it."""
+    reply = chat(plain, messages, cache=False, **body)
+    assert cached(reply) == 0
+    return reply
+
+
 FIRST = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Sum a list."}]
 
 
@@ -50,14 +65,13 @@ def second_turn(first_reply: dict[str, Any]) -> list[dict[str, str]]:
 
 
 @pytest.mark.parametrize(("temperature", "draft"), [(0.0, True), (0.9, False)])
-def test_a_second_turn_after_a_restart_answers_as_fresh(tmp_path: Path, temperature: float, draft: bool
-                                                        ) -> None:
+def test_a_second_turn_after_a_restart_answers_as_fresh(plain: ServedDaemon, tmp_path: Path,
+                                                        temperature: float, draft: bool) -> None:
     sampling = {"temperature": temperature, "seed": 3, "draft": draft}
     with learning(tmp_path) as server:
         turn1 = chat(server, FIRST, **sampling)
         keep = (turn1["usage"]["prompt_tokens"] - 1) // 64 * 64
-    with tiny_server("qwen3_5", head=True, **SERVED) as plain:
-        fresh = chat(plain, second_turn(turn1), **sampling)
+    fresh = fresh_reply(plain, second_turn(turn1), **sampling)
     with learning(tmp_path) as server:  # a new process, an empty memory: the disk is all it has
         at_load = census(server)
         resumed = chat(server, second_turn(turn1), **sampling)
@@ -91,14 +105,14 @@ def damage(directory: Path, how: str, position: int) -> None:
 
 
 @pytest.mark.parametrize("how", ["flip", "truncate", "append", "swap", "identity"])
-def test_damaged_or_foreign_states_are_refused_and_recomputed(tmp_path: Path, how: str) -> None:
+def test_damaged_or_foreign_states_are_refused_and_recomputed(plain: ServedDaemon, tmp_path: Path,
+                                                              how: str) -> None:
     sampling = {"temperature": 0.0}
     with learning(tmp_path) as server:
         turn1 = chat(server, FIRST, **sampling)
         chat(server, [*FIRST[:1], {"role": "user", "content": "Another question, with its own state."}])
         keep = (turn1["usage"]["prompt_tokens"] - 1) // 64 * 64
-    with tiny_server("qwen3_5", head=True, **SERVED) as plain:
-        fresh = chat(plain, second_turn(turn1), **sampling)
+    fresh = fresh_reply(plain, second_turn(turn1), **sampling)
     if how == "identity":  # a server that does not draft keeps states without the head's rows: not ours
         env = {"TF_DRAFTS": "0"}
     else:
