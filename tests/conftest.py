@@ -13,6 +13,10 @@ from pathlib import Path
 # (an AMD EPYC's kernel broke three GEMM tests; the GPU's MMA has no such order). One kernel on every x86
 # CPU, set before numpy loads, makes the interpreter's sums the same wherever the suite runs.
 os.environ.setdefault("OPENBLAS_CORETYPE", "Sandybridge")
+# One thread per process (this one and every `tfd serve` it starts): the tiny models' operations are
+# too small to gain from more (the demo's drafting test ran 20% faster on one than on two), and the
+# suite runs one process per core (pytest-xdist, addopts), so more threads would only compete.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 import torch
@@ -22,6 +26,17 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from support import ServedDaemon
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``--numprocesses=auto`` (addopts): a worker per core, at most 8 (past that the longest file
+    bounds the run and each worker only adds its memory); none where CUDA is, whose tests share one
+    device. PYTEST_XDIST_AUTO_NUM_WORKERS, where set, is xdist's to read."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    if torch.cuda.is_available():
+        return 0
+    return min(8, len(os.sched_getaffinity(0)))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
