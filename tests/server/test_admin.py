@@ -9,14 +9,22 @@ import signal
 import socket
 import stat
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from support import ServedDaemon, admin_json, clean_environ, run_tfd
+from support import ServedDaemon, admin_json, clean_environ, run_tfd, started_server
 from tfd.server.admin_commands import COMMANDS
 
 NOBODY = 65534
+
+
+@pytest.fixture(scope="module")
+def shared() -> Iterator[ServedDaemon]:
+    """One default daemon for the tests that only ask it questions: a start a test was most of their time."""
+    with started_server() as daemon:
+        yield daemon
 
 
 def admin(daemon: ServedDaemon, *args: str, user: int | None = None) -> tuple[int, dict[str, object]]:
@@ -67,15 +75,15 @@ def test_status_settings_and_drain(served: type[ServedDaemon]) -> None:
     assert not daemon.admin.exists()
 
 
-def test_the_socket_is_private(served: type[ServedDaemon]) -> None:
-    daemon = served().start()
+def test_the_socket_is_private(shared: ServedDaemon) -> None:
+    daemon = shared
     mode = daemon.admin.stat().st_mode
     assert stat.S_ISSOCK(mode)
     assert stat.S_IMODE(mode) == 0o600
 
 
-def test_bad_lines_are_answered_and_the_connection_stays(served: type[ServedDaemon]) -> None:
-    daemon = served().start()
+def test_bad_lines_are_answered_and_the_connection_stays(shared: ServedDaemon) -> None:
+    daemon = shared
     answers = raw_lines(daemon.admin, b'not json\n[1]\n{"cmd": "reboot"}\n{"cmd": "status", '
                         b'"args": [1]}\n{"cmd": "status", "args": 7}\n\n{"cmd": "status"}\n', 6)
     codes = [answer["error"]["code"] if not answer["ok"] else "ok" for answer in answers]  # type: ignore[index]
@@ -85,27 +93,27 @@ def test_bad_lines_are_answered_and_the_connection_stays(served: type[ServedDaem
     assert answers[3]["error"]["message"] == "status takes no arguments, got 1"  # type: ignore[index]
 
 
-def test_an_overlong_line_is_refused(served: type[ServedDaemon]) -> None:
-    daemon = served().start()
+def test_an_overlong_line_is_refused(shared: ServedDaemon) -> None:
+    daemon = shared
     (answer,) = raw_lines(daemon.admin, b"x" * (200 * 1024), 1)
     assert answer["error"]["code"] == "line_too_long"  # type: ignore[index]
     assert daemon.admin_call("status")["ok"] is True  # the daemon serves on
 
 
-def test_an_error_answer_exits_1(served: type[ServedDaemon]) -> None:
-    daemon = served().start()
+def test_an_error_answer_exits_1(shared: ServedDaemon) -> None:
+    daemon = shared
     code, answer = admin(daemon, "reboot")
     assert code == 1
     assert answer["error"]["code"] == "unknown_command"  # type: ignore[index]
 
 
-def test_help_lists_every_command_and_the_daemon_answers_each(served: type[ServedDaemon]) -> None:
+def test_help_lists_every_command_and_the_daemon_answers_each(shared: ServedDaemon) -> None:
     helped = run_tfd("admin", "-h", env=clean_environ())
     assert helped.returncode == 0
     assert set(COMMANDS) == {"status", "settings", "pool", "lanes", "learn", "evict", "cancel", "drain"}
     for name, what in COMMANDS.items():
         assert f"  {name}" in helped.stdout and what in helped.stdout
-    daemon = served().start()
+    daemon = shared
     for name in COMMANDS:  # each known, and a malformed argument refused by name (drain then does not drain)
         code, answer = admin(daemon, name, "x", "y")
         assert code == 1 and answer["error"]["code"] == "bad_request", (name, answer)  # type: ignore[index]
