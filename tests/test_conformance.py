@@ -32,6 +32,14 @@ def first_run(server: ServedDaemon, tmp_path_factory: pytest.TempPathFactory) ->
     return out
 
 
+def told(daemon: ServedDaemon, capsys: pytest.CaptureFixture[str]) -> str:
+    """A failed run's words and the daemon's log: a server that stopped says why."""
+    printed = capsys.readouterr()
+    code = daemon.proc.poll() if daemon.proc is not None else None
+    state = "still runs" if code is None else f"exited with {code}"
+    return f"{printed.out}{printed.err}\n--- the daemon ({state}): its log ---\n{daemon.log()[-4000:]}"
+
+
 def kit(*args: str) -> int:
     with pytest.raises(SystemExit) as ended:
         main(["conformance", *args])
@@ -42,7 +50,8 @@ def test_every_gate_holds_and_two_runs_agree(server: ServedDaemon, first_run: Pa
                                              capsys: pytest.CaptureFixture[str]) -> None:
     first, second = first_run, tmp_path / "b.json"
     capsys.readouterr()
-    assert kit("--url", server.url(), "--admin", str(server.admin), "--json", str(second)) == 0
+    assert kit("--url", server.url(), "--admin", str(server.admin), "--json", str(second)) == 0, \
+        told(server, capsys)
     printed = capsys.readouterr().out
     assert "every gate holds" in printed
     for gate in report.GATES:
@@ -101,7 +110,7 @@ def test_an_unreachable_server_is_named(capsys: pytest.CaptureFixture[str]) -> N
 def test_every_family_passes(family: str, capsys: pytest.CaptureFixture[str]) -> None:
     # each family's tiny checkpoint with a drafting head, so every gate has drafts to check
     with tiny_server(family, head=True, TF_DRAFTS="1", TF_MTP_DRAFTS="2", TF_MTP_CONFIDENCE="0") as daemon:
-        assert kit("--url", daemon.url(), "--admin", str(daemon.admin)) == 0, capsys.readouterr().out
+        assert kit("--url", daemon.url(), "--admin", str(daemon.admin)) == 0, told(daemon, capsys)
 
 
 def test_a_soak_of_random_requests_and_cancels_holds(server: ServedDaemon, tmp_path: Path,
@@ -109,7 +118,7 @@ def test_a_soak_of_random_requests_and_cancels_holds(server: ServedDaemon, tmp_p
     out = tmp_path / "soak.json"
     # bounded by requests, not by this machine's speed: the time is only a cap
     assert kit("--url", server.url(), "--admin", str(server.admin), "--soak", "3600", "--clients", "4",
-               "--requests", "22", "--json", str(out)) == 0
+               "--requests", "22", "--json", str(out)) == 0, told(server, capsys)
     assert "soak holds" in capsys.readouterr().out
     words = json.loads(out.read_text())
     assert words["ok"] is True and words["failures"] == 0 and words["leaks"] == {}
