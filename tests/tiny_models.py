@@ -145,7 +145,8 @@ def save_sharded(family: str, directory: Path, shards: int = 2) -> Path:
             part = names[index::shards]
             save_file({name: tensors[name] for name in part}, path / file)
             weight_map.update(dict.fromkeys(part, file))
-        (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+        index = {"metadata": {}, "weight_map": weight_map}
+        (path / "model.safetensors.index.json").write_text(json.dumps(index))
         for item in single.iterdir():
             if item.name != "model.safetensors":
                 shutil.copy(item, path / item.name)

@@ -55,3 +55,16 @@ def test_a_page_too_small_is_refused_with_the_least_legal_value(smallest: int, s
     error = PieceOverPage("layer0.spare", 65536, 49152, 16, smallest)
     assert config.over_page(error, settings) == ("TF_KV_PAGES=16: the piece layer0.spare needs 65536 bytes, "
                                                  f"more than a page of 49152 bytes (16 rows); {said}")
+
+
+def test_a_family_row_that_took_the_core_rows_value_names_both() -> None:
+    error = PieceOverPage("layer0.spare", 65536, 56832, 16, 22)
+    inherited = TABLE.read({"TF_KV_PAGES": "16"}, families=FAMILY_SCOPES)
+    config = PoolConfig.from_settings(inherited, "qwen4_exp")
+    assert config.over_page(error, inherited) == (
+        "TF_FLASHNEXT_KV_PAGES=16 (as TF_KV_PAGES=16): the piece layer0.spare needs 65536 bytes, more than a "
+        "page of 56832 bytes (16 rows); TF_FLASHNEXT_KV_PAGES=32 (or TF_KV_PAGES=32) is the least that "
+        "holds it")
+    own = TABLE.read({"TF_KV_PAGES": "32", "TF_FLASHNEXT_KV_PAGES": "16"}, families=FAMILY_SCOPES)
+    assert PoolConfig.from_settings(own, "qwen4_exp").over_page(error, own).startswith(
+        "TF_FLASHNEXT_KV_PAGES=16: the piece")  # its own value: the core row is not its source

@@ -95,6 +95,11 @@ class KeptStates:
     def bytes(self) -> int:
         return self.pool.held_pages * self.pool.layout.page_bytes
 
+    def state_bytes(self, position: int) -> int:
+        """What a state kept at ``position`` costs the budget: its pieces' pages and its rows'."""
+        layout = self.pool.layout
+        return (self.map.pages + -(-position // layout.page_rows)) * layout.page_bytes
+
     def match(self, lane: Lane, head: bool) -> KeptState | None:
         """The longest kept state the lane's prompt extends past (with the head's rows when
         ``head``), or None. A match becomes the newest."""

@@ -42,13 +42,17 @@ class PoolConfig:
 
     def over_page(self, error: PieceOverPage, settings: Settings) -> str:
         """The refusal of a page too small for a piece: the row, and its least legal value that
-        holds the piece (a multiple of the row's step), or that none up to its greatest does."""
-        kind = settings.table.by_name()[self.rows_name].kind
+        holds the piece (a multiple of the row's step), or that none up to its greatest does. A
+        family's row that took its value from the core row names that one too."""
+        row = settings.table.by_name()[self.rows_name]
+        kind = row.kind
         rows = error.smallest_rows or self.page_rows
         step, high = (kind.step, kind.high) if isinstance(kind, Integer) else (1, rows)
         least = -(-rows // step) * step
-        fits = f"{self.rows_name}={least} is the least that holds it" if least <= high else \
-            f"no {self.rows_name} up to {high} holds it"
-        return (f"{self.rows_name}={settings.value(self.rows_name, int)}: the piece {error.piece} needs "
-                f"{error.nbytes} bytes, more than a page of {error.page_bytes} bytes "
-                f"({self.page_rows} rows); {fits}")
+        value = settings.value(self.rows_name, int)
+        parent = row.inherits if settings.source(self.rows_name) == "inherited" else None
+        given = f" (as {parent}={value})" if parent else ""
+        fits = f"{self.rows_name}={least}{f' (or {parent}={least})' if parent else ''} is the least that " \
+            "holds it" if least <= high else f"no {self.rows_name} up to {high} holds it"
+        return (f"{self.rows_name}={value}{given}: the piece {error.piece} needs {error.nbytes} bytes, more "
+                f"than a page of {error.page_bytes} bytes ({self.page_rows} rows); {fits}")

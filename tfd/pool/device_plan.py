@@ -70,7 +70,7 @@ class DevicePlan:
         if explicit_pool is not None and explicit_pool <= left:
             return explicit_pool
         asked = "nothing is left for the pool" if explicit_pool is None \
-            else f"TF_POOL_GIB={explicit_pool / GIB:g} is more than the {left / GIB:.2f} GiB left"
+            else f"TF_POOL_GIB={round(explicit_pool / GIB, 6):g} is more than the {left / GIB:.2f} GiB left"
         raise DeviceTooSmall([f"{asked} of {self.planned / GIB:.2f} GiB planned ({self.where()}); lower "
                               "TF_POOL_GIB, TF_STEP_TOKENS or TF_PARALLEL, raise TF_CUDA_MEMORY_LIMIT_GB, "
                               "or free the device"])

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import gc
 import logging
+from pathlib import Path
 
 import torch
 
+from tfd.env import SettingsRefused
 from tfd.families.hybrid import HybridModel
 from tfd.model.memory import LaneMemory, PageRows, Span
 from tfd.pool.device_plan import DevicePlan, graph_bytes, planned_bytes, reserve_bytes
@@ -28,6 +30,9 @@ log = logging.getLogger("tfd.memory")
 # docs/bench.md); below it 2,048, whose activations take a quarter as much; the CPU 256
 LARGE_DEVICE_GIB = 70
 LARGE_STEP_TOKENS, GPU_STEP_TOKENS, CPU_STEP_TOKENS = 8192, 2048, 256
+# Beside a pool on the CPU: what a step's activations, Python and torch grow into.
+HOST_RESERVE_BYTES = 1 << 29
+GIB = 1 << 30
 
 
 def auto_step_tokens(total_bytes: int | None, limit_bytes: int | None = None) -> int:
@@ -50,6 +55,35 @@ def free_at_load(device: torch.device) -> int | None:
         return None
     free, _ = torch.cuda.mem_get_info(device)
     return int(free)
+
+
+def host_available(meminfo: Path = Path("/proc/meminfo"),
+                   cgroup: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Bytes the host can give this process without swapping: Linux's MemAvailable, less where the
+    process's cgroup (systemd's MemoryMax=, a container's limit) allows less; None where unknown."""
+    try:
+        fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+    try:
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit != "max":
+            available = min(available, int(limit) - int((cgroup / "memory.current").read_text()))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 limit to read
+    return max(0, available)
+
+
+def check_host_pool(pool_bytes: int, source: str, available: int | None) -> None:
+    """Refuse, naming ``source`` (the row and value that asked for it), a CPU pool of ``pool_bytes``
+    more than the host has ``available`` beside HOST_RESERVE_BYTES; the refusal says what fits."""
+    if available is None or pool_bytes + HOST_RESERVE_BYTES <= available:
+        return
+    most = int((available - HOST_RESERVE_BYTES) / GIB * 1000) / 1000  # TF_POOL_GIB's least step is 0.001
+    fits = f"TF_POOL_GIB={most:g} or less fits" if most >= 0.001 else "no pool fits"
+    raise SettingsRefused([f"{source}: the host has {available / GIB:.2f} GiB available; {fits} beside a "
+                           f"reserve of {HOST_RESERVE_BYTES / GIB:g} GiB"])
 
 
 def measure_step(model: HybridModel, layout: Layout, step_tokens: int, device: torch.device) -> int:

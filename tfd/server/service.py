@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import resource
 import time
@@ -36,7 +37,14 @@ from tfd.pool.errors import PoolShort
 from tfd.pool.pages import AUTO_LANES_MOST, Pool
 from tfd.pool.pieces import PieceOverPage
 from tfd.pool.report import LoadReport
-from tfd.server.device_memory import auto_step_tokens, device_bytes, free_at_load, plan_device
+from tfd.server.device_memory import (
+    auto_step_tokens,
+    check_host_pool,
+    device_bytes,
+    free_at_load,
+    host_available,
+    plan_device,
+)
 from tfd.server.systemd import Heartbeat
 from tfd.server.warm_up import by_kernel, short, warm_up, waves
 from tfd.store.identity import PROBE_TOKENS, facts, identity, probe_prompt
@@ -50,6 +58,8 @@ ENGINE_STALL_S = 120.0
 PROBE_AT = (PROBE_TOKENS - 1) // CHUNK * CHUNK  # where the identity probe's state is kept
 OUT_OF_MEMORY = ("the device ran out of memory {doing}: lower TF_POOL_GIB, TF_PARALLEL, TF_STEP_TOKENS or "
                  "TF_CONTEXT, or set TF_CUDA_MEMORY_LIMIT_GB below what the device has free")
+HOST_OUT_OF_MEMORY = ("the host ran out of memory {doing}: lower TF_POOL_GIB, TF_PARALLEL, TF_STEP_TOKENS or "
+                      "TF_CONTEXT")
 
 
 @attrs.frozen
@@ -99,6 +109,7 @@ def prepare(settings: Settings, environ: Mapping[str, str]) -> Prepared:
     plan = None
     if free is None:  # the CPU: the pool is TF_POOL_GIB, or its default there
         pool_bytes = config.size if config.size is not None else CPU_POOL_BYTES
+        check_host_pool(pool_bytes, pool_source(config, None), host_available())
     else:
         with refusing_oom("measuring a step"):
             plan = plan_device(loaded.model, layout, device, free=free, limit=config.memory_limit,
@@ -148,7 +159,7 @@ def served_name(settings: Settings, loaded: Loaded) -> str:
 def pool_source(config: PoolConfig, plan: DevicePlan | None) -> str:
     """Where the pool's size came from, for a refusal."""
     if config.size is not None:
-        return f"TF_POOL_GIB={config.size / GIB:g}"
+        return f"TF_POOL_GIB={round(config.size / GIB, 6):g}"  # as given: 0.001, not 0.000999999
     if plan is None:
         return f"TF_POOL_GIB's CPU default {CPU_POOL_BYTES / GIB:g}"
     limit = "TF_CUDA_MEMORY_LIMIT_GB" if config.memory_limit is not None else "the device's free memory"
@@ -157,12 +168,16 @@ def pool_source(config: PoolConfig, plan: DevicePlan | None) -> str:
 
 @contextlib.contextmanager
 def refusing_oom(doing: str) -> Iterator[None]:
-    """Out of device memory while ``doing`` becomes a configuration refusal naming the rows to
-    change (exit 2, not a traceback)."""
+    """Out of memory while ``doing`` (a GPU's, or the CPU allocator's refusal) becomes a configuration
+    refusal naming the rows to change (exit 2, not a traceback)."""
     try:
         yield
     except torch.OutOfMemoryError:
         raise SettingsRefused([OUT_OF_MEMORY.format(doing=doing)]) from None
+    except RuntimeError as error:
+        if "can't allocate memory" not in str(error):  # torch's CPU allocator says so, as a RuntimeError
+            raise
+        raise SettingsRefused([HOST_OUT_OF_MEMORY.format(doing=doing)]) from None
 
 
 def resident_bytes() -> int:
@@ -187,11 +202,20 @@ def learn_directory(settings: Settings, environ: Mapping[str, str]) -> Path:
 
 
 def check_learning(settings: Settings) -> None:
-    """TF_LEARN_CONVERSATIONS needs a prompt cache: refused by name before anything loads."""
-    cache = settings.optional("TF_PROMPT_CACHE_GIB", float)  # None: auto, the whole pool
-    if settings.value("TF_LEARN_CONVERSATIONS", bool) and cache == 0:
-        raise SettingsRefused(["TF_LEARN_CONVERSATIONS=1 requires TF_PROMPT_CACHE_GIB above 0: "
-                               "learned states are the prompt cache's, written to disk"])
+    """TF_LEARN_CONVERSATIONS needs a prompt cache, and a context that holds its identity probe:
+    refused by name before anything loads."""
+    if not settings.value("TF_LEARN_CONVERSATIONS", bool):
+        return
+    problems = []
+    if settings.optional("TF_PROMPT_CACHE_GIB", float) == 0:  # None: auto, the whole pool
+        problems.append("TF_LEARN_CONVERSATIONS=1 requires TF_PROMPT_CACHE_GIB above 0: learned states "
+                        "are the prompt cache's, written to disk")
+    context = settings.value("TF_CONTEXT", int)
+    if context <= PROBE_TOKENS:
+        problems.append(f"TF_CONTEXT={context}: TF_LEARN_CONVERSATIONS=1 needs TF_CONTEXT={PROBE_TOKENS + 1} "
+                        f"or more (the identity probe is a {PROBE_TOKENS}-token prompt and a token)")
+    if problems:
+        raise SettingsRefused(problems)
 
 
 def drafting_of(settings: Settings, model: HybridModel) -> Drafting | None:
@@ -284,8 +308,12 @@ class Service:
             kept = runner.kept
             assert kept is not None
             state = kept.states.get(key_at(prompt, prefix_digests(prompt, PROBE_AT), PROBE_AT))
-            if state is None:
-                raise RuntimeError("the identity probe kept no state: TF_PROMPT_CACHE_GIB holds none")
+            if state is None:  # the cache's budget is below one state: the settings' fault
+                need = kept.state_bytes(PROBE_AT) / GIB
+                raise SettingsRefused([
+                    f"TF_PROMPT_CACHE_GIB={settings.optional('TF_PROMPT_CACHE_GIB', float):g}: the identity "
+                    f"probe's kept state needs {need:.3g} GiB; TF_LEARN_CONVERSATIONS=1 needs "
+                    f"TF_PROMPT_CACHE_GIB={math.ceil(need * 1e4) / 1e4:g} or more"])
             name = identity(found, state_digest(self.pool, state))
             kept.evict(state)
             store = Store(store_root, name, int(settings.value("TF_LEARN_GIB", float) * GIB),
