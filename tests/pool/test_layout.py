@@ -109,6 +109,19 @@ def test_need_and_plan() -> None:
     assert layout.plan(100, 500) == 0
 
 
+def test_the_longest_window_one_lane_of_which_fits() -> None:
+    layout = Layout(16, [RowPart("k", (64,), "uint8")], [Piece("s", (1000,), "uint8")],
+                    outside=[Piece("wide", (5000,), "uint8")])
+    # null page, state page, 5000 bytes outside, then 16 rows a page
+    for pages in (1, 7, 100):
+        limit = 1024 + 1024 + 5000 + pages * 1024
+        assert layout.most_window(limit) == pages * 16
+        assert layout.plan(pages * 16, limit) == 1 and layout.plan(pages * 16 + 1, limit) == 0
+        assert layout.most_window(limit - 1) == (pages - 1) * 16
+    assert layout.most_window(1024 + 1024 + 5000) == 0  # no row page fits beside the state
+    assert layout.most_window(0) == 0
+
+
 def test_page_rows_must_hold_whole_blocks() -> None:
     parts = AttentionRows(["a"], kv_heads=1, head_dim=8, index_dim=8).parts()
     with pytest.raises(ValueError, match="multiple of 4"):

@@ -13,8 +13,9 @@ added later is covered without a line here):
 - the value equal to the row's default is left out (the demo's case of no rows is that one).
 
 Then pairs of rows that constrain each other, at their corners: pages with state pages (each family's
-pair), context with parallel and the pool's size, drafts with their count and MTP lanes, learning with
-the prompt cache and its keep gain, the step's rows with the context.
+pair), context with parallel, the pool's size and the model's positions, drafts with their count and
+MTP lanes, learning with the prompt cache, its keep gain and the context, the step's rows with the
+context.
 
 Left out, and where they are covered: TF_SHAPE (a released model's shape is up to 8 GiB of random
 weights on the CPU: test_shape_serving starts one on a GPU), TF_DEMO (each case names its demo),
@@ -60,6 +61,8 @@ PAIRS: tuple[dict[str, str], ...] = (
     {"TF_CONTEXT": "4194304", "TF_POOL_GIB": "0.001"},
     {"TF_CONTEXT": "16", "TF_POOL_GIB": "0.001", "TF_KV_PAGES": "16"},
     {"TF_PARALLEL": "1", "TF_POOL_GIB": "0.001"},
+    {"TF_CONTEXT": "32768", "TF_POOL_GIB": "0.5"},  # the demos' positions (max_position_embeddings)
+    {"TF_CONTEXT": "32769", "TF_POOL_GIB": "0.5"},
     {"TF_DRAFTS": "1", "TF_MTP_DRAFTS": "8", "TF_MTP_MAX_LANES": "0"},
     {"TF_DRAFTS": "1", "TF_MTP_DRAFTS": "8", "TF_MTP_MAX_LANES": "4096"},
     {"TF_DRAFTS": "0", "TF_MTP_DRAFTS": "8", "TF_MTP_MAX_LANES": "4096"},

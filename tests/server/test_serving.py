@@ -43,12 +43,16 @@ def test_a_parallel_or_context_that_does_not_fit_is_refused_naming_what_fits() -
                         TF_ADMIN_SOCKET=tempfile.mktemp(dir="/tmp"))
     done = run_tfd("serve", env={**env, "TF_PARALLEL": "4000"}, timeout=120)
     assert done.returncode == 2, done.stderr
-    assert re.search(r"TF_PARALLEL=4000: \d+ lanes of 4096 tokens fit the pool's 0.01 GiB "
-                     r"\(TF_POOL_GIB=0.01\)", done.stderr)
+    found = re.search(r"TF_PARALLEL=4000: (\d+) lanes of 4096 tokens fit the pool's 0.01 GiB "
+                      r"\(TF_POOL_GIB=0.01\); TF_PARALLEL=(\d+) is the most", done.stderr)
+    assert found and found.group(1) == found.group(2), done.stderr
     done = run_tfd("serve", env={**env, "TF_CONTEXT": "4000000"}, timeout=120)
     assert done.returncode == 2, done.stderr
+    assert ("TF_CONTEXT=4000000: past the model's 4096 positions (max_position_embeddings in its "
+            "config.json); TF_CONTEXT=4096 is the most") in done.stderr  # both problems, each on its line
     assert "TF_CONTEXT=4000000: one lane of 4000000 tokens needs" in done.stderr
-    assert "the pool's 0.01 GiB (TF_POOL_GIB=0.01) holds none" in done.stderr
+    assert re.search(r"the pool's 0.01 GiB \(TF_POOL_GIB=0.01\) holds none; TF_CONTEXT=\d+ is the most a "
+                     r"lane", done.stderr)
     del env["TF_POOL_GIB"]  # the CPU's default pool, named as such
     done = run_tfd("serve", env={**env, "TF_CONTEXT": "4000000"}, timeout=120)
     assert done.returncode == 2, done.stderr

@@ -77,3 +77,20 @@ def test_learning_needs_a_prompt_cache_that_holds_the_identity_probes_state() ->
     below = f"{least - 1e-4:g}"  # the refusal's least is rounded up to 0.0001 GiB
     under = start(Case("qwen3_5", {"TF_LEARN_CONVERSATIONS": "1", "TF_PROMPT_CACHE_GIB": below}))
     assert under.status == 2 and "the identity probe's kept state needs" in under.stderr, under.stderr
+
+
+@pytest.mark.parametrize(("pool", "row", "said"), [
+    ("0.005", "TF_CONTEXT", r"TF_CONTEXT=4096: one lane .* holds none; TF_CONTEXT=(\d+) is the most a lane"),
+    ("0.05", "TF_PARALLEL", r"TF_PARALLEL=64: .*; TF_PARALLEL=(\d+) is the most"),
+])
+def test_the_most_a_refusal_names_starts_and_one_more_is_refused(pool: str, row: str, said: str) -> None:
+    from starts import start
+
+    asked = {"TF_PARALLEL": "64"} if row == "TF_PARALLEL" else {}
+    refused = start(Case("qwen3_5", {"TF_POOL_GIB": pool, **asked}))
+    found = re.search(said, refused.stderr)
+    assert refused.status == 2 and found, refused.stderr
+    most = int(found.group(1))
+    check(Case("qwen3_5", {"TF_POOL_GIB": pool, row: str(most)}))
+    over = start(Case("qwen3_5", {"TF_POOL_GIB": pool, row: str(most + 1)}))
+    assert over.status == 2 and f"{row}={most + 1}: " in over.stderr, over.stderr

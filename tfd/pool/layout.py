@@ -155,5 +155,15 @@ class Layout:
         beside the pool's one null page."""
         return max(0, memory_limit - self.page_bytes) // self.lane_bytes(window)
 
+    def most_window(self, memory_limit: int) -> int:
+        """The longest window of which one lane fits ``memory_limit`` bytes (0: none does)."""
+        low, high = 0, 1
+        while self.plan(high, memory_limit) >= 1:  # doubling, then halving the gap
+            low, high = high, high * 2
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if self.plan(middle, memory_limit) >= 1 else (low, middle)
+        return low
+
     def with_page_rows(self, page_rows: int) -> Layout:
         return Layout(page_rows, self.row_parts, self.pieces, self.outside)

@@ -9,13 +9,12 @@ at any of these is a configuration refusal naming the rows to change.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
 import resource
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import attrs
@@ -32,7 +31,7 @@ from tfd.families.hybrid import HybridModel
 from tfd.model import GDN_CHUNK as CHUNK
 from tfd.models import Loaded, load
 from tfd.pool.config import CPU_POOL_BYTES, GIB, PoolConfig
-from tfd.pool.device_plan import DevicePlan, DeviceTooSmall
+from tfd.pool.device_plan import DeviceTooSmall
 from tfd.pool.errors import PoolShort
 from tfd.pool.pages import AUTO_LANES_MOST, Pool
 from tfd.pool.pieces import PieceOverPage
@@ -45,6 +44,13 @@ from tfd.server.device_memory import (
     host_available,
     plan_device,
 )
+from tfd.server.start_refusals import (
+    OUT_OF_MEMORY,
+    check_learning,
+    context_refusals,
+    pool_source,
+    refusing_oom,
+)
 from tfd.server.systemd import Heartbeat
 from tfd.server.warm_up import by_kernel, short, warm_up, waves
 from tfd.store.identity import PROBE_TOKENS, facts, identity, probe_prompt
@@ -56,10 +62,7 @@ log = logging.getLogger("tfd.service")
 # A step longer than this means the engine is stuck: the watchdog stops pinging.
 ENGINE_STALL_S = 120.0
 PROBE_AT = (PROBE_TOKENS - 1) // CHUNK * CHUNK  # where the identity probe's state is kept
-OUT_OF_MEMORY = ("the device ran out of memory {doing}: lower TF_POOL_GIB, TF_PARALLEL, TF_STEP_TOKENS or "
-                 "TF_CONTEXT, or set TF_CUDA_MEMORY_LIMIT_GB below what the device has free")
-HOST_OUT_OF_MEMORY = ("the host ran out of memory {doing}: lower TF_POOL_GIB, TF_PARALLEL, TF_STEP_TOKENS or "
-                      "TF_CONTEXT")
+
 
 
 @attrs.frozen
@@ -121,19 +124,18 @@ def prepare(settings: Settings, environ: Mapping[str, str]) -> Prepared:
         except DeviceTooSmall as small:
             raise SettingsRefused(small.problems) from None
     gib = pool_bytes / GIB
+    problems = context_refusals(settings, layout, pool_bytes, pool_source(config, plan), loaded.path)
+    if problems:
+        raise SettingsRefused(problems)
     fits = layout.plan(context, pool_bytes)
-    if fits == 0:
-        need = layout.lane_bytes(context) + layout.page_bytes
-        raise SettingsRefused([f"TF_CONTEXT={context}: one lane of {context} tokens needs "
-                               f"{need / GIB:.3g} GiB; the pool's {gib:.3g} GiB "
-                               f"({pool_source(config, plan)}) holds none"])
     try:
         with refusing_oom(f"allocating the pool of {gib:.2f} GiB"):
             pool = Pool.for_limit(layout, pool_bytes, context, parallel=parallel, mode=config.mode,
                                   device=device)
     except PoolShort:
         raise SettingsRefused([f"TF_PARALLEL={parallel}: {fits} lanes of {context} tokens fit the pool's "
-                               f"{gib:.3g} GiB ({pool_source(config, plan)})"]) from None
+                               f"{gib:.3g} GiB ({pool_source(config, plan)}); TF_PARALLEL={fits} is the "
+                               "most"]) from None
     assert pool.max_lanes is not None
     limits = Limits(context=context, step_tokens=step_tokens, max_lanes=pool.max_lanes,
                     queue=settings.value("TF_QUEUE_LIMIT", int))
@@ -156,30 +158,6 @@ def served_name(settings: Settings, loaded: Loaded) -> str:
     return loaded.path.name
 
 
-def pool_source(config: PoolConfig, plan: DevicePlan | None) -> str:
-    """Where the pool's size came from, for a refusal."""
-    if config.size is not None:
-        return f"TF_POOL_GIB={round(config.size / GIB, 6):g}"  # as given: 0.001, not 0.000999999
-    if plan is None:
-        return f"TF_POOL_GIB's CPU default {CPU_POOL_BYTES / GIB:g}"
-    limit = "TF_CUDA_MEMORY_LIMIT_GB" if config.memory_limit is not None else "the device's free memory"
-    return f"{limit} less {plan.where()}"
-
-
-@contextlib.contextmanager
-def refusing_oom(doing: str) -> Iterator[None]:
-    """Out of memory while ``doing`` (a GPU's, or the CPU allocator's refusal) becomes a configuration
-    refusal naming the rows to change (exit 2, not a traceback)."""
-    try:
-        yield
-    except torch.OutOfMemoryError:
-        raise SettingsRefused([OUT_OF_MEMORY.format(doing=doing)]) from None
-    except RuntimeError as error:
-        if "can't allocate memory" not in str(error):  # torch's CPU allocator says so, as a RuntimeError
-            raise
-        raise SettingsRefused([HOST_OUT_OF_MEMORY.format(doing=doing)]) from None
-
-
 def resident_bytes() -> int:
     """This process's resident set (Linux's /proc; elsewhere its peak)."""
     try:
@@ -199,23 +177,6 @@ def learn_directory(settings: Settings, environ: Mapping[str, str]) -> Path:
     if environ.get("XDG_STATE_HOME"):
         return Path(environ["XDG_STATE_HOME"]) / "tfd" / "learned"
     return Path.home() / ".local" / "state" / "tfd" / "learned"
-
-
-def check_learning(settings: Settings) -> None:
-    """TF_LEARN_CONVERSATIONS needs a prompt cache, and a context that holds its identity probe:
-    refused by name before anything loads."""
-    if not settings.value("TF_LEARN_CONVERSATIONS", bool):
-        return
-    problems = []
-    if settings.optional("TF_PROMPT_CACHE_GIB", float) == 0:  # None: auto, the whole pool
-        problems.append("TF_LEARN_CONVERSATIONS=1 requires TF_PROMPT_CACHE_GIB above 0: learned states "
-                        "are the prompt cache's, written to disk")
-    context = settings.value("TF_CONTEXT", int)
-    if context <= PROBE_TOKENS:
-        problems.append(f"TF_CONTEXT={context}: TF_LEARN_CONVERSATIONS=1 needs TF_CONTEXT={PROBE_TOKENS + 1} "
-                        f"or more (the identity probe is a {PROBE_TOKENS}-token prompt and a token)")
-    if problems:
-        raise SettingsRefused(problems)
 
 
 def drafting_of(settings: Settings, model: HybridModel) -> Drafting | None:
