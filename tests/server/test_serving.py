@@ -32,6 +32,9 @@ def test_a_page_too_small_for_a_piece_is_refused_naming_the_least_value_that_hol
     assert int(found.group(1)) % 16 == 0 and int(found.group(1)) > 16  # a value the row accepts
     if demo == "qwen3_5":  # the demo's spare state is 65,536 bytes: 32 rows hold it, and serve
         assert found.group(1) == "32"
+        del env[row]
+        flagged = run_tfd("serve", "--kv-pages", "16", env=env, timeout=120)  # the command line
+        assert flagged.returncode == 2 and "TF_KV_PAGES=32 is the least that holds it" in flagged.stderr
         with started_server(TF_KV_PAGES="32") as daemon:
             reply = httpx.post(daemon.url() + "/v1/completions", json={"prompt": "def", "max_tokens": 2},
                                timeout=60)
