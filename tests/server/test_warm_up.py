@@ -7,6 +7,7 @@ import pytest
 
 from support import ServedDaemon
 from tfd.engine.engine import Limits
+from tfd.engine.request import Request
 from tfd.server.warm_up import GEMM_CLASSES, LONG, NEW, RESUMED, TOGETHER, by_kernel, short, waves
 
 VOCAB = 4096
@@ -45,12 +46,24 @@ def test_every_request_fits_the_context_and_no_wave_outnumbers_the_lanes() -> No
             assert len(set(ids)) == len(ids)
 
 
+def together(plan: list[list[Request]]) -> set[int]:
+    return {len(wave) for wave in plan if len(wave) > 1 and wave[0].sampling.temperature == 0
+            and wave[0].sampling.logprobs is None}
+
+
 def test_lanes_together_as_many_as_the_pool_allows() -> None:
-    for lanes in (1, 2, 16, 17, 64):
+    assert TOGETHER == (2, 3, 16, 17, 32, 33, 64, 65, 128, 129, 256)
+    for lanes, more in ((1, set()), (2, set()), (16, set()), (17, set()), (64, set()), (75, {75}),
+                        (100, {96, 100}), (256, set()), (431, {416, 431})):
         plan = waves(limits(lanes=lanes), VOCAB, drafting=False, cache=True)
-        together = {len(wave) for wave in plan if len(wave) > 1 and wave[0].sampling.temperature == 0
-                    and wave[0].sampling.logprobs is None}
-        assert together == {n for n in TOGETHER if n <= lanes}
+        assert together(plan) == {n for n in TOGETHER if n <= lanes} | more, lanes
+
+
+def test_lanes_together_meet_each_gemm_class_with_sixteen_and_not() -> None:
+    lanes = together(waves(limits(lanes=4096), VOCAB, drafting=False, cache=True))
+    for low, high in GEMM_CLASSES:
+        counts = [n for n in lanes if low <= n <= high]
+        assert any(n % 16 == 0 for n in counts) and any(n % 16 and n != 1 for n in counts), (low, high)
 
 
 @pytest.mark.parametrize("drafting", [True, False])

@@ -11,8 +11,8 @@ rest (``waves``):
 1. prompts alone, one a step, whose rows are 1, a multiple of 16 and neither, in each of the GEMM's
    row classes (``GEMM_CLASSES``, its tiles' rows: the GEMM specializes on its rows), and a whole
    step of TF_STEP_TOKENS rows and past it;
-2. lanes together (2, 3, 16, 17 of them) of different lengths, so steps mix prompt chunks with
-   decode rows;
+2. lanes together of different lengths, so steps mix prompt chunks with decode rows: as many lanes
+   as the prompts alone have rows (the rows that draw a token are the lanes'), 3, and all the pool has;
 3. sampling with cuts (top-k, top-p, min-p), seeded temperature and logprobs, drafted and not;
 4. a long prompt (past two attention spans of 2,048 keys and decode's 4,096-key split, where the
    context allows) and its next turn, resumed from the state it kept.
@@ -42,7 +42,10 @@ GEMM_CLASSES = ((1, FEW.block_m), (FEW.block_m + 1, MID.block_m), (MID.block_m +
 # prompt rows: 1, then in each class its first rows (not a multiple of 16) and its last multiple of 16
 ALONE = tuple(sorted({1} | {low + (low == 1) for low, _ in GEMM_CLASSES}
                     | {high // 16 * 16 for _, high in GEMM_CLASSES}))
-TOGETHER = (2, 3, 16, 17)  # lanes of a step: 1 is every alone's, 16k and not
+# lanes of a step, as many as ALONE's rows (1 is every alone's): the rows that draw a token (the logits'
+# product, the sampler) are the lanes', so they too meet each GEMM class with 16k and not (the H200's
+# 64-client soak met a 33-64 class variant of the logits' product that 17 lanes had not)
+TOGETHER = tuple(sorted((set(ALONE) - {1}) | {3}))
 TOGETHER_ROWS = (17, 100, 33)  # their prompts, by turns: some decode while others still prefill
 SPAN = 2048  # prefill attention's key span; decode attention splits differently past 4,096 keys
 LONG = 2 * SPAN + 81  # past two spans and the split, a tail that is not a multiple of 16
@@ -67,10 +70,10 @@ def waves(limits: Limits, vocab: int, drafting: bool, cache: bool) -> list[list[
 
     alone = sorted({rows for rows in (*ALONE, limits.step_tokens, limits.step_tokens + 17) if rows <= room})
     made += [[request(rows, start=rows)] for rows in alone]
-    for lanes in TOGETHER:
-        if lanes <= limits.max_lanes:
-            rows = [min(TOGETHER_ROWS[i % len(TOGETHER_ROWS)], room) for i in range(lanes)]
-            made.append([request(r, start=1000 * lanes + i) for i, r in enumerate(rows)])
+    most = limits.max_lanes  # and every lane the pool has, and its largest multiple of 16
+    for lanes in sorted({n for n in TOGETHER if n <= most} | {most, most // 16 * 16} - {0, 1}):
+        rows = [min(TOGETHER_ROWS[i % len(TOGETHER_ROWS)], room) for i in range(lanes)]
+        made.append([request(r, start=1000 * lanes + i) for i, r in enumerate(rows)])
     drafts = (True, False) if drafting else (True,)
     sampled = [request(min(24 + i, room), sampling, draft, start=5000 + 100 * i)
                for i, (sampling, draft) in enumerate((s, d) for d in drafts for s in CUTS)]
