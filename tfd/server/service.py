@@ -64,7 +64,6 @@ ENGINE_STALL_S = 120.0
 PROBE_AT = (PROBE_TOKENS - 1) // CHUNK * CHUNK  # where the identity probe's state is kept
 
 
-
 @attrs.frozen
 class Prepared:
     loaded: Loaded
