@@ -27,7 +27,9 @@ MOE = dict(moe_intermediate_size=32, shared_expert_intermediate_size=48, num_exp
 FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp")
 
 
-def make_model(family: str, seed: int = 0, vocab: int = VOCAB, eos: int = EOS) -> torch.nn.Module:
+def make_model(family: str, seed: int = 0, vocab: int = VOCAB, eos: int = EOS, budget: int = 16,
+               compress: int = 4) -> torch.nn.Module:
+    """``budget`` and ``compress``: qwen4_exp's QSA indexer budget (positions) and compress ratio."""
     import transformers
     from transformers.models.qwen4_exp import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
 
@@ -45,8 +47,8 @@ def make_model(family: str, seed: int = 0, vocab: int = VOCAB, eos: int = EOS) -
         config = Qwen4ExpTextConfig(
             **MOE, **common, hc_count=4, hc_lowrank=16, ple_layer_ids=[2], ple_embed_dim=64,
             ngram_vocab_size_base=101, make_ngram_vocab_size_divisible_by=4, split_ngram_parts=1,
-            heads_per_ngram=2, indexer_n_heads=8, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16,
-            indexer_compress_ratio=4, output_gate_type="sigmoid")
+            heads_per_ngram=2, indexer_n_heads=8, indexer_kv_heads=1, indexer_head_dim=16,
+            indexer_budget=budget, indexer_compress_ratio=compress, output_gate_type="sigmoid")
         cls = Qwen4ExpForCausalLM
     else:
         raise ValueError(family)
@@ -80,10 +82,12 @@ def randomise(model: torch.nn.Module, seed: int) -> None:
                 param.copy_(torch.randn(param.shape, generator=generator) / math.sqrt(fan_in))
 
 
-def save(family: str, directory: Path, seed: int = 0) -> Path:
+def save(family: str, directory: Path, seed: int = 0, budget: int = 16, compress: int = 4) -> Path:
     # built beside and renamed into place: test processes running at once share the directory
-    return build_once(directory / family, "config.json",
-                      lambda staging: make_model(family, seed).save_pretrained(staging))
+    name = family if (budget, compress) == (16, 4) else f"{family}-qsa-{budget}-{compress}"
+    return build_once(directory / name, "config.json",
+                      lambda staging: make_model(family, seed, budget=budget, compress=compress
+                                                 ).save_pretrained(staging))
 
 
 def save_served(family: str, directory: Path, seed: int = 0, head: bool = False) -> Path:

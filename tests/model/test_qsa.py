@@ -1,13 +1,16 @@
 """QSA's selection: the best complete blocks, ties to the lower block, and the open tail; a prompt
-in chunks and a batched decode step choose what a row-by-row transcription of model.md 3.4 does."""
+in chunks and a batched decode step choose what a row-by-row transcription of model.md 3.4 does,
+and what transformers' own indexer does past the budget, with the block-score kernel too."""
 
 from __future__ import annotations
 
 import itertools
 import math
 
+import pytest
 import torch
 
+import tfd.model.qsa as qsa
 from tfd.families.lane_state import AttentionRows
 from tfd.model.memory import LaneMemory, PageRows, Span
 from tfd.model.ops import zrms
@@ -15,6 +18,7 @@ from tfd.model.qsa import IndexerWeights, select_positions, select_rows
 from tfd.model.rope import Rotary
 from tfd.pool.layout import Layout
 from tfd.pool.pages import Pool
+from tfd_kernels import block_scores, sparse_attention
 
 DIM, HEADS, BUDGET, BLOCK, HIDDEN = 8, 2, 8, 4, 5  # two blocks chosen at most
 ROTARY = Rotary.of(DIM, 0.5, 10000.0)
@@ -31,28 +35,29 @@ def rows_of(length: int, seed: int = 3) -> torch.Tensor:
     return torch.randn(length, HIDDEN, generator=torch.Generator().manual_seed(seed))
 
 
-def reference(w: IndexerWeights, x: torch.Tensor) -> list[list[int]]:
+def reference(w: IndexerWeights, x: torch.Tensor, rotary: Rotary = ROTARY) -> list[list[int]]:
     """model.md 3.4 a row at a time: every position's chosen positions."""
-    cos, sin = ROTARY.angles(torch.arange(x.shape[0]), x.dtype)
+    cos, sin = rotary.angles(torch.arange(x.shape[0]), x.dtype)
     projected = x @ w.qk.T
-    queries = ROTARY.apply(zrms(projected[:, :HEADS * DIM].view(-1, HEADS, DIM), w.q_norm, w.eps), cos, sin)
-    raw = projected[:, HEADS * DIM:]
+    query = projected[:, :w.heads * w.dim].view(-1, w.heads, w.dim)
+    queries = rotary.apply(zrms(query, w.q_norm, w.eps), cos, sin)
+    raw = projected[:, w.heads * w.dim:]
     chosen = []
     for position in range(x.shape[0]):
-        complete = (position + 1) // BLOCK
-        pooled = torch.stack([raw[b * BLOCK:(b + 1) * BLOCK].mean(dim=0) for b in range(complete)]) \
-            if complete else torch.empty(0, DIM)
-        block_cos, block_sin = ROTARY.angles(torch.arange(complete) * BLOCK, x.dtype)
-        pooled = ROTARY.apply(zrms(pooled, w.k_norm, w.eps)[:, None, :], block_cos, block_sin)[:, 0]
-        scores = torch.relu(queries[position] @ pooled.T).sum(dim=0) / math.sqrt(DIM)
-        best = torch.sort(scores, descending=True, stable=True).indices[:BUDGET // BLOCK].sort().values
-        picked = [int(b) * BLOCK + i for b in best for i in range(BLOCK)]
-        chosen.append(picked + list(range(complete * BLOCK, position + 1)))
+        complete = (position + 1) // w.block
+        pooled = torch.stack([raw[b * w.block:(b + 1) * w.block].mean(dim=0) for b in range(complete)]) \
+            if complete else torch.empty(0, w.dim)
+        block_cos, block_sin = rotary.angles(torch.arange(complete) * w.block, x.dtype)
+        pooled = rotary.apply(zrms(pooled, w.k_norm, w.eps)[:, None, :], block_cos, block_sin)[:, 0]
+        scores = torch.relu(queries[position] @ pooled.T).sum(dim=0) / math.sqrt(w.dim)
+        best = torch.sort(scores, descending=True, stable=True).indices[:w.budget // w.block].sort().values
+        picked = [int(b) * w.block + i for b in best for i in range(w.block)]
+        chosen.append(picked + list(range(complete * w.block, position + 1)))
     return chosen
 
 
-def lane_pool(lanes: int, length: int) -> tuple[Pool, list[LaneMemory]]:
-    rows = AttentionRows(["a"], kv_heads=1, head_dim=DIM, dtype="float32", index_dim=DIM, block=BLOCK)
+def lane_pool(lanes: int, length: int, dim: int = DIM, block: int = BLOCK) -> tuple[Pool, list[LaneMemory]]:
+    rows = AttentionRows(["a"], kv_heads=1, head_dim=dim, dtype="float32", index_dim=dim, block=block)
     parts = rows.parts()
     pool = Pool(Layout(16, parts, []), 8 * lanes)
     memories = []
@@ -63,17 +68,17 @@ def lane_pool(lanes: int, length: int) -> tuple[Pool, list[LaneMemory]]:
     return pool, memories
 
 
-def in_chunks(w: IndexerWeights, x: torch.Tensor, cuts: list[int], rows: PageRows, lane: LaneMemory
-              ) -> list[list[int]]:
+def in_chunks(w: IndexerWeights, x: torch.Tensor, cuts: list[int], rows: PageRows, lane: LaneMemory,
+              rotary: Rotary = ROTARY) -> list[list[int]]:
     """``select_positions`` over the chunks of ``x`` cut at ``cuts``: each row's positions."""
     chosen = []
     bounds = [0, *cuts, x.shape[0]]
     for start, end in itertools.pairwise(bounds):
         if end == start:
             continue
-        cos, sin = ROTARY.angles(torch.arange(start, end), x.dtype)
+        cos, sin = rotary.angles(torch.arange(start, end), x.dtype)
         span = Span(lane, start, torch.zeros(end - start, dtype=torch.long))
-        positions, counts = select_positions(w, x[start:end], span, rows, "a", ROTARY, cos, sin)
+        positions, counts = select_positions(w, x[start:end], span, rows, "a", rotary, cos, sin)
         chosen += [row[:int(n)].tolist() for row, n in zip(positions, counts, strict=True)]
     return chosen
 
@@ -138,3 +143,98 @@ def test_a_decode_step_of_many_lanes_chooses_and_stores_as_each_lane_alone() -> 
     assert got[padding] == [0]
     assert got[:padding] + got[padding + 1:] == want
     assert torch.equal(batch_pool.buffer, alone_pool.buffer)  # the null page stayed zero too
+
+
+PAST = [(8, 2), (8, 4), (16, 2), (16, 4), (32, 4)]  # (budget, block): contexts run to past twice the budget
+WIDE_DIM, WIDE_HEADS, WIDE_HIDDEN = 16, 8, 32  # the tiny checkpoints' index heads: 8 of 16, rotary on 8
+WIDE_ROTARY = Rotary.of(WIDE_DIM, 0.5, 10000.0)
+
+
+def wide_indexer(budget: int, block: int, seed: int) -> IndexerWeights:
+    g = torch.Generator().manual_seed(seed)
+    return IndexerWeights(qk=torch.randn((WIDE_HEADS + 1) * WIDE_DIM, WIDE_HIDDEN, generator=g),
+                          q_norm=0.3 * torch.randn(WIDE_DIM, generator=g),
+                          k_norm=0.3 * torch.randn(WIDE_DIM, generator=g), heads=WIDE_HEADS, dim=WIDE_DIM,
+                          budget=budget, block=block, eps=1e-6)
+
+
+def transformers_choice(w: IndexerWeights, x: torch.Tensor, rotary: Rotary) -> list[list[int]]:
+    """transformers' own ``Qwen4ExpTextQSAIndexer`` given ``w``'s weights, over the causal rows of
+    ``x``: each row's positions."""
+    from types import SimpleNamespace
+
+    from transformers.models.qwen4_exp.modeling_qwen4_exp import Qwen4ExpTextQSAIndexer
+
+    config = SimpleNamespace(hidden_size=x.shape[1], indexer_n_heads=w.heads, indexer_kv_heads=1,
+                             indexer_head_dim=w.dim, indexer_budget=w.budget, indexer_compress_ratio=w.block,
+                             rms_norm_eps=w.eps)
+    module = Qwen4ExpTextQSAIndexer(config, 0)
+    n = x.shape[0]
+    cos, sin = rotary.angles(torch.arange(n), x.dtype)
+    causal = torch.full((n, n), torch.finfo(x.dtype).min).triu(1)[None, None]  # eager's float mask
+    with torch.no_grad():
+        module.index_qk_proj.weight.copy_(w.qk)
+        module.q_layernorm.weight.copy_(w.q_norm)
+        module.k_layernorm.weight.copy_(w.k_norm)
+        mask = module(x[None], (cos[None], sin[None]), causal, None)[0, 0]
+    return [row.nonzero().flatten().tolist() for row in mask]
+
+
+def kernel_scores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The block-score kernel (the interpreter on the CPU) in place of its torch reference."""
+    monkeypatch.setattr(qsa, "scores", lambda *args: block_scores.scores(*args))
+
+
+@pytest.mark.parametrize(("budget", "block"), PAST)
+@pytest.mark.parametrize("scoring", ["reference", "kernel"])
+def test_transformers_indexer_chooses_the_same_positions_past_the_budget(
+        budget: int, block: int, scoring: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every row of a prompt over twice the budget: what transformers' indexer selects, in one pass
+    and in chunks cut around the budget, scored by the reference or the kernel; the budget binds."""
+    if scoring == "kernel":
+        kernel_scores(monkeypatch)
+    w = wide_indexer(budget, block, seed=budget + block)
+    length = 2 * budget + 3 * block + 1
+    x = torch.randn(length, WIDE_HIDDEN, generator=torch.Generator().manual_seed(7))
+    want = transformers_choice(w, x, WIDE_ROTARY)
+    assert reference(w, x, WIDE_ROTARY) == want
+    assert any(len(picked) < position + 1 for position, picked in enumerate(want))  # some row loses keys
+    assert all(len(picked) <= budget + block - 1 for picked in want)
+    for cuts in ([], [budget - 1, budget + block], [block + 1, budget + block - 1, 2 * budget]):
+        pool, (lane,) = lane_pool(1, length, WIDE_DIM, block)
+        assert in_chunks(w, x, cuts, PageRows(pool), lane, WIDE_ROTARY) == want, cuts
+
+
+@pytest.mark.parametrize(("budget", "block"), [(8, 2), (16, 4)])
+def test_a_decode_step_past_the_budget_chooses_as_transformers_with_the_kernels(
+        budget: int, block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``select_rows`` (block scores by the kernel) for lanes at rows just under, at and well past
+    the budget, against transformers' indexer; then the sparse kernel over those positions
+    attends as its reference."""
+    kernel_scores(monkeypatch)
+    w = wide_indexer(budget, block, seed=3 * budget + block)
+    starts = [budget - 2, budget + block - 1, 2 * budget + 1]  # each lane's decode row
+    x = [torch.randn(start + 1, WIDE_HIDDEN, generator=torch.Generator().manual_seed(20 + i))
+         for i, start in enumerate(starts)]
+    want = [transformers_choice(w, lane_x, WIDE_ROTARY)[start]
+            for start, lane_x in zip(starts, x, strict=True)]
+    pool, lanes = lane_pool(len(starts), 2 * budget + 2, WIDE_DIM, block)
+    rows = PageRows(pool)
+    for lane, start, lane_x in zip(lanes, starts, x, strict=True):
+        in_chunks(w, lane_x[:start], [], rows, lane, WIDE_ROTARY)
+    lengths = torch.tensor([start + 1 for start in starts])
+    cos, sin = WIDE_ROTARY.angles(lengths - 1, torch.float32)
+    table = torch.stack([lane.page_table for lane in lanes])
+    positions, counts = select_rows(w, torch.stack([lane_x[-1] for lane_x in x]), WIDE_ROTARY, cos, sin,
+                                    rows.views["a.index"], rows.views["a.pooled"], table, lengths)
+    assert [row[:int(n)].tolist() for row, n in zip(positions, counts, strict=True)] == want
+    assert int(counts[-1]) < starts[-1] + 1  # the last lane lost keys
+
+    g = torch.Generator().manual_seed(1)
+    keys = torch.randn(int(table.max()) + 1, 16, 2, 8, generator=g)  # [pages, page rows, kv heads, d]
+    values = torch.randn(keys.shape, generator=g)
+    query = torch.randn(len(starts), 4, 8, generator=g)
+    lane_of = torch.arange(len(starts), dtype=torch.int32)
+    args = (query, keys, values, table, lane_of, positions, counts, 8 ** -0.5)
+    assert torch.allclose(sparse_attention.attend(*args, torch.empty_like(query)),
+                          sparse_attention.reference(*args, torch.empty_like(query)), rtol=1e-5, atol=1e-6)
