@@ -30,7 +30,7 @@ import math
 import random
 from collections.abc import Iterator
 
-from starts import Case
+from starts import CHECKPOINT, FREE_PORT, WORKDIR, Case
 
 from tfd.env import Row, Table
 from tfd.env_kinds import UNIX_PATH_MAX, Choice, FilePath, Host, Integer, Name, Real, Secret, Switch
@@ -41,10 +41,6 @@ SKIPPED_VALUES = {("TF_WARM_UP", "full"), ("TF_PORT", "8000")}
 # The values between a row's edges stay under this for rows the CPU allocates at once: the host's memory
 # is shared with the suite's other processes (the greatest value is started, and refused by name).
 BETWEEN_CEILING = {"TF_POOL_GIB": 1.0}
-# Placeholders the harness fills per case: its fresh directory, a tiny checkpoint of the demo's family.
-WORKDIR = "{workdir}"
-CHECKPOINT = "{checkpoint}"
-FREE_PORT = "{free port}"
 PAIRS: tuple[dict[str, str], ...] = (
     {"TF_KV_PAGES": "0", "TF_STATE_PAGES": "0"},
     {"TF_KV_PAGES": "0", "TF_STATE_PAGES": "1"},

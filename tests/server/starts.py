@@ -40,6 +40,10 @@ CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "tempe
 # The codes a client may be answered with when the settings allow no reply to this chat.
 SETTLED_REFUSALS = {"queue_full", "context_length_exceeded"}
 _ROW = re.compile(r"\bTF_[A-Z0-9_]+")
+# Placeholders a case's value may hold, filled per start (``_filled``).
+WORKDIR = "{workdir}"
+CHECKPOINT = "{checkpoint}"
+FREE_PORT = "{free port}"
 
 
 @attrs.frozen
@@ -138,18 +142,18 @@ def _filled(value: str, demo: str, workdir: Path) -> str:
     """A case's value with its placeholders filled: ``{workdir}`` (a path there is cut to the longest
     a Unix socket takes), ``{checkpoint}`` (a tiny served checkpoint of the demo's family) and
     ``{free port}``."""
-    if value == "{checkpoint}":
+    if value == CHECKPOINT:
         import tiny_models
 
         from tfd.demo import DEMOS
 
         return str(tiny_models.save_served(DEMOS[demo][0], CACHE / "tiny"))
-    if value == "{free port}":
+    if value == FREE_PORT:
         with socket.socket() as probe:  # the kernel's pick, above the ports that need root
             probe.bind(("127.0.0.1", 0))
             return str(probe.getsockname()[1])
-    if value.startswith("{workdir}/"):
-        return (str(workdir) + value.removeprefix("{workdir}"))[:UNIX_PATH_MAX]
+    if value.startswith(f"{WORKDIR}/"):
+        return (str(workdir) + value.removeprefix(WORKDIR))[:UNIX_PATH_MAX]
     return value
 
 

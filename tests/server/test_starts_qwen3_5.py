@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 from start_cases import cases
-from starts import Case, check
+from starts import Case, check, start
 
 from tfd.env import Table
 
@@ -65,8 +65,6 @@ def test_a_planted_refusal_naming_no_row_or_exiting_1_fails_the_start(
 
 
 def test_learning_needs_a_prompt_cache_that_holds_the_identity_probes_state() -> None:
-    from starts import start
-
     refused = start(Case("qwen3_5", {"TF_LEARN_CONVERSATIONS": "1", "TF_PROMPT_CACHE_GIB": "0.000001"}))
     assert refused.status == 2, refused.stderr
     found = re.search(r"TF_PROMPT_CACHE_GIB=1e-06: the identity probe's kept state needs \S+ GiB; "
@@ -84,8 +82,6 @@ def test_learning_needs_a_prompt_cache_that_holds_the_identity_probes_state() ->
     ("0.05", "TF_PARALLEL", r"TF_PARALLEL=64: .*; TF_PARALLEL=(\d+) is the most"),
 ])
 def test_the_most_a_refusal_names_starts_and_one_more_is_refused(pool: str, row: str, said: str) -> None:
-    from starts import start
-
     asked = {"TF_PARALLEL": "64"} if row == "TF_PARALLEL" else {}
     refused = start(Case("qwen3_5", {"TF_POOL_GIB": pool, **asked}))
     found = re.search(said, refused.stderr)

@@ -20,7 +20,7 @@ import torch
 from tfd.env import SettingsRefused
 from tfd.families.hybrid import HybridModel
 from tfd.model.memory import LaneMemory, PageRows, Span
-from tfd.pool.device_plan import DevicePlan, graph_bytes, planned_bytes, reserve_bytes
+from tfd.pool.device_plan import GIB, DevicePlan, graph_bytes, planned_bytes, reserve_bytes
 from tfd.pool.layout import Layout
 from tfd.pool.pages import Pool
 
@@ -32,7 +32,6 @@ LARGE_DEVICE_GIB = 70
 LARGE_STEP_TOKENS, GPU_STEP_TOKENS, CPU_STEP_TOKENS = 8192, 2048, 256
 # Beside a pool on the CPU: what a step's activations, Python and torch grow into.
 HOST_RESERVE_BYTES = 1 << 29
-GIB = 1 << 30
 
 
 def auto_step_tokens(total_bytes: int | None, limit_bytes: int | None = None) -> int:
