@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
 import trio
+from starlette.requests import ClientDisconnect
 
 from support import InProcessDaemon
+from tfd.server.http import ClosedStream
 from tfd.server.openai import OpenAI
 
 
@@ -115,3 +117,72 @@ async def test_api_keys_guard_everything_but_health(served: InProcessDaemon) -> 
         assert refused.json()["error"]["code"] == "invalid_api_key"
     assert good.status_code == 200
     assert sample(good.text, "tfd_http_refused_total", reason="api_key") == 3
+
+
+def _endless_stream(closed: list[str]) -> tuple[object, ClosedStream]:
+    async def chunks() -> AsyncGenerator[bytes, None]:
+        try:
+            while True:
+                yield b"data: x\n\n"
+        finally:
+            closed.append("closed")
+
+    generator = chunks()  # held here, so only an explicit close can run its finally
+    return generator, ClosedStream(generator, media_type="text/event-stream")
+
+
+@pytest.mark.parametrize("spec", ["2.0", "2.4"])
+async def test_a_stream_left_at_a_yield_is_closed_before_its_answer_returns(spec: str) -> None:
+    """A client leaving while a chunk is being sent: 2.0 servers say so through receive (the send
+    is cancelled), 2.4 ones by failing the send; either way the generator's finally has run (the
+    lane cancelled, the access line's finish set) when the answer returns to the gate."""
+    closed: list[str] = []
+    generator, answer = _endless_stream(closed)
+    sent: list[dict[str, object]] = []
+    gone = trio.Event()
+
+    async def receive() -> dict[str, object]:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+        if len(sent) == 3:  # the second chunk: the client is gone while it is sent
+            gone.set()
+            if spec == "2.4":
+                raise OSError("connection reset")
+            await trio.sleep_forever()
+
+    scope = {"type": "http", "asgi": {"spec_version": spec}, "method": "POST", "path": "/"}
+    with trio.fail_after(10):
+        try:
+            await answer(scope, receive, send)
+        except ClientDisconnect:
+            assert spec == "2.4"
+    assert closed == ["closed"]
+    assert [message["type"] for message in sent] == ["http.response.start", "http.response.body",
+                                                     "http.response.body"]
+    del generator
+
+
+async def test_a_stream_that_ends_is_closed_once() -> None:
+    closed: list[str] = []
+
+    async def chunks() -> AsyncGenerator[bytes, None]:
+        try:
+            yield b"data: [DONE]\n\n"
+        finally:
+            closed.append("closed")
+
+    sent: list[dict[str, object]] = []
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, object]:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    await ClosedStream(chunks())({"type": "http", "method": "POST", "path": "/"}, receive, send)
+    assert closed == ["closed"]
+    assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}

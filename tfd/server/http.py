@@ -13,12 +13,13 @@ import hashlib
 import hmac
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 
+import trio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -40,6 +41,28 @@ def error_response(status: int, message: str, code: str, *, param: str | None = 
     kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+class ClosedStream(StreamingResponse):
+    """A streamed answer whose generator is closed before the answer returns, however it ends.
+
+    Resource handling: when the client goes away while the generator waits at a ``yield`` (its
+    chunk being sent), starlette drops it unclosed and its ``finally`` (cancel the lane, end the
+    work, say how the request finished) would run whenever the garbage collector finalized it,
+    after the access line was written. Here it runs first, shielded from the cancellation that
+    ended the answer.
+    """
+
+    def __init__(self, content: AsyncGenerator[bytes, None], **kwargs: object) -> None:
+        super().__init__(content, **kwargs)  # type: ignore[arg-type]
+        self.generator = content
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.generator.aclose()
 
 
 def build_app(lifecycle: Lifecycle, metrics: Metrics, api_keys: Sequence[str] = (),

@@ -13,20 +13,20 @@ its access line (tokens, time to first token, finish) and names the code of any 
 
 Resource handling: a request counts as running work (``Lifecycle``) from submission to its last
 byte, so a drain waits for it. A client that goes away cancels its request: a stream's generator
-is cancelled by starlette when the client disconnects, and a whole reply watches the connection
-while it waits; either way the engine stops the lane at its next step boundary, and the access
-line's finish says ``disconnected``.
+is cancelled when the client disconnects and closed before its access line is written
+(``ClosedStream``), and a whole reply watches the connection while it waits; either way the
+engine stops the lane at its next step boundary, and the access line's finish says ``disconnected``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import trio
 from starlette.requests import Request as HttpRequest
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tfd.chat import ChatTemplateError
@@ -34,7 +34,7 @@ from tfd.engine.engine import EngineError, Handle
 from tfd.engine.request import Emitted, Finished, Request
 from tfd.server.access import HEADER, Access, Exchange, exchange_of
 from tfd.server.description import description
-from tfd.server.http import error_response
+from tfd.server.http import ClosedStream, error_response
 from tfd.server.lifecycle import Lifecycle, NotAdmitting
 from tfd.server.metrics import Metrics
 from tfd.server.replies import Api, Reply, sse
@@ -224,8 +224,8 @@ class OpenAI:
             raise _Refusal(error.status, str(error), error.code, param=error.param, headers=headers) from None
         reply = Reply(api, exchange.id, service.name, ids, service.loaded.tokenizer, common.return_token_ids)
         if common.stream:
-            return StreamingResponse(self._stream(service, handle, reply, exchange, common.include_usage),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            return ClosedStream(self._stream(service, handle, reply, exchange, common.include_usage),
+                                media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         try:
             finished = await self._collect(http, service, handle, reply, exchange)
         finally:
@@ -266,7 +266,7 @@ class OpenAI:
         raise RuntimeError("the engine closed a request without finishing it")
 
     async def _stream(self, service: Service, handle: Handle, reply: Reply, exchange: Exchange,
-                      include_usage: bool) -> AsyncIterator[bytes]:
+                      include_usage: bool) -> AsyncGenerator[bytes, None]:
         done = False
         try:
             yield sse(reply.first_chunk())
