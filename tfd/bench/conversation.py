@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from tfd.bench.flags import STEP_TOKENS
 from tfd.bench.workload import drive, runner_for
 from tfd.engine.request import Request, Sampling
 from tfd.engine.runner import Runner
@@ -60,7 +61,7 @@ def drop_page_cache(root: Path) -> None:
 
 
 def conversation(model: HybridModel, prompt_tokens: int, new_tokens: int, graphs: bool,
-                 step_tokens: int = 8192, seed: int = 0, keep_gain: int = 0) -> dict[str, Any]:
+                 step_tokens: int = STEP_TOKENS, seed: int = 0, keep_gain: int = 0) -> dict[str, Any]:
     """Turn two's time to first token read back from disk after a restart, and cold; a shorter
     conversation first, untimed (4,096 tokens), so kernels compile before either is timed.
     ``keep_gain``: as TF_PROMPT_KEEP_GAIN."""

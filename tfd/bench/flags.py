@@ -14,6 +14,8 @@ from typing import Any
 from tfd.arguments import counts, draft_counts, natural, positive, positive_float, rates, span
 from tfd.env import Table
 
+STEP_TOKENS = 32768  # rows a step, as the daemon's TF_STEP_TOKENS=auto on a GPU of 70 GiB or more
+
 
 def add_bench_parser(commands: Any, table: Table, run: Callable[..., int]) -> argparse.ArgumentParser:
     """The ``bench`` subcommand on ``commands`` (argparse's subparsers), calling ``run``."""
@@ -34,8 +36,8 @@ def add_bench_parser(commands: Any, table: Table, run: Callable[..., int]) -> ar
                        "uniformly")
     bench.add_argument("--new", type=span, metavar="N",
                        help="new tokens a stream (256); with --serve also LOW:HIGH")
-    bench.add_argument("--step-tokens", type=positive, default=8192, metavar="N",
-                       help="rows a step may run (8192)")
+    bench.add_argument("--step-tokens", type=positive, default=STEP_TOKENS, metavar="N",
+                       help=f"rows a step may run ({STEP_TOKENS}, the daemon's on a large GPU)")
     bench.add_argument("--no-graphs", action="store_true", help="decode steps eagerly, no CUDA graphs")
     bench.add_argument("--drafts", type=draft_counts, metavar="N[,N...]",
                        help="MTP drafts a round at most, one run each (0: no drafting; default 0); a --shape "

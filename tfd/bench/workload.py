@@ -18,6 +18,7 @@ import attrs
 import tokenizers
 import torch
 
+from tfd.bench.flags import STEP_TOKENS
 from tfd.engine.detokenize import Detokenizer
 from tfd.engine.drafts import DraftCounts
 from tfd.engine.lane import Lane
@@ -36,7 +37,7 @@ class Workload:
     streams: int
     prompt_tokens: int
     new_tokens: int
-    step_tokens: int = 8192
+    step_tokens: int = STEP_TOKENS
     drafting: Drafting | None = None  # lanes verify the MTP head's drafts in rounds
     temperature: float = 1.0
     prompts: tuple[tuple[int, ...], ...] | None = None  # token ids to cut prompts from, else random

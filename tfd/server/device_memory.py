@@ -25,11 +25,11 @@ from tfd.pool.layout import Layout
 from tfd.pool.pages import Pool
 
 log = logging.getLogger("tfd.memory")
-# TF_STEP_TOKENS=auto: on a device of LARGE_DEVICE_GIB or more, 8,192 rows (through HTTP on the H200's
-# 9B shape, 3.5% more output tokens a second than 2,048 and the burst's slowest first token 12% sooner;
-# docs/bench.md); below it 2,048, whose activations take a quarter as much; the CPU 256
+# TF_STEP_TOKENS=auto: on a device of LARGE_DEVICE_GIB or more, 32,768 rows (through HTTP on the H200's
+# 9B shape a burst of 32 1,024-token prompts in one step: a stream's time a token 1.05x the decode step,
+# 1.24-1.31x at 8,192; docs/bench.md); below it 2,048, whose activations take a sixteenth; the CPU 256
 LARGE_DEVICE_GIB = 70
-LARGE_STEP_TOKENS, GPU_STEP_TOKENS, CPU_STEP_TOKENS = 8192, 2048, 256
+LARGE_STEP_TOKENS, GPU_STEP_TOKENS, CPU_STEP_TOKENS = 32768, 2048, 256
 # Beside a pool on the CPU: what a step's activations, Python and torch grow into.
 HOST_RESERVE_BYTES = 1 << 29
 
