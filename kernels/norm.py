@@ -33,16 +33,16 @@ def warps(block: int) -> int:
 
 
 @triton.jit
-def _zrms(x, weight, out, width, stride_x, stride_o, stride_wg, eps, GROUP: tl.constexpr,
+def _zrms(x, weight, out, width, stride_x, stride_o, stride_wg, eps, BLOCK: tl.constexpr,
           GROUPS: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
-    cols = tl.arange(0, GROUP)
+    cols = tl.arange(0, BLOCK)
     mask = cols < width
     if EARLY and GROUPS == 1:  # the weight, which no kernel writes, asked for before the wait
         w = tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32)
     pdl.wait(PDL)
     row = tl.program_id(0)
     for part in range(GROUPS):  # each group of the row normalised on its own
-        at = part * GROUP + cols
+        at = part * width + cols  # groups lie ``width`` apart; BLOCK only pads one to a power of two
         values = tl.load(x + row * stride_x + at, mask=mask, other=0.0).to(tl.float32)
         mean = tl.sum(values * values, axis=0) / width
         scaled = values * tl.rsqrt(mean + eps)
@@ -62,7 +62,7 @@ def zrms(x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = 
     out = torch.empty_like(x)
     block = triton.next_power_of_2(width)
     stride_wg = width if weight.shape[0] == x.shape[1] and group else 0
-    _zrms[(x.shape[0],)](x, weight, out, width, x.stride(0), out.stride(0), stride_wg, eps, GROUP=block,
+    _zrms[(x.shape[0],)](x, weight, out, width, x.stride(0), out.stride(0), stride_wg, eps, BLOCK=block,
                          GROUPS=x.shape[1] // width, EARLY=WEIGHTS_EARLY, num_warps=warps(block),
                          **pdl.options(x.device))
     return out

@@ -21,9 +21,20 @@ def test_zrms_matches_the_reference(dtype: torch.dtype) -> None:
     assert ((got - want).abs() <= tolerance * (1 + want.abs())).all()
 
 
-def test_grouped_zrms_normalises_each_group_with_a_whole_row_weight() -> None:
-    x, w = rand(3, 4 * 16), rand(4 * 16, seed=2) * 0.1
-    assert torch.allclose(norm.zrms(x, w, 1e-6, group=16), ops.zrms(x, w, 1e-6, group=16), atol=1e-6)
+@pytest.mark.parametrize("group", [16, 20, 40])
+@pytest.mark.parametrize("shared", [False, True])
+def test_grouped_zrms_normalises_each_group_with_a_whole_row_or_one_group_weight(group: int,
+                                                                                shared: bool) -> None:
+    # 16 fills its power-of-two block; 20 and 40 do not (Flash Next's streams are 2,560 wide): groups
+    # lie a width apart, not a block apart, and the last row's last group ends at the tensor's end
+    x = rand(3, 4 * group)
+    w = rand(group if shared else 4 * group, seed=2) * 0.1
+    whole = w.repeat(4) if shared else w  # the reference takes the whole row's weight
+    got, want = norm.zrms(x, w, 1e-6, group=group), ops.zrms(x, whole, 1e-6, group=group)
+    assert torch.allclose(got, want, atol=1e-6)
+    batch = rand(5, 4 * group, seed=3)
+    alone, together = norm.zrms(batch[4:], w, 1e-6, group=group), norm.zrms(batch, w, 1e-6, group=group)
+    assert torch.equal(alone[0], together[4])
 
 
 @pytest.mark.parametrize("activation", ["silu", "sigmoid"])
