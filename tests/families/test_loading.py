@@ -116,3 +116,26 @@ def test_flash_next_ple_constants_agree_with_the_checkpoint(saved: Path) -> None
     assert tables.multipliers == tuple(stored[f"{prefix}.layer_multipliers"].tolist())
     assert tables.sizes == tuple(stored[f"{prefix}.ngram_heads_vocab_sizes"].tolist())
     assert tables.offsets == tuple(stored[f"{prefix}.ngram_heads_offsets"].tolist())
+
+
+TABLE = "model.layers.1.ple.ple_embedding.ngram_embedding"
+
+
+@pytest.mark.parametrize("shards", [4, 8])
+def test_a_table_in_shards_loads_when_they_split_it_evenly_and_is_refused_when_not(
+        saved: Path, tmp_path: Path, shards: int) -> None:
+    """420 rows: 4 shards of 105 hold them all and look up as one table; 8 shards of 52 would lose
+    the last 4 rows, whose ids the hash still makes, so the load refuses them by name."""
+    whole = load_file(saved / "model.safetensors")[f"{TABLE}.shard_0.weight"]
+    height = whole.shape[0] // shards
+    parts = {f"{TABLE}.shard_{j}.weight": whole[j * height:(j + 1) * height].clone() for j in range(shards)}
+    changed = copy_with(saved, tmp_path, {f"{TABLE}.shard_0.weight": None, **parts})
+    if whole.shape[0] % shards:
+        with pytest.raises(CheckpointError, match=rf"{TABLE}.shard_0.weight: the n-gram table's 420 rows "
+                                                  rf"do not split into {shards} equal shards"):
+            load_model(Checkpoint.open(changed))
+        return
+    table = load_model(Checkpoint.open(changed), dtype=torch.float32).weights.layers[1].ple
+    assert table is not None and len(table.table.shards) == shards
+    ids = torch.arange(whole.shape[0])[:, None]
+    assert torch.equal(table.table.lookup(ids), whole)

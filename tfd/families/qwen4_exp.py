@@ -13,6 +13,7 @@ import math
 import attrs
 import torch
 
+from tfd.checkpoint import CheckpointError
 from tfd.families.config import INDEXED, LINEAR, HybridConfig, Ple
 from tfd.families.naming import (
     Expect,
@@ -54,8 +55,12 @@ def expect(cfg: HybridConfig, naming: Naming) -> dict[str, Shape]:
                 need.add(f"{ple}.{norm}.weight", wide)
             need.add(f"{ple}.conv1d.weight", wide, 1, cfg.ple.kernel)
             tables = PleTables.of(cfg.ple, cfg.vocab, cfg.ple.layers.index(i))
-            for name in table_names(naming, ple):
-                need.add(name, tables.rows // len(table_names(naming, ple)), tables.dim)
+            names = table_names(naming, ple)
+            if tables.rows % len(names):  # equal shards or none: a lookup finds row i in shard i // height
+                raise CheckpointError(f"{names[0]}: the n-gram table's {tables.rows} rows do not split into "
+                                      f"{len(names)} equal shards")
+            for name in names:
+                need.add(name, tables.rows // len(names), tables.dim)
     if naming.has_mtp:
         need.add("mtp.pre_fc_norm_embedding.weight", h)
         need.add("mtp.pre_fc_norm_hidden.weight", cfg.streams * h)
