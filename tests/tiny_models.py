@@ -28,12 +28,13 @@ FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp")
 
 
 def make_model(family: str, seed: int = 0, vocab: int = VOCAB, eos: int = EOS, budget: int = 16,
-               compress: int = 4) -> torch.nn.Module:
-    """``budget`` and ``compress``: qwen4_exp's QSA indexer budget (positions) and compress ratio."""
+               compress: int = 4, hidden: int = 64) -> torch.nn.Module:
+    """``budget`` and ``compress``: qwen4_exp's QSA indexer budget (positions) and compress ratio;
+    ``hidden``: the residual's width (a power of two fills a kernel's block, 80 does not)."""
     import transformers
     from transformers.models.qwen4_exp import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
 
-    common = {**COMMON, "vocab_size": vocab, "eos_token_id": eos}
+    common = {**COMMON, "vocab_size": vocab, "eos_token_id": eos, "hidden_size": hidden}
     if family == "qwen3_5":
         config = transformers.Qwen3_5TextConfig(intermediate_size=96, **common)
         cls = transformers.Qwen3_5ForCausalLM
@@ -82,11 +83,13 @@ def randomise(model: torch.nn.Module, seed: int) -> None:
                 param.copy_(torch.randn(param.shape, generator=generator) / math.sqrt(fan_in))
 
 
-def save(family: str, directory: Path, seed: int = 0, budget: int = 16, compress: int = 4) -> Path:
+def save(family: str, directory: Path, seed: int = 0, budget: int = 16, compress: int = 4,
+         hidden: int = 64) -> Path:
     # built beside and renamed into place: test processes running at once share the directory
     name = family if (budget, compress) == (16, 4) else f"{family}-qsa-{budget}-{compress}"
+    name = name if hidden == 64 else f"{name}-hidden-{hidden}"
     return build_once(directory / name, "config.json",
-                      lambda staging: make_model(family, seed, budget=budget, compress=compress
+                      lambda staging: make_model(family, seed, budget=budget, compress=compress, hidden=hidden
                                                  ).save_pretrained(staging))
 
 

@@ -5,7 +5,8 @@ Requests run through the engine's scheduler and runner (``tfd.bench.workload.dri
 thread's loop without trio) on tiny checkpoints of every family; all four take the batched decode
 path (Flash Next, qwen4_exp, with its streams, PLE and QSA layers: block scores, the sparse kernel).
 Every gate compares token ids: concurrent == solo at 1/2/4/8 lanes, graphs == eager, a prompt
-prefilled in 64-row chunks == in one pass; and the GPU path against the CPU fp32 reference.
+prefilled in 64-row chunks == in one pass; and the GPU path against the CPU fp32 reference. On the
+GPU a fifth, Flash Next 80 columns wide, meets kernels whose blocks a row does not fill.
 """
 
 from __future__ import annotations
@@ -26,13 +27,18 @@ from tfd.model.memory import Span
 from tfd_kernels import pdl
 
 ONE_PASS = 8192
+WIDE = 80  # a residual width that does not fill its kernels' power-of-two blocks (Flash Next's is 2,560)
 
 
 def checkpoint(family: str) -> Checkpoint:
-    return Checkpoint.open(tiny_models.save(family, CACHE / "tiny-plain"))
+    """``family``, or ``qwen4_exp-wide``: Flash Next with a residual of WIDE columns."""
+    name, _, wide = family.partition("-")
+    return Checkpoint.open(tiny_models.save(name, CACHE / "tiny-plain", hidden=WIDE if wide else 64))
 
 
-@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp"])
+# the wide Flash Next on the GPU alone: on the CPU it runs the same torch references as the others
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp",
+                                        pytest.param("qwen4_exp-wide", marks=pytest.mark.gpu)])
 def family(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
