@@ -143,3 +143,27 @@ def test_a_soak_holds_memory_flat_only_within_its_limit() -> None:
 
 def test_a_soak_needs_the_admin_socket(server: ServedDaemon) -> None:
     assert kit("--url", server.url(), "--soak", "1") == 2
+
+
+def test_a_model_with_sparse_attention_is_checked_past_its_budget(
+        server: ServedDaemon, first_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Flash Next's demo attends its best 64 positions past a budget of 64: every prompt begins with
+    a lead past it. The Qwen3.5 demo has no such budget, and its prompts no lead."""
+    assert "sparse_attention_budget" not in server.get("/v1/models").json()["data"][0]
+    plain = report.read(first_run)
+    assert (plain.budget, plain.lead) == (None, 0)
+    with started_server(TF_DEMO="flashnext") as daemon:
+        assert daemon.get("/v1/models").json()["data"][0]["sparse_attention_budget"] == 64
+        out = tmp_path / "flashnext.json"
+        ran = kit("--url", daemon.url(), "--admin", str(daemon.admin), "--json", str(out))
+        assert ran == 0, told(daemon, capsys)
+        found = report.read(out)
+        assert found.budget == 64 and 64 + 16 <= found.lead < 2 * (64 + 16)
+        assert f"prompts begin with {found.lead} tokens: past the model's sparse attention budget of 64" in \
+            capsys.readouterr().out
+
+
+def test_a_context_too_short_to_pass_the_budget_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    with started_server(TF_DEMO="flashnext", TF_CONTEXT="192") as daemon:
+        assert kit("--url", daemon.url(), "--admin", str(daemon.admin)) == 1
+        assert "holds no conversation past its sparse attention budget of 64" in capsys.readouterr().err

@@ -47,18 +47,50 @@ def prompt(index: int) -> str:
     return f"# {TOPICS[index % len(TOPICS)]}\ndef "
 
 
+LEAD_LINE = "assert sorted(items) == list(range(len(items)))\n"
+PAST_BUDGET = 16  # tokens a prompt's lead passes a sparse attention budget by, before any is drawn
+AROUND_LEAD = 160  # a conversation's tokens beside its lead: the template, the words, a message
+
+
+def lead_past(client: Client, profile: Profile) -> tuple[str, int | None, int]:
+    """Text to begin every prompt with, so that a model with sparse attention (the server's
+    ``sparse_attention_budget`` in /v1/models) is checked past its budget: lines of code until the
+    server's /tokenize counts the budget and PAST_BUDGET more. Empty where the model has none.
+    Returns the lead, the budget and the lead's tokens; ``ValueError`` when the server's context
+    cannot hold a conversation of ``profile`` with it."""
+    listed = client.get("/v1/models")
+    budget = next(iter(listed.body.get("data", [])), {}).get("sparse_attention_budget")
+    if listed.status != 200 or budget is None:
+        return "", None, 0
+    need, lines = int(budget) + PAST_BUDGET, 1
+    while True:
+        counted = client.post("/tokenize", {"prompt": LEAD_LINE * lines})
+        if counted.status != 200:
+            raise ValueError(f"/tokenize answered {counted.status} sizing a prompt past the budget")
+        count = int(counted.body["count"])
+        if count >= need:
+            break
+        lines += max(1, (need - count) * lines // max(count, 1))  # the lines still short, at this rate
+    context = int(counted.body["max_model_len"])
+    if count + AROUND_LEAD + 2 * profile.new_tokens > context:
+        raise ValueError(f"the server's context of {context} tokens holds no conversation past its "
+                         f"sparse attention budget of {budget} (a lead of {count} tokens)")
+    return LEAD_LINE * lines, int(budget), count
+
+
 class Gates:
     """The gates of ``profile`` against ``client``; ``solo`` holds each (prompt, sampling)'s tokens
-    alone, as the repeat gate saw them."""
+    alone, as the repeat gate saw them; every prompt and conversation begins with ``lead``."""
 
-    def __init__(self, client: Client, profile: Profile) -> None:
+    def __init__(self, client: Client, profile: Profile, lead: str = "") -> None:
         self.client = client
         self.profile = profile
+        self.lead = lead
         self.solo: dict[tuple[int, str], str] = {}
 
     def complete(self, index: int, sampling: str, **extra: Any) -> Answer:
-        body = {"prompt": prompt(index), "max_tokens": self.profile.new_tokens, "ignore_eos": True,
-                **SAMPLINGS[sampling], **extra}
+        body = {"prompt": self.lead + prompt(index), "max_tokens": self.profile.new_tokens,
+                "ignore_eos": True, **SAMPLINGS[sampling], **extra}
         return self.client.post("/v1/completions", body)
 
     def repeat(self) -> list[Row]:
@@ -106,7 +138,7 @@ class Gates:
 
     def conversation(self, index: int, sampling: str) -> tuple[list[dict[str, str]], Answer]:
         """A first turn, and the messages of the second."""
-        first = [{"role": "system", "content": "You write short Python. " * 8},
+        first = [{"role": "system", "content": self.lead + "You write short Python. " * 8},
                  {"role": "user", "content": f"Write {TOPICS[index % len(TOPICS)]}."}]
         turn1 = self.chat(first, sampling)
         reply = turn1.body.get("choices", [{}])[0].get("message", {}).get("content", "")

@@ -16,7 +16,7 @@ import attrs
 
 from tfd.conformance import report
 from tfd.conformance.client import Client
-from tfd.conformance.gates import PROFILES, Gates
+from tfd.conformance.gates import PROFILES, Gates, lead_past
 from tfd.conformance.report import Report, Row
 from tfd.conformance.soak import soak
 
@@ -33,7 +33,8 @@ def setting(rows: list[dict[str, object]], name: str) -> int | None:
 def check(client: Client, url: str, profile_name: str) -> Report:
     """Every gate of ``profile_name`` against ``client``."""
     profile = PROFILES[profile_name]
-    gates = Gates(client, profile)
+    lead, budget, lead_tokens = lead_past(client, profile)
+    gates = Gates(client, profile, lead)
     admin = client.admin_path is not None
     at_start = client.census() if admin else {}
     settings = client.admin("settings")["rows"] if admin else []
@@ -47,7 +48,7 @@ def check(client: Client, url: str, profile_name: str) -> Report:
         rows += gates.evict()
     else:
         skipped = {"cancel": "no --admin socket", "evict": "no --admin socket"}
-    return Report(url, profile_name, tuple(rows), skipped)
+    return Report(url, profile_name, tuple(rows), skipped, budget, lead_tokens)
 
 
 def main(args: argparse.Namespace) -> int:

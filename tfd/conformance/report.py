@@ -38,6 +38,8 @@ class Report:
     profile: str
     rows: tuple[Row, ...]
     skipped: dict[str, str] = attrs.field(factory=dict)  # gate -> why it did not run
+    budget: int | None = None  # the model's sparse attention budget, where it has one
+    lead: int = 0  # tokens every prompt began with, to pass that budget
 
     @property
     def ok(self) -> bool:
@@ -46,7 +48,7 @@ class Report:
 
     def words(self) -> dict[str, Any]:
         return {"url": self.url, "profile": self.profile, "ok": self.ok, "skipped": self.skipped,
-                "rows": [attrs.asdict(row) for row in self.rows]}
+                "budget": self.budget, "lead": self.lead, "rows": [attrs.asdict(row) for row in self.rows]}
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(self.words(), indent=1) + "\n")
@@ -57,15 +59,19 @@ def read(path: Path) -> Report:
     try:
         words = json.loads(path.read_text())
         rows = tuple(Row(**row) for row in words["rows"])
-        return Report(words["url"], words["profile"], rows, words.get("skipped", {}))
+        return Report(words["url"], words["profile"], rows, words.get("skipped", {}), words.get("budget"),
+                      words.get("lead", 0))
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(f"{path}: not a conformance report ({error})") from None
 
 
 def table(report: Report) -> str:
     """One line a gate: its rows, how many failed, and the first failure's words."""
-    lines = [f"tfd conformance {report.url} ({report.profile})",
-             f"{'gate':<11} {'rows':>5} {'failed':>6}  result"]
+    lines = [f"tfd conformance {report.url} ({report.profile})"]
+    if report.budget is not None:
+        lines.append(f"prompts begin with {report.lead} tokens: past the model's sparse attention budget "
+                     f"of {report.budget}")
+    lines.append(f"{'gate':<11} {'rows':>5} {'failed':>6}  result")
     for gate in GATES:
         rows = [row for row in report.rows if row.gate == gate]
         if gate in report.skipped:

@@ -134,6 +134,9 @@ class OpenAI:
                                     "created": int(self.lifecycle.started_wall), "owned_by": "tfd",
                                     "max_model_len": service.engine.limits.context}
         loaded = service.loaded
+        indexer = loaded.model.cfg.indexer
+        if indexer is not None:  # past it a query attends the best blocks only: what a long test must pass
+            entry["sparse_attention_budget"] = indexer.budget
         if loaded.random_weights:  # said where a client looks: its replies are noise
             entry["random_weights"] = True
             if loaded.shape is not None:
