@@ -286,6 +286,42 @@ def test_a_sharded_checkpoint_loads_the_same_tensors_as_one_file(tmp_path: Path)
         assert torch.equal(one[name], TENSORS[name]) and torch.equal(two[name], TENSORS[name])
 
 
+def test_shards_of_a_table_load_joined_in_order_from_any_file(tmp_path: Path) -> None:
+    """The last shard in the first file, the first in the second: rows land by the shards' order,
+    each cast as it is copied in; the shards' own names are not in the answer."""
+    parts = [torch.arange(k * 12, (k + 1) * 12, dtype=torch.float32).view(-1, 4)[: 3 - k] for k in range(3)]
+    names = [f"t.shard_{k}.weight" for k in range(3)]
+    directory = tmp_path / "joined"
+    directory.mkdir()
+    write_json(directory / "config.json", {"model_type": "qwen3_next"})
+    files = {"model-00001-of-00002.safetensors": [names[2], "other"],
+             "model-00002-of-00002.safetensors": names[:2]}
+    tensors = {**dict(zip(names, parts, strict=True)), "other": torch.ones(2)}
+    for file, held in files.items():
+        safetensors.torch.save_file({n: tensors[n] for n in held}, str(directory / file))
+    write_json(directory / "model.safetensors.index.json",
+               {"metadata": {}, "weight_map": {n: f for f, held in files.items() for n in held}})
+    checkpoint = open_checkpoint(directory)
+    loaded = checkpoint.load([*names, "other"], "cpu", torch.bfloat16, joined={"t.weight": names})
+    assert sorted(loaded) == ["other", "t.weight"]
+    assert loaded["t.weight"].dtype == torch.bfloat16
+    assert torch.equal(loaded["t.weight"], torch.cat(parts).bfloat16())
+    one = checkpoint.load(["other"], "cpu", None, joined={"t.weight": names[:1]})  # parts need not be asked
+    assert sorted(one) == ["other", "t.weight"] and torch.equal(one["t.weight"], parts[0])
+
+
+def test_shards_that_differ_past_their_rows_are_refused_naming_the_table(tmp_path: Path) -> None:
+    directory = tmp_path / "uneven"
+    directory.mkdir()
+    write_json(directory / "config.json", {"model_type": "qwen3_next"})
+    uneven = {"t.shard_0.weight": torch.zeros(2, 4), "t.shard_1.weight": torch.zeros(2, 5)}
+    safetensors.torch.save_file(uneven, str(directory / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"t\.weight: its parts t\.shard_0\.weight, t\.shard_1\.weight "
+                                              r"do not join"):
+        open_checkpoint(directory).load([], "cpu", None, joined={"t.weight": ["t.shard_0.weight",
+                                                                              "t.shard_1.weight"]})
+
+
 def test_load_casts_floating_tensors_and_keeps_integer_ones(tmp_path: Path) -> None:
     checkpoint = open_checkpoint(make_checkpoint(tmp_path))
     loaded = checkpoint.load(TENSORS, torch.device("cpu"), torch.bfloat16)

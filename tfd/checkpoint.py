@@ -19,7 +19,7 @@ import json
 import os
 import struct
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -154,8 +154,15 @@ class Checkpoint:
                                   f"({count}):\n" + "\n".join(f"  {line}" for line in lines))
 
     def load(self, names: Iterable[str], device: torch.device | str = "cpu",
-             dtype: torch.dtype | None = None, progress: bool | None = None) -> dict[str, torch.Tensor]:
+             dtype: torch.dtype | None = None, progress: bool | None = None,
+             joined: Mapping[str, Sequence[str]] | None = None) -> dict[str, torch.Tensor]:
         """Read the named tensors onto ``device``; floating ones are cast to ``dtype`` when given.
+
+        ``joined`` maps a new name to named tensors (shards of one table) that are read into
+        consecutive rows of one tensor of that name instead: each is copied in as it is read and
+        let go, so the device holds the whole once and one shard beside it, never the shards and
+        the whole. Its parts must agree past their first dimension and in dtype (``CheckpointError``
+        naming the new name before any file opens).
 
         Opens each file once (in name order, tensors in file order) and closes it before the next.
         Integer and 8-bit float tensors keep their stored dtype. ``progress`` draws a bar on
@@ -166,11 +173,13 @@ class Checkpoint:
         """
         import safetensors
 
-        wanted = list(dict.fromkeys(names))
+        joined = joined or {}
+        wanted = list(dict.fromkeys([*names, *(part for parts in joined.values() for part in parts)]))
         unknown = [name for name in wanted if name not in self.tensors]
         if unknown:
             shown = ", ".join(unknown[:LISTED_PROBLEMS]) + (", ..." if len(unknown) > LISTED_PROBLEMS else "")
             raise CheckpointError(f"{self.path}: no tensor named {shown}")
+        into, rows = self._joins(joined)
         by_file: dict[Path, list[TensorInfo]] = {}
         for name in wanted:
             info = self.tensors[name]
@@ -188,14 +197,40 @@ class Checkpoint:
                             tensor = handle.get_tensor(info.name)
                             if dtype is not None and info.dtype in CAST_DTYPES:
                                 tensor = tensor.to(dtype)
-                            loaded[info.name] = tensor
+                            if info.name in into:
+                                target, first = into[info.name]
+                                if target not in loaded:
+                                    loaded[target] = tensor.new_empty((rows[target], *tensor.shape[1:]))
+                                loaded[target][first:first + tensor.shape[0]].copy_(tensor)
+                                del tensor
+                            else:
+                                loaded[info.name] = tensor
                             bar.advance(info.nbytes)
                     bar.file_done()
                 except (safetensors.SafetensorError, OSError) as error:
                     raise CheckpointError(f"{file}: cannot load: {error}") from error
         finally:
             bar.close()
-        return {name: loaded[name] for name in wanted}
+        return {name: loaded[name] for name in [*wanted, *joined] if name not in into}
+
+    def _joins(self, joined: Mapping[str, Sequence[str]]
+               ) -> tuple[dict[str, tuple[str, int]], dict[str, int]]:
+        """Each joined part's new name and first row there, and each new name's rows."""
+        into: dict[str, tuple[str, int]] = {}
+        rows: dict[str, int] = {}
+        for target, parts in joined.items():
+            infos = [self.tensors[part] for part in parts]
+            if not infos or len({(info.dtype, info.shape[1:]) for info in infos}) != 1 \
+                    or any(len(info.shape) == 0 for info in infos):
+                shown = ", ".join(parts[:LISTED_PROBLEMS])
+                raise CheckpointError(f"{target}: its parts {shown} do not join: they must share a dtype "
+                                      "and every dimension past the first")
+            first = 0
+            for info in infos:
+                into[info.name] = (target, first)
+                first += info.shape[0]
+            rows[target] = first
+        return into, rows
 
     def load_one(self, name: str, device: torch.device | str = "cpu",
                  dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -9,7 +9,6 @@ decode spans. Then the engine's runner: the same requests with the batched path 
 
 from __future__ import annotations
 
-import attrs
 import pytest
 import tiny_models
 import torch
@@ -20,9 +19,8 @@ from tfd.checkpoint import Checkpoint
 from tfd.engine import runner
 from tfd.engine.request import Request, Sampling
 from tfd.families.hybrid import HybridModel, load_model
-from tfd.model.decode import Columns, DecodeBatch, DecodeMemory, batches
+from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
 from tfd.model.memory import LaneMemory, PageRows, Span
-from tfd.model.ple import NgramTable
 from tfd.pool.pages import Lease, Pool
 
 PROMPTS = (9, 18, 37)  # decode rows from 9, 18 and 37: blocks of 4 complete at 11, 19, 23, 39
@@ -103,15 +101,6 @@ def test_the_runner_draws_the_same_tokens_and_leaves_the_same_pool_either_path(
     assert [len(tokens) for tokens in batched] == [12, 10, 8, 6]
     assert batched == spanned
     assert torch.equal(pools[0].buffer, pools[1].buffer)  # every lane's rows and state, after the last step
-
-
-def test_a_sharded_table_keeps_flash_next_on_the_span_path(model: HybridModel) -> None:
-    """A lookup in several shards reads the ids on the host, which a captured step cannot."""
-    layers = [attrs.evolve(layer, ple=attrs.evolve(layer.ple, table=NgramTable(
-        torch.chunk(layer.ple.table.shards[0], 2)))) if layer.ple is not None else layer
-        for layer in model.weights.layers]
-    assert batches(model.weights)
-    assert not batches(attrs.evolve(model.weights, layers=tuple(layers)))
 
 
 def test_columns_refuse_offsets_that_do_not_fit() -> None:

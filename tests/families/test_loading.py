@@ -11,11 +11,14 @@ import tiny_models
 import torch
 from safetensors.torch import load_file, save_file
 
+from tfd.bench.workload import drive
 from tfd.checkpoint import Checkpoint, CheckpointError
+from tfd.engine.request import Request, Sampling
 from tfd.families.config import Ple
 from tfd.families.hybrid import load_model
 from tfd.families.qwen4_exp import PleTables
 from tfd.generate import LanePool
+from tfd.model.decode import batches
 from tfd.model.memory import Span
 
 
@@ -124,8 +127,9 @@ TABLE = "model.layers.1.ple.ple_embedding.ngram_embedding"
 @pytest.mark.parametrize("shards", [4, 8])
 def test_a_table_in_shards_loads_when_they_split_it_evenly_and_is_refused_when_not(
         saved: Path, tmp_path: Path, shards: int) -> None:
-    """420 rows: 4 shards of 105 hold them all and look up as one table; 8 shards of 52 would lose
-    the last 4 rows, whose ids the hash still makes, so the load refuses them by name."""
+    """420 rows: 4 shards of 105 load joined into the one table, so the model decodes on the
+    batched path (graphs on a GPU) as the one-file checkpoint does, to the same tokens; 8 shards of
+    52 would lose the last 4 rows, whose ids the hash still makes, so the load refuses them by name."""
     whole = load_file(saved / "model.safetensors")[f"{TABLE}.shard_0.weight"]
     height = whole.shape[0] // shards
     parts = {f"{TABLE}.shard_{j}.weight": whole[j * height:(j + 1) * height].clone() for j in range(shards)}
@@ -135,7 +139,10 @@ def test_a_table_in_shards_loads_when_they_split_it_evenly_and_is_refused_when_n
                                                   rf"do not split into {shards} equal shards"):
             load_model(Checkpoint.open(changed))
         return
-    table = load_model(Checkpoint.open(changed), dtype=torch.float32).weights.layers[1].ple
-    assert table is not None and len(table.table.shards) == shards
-    ids = torch.arange(whole.shape[0])[:, None]
-    assert torch.equal(table.table.lookup(ids), whole)
+    model = load_model(Checkpoint.open(changed), dtype=torch.float32)
+    ple = model.weights.layers[1].ple
+    assert ple is not None and torch.equal(ple.table, whole)
+    assert batches(model.weights)
+    one = load_model(Checkpoint.open(saved), dtype=torch.float32)
+    asked = [Request(f"r{i}", tuple(range(9 + i, 60 + 7 * i)), 12, Sampling(0.0)) for i in range(3)]
+    assert drive(model, asked, 256, graphs=False).tokens == drive(one, asked, 256, graphs=False).tokens

@@ -10,7 +10,7 @@ import torch
 
 from tfd.families.lane_state import PleState
 from tfd.model.memory import element_offset
-from tfd.model.ple import NgramTable, PleWeights, ngram_ids, ngram_rows, ple, ple_rows
+from tfd.model.ple import PleWeights, ngram_ids, ngram_rows, ple, ple_rows
 from tfd.pool.layout import Layout
 from tfd.pool.pages import Pool
 
@@ -28,7 +28,7 @@ def weights() -> PleWeights:
     offsets = [sum(SIZES[:i]) for i in range(len(SIZES))]
     return PleWeights(key=draw(wide, EMBED), value=draw(WIDTH, EMBED), norm_key=draw(wide),
                       norm_query=draw(wide), norm_conv=draw(wide), conv=draw(wide, KERNEL),
-                      table=NgramTable([draw(sum(SIZES), EMBED // len(SIZES))]),
+                      table=draw(sum(SIZES), EMBED // len(SIZES)),
                       multipliers=(1009, 2003, 4001), sizes=torch.tensor(SIZES),
                       offsets=torch.tensor(offsets), heads_per_ngram=2, eos=EOS, dilation=DILATION,
                       streams=STREAMS, width=WIDTH, eps=1e-6)

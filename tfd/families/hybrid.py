@@ -62,7 +62,7 @@ def load_model(checkpoint: Checkpoint, device: torch.device | str = "cpu",
     """
     cfg, naming, shapes = expected_tensors(checkpoint.family, checkpoint.text_config, checkpoint.tensors)
     checkpoint.check({name: TensorSpec(shape) for name, shape in shapes.items()})
-    tensors = checkpoint.load(shapes, device, dtype, progress)
+    tensors = checkpoint.load(shapes, device, dtype, progress, joined=naming.joined())
     return HybridModel.build(cfg, naming, tensors.__getitem__, dtype)
 
 
@@ -91,6 +91,8 @@ class HybridModel:
         missing = sorted(set(shapes) - set(tensors))
         if missing:
             raise KeyError(f"missing tensors: {', '.join(missing[:8])}")
+        tensors = {**tensors, **{name: torch.cat([tensors[part] for part in parts])  # as the loader joins
+                                 for name, parts in naming.joined().items()}}
 
         def get(name: str) -> torch.Tensor:
             tensor = tensors[name]

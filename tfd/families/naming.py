@@ -42,6 +42,11 @@ class Naming:
                 shards[found[1]] = max(shards.get(found[1], 0), int(found[2]) + 1)
         return cls(trunk, frozenset(names), shards)
 
+    def joined(self) -> dict[str, list[str]]:
+        """Each table stored in numbered shards: its one name, and its shards' names in order."""
+        return {f"{prefix}.weight": [f"{prefix}.shard_{j}.weight" for j in range(count)]
+                for prefix, count in self.shards.items()}
+
     def fused_experts(self, at: str) -> bool:
         """Whether the MoE at ``at`` stores its experts fused (each MoE may differ: an MTP head's
         experts have been seen one by one beside a fused trunk)."""

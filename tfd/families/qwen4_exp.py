@@ -29,7 +29,7 @@ from tfd.model.attention import AttentionWeights
 from tfd.model.gdn import GdnWeights
 from tfd.model.hyper import HyperWeights
 from tfd.model.mtp import MtpWeights
-from tfd.model.ple import NgramTable, PleWeights
+from tfd.model.ple import PleWeights
 from tfd.model.qsa import IndexerWeights
 from tfd.model.rope import Rotary
 from tfd.model.stack import LayerWeights, StackWeights
@@ -56,7 +56,7 @@ def expect(cfg: HybridConfig, naming: Naming) -> dict[str, Shape]:
             need.add(f"{ple}.conv1d.weight", wide, 1, cfg.ple.kernel)
             tables = PleTables.of(cfg.ple, cfg.vocab, cfg.ple.layers.index(i))
             names = table_names(naming, ple)
-            if tables.rows % len(names):  # equal shards or none: a lookup finds row i in shard i // height
+            if tables.rows % len(names):  # the shapes expected are the table's rows in equal parts
                 raise CheckpointError(f"{names[0]}: the n-gram table's {tables.rows} rows do not split into "
                                       f"{len(names)} equal shards")
             for name in names:
@@ -104,8 +104,7 @@ def build(cfg: HybridConfig, naming: Naming, get: Get) -> tuple[StackWeights, Mt
         at = f"{trunk}layers.{i}"
         ple = None
         if cfg.ple is not None and i in cfg.ple.layers:
-            ple = _ple(cfg, cfg.ple, get, f"{at}.ple", cfg.ple.layers.index(i),
-                       table_names(naming, f"{at}.ple"))
+            ple = _ple(cfg, cfg.ple, get, f"{at}.ple", cfg.ple.layers.index(i))
         layers.append(attrs.evolve(build_layer(cfg, naming, get, at, f"layer{i}", kind), ple=ple))
     embed = get(f"{trunk}embed_tokens.weight")
     stack = StackWeights(
@@ -147,21 +146,22 @@ def hyper_weights(cfg: HybridConfig, get: Get, at: str, inject: bool) -> HyperWe
 
 
 def table_names(naming: Naming, at: str) -> list[str]:
-    """The n-gram table's tensors: one, or the checkpoint's equal shards in order."""
+    """The n-gram table's tensors in the checkpoint: one, or its equal shards in order (which the
+    loader joins into the one, ``Naming.joined``)."""
     prefix = f"{at}.ple_embedding.ngram_embedding"
     shards = naming.shards.get(prefix, 0)
     return [f"{prefix}.shard_{j}.weight" for j in range(shards)] if shards else [f"{prefix}.weight"]
 
 
-def _ple(cfg: HybridConfig, ple: Ple, get: Get, at: str, index: int, tables_at: list[str]) -> PleWeights:
+def _ple(cfg: HybridConfig, ple: Ple, get: Get, at: str, index: int) -> PleWeights:
     tables = PleTables.of(ple, cfg.vocab, index)
-    shards = tuple(get(name) for name in tables_at)
-    device = shards[0].device
+    table = get(f"{at}.ple_embedding.ngram_embedding.weight")  # shards joined at load
+    device = table.device
     return PleWeights(
         key=get(f"{at}.key_proj.weight"), value=get(f"{at}.value_proj.weight"),
         norm_key=get(f"{at}.norm_key.weight"), norm_query=get(f"{at}.norm_query.weight"),
         norm_conv=get(f"{at}.norm_conv.weight"), conv=get(f"{at}.conv1d.weight")[:, 0, :],
-        table=NgramTable(shards), multipliers=tables.multipliers,
+        table=table, multipliers=tables.multipliers,
         sizes=torch.tensor(tables.sizes, dtype=torch.long, device=device),
         offsets=torch.tensor(tables.offsets, dtype=torch.long, device=device),
         heads_per_ngram=ple.heads_per_ngram, eos=cfg.eos[0], dilation=ple.ngram, streams=cfg.streams,

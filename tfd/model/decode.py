@@ -376,12 +376,10 @@ def _mix(w: StackWeights, layer: LayerWeights, h: torch.Tensor, gdn_layer: int, 
 
 def batches(w: StackWeights) -> bool:
     """Whether this stack takes the batched decode path: plain residual blocks, or Flash Next's
-    streams with hyper-connections on every layer and a final mixer; GDN, dense or QSA mixers; PLE
-    only with an n-gram table looked up on the device (one shard)."""
+    streams with hyper-connections on every layer and a final mixer; GDN, dense or QSA mixers, PLE."""
     if w.mixer is None:
         return w.streams == 1 and w.final_norm is not None and all(
             layer.input_norm is not None and layer.post_norm is not None and layer.ple is None
             and layer.attn_hyper is None for layer in w.layers)
-    return all(layer.attn_hyper is not None and layer.mlp_hyper is not None
-               and (layer.ple is None or layer.ple.table.on_device) for layer in w.layers)
+    return all(layer.attn_hyper is not None and layer.mlp_hyper is not None for layer in w.layers)
 

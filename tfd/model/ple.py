@@ -22,33 +22,6 @@ from tfd_kernels import lane_rows
 
 
 @attrs.frozen
-class NgramTable:
-    """The n-gram embedding rows, possibly in shards of equal height (read a few rows a token)."""
-
-    shards: Sequence[torch.Tensor]
-
-    @property
-    def dim(self) -> int:
-        return int(self.shards[0].shape[1])
-
-    @property
-    def on_device(self) -> bool:
-        """Whether a lookup stays on the device (one shard); shards are looked up from the host."""
-        return len(self.shards) == 1
-
-    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows ``ids`` [rows, heads] as [rows, heads * dim], on ``ids``' device. With several shards
-        the ids are read back to the host (a sync)."""
-        height = self.shards[0].shape[0]
-        if self.on_device:
-            found = self.shards[0][ids.to(self.shards[0].device)]
-        else:
-            flat = ids.flatten().tolist()
-            found = torch.stack([self.shards[i // height][i % height] for i in flat]).view(*ids.shape, -1)
-        return found.to(ids.device).flatten(-2)
-
-
-@attrs.frozen
 class PleWeights:
     key: torch.Tensor  # [streams * width, embed]
     value: torch.Tensor  # [width, embed]
@@ -56,7 +29,7 @@ class PleWeights:
     norm_query: torch.Tensor
     norm_conv: torch.Tensor
     conv: torch.Tensor  # [streams * width, kernel], depthwise
-    table: NgramTable
+    table: torch.Tensor  # [rows, dim]: the hashed n-gram rows, every head's in one table
     multipliers: tuple[int, ...]  # one per n-gram position (3)
     sizes: torch.Tensor  # [heads] int64: each head's prime table size
     offsets: torch.Tensor  # [heads] int64: where each head's rows start
@@ -114,7 +87,7 @@ def _gate(w: PleWeights, stack: torch.Tensor, ids: torch.Tensor) -> tuple[torch.
     """The gated values [rows, streams * width] for the residual ``stack`` and table rows ``ids``,
     and their normalised form, the conv's input."""
     split = (w.streams, w.width)
-    embedded = w.table.lookup(ids).to(stack.dtype)
+    embedded = w.table[ids].flatten(-2).to(stack.dtype)
     keys = torch.unflatten(zrms(linear(embedded, w.key), w.norm_key, w.eps, group=w.width), -1, split)
     value = linear(embedded, w.value)
     queries = torch.unflatten(zrms(stack, w.norm_query, w.eps, group=w.width), -1, split)
@@ -156,7 +129,7 @@ def ple_rows(w: PleWeights, stack: torch.Tensor, tokens: torch.Tensor, tails: to
     ``histories`` (int64) at element offsets ``tail_at`` / ``history_at`` [lanes] (int64): read by
     gathers, moved past the row by ``tfd_kernels.lane_rows`` (the kernel on CUDA, its reference
     elsewhere). A padding lane (offsets -1) reads the pool's first elements, hashes an EOS history
-    and stores nothing. Needs a table looked up on the device (one shard)."""
+    and stores nothing."""
     lanes, kept = tokens.shape[0], len(w.multipliers) - 1
     history = histories[history_at.clamp_min(0)[:, None] + torch.arange(kept, device=tokens.device)]
     history = torch.where((history_at >= 0)[:, None], history, w.eos)
