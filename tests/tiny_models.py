@@ -84,13 +84,19 @@ def randomise(model: torch.nn.Module, seed: int) -> None:
 
 
 def save(family: str, directory: Path, seed: int = 0, budget: int = 16, compress: int = 4,
-         hidden: int = 64) -> Path:
-    # built beside and renamed into place: test processes running at once share the directory
+         hidden: int = 64, head: bool = False) -> Path:
+    """The tiny checkpoint of ``family`` under ``directory`` (``head``: with a random MTP head), built
+    once: beside and renamed into place, since test processes running at once share the directory."""
     name = family if (budget, compress) == (16, 4) else f"{family}-qsa-{budget}-{compress}"
-    name = name if hidden == 64 else f"{name}-hidden-{hidden}"
-    return build_once(directory / name, "config.json",
-                      lambda staging: make_model(family, seed, budget=budget, compress=compress, hidden=hidden
-                                                 ).save_pretrained(staging))
+    name += "" if hidden == 64 else f"-hidden-{hidden}"
+    name += "-head" if head else ""
+
+    def fill(staging: Path) -> None:
+        make_model(family, seed, budget=budget, compress=compress, hidden=hidden).save_pretrained(staging)
+        if head:
+            add_head(staging, family)
+
+    return build_once(directory / name, "config.json", fill)
 
 
 def save_served(family: str, directory: Path, seed: int = 0, head: bool = False) -> Path:

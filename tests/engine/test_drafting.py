@@ -18,6 +18,7 @@ import pytest
 import tiny_models
 import torch
 
+from support import CACHE
 from tfd.bench.workload import drive
 from tfd.checkpoint import Checkpoint
 from tfd.engine.proposer import Absorb
@@ -35,11 +36,9 @@ def device(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp"])
-def headed(request: pytest.FixtureRequest, device: str, tmp_path_factory: pytest.TempPathFactory
-           ) -> HybridModel:
+def headed(request: pytest.FixtureRequest, device: str) -> HybridModel:
     # on the GPU in bf16: verify windows through the kernels (verify, replay, the conv a row at a time)
-    path: Path = tiny_models.save(str(request.param), tmp_path_factory.mktemp("drafting"))
-    tiny_models.add_head(path, str(request.param))
+    path: Path = tiny_models.save(str(request.param), CACHE / "tiny-plain", head=True)
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     return load_model(Checkpoint.open(path), device, dtype, progress=False)
 

@@ -19,6 +19,7 @@ import tokenizers
 import torch
 from fake_device import FakeDevice
 
+from support import CACHE
 from tfd.bench.workload import drive, runner_for
 from tfd.checkpoint import Checkpoint
 from tfd.engine.detokenize import Detokenizer
@@ -38,9 +39,8 @@ NEW = 10
 
 
 @pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp"])
-def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> HybridModel:
-    path: Path = tiny_models.save(str(request.param), tmp_path_factory.mktemp("kept"))
-    tiny_models.add_head(path, str(request.param))
+def model(request: pytest.FixtureRequest) -> HybridModel:
+    path: Path = tiny_models.save(str(request.param), CACHE / "tiny-plain", head=True)
     return load_model(Checkpoint.open(path), "cpu", torch.float32, progress=False)
 
 

@@ -9,6 +9,7 @@ import pytest
 import tiny_models
 import torch
 
+from support import CACHE
 from tfd.checkpoint import Checkpoint
 from tfd.engine.proposer import Absorb, HeadProposer
 from tfd.families.hybrid import HybridModel, load_model
@@ -21,9 +22,8 @@ DRAFTS = 4
 
 
 @pytest.fixture(scope="module", params=["qwen3_5", "qwen3_next"])
-def headed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> HybridModel:
-    path: Path = tiny_models.save(str(request.param), tmp_path_factory.mktemp("head"))
-    tiny_models.add_head(path, str(request.param))
+def headed(request: pytest.FixtureRequest) -> HybridModel:
+    path: Path = tiny_models.save(str(request.param), CACHE / "tiny-plain", head=True)
     return load_model(Checkpoint.open(path), dtype=torch.float32, progress=False)
 
 

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from support import CACHE
 from tfd.checkpoint import Checkpoint
 from tfd.families.hybrid import HybridModel, load_model
 from tfd.generate import LanePool
@@ -25,10 +26,8 @@ TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope="module", params=tiny_models.FAMILIES)
-def headed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-           ) -> Iterator[tuple[HybridModel, dict[str, torch.Tensor]]]:
-    path = tiny_models.save(request.param, tmp_path_factory.mktemp("mtp"))
-    tiny_models.add_head(path, request.param)
+def headed(request: pytest.FixtureRequest) -> Iterator[tuple[HybridModel, dict[str, torch.Tensor]]]:
+    path = tiny_models.save(str(request.param), CACHE / "tiny-plain", head=True)
     model = load_model(Checkpoint.open(path), dtype=torch.float32, progress=False)
     yield model, load_file(path / "model.safetensors")
 
