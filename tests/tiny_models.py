@@ -28,9 +28,11 @@ FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp")
 
 
 def make_model(family: str, seed: int = 0, vocab: int = VOCAB, eos: int = EOS, budget: int = 16,
-               compress: int = 4, hidden: int = 64) -> torch.nn.Module:
+               compress: int = 4, hidden: int = 64, flash: dict[str, object] | None = None
+               ) -> torch.nn.Module:
     """``budget`` and ``compress``: qwen4_exp's QSA indexer budget (positions) and compress ratio;
-    ``hidden``: the residual's width (a power of two fills a kernel's block, 80 does not)."""
+    ``hidden``: the residual's width (a power of two fills a kernel's block, 80 does not); ``flash``:
+    other qwen4_exp config fields over the tiny ones (residual streams, PLE layers, n-gram size...)."""
     import transformers
     from transformers.models.qwen4_exp import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
 
@@ -45,11 +47,12 @@ def make_model(family: str, seed: int = 0, vocab: int = VOCAB, eos: int = EOS, b
         config = transformers.Qwen3NextConfig(intermediate_size=96, **MOE, **common)
         cls = transformers.Qwen3NextForCausalLM
     elif family == "qwen4_exp":
-        config = Qwen4ExpTextConfig(
-            **MOE, **common, hc_count=4, hc_lowrank=16, ple_layer_ids=[2], ple_embed_dim=64,
+        fields = dict(
+            hc_count=4, hc_lowrank=16, ple_layer_ids=[2], ple_embed_dim=64,
             ngram_vocab_size_base=101, make_ngram_vocab_size_divisible_by=4, split_ngram_parts=1,
             heads_per_ngram=2, indexer_n_heads=8, indexer_kv_heads=1, indexer_head_dim=16,
             indexer_budget=budget, indexer_compress_ratio=compress, output_gate_type="sigmoid")
+        config = Qwen4ExpTextConfig(**MOE, **common, **{**fields, **(flash or {})})
         cls = Qwen4ExpForCausalLM
     else:
         raise ValueError(family)
@@ -84,15 +87,17 @@ def randomise(model: torch.nn.Module, seed: int) -> None:
 
 
 def save(family: str, directory: Path, seed: int = 0, budget: int = 16, compress: int = 4,
-         hidden: int = 64, head: bool = False) -> Path:
+         hidden: int = 64, head: bool = False, flash: dict[str, object] | None = None) -> Path:
     """The tiny checkpoint of ``family`` under ``directory`` (``head``: with a random MTP head), built
     once: beside and renamed into place, since test processes running at once share the directory."""
     name = family if (budget, compress) == (16, 4) else f"{family}-qsa-{budget}-{compress}"
     name += "" if hidden == 64 else f"-hidden-{hidden}"
+    name += "".join(f"-{key}-{value}" for key, value in sorted((flash or {}).items())).replace(" ", "")
     name += "-head" if head else ""
 
     def fill(staging: Path) -> None:
-        make_model(family, seed, budget=budget, compress=compress, hidden=hidden).save_pretrained(staging)
+        make_model(family, seed, budget=budget, compress=compress, hidden=hidden, flash=flash
+                   ).save_pretrained(staging)
         if head:
             add_head(staging, family)
 
