@@ -160,9 +160,9 @@ def run_serve(table: Table, args: argparse.Namespace) -> int:
     flags = table.flag_values(args)
     try:
         family = served_family(table, flags)
-    except CheckpointError as error:
-        print(f"tfd: cannot start: {error}", file=sys.stderr)
-        return EXIT_FAILURE
+    except CheckpointError as error:  # TF_MODEL names no checkpoint: a restart would not mend it
+        print(f"tfd: {SettingsRefused([f'TF_MODEL: {error}'])}", file=sys.stderr)
+        return SettingsRefused.EXIT_STATUS
     # The served family's rows are read in the same pass as the rest, before torch loads; with
     # no family known (its own rows malformed) every family's rows are checked.
     settings = table.read(os.environ, flags, families=[family] if family else FAMILY_SCOPES)
@@ -178,7 +178,10 @@ def run_serve(table: Table, args: argparse.Namespace) -> int:
         return trio.run(Daemon(settings).run)
     except* SettingsRefused as group:
         refusals = _leaves(group)
-    except* (OSError, CheckpointError) as group:
+    except* CheckpointError as group:  # a checkpoint that cannot be served: a restart would not mend it
+        named = next((name for name in ("TF_MODEL", "TF_SHAPE") if settings.optional(name, str)), "TF_DEMO")
+        refusals += [SettingsRefused([f"{named}: {error}" for error in _leaves(group)])]
+    except* OSError as group:
         failures = _leaves(group)
     for refusal in refusals:
         print(f"tfd: {refusal}", file=sys.stderr)

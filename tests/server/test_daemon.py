@@ -95,3 +95,21 @@ def test_a_stale_admin_socket_is_replaced(served: type[ServedDaemon]) -> None:
     stale.close()  # the file stays, nobody answers: a daemon that died
     daemon.start()
     assert daemon.admin_call("status")["ok"] is True
+
+
+def test_a_model_path_that_is_no_servable_checkpoint_is_refused_by_name(short_tmp: Path) -> None:
+    """Exit 2, so systemd does not restart it: no config.json, then one whose tensors are missing (found
+    once the daemon reads the headers). A port in use, which a restart may mend, stays exit 1 (above)."""
+    empty = short_tmp / "empty"
+    empty.mkdir()
+    admin = str(short_tmp / "a.sock")
+    done = run_tfd("serve", env=clean_environ(TF_MODEL=str(empty), TF_ADMIN_SOCKET=admin))
+    assert (done.returncode, done.stderr) == (
+        2, f"tfd: configuration refused:\n  TF_MODEL: {empty}/config.json: missing\n")
+    bare = short_tmp / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text('{"model_type": "qwen3_5_text"}')
+    done = run_tfd("serve", env=clean_environ(TF_MODEL=str(bare), TF_ADMIN_SOCKET=admin, TF_PORT="0"))
+    assert done.returncode == 2, done.stderr
+    assert f"tfd: configuration refused:\n  TF_MODEL: {bare}" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
