@@ -139,10 +139,12 @@ def build_layer(cfg: HybridConfig, naming: Naming, get: Get, at: str, name: str,
 
 
 def hyper_weights(cfg: HybridConfig, get: Get, at: str, inject: bool) -> HyperWeights:
-    return HyperWeights(norm=get(f"{at}.hc_norm.weight"), down=get(f"{at}.input_mix_weight_down.weight"),
-                        up=get(f"{at}.input_mix_weight_up.weight"),
-                        inject=get(f"{at}.block_inject_weight.weight") if inject else None,
-                        streams=cfg.streams, width=cfg.hidden, eps=cfg.eps)
+    down = get(f"{at}.input_mix_weight_down.weight")
+    # the injection's rows after the mix's down rows: one product reads both
+    projections = torch.cat((down, get(f"{at}.block_inject_weight.weight"))) if inject else down
+    return HyperWeights(norm=get(f"{at}.hc_norm.weight"), projections=projections,
+                        up=get(f"{at}.input_mix_weight_up.weight"), streams=cfg.streams, width=cfg.hidden,
+                        eps=cfg.eps)
 
 
 def table_names(naming: Naming, at: str) -> list[str]:

@@ -3,7 +3,8 @@
 The residual is ``streams`` stacked copies of width ``width``. A read normalises each stream, mixes
 them with low-rank gates into the block input, and (for a layer's two modules, not the final
 mixer) gives each stream's injection weight; the block output is then added to every stream with
-its weight.
+its weight. On CUDA the mix's down rows and the injection rows are one product and the steps
+between the products are ``tfd_kernels.hyper``'s launches (the same cast points); elsewhere torch.
 """
 
 from __future__ import annotations
@@ -12,30 +13,44 @@ import attrs
 import torch
 
 from tfd.model.ops import linear, sigmoid, silu, zrms
+from tfd_kernels import hyper as hyper_kernels
 
 
 @attrs.frozen
 class HyperWeights:
     norm: torch.Tensor  # [streams * width], zero-centred, per stream
-    down: torch.Tensor  # [rank, streams * width]
+    projections: torch.Tensor  # [rank (+ streams), streams * width]: the mix's down rows, the injection's
     up: torch.Tensor  # [streams * width, rank]
-    inject: torch.Tensor | None  # [streams, streams * width]; None for the final mixer
     streams: int
     width: int
     eps: float
+
+    @property
+    def rank(self) -> int:
+        return int(self.up.shape[1])
+
+    @property
+    def injects(self) -> bool:
+        """A layer's two modules weigh the streams they write back; the final mixer only reads."""
+        return self.projections.shape[0] > self.rank
 
 
 def read(w: HyperWeights, stack: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The block input [rows, width] and the per-stream injection weights [rows, streams]."""
     normed = zrms(stack, w.norm, w.eps, group=w.width)
-    mix = sigmoid(linear(silu(linear(normed, w.down) / w.streams), w.up))
+    if stack.is_cuda:
+        mixed, weights = hyper_kernels.gates(linear(normed, w.projections), w.rank, w.streams)
+        return hyper_kernels.block_input(linear(mixed, w.up), normed, w.streams, w.width), weights
+    mix = sigmoid(linear(silu(linear(normed, w.projections[:w.rank]) / w.streams), w.up))
     split = (w.streams, w.width)
     block_input = (torch.unflatten(mix, -1, split) * torch.unflatten(normed, -1, split)).mean(dim=-2)
-    if w.inject is None:
+    if not w.injects:
         return block_input, None
-    return block_input, 2 * sigmoid(linear(normed, w.inject) / w.streams)
+    return block_input, 2 * sigmoid(linear(normed, w.projections[w.rank:]) / w.streams)
 
 
 def write(stack: torch.Tensor, output: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Add the block ``output`` [rows, width] to each stream, scaled by its weight."""
+    if stack.is_cuda:
+        return hyper_kernels.write(stack, output, weights)
     return stack + (output[:, None, :] * weights[:, :, None]).flatten(-2)

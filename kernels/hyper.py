@@ -1,0 +1,143 @@
+"""Flash Next's hyper-connections around their products (``tfd.model.hyper``), a launch each.
+
+A read normalises the streams (``tfd_kernels.norm.zrms``), multiplies them by the mix's down rows
+and, for a layer's two modules, the injection rows in one product, then: ``gates`` turns that
+product into the mix's hidden values ``silu(p / streams)`` and the injection weights
+``2 * sigmoid(p / streams)``; after the up product, ``block_input`` takes each stream's
+``sigmoid(up) * normed`` and their mean. ``write`` adds the block's output to every stream times its
+weight. In torch these are about 25 launches a read and 2 a write; at a decode step's few rows
+each is a launch gap (Flash Next's one-stream step was 35% of its roofline).
+
+The cast points are the torch composition's in the model dtype: the division by ``streams``
+rounded, the activation in fp32 rounded, each product rounded, the mean summed in fp32 in stream
+order and divided, then rounded; the write's product rounded, then the sum. Elementwise along a row
+(the mean over a row's own streams), so a row's bits never depend on the others.
+
+Memory: each reads its inputs once and writes one new contiguous output. Grids follow the shapes
+alone (no host sync), so calls can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tfd_kernels import pdl
+
+BLOCK = 1024
+
+
+@triton.jit
+def _scaled(value, streams, dtype: tl.constexpr):
+    """value / streams, rounded to ``dtype``, in fp32."""
+    return (value.to(tl.float32) / streams).to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _sigmoid(value, dtype: tl.constexpr):
+    """sigmoid in fp32 rounded to ``dtype``, in fp32."""
+    return (1.0 / (1.0 + tl.exp(-value))).to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _gates(projected, mixed, weights, rank, width, streams, stride_p, INJECTS: tl.constexpr,
+           BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    dtype = mixed.dtype.element_ty
+    value = tl.load(projected + row * stride_p + cols, mask=cols < width, other=0.0)
+    scaled = _scaled(value, streams, dtype)
+    silu = (scaled / (1.0 + tl.exp(-scaled))).to(dtype)
+    tl.store(mixed + row * rank + cols, silu, mask=cols < rank)
+    if INJECTS:
+        injected = (2.0 * _sigmoid(scaled, dtype)).to(dtype)
+        past = (cols >= rank) & (cols < width)
+        tl.store(weights + row * (width - rank) + (cols - rank), injected, mask=past)
+
+
+def gates(projected: torch.Tensor, rank: int, streams: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """From ``projected`` [rows, rank (+ streams)] (the down rows' product, then the injection
+    rows'): ``silu(p / streams)`` of the first ``rank`` columns [rows, rank] and, where there are
+    more, ``2 * sigmoid(p / streams)`` of the rest [rows, streams]; None for weights otherwise."""
+    if projected.dim() != 2 or projected.stride(1) != 1 or projected.shape[1] not in (rank, rank + streams):
+        raise ValueError(f"projected is {list(projected.shape)}: want [rows, {rank}] or [rows, "
+                         f"{rank + streams}] with unit column stride")
+    rows, width = projected.shape
+    injects = width > rank
+    mixed = torch.empty(rows, rank, dtype=projected.dtype, device=projected.device)
+    weights = torch.empty(rows, streams, dtype=projected.dtype, device=projected.device) if injects else None
+    if rows:
+        _gates[(rows, triton.cdiv(width, BLOCK))](
+            projected, mixed, mixed if weights is None else weights, rank, width, float(streams),
+            projected.stride(0), INJECTS=injects, BLOCK=BLOCK, **pdl.options(projected.device))
+    return mixed, weights
+
+
+@triton.jit
+def _block_input(up, normed, out, width, stride_u, stride_n, STREAMS: tl.constexpr,
+                 BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < width
+    dtype = out.dtype.element_ty
+    total = tl.zeros((BLOCK,), tl.float32)
+    for stream in tl.static_range(STREAMS):  # in stream order, as torch's mean over them
+        at = stream * width + cols
+        mix = _sigmoid(tl.load(up + row * stride_u + at, mask=mask, other=0.0).to(tl.float32), dtype)
+        value = tl.load(normed + row * stride_n + at, mask=mask, other=0.0).to(tl.float32)
+        total += (mix * value).to(dtype).to(tl.float32)
+    tl.store(out + row * width + cols, (total / STREAMS).to(dtype), mask=mask)
+
+
+def block_input(up: torch.Tensor, normed: torch.Tensor, streams: int, width: int) -> torch.Tensor:
+    """The block's input [rows, width]: over the streams, the mean of ``sigmoid(up) * normed``
+    (``up`` and ``normed`` [rows, streams * width], unit column stride)."""
+    if up.shape != normed.shape or up.dim() != 2 or up.shape[1] != streams * width \
+            or up.stride(1) != 1 or normed.stride(1) != 1:
+        raise ValueError(f"up {list(up.shape)} and normed {list(normed.shape)}: want both "
+                         f"[rows, {streams * width}] with unit column stride")
+    rows = up.shape[0]
+    out = torch.empty(rows, width, dtype=normed.dtype, device=normed.device)
+    if rows:
+        _block_input[(rows, triton.cdiv(width, BLOCK))](
+            up, normed, out, width, up.stride(0), normed.stride(0), STREAMS=streams, BLOCK=BLOCK,
+            **pdl.options(up.device))
+    return out
+
+
+@triton.jit
+def _write(stack, output, weights, out, width, stride_s, stride_o, stride_w, STREAMS: tl.constexpr,
+           BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < width
+    dtype = out.dtype.element_ty
+    value = tl.load(output + row * stride_o + cols, mask=mask, other=0.0).to(tl.float32)
+    for stream in tl.static_range(STREAMS):
+        weight = tl.load(weights + row * stride_w + stream).to(tl.float32)
+        at = stream * width + cols
+        added = (value * weight).to(dtype).to(tl.float32)
+        base = tl.load(stack + row * stride_s + at, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out + row * STREAMS * width + at, (base + added).to(dtype), mask=mask)
+
+
+def write(stack: torch.Tensor, output: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``stack`` [rows, streams * width] with the block ``output`` [rows, width] added to each stream
+    times its weight (``weights`` [rows, streams]), as a new tensor."""
+    rows, streams = weights.shape
+    width = output.shape[-1]
+    if stack.shape != (rows, streams * width) or output.shape != (rows, width) \
+            or stack.stride(1) != 1 or output.stride(1) != 1 or weights.stride(1) != 1:
+        raise ValueError(f"stack {list(stack.shape)}, output {list(output.shape)}, weights "
+                         f"{list(weights.shape)}: want [rows, streams * width], [rows, width], "
+                         "[rows, streams] with unit column strides")
+    out = torch.empty(rows, streams * width, dtype=stack.dtype, device=stack.device)
+    if rows:
+        _write[(rows, triton.cdiv(width, BLOCK))](
+            stack, output, weights, out, width, stack.stride(0), output.stride(0), weights.stride(0),
+            STREAMS=streams, BLOCK=BLOCK, **pdl.options(stack.device))
+    return out
