@@ -110,6 +110,22 @@ def test_the_best_blocks_win_in_one_pass_and_in_chunks() -> None:
         assert [p for p in picked if p >= complete * BLOCK] == list(range(complete * BLOCK, position + 1))
 
 
+@pytest.mark.parametrize("cuts", [[], [13]])
+def test_a_span_scored_in_slices_of_rows_chooses_as_in_one(monkeypatch: pytest.MonkeyPatch,
+                                                           cuts: list[int]) -> None:
+    """A long chunk's rows are scored SCORED_ROWS at a time (the scores grow with rows x blocks):
+    spans under, at and past a slice of 8 rows, and over several, choose as one slice does."""
+    generator = torch.Generator().manual_seed(1)
+    w = indexer(torch.randn(HEADS * DIM, HIDDEN, generator=generator),
+                torch.randn(DIM, HIDDEN, generator=generator))
+    want = reference(w, rows_of(40))
+    for length in (7, 8, 9, 40):
+        monkeypatch.setattr(qsa, "SCORED_ROWS", 8)
+        pool, (lane,) = lane_pool(1, 40)
+        assert in_chunks(w, rows_of(40)[:length], [c for c in cuts if c < length], PageRows(pool), lane) \
+            == want[:length]
+
+
 def test_a_decode_step_of_many_lanes_chooses_and_stores_as_each_lane_alone() -> None:
     """Lanes at positions 10, 11 (completing a block), 23 (completing one past the budget) and 30,
     with a padding lane among them: one ``select_rows`` call against ``select_positions`` of one row

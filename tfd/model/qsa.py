@@ -21,6 +21,10 @@ from tfd.model.ops import linear, zrms
 from tfd.model.rope import Rotary
 from tfd_kernels import block_scores, lane_rows
 
+# A span's rows scored and chosen at a time: the scores are rows x complete blocks (fp32) and their
+# sort twice that, so a 32,768-row chunk at 128k tokens of context would hold ~12 GiB at once.
+SCORED_ROWS = 2048
+
 
 @attrs.frozen
 class IndexerWeights:
@@ -93,10 +97,16 @@ def select_positions(w: IndexerWeights, x: torch.Tensor, span: Span, rows: PageR
         starts = torch.arange(first, done, device=x.device) * w.block
         pooled = pool_blocks(w, raw.view(done - first, w.block, w.dim), starts, rotary)
         rows.write(f"{layer}.pooled", span.lane, torch.arange(first, done, device=x.device), pooled)
-    lane_of = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device)
-    scored = scores(query, rows.views[f"{layer}.pooled"], span.lane.page_table[None], lane_of,
-                    (positions + 1) // w.block, done)
-    return choose(w, scored, positions, span.end + w.block)
+    lane_of = torch.zeros(min(x.shape[0], SCORED_ROWS), dtype=torch.int32, device=x.device)
+    chosen, counts = [], []
+    for at in range(0, x.shape[0], SCORED_ROWS):  # each row's choice its own: slices give the same bits
+        part = slice(at, at + SCORED_ROWS)
+        scored = scores(query[part], rows.views[f"{layer}.pooled"], span.lane.page_table[None],
+                        lane_of[:query[part].shape[0]], (positions[part] + 1) // w.block, done)
+        found, count = choose(w, scored, positions[part], span.end + w.block)
+        chosen.append(found)
+        counts.append(count)
+    return torch.cat(chosen), torch.cat(counts)
 
 
 def select_rows(w: IndexerWeights, x: torch.Tensor, rotary: Rotary, cos: torch.Tensor, sin: torch.Tensor,
