@@ -28,6 +28,11 @@ from tfd_kernels import pdl
 BLOCK = 1024
 
 
+def _unit_columns(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself where its columns are adjacent (any row stride), else a contiguous copy."""
+    return t if t.stride(1) == 1 else t.contiguous()
+
+
 @triton.jit
 def _scaled(value, streams, dtype: tl.constexpr):
     """value / streams, rounded to ``dtype``, in fp32."""
@@ -61,9 +66,10 @@ def gates(projected: torch.Tensor, rank: int, streams: int) -> tuple[torch.Tenso
     """From ``projected`` [rows, rank (+ streams)] (the down rows' product, then the injection
     rows'): ``silu(p / streams)`` of the first ``rank`` columns [rows, rank] and, where there are
     more, ``2 * sigmoid(p / streams)`` of the rest [rows, streams]; None for weights otherwise."""
-    if projected.dim() != 2 or projected.stride(1) != 1 or projected.shape[1] not in (rank, rank + streams):
+    if projected.dim() != 2 or projected.shape[1] not in (rank, rank + streams):
         raise ValueError(f"projected is {list(projected.shape)}: want [rows, {rank}] or [rows, "
-                         f"{rank + streams}] with unit column stride")
+                         f"{rank + streams}]")
+    projected = _unit_columns(projected)
     rows, width = projected.shape
     injects = width > rank
     mixed = torch.empty(rows, rank, dtype=projected.dtype, device=projected.device)
@@ -94,11 +100,11 @@ def _block_input(up, normed, out, width, stride_u, stride_n, STREAMS: tl.constex
 
 def block_input(up: torch.Tensor, normed: torch.Tensor, streams: int, width: int) -> torch.Tensor:
     """The block's input [rows, width]: over the streams, the mean of ``sigmoid(up) * normed``
-    (``up`` and ``normed`` [rows, streams * width], unit column stride)."""
-    if up.shape != normed.shape or up.dim() != 2 or up.shape[1] != streams * width \
-            or up.stride(1) != 1 or normed.stride(1) != 1:
+    (``up`` and ``normed`` [rows, streams * width])."""
+    if up.shape != normed.shape or up.dim() != 2 or up.shape[1] != streams * width:
         raise ValueError(f"up {list(up.shape)} and normed {list(normed.shape)}: want both "
-                         f"[rows, {streams * width}] with unit column stride")
+                         f"[rows, {streams * width}]")
+    up, normed = _unit_columns(up), _unit_columns(normed)
     rows = up.shape[0]
     out = torch.empty(rows, width, dtype=normed.dtype, device=normed.device)
     if rows:
@@ -130,11 +136,11 @@ def write(stack: torch.Tensor, output: torch.Tensor, weights: torch.Tensor) -> t
     times its weight (``weights`` [rows, streams]), as a new tensor."""
     rows, streams = weights.shape
     width = output.shape[-1]
-    if stack.shape != (rows, streams * width) or output.shape != (rows, width) \
-            or stack.stride(1) != 1 or output.stride(1) != 1 or weights.stride(1) != 1:
+    if stack.shape != (rows, streams * width) or output.shape != (rows, width):
         raise ValueError(f"stack {list(stack.shape)}, output {list(output.shape)}, weights "
                          f"{list(weights.shape)}: want [rows, streams * width], [rows, width], "
-                         "[rows, streams] with unit column strides")
+                         "[rows, streams]")
+    stack, output, weights = _unit_columns(stack), _unit_columns(output), _unit_columns(weights)
     out = torch.empty(rows, streams * width, dtype=stack.dtype, device=stack.device)
     if rows:
         _write[(rows, triton.cdiv(width, BLOCK))](

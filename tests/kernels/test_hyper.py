@@ -98,7 +98,7 @@ def test_a_rows_bits_are_the_same_alone_and_in_a_batch() -> None:
 
 
 def test_shapes_that_do_not_fit_are_refused_by_name() -> None:
-    with pytest.raises(ValueError, match=r"projected is \[2, 13\]: want \[rows, 12\] or \[rows, 16\]"):
+    with pytest.raises(ValueError, match=r"projected is \[2, 13\]: want \[rows, 12\] or \[rows, 16\]$"):
         hyper_kernels.gates(torch.zeros(2, 13), RANK, STREAMS)
     with pytest.raises(ValueError, match=r"up \[2, 160\] and normed \[2, 80\]"):
         hyper_kernels.block_input(torch.zeros(2, 160), torch.zeros(2, 80), STREAMS, 40)
@@ -118,3 +118,15 @@ def test_on_the_gpu_a_write_is_the_composition_and_a_read_within_a_unit(width: i
     output, scale = torch.randn(33, width, device="cuda").bfloat16(), got_weights
     assert torch.equal(hyper_kernels.write(stack, output, scale),
                        stack + (output[:, None, :] * scale[:, :, None]).flatten(-2))
+
+
+def test_columns_apart_are_read_as_adjacent_ones() -> None:
+    """A slice of a wider tensor (columns one apart, a longer row stride) or its transpose's view
+    (columns apart): the same values as the contiguous inputs."""
+    g = torch.Generator().manual_seed(5)
+    wide = torch.randn(3, 200, generator=g)
+    output, scale = torch.randn(40, 3, generator=g).T, torch.rand(3, STREAMS, generator=g)
+    assert output.stride(1) != 1
+    stack = wide[:, :STREAMS * 40]  # a row stride of 200
+    assert torch.equal(hyper_kernels.write(stack, output, scale),
+                       hyper_kernels.write(stack.contiguous(), output.contiguous(), scale))
