@@ -6,7 +6,8 @@ thread's loop without trio) on tiny checkpoints of every family; all four take t
 path (Flash Next, qwen4_exp, with its streams, PLE and QSA layers: block scores, the sparse kernel).
 Every gate compares token ids: concurrent == solo at 1/2/4/8 lanes, graphs == eager, a prompt
 prefilled in 64-row chunks == in one pass; and the GPU path against the CPU fp32 reference. On the
-GPU a fifth, Flash Next 80 columns wide, meets kernels whose blocks a row does not fill.
+GPU two more, Flash Next 80 columns wide (kernels whose blocks a row does not fill) and with two
+residual streams.
 """
 
 from __future__ import annotations
@@ -31,14 +32,18 @@ WIDE = 80  # a residual width that does not fill its kernels' power-of-two block
 
 
 def checkpoint(family: str) -> Checkpoint:
-    """``family``, or ``qwen4_exp-wide``: Flash Next with a residual of WIDE columns."""
-    name, _, wide = family.partition("-")
-    return Checkpoint.open(tiny_models.save(name, CACHE / "tiny-plain", hidden=WIDE if wide else 64))
+    """``family``, or Flash Next ``qwen4_exp-wide`` (a residual of WIDE columns) or
+    ``qwen4_exp-two-streams`` (the fewest residual streams)."""
+    name, _, variant = family.partition("-")
+    flash = {"hc_count": 2} if variant == "two-streams" else None
+    hidden = WIDE if variant == "wide" else 64
+    return Checkpoint.open(tiny_models.save(name, CACHE / "tiny-plain", hidden=hidden, flash=flash))
 
 
-# the wide Flash Next on the GPU alone: on the CPU it runs the same torch references as the others
+# Flash Next's variants on the GPU alone: on the CPU they run the same torch references as the others
 @pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp",
-                                        pytest.param("qwen4_exp-wide", marks=pytest.mark.gpu)])
+                                        pytest.param("qwen4_exp-wide", marks=pytest.mark.gpu),
+                                        pytest.param("qwen4_exp-two-streams", marks=pytest.mark.gpu)])
 def family(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
