@@ -52,7 +52,7 @@ def make_model(family: str, seed: int = 0, vocab: int = VOCAB, eos: int = EOS, b
             ngram_vocab_size_base=101, make_ngram_vocab_size_divisible_by=4, split_ngram_parts=1,
             heads_per_ngram=2, indexer_n_heads=8, indexer_kv_heads=1, indexer_head_dim=16,
             indexer_budget=budget, indexer_compress_ratio=compress, output_gate_type="sigmoid")
-        config = Qwen4ExpTextConfig(**MOE, **common, **{**fields, **(flash or {})})
+        config = Qwen4ExpTextConfig(**{**MOE, **common, **fields, **(flash or {})})
         cls = Qwen4ExpForCausalLM
     else:
         raise ValueError(family)

@@ -32,10 +32,11 @@ WIDE = 80  # a residual width that does not fill its kernels' power-of-two block
 
 
 def checkpoint(family: str) -> Checkpoint:
-    """``family``, or Flash Next ``qwen4_exp-wide`` (a residual of WIDE columns) or
+    """``family``, or Flash Next ``qwen4_exp-wide`` (a residual of WIDE columns and 3 query heads a
+    KV head, as Flash Next's 2,560 columns and 12 heads fill no power-of-two block) or
     ``qwen4_exp-two-streams`` (the fewest residual streams)."""
     name, _, variant = family.partition("-")
-    flash = {"hc_count": 2} if variant == "two-streams" else None
+    flash = {"hc_count": 2} if variant == "two-streams" else {"num_attention_heads": 6} if variant else None
     hidden = WIDE if variant == "wide" else 64
     return Checkpoint.open(tiny_models.save(name, CACHE / "tiny-plain", hidden=hidden, flash=flash))
 
