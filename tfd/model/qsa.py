@@ -7,8 +7,10 @@ complete block: sum over index heads of relu(q_h . K_b) / sqrt(dim) in fp32, tak
 ``budget / block`` (ties to the lower block), and adds the incomplete tail up to p.
 
 ``select_positions`` chooses for a lane's rows (the span path), ``select_rows`` for one row of each
-lane of a batched decode step. Both score with ``tfd_kernels.block_scores`` and choose with ``choose``,
-so a row's positions have the same bits by either path and whatever else is in the call.
+lane of a batched decode step. Both score with ``tfd_kernels.block_scores`` and choose with ``choose``
+(a decode step on CUDA with ``tfd_kernels.block_choice``, the same positions in one launch, since its
+rows are as long as the page table whatever the lanes hold), so a row's positions have the same bits
+by either path and whatever else is in the call.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 from tfd.model.memory import PageRows, Span
 from tfd.model.ops import linear, zrms
 from tfd.model.rope import Rotary
-from tfd_kernels import block_scores, lane_rows
+from tfd_kernels import block_choice, block_scores, lane_rows
 
 # A span's rows scored and chosen at a time: the scores are rows x complete blocks (fp32) and their
 # sort twice that, so a 32,768-row chunk at 128k tokens of context would hold ~12 GiB at once.
@@ -142,4 +144,6 @@ def select_rows(w: IndexerWeights, x: torch.Tensor, rotary: Rotary, cos: torch.T
 
     blocks = page_table.shape[1] * entries
     scored = scores(query, pooled, page_table, rowed.to(torch.int32), (positions + 1) // w.block, blocks)
+    if x.is_cuda and block_choice.fits(blocks):  # one launch, the same positions; its row length fixed
+        return block_choice.choose(scored, positions, w.budget // w.block, w.block)
     return choose(w, scored, positions, page_table.shape[1] * page_rows + w.block)
