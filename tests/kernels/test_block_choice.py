@@ -64,3 +64,14 @@ def test_rows_of_more_blocks_than_a_program_sorts_are_refused() -> None:
     assert block_choice.fits(most) and not block_choice.fits(most + 1)
     with pytest.raises(ValueError, match=f"at most {most}"):
         block_choice.choose(torch.zeros(1, most + 1), torch.zeros(1, dtype=torch.long), 4, 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("blocks", [1024, 8192])  # a 4,096-token lane's page table; the most a program sorts
+def test_on_the_gpu_the_launch_chooses_what_the_sorts_choose(blocks: int) -> None:
+    positions = torch.randint(0, blocks * 4, (33,), device="cuda")
+    positions[:3] = torch.tensor([0, 2046, 2047], device="cuda")  # under, at and just past a budget of 2048
+    scored = scores_at(positions.cpu(), blocks, 4, seed=7, levels=5).cuda()
+    want = qsa.choose(indexer(2048, 4), scored, positions, blocks * 4 + 4)
+    got = block_choice.choose(scored, positions, 512, 4)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
