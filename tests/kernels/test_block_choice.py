@@ -70,7 +70,7 @@ def test_rows_of_more_blocks_than_a_program_sorts_are_refused() -> None:
 @pytest.mark.parametrize("blocks", [1024, 8192])  # a 4,096-token lane's page table; the most a program sorts
 def test_on_the_gpu_the_launch_chooses_what_the_sorts_choose(blocks: int) -> None:
     positions = torch.randint(0, blocks * 4, (33,), device="cuda")
-    positions[:3] = torch.tensor([0, 2046, 2047], device="cuda")  # under, at and just past a budget of 2048
+    positions[:3] = torch.tensor([2046, 2047, 2051], device="cuda")  # complete blocks under, at, past 512
     scored = scores_at(positions.cpu(), blocks, 4, seed=7, levels=5).cuda()
     want = qsa.choose(indexer(2048, 4), scored, positions, blocks * 4 + 4)
     got = block_choice.choose(scored, positions, 512, 4)
