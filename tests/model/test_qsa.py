@@ -254,3 +254,17 @@ def test_a_decode_step_past_the_budget_chooses_as_transformers_with_the_kernels(
     args = (query, keys, values, table, lane_of, positions, counts, 8 ** -0.5)
     assert torch.allclose(sparse_attention.attend(*args, torch.empty_like(query)),
                           sparse_attention.reference(*args, torch.empty_like(query)), rtol=1e-5, atol=1e-6)
+
+
+def test_the_index_keys_norm_and_rotation_in_one_launch_are_torchs() -> None:
+    """On CUDA the index queries and pooled keys are normed and rotated by attention's one-launch
+    kernel: here interpreted against the torch path, for queries of several heads and a pooled key's
+    one-head view."""
+    from tfd_kernels import rope as rope_kernel
+
+    g = torch.Generator().manual_seed(9)
+    weight = 0.2 * torch.randn(DIM, generator=g)
+    cos, sin = ROTARY.angles(torch.arange(20, 26), torch.float32)
+    for x in (torch.randn(6, HEADS, DIM, generator=g), torch.randn(6, DIM, generator=g)[:, None, :]):
+        want = ROTARY.apply(zrms(x, weight, 1e-6), cos, sin)
+        assert torch.allclose(rope_kernel.norm_rope(x, weight, cos, sin, 1e-6), want, atol=1e-6)

@@ -22,6 +22,7 @@ from tfd.model.memory import PageRows, Span
 from tfd.model.ops import linear, zrms
 from tfd.model.rope import Rotary
 from tfd_kernels import block_choice, block_scores, lane_rows
+from tfd_kernels import rope as rope_kernel
 
 # A span's rows scored and chosen at a time: the scores are rows x complete blocks (fp32) and their
 # sort twice that, so a 32,768-row chunk at 128k tokens of context would hold ~12 GiB at once.
@@ -46,7 +47,16 @@ def index_rows(w: IndexerWeights, x: torch.Tensor, rotary: Rotary, cos: torch.Te
     rows = x.shape[0]
     projected = linear(x, w.qk)
     query = projected[:, :w.heads * w.dim].view(rows, w.heads, w.dim)
-    return rotary.apply(zrms(query, w.q_norm, w.eps), cos, sin), projected[:, w.heads * w.dim:]
+    return _norm_rope(query, w.q_norm, w.eps, rotary, cos, sin), projected[:, w.heads * w.dim:]
+
+
+def _norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, rotary: Rotary, cos: torch.Tensor,
+               sin: torch.Tensor) -> torch.Tensor:
+    """RoPE(zrms(x)) per head of ``x`` [rows, heads, dim]: on CUDA one launch with the same cast
+    points (``tfd_kernels.rope.norm_rope``, attention's), elsewhere torch's."""
+    if x.is_cuda:
+        return rope_kernel.norm_rope(x, weight, cos, sin, eps)
+    return rotary.apply(zrms(x, weight, eps), cos, sin)
 
 
 def pool_blocks(w: IndexerWeights, raw: torch.Tensor, starts: torch.Tensor, rotary: Rotary) -> torch.Tensor:
@@ -57,7 +67,7 @@ def pool_blocks(w: IndexerWeights, raw: torch.Tensor, starts: torch.Tensor, rota
         total = total + raw[:, at].float()
     mean = (total / w.block).to(raw.dtype)
     cos, sin = rotary.angles(starts, raw.dtype)
-    return rotary.apply(zrms(mean, w.k_norm, w.eps)[:, None, :], cos, sin)[:, 0]
+    return _norm_rope(mean[:, None, :], w.k_norm, w.eps, rotary, cos, sin)[:, 0]
 
 
 def scores(query: torch.Tensor, pooled: torch.Tensor, page_table: torch.Tensor, lane_of: torch.Tensor,
