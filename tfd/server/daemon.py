@@ -124,6 +124,7 @@ class Daemon:
                            lambda: (engine.running, engine.waiting))
         if engine.runner.kept is not None:
             self.metrics.watch_kept(engine.runner.kept.counts)
+        service.check_learning_cache()
         self.notify(f"STATUS=warming up {service.name}")
         await service.warm_up()
         if await service.learn(self.environ) is not None and engine.runner.learned is not None:

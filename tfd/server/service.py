@@ -247,6 +247,19 @@ class Service:
             self.report = self.report.measured(free_after_warm_up_bytes=free)
             log.info("device: %.2f GiB free after the warm-up", free / GIB)
 
+    def check_learning_cache(self) -> None:
+        """With TF_LEARN_CONVERSATIONS, a prompt cache that can keep the identity probe's state:
+        refused by name before the warm-up (minutes on a fresh GPU), not after it."""
+        settings, kept = self.loaded.settings, self.engine.runner.kept
+        if not settings.value("TF_LEARN_CONVERSATIONS", bool) or kept is None:
+            return
+        need = kept.state_bytes(PROBE_AT)
+        if need > kept.budget:
+            raise SettingsRefused([
+                f"TF_PROMPT_CACHE_GIB={settings.optional('TF_PROMPT_CACHE_GIB', float):g}: the identity "
+                f"probe's kept state needs {need / GIB:.3g} GiB; TF_LEARN_CONVERSATIONS=1 needs "
+                f"TF_PROMPT_CACHE_GIB={math.ceil(need / GIB * 1e4) / 1e4:g} or more"])
+
     async def learn(self, environ: Mapping[str, str]) -> str | None:
         """With TF_LEARN_CONVERSATIONS, the identity (a probe prompt's kept state's digest with the
         facts it covers) and the store of its learned states, attached to the engine; its name."""
@@ -268,12 +281,8 @@ class Service:
             kept = runner.kept
             assert kept is not None
             state = kept.states.get(key_at(prompt, prefix_digests(prompt, PROBE_AT), PROBE_AT))
-            if state is None:  # the cache's budget is below one state: the settings' fault
-                need = kept.state_bytes(PROBE_AT) / GIB
-                raise SettingsRefused([
-                    f"TF_PROMPT_CACHE_GIB={settings.optional('TF_PROMPT_CACHE_GIB', float):g}: the identity "
-                    f"probe's kept state needs {need:.3g} GiB; TF_LEARN_CONVERSATIONS=1 needs "
-                    f"TF_PROMPT_CACHE_GIB={math.ceil(need * 1e4) / 1e4:g} or more"])
+            if state is None:  # check_learning_cache let a cache through that could not keep it
+                raise RuntimeError("the identity probe's state was not kept")
             name = identity(found, state_digest(self.pool, state))
             kept.evict(state)
             store = Store(store_root, name, int(settings.value("TF_LEARN_GIB", float) * GIB),
