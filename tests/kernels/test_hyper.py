@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tfd.model import hyper
 from tfd.model.hyper import HyperWeights
+from tfd.model.ops import linear, sigmoid, silu, zrms
 from tfd_kernels import hyper as hyper_kernels
 
 STREAMS = 4
@@ -34,19 +34,19 @@ def weights(width: int, injects: bool, dtype: torch.dtype, seed: int = 0) -> Hyp
 
 def composed(w: HyperWeights, stack: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """hyper.read's torch ops on any device, the products and the norm as its kernels' path has them."""
-    normed = hyper.zrms(stack, w.norm, w.eps, group=w.width)
-    projected = hyper.linear(normed, w.projections)
-    mix = hyper.sigmoid(hyper.linear(hyper.silu(projected[:, :w.rank] / w.streams), w.up))
+    normed = zrms(stack, w.norm, w.eps, group=w.width)
+    projected = linear(normed, w.projections)
+    mix = sigmoid(linear(silu(projected[:, :w.rank] / w.streams), w.up))
     split = (w.streams, w.width)
     block = (torch.unflatten(mix, -1, split) * torch.unflatten(normed, -1, split)).mean(dim=-2)
-    return block, 2 * hyper.sigmoid(projected[:, w.rank:] / w.streams) if w.injects else None
+    return block, 2 * sigmoid(projected[:, w.rank:] / w.streams) if w.injects else None
 
 
 def launched(w: HyperWeights, stack: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """hyper.read's CUDA path on this device: the interpreted launches between torch's products."""
-    normed = hyper.zrms(stack, w.norm, w.eps, group=w.width)
-    mixed, injected = hyper_kernels.gates(hyper.linear(normed, w.projections), w.rank, w.streams)
-    return hyper_kernels.block_input(hyper.linear(mixed, w.up), normed, w.streams, w.width), injected
+    normed = zrms(stack, w.norm, w.eps, group=w.width)
+    mixed, injected = hyper_kernels.gates(linear(normed, w.projections), w.rank, w.streams)
+    return hyper_kernels.block_input(linear(mixed, w.up), normed, w.streams, w.width), injected
 
 
 def close(got: torch.Tensor, want: torch.Tensor, ulps: int = 4) -> bool:
