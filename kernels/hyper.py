@@ -10,8 +10,9 @@ each is a launch gap (Flash Next's one-stream step was 35% of its roofline).
 
 The cast points are the torch composition's in the model dtype: the division by ``streams``
 rounded, the activation in fp32 rounded, each product rounded, the mean summed in fp32 in stream
-order and divided, then rounded; the write's product rounded, then the sum. Elementwise along a row
-(the mean over a row's own streams), so a row's bits never depend on the others.
+order and divided, then rounded; the write's product rounded, then the sum. The activations are
+the other kernels' (``conv1d.silu_out``, ``sigmoid_gate.gated``), rounded the same way. Elementwise
+along a row (the mean over a row's own streams), so a row's bits never depend on the others.
 
 Memory: each reads its inputs once and writes one new contiguous output. Grids follow the shapes
 alone (no host sync), so calls can be captured in a CUDA graph.
@@ -24,6 +25,8 @@ import triton
 import triton.language as tl
 
 from tfd_kernels import pdl
+from tfd_kernels.conv1d import silu_out
+from tfd_kernels.sigmoid_gate import gated
 
 BLOCK = 1024
 
@@ -34,18 +37,6 @@ def _unit_columns(t: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _scaled(value, streams, dtype: tl.constexpr):
-    """value / streams, rounded to ``dtype``, in fp32."""
-    return (value.to(tl.float32) / streams).to(dtype).to(tl.float32)
-
-
-@triton.jit
-def _sigmoid(value, dtype: tl.constexpr):
-    """sigmoid in fp32 rounded to ``dtype``, in fp32."""
-    return (1.0 / (1.0 + tl.exp(-value))).to(dtype).to(tl.float32)
-
-
-@triton.jit
 def _gates(projected, mixed, weights, rank, width, streams, stride_p, INJECTS: tl.constexpr,
            BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
@@ -53,11 +44,10 @@ def _gates(projected, mixed, weights, rank, width, streams, stride_p, INJECTS: t
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     dtype = mixed.dtype.element_ty
     value = tl.load(projected + row * stride_p + cols, mask=cols < width, other=0.0)
-    scaled = _scaled(value, streams, dtype)
-    silu = (scaled / (1.0 + tl.exp(-scaled))).to(dtype)
-    tl.store(mixed + row * rank + cols, silu, mask=cols < rank)
+    scaled = (value.to(tl.float32) / streams).to(dtype).to(tl.float32)  # p / streams, rounded
+    tl.store(mixed + row * rank + cols, silu_out(scaled, dtype), mask=cols < rank)
     if INJECTS:
-        injected = (2.0 * _sigmoid(scaled, dtype)).to(dtype)
+        injected = gated(tl.full((BLOCK,), 2.0, tl.float32), scaled, dtype)
         past = (cols >= rank) & (cols < width)
         tl.store(weights + row * (width - rank) + (cols - rank), injected, mask=past)
 
@@ -92,9 +82,8 @@ def _block_input(up, normed, out, width, stride_u, stride_n, STREAMS: tl.constex
     total = tl.zeros((BLOCK,), tl.float32)
     for stream in tl.static_range(STREAMS):  # in stream order, as torch's mean over them
         at = stream * width + cols
-        mix = _sigmoid(tl.load(up + row * stride_u + at, mask=mask, other=0.0).to(tl.float32), dtype)
-        value = tl.load(normed + row * stride_n + at, mask=mask, other=0.0).to(tl.float32)
-        total += (mix * value).to(dtype).to(tl.float32)
+        value = tl.load(normed + row * stride_n + at, mask=mask, other=0.0)
+        total += gated(value, tl.load(up + row * stride_u + at, mask=mask, other=0.0), dtype).to(tl.float32)
     tl.store(out + row * width + cols, (total / STREAMS).to(dtype), mask=mask)
 
 
