@@ -26,7 +26,7 @@ import triton.language as tl
 
 from tfd_kernels import pdl
 from tfd_kernels.conv1d import silu_out
-from tfd_kernels.sigmoid_gate import gated
+from tfd_kernels.sigmoid_gate import gated, widened
 
 BLOCK = 1024
 
@@ -115,7 +115,7 @@ def _write(stack, output, weights, out, width, stride_s, stride_o, stride_w, STR
     for stream in tl.static_range(STREAMS):
         weight = tl.load(weights + row * stride_w + stream).to(tl.float32)
         at = stream * width + cols
-        added = (value * weight).to(dtype).to(tl.float32)
+        added = widened((value * weight).to(dtype))
         base = tl.load(stack + row * stride_s + at, mask=mask, other=0.0).to(tl.float32)
         tl.store(out + row * STREAMS * width + at, (base + added).to(dtype), mask=mask)
 

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from tfd_kernels import gemm, norm, pdl
-from tfd_kernels.sigmoid_gate import gated
+from tfd_kernels.sigmoid_gate import gated, widened
 
 COMBINE_N = 256  # hidden columns of a combining program
 
@@ -41,7 +41,7 @@ def combined(buf, gate, row, cols, pairs, hidden, stride_g, TOP_K: tl.constexpr,
         else:
             g = tl.load(gate + row * stride_g)
         part = gated(value, g, dtype)
-        result = (result.to(tl.float32) + part.to(tl.float32)).to(dtype)
+        result = (result.to(tl.float32) + widened(part)).to(dtype)
     return result
 
 

@@ -29,6 +29,19 @@ def gated(value, g, dtype: tl.constexpr):
 
 
 @triton.jit
+def widened(x):
+    """``x`` in fp32, exactly; a bf16 ``x`` through its bits. From a plain cast the compiler narrows the
+    sum ``x`` feeds to a bf16 add and contracts it with the product that made ``x`` into one fma, so
+    the product is never rounded (a third of a hyper write's elements differed from torch's on the
+    H200); the bits leave it nothing to contract."""
+    if x.dtype.is_bf16():
+        wide = (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    else:
+        wide = x.to(tl.float32)
+    return wide
+
+
+@triton.jit
 def _sigmoid_gate(x, gate, base, out, width, stride_x, stride_g, stride_b, head_width, stride_head, gate_col,
                   HAS_BASE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
@@ -40,7 +53,7 @@ def _sigmoid_gate(x, gate, base, out, width, stride_x, stride_g, stride_b, head_
     result = gated(tl.load(x + row * stride_x + cols, mask=mask, other=0.0), g, out.dtype.element_ty)
     if HAS_BASE:
         result = (tl.load(base + row * stride_b + cols, mask=mask, other=0.0).to(tl.float32) +
-                  result.to(tl.float32)).to(out.dtype.element_ty)
+                  widened(result)).to(out.dtype.element_ty)
     tl.store(out + row * width + cols, result, mask=mask)
 
 

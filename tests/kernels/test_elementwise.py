@@ -113,6 +113,16 @@ def test_sigmoid_gate_on_the_device() -> None:
 
 
 @pytest.mark.gpu
+def test_on_the_device_a_base_is_added_to_the_rounded_product() -> None:
+    """The shared expert's add: the product rounded to bf16 first, then the sum (the compiler left to
+    itself contracts the two into one fma, a different value in a third of the elements)."""
+    shared, routed = (torch.randn(33, 1500, device="cuda").bfloat16() for _ in range(2))
+    gate = torch.randn(33, 1, device="cuda").bfloat16()
+    assert torch.equal(sigmoid_gate.sigmoid_gate(shared, gate, routed),
+                       routed + sigmoid_gate.sigmoid_gate(shared, gate))
+
+
+@pytest.mark.gpu
 def test_q_and_k_in_one_launch_on_the_device() -> None:
     from tfd.model.rope import Rotary
 
