@@ -7,8 +7,9 @@ el() { echo $(( $(date +%s) - T0 )); }
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton
 kill -0 $(cat /tmp/probe.pid 2>/dev/null) 2>/dev/null && echo "the probe outlived call A" || echo "no probe"
 R=$OUT/r; mkdir -p $R
+pgrep -of "tfd serve" > /tmp/serve.pid && echo "daemon from A: $(cat /tmp/serve.pid)"
 if ! kill -0 $(cat /tmp/serve.pid 2>/dev/null) 2>/dev/null; then
-  python -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1
+  bash .dev/install.sh
   cd /tmp && TF_ADMIN_SOCKET=/tmp/tfd-admin.sock setsid nohup tfd serve --shape qwen3_5-9b > /tmp/serve.log 2>&1 &
   echo $! > /tmp/serve.pid; cd - > /dev/null; echo "started here"
 fi

@@ -3,7 +3,7 @@
 # prompts led past the demo's sparse attention budget of 64 (issue 31's acceptance). Carry .whl .dev.
 set -u
 T0=$(date +%s)
-python -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1 || { echo pip fails; exit 1; }
+bash .dev/install.sh || { echo install fails; exit 1; }
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton
 mkdir -p $OUT/r; cd /tmp
 TF_DEMO=flashnext TF_ADMIN_SOCKET=/tmp/tfd-admin.sock tfd serve > $OUT/r/serve.log 2>&1 &

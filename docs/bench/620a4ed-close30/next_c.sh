@@ -5,7 +5,7 @@
 set -u
 T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
-python -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1 || { echo pip fails; exit 1; }
+bash .dev/install.sh || { echo install fails; exit 1; }
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton
 R=$OUT/r; mkdir -p $R
 cd /tmp
