@@ -28,7 +28,8 @@ from tfd_kernels import pdl
 BLOCKS = 32  # blocks a program scores
 
 
-@triton.jit
+# the blocks a row scores (its output's row stride too) grow with the context: not specialized on
+@triton.jit(do_not_specialize=["blocks", "stride_or"])
 def _scores(q, pooled, page_table, lane_of, complete, out, root, blocks, stride_qr, stride_qh, stride_pp,
             stride_pe, stride_tb, stride_or, ENTRIES: tl.constexpr, HEADS: tl.constexpr, DIM: tl.constexpr,
             DIM_PAD: tl.constexpr, BLOCKS: tl.constexpr, PDL: tl.constexpr):

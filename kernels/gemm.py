@@ -218,7 +218,9 @@ def summed(partials, stride_ps, where, mask, SEGMENTS: tl.constexpr):
     return total
 
 
-@triton.jit
+# the rows (and a one-column product's partial stride, rows x 1) vary call by call: one variant meets them
+# all (the Flash Next demo compiled three while serving, at row counts its warm-up's prompts had not met)
+@triton.jit(do_not_specialize=["m", "stride_ps"])
 def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride_ps, stride_pm, stride_om,
             k_per_segment, conv_weight, tails, tail_at, channels, SEGMENTS: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr,

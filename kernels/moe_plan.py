@@ -38,7 +38,7 @@ SCAN_BLOCK = 8  # histogram rows the scan adds at a time
 CHOICE_PAIRS = 32
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["pairs"])  # a step's rows times top-k: one variant for them all
 def _count(ids, hist, pairs, BINS: tl.constexpr, BLOCK_P: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -55,7 +55,7 @@ def _layout(layout, counts, experts, shared_rows, BINS: tl.constexpr, BLOCK_M: t
     tl.store(layout + 2 * BINS + bins, tl.cumsum((counts + BLOCK_M - 1) // BLOCK_M, axis=0))  # its tiles' end
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["blocks", "shared_rows"])  # counts of the step's rows, call by call
 def _scan(hist, layout, blocks, experts, shared_rows, BINS: tl.constexpr, BLOCK_B: tl.constexpr,
           BLOCK_M: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
@@ -84,7 +84,7 @@ def _route(ids, pair_at, dest_at, p, live, expert, q, top_k, SLOTS: tl.constexpr
     tl.store(dest_at + q, row * top_k + tl.sum(below.to(tl.int32), axis=1), mask=live)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["pairs"])
 def _place(ids, hist, layout, pair_at, dest_at, pairs, top_k, BINS: tl.constexpr, BLOCK_P: tl.constexpr,
            SLOTS: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)

@@ -33,27 +33,28 @@ def warps(block: int) -> int:
 
 
 @triton.jit
-def _zrms(x, weight, out, width, stride_x, stride_o, stride_wg, eps, BLOCK: tl.constexpr,
-          GROUPS: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
+def _zrms(x, weight, out, width, stride_x, stride_o, stride_wg, eps, BLOCK: tl.constexpr, EARLY: tl.constexpr,
+          PDL: tl.constexpr):
+    row, part = tl.program_id(0), tl.program_id(1)  # a program a group: its columns normalised on their own
     cols = tl.arange(0, BLOCK)
     mask = cols < width
-    if EARLY and GROUPS == 1:  # the weight, which no kernel writes, asked for before the wait
-        w = tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32)
+    if EARLY:  # the weight, which no kernel writes, asked for before the wait
+        w = tl.load(weight + part * stride_wg + cols, mask=mask, other=0.0).to(tl.float32)
     pdl.wait(PDL)
-    row = tl.program_id(0)
-    for part in range(GROUPS):  # each group of the row normalised on its own
-        at = part * width + cols  # groups lie ``width`` apart; BLOCK only pads one to a power of two
-        values = tl.load(x + row * stride_x + at, mask=mask, other=0.0).to(tl.float32)
-        mean = tl.sum(values * values, axis=0) / width
-        scaled = values * tl.rsqrt(mean + eps)
-        if not (EARLY and GROUPS == 1):
-            w = tl.load(weight + part * stride_wg + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out + row * stride_o + at, (scaled * (1.0 + w)).to(out.dtype.element_ty), mask=mask)
+    if not EARLY:
+        w = tl.load(weight + part * stride_wg + cols, mask=mask, other=0.0).to(tl.float32)
+    at = part * width + cols  # groups lie ``width`` apart; BLOCK only pads one to a power of two
+    values = tl.load(x + row * stride_x + at, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(values * values, axis=0) / width
+    scaled = values * tl.rsqrt(mean + eps)
+    tl.store(out + row * stride_o + at, (scaled * (1.0 + w)).to(out.dtype.element_ty), mask=mask)
 
 
 def zrms(x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = None) -> torch.Tensor:
     """Zero-centred RMSNorm of each row of ``x`` [rows, width], or of each ``group`` columns of
-    it; ``weight`` is one group's (shared by the groups) or the whole row's."""
+    it; ``weight`` is one group's (shared by the groups) or the whole row's. A program a row and
+    group: one program walking a hyper-connection stack's four groups in turn took 5.7 us a row on
+    the H200, each group waiting out the one before."""
     if x.dim() != 2 or x.stride(1) != 1:
         raise ValueError(f"x must be [rows, width] with unit column stride, got {list(x.shape)}")
     width = group or x.shape[1]
@@ -62,9 +63,10 @@ def zrms(x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = 
     out = torch.empty_like(x)
     block = triton.next_power_of_2(width)
     stride_wg = width if weight.shape[0] == x.shape[1] and group else 0
-    _zrms[(x.shape[0],)](x, weight, out, width, x.stride(0), out.stride(0), stride_wg, eps, BLOCK=block,
-                         GROUPS=x.shape[1] // width, EARLY=WEIGHTS_EARLY, num_warps=warps(block),
-                         **pdl.options(x.device))
+    if x.shape[0]:
+        _zrms[(x.shape[0], x.shape[1] // width)](
+            x, weight, out, width, x.stride(0), out.stride(0), stride_wg, eps, BLOCK=block,
+            EARLY=WEIGHTS_EARLY, num_warps=warps(block), **pdl.options(x.device))
     return out
 
 

@@ -33,6 +33,23 @@ def test_prompts_alone_meet_each_gemm_class_with_rows_one_sixteen_and_neither() 
     assert 1 in alone and 256 in alone and 256 + 17 in alone  # a whole step, and past it
 
 
+@pytest.mark.parametrize("ratio", [2, 4])
+def test_with_pooled_keys_prompts_alone_meet_each_class_in_pooled_rows_too(ratio: int) -> None:
+    """Sparse attention's indexer takes a prompt's rows over its compress ratio: a prompt of 17 rows
+    is 4 pooled ones at a ratio of 4, so the pooled products meet a class only at longer prompts."""
+    def pooled_rows(pooled: int) -> list[int]:  # at the GPU's step of 32,768 rows
+        plan = waves(limits(step=32768), VOCAB, False, True, pooled)
+        return [len(wave[0].prompt) // ratio for wave in plan if len(wave) == 1
+                and wave[0].sampling.temperature == 0 and wave[0].sampling.logprobs is None]
+
+    def classes_met(rows: list[int]) -> list[bool]:
+        return [any(low <= r <= high and r % 16 == 0 for r in rows)
+                and any(low <= r <= high and r % 16 and r != 1 for r in rows) for low, high in GEMM_CLASSES]
+
+    assert all(classes_met(pooled_rows(ratio)))
+    assert not all(classes_met(pooled_rows(1)))  # the prompts alone, unscaled, leave classes unmet
+
+
 def test_every_request_fits_the_context_and_no_wave_outnumbers_the_lanes() -> None:
     for context in (16, 64, 300, LONG + NEW - 1, LONG + NEW, LONG + RESUMED + NEW, 1 << 20):
         for lanes in (1, 2, 16, 17, 256):

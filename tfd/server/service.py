@@ -223,7 +223,8 @@ class Service:
         full = mode == "full" or (mode == "auto" and self.pool.buffer.device.type == "cuda")
         kept = self.engine.runner.kept
         drafting = self.prepared.drafting is not None
-        plan = waves(self.engine.limits, model.cfg.vocab, drafting, kept is not None) if full \
+        pooled = model.cfg.indexer.block if model.cfg.indexer is not None else 1
+        plan = waves(self.engine.limits, model.cfg.vocab, drafting, kept is not None, pooled) if full \
             else short(model.cfg.vocab)
         before = len(compiled_variants())  # counted since prepare() began watching
         try:

@@ -10,7 +10,8 @@ rest (``waves``):
 
 1. prompts alone, one a step, whose rows are 1, a multiple of 16 and neither, in each of the GEMM's
    row classes (``GEMM_CLASSES``, its tiles' rows: the GEMM specializes on its rows), and a whole
-   step of TF_STEP_TOKENS rows and past it;
+   step of TF_STEP_TOKENS rows and past it; with sparse attention's pooled keys (Flash Next), whose
+   products take a prompt's rows over the compress ratio, those rows times the ratio too;
 2. lanes together of different lengths, so steps mix prompt chunks with decode rows: as many lanes
    as the prompts alone have rows (the rows that draw a token are the lanes'), 3, and all the pool has;
 3. sampling with cuts (top-k, top-p, min-p), seeded temperature and logprobs, drafted and not;
@@ -55,9 +56,11 @@ CUTS = (Sampling(temperature=0.8, top_k=8, seed=1), Sampling(temperature=0.9, to
         Sampling(temperature=1.0, min_p=0.05, seed=3, logprobs=3), Sampling(temperature=0.0, logprobs=1))
 
 
-def waves(limits: Limits, vocab: int, drafting: bool, cache: bool) -> list[list[Request]]:
+def waves(limits: Limits, vocab: int, drafting: bool, cache: bool, pooled: int = 1) -> list[list[Request]]:
     """The full warm-up's requests, a wave each list: a wave is sent at once, and waited for whole
-    before the next. Every request fits the context and the lanes; none is larger than they allow."""
+    before the next. Every request fits the context and the lanes; none is larger than they allow.
+    ``pooled``: the rows a pooled key stands for (the sparse attention indexer's compress ratio; 1
+    without one), whose products meet each class only at prompts that many times longer."""
     room = limits.context - NEW  # the longest prompt a request may carry
     made: list[list[Request]] = []
     count = [0]
@@ -68,7 +71,9 @@ def waves(limits: Limits, vocab: int, drafting: bool, cache: bool) -> list[list[
         return Request(f"warm-up-{count[0]}", prompt, NEW, sampling, arrived=time.monotonic(),
                        draft=draft, cache=cache)
 
-    alone = sorted({rows for rows in (*ALONE, limits.step_tokens, limits.step_tokens + 17) if rows <= room})
+    scaled = {pooled * rows for rows in ALONE} if pooled > 1 else set()
+    alone = sorted({rows for rows in (*ALONE, *scaled, limits.step_tokens, limits.step_tokens + 17)
+                    if rows <= room})
     made += [[request(rows, start=rows)] for rows in alone]
     most = limits.max_lanes  # and every lane the pool has, and its largest multiple of 16
     for lanes in sorted({n for n in TOGETHER if n <= most} | {most, most // 16 * 16} - {0, 1}):
