@@ -29,11 +29,11 @@ def _norm_rope(x, weight, cos, sin, out, head_dim, rotary, stride_xr, stride_xh,
     pdl.wait(PDL)
     row, head = tl.program_id(0), tl.program_id(1)
     if head < heads:
-        _one(x, weight, cos, sin, out + (row * heads + head) * head_dim, head_dim, rotary, stride_xr,
-             stride_xh, stride_c, eps, row, head, BLOCK, LOADS_FIRST)
+        one(x, weight, cos, sin, out + (row * heads + head) * head_dim, head_dim, rotary, stride_xr,
+            stride_xh, stride_c, eps, row, head, BLOCK, LOADS_FIRST)
     else:  # the second tensor's heads follow the first's in the grid
-        _one(y, y_weight, cos, sin, y_out + (row * y_heads + head - heads) * head_dim, head_dim, rotary,
-             stride_yr, stride_yh, stride_c, eps, row, head - heads, BLOCK, LOADS_FIRST)
+        one(y, y_weight, cos, sin, y_out + (row * y_heads + head - heads) * head_dim, head_dim, rotary,
+            stride_yr, stride_yh, stride_c, eps, row, head - heads, BLOCK, LOADS_FIRST)
 
 
 @triton.jit
@@ -44,16 +44,16 @@ def _norm_rope_store(x, weight, cos, sin, out, head_dim, rotary, stride_xr, stri
     pdl.wait(PDL)
     row, head = tl.program_id(0), tl.program_id(1)
     if head < heads:
-        _one(x, weight, cos, sin, out + (row * heads + head) * head_dim, head_dim, rotary, stride_xr,
-             stride_xh, stride_c, eps, row, head, BLOCK, LOADS_FIRST)
+        one(x, weight, cos, sin, out + (row * heads + head) * head_dim, head_dim, rotary, stride_xr,
+            stride_xh, stride_c, eps, row, head, BLOCK, LOADS_FIRST)
     else:  # y's heads, then v's, each into its cache row at the lane's last position (none: padding)
         length = tl.load(lengths + row)
         if length > 0:
             at = cache_write.last_row(page_table, stride_tl, row, length, page_rows, stride_cp, stride_cr)
             kv = head - heads
             if kv < y_heads:
-                _one(y, y_weight, cos, sin, k_cache + at + kv * stride_ch, head_dim, rotary, stride_yr,
-                     stride_yh, stride_c, eps, row, kv, BLOCK, LOADS_FIRST)
+                one(y, y_weight, cos, sin, k_cache + at + kv * stride_ch, head_dim, rotary, stride_yr,
+                    stride_yh, stride_c, eps, row, kv, BLOCK, LOADS_FIRST)
             else:
                 kv -= y_heads
                 dims = tl.arange(0, BLOCK)
@@ -75,9 +75,10 @@ def _one_loads(weight, cos, sin, base, row, stride_c, cols, partner, live, turne
 
 
 @triton.jit
-def _one(x, weight, cos, sin, dest, head_dim, rotary, stride_xr, stride_xh, stride_c, eps, row, head,
-         BLOCK: tl.constexpr, LOADS_FIRST: tl.constexpr):
-    """One (row, head): the norm, then the rotation of its first ``rotary`` lanes, stored at ``dest``;
+def one(x, weight, cos, sin, dest, head_dim, rotary, stride_xr, stride_xh, stride_c, eps, row, head,
+        BLOCK: tl.constexpr, LOADS_FIRST: tl.constexpr):
+    """One (row, head): the norm, then the rotation of its first ``rotary`` lanes, stored at ``dest``
+    (also a pooled index key's, in ``tfd_kernels.index_pool``);
     with ``LOADS_FIRST`` every read asked for before the norm's sum (after it, each waits for it)."""
     cols = tl.arange(0, BLOCK)
     live = cols < head_dim

@@ -128,19 +128,21 @@ def attention_spans(w: AttentionWeights, x: torch.Tensor, lanes: PromptLanes, ke
 
 
 def sparse_rows(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: Rotary,
-                caches: QsaCaches, page_table: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+                caches: QsaCaches, page_table: torch.Tensor, lengths: torch.Tensor,
+                tables: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """``attention_rows`` for a QSA layer: one decode row per lane, batched, at positions
     ``lengths - 1`` (``lengths`` int32 [lanes], 0 for a padding lane; ``page_table`` int32 [lanes,
     pages]). Stores each live row's K and V, its raw index key and the block it completes in
-    ``caches`` (``qsa.select_rows``), then attends each row's chosen positions
-    (``tfd_kernels.sparse_attention``: the kernel on CUDA, its reference elsewhere), as ``attention``
-    does for a span's rows. A padding lane stores nothing and reads the null page."""
+    ``caches`` (``qsa.select_rows``; ``tables``: every position's angles, on CUDA), then attends each
+    row's chosen positions (``tfd_kernels.sparse_attention``: the kernel on CUDA, its reference
+    elsewhere), as ``attention`` does for a span's rows. A padding lane stores nothing and reads the
+    null page."""
     assert w.indexer is not None
     p = project(w, x, cos, sin, rotary)
     write = cache_write.write if x.is_cuda else cache_write.reference
     write(p.key, p.value, caches.keys, caches.values, page_table, lengths)
     chosen_at, counts = select_rows(w.indexer, x, rotary, cos, sin, caches.index, caches.pooled, page_table,
-                                    lengths.long())
+                                    lengths.long(), tables)
     out = torch.empty_like(p.query)
     lane_of = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
     attend_chosen = sparse_attention.attend if x.is_cuda else sparse_attention.reference

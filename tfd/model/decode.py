@@ -228,6 +228,7 @@ class _Step:
     lengths: torch.Tensor
     verify: VerifyLanes | None = None  # the rows are verify windows (tfd.model.verify)
     offsets: torch.Tensor | None = None  # with verify: each lane's offset fields (``lane_fields``)
+    tables: tuple[torch.Tensor, torch.Tensor] | None = None  # on CUDA: every position's angles
 
 
 def run_decode(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory, verify: VerifyLanes | None = None
@@ -288,7 +289,8 @@ def _begin(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory) -> tuple[t
     if batch.packed.is_cuda:  # one launch for what torch takes ten
         tables = memory.angle_tables(w.rotary, batch.columns.pages, w.embed.dtype)
         inputs = step_inputs.gather(batch.packed, batch.columns.table_field, w.embed, *tables, memory.feed)
-        return inputs.x, _Step(batch, memory, inputs.cos, inputs.sin, inputs.table, inputs.lengths)
+        return inputs.x, _Step(batch, memory, inputs.cos, inputs.sin, inputs.table, inputs.lengths,
+                               tables=tables)
     batch.tokens.copy_(step_inputs.fed_tokens(batch.tokens, memory.feed))
     x = w.embed[batch.tokens]
     cos, sin = w.rotary.angles(batch.positions, x.dtype)
@@ -371,7 +373,8 @@ def _mix(w: StackWeights, layer: LayerWeights, h: torch.Tensor, gdn_layer: int, 
         return attention_rows(layer.mixer, h, step.cos, step.sin, w.rotary, keys, values, step.table,
                               step.lengths)
     qsa = QsaCaches(keys, values, caches[f"{layer.name}.index"], caches[f"{layer.name}.pooled"])
-    return sparse_rows(layer.mixer, h, step.cos, step.sin, w.rotary, qsa, step.table, step.lengths)
+    return sparse_rows(layer.mixer, h, step.cos, step.sin, w.rotary, qsa, step.table, step.lengths,
+                       step.tables)
 
 
 def batches(w: StackWeights) -> bool:

@@ -21,7 +21,7 @@ import torch
 from tfd.model.memory import PageRows, Span
 from tfd.model.ops import linear, zrms
 from tfd.model.rope import Rotary
-from tfd_kernels import block_choice, block_scores, lane_rows
+from tfd_kernels import block_choice, block_scores, index_pool, lane_rows
 from tfd_kernels import rope as rope_kernel
 
 # A span's rows scored and chosen at a time: the scores are rows x complete blocks (fp32) and their
@@ -122,23 +122,44 @@ def select_positions(w: IndexerWeights, x: torch.Tensor, span: Span, rows: PageR
 
 
 def select_rows(w: IndexerWeights, x: torch.Tensor, rotary: Rotary, cos: torch.Tensor, sin: torch.Tensor,
-                index: torch.Tensor, pooled: torch.Tensor, page_table: torch.Tensor, lengths: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                index: torch.Tensor, pooled: torch.Tensor, page_table: torch.Tensor, lengths: torch.Tensor,
+                tables: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``select_positions`` for one decode row a lane, batched: ``x`` [lanes, hidden] at positions
     ``lengths - 1`` (``lengths`` int64 [lanes], 0 for a padding lane), ``cos``/``sin`` their angles,
     the lanes' ``page_table`` int32 [lanes, pages] into the layer's ``index`` and ``pooled`` parts.
 
     Stores each live row's raw index key and, when the row completes a block, the block's pooled
-    key (``tfd_kernels.lane_rows``: the kernel on CUDA); a padding lane stores nothing. Every lane scores
-    all blocks its page table can hold (-inf past its complete ones), so shapes depend on the lane
-    count alone; a padding lane chooses position 0 of the null page."""
+    key; a padding lane stores nothing. On CUDA with ``tables`` (every position's (cos, sin),
+    ``DecodeMemory.angle_tables``) that is ``tfd_kernels.index_pool``'s two launches, elsewhere torch
+    (``tfd_kernels.lane_rows`` stores). Every lane scores all blocks its page table can hold (-inf past
+    its complete ones), so shapes depend on the lane count alone; a padding lane chooses position 0 of
+    the null page."""
     lanes, device = x.shape[0], x.device
     query, keys = index_rows(w, x, rotary, cos, sin)
-    live = lengths > 0
     positions = (lengths - 1).clamp_min(0)
-    page_rows, entries = index.shape[1], pooled.shape[1]
-    store = lane_rows.store if x.is_cuda else lane_rows.reference
     rowed = torch.arange(lanes, device=device)
+    if x.is_cuda and tables is not None:
+        index_pool.store(keys, index, page_table, lengths)
+        index_pool.pool(index, pooled, page_table, lengths, w.k_norm, *tables, w.eps, w.block)
+    else:
+        _store_and_pool(w, keys, rotary, index, pooled, page_table, lengths, positions, rowed)
+    blocks = page_table.shape[1] * pooled.shape[1]
+    scored = scores(query, pooled, page_table, rowed.to(torch.int32), (positions + 1) // w.block, blocks)
+    if x.is_cuda and block_choice.fits(blocks):  # one launch, the same positions; its row length fixed
+        return block_choice.choose(scored, positions, w.budget // w.block, w.block)
+    return choose(w, scored, positions, page_table.shape[1] * index.shape[1] + w.block)
+
+
+def _store_and_pool(w: IndexerWeights, keys: torch.Tensor, rotary: Rotary, index: torch.Tensor,
+                    pooled: torch.Tensor, page_table: torch.Tensor, lengths: torch.Tensor,
+                    positions: torch.Tensor, rowed: torch.Tensor) -> None:
+    """``select_rows``' stores by torch: each live row's raw key, then, where its row completes a
+    block, the block's pooled key (``pool_blocks``, on every lane's last complete block, kept where
+    the row completed it)."""
+    device = keys.device
+    live = lengths > 0
+    page_rows, entries = index.shape[1], pooled.shape[1]
+    store = lane_rows.store if keys.is_cuda else lane_rows.reference
     pages = page_table[rowed, positions // page_rows].long()
     at = pages * index.stride(0) + (positions % page_rows) * index.stride(1)
     store(keys.contiguous(), index, torch.where(live, at, -1))
@@ -151,9 +172,3 @@ def select_rows(w: IndexerWeights, x: torch.Tensor, rotary: Rotary, cos: torch.T
     completes = live & ((positions + 1) % w.block == 0)
     at = page_table[rowed, last // entries].long() * pooled.stride(0) + (last % entries) * pooled.stride(1)
     store(pooled_keys.contiguous(), pooled, torch.where(completes, at, -1))
-
-    blocks = page_table.shape[1] * entries
-    scored = scores(query, pooled, page_table, rowed.to(torch.int32), (positions + 1) // w.block, blocks)
-    if x.is_cuda and block_choice.fits(blocks):  # one launch, the same positions; its row length fixed
-        return block_choice.choose(scored, positions, w.budget // w.block, w.block)
-    return choose(w, scored, positions, page_table.shape[1] * page_rows + w.block)
