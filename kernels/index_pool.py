@@ -5,7 +5,7 @@ through its page table row); a padding row (length 0) stores nothing. ``pool``: 
 ends a block of ``block`` positions, the block's raw keys read back from ``index`` (the row's own
 among them), summed in fp32 in position order, divided and rounded, then normalised and rotated at
 the block's first position and stored into ``pooled`` at the block's entry. The arithmetic is
-``tfd.model.qsa.pool_blocks``' with ``tfd_kernels.rope.norm_rope`` (its ``_one`` itself, the same
+``tfd.model.qsa.pool_blocks``' with ``tfd_kernels.rope.norm_rope`` (its ``one`` itself, the same
 cast points), so a block pooled here has the bits of one pooled in a span's prefill. Two launches,
 not one: a verify window's rows of one lane complete blocks whose earlier keys other programs store.
 
