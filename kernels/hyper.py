@@ -5,8 +5,10 @@ and, for a layer's two modules, the injection rows in one product, then: ``gates
 product into the mix's hidden values ``silu(p / streams)`` and the injection weights
 ``2 * sigmoid(p / streams)``; after the up product, ``block_input`` takes each stream's
 ``sigmoid(up) * normed`` and their mean. ``write`` adds the block's output to every stream times its
-weight. In torch these are about 25 launches a read and 2 a write; at a decode step's few rows
-each is a launch gap (Flash Next's one-stream step was 35% of its roofline).
+weight; ``write_norm`` also normalises the streams it writes, the next read's first step, in the same
+launch (a layer's mixer is written back and its FFN's read begins). In torch these are about 25
+launches a read and 2 a write; at a decode step's few rows each is a launch gap (Flash Next's
+one-stream step was 35% of its roofline).
 
 The cast points are the torch composition's in the model dtype: the division by ``streams``
 rounded, the activation in fp32 rounded, each product rounded, the mean summed in fp32 in stream
@@ -24,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tfd_kernels import norm as norm_kernels
 from tfd_kernels import pdl
 from tfd_kernels.conv1d import silu_out
 from tfd_kernels.sigmoid_gate import gated, widened
@@ -136,3 +139,48 @@ def write(stack: torch.Tensor, output: torch.Tensor, weights: torch.Tensor) -> t
             stack, output, weights, out, width, stack.stride(0), output.stride(0), weights.stride(0),
             STREAMS=streams, BLOCK=BLOCK, **pdl.options(stack.device))
     return out
+
+
+@triton.jit
+def _write_norm(stack, output, weights, norm, out, normed, width, stride_s, stride_o, stride_w, eps,
+                BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """A program a row and stream: ``_write``'s sum for the stream, stored, then ``norm.zrms``'s
+    arithmetic on it (the rounded values in fp32, their squares summed over the block as a norm
+    program sums them), stored."""
+    pdl.wait(PDL)
+    row, stream = tl.program_id(0), tl.program_id(1)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < width
+    dtype = out.dtype.element_ty
+    at = stream * width + cols
+    value = tl.load(output + row * stride_o + cols, mask=mask, other=0.0).to(tl.float32)
+    weight = tl.load(weights + row * stride_w + stream).to(tl.float32)
+    base = tl.load(stack + row * stride_s + at, mask=mask, other=0.0).to(tl.float32)
+    total = (base + widened((value * weight).to(dtype))).to(dtype)
+    tl.store(out + row * tl.num_programs(1) * width + at, total, mask=mask)
+    values = total.to(tl.float32)
+    scaled = values * tl.rsqrt(tl.sum(values * values, axis=0) / width + eps)
+    w = tl.load(norm + stream * width + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(normed + row * tl.num_programs(1) * width + at, (scaled * (1.0 + w)).to(dtype), mask=mask)
+
+
+def write_norm(stack: torch.Tensor, output: torch.Tensor, weights: torch.Tensor, norm: torch.Tensor,
+               eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``write(stack, output, weights)`` and the zero-centred norm of each of its streams (``norm``
+    [streams * width], each stream's own weight), in one launch: the next read's first step."""
+    rows, streams = weights.shape
+    width = output.shape[-1]
+    if stack.shape != (rows, streams * width) or output.shape != (rows, width) \
+            or norm.shape != (streams * width,):
+        raise ValueError(f"stack {list(stack.shape)}, output {list(output.shape)}, weights "
+                         f"{list(weights.shape)}, norm {list(norm.shape)}: want [rows, streams * width], "
+                         "[rows, width], [rows, streams], [streams * width]")
+    stack, output, weights = _unit_columns(stack), _unit_columns(output), _unit_columns(weights)
+    out = torch.empty(rows, streams * width, dtype=stack.dtype, device=stack.device)
+    normed = torch.empty_like(out)
+    if rows:
+        block = triton.next_power_of_2(width)
+        _write_norm[(rows, streams)](stack, output, weights, norm, out, normed, width, stack.stride(0),
+                                     output.stride(0), weights.stride(0), eps, BLOCK=block,
+                                     num_warps=norm_kernels.warps(block), **pdl.options(stack.device))
+    return out, normed

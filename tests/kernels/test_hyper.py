@@ -15,6 +15,7 @@ import torch
 from tfd.model.hyper import HyperWeights
 from tfd.model.ops import linear, sigmoid, silu, zrms
 from tfd_kernels import hyper as hyper_kernels
+from tfd_kernels import norm as norm_kernels
 
 STREAMS = 4
 RANK = 12
@@ -130,3 +131,31 @@ def test_columns_apart_are_read_as_adjacent_ones() -> None:
     stack = wide[:, :STREAMS * 40]  # a row stride of 200
     assert torch.equal(hyper_kernels.write(stack, output, scale),
                        hyper_kernels.write(stack.contiguous(), output.contiguous(), scale))
+
+
+@pytest.mark.parametrize("width", [16, 40])  # fills its power-of-two block; does not
+def test_a_write_with_the_next_norm_is_the_write_then_the_grouped_norm(width: int) -> None:
+    g = torch.Generator().manual_seed(6)
+    stack, output = torch.randn(5, STREAMS * width, generator=g), torch.randn(5, width, generator=g)
+    scale, norm = torch.rand(5, STREAMS, generator=g), torch.randn(STREAMS * width, generator=g) * 0.1
+    written, normed = hyper_kernels.write_norm(stack, output, scale, norm, 1e-6)
+    assert torch.equal(written, hyper_kernels.write(stack, output, scale))
+    assert torch.equal(normed, norm_kernels.zrms(written, norm, 1e-6, group=width))  # each stream its own
+    alone = hyper_kernels.write_norm(stack[3:4], output[3:4], scale[3:4], norm, 1e-6)
+    assert torch.equal(alone[0][0], written[3]) and torch.equal(alone[1][0], normed[3])
+    with pytest.raises(ValueError, match=r"norm \[40\]"):
+        hyper_kernels.write_norm(stack, output, scale, norm[:40], 1e-6)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_write_with_the_next_norm_has_the_two_launches_bits() -> None:
+    """Flash Next's 2,560-wide streams: the decode path's one launch against the write and the norm
+    launched apart (which the span path used before), bit for bit."""
+    g = torch.Generator().manual_seed(7)
+    stack = torch.randn(33, STREAMS * 2560, generator=g).bfloat16().cuda()
+    output = torch.randn(33, 2560, generator=g).bfloat16().cuda()
+    scale = (torch.rand(33, STREAMS, generator=g) + 0.5).bfloat16().cuda()
+    norm = (torch.randn(STREAMS * 2560, generator=g) * 0.1).bfloat16().cuda()
+    written, normed = hyper_kernels.write_norm(stack, output, scale, norm, 1e-6)
+    assert torch.equal(written, hyper_kernels.write(stack, output, scale))
+    assert torch.equal(normed, norm_kernels.zrms(written, norm, 1e-6, group=2560))

@@ -349,8 +349,7 @@ def _stream_layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, gdn_lay
     assert layer.attn_hyper is not None and layer.mlp_hyper is not None
     h, weights = hyper.read(layer.attn_hyper, x)
     assert weights is not None
-    x = hyper.write(x, _mix(w, layer, h, gdn_layer, step), weights)
-    h, weights = hyper.read(layer.mlp_hyper, x)
+    x, h, weights = hyper.write_read(layer.mlp_hyper, x, _mix(w, layer, h, gdn_layer, step), weights)
     assert weights is not None
     fed = moe(layer.ffn, h) if isinstance(layer.ffn, MoeWeights) else dense(layer.ffn, h)
     return hyper.write(x, fed, weights)

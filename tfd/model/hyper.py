@@ -37,8 +37,23 @@ class HyperWeights:
 
 def read(w: HyperWeights, stack: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The block input [rows, width] and the per-stream injection weights [rows, streams]."""
-    normed = zrms(stack, w.norm, w.eps, group=w.width)
+    return _mixed(w, zrms(stack, w.norm, w.eps, group=w.width))
+
+
+def write_read(w: HyperWeights, stack: torch.Tensor, output: torch.Tensor, weights: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``write`` and then ``read(w, ...)`` of the streams written: (the streams, the block input, the
+    injection weights). On CUDA the write and the read's norm are one launch, the same arithmetic."""
     if stack.is_cuda:
+        written, normed = hyper_kernels.write_norm(stack, output, weights, w.norm, w.eps)
+        return (written, *_mixed(w, normed))
+    written = write(stack, output, weights)
+    return (written, *read(w, written))
+
+
+def _mixed(w: HyperWeights, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``read``'s block input and injection weights from the normalised streams."""
+    if normed.is_cuda:
         mixed, weights = hyper_kernels.gates(linear(normed, w.projections), w.rank, w.streams)
         return hyper_kernels.block_input(linear(mixed, w.up), normed, w.streams, w.width), weights
     mix = sigmoid(linear(silu(linear(normed, w.projections[:w.rank]) / w.streams), w.up))

@@ -105,11 +105,11 @@ def run_layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, spans: Sequ
     else:
         mixed = torch.cat([_mix(w, layer, block_input[a:b], span, rows)
                            for span, (a, b) in zip(spans, bounds, strict=True)])
-    x = _add(x, mixed, weights)
-
-    if layer.mlp_hyper is not None:
-        block_input, weights = hyper.read(layer.mlp_hyper, x)
+    if layer.mlp_hyper is not None:  # the write and the next read's norm at once (a layer has both or none)
+        assert weights is not None
+        x, block_input, weights = hyper.write_read(layer.mlp_hyper, x, mixed, weights)
     else:
+        x = _add(x, mixed, weights)
         assert layer.post_norm is not None
         block_input, weights = zrms(x, layer.post_norm, w.eps), None
     fed = moe(layer.ffn, block_input) if isinstance(layer.ffn, MoeWeights) else dense(layer.ffn, block_input)
