@@ -11,9 +11,12 @@ How: each score becomes an integer that sorts as the float does, joined with its
 blocks, a second sorts the best ``best`` numbers ascending. Integer keys make the order exact: the
 same positions as torch's stable sorts, bit for bit, whatever else is in the launch.
 
-Memory: reads a row's scores once, writes its positions and count. A program sorts the row's
-blocks padded to a power of two in registers, so rows of more than ``MOST_BLOCKS`` blocks are left
-to torch (``tfd.model.qsa.choose`` asks ``fits``). Grids follow the shapes alone (no host sync).
+A row of more than ``MOST_BLOCKS`` blocks (a 32k prompt's page table holds 8,256) is too long to
+sort in registers: ``_choose_long`` finds the best blocks' threshold by a radix select over the same
+keys, a byte at a time, and takes the blocks in number order, so they come out ascending unsorted.
+
+Memory: a row up to ``MOST_BLOCKS`` reads its scores once, a longer one five times (in chunks of
+``LONG_CHUNK``); each writes its positions and count. Grids follow the shapes alone (no host sync).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import triton.language as tl
 
 from tfd_kernels import pdl
 
-MOST_BLOCKS = 8192  # a row's blocks one program sorts at most: 32k tokens of context in blocks of 4
+MOST_BLOCKS = 8192  # a row's blocks one program sorts in registers at most: 32k tokens in blocks of 4
+LONG_CHUNK = 2048  # a longer row's blocks a pass of _choose_long reads at a time (8 warps: 8 keys a thread)
 
 
 @triton.jit
@@ -57,25 +61,89 @@ def _choose(scores, positions, out, counts, blocks, stride_s, stride_o, BEST: tl
     tl.store(counts + row, kept * BLOCK + tail)
 
 
-def fits(blocks: int) -> bool:
-    """Whether a row of ``blocks`` block scores is chosen in one program."""
-    return blocks <= MOST_BLOCKS
+@triton.jit
+def _keys(scores, row, stride_s, number, live):
+    """The scores at ``number`` as int64 keys in [0, 2^32) that order as the floats do (-0.0 as 0.0)."""
+    score = tl.load(scores + row * stride_s + number, mask=live, other=0.0) + 0.0
+    bits = score.to(tl.int32, bitcast=True)
+    return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) + 2147483648
 
 
-def choose(scored: torch.Tensor, positions: torch.Tensor, best: int, block: int
+@triton.jit
+def _choose_long(scores, positions, out, counts, stride_s, stride_o, BEST: tl.constexpr, BLOCK: tl.constexpr,
+                 BLOCK_PAD: tl.constexpr, WIDTH: tl.constexpr, WIDTH_PAD: tl.constexpr, CHUNK: tl.constexpr,
+                 PDL: tl.constexpr):
+    """``_choose``'s positions for a row too long to sort in registers: the best blocks' threshold by
+    a radix select (four passes over the complete blocks' keys, a byte at a time, counted in 256
+    bins), then one pass in block order that takes the blocks above it and the lowest-numbered of
+    those equal to it, each written at its running count: ascending with no sort."""
+    pdl.wait(PDL)
+    row = tl.program_id(0)
+    position = tl.load(positions + row).to(tl.int32)
+    complete = (position + 1) // BLOCK
+    kept = tl.minimum(complete, BEST)
+    bins = tl.arange(0, 256)
+    prefix = tl.zeros((), tl.int64)  # the threshold's bytes found so far
+    need = kept  # of the keys under that prefix, how many the best still take
+    for step in tl.static_range(4):
+        shift = 24 - 8 * step
+        counted = tl.zeros((256,), tl.int32)
+        for start in range(0, complete, CHUNK):
+            number = start + tl.arange(0, CHUNK)
+            live = number < complete
+            key = _keys(scores, row, stride_s, number, live)
+            under = live & ((key >> (shift + 8)) == prefix)
+            counted += tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=under)
+        above = tl.sum(counted) - tl.cumsum(counted, axis=0)  # keys under the prefix with a higher byte
+        byte = tl.min(tl.where(above < need, bins, 256))  # the byte where the best's last one lies
+        need -= tl.sum(tl.where(bins == byte, above, 0))
+        prefix = prefix * 256 + byte
+    # prefix: the kept-th best key; need: how many of the keys equal to it the best take (the lowest numbers)
+    taken = tl.zeros((), tl.int32)
+    ties = tl.zeros((), tl.int32)
+    members = tl.arange(0, BLOCK_PAD)
+    for start in range(0, complete, CHUNK):
+        number = start + tl.arange(0, CHUNK)
+        live = number < complete
+        key = _keys(scores, row, stride_s, number, live)
+        equal = live & (key == prefix)
+        tie_rank = ties + tl.cumsum(equal.to(tl.int32), axis=0) - equal.to(tl.int32)
+        take = live & ((key > prefix) | (equal & (tie_rank < need)))  # none past a row of no complete block
+        at = taken + tl.cumsum(take.to(tl.int32), axis=0) - take.to(tl.int32)
+        columns = at[:, None] * BLOCK + members[None, :]
+        tl.store(out + row * stride_o + columns, number[:, None] * BLOCK + members[None, :],
+                 mask=take[:, None] & (members[None, :] < BLOCK))
+        taken += tl.sum(take.to(tl.int32))
+        ties += tl.sum(equal.to(tl.int32))
+    tail = position + 1 - complete * BLOCK
+    rest = tl.arange(0, WIDTH_PAD)
+    offset = rest - kept * BLOCK
+    value = tl.where(offset < tail, complete * BLOCK + offset, -1)
+    tl.store(out + row * stride_o + rest, value, mask=(offset >= 0) & (rest < WIDTH))
+    tl.store(counts + row, kept * BLOCK + tail)
+
+
+def choose(scored: torch.Tensor, positions: torch.Tensor, best: int, block: int, most: int = MOST_BLOCKS
            ) -> tuple[torch.Tensor, torch.Tensor]:
     """For scores [rows, blocks] (fp32, -inf past each row's complete blocks) at ``positions``
-    [rows]: int32 [rows, best * block + block - 1] (positions ascending, then -1) and int32 counts."""
+    [rows]: int32 [rows, best * block + block - 1] (positions ascending, then -1) and int32 counts.
+    Rows of up to ``most`` blocks are sorted in registers, longer ones chosen by ``_choose_long``."""
     rows, blocks = scored.shape
-    if scored.dtype != torch.float32 or positions.shape != (rows,) or not fits(blocks) \
-            or min(best, block) < 1:
+    if scored.dtype != torch.float32 or positions.shape != (rows,) or min(best, block) < 1 \
+            or blocks > 1 << 31:
         raise ValueError(f"scores {scored.dtype} {list(scored.shape)} at positions {list(positions.shape)}, "
-                         f"best {best} of blocks of {block}: want fp32 [rows, at most {MOST_BLOCKS}], "
-                         "[rows], and a block and a best of at least 1")
+                         f"best {best} of blocks of {block}: want fp32 [rows, blocks], [rows], and a "
+                         "block and a best of at least 1")
     width = best * block + block - 1
     out = torch.empty(rows, width, dtype=torch.int32, device=scored.device)
     counts = torch.empty(rows, dtype=torch.int32, device=scored.device)
-    if rows:
+    if rows and blocks > most:
+        scored = scored if scored.stride(1) == 1 else scored.contiguous()
+        _choose_long[(rows,)](scored, positions.contiguous(), out, counts, scored.stride(0), out.stride(0),
+                              BEST=best, BLOCK=block, BLOCK_PAD=triton.next_power_of_2(block), WIDTH=width,
+                              WIDTH_PAD=triton.next_power_of_2(width), CHUNK=LONG_CHUNK, num_warps=8,
+                              **pdl.options(scored.device))
+    elif rows:
         scored = scored if scored.stride(1) == 1 else scored.contiguous()
         _choose[(rows,)](scored, positions.contiguous(), out, counts, blocks, scored.stride(0), out.stride(0),
                          BEST=best, BLOCK=block, BLOCK_PAD=triton.next_power_of_2(block), WIDTH=width,

@@ -59,15 +59,16 @@ def test_a_row_alone_is_the_row_in_a_batch_and_zeros_of_either_sign_tie() -> Non
     assert torch.equal(together[0], qsa.choose(indexer(16, 4), scored, positions, 100)[0])
 
 
-def test_rows_of_more_blocks_than_a_program_sorts_are_refused() -> None:
-    most = block_choice.MOST_BLOCKS
-    assert block_choice.fits(most) and not block_choice.fits(most + 1)
-    with pytest.raises(ValueError, match=f"at most {most}"):
-        block_choice.choose(torch.zeros(1, most + 1), torch.zeros(1, dtype=torch.long), 4, 4)
+def test_scores_of_another_dtype_or_a_budget_of_no_block_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"scores torch\.float64 \[1, 8\]"):
+        block_choice.choose(torch.zeros(1, 8, dtype=torch.float64), torch.zeros(1, dtype=torch.long), 4, 4)
+    with pytest.raises(ValueError, match="best 0 of blocks of 4"):
+        block_choice.choose(torch.zeros(1, 8), torch.zeros(1, dtype=torch.long), 0, 4)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("blocks", [1024, 8192])  # a 4,096-token lane's page table; the most a program sorts
+# a 4,096-token lane's page table; the most a program sorts; a 32k prompt's 8,256 and 64k's, by passes
+@pytest.mark.parametrize("blocks", [1024, 8192, 8256, 16384])
 def test_on_the_gpu_the_launch_chooses_what_the_sorts_choose(blocks: int) -> None:
     positions = torch.randint(0, blocks * 4, (33,), device="cuda")
     positions[:3] = torch.tensor([2046, 2047, 2051], device="cuda")  # complete blocks under, at, past 512
@@ -75,3 +76,26 @@ def test_on_the_gpu_the_launch_chooses_what_the_sorts_choose(blocks: int) -> Non
     want = qsa.choose(indexer(2048, 4), scored, positions, blocks * 4 + 4)
     got = block_choice.choose(scored, positions, 512, 4)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("most", [16, 63, 64])  # rows of 64 blocks: past what a program sorts, by one, not
+@pytest.mark.parametrize(("budget", "block"), [(8, 2), (12, 3), (16, 4)])
+@pytest.mark.parametrize("levels", [None, 3])
+def test_rows_past_what_a_program_sorts_choose_the_same_by_passes(most: int, budget: int, block: int,
+                                                                  levels: int | None) -> None:
+    """The radix select of a long row (its chunks of LONG_CHUNK blocks cut small to cross them): the
+    sorts' positions, with fewer complete blocks than the budget, as many, more, and ties."""
+    w, blocks = indexer(budget, block), 64
+    last = blocks * block - 1
+    positions = torch.tensor([0, block - 1, block, budget - 1, budget, budget + block, last // 2 + 1, last])
+    scored = scores_at(positions, blocks, block, seed=11 + block, levels=levels)
+    scored[-1, :6] = torch.tensor([0.0, -0.0, 0.0, 0.5, -0.0, 0.5])  # zeros of either sign tie
+    want = qsa.choose(w, scored, positions, blocks * block + block)
+    chunk = block_choice.LONG_CHUNK
+    try:
+        block_choice.LONG_CHUNK = 16  # several passes' chunks in a row of 64
+        got = block_choice.choose(scored, positions, budget // block, block, most=most)
+    finally:
+        block_choice.LONG_CHUNK = chunk
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(got[0], block_choice.choose(scored, positions, budget // block, block)[0])

@@ -145,7 +145,7 @@ def select_rows(w: IndexerWeights, x: torch.Tensor, rotary: Rotary, cos: torch.T
         _store_and_pool(w, keys, rotary, index, pooled, page_table, lengths, positions, rowed)
     blocks = page_table.shape[1] * pooled.shape[1]
     scored = scores(query, pooled, page_table, rowed.to(torch.int32), (positions + 1) // w.block, blocks)
-    if x.is_cuda and block_choice.fits(blocks):  # one launch, the same positions; its row length fixed
+    if x.is_cuda:  # one launch, the same positions; its row length fixed
         return block_choice.choose(scored, positions, w.budget // w.block, w.block)
     return choose(w, scored, positions, page_table.shape[1] * index.shape[1] + w.block)
 
