@@ -19,6 +19,7 @@ import torch
 
 from tfd.model.ops import linear, row_sums, sigmoid, silu, zrms
 from tfd_kernels import lane_rows
+from tfd_kernels import ple_rows as ple_kernels
 
 
 @attrs.frozen
@@ -127,9 +128,14 @@ def ple_rows(w: PleWeights, stack: torch.Tensor, tokens: torch.Tensor, tails: to
 
     Each lane's conv tail and n-gram history sit in the pool views ``tails`` (the model dtype) and
     ``histories`` (int64) at element offsets ``tail_at`` / ``history_at`` [lanes] (int64): read by
-    gathers, moved past the row by ``tfd_kernels.lane_rows`` (the kernel on CUDA, its reference
-    elsewhere). A padding lane (offsets -1) reads the pool's first elements, hashes an EOS history
-    and stores nothing."""
+    gathers, moved past the row by ``tfd_kernels.lane_rows``; on CUDA the ids and the conv with their
+    moves are ``tfd_kernels.ple_rows``' two launches, the same arithmetic. A padding lane (offsets -1)
+    reads the pool's first elements, hashes an EOS history and stores nothing."""
+    if stack.is_cuda:
+        ids = ple_kernels.ngram(tokens, histories, history_at, w.multipliers, w.sizes, w.offsets, w.eos)
+        gated, normed = _gate(w, stack, ids)
+        conv = ple_kernels.conv(normed, tails, tail_at, w.conv, w.dilation)
+        return gated + silu(conv.to(stack.dtype))
     lanes, kept = tokens.shape[0], len(w.multipliers) - 1
     history = histories[history_at.clamp_min(0)[:, None] + torch.arange(kept, device=tokens.device)]
     history = torch.where((history_at >= 0)[:, None], history, w.eos)
@@ -138,9 +144,8 @@ def ple_rows(w: PleWeights, stack: torch.Tensor, tokens: torch.Tensor, tails: to
     span = torch.arange(w.taps * width, device=tokens.device)
     tail = tails[tail_at.clamp_min(0)[:, None] + span].view(lanes, w.taps, width)
     window = torch.cat((tail.to(normed.dtype), normed[:, None, :]), dim=1)
-    store = lane_rows.store if stack.is_cuda else lane_rows.reference
-    store(window[:, 1:].reshape(lanes, -1), tails, tail_at)
-    store(torch.cat((history[:, 1:], tokens[:, None].long()), dim=1), histories, history_at)
+    lane_rows.reference(window[:, 1:].reshape(lanes, -1), tails, tail_at)
+    lane_rows.reference(torch.cat((history[:, 1:], tokens[:, None].long()), dim=1), histories, history_at)
     return gated + silu(_conv(w, window)[:, 0].to(stack.dtype))
 
 
