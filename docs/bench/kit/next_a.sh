@@ -10,6 +10,7 @@ export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 TRITON_C
 R=$OUT/r; mkdir -p $R
 TMPDIR=$PWD/.devcache timeout 200 python -m pytest -q -m gpu -n 8 -p no:cacheprovider -p no:benchmark \
   -W ignore::DeprecationWarning tests/kernels/test_index_pool.py tests/kernels/test_norm.py tests/kernels/test_hyper.py \
+  tests/kernels/test_block_choice.py tests/kernels/test_ple_rows.py tests/model/test_ple.py \
   tests/engine/test_device_path.py tests/engine/test_drafting.py tests/families/test_parity.py \
   tests/families/test_flash_next_variants.py tests/model/test_qsa.py > $R/gpu-tests.txt 2>&1
 echo "gpu tests rc=$? t=$(el)"; tail -5 $R/gpu-tests.txt | cut -c1-250
