@@ -8,9 +8,9 @@ complete block: sum over index heads of relu(q_h . K_b) / sqrt(dim) in fp32, tak
 
 ``select_positions`` chooses for a lane's rows (the span path), ``select_rows`` for one row of each
 lane of a batched decode step. Both score with ``tfd_kernels.block_scores`` and choose with ``choose``
-(a decode step on CUDA with ``tfd_kernels.block_choice``, the same positions in one launch, since its
-rows are as long as the page table whatever the lanes hold), so a row's positions have the same bits
-by either path and whatever else is in the call.
+(on CUDA with ``tfd_kernels.block_choice``: the same positions in one launch, its rows' width the
+budget's whatever the blocks, -1 past each row's count), so a row's positions are the same by either
+path and whatever else is in the call.
 """
 
 from __future__ import annotations
@@ -115,7 +115,10 @@ def select_positions(w: IndexerWeights, x: torch.Tensor, span: Span, rows: PageR
         part = slice(at, at + SCORED_ROWS)
         scored = scores(query[part], rows.views[f"{layer}.pooled"], span.lane.page_table[None],
                         lane_of[:query[part].shape[0]], (positions[part] + 1) // w.block, done)
-        found, count = choose(w, scored, positions[part], span.end + w.block)
+        if x.is_cuda:  # one launch for the chunk's rows, where torch sorts [rows, blocks] twice
+            found, count = block_choice.choose(scored, positions[part], w.budget // w.block, w.block)
+        else:
+            found, count = choose(w, scored, positions[part], span.end + w.block)
         chosen.append(found)
         counts.append(count)
     return torch.cat(chosen), torch.cat(counts)
