@@ -268,8 +268,9 @@ def run_draft_rows(w: StackWeights, head: MtpWeights, batch: DecodeBatch, memory
         normed = zrms(previous, head.hidden_norm, w.eps)
         streams = linear(normed.reshape(-1, width), head.fc_hidden).view(normed.shape[0], -1, width)
         x = (streams + linear(zrms(embedded, head.embed_norm, w.eps), head.fc_embed)[:, None, :]).flatten(-2)
-        x = _stream_layer(w, layer, x, 0, step)
-        return Draft(hyper.read(head.mixer, x)[0], x)
+        x, pending = _stream_layer(w, layer, x, 0, step, None)
+        x, hidden, _ = hyper.read_after(head.mixer, x, pending)
+        return Draft(hidden, x)
     assert head.fc is not None and head.final_norm is not None
     assert layer.input_norm is not None and layer.post_norm is not None
     x = linear(torch.cat((zrms(embedded, head.embed_norm, w.eps), zrms(previous, head.hidden_norm, w.eps)),
@@ -325,8 +326,10 @@ def _streams(w: StackWeights, x: torch.Tensor, step: _Step) -> tuple[torch.Tenso
     assert w.mixer is not None
     batch, memory = step.batch, step.memory
     x = x.repeat(1, w.streams)
-    gdn_layer = 0
+    gdn_layer, pending = 0, None
     for layer in w.layers:
+        if layer.ple is not None and pending is not None:  # PLE reads the streams written
+            x, pending = hyper.write(x, *pending), None
         if layer.ple is not None and step.verify is not None:
             assert step.offsets is not None
             ple_at = 2 * batch.columns.gdn_layers  # a lane's PLE tail and history offsets
@@ -336,23 +339,24 @@ def _streams(w: StackWeights, x: torch.Tensor, step: _Step) -> tuple[torch.Tenso
         elif layer.ple is not None:
             x = x + ple_rows(layer.ple, x, batch.tokens, memory.tails, batch.ple_tail_at, memory.histories,
                              batch.ple_history_at)
-        x = _stream_layer(w, layer, x, gdn_layer, step)
+        x, pending = _stream_layer(w, layer, x, gdn_layer, step, pending)
         if isinstance(layer.mixer, GdnWeights):
             gdn_layer += 1
-    return hyper.read(w.mixer, x)[0], x
+    x, hidden, _ = hyper.read_after(w.mixer, x, pending)
+    return hidden, x
 
 
-def _stream_layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, gdn_layer: int, step: _Step
-                  ) -> torch.Tensor:
-    """One layer over the streams ``x``: its mixer and its FFN, each read and written back by its
-    hyper-connection."""
+def _stream_layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, gdn_layer: int, step: _Step,
+                  pending: hyper.Pending | None) -> tuple[torch.Tensor, hyper.Pending]:
+    """One layer over the streams ``x`` once ``pending`` (the layer before's FFN output) is written:
+    its mixer and its FFN, each read and written back by its hyper-connection; the FFN's output is
+    returned to be written with the next read (``stack.run_layer``'s order and launches)."""
     assert layer.attn_hyper is not None and layer.mlp_hyper is not None
-    h, weights = hyper.read(layer.attn_hyper, x)
+    x, h, weights = hyper.read_after(layer.attn_hyper, x, pending)
     assert weights is not None
-    x, h, weights = hyper.write_read(layer.mlp_hyper, x, _mix(w, layer, h, gdn_layer, step), weights)
+    x, h, weights = hyper.read_after(layer.mlp_hyper, x, (_mix(w, layer, h, gdn_layer, step), weights))
     assert weights is not None
-    fed = moe(layer.ffn, h) if isinstance(layer.ffn, MoeWeights) else dense(layer.ffn, h)
-    return hyper.write(x, fed, weights)
+    return x, (moe(layer.ffn, h) if isinstance(layer.ffn, MoeWeights) else dense(layer.ffn, h), weights)
 
 
 def _mix(w: StackWeights, layer: LayerWeights, h: torch.Tensor, gdn_layer: int, step: _Step) -> torch.Tensor:

@@ -40,14 +40,20 @@ def read(w: HyperWeights, stack: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return _mixed(w, zrms(stack, w.norm, w.eps, group=w.width))
 
 
-def write_read(w: HyperWeights, stack: torch.Tensor, output: torch.Tensor, weights: torch.Tensor
+Pending = tuple[torch.Tensor, torch.Tensor]  # a block's output and its stream weights, not yet written
+
+
+def read_after(w: HyperWeights, stack: torch.Tensor, pending: Pending | None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """``write`` and then ``read(w, ...)`` of the streams written: (the streams, the block input, the
-    injection weights). On CUDA the write and the read's norm are one launch, the same arithmetic."""
+    """``read(w, ...)`` of ``stack`` once ``pending`` (None: nothing) is written into it: (the
+    streams, the block input, the injection weights). On CUDA the write and the read's norm are one
+    launch (``tfd_kernels.hyper.write_norm``), the same arithmetic as ``write`` then ``read``."""
+    if pending is None:
+        return (stack, *read(w, stack))
     if stack.is_cuda:
-        written, normed = hyper_kernels.write_norm(stack, output, weights, w.norm, w.eps)
+        written, normed = hyper_kernels.write_norm(stack, *pending, w.norm, w.eps)
         return (written, *_mixed(w, normed))
-    written = write(stack, output, weights)
+    written = write(stack, *pending)
     return (written, *read(w, written))
 
 

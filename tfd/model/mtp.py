@@ -58,9 +58,9 @@ def draft(w: StackWeights, head: MtpWeights, spans: Sequence[Span], previous: to
         width = embedded.shape[-1]
         streams = linear(normed.reshape(-1, width), head.fc_hidden).view(normed.shape[0], -1, width)
         x = (streams + linear(embedded, head.fc_embed)[:, None, :]).flatten(-2)
-    x = run_layer(w, head.layer, x, spans, rows)
+    x, pending = run_layer(w, head.layer, x, spans, rows)
     if head.mixer is not None:
-        hidden, _ = hyper.read(head.mixer, x)
+        x, hidden, _ = hyper.read_after(head.mixer, x, pending)
         return Draft(hidden, x)
     assert head.final_norm is not None
     hidden = zrms(x, head.final_norm, w.eps)

@@ -68,10 +68,11 @@ def run_stack(w: StackWeights, spans: Sequence[Span], rows: PageRows) -> StackOu
     if x.is_cuda and not any(span.decode for span in spans):  # prompt rows: layers take all lanes at once
         names = [layer.name for layer in w.layers if isinstance(layer.mixer, GdnWeights)]
         lanes = PromptLanes.of(spans, names, rows.buffer, rows.page_rows, rows.null_page, x.dtype)
+    pending = None
     for layer in w.layers:
-        x = run_layer(w, layer, x, spans, rows, lanes)
+        x, pending = run_layer(w, layer, x, spans, rows, lanes, pending)
     if w.mixer is not None:
-        hidden, _ = hyper.read(w.mixer, x)
+        x, hidden, _ = hyper.read_after(w.mixer, x, pending)
     else:
         assert w.final_norm is not None
         hidden = zrms(x, w.final_norm, w.eps)
@@ -83,17 +84,24 @@ def logits(w: StackWeights, hidden: torch.Tensor) -> torch.Tensor:
 
 
 def run_layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, spans: Sequence[Span],
-              rows: PageRows, lanes: PromptLanes | None = None) -> torch.Tensor:
+              rows: PageRows, lanes: PromptLanes | None = None, pending: hyper.Pending | None = None
+              ) -> tuple[torch.Tensor, hyper.Pending | None]:
     """One decoder layer over the residual ``x`` of every span's rows, in span order; with
-    ``lanes`` (prompt spans on CUDA) a GDN or dense attention layer runs every span in one pass."""
+    ``lanes`` (prompt spans on CUDA) a GDN or dense attention layer runs every span in one pass.
+
+    With hyper-connections a block's output is written into the streams with the next read
+    (``hyper.read_after``): ``pending`` is the layer before's FFN output, and this layer's is
+    returned for the next read; without them, None in and out, ``x`` the residual with the FFN's."""
     bounds = _bounds(spans)
+    if layer.ple is not None and pending is not None:  # PLE reads the streams written
+        x, pending = hyper.write(x, *pending), None
     if layer.ple is not None:
         x = x + torch.cat([
             ple(layer.ple, x[a:b], span.tokens, span.lane.pieces["ple.tail"],
                 span.lane.pieces["ple.history"])
             for span, (a, b) in zip(spans, bounds, strict=True)])
     if layer.attn_hyper is not None:
-        block_input, weights = hyper.read(layer.attn_hyper, x)
+        x, block_input, weights = hyper.read_after(layer.attn_hyper, x, pending)
     else:
         assert layer.input_norm is not None
         block_input, weights = zrms(x, layer.input_norm, w.eps), None
@@ -107,13 +115,13 @@ def run_layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, spans: Sequ
                            for span, (a, b) in zip(spans, bounds, strict=True)])
     if layer.mlp_hyper is not None:  # the write and the next read's norm at once (a layer has both or none)
         assert weights is not None
-        x, block_input, weights = hyper.write_read(layer.mlp_hyper, x, mixed, weights)
+        x, block_input, weights = hyper.read_after(layer.mlp_hyper, x, (mixed, weights))
     else:
-        x = _add(x, mixed, weights)
+        x = x + mixed
         assert layer.post_norm is not None
         block_input, weights = zrms(x, layer.post_norm, w.eps), None
     fed = moe(layer.ffn, block_input) if isinstance(layer.ffn, MoeWeights) else dense(layer.ffn, block_input)
-    return _add(x, fed, weights)
+    return (x, (fed, weights)) if weights is not None else (x + fed, None)
 
 
 def _mix(w: StackWeights, layer: LayerWeights, x: torch.Tensor, span: Span, rows: PageRows) -> torch.Tensor:
@@ -123,9 +131,6 @@ def _mix(w: StackWeights, layer: LayerWeights, x: torch.Tensor, span: Span, rows
                    span.start, span.decode)
     return attention(layer.mixer, x, span, rows, layer.name, w.rotary)
 
-
-def _add(x: torch.Tensor, block: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
-    return x + block if weights is None else hyper.write(x, block, weights)
 
 
 def _bounds(spans: Sequence[Span]) -> list[tuple[int, int]]:
