@@ -4,11 +4,12 @@ A read normalises the streams (``tfd_kernels.norm.zrms``), multiplies them by th
 and, for a layer's two modules, the injection rows in one product, then: ``gates`` turns that
 product into the mix's hidden values ``silu(p / streams)`` and the injection weights
 ``2 * sigmoid(p / streams)``; after the up product, ``block_input`` takes each stream's
-``sigmoid(up) * normed`` and their mean. ``write`` adds the block's output to every stream times its
-weight; ``write_norm`` also normalises the streams it writes, the next read's first step, in the same
-launch (a layer's mixer is written back and its FFN's read begins). In torch these are about 25
-launches a read and 2 a write; at a decode step's few rows each is a launch gap (Flash Next's
-one-stream step was 35% of its roofline).
+``sigmoid(up) * normed`` and their mean. ``mix`` is those three in one launch (the hidden values
+made K tile by K tile as the up product reads them), the same cast points. ``write`` adds the
+block's output to every stream times its weight; ``write_norm`` also normalises the streams it
+writes, the next read's first step, in the same launch (``tfd.model.hyper.read_after``). In torch
+these are about 25 launches a read and 2 a write; at a decode step's few rows each is a launch gap
+(Flash Next's one-stream step was 35% of its roofline).
 
 The cast points are the torch composition's in the model dtype: the division by ``streams``
 rounded, the activation in fp32 rounded, each product rounded, the mean summed in fp32 in stream
@@ -29,6 +30,7 @@ import triton.language as tl
 from tfd_kernels import norm as norm_kernels
 from tfd_kernels import pdl
 from tfd_kernels.conv1d import silu_out
+from tfd_kernels.runtime import INTERPRETED
 from tfd_kernels.sigmoid_gate import gated, widened
 
 BLOCK = 1024
@@ -184,3 +186,74 @@ def write_norm(stack: torch.Tensor, output: torch.Tensor, weights: torch.Tensor,
                                      output.stride(0), weights.stride(0), eps, BLOCK=block,
                                      num_warps=norm_kernels.warps(block), **pdl.options(stack.device))
     return out, normed
+
+
+@triton.jit
+def _mix(projected, up, normed, out, weights, rows_n, rank, width, stride_p, stride_u, stride_n, streams,
+         STREAMS: tl.constexpr, INJECTS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+         BLOCK_K: tl.constexpr, WIDEN: tl.constexpr, PDL: tl.constexpr):
+    """A program a block of rows and of columns: ``_gates``' hidden values for its rows, K tile by K
+    tile; each stream's up product at its columns (fp32 sums over K in order, rounded as a linear's);
+    ``_block_input``'s mean of the gated streams. The first column block writes the injection."""
+    pdl.wait(PDL)
+    tile_c, tile_r = tl.program_id(0), tl.program_id(1)
+    rows = tile_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    live = (rows[:, None] < rows_n) & (cols[None, :] < width)
+    dtype = out.dtype.element_ty
+    total = tl.zeros((BLOCK_R, BLOCK_C), tl.float32)
+    for stream in tl.static_range(STREAMS):  # in stream order, as the mean adds them
+        acc = tl.zeros((BLOCK_R, BLOCK_C), tl.float32)
+        for start in range(0, rank, BLOCK_K):
+            ks = start + tl.arange(0, BLOCK_K)
+            p = tl.load(projected + rows[:, None] * stride_p + ks[None, :],
+                        mask=(rows[:, None] < rows_n) & (ks[None, :] < rank), other=0.0)
+            hidden = silu_out((p.to(tl.float32) / streams).to(dtype).to(tl.float32), dtype)
+            b = tl.load(up + (stream * width + cols)[:, None] * stride_u + ks[None, :],
+                        mask=(cols[:, None] < width) & (ks[None, :] < rank), other=0.0)
+            if WIDEN:
+                hidden, b = hidden.to(tl.float32), b.to(tl.float32)
+            acc = tl.dot(hidden, tl.trans(b), acc, input_precision="ieee")
+        at = rows[:, None] * stride_n + stream * width + cols[None, :]
+        value = tl.load(normed + at, mask=live, other=0.0)
+        total += gated(value, acc.to(dtype), dtype).to(tl.float32)
+    tl.store(out + rows[:, None] * width + cols[None, :], (total / STREAMS).to(dtype), mask=live)
+    if INJECTS and tile_c == 0:
+        which = tl.arange(0, STREAMS)
+        p = tl.load(projected + rows[:, None] * stride_p + rank + which[None, :], mask=rows[:, None] < rows_n,
+                    other=0.0)
+        scaled = (p.to(tl.float32) / streams).to(dtype).to(tl.float32)
+        injected = gated(tl.full((BLOCK_R, STREAMS), 2.0, tl.float32), scaled, dtype)
+        tl.store(weights + rows[:, None] * STREAMS + which[None, :], injected, mask=rows[:, None] < rows_n)
+
+
+MIX_ROWS = (16, 64)  # a mix program's rows: decode's few, a prompt's many (each row's sums the same)
+MIX_COLUMNS, MIX_K = 64, 64
+
+
+def mix(projected: torch.Tensor, up: torch.Tensor, normed: torch.Tensor, streams: int, width: int
+        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``gates`` then the up product then ``block_input`` in one launch: from ``projected`` [rows,
+    rank (+ streams)] (the down rows' product, then the injection rows'), ``up`` [streams * width,
+    rank] and the normalised streams ``normed`` [rows, streams * width], the block input [rows,
+    width] and the injection weights [rows, streams] (None without injection rows)."""
+    rank = up.shape[1] if up.dim() == 2 else 0
+    rows = projected.shape[0]
+    if projected.dim() != 2 or projected.shape[1] not in (rank, rank + streams) \
+            or up.shape != (streams * width, rank) or normed.shape != (rows, streams * width) \
+            or streams & (streams - 1):
+        raise ValueError(f"projected {list(projected.shape)}, up {list(up.shape)}, normed "
+                         f"{list(normed.shape)} for {streams} streams of {width}: want [rows, rank (+ "
+                         "streams)], [streams * width, rank], [rows, streams * width], streams a power of 2")
+    projected, up, normed = _unit_columns(projected), _unit_columns(up), _unit_columns(normed)
+    injects = projected.shape[1] > rank
+    out = torch.empty(rows, width, dtype=normed.dtype, device=normed.device)
+    weights = torch.empty(rows, streams, dtype=normed.dtype, device=normed.device) if injects else None
+    if rows:
+        block_r = MIX_ROWS[0] if rows <= MIX_ROWS[0] else MIX_ROWS[1]
+        _mix[(triton.cdiv(width, MIX_COLUMNS), triton.cdiv(rows, block_r))](
+            projected, up, normed, out, out if weights is None else weights, rows, rank, width,
+            projected.stride(0), up.stride(0), normed.stride(0), float(streams), STREAMS=streams,
+            INJECTS=injects, BLOCK_R=block_r, BLOCK_C=MIX_COLUMNS, BLOCK_K=MIX_K, WIDEN=INTERPRETED,
+            **pdl.options(normed.device))
+    return out, weights

@@ -159,3 +159,50 @@ def test_on_the_gpu_a_write_with_the_next_norm_has_the_two_launches_bits() -> No
     written, normed = hyper_kernels.write_norm(stack, output, scale, norm, 1e-6)
     assert torch.equal(written, hyper_kernels.write(stack, output, scale))
     assert torch.equal(normed, norm_kernels.zrms(written, norm, 1e-6, group=2560))
+
+
+@pytest.mark.parametrize("rows", [5, 17])  # decode's row tile; past it, into a prompt's
+@pytest.mark.parametrize("injects", [True, False])
+def test_the_mix_in_one_launch_is_the_gates_the_up_product_and_the_mean(rows: int, injects: bool) -> None:
+    """``mix`` against the three launches it replaces, in fp32 (the up product's sums in another order
+    than the GEMM's: within fp32 rounding), with a rank past one K tile and not a multiple of it
+    (RANK is 12; here 80) and a width past one column tile and not a multiple of it."""
+    rank, width = 80, 72
+    g = torch.Generator().manual_seed(8)
+    projected = torch.randn(rows, rank + (STREAMS if injects else 0), generator=g)
+    up = torch.randn(STREAMS * width, rank, generator=g) * rank ** -0.5
+    normed = torch.randn(rows, STREAMS * width, generator=g)
+    got, got_weights = hyper_kernels.mix(projected, up, normed, STREAMS, width)
+    mixed, want_weights = hyper_kernels.gates(projected, rank, STREAMS)
+    want = hyper_kernels.block_input(linear(mixed, up), normed, STREAMS, width)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    if injects:
+        assert got_weights is not None and want_weights is not None and torch.equal(got_weights, want_weights)
+    else:
+        assert got_weights is None and want_weights is None
+    alone = hyper_kernels.mix(projected[3:4], up, normed[3:4], STREAMS, width)[0]
+    assert torch.equal(alone[0], got[3])  # a row's bits alone as in a batch, whatever its tile
+
+
+def test_a_mix_of_streams_not_a_power_of_two_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="streams a power of 2"):
+        hyper_kernels.mix(torch.zeros(2, 12), torch.zeros(3 * 8, 12), torch.zeros(2, 3 * 8), 3, 8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 33, 100])
+def test_on_the_gpu_the_mix_is_within_a_unit_and_a_rows_bits_stay_its_own(rows: int) -> None:
+    """Flash Next's sizes (4 streams of 2,560, rank 320, bf16): within a unit of the three launches'
+    result, and each row's bits alone as in batches of either row tile."""
+    g = torch.Generator().manual_seed(9)
+    projected = torch.randn(rows, 324, generator=g).bfloat16().cuda()
+    up = (torch.randn(4 * 2560, 320, generator=g) * 320 ** -0.5).bfloat16().cuda()
+    normed = torch.randn(rows, 4 * 2560, generator=g).bfloat16().cuda()
+    got, got_weights = hyper_kernels.mix(projected, up, normed, 4, 2560)
+    mixed, want_weights = hyper_kernels.gates(projected, 320, 4)
+    want = hyper_kernels.block_input(linear(mixed, up), normed, 4, 2560)
+    assert close(got, want, ulps=2) and got_weights is not None and want_weights is not None
+    assert torch.equal(got_weights, want_weights)
+    for row in {0, rows // 2, rows - 1}:
+        assert torch.equal(hyper_kernels.mix(projected[row:row + 1], up, normed[row:row + 1], 4, 2560)[0][0],
+                           got[row])

@@ -59,6 +59,8 @@ def read_after(w: HyperWeights, stack: torch.Tensor, pending: Pending | None
 
 def _mixed(w: HyperWeights, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``read``'s block input and injection weights from the normalised streams."""
+    if normed.is_cuda and not w.streams & (w.streams - 1):  # the gates, the up product and the mean at once
+        return hyper_kernels.mix(linear(normed, w.projections), w.up, normed, w.streams, w.width)
     if normed.is_cuda:
         mixed, weights = hyper_kernels.gates(linear(normed, w.projections), w.rank, w.streams)
         return hyper_kernels.block_input(linear(mixed, w.up), normed, w.streams, w.width), weights
