@@ -227,8 +227,11 @@ def _mix(projected, up, normed, out, weights, rows_n, rank, width, stride_p, str
         tl.store(weights + rows[:, None] * STREAMS + which[None, :], injected, mask=rows[:, None] < rows_n)
 
 
-MIX_ROWS = (16, 64)  # a mix program's rows: decode's few, a prompt's many (each row's sums the same)
-MIX_COLUMNS, MIX_K = 64, 64
+# a mix program's rows and columns: decode's few rows over more programs (one row's 6.6 MB of up
+# weights over 80 of them, not 40), a prompt's many rows reading each weight tile for 64 of them;
+# an element's sum over K is in the same order whatever its tile
+MIX_TILES = ((16, 32), (64, 64))
+MIX_K = 64
 
 
 def mix(projected: torch.Tensor, up: torch.Tensor, normed: torch.Tensor, streams: int, width: int
@@ -250,10 +253,10 @@ def mix(projected: torch.Tensor, up: torch.Tensor, normed: torch.Tensor, streams
     out = torch.empty(rows, width, dtype=normed.dtype, device=normed.device)
     weights = torch.empty(rows, streams, dtype=normed.dtype, device=normed.device) if injects else None
     if rows:
-        block_r = MIX_ROWS[0] if rows <= MIX_ROWS[0] else MIX_ROWS[1]
-        _mix[(triton.cdiv(width, MIX_COLUMNS), triton.cdiv(rows, block_r))](
+        block_r, block_c = MIX_TILES[0] if rows <= MIX_TILES[0][0] else MIX_TILES[1]
+        _mix[(triton.cdiv(width, block_c), triton.cdiv(rows, block_r))](
             projected, up, normed, out, out if weights is None else weights, rows, rank, width,
             projected.stride(0), up.stride(0), normed.stride(0), float(streams), STREAMS=streams,
-            INJECTS=injects, BLOCK_R=block_r, BLOCK_C=MIX_COLUMNS, BLOCK_K=MIX_K, WIDEN=INTERPRETED,
+            INJECTS=injects, BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_K=MIX_K, WIDEN=INTERPRETED,
             **pdl.options(normed.device))
     return out, weights
