@@ -218,13 +218,13 @@ def _mix(projected, up, normed, out, weights, rows_n, rank, width, stride_p, str
         value = tl.load(normed + at, mask=live, other=0.0)
         total += gated(value, acc.to(dtype), dtype).to(tl.float32)
     tl.store(out + rows[:, None] * width + cols[None, :], (total / STREAMS).to(dtype), mask=live)
-    if INJECTS and tile_c == 0:
+    if INJECTS:  # by the first column block alone
         which = tl.arange(0, STREAMS)
-        p = tl.load(projected + rows[:, None] * stride_p + rank + which[None, :], mask=rows[:, None] < rows_n,
-                    other=0.0)
+        mine = (rows[:, None] < rows_n) & (tile_c == 0)
+        p = tl.load(projected + rows[:, None] * stride_p + rank + which[None, :], mask=mine, other=0.0)
         scaled = (p.to(tl.float32) / streams).to(dtype).to(tl.float32)
         injected = gated(tl.full((BLOCK_R, STREAMS), 2.0, tl.float32), scaled, dtype)
-        tl.store(weights + rows[:, None] * STREAMS + which[None, :], injected, mask=rows[:, None] < rows_n)
+        tl.store(weights + rows[:, None] * STREAMS + which[None, :], injected, mask=mine)
 
 
 # a mix program's rows and columns: decode's few rows over more programs (one row's 6.6 MB of up
