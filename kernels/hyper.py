@@ -220,7 +220,7 @@ def _mix(projected, up, normed, out, weights, rows_n, rank, width, stride_p, str
     tl.store(out + rows[:, None] * width + cols[None, :], (total / STREAMS).to(dtype), mask=live)
     if INJECTS:  # by the first column block alone
         which = tl.arange(0, STREAMS)
-        mine = (rows[:, None] < rows_n) & (tile_c == 0)
+        mine = rows[:, None] < tl.where(tile_c == 0, rows_n, 0)
         p = tl.load(projected + rows[:, None] * stride_p + rank + which[None, :], mask=mine, other=0.0)
         scaled = (p.to(tl.float32) / streams).to(dtype).to(tl.float32)
         injected = gated(tl.full((BLOCK_R, STREAMS), 2.0, tl.float32), scaled, dtype)
