@@ -93,14 +93,14 @@ def _conv(normed, tails, tail_at, weight, out, channels, stride_n, KERNEL: tl.co
     first = tl.load(base + cols, mask=live, other=0.0)  # the window's row 0: the tail's oldest
     total = first.to(tl.float32) * tl.load(weight + cols * KERNEL, mask=live, other=0.0).to(tl.float32)
     for tap in tl.static_range(1, KERNEL):
-        row = tap * DILATION  # of the window [tail; new]
-        value = new if row == TAPS else tl.load(base + row * channels + cols, mask=live, other=0.0)
+        at_tap = tap * DILATION  # the window's row [tail; new]
+        value = new if at_tap == TAPS else tl.load(base + at_tap * channels + cols, mask=live, other=0.0)
         w = tl.load(weight + cols * KERNEL + tap, mask=live, other=0.0).to(tl.float32)
         total = total + value.to(tl.float32) * w
     tl.store(out + lane * channels + cols, total, mask=live)
     if at >= 0:  # the tail moved past the row: each row one later, the new row last
-        for row in tl.static_range(TAPS - 1):
-            tl.store(base + row * channels + cols, tl.load(base + (row + 1) * channels + cols, mask=live),
+        for moved in tl.static_range(TAPS - 1):
+            tl.store(base + moved * channels + cols, tl.load(base + (moved + 1) * channels + cols, mask=live),
                      mask=live)
         tl.store(base + (TAPS - 1) * channels + cols, new.to(tails.dtype.element_ty), mask=live)
 

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from tfd_kernels import cache_write, pdl
+from tfd_kernels.sigmoid_gate import widened
 
 # A head's reads besides its values (weights, rotation partners, angles) asked for before the norm's sum,
 # after which each waited for it; the same bits.
@@ -99,8 +100,9 @@ def one(x, weight, cos, sin, dest, head_dim, rotary, stride_xr, stride_xh, strid
     other = (other * scale * (1.0 + w_other))
     other = other.to(dest.dtype.element_ty).to(tl.float32)
     other = tl.where(cols < half, -other, other)
-    rotated = ((normed * c).to(dest.dtype.element_ty).to(tl.float32) +
-               (other * s).to(dest.dtype.element_ty).to(tl.float32))
+    # each product rounded, then the sum (widened through the bits: a cast back lets the compiler
+    # contract the pair into one bf16 fma, the products unrounded)
+    rotated = widened((normed * c).to(dest.dtype.element_ty)) + widened((other * s).to(dest.dtype.element_ty))
     result = tl.where(turned, rotated, normed)
     tl.store(dest + cols, result.to(dest.dtype.element_ty), mask=live)
 

@@ -1,0 +1,101 @@
+"""Compiles tfd's kernels for Hopper (sm_90) on this machine, without a GPU: Triton's compiler and the
+ptxas it ships need none. Run by test_hopper_ptx.py in a process of its own (TRITON_INTERPRET off:
+under the interpreter ``@triton.jit`` makes interpreted functions, which do not compile). Prints
+one JSON object: each case's name with the PTX instructions that matter here, or its error."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from typing import Any
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from tfd_kernels import block_choice, hyper, index_pool, moe_sum, norm, ple_rows, rope, sigmoid_gate
+
+HOPPER = GPUTarget("cuda", 90, 32)
+
+
+@triton.jit
+def contracted(stack, output, weights, out, width, BLOCK: tl.constexpr):
+    """The hyper write before its product was widened through its bits: the compiler contracts it."""
+    cols = tl.arange(0, BLOCK)
+    mask = cols < width
+    dtype = out.dtype.element_ty
+    value = tl.load(output + cols, mask=mask, other=0.0).to(tl.float32)
+    added = (value * tl.load(weights).to(tl.float32)).to(dtype).to(tl.float32)
+    base = tl.load(stack + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out + cols, (base + added).to(dtype), mask=mask)
+
+
+def signature(fn: Any, pointers: dict[str, str], constexprs: dict[str, Any], scalars: dict[str, str]
+              ) -> dict[str, str]:
+    """Each argument's type: the pointers' and scalars' given, other scalars i32, constexprs marked."""
+    names = fn.arg_names
+    return {name: "constexpr" if name in constexprs else pointers.get(name) or scalars.get(name, "i32")
+            for name in names}
+
+
+# name: (kernel, pointer types, constexprs, non-i32 scalars, compile options)
+Case = tuple[Any, dict[str, str], dict[str, Any], dict[str, str], dict[str, Any]]
+BF16 = "*bf16"
+CASES: dict[str, Case] = {
+    "contracted": (contracted, dict.fromkeys(("stack", "output", "weights", "out"), BF16), dict(BLOCK=1024),
+                   {}, {}),
+    "hyper.write": (hyper._write, dict.fromkeys(("stack", "output", "weights", "out"), BF16),
+                    dict(STREAMS=4, BLOCK=1024, PDL=True), {}, {}),
+    "hyper.write_norm": (hyper._write_norm,
+                         dict.fromkeys(("stack", "output", "weights", "norm", "out", "normed"), BF16),
+                         dict(BLOCK=4096, PDL=True), dict(eps="fp32"), {}),
+    "hyper.mix": (hyper._mix, dict.fromkeys(("projected", "up", "normed", "out", "weights"), BF16),
+                  dict(STREAMS=4, INJECTS=True, BLOCK_R=16, BLOCK_C=32, BLOCK_K=64, WIDEN=False, PDL=True),
+                  dict(streams="fp32"), {}),
+    "sigmoid_gate.base": (sigmoid_gate._sigmoid_gate, dict.fromkeys(("x", "gate", "base", "out"), BF16),
+                          dict(HAS_BASE=True, BLOCK=1024, PDL=True), {}, {}),
+    "moe_sum.combine": (moe_sum._combine, dict(buf="*fp32", out=BF16, gate=BF16),
+                        dict(TOP_K=8, SHARED=True, BLOCK_N=512, PDL=True), {}, {}),
+    "norm.zrms": (norm._zrms, dict.fromkeys(("x", "weight", "out"), BF16),
+                  dict(BLOCK=4096, EARLY=True, PDL=True), dict(eps="fp32"), {}),
+    "rope.norm_rope": (rope._norm_rope,
+                       dict.fromkeys(("x", "weight", "cos", "sin", "out", "y", "y_weight", "y_out"), BF16),
+                       dict(BLOCK=128, LOADS_FIRST=True, PDL=True), dict(eps="fp32"), {}),
+    "index_pool.store": (index_pool._store, dict(keys=BF16, index=BF16, page_table="*i32", lengths="*i64"),
+                         dict(BLOCK=128, PDL=True), {}, {}),
+    "index_pool.pool": (index_pool._pool,
+                        {**dict.fromkeys(("index", "pooled", "weight", "cos", "sin", "scratch"), BF16),
+                         "page_table": "*i32", "lengths": "*i64"},
+                        dict(RATIO=4, BLOCK=128, LOADS_FIRST=True, PDL=True), dict(eps="fp32"), {}),
+    "block_choice.long": (block_choice._choose_long,
+                          dict(scores="*fp32", positions="*i64", out="*i32", counts="*i32"),
+                          dict(BEST=512, BLOCK=4, BLOCK_PAD=4, WIDTH=2051, WIDTH_PAD=4096, CHUNK=2048,
+                               PDL=True), {}, dict(num_warps=8)),
+    "ple_rows.ngram": (ple_rows._ngram,
+                       dict.fromkeys(("tokens", "histories", "history_at", "sizes", "offsets", "ids"),
+                                     "*i64"),
+                       dict(N=3, PER=8, PER_PAD=8, PDL=True), dict.fromkeys(("m0", "m1", "m2", "m3"), "i64"),
+                       {}),
+    "ple_rows.conv": (ple_rows._conv,
+                      dict(normed=BF16, tails=BF16, tail_at="*i64", weight=BF16, out="*fp32"),
+                      dict(KERNEL=4, DILATION=3, TAPS=9, BLOCK=1024, PDL=True), {},
+                      dict(enable_fp_fusion=False)),
+}
+INSTRUCTIONS = re.compile(r"\b((?:fma|add|mul)\.rn\.(?:bf16|f32)|(?:fma|add|mul)\.(?:bf16|f32))\b")
+
+
+def compiled(name: str) -> dict[str, Any]:
+    fn, pointers, constexprs, scalars, options = CASES[name]
+    source = ASTSource(fn=fn, signature=signature(fn, pointers, constexprs, scalars), constexprs=constexprs)
+    try:
+        kernel = triton.compile(source, target=HOPPER, options={"enable_fp_fusion": True, **options})
+    except Exception as error:  # reported by name to the test, which fails on it
+        return {"error": f"{type(error).__name__}: {error}"[:2000]}
+    found = INSTRUCTIONS.findall(kernel.asm["ptx"])
+    return {"instructions": {op: found.count(op) for op in sorted(set(found))}}
+
+
+if __name__ == "__main__":
+    json.dump({name: compiled(name) for name in (sys.argv[1:] or CASES)}, sys.stdout)
