@@ -15,7 +15,19 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from tfd_kernels import block_choice, hyper, index_pool, moe_sum, norm, ple_rows, rope, sigmoid_gate
+from tfd_kernels import (
+    block_choice,
+    block_scores,
+    gemm,
+    hyper,
+    index_pool,
+    moe_plan,
+    moe_sum,
+    norm,
+    ple_rows,
+    rope,
+    sigmoid_gate,
+)
 
 HOPPER = GPUTarget("cuda", 90, 32)
 
@@ -82,6 +94,24 @@ CASES: dict[str, Case] = {
                       dict(normed=BF16, tails=BF16, tail_at="*i64", weight=BF16, out="*fp32"),
                       dict(KERNEL=4, DILATION=3, TAPS=9, BLOCK=1024, PDL=True), {},
                       dict(enable_fp_fusion=False)),
+    # counts left unspecialized (do_not_specialize): the names must be the kernels' own
+    "gemm.spread": (gemm._spread,
+                    {**dict.fromkeys(("x", "w", "out", "conv_weight", "tails", "tail_at"), BF16),
+                     "partials": "*fp32", "counters": "*i32"},
+                    dict(SEGMENTS=2, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, WIDEN=False, SWIGLU=False, PAIR=32,
+                         CONV=False, WIDTH=2, EARLY=1, PDL=True), {}, dict(num_warps=4, num_stages=4)),
+    "block_scores.scores": (block_scores._scores,
+                            {**dict.fromkeys(("q", "pooled"), BF16), "page_table": "*i32", "lane_of": "*i32",
+                             "complete": "*i64", "out": "*fp32"},
+                            dict(ENTRIES=64, HEADS=4, DIM=128, DIM_PAD=128, BLOCKS=32, PDL=True),
+                            dict(root="fp32"), {}),
+    "moe_plan.count": (moe_plan._count, dict(ids="*i32", hist="*i32"), dict(BINS=512, BLOCK_P=256, PDL=True),
+                       {}, {}),
+    "moe_plan.scan": (moe_plan._scan, dict(hist="*i32", layout="*i32"),
+                      dict(BINS=512, BLOCK_B=8, BLOCK_M=16, PDL=True), {}, {}),
+    "moe_plan.place": (moe_plan._place,
+                       dict.fromkeys(("ids", "hist", "layout", "pair_at", "dest_at"), "*i32"),
+                       dict(BINS=512, BLOCK_P=256, SLOTS=16, PDL=True), {}, {}),
 }
 INSTRUCTIONS = re.compile(r"\b((?:fma|add|mul)\.rn\.(?:bf16|f32)|(?:fma|add|mul)\.(?:bf16|f32))\b")
 
