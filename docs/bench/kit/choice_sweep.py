@@ -24,8 +24,10 @@ for blocks in (512, 2048, 8192, 16384):
             got = block_choice.choose(scored, positions, 512, 4, most=most)
             torch.cuda.synchronize()
             first = time.perf_counter() - began
-            t = timed(graphed(lambda m=most, s=scored, p=positions: block_choice.choose(s, p, 512, 4, most=m)), 50,
-                      dev)
+            def run(m: int = most, s: torch.Tensor = scored, p: torch.Tensor = positions) -> object:
+                return block_choice.choose(s, p, 512, 4, most=m)
+
+            t = timed(graphed(run), 50, dev)
             line.append(f"{name} {t * 1e6:.1f} us (first call {first:.1f} s)")
             if name == "radix" and blocks <= block_choice.MOST_BLOCKS:
                 want = block_choice.choose(scored, positions, 512, 4)
