@@ -32,6 +32,19 @@ LONG_CHUNK = 2048  # a longer row's blocks a pass of _choose_long reads at a tim
 
 
 @triton.jit
+def _tail(out, counts, row, stride_o, position, complete, kept, BLOCK: tl.constexpr, WIDTH: tl.constexpr,
+          WIDTH_PAD: tl.constexpr):
+    """After a row's ``kept`` blocks: the incomplete tail ``complete * BLOCK .. position``, then -1 to
+    the row's width, and the row's count (both forms of the choice end so)."""
+    tail = position + 1 - complete * BLOCK
+    rest = tl.arange(0, WIDTH_PAD)
+    offset = rest - kept * BLOCK
+    value = tl.where(offset < tail, complete * BLOCK + offset, -1)
+    tl.store(out + row * stride_o + rest, value, mask=(offset >= 0) & (rest < WIDTH))
+    tl.store(counts + row, kept * BLOCK + tail)
+
+
+@triton.jit
 def _choose(scores, positions, out, counts, blocks, stride_s, stride_o, BEST: tl.constexpr,
             BLOCK: tl.constexpr, BLOCK_PAD: tl.constexpr, WIDTH: tl.constexpr, WIDTH_PAD: tl.constexpr,
             SORTED: tl.constexpr, PDL: tl.constexpr):
@@ -53,12 +66,7 @@ def _choose(scores, positions, out, counts, blocks, stride_s, stride_o, BEST: tl
     columns = rank[:, None] * BLOCK + members[None, :]
     block_rows = (rank[:, None] < kept) & (members[None, :] < BLOCK)
     tl.store(out + row * stride_o + columns, best[:, None] * BLOCK + members[None, :], mask=block_rows)
-    tail = position + 1 - complete * BLOCK
-    rest = tl.arange(0, WIDTH_PAD)
-    offset = rest - kept * BLOCK
-    value = tl.where(offset < tail, complete * BLOCK + offset, -1)
-    tl.store(out + row * stride_o + rest, value, mask=(offset >= 0) & (rest < WIDTH))
-    tl.store(counts + row, kept * BLOCK + tail)
+    _tail(out, counts, row, stride_o, position, complete, kept, BLOCK, WIDTH, WIDTH_PAD)
 
 
 @triton.jit
@@ -115,12 +123,7 @@ def _choose_long(scores, positions, out, counts, stride_s, stride_o, BEST: tl.co
                  mask=take[:, None] & (members[None, :] < BLOCK))
         taken += tl.sum(take.to(tl.int32))
         ties += tl.sum(equal.to(tl.int32))
-    tail = position + 1 - complete * BLOCK
-    rest = tl.arange(0, WIDTH_PAD)
-    offset = rest - kept * BLOCK
-    value = tl.where(offset < tail, complete * BLOCK + offset, -1)
-    tl.store(out + row * stride_o + rest, value, mask=(offset >= 0) & (rest < WIDTH))
-    tl.store(counts + row, kept * BLOCK + tail)
+    _tail(out, counts, row, stride_o, position, complete, kept, BLOCK, WIDTH, WIDTH_PAD)
 
 
 def choose(scored: torch.Tensor, positions: torch.Tensor, best: int, block: int, most: int = MOST_BLOCKS

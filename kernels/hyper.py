@@ -42,6 +42,18 @@ def _unit_columns(t: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _scaled(p, streams, dtype: tl.constexpr):
+    """``p / streams`` rounded to the model dtype, in fp32: what the gates' activations take."""
+    return (p.to(tl.float32) / streams).to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _injected(scaled, dtype: tl.constexpr):
+    """The injection weights ``2 * sigmoid(scaled)``, rounded as ``sigmoid_gate.gated`` rounds."""
+    return gated(tl.full(scaled.shape, 2.0, tl.float32), scaled, dtype)
+
+
+@triton.jit
 def _gates(projected, mixed, weights, rank, width, streams, stride_p, INJECTS: tl.constexpr,
            BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
@@ -49,10 +61,10 @@ def _gates(projected, mixed, weights, rank, width, streams, stride_p, INJECTS: t
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     dtype = mixed.dtype.element_ty
     value = tl.load(projected + row * stride_p + cols, mask=cols < width, other=0.0)
-    scaled = (value.to(tl.float32) / streams).to(dtype).to(tl.float32)  # p / streams, rounded
+    scaled = _scaled(value, streams, dtype)
     tl.store(mixed + row * rank + cols, silu_out(scaled, dtype), mask=cols < rank)
     if INJECTS:
-        injected = gated(tl.full((BLOCK,), 2.0, tl.float32), scaled, dtype)
+        injected = _injected(scaled, dtype)
         past = (cols >= rank) & (cols < width)
         tl.store(weights + row * (width - rank) + (cols - rank), injected, mask=past)
 
@@ -160,10 +172,9 @@ def _write_norm(stack, output, weights, norm, out, normed, width, stride_s, stri
     base = tl.load(stack + row * stride_s + at, mask=mask, other=0.0).to(tl.float32)
     total = (base + widened((value * weight).to(dtype))).to(dtype)
     tl.store(out + row * tl.num_programs(1) * width + at, total, mask=mask)
-    values = total.to(tl.float32)
-    scaled = values * tl.rsqrt(tl.sum(values * values, axis=0) / width + eps)
-    w = tl.load(norm + stream * width + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(normed + row * tl.num_programs(1) * width + at, (scaled * (1.0 + w)).to(dtype), mask=mask)
+    w = norm_kernels.row_weight(norm + stream * width, cols, mask)
+    row_out = normed + row * tl.num_programs(1) * width
+    norm_kernels.zrms_row(total.to(tl.float32), row_out, w, at, mask, width, eps)
 
 
 def write_norm(stack: torch.Tensor, output: torch.Tensor, weights: torch.Tensor, norm: torch.Tensor,
@@ -208,7 +219,7 @@ def _mix(projected, up, normed, out, weights, rows_n, rank, width, stride_p, str
             ks = start + tl.arange(0, BLOCK_K)
             p = tl.load(projected + rows[:, None] * stride_p + ks[None, :],
                         mask=(rows[:, None] < rows_n) & (ks[None, :] < rank), other=0.0)
-            hidden = silu_out((p.to(tl.float32) / streams).to(dtype).to(tl.float32), dtype)
+            hidden = silu_out(_scaled(p, streams, dtype), dtype)
             b = tl.load(up + (stream * width + cols)[:, None] * stride_u + ks[None, :],
                         mask=(cols[:, None] < width) & (ks[None, :] < rank), other=0.0)
             if WIDEN:
@@ -222,8 +233,7 @@ def _mix(projected, up, normed, out, weights, rows_n, rank, width, stride_p, str
         which = tl.arange(0, STREAMS)
         mine = rows[:, None] < tl.where(tile_c == 0, rows_n, 0)
         p = tl.load(projected + rows[:, None] * stride_p + rank + which[None, :], mask=mine, other=0.0)
-        scaled = (p.to(tl.float32) / streams).to(dtype).to(tl.float32)
-        injected = gated(tl.full((BLOCK_R, STREAMS), 2.0, tl.float32), scaled, dtype)
+        injected = _injected(_scaled(p, streams, dtype), dtype)
         tl.store(weights + rows[:, None] * STREAMS + which[None, :], injected, mask=mine)
 
 
