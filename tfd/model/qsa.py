@@ -24,8 +24,8 @@ from tfd.model.rope import Rotary
 from tfd_kernels import block_choice, block_scores, index_pool, lane_rows
 from tfd_kernels import rope as rope_kernel
 
-# A span's rows scored and chosen at a time: the scores are rows x complete blocks (fp32) and their
-# sort twice that, so a 32,768-row chunk at 128k tokens of context would hold ~12 GiB at once.
+# A span's rows scored and chosen at a time: the scores are rows x complete blocks (fp32) and, off
+# CUDA, their sort twice that, so a 32,768-row chunk at 128k tokens of context would hold ~12 GiB.
 SCORED_ROWS = 2048
 
 
