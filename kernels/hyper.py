@@ -5,11 +5,11 @@ and, for a layer's two modules, the injection rows in one product, then: ``gates
 product into the mix's hidden values ``silu(p / streams)`` and the injection weights
 ``2 * sigmoid(p / streams)``; after the up product, ``block_input`` takes each stream's
 ``sigmoid(up) * normed`` and their mean. ``mix`` is those three in one launch (the hidden values
-made K tile by K tile as the up product reads them), the same cast points. ``write`` adds the
-block's output to every stream times its weight; ``write_norm`` also normalises the streams it
-writes, the next read's first step, in the same launch (``tfd.model.hyper.read_after``). In torch
-these are about 25 launches a read and 2 a write; at a decode step's few rows each is a launch gap
-(Flash Next's one-stream step was 35% of its roofline).
+made K tile by K tile as the up product reads them, once for all the streams), the same cast
+points. ``write`` adds the block's output to every stream times its weight; ``write_norm`` also
+normalises the streams it writes, the next read's first step, in the same launch
+(``tfd.model.hyper.read_after``). In torch these are about 25 launches a read and 2 a write; at a
+decode step's few rows each is a launch gap (Flash Next's one-stream step was 35% of its roofline).
 
 The cast points are the torch composition's in the model dtype: the division by ``streams``
 rounded, the activation in fp32 rounded, each product rounded, the mean summed in fp32 in stream
@@ -204,30 +204,36 @@ def _mix(projected, up, normed, out, weights, rows_n, rank, width, stride_p, str
          STREAMS: tl.constexpr, INJECTS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
          BLOCK_K: tl.constexpr, WIDEN: tl.constexpr, PDL: tl.constexpr):
     """A program a block of rows and of columns: ``_gates``' hidden values for its rows, K tile by K
-    tile; each stream's up product at its columns (fp32 sums over K in order, rounded as a linear's);
-    ``_block_input``'s mean of the gated streams. The first column block writes the injection."""
+    tile, times the up rows of its columns in every stream at once (column j of the product is
+    stream j // BLOCK_C's; fp32 sums over K in order, rounded as a linear's); ``_block_input``'s
+    mean of the gated streams, added in stream order. The first column block writes the injection."""
     pdl.wait(PDL)
     tile_c, tile_r = tl.program_id(0), tl.program_id(1)
     rows = tile_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    side = tl.arange(0, STREAMS * BLOCK_C)  # the streams' columns side by side
+    stream_of = side // BLOCK_C
+    cols_of = tile_c * BLOCK_C + side % BLOCK_C
+    dtype = out.dtype.element_ty
+    acc = tl.zeros((BLOCK_R, STREAMS * BLOCK_C), tl.float32)
+    for start in range(0, rank, BLOCK_K):  # the hidden values once a K tile, for every stream
+        ks = start + tl.arange(0, BLOCK_K)
+        p = tl.load(projected + rows[:, None] * stride_p + ks[None, :],
+                    mask=(rows[:, None] < rows_n) & (ks[None, :] < rank), other=0.0)
+        hidden = silu_out(_scaled(p, streams, dtype), dtype)
+        b = tl.load(up + (stream_of * width + cols_of)[:, None] * stride_u + ks[None, :],
+                    mask=(cols_of[:, None] < width) & (ks[None, :] < rank), other=0.0)
+        if WIDEN:
+            hidden, b = hidden.to(tl.float32), b.to(tl.float32)
+        acc = tl.dot(hidden, tl.trans(b), acc, input_precision="ieee")
+    value = tl.load(normed + rows[:, None] * stride_n + (stream_of * width + cols_of)[None, :],
+                    mask=(rows[:, None] < rows_n) & (cols_of[None, :] < width), other=0.0)
+    each = tl.reshape(gated(value, acc.to(dtype), dtype).to(tl.float32), (BLOCK_R, STREAMS, BLOCK_C))
+    which = tl.arange(0, STREAMS)[None, :, None]
+    total = tl.zeros((BLOCK_R, BLOCK_C), tl.float32)
+    for stream in tl.static_range(STREAMS):  # in stream order, as the mean adds them (the rest are zeros)
+        total += tl.sum(tl.where(which == stream, each, 0.0), axis=1)
     cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
     live = (rows[:, None] < rows_n) & (cols[None, :] < width)
-    dtype = out.dtype.element_ty
-    total = tl.zeros((BLOCK_R, BLOCK_C), tl.float32)
-    for stream in tl.static_range(STREAMS):  # in stream order, as the mean adds them
-        acc = tl.zeros((BLOCK_R, BLOCK_C), tl.float32)
-        for start in range(0, rank, BLOCK_K):
-            ks = start + tl.arange(0, BLOCK_K)
-            p = tl.load(projected + rows[:, None] * stride_p + ks[None, :],
-                        mask=(rows[:, None] < rows_n) & (ks[None, :] < rank), other=0.0)
-            hidden = silu_out(_scaled(p, streams, dtype), dtype)
-            b = tl.load(up + (stream * width + cols)[:, None] * stride_u + ks[None, :],
-                        mask=(cols[:, None] < width) & (ks[None, :] < rank), other=0.0)
-            if WIDEN:
-                hidden, b = hidden.to(tl.float32), b.to(tl.float32)
-            acc = tl.dot(hidden, tl.trans(b), acc, input_precision="ieee")
-        at = rows[:, None] * stride_n + stream * width + cols[None, :]
-        value = tl.load(normed + at, mask=live, other=0.0)
-        total += gated(value, acc.to(dtype), dtype).to(tl.float32)
     tl.store(out + rows[:, None] * width + cols[None, :], (total / STREAMS).to(dtype), mask=live)
     if INJECTS:  # by the first column block alone
         which = tl.arange(0, STREAMS)
@@ -237,11 +243,18 @@ def _mix(projected, up, normed, out, weights, rows_n, rank, width, stride_p, str
         tl.store(weights + rows[:, None] * STREAMS + which[None, :], injected, mask=mine)
 
 
-# a mix program's rows and columns: decode's few rows over more programs (one row's 6.6 MB of up
-# weights over 80 of them, not 40), a prompt's many rows reading each weight tile for 64 of them;
-# an element's sum over K is in the same order whatever its tile
-MIX_TILES = ((16, 32), (64, 64))
+# A mix program's rows and columns a stream, by the rows of the call: (rows up to, row tile, column tile),
+# then a prompt's. Decode's few rows over 160 programs (one row's 6.6 MB of up weights; 80 programs of 32
+# columns, each walking the streams in turn, took 12.6 us on the H200), a prompt's many rows reading each
+# weight tile for 64 of them. An element's sum over K is in the same order whatever its tile.
+MIX_TILES = ((16, 16, 16), (64, 32, 16))
+MIX_PROMPT_TILE = (64, 32)
 MIX_K = 64
+
+
+def mix_tile(rows: int) -> tuple[int, int]:
+    """The (row tile, columns a stream) of a mix over ``rows`` rows."""
+    return next(((r, c) for most, r, c in MIX_TILES if rows <= most), MIX_PROMPT_TILE)
 
 
 def mix(projected: torch.Tensor, up: torch.Tensor, normed: torch.Tensor, streams: int, width: int
@@ -263,7 +276,7 @@ def mix(projected: torch.Tensor, up: torch.Tensor, normed: torch.Tensor, streams
     out = torch.empty(rows, width, dtype=normed.dtype, device=normed.device)
     weights = torch.empty(rows, streams, dtype=normed.dtype, device=normed.device) if injects else None
     if rows:
-        block_r, block_c = MIX_TILES[0] if rows <= MIX_TILES[0][0] else MIX_TILES[1]
+        block_r, block_c = mix_tile(rows)
         _mix[(triton.cdiv(width, block_c), triton.cdiv(rows, block_r))](
             projected, up, normed, out, out if weights is None else weights, rows, rank, width,
             projected.stride(0), up.stride(0), normed.stride(0), float(streams), STREAMS=streams,

@@ -56,7 +56,21 @@ BLOCK_M = 16  # pairs in a tile: one tensor-core row block
 # rows 234.5 against 235.7 us, a 230.7 us weight floor); the same bits for every pair tried.
 GATE_N, GATE_K, GATE_STAGES = 32, 128, 4
 DOWN_N, DOWN_K, DOWN_STAGES = 64, 128, 3
-ROW_CHUNK = 2048  # rows a pass takes at most: bounds the fp32 buffer (rows never interact)
+# Rows a pass takes at most: bounds the fp32 buffer (rows never interact). 8,192 rows of a prompt in one
+# pass read each expert's weights once for all of them: on the H200 8 x 1,024-token prefill took 226 ms
+# against 266 in passes of 2,048 (35B-A3B), 183 against 235 (Qwen3-Next-80B-A3B); 0.6 to 0.9 GB more buffer.
+ROW_CHUNK = 8192
+# A pass whose routed pairs average PROMPT_PAIRS an expert or more (a prompt's) takes tiles of PROMPT_M
+# pairs: an expert's weights are read once a tile, and 16-pair tiles read them several times over at m16
+# tensor-core rows (8 x 1,024 rows of the 35B-A3B: 266 ms against 325 with 16-pair tiles; Flash Next's
+# 1,024 rows, 20 pairs an expert: 56.2 against 54.8, too few to fill the tile). Then its column tiles,
+# pipeline and warps. The K steps stay GATE_K and DOWN_K: the same sums in the same order, so the same
+# bits (tfd_kernels.gemm: any tile on the H200, mma or wgmma, as long as the K steps are the same).
+PROMPT_PAIRS = 32
+PROMPT_M = 64
+PROMPT_GATE_N, PROMPT_DOWN_N = 64, 128
+PROMPT_STAGES = 3
+PROMPT_WARPS = 8
 # One row through ``routed``: the choice in the experts' first launch and the combine in the last
 # program of their second; off, the plan's launch and the combining launch (comparisons: same bits).
 ONE_ROW = True
@@ -315,6 +329,10 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
                        {"block_m": BLOCK_M, "gate_n": GATE_N, "gate_k": GATE_K, "down_n": DOWN_N,
                         "down_k": DOWN_K, "stages": GATE_STAGES}, None if product is None else product[0])
         return out, normed
+    prompt = chunk * top_k >= PROMPT_PAIRS * n_experts
+    block_m = PROMPT_M if prompt else BLOCK_M
+    gate_n, down_n = (PROMPT_GATE_N, PROMPT_DOWN_N) if prompt else (GATE_N, DOWN_N)
+    gate_stages, down_stages = (PROMPT_STAGES, PROMPT_STAGES) if prompt else (GATE_STAGES, DOWN_STAGES)
     for first in range(0, rows, ROW_CHUNK):
         count = min(ROW_CHUNK, rows - first)
         pairs = count * top_k
@@ -323,34 +341,36 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
             tiles = per_row
         else:
             made = None if choice is None else (choice[0][first:first + count], chunk_weights, choice[1])
-            moe_plan.plan(tables, chunk_ids, n_experts, shared is not None, BLOCK_M, made)
-            # Each routed expert that has pairs takes at least one tile, plus one per full BLOCK_M of
-            # them; the shared expert's group takes a tile per BLOCK_M rows.
-            tiles = min(n_experts, pairs) + pairs // BLOCK_M
-            tiles += 0 if shared is None else triton.cdiv(count, BLOCK_M)
+            moe_plan.plan(tables, chunk_ids, n_experts, shared is not None, block_m, made)
+            # Each routed expert that has pairs takes at least one tile, plus one per full block_m of
+            # them; the shared expert's group takes a tile per block_m rows.
+            tiles = min(n_experts, pairs) + pairs // block_m
+            tiles += 0 if shared is None else triton.cdiv(count, block_m)
         logits, normalise = choice if one_row and choice is not None else (x, False)  # read at one row only
-        _gate_up[(tiles, triton.cdiv(width, GATE_N))](
+        _gate_up[(tiles, triton.cdiv(width, gate_n))](
             x[first:first + count], gate_up, own_gate_up, h, tables.layout, tables.pair_at, pairs, top_k,
             n_experts, hidden, inner, shared_inner, width, x.stride(0), gate_up.stride(0), gate_up.stride(1),
             own_gate_up.stride(0), logits, chunk_ids, chunk_weights, tables.dest_at, tile_expert, BINS=bins,
-            PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=BLOCK_M, BLOCK_N=GATE_N, BLOCK_K=GATE_K,
+            PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=block_m, BLOCK_N=gate_n, BLOCK_K=GATE_K,
             ONE_ROW=one_row, K=top_k, NORM=normalise,
             BLOCK_E=triton.next_power_of_2(n_experts), SLOTS=triton.next_power_of_2(top_k),
-            num_warps=router.ROUTE_WARPS, num_stages=GATE_STAGES, **pdl.options(x.device))
+            num_warps=PROMPT_WARPS if prompt else router.ROUTE_WARPS, num_stages=gate_stages,
+            **pdl.options(x.device))
         target = out[first:first + count]
         gate = target if shared is None else shared.gate[first:first + count]  # not read without SHARED
         block = triton.next_power_of_2(hidden)
         finish = one_row and residual is not None  # the sum, the residual add and the norm in _down
         normed = torch.empty_like(out) if residual is not None else out
         held = residual if residual is not None else Residual(out, out[0], 0.0)  # not read unless finishing
-        _down[(tiles, triton.cdiv(hidden, DOWN_N))](
+        _down[(tiles, triton.cdiv(hidden, down_n))](
             h, down, own_down, buf, chunk_weights, tables.layout, tables.pair_at, tables.dest_at, pairs,
             n_experts, hidden, inner, shared_inner, width, down.stride(0), down.stride(1), own_down.stride(0),
             tile_expert, gate, held.x.contiguous(), out, normed, held.weight, gate.stride(0), held.eps,
-            _arrivals(x.device), BINS=bins, PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=BLOCK_M,
-            BLOCK_N=DOWN_N, BLOCK_K=DOWN_K, ONE_ROW=one_row, FINISH=finish, TOP_K=top_k,
-            SHARED=shared is not None, HIDDEN_BLOCK=block, num_warps=norm.warps(block) if finish else 4,
-            num_stages=DOWN_STAGES, **pdl.options(x.device))
+            _arrivals(x.device), BINS=bins, PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=block_m,
+            BLOCK_N=down_n, BLOCK_K=DOWN_K, ONE_ROW=one_row, FINISH=finish, TOP_K=top_k,
+            SHARED=shared is not None, HIDDEN_BLOCK=block,
+            num_warps=norm.warps(block) if finish else PROMPT_WARPS if prompt else 4,
+            num_stages=down_stages, **pdl.options(x.device))
         if finish:
             return out, normed
         if residual is not None and rows <= ROW_CHUNK:  # the sum, the residual add and the norm at once

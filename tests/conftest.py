@@ -11,8 +11,9 @@ from pathlib import Path
 # numpy's OpenBLAS picks its matrix kernel by the CPU, and some kernels sum a row in an order that follows
 # its place in the tile: the interpreter's dot (numpy) then gives a row other bits alone than in a batch
 # (an AMD EPYC's kernel broke three GEMM tests; the GPU's MMA has no such order). One kernel on every x86
-# CPU, set before numpy loads, makes the interpreter's sums the same wherever the suite runs.
-os.environ.setdefault("OPENBLAS_CORETYPE", "Sandybridge")
+# CPU, set before numpy loads, makes the interpreter's sums the same wherever the suite runs: set, not
+# defaulted, since a host may name its own (one had OPENBLAS_CORETYPE=Haswell, whose kernel broke two).
+os.environ["OPENBLAS_CORETYPE"] = "Sandybridge"
 # One thread per process (this one and every `tfd serve` it starts): the tiny models' operations are
 # too small to gain from more (the demo's drafting test ran 20% faster on one than on two), and the
 # suite runs one process per core (pytest-xdist, addopts), so more threads would only compete.

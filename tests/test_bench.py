@@ -192,7 +192,8 @@ def test_variants_run_interleaved_and_compare_tokens(tmp_path: Path) -> None:
     runs = json.loads(next(tmp_path.glob("*-1x20-4-variants.json")).read_text())
     assert [run["variant"] for run in runs] == ["main", "narrow"] and runs[0]["shape"] == runs[1]["shape"]
     assert runs[1]["values"] == {"tfd_kernels.moe_one.ROUTER_N": 16} and len(runs[1]["step_ms"]) == 2
-    assert all(run["same_tokens"] and run["best_step_ms"] > 0 for run in runs)
+    assert len(runs[1]["prefill_ms"]) == 2 and min(runs[1]["prefill_ms"]) == runs[1]["best_prefill_ms"]
+    assert all(run["same_tokens"] and run["best_step_ms"] > 0 and run["best_prefill_ms"] > 0 for run in runs)
     refused = run_tfd("bench", "--variant", "x=tfd_kernels.moe_one.NOPE=1", timeout=120)
     assert refused.returncode == 2 and "NOPE" in refused.stderr
 

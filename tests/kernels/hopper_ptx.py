@@ -72,7 +72,7 @@ CASES: dict[str, Case] = {
                          dict.fromkeys(("stack", "output", "weights", "norm", "out", "normed"), BF16),
                          dict(BLOCK=4096, PDL=True), dict(eps="fp32"), {}),
     "hyper.mix": (hyper._mix, dict.fromkeys(("projected", "up", "normed", "out", "weights"), BF16),
-                  dict(STREAMS=4, INJECTS=True, BLOCK_R=16, BLOCK_C=32, BLOCK_K=64, WIDEN=False, PDL=True),
+                  dict(STREAMS=4, INJECTS=True, BLOCK_R=16, BLOCK_C=16, BLOCK_K=64, WIDEN=False, PDL=True),
                   dict(streams="fp32"), {}),
     "sigmoid_gate.base": (sigmoid_gate._sigmoid_gate, dict.fromkeys(("x", "gate", "base", "out"), BF16),
                           dict(HAS_BASE=True, BLOCK=1024, PDL=True), {}, {}),

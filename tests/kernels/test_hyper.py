@@ -161,7 +161,7 @@ def test_on_the_gpu_a_write_with_the_next_norm_has_the_two_launches_bits() -> No
     assert torch.equal(normed, norm_kernels.zrms(written, norm, 1e-6, group=2560))
 
 
-@pytest.mark.parametrize("rows", [5, 17])  # decode's row tile; past it, into a prompt's
+@pytest.mark.parametrize("rows", [5, 16, 17, 64, 65])  # each side of the row tiles' bounds
 @pytest.mark.parametrize("injects", [True, False])
 def test_the_mix_in_one_launch_is_the_gates_the_up_product_and_the_mean(rows: int, injects: bool) -> None:
     """``mix`` against the three launches it replaces, in fp32 (the up product's sums in another order
@@ -184,13 +184,18 @@ def test_the_mix_in_one_launch_is_the_gates_the_up_product_and_the_mean(rows: in
     assert torch.equal(alone[0], got[3])  # a row's bits alone as in a batch, whatever its tile
 
 
+def test_the_mix_rows_tried_cross_each_row_tile_bound() -> None:
+    tiles = [hyper_kernels.mix_tile(rows) for rows in (16, 17, 64, 65)]
+    assert tiles[0] != tiles[1] == tiles[2] != tiles[3] == hyper_kernels.MIX_PROMPT_TILE
+
+
 def test_a_mix_of_streams_not_a_power_of_two_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="streams a power of 2"):
         hyper_kernels.mix(torch.zeros(2, 12), torch.zeros(3 * 8, 12), torch.zeros(2, 3 * 8), 3, 8)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1, 33, 100])
+@pytest.mark.parametrize("rows", [1, 16, 17, 64, 65, 100])  # each side of the row tiles' bounds
 def test_on_the_gpu_the_mix_is_within_a_unit_and_a_rows_bits_stay_its_own(rows: int) -> None:
     """Flash Next's sizes (4 streams of 2,560, rank 320, bf16): within a unit of the three launches'
     result, and each row's bits alone as in batches of either row tile."""

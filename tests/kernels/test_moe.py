@@ -101,6 +101,50 @@ def test_rows_past_a_chunk_come_out_the_same(monkeypatch: pytest.MonkeyPatch) ->
     assert torch.equal(moe.experts(*inputs, shared), whole[1])
 
 
+def _tiles_planned(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The pairs a tile of each plan made from now on (moe_plan.plan's block_m)."""
+    seen: list[int] = []
+    plan = moe_plan.plan
+
+    def spy(tables, ids, experts, shared, block_m, made):  # type: ignore[no-untyped-def]
+        seen.append(block_m)
+        return plan(tables, ids, experts, shared, block_m, made)
+
+    monkeypatch.setattr(moe_plan, "plan", spy)
+    return seen
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [39, 40])  # 8 experts, top-3: 117 and 120 pairs, each side of 15 an expert
+def test_a_prompts_rows_take_wider_tiles_and_the_same_results(rows: int, dtype: torch.dtype,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(moe, "PROMPT_PAIRS", 15)
+    planned = _tiles_planned(monkeypatch)
+    inputs = make(rows, 3, dtype, seed=30 + rows)
+    shared = make_shared(rows, dtype, seed=30, inner=48)
+    out, with_shared = moe.experts(*inputs), moe.experts(*inputs, shared)
+    assert planned == [moe.PROMPT_M if rows == 40 else moe.BLOCK_M] * 2
+    assert_near(out, moe.reference(*inputs))
+    assert_near(with_shared, moe.reference(*inputs, shared))
+    x, gate_up, down, ids, weights = inputs
+    for row in (0, rows // 2, rows - 1):  # one row takes decode's tiles: the same bits
+        alone = moe.experts(x[row:row + 1], gate_up, down, ids[row:row + 1], weights[row:row + 1])
+        assert torch.equal(alone[0], out[row])
+
+
+def test_a_prompt_past_a_chunk_plans_each_chunk_in_the_wider_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """40 rows in passes of 24 and 16 rows (72 pairs of 8 experts a full pass: 9 an expert)."""
+    monkeypatch.setattr(moe, "PROMPT_PAIRS", 9)
+    inputs = make(40, 3, torch.float32, seed=33)
+    shared = make_shared(40, torch.float32, seed=33, inner=48)
+    whole = moe.experts(*inputs), moe.experts(*inputs, shared)
+    monkeypatch.setattr(moe, "ROW_CHUNK", 24)
+    planned = _tiles_planned(monkeypatch)
+    assert torch.equal(moe.experts(*inputs), whole[0])
+    assert torch.equal(moe.experts(*inputs, shared), whole[1])
+    assert planned == [moe.PROMPT_M] * 4
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("rows", "top_k", "inner"), [(1, 2, 32), (5, 3, 48), (12, 3, 16), (40, 4, 32)])
 def test_the_shared_expert_matches_the_reference(rows: int, top_k: int, inner: int,
@@ -298,6 +342,22 @@ def test_gpu_routing_is_the_same_on_both_sides_of_one_planning_block() -> None:
     logits = torch.randn(5, 256, device="cuda")
     assert torch.equal(moe.routed(x[:4], gate_up, down, logits[:4], 8, True),
                        moe.routed(x, gate_up, down, logits, 8, True)[:4])
+
+
+@pytest.mark.gpu
+def test_gpu_a_prompts_tiles_give_a_row_the_bits_of_decodes() -> None:
+    """256 experts of top-8: 1,024 rows average 32 pairs an expert (the prompt's 64-pair tiles), 1,023 fewer
+    (decode's 16-pair tiles); with the shared expert too."""
+    assert moe.PROMPT_PAIRS == 32
+    x, gate_up, down, ids, weights = make_real(1024, 256, 8, seed=19)
+    shared = make_real_shared(1024, 256, seed=19)
+    for whole, part in ((None, None), (shared, gate_rows(shared, slice(1023)))):
+        prompt = moe.experts(x, gate_up, down, ids, weights, whole)
+        fewer = moe.experts(x[:1023], gate_up, down, ids[:1023], weights[:1023], part)
+        assert torch.equal(fewer, prompt[:1023])
+    picked = torch.tensor([0, 511, 1023], device="cuda")
+    assert torch.equal(rows_alone(x[picked], gate_up, down, ids[picked], weights[picked]),
+                       moe.experts(x, gate_up, down, ids, weights)[picked])
 
 
 @pytest.mark.gpu

@@ -82,11 +82,12 @@ def applied(variant: Variant, named: Sequence[tuple[str, str]]) -> Iterator[None
 
 def compare(model: HybridModel, shape: str, workload: Workload, variants: Sequence[Variant], rounds: int,
             graphs: bool) -> list[dict[str, Any]]:
-    """Each variant's decode step times over ``rounds`` interleaved runs of ``workload`` (after one
-    untimed run of two new tokens, which compiles its kernels), and whether its tokens were the first
-    variant's in every run; printed a line a variant, returned as objects."""
+    """Each variant's decode step and prefill times over ``rounds`` interleaved runs of ``workload``
+    (after one untimed run of two new tokens, which compiles its kernels), and whether its tokens were
+    the first variant's in every run; printed a line a variant, returned as objects."""
     named = sorted({(module, constant) for variant in variants for module, constant, _ in variant.values})
     steps: dict[str, list[float]] = {variant.name: [] for variant in variants}
+    prefills: dict[str, list[float]] = {variant.name: [] for variant in variants}
     same = dict.fromkeys(steps, True)
     first: tuple[tuple[int, ...], ...] | None = None
     warm = Workload(workload.streams, workload.prompt_tokens, 2, workload.step_tokens)
@@ -98,15 +99,18 @@ def compare(model: HybridModel, shape: str, workload: Workload, variants: Sequen
             first = timings.tokens if first is None else first
             same[variant.name] &= timings.tokens == first
             steps[variant.name].append(timings.decode_s / max(timings.decode_steps, 1) * 1e3)
+            prefills[variant.name].append(timings.prefill_s * 1e3)
     results = []
     for variant in variants:
-        times = steps[variant.name]
+        times, prefill = steps[variant.name], prefills[variant.name]
         result = {"variant": variant.name, "values": {f"{m}.{c}": v for m, c, v in variant.values},
                   "shape": shape, "streams": workload.streams, "prompt_tokens": workload.prompt_tokens,
                   "new_tokens": workload.new_tokens, "step_ms": times, "best_step_ms": min(times),
+                  "prefill_ms": prefill, "best_prefill_ms": min(prefill),
                   "same_tokens": same[variant.name]}
         verdict = "the same as" if same[variant.name] else "NOT the same as"
         print(f"{variant.name} x{workload.streams}: step {min(times):.4f} ms best of "
-              f"{' '.join(f'{t:.4f}' for t in times)}; tokens {verdict} {variants[0].name}'s", flush=True)
+              f"{' '.join(f'{t:.4f}' for t in times)}; prefill {min(prefill):.1f} ms best of "
+              f"{' '.join(f'{t:.1f}' for t in prefill)}; tokens {verdict} {variants[0].name}'s", flush=True)
         results.append(result)
     return results
