@@ -44,7 +44,9 @@ def _tail(out, counts, row, stride_o, position, complete, kept, BLOCK: tl.conste
     tl.store(counts + row, kept * BLOCK + tail)
 
 
-@triton.jit
+# The block count and the rows' strides follow each lane's context: left unspecialized, or a count the warm-up
+# never met divisible by 16 (or not) compiles a variant while serving (the H200 Flash Next demo did, twice).
+@triton.jit(do_not_specialize=["blocks", "stride_s", "stride_o"])
 def _choose(scores, positions, out, counts, blocks, stride_s, stride_o, BEST: tl.constexpr,
             BLOCK: tl.constexpr, BLOCK_PAD: tl.constexpr, WIDTH: tl.constexpr, WIDTH_PAD: tl.constexpr,
             SORTED: tl.constexpr, PDL: tl.constexpr):
@@ -77,7 +79,7 @@ def _keys(scores, row, stride_s, number, live):
     return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) + 2147483648
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_s", "stride_o"])
 def _choose_long(scores, positions, out, counts, stride_s, stride_o, BEST: tl.constexpr, BLOCK: tl.constexpr,
                  BLOCK_PAD: tl.constexpr, WIDTH: tl.constexpr, WIDTH_PAD: tl.constexpr, CHUNK: tl.constexpr,
                  PDL: tl.constexpr):
