@@ -68,8 +68,8 @@ ROW_CHUNK = 8192
 # bits (tfd_kernels.gemm: any tile on the H200, mma or wgmma, as long as the K steps are the same).
 PROMPT_PAIRS = 32
 PROMPT_M = 64
-PROMPT_GATE_N, PROMPT_DOWN_N = 64, 128
-PROMPT_STAGES = 3
+PROMPT_GATE_N, PROMPT_GATE_STAGES = 64, 3
+PROMPT_DOWN_N, PROMPT_DOWN_STAGES = 128, 3
 PROMPT_WARPS = 8
 # One row through ``routed``: the choice in the experts' first launch and the combine in the last
 # program of their second; off, the plan's launch and the combining launch (comparisons: same bits).
@@ -331,8 +331,8 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
         return out, normed
     prompt = chunk * top_k >= PROMPT_PAIRS * n_experts
     block_m = PROMPT_M if prompt else BLOCK_M
-    gate_n, down_n = (PROMPT_GATE_N, PROMPT_DOWN_N) if prompt else (GATE_N, DOWN_N)
-    gate_stages, down_stages = (PROMPT_STAGES, PROMPT_STAGES) if prompt else (GATE_STAGES, DOWN_STAGES)
+    gate_n, gate_stages = (PROMPT_GATE_N, PROMPT_GATE_STAGES) if prompt else (GATE_N, GATE_STAGES)
+    down_n, down_stages = (PROMPT_DOWN_N, PROMPT_DOWN_STAGES) if prompt else (DOWN_N, DOWN_STAGES)
     for first in range(0, rows, ROW_CHUNK):
         count = min(ROW_CHUNK, rows - first)
         pairs = count * top_k
