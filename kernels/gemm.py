@@ -42,6 +42,9 @@ from tfd_kernels.swiglu import swiglu as swiglu_rows
 # replayed alone favoured fewer (.dev probes, docs/bench.md).
 TARGET_PROGRAMS = 264
 SPREAD_ROWS = 64  # up to this many rows the segments run in programs of their own
+# K steps a segment takes at least: a narrow product's segments stop there short of TARGET_PROGRAMS
+# (Flash Next's hyper down rows [324, 10240]: 20 segments, 120 programs, 7.7 us at one row on the H200)
+SEGMENT_STEPS = 4
 GROUP_M = 8  # row blocks of the whole form that share weight tiles through L2 (probe: 8 beat 16)
 SHARED_BYTES = 227 * 1024  # shared memory a program may take on an H200 (232,448 bytes)
 # Rows up to which the spread form applies a conv as it stores: its epilogue takes 114 registers a thread
@@ -145,7 +148,7 @@ def plan(n: int, k: int, spread: Tiles = SPREAD, whole: Tiles = WHOLE, few: Tile
     step = max(spread.block_k, whole.block_k, few.block_k, mid.block_k, whole_one.block_k, middle.block_k)
     k_tiles = math.ceil(k / step)
     n_tiles = math.ceil(n / spread.block_n)
-    segments = max(1, min(math.ceil(TARGET_PROGRAMS / n_tiles), k_tiles // 4))
+    segments = max(1, min(math.ceil(TARGET_PROGRAMS / n_tiles), k_tiles // SEGMENT_STEPS))
     per_segment = math.ceil(k_tiles / segments)
     segments = math.ceil(k_tiles / per_segment)  # no segment left empty
     return Plan(segments, per_segment * step, spread, whole, few, mid, whole_one, middle)

@@ -22,6 +22,7 @@ print(f"copy {gbps:.0f} GB/s; shapes {shapes}")
 FEWS = {"16x64x128": gemm.FEW, "16x128x128": gemm.Tiles(16, 128, 128, 4, 4),
         "16x128x64s6": gemm.Tiles(16, 128, 64, 4, 6), "16x32x256": gemm.Tiles(16, 32, 256, 4, 4)}
 TARGETS = (132, 264, 528, 1056)
+STEPS = (4, 2, 1)  # gemm.SEGMENT_STEPS: a narrow product's segments capped at 80 / steps
 default_target = gemm.TARGET_PROGRAMS
 for n, k in shapes:
     if n * k < 1 << 20:
@@ -34,14 +35,16 @@ for n, k in shapes:
         line = []
         for target in TARGETS:
             gemm.TARGET_PROGRAMS = target
-            for name, few in FEWS.items():
-                if rows > 16 and name != "16x64x128":
-                    continue
-                choice = gemm.plan(n, k, few=few)
-                got = gemm.matmul(x, w, choice=choice)
-                t = timed(graphed(lambda x=x, w=w, c=choice: gemm.matmul(x, w, choice=c)), 50, dev) * 1e6
-                same = "" if torch.equal(got, want) else " DIFF"
-                line.append(f"t{target}s{choice.segments} {name} {t:.1f}{same}")
-        gemm.TARGET_PROGRAMS = default_target
+            for steps in STEPS:
+                gemm.SEGMENT_STEPS = steps
+                for name, few in FEWS.items():
+                    if (rows > 16 or steps != STEPS[0]) and name != "16x64x128":
+                        continue
+                    choice = gemm.plan(n, k, few=few)
+                    got = gemm.matmul(x, w, choice=choice)
+                    t = timed(graphed(lambda x=x, w=w, c=choice: gemm.matmul(x, w, choice=c)), 50, dev) * 1e6
+                    same = "" if torch.equal(got, want) else " DIFF"
+                    line.append(f"t{target}s{choice.segments} {name} {t:.1f}{same}")
+        gemm.TARGET_PROGRAMS, gemm.SEGMENT_STEPS = default_target, STEPS[0]
         print(f"[{n},{k}] rows {rows} ({n * k * 2 / 1e6:.0f} MB, floor {floor:.1f} us): " + "; ".join(line),
               flush=True)
