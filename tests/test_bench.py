@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import tiny_models
+import torch
 
 from support import CACHE, clean_environ, run_tfd
 from tfd.bench import roofline
 from tfd.bench.profile import by_grid
+from tfd.bench.workload import Workload
 from tfd.families.config import read_config
 from tfd.shapes import PRESETS, fit, weight_bytes
 
@@ -140,6 +143,24 @@ def test_bench_profiles_each_run_by_phase(tmp_path: Path) -> None:
         table = next(tmp_path.glob(f"*-2x40-4-{phase}.txt")).read_text()
         assert f"{steps} decode steps" in table.splitlines()[0]
         assert "aten::" in table  # on the CPU the table lists the host ops
+
+
+def test_a_profiled_run_follows_an_unprofiled_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its kernels compiled first, so no compile lands in the profile."""
+    from tfd.bench import profile as profile_module
+    from tfd.bench.workload import Timings
+
+    seen: list[bool] = []
+
+    def spy(model, workload, graphs, seed=0):  # type: ignore[no-untyped-def]
+        seen.append(torch.autograd.profiler._is_profiler_enabled)
+        return Timings(tokens=(), prefill_s=0.0, first_token_s=(), decode_steps=0, decode_s=0.0,
+                       decode_tokens=0, graphs=False, peak_bytes=0)
+
+    monkeypatch.setattr(profile_module, "run", spy)
+    model = SimpleNamespace(weights=SimpleNamespace(embed=torch.zeros(1)))
+    table = profile_module.kernel_table(model, Workload(1, 4, 2), graphs=False)  # type: ignore[arg-type]
+    assert seen == [False, True] and table.startswith("1 streams x 4 prompt tokens, 2 new")
 
 
 def test_kernels_are_told_apart_by_their_launch_grid() -> None:

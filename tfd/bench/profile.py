@@ -1,13 +1,16 @@
 """``tfd bench --profile``: where a workload's time goes, kernel by kernel, by torch's profiler.
 
-Two short runs a workload, each profiled alone: its prompts with one new token each (the prefill),
+Two short runs a workload, each profiled alone after an unprofiled run of the same (which compiles
+its kernels, so no compile lands in the profile): its prompts with one new token each (the prefill),
 and 16-token prompts with 33 new tokens each at the same concurrency (the decode steps). Each gives
 a table of the device kernels (host ops on a CPU) by their own time, with the run's step count, so a
 kernel's time a step is its total over the steps. On a GPU a second table splits the same kernels by
 their launch grid, which tells apart the launches of one kernel on different shapes (the products of
 every weight are one Triton kernel; its grid is [column tiles, row tiles, K segments]), with each
 kernel's own share of the timeline (from the end of the kernels before it to its end), which adds up
-to the run's device time however launches overlap. A profiled run is slower than the timed one.
+to the run's device time however launches overlap; a third lists the host's operations by their own
+time (where a step whose kernels leave the device idle spends it). A profiled run is slower than the
+timed one.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from tfd.families.hybrid import HybridModel
 from tfd_kernels import pdl
 
 ROWS = 40  # kernels a table shows
+HOST_ROWS = 15  # host operations the third table shows
 DECODE_PROMPT, DECODE_NEW = 16, 33
 
 
@@ -37,6 +41,7 @@ def kernel_table(model: HybridModel, workload: Workload, graphs: bool) -> str:
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
     enabled, pdl.ENABLED = pdl.ENABLED, False  # the run builds its own graphs, so they launch plainly
     try:
+        run(model, workload, graphs, seed=2)  # compiled and captured before the profile starts
         with profile(activities=activities) as profiled:
             timings = run(model, workload, graphs, seed=2)
             if cuda:
@@ -54,6 +59,7 @@ def kernel_table(model: HybridModel, workload: Workload, graphs: bool) -> str:
             trace = Path(folder) / "trace.json"
             profiled.export_chrome_trace(str(trace))
             table += "\n" + by_grid(json.loads(trace.read_text()), ROWS)
+        table += "\n" + profiled.key_averages().table(sort_by="self_cpu_time_total", row_limit=HOST_ROWS)
     return head + table
 
 
