@@ -200,31 +200,52 @@ def write_norm(stack: torch.Tensor, output: torch.Tensor, weights: torch.Tensor,
 
 
 @triton.jit
+def _up_tile(up, stream_of, cols_of, start, rank, width, stride_u, BLOCK_K: tl.constexpr):
+    """The up rows of the streams' side-by-side columns at K tile ``start`` (zeros past rank, width)."""
+    ks = start + tl.arange(0, BLOCK_K)
+    return tl.load(up + (stream_of * width + cols_of)[:, None] * stride_u + ks[None, :],
+                   mask=(cols_of[:, None] < width) & (ks[None, :] < rank), other=0.0)
+
+
+@triton.jit
+def _mix_step(projected, b, acc, rows, rows_n, start, rank, stride_p, streams, dtype: tl.constexpr,
+              BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
+    """``acc`` plus the hidden values of K tile ``start`` (made once for every stream) times ``b``."""
+    ks = start + tl.arange(0, BLOCK_K)
+    p = tl.load(projected + rows[:, None] * stride_p + ks[None, :],
+                mask=(rows[:, None] < rows_n) & (ks[None, :] < rank), other=0.0)
+    hidden = silu_out(_scaled(p, streams, dtype), dtype)
+    if WIDEN:
+        hidden, b = hidden.to(tl.float32), b.to(tl.float32)
+    return tl.dot(hidden, tl.trans(b), acc, input_precision="ieee")
+
+
+@triton.jit
 def _mix(projected, up, normed, out, weights, rows_n, rank, width, stride_p, stride_u, stride_n, streams,
          STREAMS: tl.constexpr, INJECTS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-         BLOCK_K: tl.constexpr, WIDEN: tl.constexpr, PDL: tl.constexpr):
+         BLOCK_K: tl.constexpr, WIDEN: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
     """A program a block of rows and of columns: ``_gates``' hidden values for its rows, K tile by K
     tile, times the up rows of its columns in every stream at once (column j of the product is
     stream j // BLOCK_C's; fp32 sums over K in order, rounded as a linear's); ``_block_input``'s
-    mean of the gated streams, added in stream order. The first column block writes the injection."""
-    pdl.wait(PDL)
+    mean of the gated streams, added in stream order. The first column block writes the injection.
+    ``EARLY``: the first K tile's up rows (weights no kernel writes) asked for before the wait."""
     tile_c, tile_r = tl.program_id(0), tl.program_id(1)
     rows = tile_r * BLOCK_R + tl.arange(0, BLOCK_R)
     side = tl.arange(0, STREAMS * BLOCK_C)  # the streams' columns side by side
     stream_of = side // BLOCK_C
     cols_of = tile_c * BLOCK_C + side % BLOCK_C
     dtype = out.dtype.element_ty
-    acc = tl.zeros((BLOCK_R, STREAMS * BLOCK_C), tl.float32)
-    for start in range(0, rank, BLOCK_K):  # the hidden values once a K tile, for every stream
-        ks = start + tl.arange(0, BLOCK_K)
-        p = tl.load(projected + rows[:, None] * stride_p + ks[None, :],
-                    mask=(rows[:, None] < rows_n) & (ks[None, :] < rank), other=0.0)
-        hidden = silu_out(_scaled(p, streams, dtype), dtype)
-        b = tl.load(up + (stream_of * width + cols_of)[:, None] * stride_u + ks[None, :],
-                    mask=(cols_of[:, None] < width) & (ks[None, :] < rank), other=0.0)
-        if WIDEN:
-            hidden, b = hidden.to(tl.float32), b.to(tl.float32)
-        acc = tl.dot(hidden, tl.trans(b), acc, input_precision="ieee")
+    if EARLY:
+        first = _up_tile(up, stream_of, cols_of, 0, rank, width, stride_u, BLOCK_K)
+    pdl.wait(PDL)
+    if not EARLY:
+        first = _up_tile(up, stream_of, cols_of, 0, rank, width, stride_u, BLOCK_K)
+    acc = _mix_step(projected, first, tl.zeros((BLOCK_R, STREAMS * BLOCK_C), tl.float32), rows, rows_n, 0,
+                    rank, stride_p, streams, dtype, BLOCK_K, WIDEN)
+    for start in range(BLOCK_K, rank, BLOCK_K):  # the rest in order, as the first
+        b = _up_tile(up, stream_of, cols_of, start, rank, width, stride_u, BLOCK_K)
+        acc = _mix_step(projected, b, acc, rows, rows_n, start, rank, stride_p, streams, dtype, BLOCK_K,
+                        WIDEN)
     value = tl.load(normed + rows[:, None] * stride_n + (stream_of * width + cols_of)[None, :],
                     mask=(rows[:, None] < rows_n) & (cols_of[None, :] < width), other=0.0)
     each = tl.reshape(gated(value, acc.to(dtype), dtype).to(tl.float32), (BLOCK_R, STREAMS, BLOCK_C))
@@ -250,6 +271,9 @@ def _mix(projected, up, normed, out, weights, rows_n, rank, width, stride_p, str
 MIX_TILES = ((16, 16, 16), (64, 32, 16))
 MIX_PROMPT_TILE = (64, 32)
 MIX_K = 64
+# The mix's first K tile of up weights asked for before it waits on the down product (dependent launch):
+# timing alone, the same bits. Off until the H200 says (tfd bench --variant, tfd_kernels.hyper.MIX_EARLY=1).
+MIX_EARLY = False
 
 
 def mix_tile(rows: int) -> tuple[int, int]:
@@ -281,5 +305,5 @@ def mix(projected: torch.Tensor, up: torch.Tensor, normed: torch.Tensor, streams
             projected, up, normed, out, out if weights is None else weights, rows, rank, width,
             projected.stride(0), up.stride(0), normed.stride(0), float(streams), STREAMS=streams,
             INJECTS=injects, BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_K=MIX_K, WIDEN=INTERPRETED,
-            **pdl.options(normed.device))
+            EARLY=MIX_EARLY, **pdl.options(normed.device))
     return out, weights

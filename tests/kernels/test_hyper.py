@@ -184,6 +184,20 @@ def test_the_mix_in_one_launch_is_the_gates_the_up_product_and_the_mean(rows: in
     assert torch.equal(alone[0], got[3])  # a row's bits alone as in a batch, whatever its tile
 
 
+@pytest.mark.parametrize("rows", [1, 17])
+def test_the_mix_asking_for_its_first_weights_early_changes_no_bits(rows: int,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(10)
+    projected = torch.randn(rows, 80 + STREAMS, generator=g)
+    up = torch.randn(STREAMS * 72, 80, generator=g) * 80 ** -0.5
+    normed = torch.randn(rows, STREAMS * 72, generator=g)
+    plain = hyper_kernels.mix(projected, up, normed, STREAMS, 72)
+    monkeypatch.setattr(hyper_kernels, "MIX_EARLY", True)
+    early = hyper_kernels.mix(projected, up, normed, STREAMS, 72)
+    assert torch.equal(early[0], plain[0]) and early[1] is not None and plain[1] is not None
+    assert torch.equal(early[1], plain[1])
+
+
 def test_the_mix_rows_tried_cross_each_row_tile_bound() -> None:
     tiles = [hyper_kernels.mix_tile(rows) for rows in (16, 17, 64, 65)]
     assert tiles[0] != tiles[1] == tiles[2] != tiles[3] == hyper_kernels.MIX_PROMPT_TILE
@@ -196,7 +210,8 @@ def test_a_mix_of_streams_not_a_power_of_two_is_refused_by_name() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 16, 17, 64, 65, 100])  # each side of the row tiles' bounds
-def test_on_the_gpu_the_mix_is_within_a_unit_and_a_rows_bits_stay_its_own(rows: int) -> None:
+def test_on_the_gpu_the_mix_is_within_a_unit_and_a_rows_bits_stay_its_own(
+        rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Flash Next's sizes (4 streams of 2,560, rank 320, bf16): within a unit of the three launches'
     result, and each row's bits alone as in batches of either row tile."""
     g = torch.Generator().manual_seed(9)
@@ -211,3 +226,5 @@ def test_on_the_gpu_the_mix_is_within_a_unit_and_a_rows_bits_stay_its_own(rows: 
     for row in {0, rows // 2, rows - 1}:
         assert torch.equal(hyper_kernels.mix(projected[row:row + 1], up, normed[row:row + 1], 4, 2560)[0][0],
                            got[row])
+    monkeypatch.setattr(hyper_kernels, "MIX_EARLY", not hyper_kernels.MIX_EARLY)  # weights early, or not
+    assert torch.equal(hyper_kernels.mix(projected, up, normed, 4, 2560)[0], got)

@@ -15,6 +15,11 @@ import torch
 from tfd.model.ops import linear, sigmoid, silu, zrms
 from tfd_kernels import hyper as hyper_kernels
 
+# The read's down product asks for its first weights before it waits on the streams' norm (dependent launch,
+# tfd_kernels.gemm's ``early``): timing alone, the same bits. Off until the H200 says (tfd bench --variant,
+# tfd.model.hyper.DOWN_EARLY=1): 32 of these products a Flash Next step, 7.7 us each at one stream.
+DOWN_EARLY = False
+
 
 @attrs.frozen
 class HyperWeights:
@@ -59,10 +64,11 @@ def read_after(w: HyperWeights, stack: torch.Tensor, pending: Pending | None
 
 def _mixed(w: HyperWeights, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``read``'s block input and injection weights from the normalised streams."""
-    if normed.is_cuda and not w.streams & (w.streams - 1):  # the gates, the up product and the mean at once
-        return hyper_kernels.mix(linear(normed, w.projections), w.up, normed, w.streams, w.width)
     if normed.is_cuda:
-        mixed, weights = hyper_kernels.gates(linear(normed, w.projections), w.rank, w.streams)
+        projected = linear(normed, w.projections, early=DOWN_EARLY)
+        if not w.streams & (w.streams - 1):  # the gates, the up product and the mean at once
+            return hyper_kernels.mix(projected, w.up, normed, w.streams, w.width)
+        mixed, weights = hyper_kernels.gates(projected, w.rank, w.streams)
         return hyper_kernels.block_input(linear(mixed, w.up), normed, w.streams, w.width), weights
     mix = sigmoid(linear(silu(linear(normed, w.projections[:w.rank]) / w.streams), w.up))
     split = (w.streams, w.width)

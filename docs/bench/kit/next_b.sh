@@ -18,10 +18,12 @@ for shape in qwen3_5-35b-a3b qwen3_8-flash-next; do
     | grep -a "best of\|rror" | cut -c1-300
   echo "t=$(el)"
 done
-# the mix's K step at one stream's decode (7.2 us a launch, 34 a step; its weights' copy floor 1.4 us)
+# the mix's K step at one stream's decode (7.2 us a launch, 34 a step; its weights' copy floor 1.4 us), and
+# the mix and the down product before it asking for their first weights before they wait
 H=tfd_kernels.hyper
 timeout 100 tfd bench --shape qwen3_8-flash-next --streams 1 --prompt 1024 --new 64 --rounds 3 --variant k64= \
-  --variant k128=$H.MIX_K=128 --variant k32=$H.MIX_K=32 --out $R/var 2>&1 | grep -a "best of\|rror" | cut -c1-300
+  --variant k128=$H.MIX_K=128 --variant k32=$H.MIX_K=32 --variant early=$H.MIX_EARLY=1,tfd.model.hyper.DOWN_EARLY=1 \
+  --out $R/var 2>&1 | grep -a "best of\|rror" | cut -c1-300
 echo "t=$(el)"
 # the experts' column tiles at one stream's decode (two launches, 21.8 + 11.5 us a layer; their weights' floor
 # about 22 us): 220 gate-up programs of 32 columns leave the second wave two thirds full
