@@ -71,6 +71,11 @@ PROMPT_M = 64
 PROMPT_GATE_N, PROMPT_GATE_STAGES = 64, 3
 PROMPT_DOWN_N, PROMPT_DOWN_STAGES = 128, 3
 PROMPT_WARPS = 8
+# A prompt pass's programs in groups of PROMPT_GROUP tiles that walk their columns together (0: every tile
+# at a column, then the next column): their rows stay in L2 while their experts' weight tiles stream. The
+# 35B-A3B's down launch at 8,192 rows re-read its 75 MB of middles once a column block in that order.
+# Scheduling alone, the same bits; 0 until the H200 says (tfd bench --variant tfd_kernels.moe.PROMPT_GROUP=8).
+PROMPT_GROUP = 0
 # One row through ``routed``: the choice in the experts' first launch and the combine in the last
 # program of their second; off, the plan's launch and the combining launch (comparisons: same bits).
 ONE_ROW = True
@@ -98,22 +103,38 @@ class Shared(NamedTuple):
 
 
 @triton.jit
+def _tile_and_column(tiles, GROUP: tl.constexpr):
+    """This program's tile of pairs and column tile: the grid's two axes, or with ``GROUP`` one axis
+    in which GROUP tiles walk the columns together (their rows and their experts' weight tiles shared
+    through L2, as ``tfd_kernels.gemm``'s whole form groups row blocks)."""
+    if GROUP == 0:
+        return tl.program_id(0), tl.program_id(1)
+    columns = tl.num_programs(0) // tiles
+    per_group = GROUP * columns
+    first = (tl.program_id(0) // per_group) * GROUP
+    size = tl.minimum(tiles - first, GROUP)
+    return first + (tl.program_id(0) % per_group) % size, (tl.program_id(0) % per_group) // size
+
+
+# the grid's tiles follow the pairs of a call: one variant meets them all
+@triton.jit(do_not_specialize=["tiles"])
 def _gate_up(x, gate_up, shared_gate_up, h, layout, pair_at, pairs, top_k, experts, hidden, inner,
              shared_inner, width, stride_x, stride_ge, stride_gn, stride_sn, logits, ids, weights, dest_at,
-             tile_expert, BINS: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
+             tile_expert, tiles, BINS: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_ROW: tl.constexpr,
              K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, SLOTS: tl.constexpr,
-             PDL: tl.constexpr):
+             GROUP: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
+    tile, column = _tile_and_column(tiles, GROUP)
     if ONE_ROW:  # the choice made here, no plan launch before
         expert, _ = moe_plan.chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts,
-                                         tl.program_id(0), tl.program_id(1) == 0, K, NORM, BLOCK_E, SLOTS, "")
-        first, stop = tl.program_id(0), tl.program_id(0) + 1
+                                         tile, column == 0, K, NORM, BLOCK_E, SLOTS, "")
+        first, stop = tile, tile + 1
     else:
-        expert, first, stop = moe_plan.tile_of(layout, tl.program_id(0), BINS, BLOCK_M)
+        expert, first, stop = moe_plan.tile_of(layout, tile, BINS, BLOCK_M)
     gate, stride_n, size = moe_tiles.weight_of(gate_up, shared_gate_up, expert, experts, stride_ge, stride_gn,
                                                stride_sn, inner, shared_inner)
-    if (first >= stop) | (tl.program_id(1) * BLOCK_N >= size):  # past the last tile, or the expert's columns
+    if (first >= stop) | (column * BLOCK_N >= size):  # past the last tile, or the expert's columns
         return
     q = first + tl.arange(0, BLOCK_M)
     live = q < stop
@@ -124,21 +145,22 @@ def _gate_up(x, gate_up, shared_gate_up, h, layout, pair_at, pairs, top_k, exper
         at = tl.load(pair_at + q, mask=live & (q < pairs), other=0)
         token = tl.where(q < pairs, at // top_k, q - pairs)
     moe_tiles.gate_up_tile(x, gate, stride_n, size, h, q, live, token, hidden, width, stride_x,
-                           tl.program_id(1), PRECISION, WIDEN, BLOCK_M, BLOCK_N, BLOCK_K)
+                           column, PRECISION, WIDEN, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["tiles"])
 def _down(h, down, shared_down, buf, weights, layout, pair_at, dest_at, pairs, experts, hidden, inner,
           shared_inner, width, stride_de, stride_dn, stride_sn, tile_expert, gate, residual, total, normed,
-          norm_weight, stride_g, eps, arrivals, BINS: tl.constexpr, PRECISION: tl.constexpr,
+          norm_weight, stride_g, eps, arrivals, tiles, BINS: tl.constexpr, PRECISION: tl.constexpr,
           WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
           ONE_ROW: tl.constexpr, FINISH: tl.constexpr, TOP_K: tl.constexpr, SHARED: tl.constexpr,
-          HIDDEN_BLOCK: tl.constexpr, PDL: tl.constexpr):
+          HIDDEN_BLOCK: tl.constexpr, GROUP: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
+    tile, column = _tile_and_column(tiles, GROUP)
     if ONE_ROW:  # tile t is pair t, of the expert the first launch wrote
-        expert, first, stop = tl.load(tile_expert + tl.program_id(0)), tl.program_id(0), tl.program_id(0) + 1
+        expert, first, stop = tl.load(tile_expert + tile), tile, tile + 1
     else:
-        expert, first, stop = moe_plan.tile_of(layout, tl.program_id(0), BINS, BLOCK_M)
+        expert, first, stop = moe_plan.tile_of(layout, tile, BINS, BLOCK_M)
     if first >= stop:
         return
     w, stride_n, size = moe_tiles.weight_of(down, shared_down, expert, experts, stride_de, stride_dn,
@@ -150,7 +172,7 @@ def _down(h, down, shared_down, buf, weights, layout, pair_at, dest_at, pairs, e
     weight = tl.load(weights + tl.load(pair_at + q, mask=routed, other=0), mask=routed, other=0.0)
     weight = tl.where(q < pairs, weight.to(tl.float32), 1.0)
     dest = tl.where(q < pairs, tl.load(dest_at + q, mask=routed, other=0), q)
-    moe_tiles.down_tile(h, w, stride_n, size, buf, q, live, weight, dest, hidden, width, tl.program_id(1),
+    moe_tiles.down_tile(h, w, stride_n, size, buf, q, live, weight, dest, hidden, width, column,
                         PRECISION, WIDEN, BLOCK_M, BLOCK_N, BLOCK_K, "")
     if FINISH:  # one row: the last program to finish does _combine_add_zrms' work, in its warps
         tl.debug_barrier()  # every thread's part of the tile is written before it is counted
@@ -333,6 +355,7 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
     block_m = PROMPT_M if prompt else BLOCK_M
     gate_n, gate_stages = (PROMPT_GATE_N, PROMPT_GATE_STAGES) if prompt else (GATE_N, GATE_STAGES)
     down_n, down_stages = (PROMPT_DOWN_N, PROMPT_DOWN_STAGES) if prompt else (DOWN_N, DOWN_STAGES)
+    group = PROMPT_GROUP if prompt else 0
     for first in range(0, rows, ROW_CHUNK):
         count = min(ROW_CHUNK, rows - first)
         pairs = count * top_k
@@ -347,13 +370,13 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
             tiles = min(n_experts, pairs) + pairs // block_m
             tiles += 0 if shared is None else triton.cdiv(count, block_m)
         logits, normalise = choice if one_row and choice is not None else (x, False)  # read at one row only
-        _gate_up[(tiles, triton.cdiv(width, gate_n))](
+        _gate_up[_grid(tiles, triton.cdiv(width, gate_n), group)](
             x[first:first + count], gate_up, own_gate_up, h, tables.layout, tables.pair_at, pairs, top_k,
             n_experts, hidden, inner, shared_inner, width, x.stride(0), gate_up.stride(0), gate_up.stride(1),
-            own_gate_up.stride(0), logits, chunk_ids, chunk_weights, tables.dest_at, tile_expert, BINS=bins,
-            PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=block_m, BLOCK_N=gate_n, BLOCK_K=GATE_K,
-            ONE_ROW=one_row, K=top_k, NORM=normalise,
-            BLOCK_E=triton.next_power_of_2(n_experts), SLOTS=triton.next_power_of_2(top_k),
+            own_gate_up.stride(0), logits, chunk_ids, chunk_weights, tables.dest_at, tile_expert, tiles,
+            BINS=bins, PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=block_m, BLOCK_N=gate_n,
+            BLOCK_K=GATE_K, ONE_ROW=one_row, K=top_k, NORM=normalise,
+            BLOCK_E=triton.next_power_of_2(n_experts), SLOTS=triton.next_power_of_2(top_k), GROUP=group,
             num_warps=PROMPT_WARPS if prompt else router.ROUTE_WARPS, num_stages=gate_stages,
             **pdl.options(x.device))
         target = out[first:first + count]
@@ -362,13 +385,13 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
         finish = one_row and residual is not None  # the sum, the residual add and the norm in _down
         normed = torch.empty_like(out) if residual is not None else out
         held = residual if residual is not None else Residual(out, out[0], 0.0)  # not read unless finishing
-        _down[(tiles, triton.cdiv(hidden, down_n))](
+        _down[_grid(tiles, triton.cdiv(hidden, down_n), group)](
             h, down, own_down, buf, chunk_weights, tables.layout, tables.pair_at, tables.dest_at, pairs,
             n_experts, hidden, inner, shared_inner, width, down.stride(0), down.stride(1), own_down.stride(0),
             tile_expert, gate, held.x.contiguous(), out, normed, held.weight, gate.stride(0), held.eps,
-            _arrivals(x.device), BINS=bins, PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=block_m,
+            _arrivals(x.device), tiles, BINS=bins, PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=block_m,
             BLOCK_N=down_n, BLOCK_K=DOWN_K, ONE_ROW=one_row, FINISH=finish, TOP_K=top_k,
-            SHARED=shared is not None, HIDDEN_BLOCK=block,
+            SHARED=shared is not None, HIDDEN_BLOCK=block, GROUP=group,
             num_warps=norm.warps(block) if finish else PROMPT_WARPS if prompt else 4,
             num_stages=down_stages, **pdl.options(x.device))
         if finish:
@@ -381,6 +404,11 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
     if residual is not None:
         return norm.add_zrms(residual.x, out, residual.weight, residual.eps)
     return out, None
+
+
+def _grid(tiles: int, columns: int, group: int) -> tuple[int, ...]:
+    """An expert launch's grid: tiles by column tiles, or with ``group`` both on one axis."""
+    return (tiles * columns,) if group else (tiles, columns)
 
 
 def _arrivals(device: torch.device) -> torch.Tensor:

@@ -132,6 +132,22 @@ def test_a_prompts_rows_take_wider_tiles_and_the_same_results(rows: int, dtype: 
         assert torch.equal(alone[0], out[row])
 
 
+# 8 routed tiles of work in a grid of 9 (10 with the shared expert's, 9 of work): a last group part full with
+# work in it, routed alone (5: 5 + 4) and with the shared expert (4: 4 + 4 + 2)
+@pytest.mark.parametrize("group", [4, 5])
+def test_a_prompts_tiles_in_groups_walking_their_columns_give_the_same_bits(
+        group: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(moe, "PROMPT_PAIRS", 15)
+    sizes = {"hidden": 320, "inner": 160}  # 3 column tiles a launch: the programs' order matters
+    inputs, other = make(40, 3, torch.float32, seed=34, **sizes), make(40, 3, torch.float32, seed=35, **sizes)
+    shared = make_shared(40, torch.float32, seed=34, hidden=320, inner=96)
+    apart = moe.experts(*inputs), moe.experts(*inputs, shared)
+    monkeypatch.setattr(moe, "PROMPT_GROUP", group)
+    for extra in ((), (shared,)):
+        moe.experts(*other, *extra)  # its buffers' memory, reused next, holds another call's middles
+        assert torch.equal(moe.experts(*inputs, *extra), apart[len(extra)])
+
+
 def test_a_prompt_past_a_chunk_plans_each_chunk_in_the_wider_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     """40 rows in passes of 24 and 16 rows (72 pairs of 8 experts a full pass: 9 an expert)."""
     monkeypatch.setattr(moe, "PROMPT_PAIRS", 9)
@@ -345,7 +361,7 @@ def test_gpu_routing_is_the_same_on_both_sides_of_one_planning_block() -> None:
 
 
 @pytest.mark.gpu
-def test_gpu_a_prompts_tiles_give_a_row_the_bits_of_decodes() -> None:
+def test_gpu_a_prompts_tiles_give_a_row_the_bits_of_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
     """256 experts of top-8: 1,024 rows average 32 pairs an expert (the prompt's 64-pair tiles), 1,023 fewer
     (decode's 16-pair tiles); with the shared expert too."""
     assert moe.PROMPT_PAIRS == 32
@@ -358,6 +374,9 @@ def test_gpu_a_prompts_tiles_give_a_row_the_bits_of_decodes() -> None:
     picked = torch.tensor([0, 511, 1023], device="cuda")
     assert torch.equal(rows_alone(x[picked], gate_up, down, ids[picked], weights[picked]),
                        moe.experts(x, gate_up, down, ids, weights)[picked])
+    for group in (8, 0 if moe.PROMPT_GROUP else 5):  # the programs' order changes no bits
+        monkeypatch.setattr(moe, "PROMPT_GROUP", group)
+        assert torch.equal(moe.experts(x, gate_up, down, ids, weights, shared), prompt)
 
 
 @pytest.mark.gpu

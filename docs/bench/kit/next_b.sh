@@ -12,7 +12,7 @@ R=$OUT/r; mkdir -p $R
 M=tfd_kernels.moe
 V="--variant base= --variant down256=$M.PROMPT_DOWN_N=256,$M.PROMPT_DOWN_STAGES=2 --variant gate4=$M.PROMPT_GATE_STAGES=4
    --variant down64=$M.PROMPT_DOWN_N=64,$M.PROMPT_DOWN_STAGES=4 --variant m128=$M.PROMPT_M=128,$M.PROMPT_GATE_STAGES=2
-   --variant pairs16=$M.PROMPT_PAIRS=16"
+   --variant pairs16=$M.PROMPT_PAIRS=16 --variant group8=$M.PROMPT_GROUP=8 --variant group32=$M.PROMPT_GROUP=32"
 for shape in qwen3_5-35b-a3b qwen3_8-flash-next; do
   [ $(el) -lt 260 ] && timeout 110 tfd bench --shape $shape --streams 8 --prompt 1024 --new 8 --rounds 2 $V --out $R/var 2>&1 \
     | grep -a "best of\|rror" | cut -c1-300
