@@ -14,21 +14,18 @@ V="--variant base= --variant down256=$M.PROMPT_DOWN_N=256,$M.PROMPT_DOWN_STAGES=
    --variant down64=$M.PROMPT_DOWN_N=64,$M.PROMPT_DOWN_STAGES=4 --variant m128=$M.PROMPT_M=128,$M.PROMPT_GATE_STAGES=2
    --variant pairs16=$M.PROMPT_PAIRS=16 --variant group8=$M.PROMPT_GROUP=8 --variant group32=$M.PROMPT_GROUP=32"
 for shape in qwen3_5-35b-a3b qwen3_8-flash-next; do
-  [ $(el) -lt 260 ] && timeout 110 tfd bench --shape $shape --streams 8 --prompt 1024 --new 8 --rounds 2 $V --out $R/var 2>&1 \
+  [ $(el) -lt 260 ] && timeout 150 tfd bench --shape $shape --streams 8 --prompt 1024 --new 8 --rounds 1 $V --out $R/var 2>&1 \
     | grep -a "best of\|rror" | cut -c1-300
   echo "t=$(el)"
 done
-# the mix's K step at one stream's decode (7.2 us a launch, 34 a step; its weights' copy floor 1.4 us), and
-# the mix and the down product before it asking for their first weights before they wait
+# at one stream's decode: the mix's K step (7.2 us a launch, 34 a step; its weights' copy floor 1.4 us); the mix
+# and the down product before it asking for their first weights before they wait; the experts' column tiles (two
+# launches, 21.8 + 11.5 us a layer, their weights' floor about 22 us: 220 gate-up programs of 32 columns leave
+# the second wave two thirds full)
 H=tfd_kernels.hyper
-timeout 100 tfd bench --shape qwen3_8-flash-next --streams 1 --prompt 1024 --new 64 --rounds 3 --variant k64= \
-  --variant k128=$H.MIX_K=128 --variant k32=$H.MIX_K=32 --variant early=$H.MIX_EARLY=1,tfd.model.hyper.DOWN_EARLY=1 \
-  --out $R/var 2>&1 | grep -a "best of\|rror" | cut -c1-300
-echo "t=$(el)"
-# the experts' column tiles at one stream's decode (two launches, 21.8 + 11.5 us a layer; their weights' floor
-# about 22 us): 220 gate-up programs of 32 columns leave the second wave two thirds full
-timeout 100 tfd bench --shape qwen3_8-flash-next --streams 1 --prompt 1024 --new 64 --rounds 3 --variant g32= \
-  --variant g16=$M.GATE_N=16 --variant g64=$M.GATE_N=64 --variant d32=$M.DOWN_N=32 --out $R/var 2>&1 \
-  | grep -a "best of\|rror" | cut -c1-300
+timeout $(( 560 - $(el) )) tfd bench --shape qwen3_8-flash-next --streams 1 --prompt 1024 --new 64 --rounds 2 \
+  --variant base= --variant k128=$H.MIX_K=128 --variant k32=$H.MIX_K=32 \
+  --variant early=$H.MIX_EARLY=1,tfd.model.hyper.DOWN_EARLY=1 --variant g16=$M.GATE_N=16 --variant g64=$M.GATE_N=64 \
+  --variant d32=$M.DOWN_N=32 --out $R/var 2>&1 | grep -a "best of\|rror" | cut -c1-300
 echo "t=$(el)"
 cd $OUT && tar czf r.tgz r && rm -rf r
