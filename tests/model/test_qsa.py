@@ -14,7 +14,7 @@ import tfd.model.qsa as qsa
 from tfd.families.lane_state import AttentionRows
 from tfd.model.memory import LaneMemory, PageRows, Span
 from tfd.model.ops import zrms
-from tfd.model.qsa import IndexerWeights, select_positions, select_rows
+from tfd.model.qsa import IndexerWeights, decode_rows, select_positions, select_rows
 from tfd.model.rope import Rotary
 from tfd.pool.layout import Layout
 from tfd.pool.pages import Pool
@@ -154,7 +154,7 @@ def test_a_decode_step_of_many_lanes_chooses_and_stores_as_each_lane_alone() -> 
     rows_x = torch.cat((rows_x[:padding], torch.randn(1, HIDDEN), rows_x[padding:]))
     cos, sin = ROTARY.angles((lengths - 1).clamp_min(0), rows_x.dtype)
     positions, counts = select_rows(w, rows_x, ROTARY, cos, sin, batch_rows.views["a.index"],
-                                    batch_rows.views["a.pooled"], table, lengths)
+                                    batch_rows.views["a.pooled"], table, decode_rows(lengths))
     got = [row[:int(n)].tolist() for row, n in zip(positions, counts, strict=True)]
     assert got[padding] == [0]
     assert got[:padding] + got[padding + 1:] == want
@@ -241,8 +241,9 @@ def test_a_decode_step_past_the_budget_chooses_as_transformers_with_the_kernels(
     lengths = torch.tensor([start + 1 for start in starts])
     cos, sin = WIDE_ROTARY.angles(lengths - 1, torch.float32)
     table = torch.stack([lane.page_table for lane in lanes])
-    positions, counts = select_rows(w, torch.stack([lane_x[-1] for lane_x in x]), WIDE_ROTARY, cos, sin,
-                                    rows.views["a.index"], rows.views["a.pooled"], table, lengths)
+    last = torch.stack([lane_x[-1] for lane_x in x])
+    positions, counts = select_rows(w, last, WIDE_ROTARY, cos, sin, rows.views["a.index"],
+                                    rows.views["a.pooled"], table, decode_rows(lengths))
     assert [row[:int(n)].tolist() for row, n in zip(positions, counts, strict=True)] == want
     assert int(counts[-1]) < starts[-1] + 1  # the last lane lost keys
 

@@ -12,7 +12,7 @@ import torch
 
 from tfd.model.memory import PageRows, PromptLanes, Span
 from tfd.model.ops import linear, sigmoid_gate, zrms
-from tfd.model.qsa import IndexerWeights, select_positions, select_rows
+from tfd.model.qsa import DecodeRows, IndexerWeights, select_positions, select_rows
 from tfd.model.rope import Rotary
 from tfd_kernels import cache_write, paged_attention, paged_prefill, sparse_attention
 from tfd_kernels import rope as rope_kernel
@@ -128,11 +128,12 @@ def attention_spans(w: AttentionWeights, x: torch.Tensor, lanes: PromptLanes, ke
 
 
 def sparse_rows(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: Rotary,
-                caches: QsaCaches, page_table: torch.Tensor, lengths: torch.Tensor,
+                caches: QsaCaches, page_table: torch.Tensor, lengths: torch.Tensor, rows: DecodeRows,
                 tables: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """``attention_rows`` for a QSA layer: one decode row per lane, batched, at positions
-    ``lengths - 1`` (``lengths`` int32 [lanes], 0 for a padding lane; ``page_table`` int32 [lanes,
-    pages]). Stores each live row's K and V, its raw index key and the block it completes in
+    ``lengths - 1`` (``lengths`` int32 [lanes], 0 for a padding lane; ``rows`` the same as every QSA
+    layer of the step reads them, ``qsa.decode_rows``; ``page_table`` int32 [lanes, pages]). Stores
+    each live row's K and V, its raw index key and the block it completes in
     ``caches`` (``qsa.select_rows``; ``tables``: every position's angles, on CUDA), then attends each
     row's chosen positions (``tfd_kernels.sparse_attention``: the kernel on CUDA, its reference
     elsewhere), as ``attention`` does for a span's rows. A padding lane stores nothing and reads the
@@ -142,11 +143,10 @@ def sparse_rows(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: to
     write = cache_write.write if x.is_cuda else cache_write.reference
     write(p.key, p.value, caches.keys, caches.values, page_table, lengths)
     chosen_at, counts = select_rows(w.indexer, x, rotary, cos, sin, caches.index, caches.pooled, page_table,
-                                    lengths.long(), tables)
+                                    rows, tables)
     out = torch.empty_like(p.query)
-    lane_of = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
     attend_chosen = sparse_attention.attend if x.is_cuda else sparse_attention.reference
-    attend_chosen(p.query, caches.keys, caches.values, page_table, lane_of, chosen_at, counts,
+    attend_chosen(p.query, caches.keys, caches.values, page_table, rows.lane_of, chosen_at, counts,
                   w.head_dim ** -0.5, out)
     return finish(w, out, p.gate)
 

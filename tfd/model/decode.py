@@ -33,6 +33,7 @@ from tfd.model.mlp import MoeWeights, dense, moe, moe_add_zrms
 from tfd.model.mtp import Draft, MtpWeights
 from tfd.model.ops import add_zrms, linear, zrms
 from tfd.model.ple import ple_rows, ple_window
+from tfd.model.qsa import DecodeRows, decode_rows
 from tfd.model.rope import Rotary
 from tfd.model.stack import LayerWeights, StackOutput, StackWeights
 from tfd.model.verify import VerifyLanes, gdn_window
@@ -229,6 +230,7 @@ class _Step:
     verify: VerifyLanes | None = None  # the rows are verify windows (tfd.model.verify)
     offsets: torch.Tensor | None = None  # with verify: each lane's offset fields (``lane_fields``)
     tables: tuple[torch.Tensor, torch.Tensor] | None = None  # on CUDA: every position's angles
+    qsa_rows: DecodeRows | None = None  # with QSA layers: the rows as each reads them, made once
 
 
 def run_decode(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory, verify: VerifyLanes | None = None
@@ -291,12 +293,20 @@ def _begin(w: StackWeights, batch: DecodeBatch, memory: DecodeMemory) -> tuple[t
         tables = memory.angle_tables(w.rotary, batch.columns.pages, w.embed.dtype)
         inputs = step_inputs.gather(batch.packed, batch.columns.table_field, w.embed, *tables, memory.feed)
         return inputs.x, _Step(batch, memory, inputs.cos, inputs.sin, inputs.table, inputs.lengths,
-                               tables=tables)
+                               tables=tables, qsa_rows=_qsa_rows(w, inputs.lengths))
     batch.tokens.copy_(step_inputs.fed_tokens(batch.tokens, memory.feed))
     x = w.embed[batch.tokens]
     cos, sin = w.rotary.angles(batch.positions, x.dtype)
     table = batch.page_table.to(torch.int32, memory_format=torch.contiguous_format)
-    return x, _Step(batch, memory, cos, sin, table, batch.lengths.to(torch.int32))
+    lengths = batch.lengths.to(torch.int32)
+    return x, _Step(batch, memory, cos, sin, table, lengths, qsa_rows=_qsa_rows(w, lengths))
+
+
+def _qsa_rows(w: StackWeights, lengths: torch.Tensor) -> DecodeRows | None:
+    """The step's rows as its QSA layers read them (the MTP head's too: Flash Next's stack has them)."""
+    if any(getattr(layer.mixer, "indexer", None) is not None for layer in w.layers):
+        return decode_rows(lengths)
+    return None
 
 
 def _plain(w: StackWeights, x: torch.Tensor, step: _Step) -> tuple[torch.Tensor, torch.Tensor]:
@@ -376,8 +386,9 @@ def _mix(w: StackWeights, layer: LayerWeights, h: torch.Tensor, gdn_layer: int, 
         return attention_rows(layer.mixer, h, step.cos, step.sin, w.rotary, keys, values, step.table,
                               step.lengths)
     qsa = QsaCaches(keys, values, caches[f"{layer.name}.index"], caches[f"{layer.name}.pooled"])
+    assert step.qsa_rows is not None
     return sparse_rows(layer.mixer, h, step.cos, step.sin, w.rotary, qsa, step.table, step.lengths,
-                       step.tables)
+                       step.qsa_rows, step.tables)
 
 
 def batches(w: StackWeights) -> bool:

@@ -30,6 +30,26 @@ SCORED_ROWS = 2048
 
 
 @attrs.frozen
+class DecodeRows:
+    """A batched decode step's rows as every QSA layer reads them, made once a step (``decode_rows``):
+    on a GPU each is a launch, four QSA layers a Flash Next step would make them four times."""
+
+    lengths: torch.Tensor  # int64 [rows]: each row's visible keys, 0 for a padding lane
+    positions: torch.Tensor  # int64 [rows]: lengths - 1, 0 for a padding lane
+    ends: torch.Tensor  # int64 [rows]: positions + 1, the positions a row's complete blocks end before
+    rowed: torch.Tensor  # int64 [rows]: 0, 1, ...: a row is its own lane of the page table
+    lane_of: torch.Tensor  # int32 [rows]: the same, as the kernels take it
+
+
+def decode_rows(lengths: torch.Tensor) -> DecodeRows:
+    """``DecodeRows`` of the rows' visible keys ``lengths`` [rows] (any integer dtype)."""
+    lengths = lengths.long()
+    positions = (lengths - 1).clamp_min(0)
+    rowed = torch.arange(lengths.shape[0], device=lengths.device)
+    return DecodeRows(lengths, positions, positions + 1, rowed, rowed.to(torch.int32))
+
+
+@attrs.frozen
 class IndexerWeights:
     qk: torch.Tensor  # [(heads + 1) * dim, hidden]: the index heads' queries, then one key
     q_norm: torch.Tensor  # [dim], zero-centred
@@ -125,11 +145,11 @@ def select_positions(w: IndexerWeights, x: torch.Tensor, span: Span, rows: PageR
 
 
 def select_rows(w: IndexerWeights, x: torch.Tensor, rotary: Rotary, cos: torch.Tensor, sin: torch.Tensor,
-                index: torch.Tensor, pooled: torch.Tensor, page_table: torch.Tensor, lengths: torch.Tensor,
+                index: torch.Tensor, pooled: torch.Tensor, page_table: torch.Tensor, rows: DecodeRows,
                 tables: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``select_positions`` for one decode row a lane, batched: ``x`` [lanes, hidden] at positions
-    ``lengths - 1`` (``lengths`` int64 [lanes], 0 for a padding lane), ``cos``/``sin`` their angles,
-    the lanes' ``page_table`` int32 [lanes, pages] into the layer's ``index`` and ``pooled`` parts.
+    """``select_positions`` for one decode row a lane, batched: ``x`` [lanes, hidden] at ``rows``'
+    positions (``decode_rows``: a padding lane's length 0), ``cos``/``sin`` their angles, the lanes'
+    ``page_table`` int32 [lanes, pages] into the layer's ``index`` and ``pooled`` parts.
 
     Stores each live row's raw index key and, when the row completes a block, the block's pooled
     key; a padding lane stores nothing. On CUDA with ``tables`` (every position's (cos, sin),
@@ -137,30 +157,26 @@ def select_rows(w: IndexerWeights, x: torch.Tensor, rotary: Rotary, cos: torch.T
     (``tfd_kernels.lane_rows`` stores). Every lane scores all blocks its page table can hold (-inf past
     its complete ones), so shapes depend on the lane count alone; a padding lane chooses position 0 of
     the null page."""
-    lanes, device = x.shape[0], x.device
     query, keys = index_rows(w, x, rotary, cos, sin)
-    positions = (lengths - 1).clamp_min(0)
-    rowed = torch.arange(lanes, device=device)
     if x.is_cuda and tables is not None:
-        index_pool.store(keys, index, page_table, lengths)
-        index_pool.pool(index, pooled, page_table, lengths, w.k_norm, *tables, w.eps, w.block)
+        index_pool.store(keys, index, page_table, rows.lengths)
+        index_pool.pool(index, pooled, page_table, rows.lengths, w.k_norm, *tables, w.eps, w.block)
     else:
-        _store_and_pool(w, keys, rotary, index, pooled, page_table, lengths, positions, rowed)
+        _store_and_pool(w, keys, rotary, index, pooled, page_table, rows)
     blocks = page_table.shape[1] * pooled.shape[1]
-    scored = scores(query, pooled, page_table, rowed.to(torch.int32), (positions + 1) // w.block, blocks)
+    scored = scores(query, pooled, page_table, rows.lane_of, rows.ends // w.block, blocks)
     if x.is_cuda:  # one launch, the same positions; its row length fixed
-        return block_choice.choose(scored, positions, w.budget // w.block, w.block)
-    return choose(w, scored, positions, page_table.shape[1] * index.shape[1] + w.block)
+        return block_choice.choose(scored, rows.positions, w.budget // w.block, w.block)
+    return choose(w, scored, rows.positions, page_table.shape[1] * index.shape[1] + w.block)
 
 
 def _store_and_pool(w: IndexerWeights, keys: torch.Tensor, rotary: Rotary, index: torch.Tensor,
-                    pooled: torch.Tensor, page_table: torch.Tensor, lengths: torch.Tensor,
-                    positions: torch.Tensor, rowed: torch.Tensor) -> None:
+                    pooled: torch.Tensor, page_table: torch.Tensor, rows: DecodeRows) -> None:
     """``select_rows``' stores by torch: each live row's raw key, then, where its row completes a
     block, the block's pooled key (``pool_blocks``, on every lane's last complete block, kept where
     the row completed it)."""
-    device = keys.device
-    live = lengths > 0
+    device, positions, rowed = keys.device, rows.positions, rows.rowed
+    live = rows.lengths > 0
     page_rows, entries = index.shape[1], pooled.shape[1]
     store = lane_rows.store if keys.is_cuda else lane_rows.reference
     pages = page_table[rowed, positions // page_rows].long()
