@@ -142,14 +142,13 @@ def choose(scored: torch.Tensor, positions: torch.Tensor, best: int, block: int,
     width = best * block + block - 1
     out = torch.empty(rows, width, dtype=torch.int32, device=scored.device)
     counts = torch.empty(rows, dtype=torch.int32, device=scored.device)
+    scored = scored if scored.stride(1) == 1 else scored.contiguous()
     if rows and blocks > most:
-        scored = scored if scored.stride(1) == 1 else scored.contiguous()
         _choose_long[(rows,)](scored, positions.contiguous(), out, counts, scored.stride(0), out.stride(0),
                               BEST=best, BLOCK=block, BLOCK_PAD=triton.next_power_of_2(block), WIDTH=width,
                               WIDTH_PAD=triton.next_power_of_2(width), CHUNK=LONG_CHUNK, num_warps=8,
                               **pdl.options(scored.device))
     elif rows:
-        scored = scored if scored.stride(1) == 1 else scored.contiguous()
         _choose[(rows,)](scored, positions.contiguous(), out, counts, blocks, scored.stride(0), out.stride(0),
                          BEST=best, BLOCK=block, BLOCK_PAD=triton.next_power_of_2(block), WIDTH=width,
                          WIDTH_PAD=triton.next_power_of_2(width),

@@ -284,6 +284,16 @@ def _segment_tma(x, w, first_row, first_col, start, length, BLOCK_M: tl.constexp
     return acc
 
 
+@triton.jit
+def grouped(program, m_tiles, n_tiles, GROUP: tl.constexpr):
+    """Program ``program``'s (row block, column tile) of ``m_tiles`` by ``n_tiles`` on one grid axis:
+    GROUP row blocks walk the columns together, so each weight tile they share is read from L2."""
+    per_group = GROUP * n_tiles
+    first_m = (program // per_group) * GROUP
+    size = tl.minimum(m_tiles - first_m, GROUP)
+    return first_m + (program % per_group) % size, (program % per_group) // size
+
+
 # counts that vary call by call are not specialized on (1, multiples of 16): one variant meets them all
 @triton.jit(do_not_specialize=["m", "m_tiles"])
 def _whole(x, w, out, m, n, k, stride_xm, stride_wn, stride_om, segments, k_per_segment, n_tiles, m_tiles,
@@ -291,12 +301,7 @@ def _whole(x, w, out, m, n, k, stride_xm, stride_wn, stride_om, segments, k_per_
            ONE_SEGMENT: tl.constexpr, TMA: tl.constexpr, GROUP: tl.constexpr, SWIGLU: tl.constexpr,
            PAIR: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
-    # GROUP row blocks walk the columns together, so each weight tile they share is read from L2
-    per_group = GROUP * n_tiles
-    first_m = (tl.program_id(0) // per_group) * GROUP
-    size = tl.minimum(m_tiles - first_m, GROUP)
-    tile_n = (tl.program_id(0) % per_group) // size
-    tile_m = first_m + (tl.program_id(0) % per_group) % size
+    tile_m, tile_n = grouped(tl.program_id(0), m_tiles, n_tiles, GROUP)
     rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if TMA:

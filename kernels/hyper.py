@@ -121,6 +121,13 @@ def block_input(up: torch.Tensor, normed: torch.Tensor, streams: int, width: int
 
 
 @triton.jit
+def _written(base, value, weight, dtype: tl.constexpr):
+    """A stream's ``base`` plus the block's ``value`` times its ``weight`` (all fp32): the product
+    rounded to ``dtype``, then the sum, rounded."""
+    return (base + widened((value * weight).to(dtype))).to(dtype)
+
+
+@triton.jit
 def _write(stack, output, weights, out, width, stride_s, stride_o, stride_w, STREAMS: tl.constexpr,
            BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
@@ -132,20 +139,30 @@ def _write(stack, output, weights, out, width, stride_s, stride_o, stride_w, STR
     for stream in tl.static_range(STREAMS):
         weight = tl.load(weights + row * stride_w + stream).to(tl.float32)
         at = stream * width + cols
-        added = widened((value * weight).to(dtype))
         base = tl.load(stack + row * stride_s + at, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out + row * STREAMS * width + at, (base + added).to(dtype), mask=mask)
+        tl.store(out + row * STREAMS * width + at, _written(base, value, weight, dtype), mask=mask)
+
+
+def _write_shapes(stack: torch.Tensor, output: torch.Tensor, weights: torch.Tensor,
+                  norm: torch.Tensor | None = None) -> tuple[int, int, int]:
+    """(rows, streams, width) of a write's inputs (and its norm's weight); ValueError naming them."""
+    rows, streams = weights.shape
+    width = output.shape[-1]
+    named = f"stack {list(stack.shape)}, output {list(output.shape)}, weights {list(weights.shape)}"
+    wanted = "[rows, streams * width], [rows, width], [rows, streams]"
+    wrong = stack.shape != (rows, streams * width) or output.shape != (rows, width)
+    if norm is not None:
+        named, wanted = f"{named}, norm {list(norm.shape)}", f"{wanted}, [streams * width]"
+        wrong = wrong or norm.shape != (streams * width,)
+    if wrong:
+        raise ValueError(f"{named}: want {wanted}")
+    return rows, streams, width
 
 
 def write(stack: torch.Tensor, output: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """``stack`` [rows, streams * width] with the block ``output`` [rows, width] added to each stream
     times its weight (``weights`` [rows, streams]), as a new tensor."""
-    rows, streams = weights.shape
-    width = output.shape[-1]
-    if stack.shape != (rows, streams * width) or output.shape != (rows, width):
-        raise ValueError(f"stack {list(stack.shape)}, output {list(output.shape)}, weights "
-                         f"{list(weights.shape)}: want [rows, streams * width], [rows, width], "
-                         "[rows, streams]")
+    rows, streams, width = _write_shapes(stack, output, weights)
     stack, output, weights = _unit_columns(stack), _unit_columns(output), _unit_columns(weights)
     out = torch.empty(rows, streams * width, dtype=stack.dtype, device=stack.device)
     if rows:
@@ -170,7 +187,7 @@ def _write_norm(stack, output, weights, norm, out, normed, width, stride_s, stri
     value = tl.load(output + row * stride_o + cols, mask=mask, other=0.0).to(tl.float32)
     weight = tl.load(weights + row * stride_w + stream).to(tl.float32)
     base = tl.load(stack + row * stride_s + at, mask=mask, other=0.0).to(tl.float32)
-    total = (base + widened((value * weight).to(dtype))).to(dtype)
+    total = _written(base, value, weight, dtype)
     tl.store(out + row * tl.num_programs(1) * width + at, total, mask=mask)
     w = norm_kernels.row_weight(norm + stream * width, cols, mask)
     row_out = normed + row * tl.num_programs(1) * width
@@ -181,13 +198,7 @@ def write_norm(stack: torch.Tensor, output: torch.Tensor, weights: torch.Tensor,
                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``write(stack, output, weights)`` and the zero-centred norm of each of its streams (``norm``
     [streams * width], each stream's own weight), in one launch: the next read's first step."""
-    rows, streams = weights.shape
-    width = output.shape[-1]
-    if stack.shape != (rows, streams * width) or output.shape != (rows, width) \
-            or norm.shape != (streams * width,):
-        raise ValueError(f"stack {list(stack.shape)}, output {list(output.shape)}, weights "
-                         f"{list(weights.shape)}, norm {list(norm.shape)}: want [rows, streams * width], "
-                         "[rows, width], [rows, streams], [streams * width]")
+    rows, streams, width = _write_shapes(stack, output, weights, norm)
     stack, output, weights = _unit_columns(stack), _unit_columns(output), _unit_columns(weights)
     out = torch.empty(rows, streams * width, dtype=stack.dtype, device=stack.device)
     normed = torch.empty_like(out)

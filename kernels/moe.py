@@ -91,11 +91,7 @@ def _tile_and_column(tiles, GROUP: tl.constexpr):
     through L2, as ``tfd_kernels.gemm``'s whole form groups row blocks)."""
     if GROUP == 0:
         return tl.program_id(0), tl.program_id(1)
-    columns = tl.num_programs(0) // tiles
-    per_group = GROUP * columns
-    first = (tl.program_id(0) // per_group) * GROUP
-    size = tl.minimum(tiles - first, GROUP)
-    return first + (tl.program_id(0) % per_group) % size, (tl.program_id(0) % per_group) // size
+    return gemm.grouped(tl.program_id(0), tiles, tl.num_programs(0) // tiles, GROUP)
 
 
 # the grid's tiles follow the pairs of a call: one variant meets them all

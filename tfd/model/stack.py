@@ -132,7 +132,6 @@ def _mix(w: StackWeights, layer: LayerWeights, x: torch.Tensor, span: Span, rows
     return attention(layer.mixer, x, span, rows, layer.name, w.rotary)
 
 
-
 def _bounds(spans: Sequence[Span]) -> list[tuple[int, int]]:
     bounds, at = [], 0
     for span in spans:
