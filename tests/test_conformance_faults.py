@@ -14,15 +14,17 @@ import torch
 import trio
 
 from support import InProcessDaemon
+from tfd.cache.kept import KeptState, KeptStates
 from tfd.conformance import soak as soak_module
 from tfd.conformance.client import Client
 from tfd.conformance.kit import check
 from tfd.conformance.report import Report
 from tfd.conformance.soak import soak
-from tfd.engine.kept import KeptState, KeptStates
 from tfd.engine.lane import Lane
 from tfd.engine.runner import Runner
 from tfd.model.decode import Columns, DecodeBatch
+from tfd.model.memory import LaneMemory
+from tfd.pool.pages import Lease
 from tfd_kernels import conv1d
 
 
@@ -46,9 +48,8 @@ async def test_a_state_read_one_token_early_fails_resumed(short_tmp: Path, monke
                                                          ) -> None:
     real = KeptStates.resume
 
-    def early(self: KeptStates, lane: Lane, state: KeptState) -> None:
-        real(self, lane, state)
-        lane.position = lane.cached = state.position - 1  # the state's last token goes in twice
+    def early(self: KeptStates, lease: Lease, memory: LaneMemory, state: KeptState) -> int:
+        return real(self, lease, memory, state) - 1  # the state's last token goes in twice
 
     monkeypatch.setattr(KeptStates, "resume", early)
     found = await checked(short_tmp)

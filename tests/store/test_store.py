@@ -15,8 +15,9 @@ import torch
 
 from tfd.store import sealed
 from tfd.store.checksum import mismatched
+from tfd.store.image import Image
 from tfd.store.sealed import Writer
-from tfd.store.store import Image, Refused, Store
+from tfd.store.store import Refused, Store
 
 MIB = 1 << 20
 DAY = 86400.0

@@ -27,12 +27,12 @@ import torch
 
 from tfd.bench.flags import STEP_TOKENS
 from tfd.bench.workload import drive, runner_for
+from tfd.cache import learned as learned_states
+from tfd.cache.learned import Learned
 from tfd.engine.request import Request, Sampling
 from tfd.engine.runner import Runner
 from tfd.families.hybrid import HybridModel
-from tfd.store import learned as learned_states
-from tfd.store.learned import Learned
-from tfd.store.store import Store
+from tfd.store.store import Store, StoreCounts
 
 FOLLOW_UP = 64  # tokens the second turn adds after the first turn's reply
 WARM_TOKENS = 4096  # the untimed conversation's prompt (a 1,024-token one left kernels to the timed turn)
@@ -44,8 +44,16 @@ def learning(model: HybridModel, window: int, graphs: bool, root: Path, keep_gai
     ``keep_gain`` tokens on) writes to a store under ``root``."""
     runner = runner_for(model, window, 1, graphs, kept_states=1, keep_gain=keep_gain)
     store = Store(root, IDENTITY, 1 << 50, 1 << 50, 0)
-    runner.learned = Learned(store, runner.pool, runner.pool.buffer.device, context=window)
+    assert runner.cache is not None
+    runner.cache.attach(Learned(store, runner.pool, runner.pool.buffer.device, context=window))
     return runner
+
+
+def closed(runner: Runner) -> StoreCounts:
+    """Let the writer of a runner ``learning`` made finish, then stop it; what its store did."""
+    assert runner.cache is not None and runner.cache.learned is not None
+    runner.cache.learned.close()
+    return runner.cache.learned.store.counts
 
 
 def drop_page_cache(root: Path) -> None:
@@ -83,26 +91,20 @@ def turns(model: HybridModel, prompt_tokens: int, new_tokens: int, graphs: bool,
         writer = learning(model, window, graphs, root, keep_gain)
         reply = drive(model, [first], step_tokens, graphs, runner=writer).tokens[0]
         began = time.perf_counter()
-        assert writer.learned is not None
-        writer.learned.close()
+        written = closed(writer)
         waited_s = time.perf_counter() - began
-        written = writer.learned.store.counts
         del writer
         drop_page_cache(root)
         follow = tuple(torch.randint(0, model.cfg.vocab, (FOLLOW_UP,), generator=generator).tolist())
         second = Request("turn-2", first.prompt + reply + follow, new_tokens, Sampling(temperature=0.0))
         reader = learning(model, window, graphs, root, keep_gain)
         restored = drive(model, [second], step_tokens, graphs, runner=reader)
-        assert reader.learned is not None
-        reader.learned.close()
-        read = reader.learned.store.counts
+        read = closed(reader)
         del reader
         # the files are in the page cache now
         cached_reader = learning(model, window, graphs, root, keep_gain)
         again = drive(model, [second], step_tokens, graphs, runner=cached_reader)
-        assert cached_reader.learned is not None
-        cached_reader.learned.close()
-        cached_read = cached_reader.learned.store.counts
+        cached_read = closed(cached_reader)
         del cached_reader
         host_bytes, host_s = host_read(root)
         cold = drive(model, [second], step_tokens, graphs)

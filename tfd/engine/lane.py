@@ -9,8 +9,8 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
+from tfd.cache.prefixes import Prefixes, keep_points
 from tfd.engine.drafts import DraftCounts
-from tfd.engine.prefixes import keep_points
 from tfd.engine.request import Request, prompt_seed
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ class Lane:
         self.counts = DraftCounts()
         self.keep_points = keep_points(len(request.prompt), request.keep_at)  # prefill chunks end there
         self.cached = 0  # prompt tokens resumed from a kept state
-        self.digests: list[bytes] | None = None  # the prompt's prefix digests, once a cache asks
+        self.prefixes = Prefixes(request.prompt)  # the prompt as the cache names it
 
     def record(self, token: int, now: float) -> None:
         """A token drawn for this lane: kept, the lane decodes from here, the first one's time noted."""

@@ -28,9 +28,9 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from tfd.engine import resume
+from tfd.cache.kept import KeptStates
+from tfd.cache.prompt_cache import PromptCache, Start
 from tfd.engine.graphs import DecodeGraphs
-from tfd.engine.kept import KeptState, KeptStates
 from tfd.engine.lane import Lane
 from tfd.engine.request import TokenLogprob
 from tfd.engine.rounds import Propose, Rounds, drafts_from_head, prompt_absorbs
@@ -41,8 +41,6 @@ from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
 from tfd.model.memory import LaneMemory, PageRows, Span, ints_on, to_host
 from tfd.model.stack import StackOutput
 from tfd.pool.pages import Pool
-from tfd.store.learned import Learned
-from tfd.store.store import Image
 
 log = logging.getLogger("tfd.engine")
 
@@ -120,7 +118,7 @@ class Runner:
     ``drafting``: lanes that ask for it verify drafts from the MTP head in rounds (a model with a
     head and one residual stream; the pool's layout with the head's rows and verify's buffers for
     windows of ``drafting.most + 1`` rows); ``propose`` replaces the head (a scripted one in tests).
-    ``kept_bytes``: the prompt cache's budget (``tfd.engine.kept``; 0: no cache), ``keep_gain`` the
+    ``kept_bytes``: the prompt cache's budget in memory (``tfd.cache``; 0: no cache), ``keep_gain`` the
     tokens a resumed lane prefills before it keeps a state again."""
 
     def __init__(self, model: HybridModel, pool: Pool, context: int, max_lanes: int,
@@ -149,8 +147,8 @@ class Runner:
         if drafting is not None and drafts_from_head(model) and self.memory is not None:
             self.rounds = Rounds(model, self.memory, self.rows, self.columns, self.offsets, drafting.most,
                                  drafting.confidence, propose, graphs, max_lanes)
-        self.kept = KeptStates(pool, model.pieces(), kept_bytes, keep_gain) if kept_bytes else None
-        self.learned: Learned | None = None  # kept states on disk too (attached once the identity is known)
+        self.cache = PromptCache(KeptStates(pool, model.pieces(), kept_bytes, keep_gain), model.init_state) \
+            if kept_bytes else None  # its disk tier attached once the identity is known
 
     def admit(self, lane: Lane, load: int = 1) -> Admission:
         """Admit a waiting lane if the pool can promise its window (evicting kept states that are in
@@ -158,22 +156,24 @@ class Runner:
         running or waiting. WAIT while the pool is short; DROPPED when opening it failed (logged;
         its pages are back)."""
         drafts = self.rounds is not None and lane.request.draft and self._drafts_at(load)
-        state, image = resume.choose(self.kept, self.learned, lane, drafts)
-        adopted = 0 if state is None else len(state.shared)
-        if not self.pool.can_promise(lane.request.window, adopted):
+        begin = Start()
+        if self.cache is None or not lane.request.cache:  # its prompt chunked as without a cache
+            lane.keep_points = ()
+        else:
+            begin = self.cache.choose(lane.prefixes, lane.request.window, drafts)
+        if not self.pool.can_promise(lane.request.window, begin.adopted):
             return Admission.WAIT
-        lane.lease = self.pool.promise(lane.request.window, adopted)
+        lane.lease = self.pool.promise(lane.request.window, begin.adopted)
         try:
-            self.open(lane, drafts, state, image)
+            self.open(lane, drafts, begin)
         except Exception:
             log.exception("could not open a lane for request %s", lane.request.id)
             return Admission.DROPPED
         return Admission.ADMITTED
 
-    def open(self, lane: Lane, drafts: bool, state: KeptState | None = None, image: Image | None = None
-             ) -> None:
-        """Give an admitted lane (its lease promised) its state pieces, initialised, and start it at
-        ``state`` or ``image`` (``tfd.engine.resume``); ``drafts``: it verifies drafts in rounds.
+    def open(self, lane: Lane, drafts: bool, begin: Start | None = None) -> None:
+        """Give an admitted lane (its lease promised) its state pieces, initialised, and start it
+        where ``begin`` says (``PromptCache.start``); ``drafts``: it verifies drafts in rounds.
 
         Error handling: on failure the lease is finished, so the pool is as before.
         """
@@ -182,7 +182,10 @@ class Runner:
         try:
             pieces = lease.open(self.model.init_state)
             lane.memory = LaneMemory(pieces, lease.page_table)
-            resume.start(self.model, self.kept, self.learned, lane, state, image, drafts)
+            if self.cache is not None and lane.request.cache:  # a bypass is neither a hit nor a miss
+                at = self.cache.start(begin or Start(), lane.prefixes, lease, lane.memory, drafts)
+                lane.position = lane.cached = at
+                lane.keep_points = self.cache.passed(lane.keep_points, at)
         except BaseException:
             lease.finish()
             lane.lease, lane.memory, lane.position, lane.cached = None, None, 0, 0
@@ -287,8 +290,8 @@ class Runner:
         """Run every work's rows (decode rows batched, prompt chunks as spans of one forward);
         draw a token for each work that samples. Rows the step run ahead already ran are not run
         again; a plain decode step launches the next one before it waits."""
-        if self.learned is not None:
-            self.learned.settle()
+        if self.cache is not None:
+            self.cache.settle()
         for work in works:
             lease = work.lane.lease
             assert lease is not None and work.lane.memory is not None
@@ -317,10 +320,20 @@ class Runner:
             self.ahead = self._ahead_of(step, works)
             return self._drawn(works, step)
         drawn = self._run(rest)
-        resume.keep(self.kept, self.learned, rest)
+        self._keep(rest)
         if ahead is None or not covered:
             return drawn
         return self._drawn(covered, ahead) + drawn
+
+    def _keep(self, works: Sequence[Work]) -> None:
+        """Keep the state of each lane whose prompt chunk just ended at one of its keep points."""
+        if self.cache is None:
+            return
+        for work in works:
+            lane, end = work.lane, work.start + work.length
+            if not work.decode and end in lane.keep_points:
+                assert lane.lease is not None and lane.memory is not None
+                self.cache.keep(lane.prefixes, lane.lease, lane.memory, end, lane.drafting)
 
     @staticmethod
     def _drawn(works: Sequence[Work], step: Launched) -> list[Drawn]:

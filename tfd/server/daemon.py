@@ -122,13 +122,14 @@ class Daemon:
         pool, engine = service.pool, service.engine
         self.metrics.watch(lambda: (pool.free, pool.pages - pool.free),
                            lambda: (engine.running, engine.waiting))
-        if engine.runner.kept is not None:
-            self.metrics.watch_kept(engine.runner.kept.counts)
+        cache = engine.runner.cache
+        if cache is not None:
+            self.metrics.watch_kept(cache.kept.counts)
         service.check_learning_cache()
         self.notify(f"STATUS=warming up {service.name}")
         await service.warm_up()
-        if await service.learn(self.environ) is not None and engine.runner.learned is not None:
-            self.metrics.watch_learned(engine.runner.learned.store.counts)
+        if await service.learn(self.environ) is not None and cache is not None and cache.learned is not None:
+            self.metrics.watch_learned(cache.learned.store.counts)
         if watch_compiles():
             self.metrics.watch_compiles(compiled_variants, len(compiled_variants()))
 

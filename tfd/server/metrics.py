@@ -24,7 +24,7 @@ from tfd import __version__
 from tfd.server.lifecycle import Lifecycle, Phase
 
 if TYPE_CHECKING:  # the metrics load without torch
-    from tfd.engine.kept import KeptCounts
+    from tfd.cache.kept import KeptCounts
     from tfd.store.store import StoreCounts
 
 log = logging.getLogger("tfd.metrics")

@@ -21,8 +21,9 @@ import attrs
 import torch
 import trio
 
+from tfd.cache.learned import Learned, state_digest
+from tfd.cache.prefixes import Prefixes
 from tfd.engine.engine import Engine, Limits
-from tfd.engine.prefixes import key_at, prefix_digests
 from tfd.engine.request import Finished, Request, Sampling
 from tfd.engine.rounds import drafts_from_head
 from tfd.engine.runner import Drafting
@@ -54,7 +55,6 @@ from tfd.server.start_refusals import (
 from tfd.server.systemd import Heartbeat
 from tfd.server.warm_up import by_kernel, short, warm_up, waves
 from tfd.store.identity import PROBE_TOKENS, facts, identity, probe_prompt
-from tfd.store.learned import Learned, state_digest
 from tfd.store.store import Store
 from tfd_kernels.runtime import compiled_variants, watch_compiles
 
@@ -221,10 +221,10 @@ class Service:
         settings, model = self.loaded.settings, self.loaded.model
         mode = settings.value("TF_WARM_UP", str)
         full = mode == "full" or (mode == "auto" and self.pool.buffer.device.type == "cuda")
-        kept = self.engine.runner.kept
+        cache = self.engine.runner.cache
         drafting = self.prepared.drafting is not None
         pooled = model.cfg.indexer.block if model.cfg.indexer is not None else 1
-        plan = waves(self.engine.limits, model.cfg.vocab, drafting, kept is not None, pooled) if full \
+        plan = waves(self.engine.limits, model.cfg.vocab, drafting, cache is not None, pooled) if full \
             else short(model.cfg.vocab)
         before = len(compiled_variants())  # counted since prepare() began watching
         try:
@@ -233,8 +233,8 @@ class Service:
             if isinstance(self.engine.last_step_error, torch.OutOfMemoryError):
                 raise SettingsRefused([OUT_OF_MEMORY.format(doing="warming up")]) from None
             raise
-        if kept is not None:
-            await self.engine.ask(kept.clear)  # the warm-up's prompts are nobody's conversation
+        if cache is not None:
+            await self.engine.ask(cache.kept.clear)  # the warm-up's prompts are nobody's conversation
         await self.engine.ask(self.pool.check_at_load)
         counted = f"{len(compiled_variants()) - before} kernel variants compiled" if watch_compiles() \
             else "kernel compiles not counted here"
@@ -251,9 +251,10 @@ class Service:
     def check_learning_cache(self) -> None:
         """With TF_LEARN_CONVERSATIONS, a prompt cache that can keep the identity probe's state:
         refused by name before the warm-up (minutes on a fresh GPU), not after it."""
-        settings, kept = self.loaded.settings, self.engine.runner.kept
-        if not settings.value("TF_LEARN_CONVERSATIONS", bool) or kept is None:
+        settings, cache = self.loaded.settings, self.engine.runner.cache
+        if not settings.value("TF_LEARN_CONVERSATIONS", bool) or cache is None:
             return
+        kept = cache.kept
         need = kept.state_bytes(PROBE_AT)
         if need > kept.budget:
             raise SettingsRefused([
@@ -265,8 +266,8 @@ class Service:
         """With TF_LEARN_CONVERSATIONS, the identity (a probe prompt's kept state's digest with the
         facts it covers) and the store of its learned states, attached to the engine; its name."""
         settings = self.loaded.settings
-        runner = self.engine.runner
-        if not settings.value("TF_LEARN_CONVERSATIONS", bool) or runner.kept is None:
+        runner, cache = self.engine.runner, self.engine.runner.cache
+        if not settings.value("TF_LEARN_CONVERSATIONS", bool) or cache is None:
             return None
         prompt = probe_prompt(self.loaded.model.cfg.vocab)
         handle = self.engine.submit(Request("identity-probe", prompt, 1, Sampling(temperature=0.0),
@@ -279,9 +280,8 @@ class Service:
         store_root = learn_directory(settings, environ)
 
         def attach() -> str:
-            kept = runner.kept
-            assert kept is not None
-            state = kept.states.get(key_at(prompt, prefix_digests(prompt, PROBE_AT), PROBE_AT))
+            kept = cache.kept
+            state = kept.states.get(Prefixes(prompt).key_at(PROBE_AT))
             if state is None:  # check_learning_cache let a cache through that could not keep it
                 raise RuntimeError("the identity probe's state was not kept")
             name = identity(found, state_digest(self.pool, state))
@@ -290,13 +290,13 @@ class Service:
                           int(settings.value("TF_LEARN_DAILY_GIB", float) * GIB),
                           int(settings.value("TF_LEARN_MIN_FREE_GIB", float) * GIB),
                           settings.value("TF_IMPRINT_VERIFY", bool))
-            runner.learned = Learned(store, self.pool, self.pool.buffer.device,
-                                     context=self.engine.limits.context)
+            learned = Learned(store, self.pool, self.pool.buffer.device, context=self.engine.limits.context)
+            cache.attach(learned)
             return name
 
         name: str = await self.engine.ask(attach)
         log.info("learned conversations in %s (%d states)", store_root / name,
-                 len(runner.learned.store.index.entries) if runner.learned is not None else 0)
+                 len(cache.learned.store.index.entries) if cache.learned is not None else 0)
         return name
 
     def memory(self) -> dict[str, int]:
@@ -315,20 +315,22 @@ class Service:
     async def kept(self) -> dict[str, object]:
         """What the prompt cache holds and did (admin ``learn``); ``{"enabled": false}`` without one.
         The disk's part is read off the engine thread: it may wait for a write to end."""
-        kept, learned = self.engine.runner.kept, self.engine.runner.learned
-        if kept is None:
+        cache = self.engine.runner.cache
+        if cache is None:
             return {"enabled": False}
-        found: dict[str, object] = {"enabled": True, "memory": await self.engine.ask(kept.report)}
+        learned = cache.learned
+        found: dict[str, object] = {"enabled": True, "memory": await self.engine.ask(cache.kept.report)}
         if learned is not None:
             found["disk"] = await trio.to_thread.run_sync(learned.report)
         return found
 
     async def evict(self) -> dict[str, int]:
         """Evict every kept prompt state, in memory and on disk; how many there were of each."""
-        kept, learned = self.engine.runner.kept, self.engine.runner.learned
-        if kept is None:
+        cache = self.engine.runner.cache
+        if cache is None:
             return {"evicted": 0}
-        counts = {"evicted": await self.engine.ask(kept.clear)}
+        learned = cache.learned
+        counts = {"evicted": await self.engine.ask(cache.kept.clear)}
         if learned is not None:
             counts["evicted_disk"] = await trio.to_thread.run_sync(learned.evict)
         return counts
@@ -341,6 +343,7 @@ class Service:
     async def close(self) -> None:
         """Stop the engine, then let the learned states offered be written."""
         await self.engine.close()
-        learned = self.engine.runner.learned
+        cache = self.engine.runner.cache
+        learned = None if cache is None else cache.learned
         if learned is not None:
             await trio.to_thread.run_sync(learned.close)

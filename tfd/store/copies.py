@@ -7,7 +7,7 @@ ranges it spans: a 30,000-token state's rows are thousands of ranges), summed th
 buffer, whose bytes go to a sink (the file writer) in order. Two windows take turns, so the device
 gathers and copies one while the host drains the other. Everything runs on the device's own
 stream, queued without waiting; a buffer is reused only after the work that used it is done.
-(A state read back is one copy a file into one device buffer: ``tfd.store.learned``, against the
+(A state read back is one copy a file into one device buffer: ``tfd.cache.learned``, against the
 same ``Device``.)
 
 Error handling: whatever raises (a refused copy, a sink or source that fails, a cancel), everything

@@ -1,26 +1,49 @@
-"""A kept state as the disk store writes it: its pieces and its rows as device byte ranges.
+"""A learned state's files as the store names and lists them: ``Image``, its key and its blocks' names.
 
-A state at position p is written as its pieces (GDN states, conv tails, PLE tail and n-gram
-history, in the order of its piece map) and its rows in blocks of 256 tokens: block b holds rows
-``256 b .. min(256 (b + 1), p)`` of every row part in the pool's part order (each part's entries in
-token order; a pooled part's one entry a block of its rows). A block is named by the tokens it is a
-function of: the prefix up to its end (``tfd.engine.prefixes``), the token after its end (the MTP
-head's last row read it) and whether the head's rows are in it, so states sharing a prefix share
-blocks. The same ranges, taken from a lane's pages, are where a state read back goes.
+A state at position p is a state file (its pieces) and row blocks of ``BLOCK_ROWS`` tokens, each
+named by what its bytes are a function of: the prefix up to its end, the token after its end and
+whether the MTP head's rows are in it, so states sharing a prefix share blocks. Where those bytes lie
+in the pool is the cache's (``tfd.cache.image_bytes``).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from typing import Any
 
-import torch
+import attrs
 
-from tfd.engine.kept import KeptState
-from tfd.model import GDN_CHUNK as CHUNK
-from tfd.pool.layout import RowPart
-from tfd.pool.pages import TORCH_DTYPES, Pool
-from tfd.store.store import BLOCK_ROWS, Image
+BLOCK_ROWS = 256
+
+
+@attrs.frozen
+class Image:
+    """A kept state as the store writes it: its key, position, whether the MTP head's rows are in
+    it, its pieces' names and bytes, and its row blocks' names and bytes, in row order."""
+
+    key: str
+    position: int
+    head: bool
+    pieces: tuple[tuple[str, int], ...]
+    blocks: tuple[tuple[str, int], ...]
+
+    @property
+    def piece_bytes(self) -> int:
+        return sum(size for _, size in self.pieces)
+
+    @property
+    def bytes(self) -> int:
+        """Its blocks' bytes and its pieces': what ``Store.read`` fills."""
+        return sum(size for _, size in self.blocks) + self.piece_bytes
+
+    def words(self) -> dict[str, Any]:
+        return {"key": self.key, "position": self.position, "head": self.head,
+                "pieces": [list(p) for p in self.pieces], "blocks": [list(b) for b in self.blocks]}
+
+    @classmethod
+    def of(cls, words: dict[str, Any]) -> Image:
+        return cls(words["key"], words["position"], words["head"],
+                   tuple((n, s) for n, s in words["pieces"]), tuple((n, s) for n, s in words["blocks"]))
 
 
 def state_key(position: int, digest: bytes, lookahead: int) -> str:
@@ -32,110 +55,3 @@ def block_name(digest: bytes, after: int, head: bool) -> str:
     """A block's name: the digest of the prefix it ends, the token after it, whether head rows are in it."""
     text = digest + after.to_bytes(4, "little") + bytes([head])
     return hashlib.blake2b(text, digest_size=16).hexdigest()
-
-
-def row_ranges(pool: Pool, pages: Sequence[int], start: int, end: int) -> list[torch.Tensor]:
-    """Rows ``start .. end`` (multiples of every part's entry rows) of the row pages ``pages`` (in
-    row order), as pool byte ranges: every part in layout order, each its rows in token order."""
-    layout, rows = pool.layout, pool.layout.page_rows
-    ranges = []
-    for part in layout.row_parts:
-        at = start
-        while at < end:
-            index = at // rows
-            stop = min(end, (index + 1) * rows)
-            base = pages[index] * layout.page_bytes + layout.part_offsets[part.name]
-            first, last = (at - index * rows) // part.rows, (stop - index * rows) // part.rows
-            ranges.append(pool.buffer[base + first * part.entry_bytes:base + last * part.entry_bytes])
-            at = stop
-    return ranges
-
-
-def block_bytes(pool: Pool, rows: int) -> int:
-    """Bytes of ``rows`` rows of every row part."""
-    return sum(rows // part.rows * part.entry_bytes for part in pool.layout.row_parts)
-
-
-def piece_ranges(pieces: Sequence[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
-    """State pieces (name, view) as byte ranges, in the order given."""
-    return [view.view(torch.uint8).reshape(-1) for _, view in pieces]
-
-
-def state_pages(state: KeptState) -> list[int]:
-    """A kept state's row pages in row order: the shared ones, then those it copied."""
-    pages = list(state.shared)
-    for index, page in sorted(state.copied):
-        assert index == len(pages), "a kept state's row pages are its shared ones, then its copies"
-        pages.append(page)
-    return pages
-
-
-def image_of(pool: Pool, state: KeptState, digests: Sequence[bytes], prompt: Sequence[int]) -> Image:
-    """``state``'s disk image; ``digests`` and ``prompt``: the prompt it was kept from."""
-    position, digest, lookahead = state.key
-    pieces = tuple((name, view.numel() * view.element_size()) for name, view in sorted(state.pieces.items()))
-    blocks = []
-    for start in range(0, position, BLOCK_ROWS):
-        end = min(start + BLOCK_ROWS, position)
-        name = block_name(digests[end // CHUNK], prompt[end], state.head)
-        blocks.append((name, block_bytes(pool, end - start)))
-    return Image(state_key(position, digest, lookahead), position, state.head, pieces, tuple(blocks))
-
-
-def scatter(pool: Pool, image: Image, staged: torch.Tensor, pages: Sequence[int],
-            pieces: Mapping[str, torch.Tensor]) -> None:
-    """Place an image read back (``staged``: its bytes on the pool's device, blocks then pieces) in
-    a lane: its rows into the row pages ``pages`` (in row order), its pieces into the views
-    ``pieces``. Blocks of whole pages go a row part at a time, page by page (one indexed copy of
-    8-byte words where the offsets allow); a short block that ends inside a page, entry by entry;
-    one copy a piece."""
-    layout, position = pool.layout, image.position
-    table = torch.tensor(list(pages), dtype=torch.int64, device=staged.device)
-    spans = [(0, position // BLOCK_ROWS, BLOCK_ROWS)] if position >= BLOCK_ROWS else []
-    if position % BLOCK_ROWS:
-        spans.append((position // BLOCK_ROWS, 1, position % BLOCK_ROWS))
-    at = 0
-    for first, count, rows in spans:
-        size = block_bytes(pool, rows)
-        region = staged[at:at + count * size].view(count, size)
-        offset = 0
-        for part in layout.row_parts:
-            if rows % layout.page_rows == 0:
-                _place_pages(pool, part, region, offset, rows, first * BLOCK_ROWS // layout.page_rows, table)
-            else:
-                _place_entries(pool, part, region, offset, rows, first, table)
-            offset += rows // part.rows * part.entry_bytes
-        at += count * size
-    for name, size in image.pieces:
-        pieces[name].view(torch.uint8).reshape(-1).copy_(staged[at:at + size])
-        at += size
-
-
-def _place_pages(pool: Pool, part: RowPart, region: torch.Tensor, offset: int, rows: int, first_page: int,
-                 table: torch.Tensor) -> None:
-    """Row part ``part`` of blocks of ``rows`` rows, whole pages (``region``: [blocks, block bytes],
-    the part at byte ``offset`` of each), into the lane's pages ``table[first_page:]``."""
-    layout = pool.layout
-    count, size = region.shape
-    pages = rows // layout.page_rows  # a block's
-    span = layout.page_rows // part.rows * part.entry_bytes  # the part's bytes in a page
-    start = layout.part_offsets[part.name]
-    wide = all(n % 8 == 0 for n in (span, offset, start, size, layout.page_bytes, region.storage_offset()))
-    dtype, word = (torch.int64, 8) if wide else (torch.uint8, 1)
-    target = pool.buffer.view(dtype).view(pool.pages + 1, layout.page_bytes // word)
-    target = target[:, start // word:(start + span) // word]
-    source = region.view(dtype)[:, offset // word:(offset + pages * span) // word]
-    index = table[first_page + torch.arange(count * pages, device=table.device)].view(count, pages)
-    target[index] = source.view(count, pages, span // word)
-
-
-def _place_entries(pool: Pool, part: RowPart, region: torch.Tensor, offset: int, rows: int, first: int,
-                   table: torch.Tensor) -> None:
-    """Row part ``part`` of blocks of ``rows`` rows that end inside a page, entry by entry."""
-    count = region.shape[0]
-    entries, per_page = rows // part.rows, pool.layout.page_rows // part.rows
-    # a fresh copy: the part's bytes need not sit at an offset its dtype can be viewed from
-    values = region[:, offset:offset + entries * part.entry_bytes].reshape(-1).clone()
-    index = first * BLOCK_ROWS // part.rows + torch.arange(count * entries, device=region.device)
-    pool.rows(part.name)[table[index // per_page], index % per_page] = \
-        values.view(TORCH_DTYPES[part.dtype]).view(-1, *part.shape)

@@ -32,10 +32,9 @@ from typing import Any
 import attrs
 
 from tfd.store import sealed
+from tfd.store.image import Image
 from tfd.store.index import Index
 from tfd.store.sealed import Corrupt, Reader, Writer
-
-BLOCK_ROWS = 256
 
 
 class Refused(Exception):
@@ -44,36 +43,6 @@ class Refused(Exception):
     def __init__(self, reason: str, message: str) -> None:
         self.reason = reason
         super().__init__(message)
-
-
-@attrs.frozen
-class Image:
-    """A kept state as the store writes it: its key, position, whether the MTP head's rows are in
-    it, its pieces' names and bytes, and its row blocks' names and bytes, in row order."""
-
-    key: str
-    position: int
-    head: bool
-    pieces: tuple[tuple[str, int], ...]
-    blocks: tuple[tuple[str, int], ...]
-
-    @property
-    def piece_bytes(self) -> int:
-        return sum(size for _, size in self.pieces)
-
-    @property
-    def bytes(self) -> int:
-        """Its blocks' bytes and its pieces': what ``Store.read`` fills."""
-        return sum(size for _, size in self.blocks) + self.piece_bytes
-
-    def words(self) -> dict[str, Any]:
-        return {"key": self.key, "position": self.position, "head": self.head,
-                "pieces": [list(p) for p in self.pieces], "blocks": [list(b) for b in self.blocks]}
-
-    @classmethod
-    def of(cls, words: dict[str, Any]) -> Image:
-        return cls(words["key"], words["position"], words["head"],
-                   tuple((n, s) for n, s in words["pieces"]), tuple((n, s) for n, s in words["blocks"]))
 
 
 @attrs.define

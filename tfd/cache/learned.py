@@ -24,21 +24,21 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import attrs
 import torch
 
-from tfd.engine.kept import KeptState, digests_of
-from tfd.engine.lane import Lane
-from tfd.engine.prefixes import keys_of
+from tfd.cache.image_bytes import block_bytes, image_of, piece_ranges, row_ranges, scatter, state_pages
+from tfd.cache.kept import KeptState
+from tfd.cache.prefixes import Prefixes
 from tfd.pool.pages import Pool
 from tfd.store.checksum import mismatched
 from tfd.store.copies import Copier, Device, TorchDevice, host_bytes
-from tfd.store.image import block_bytes, image_of, piece_ranges, row_ranges, scatter, state_key, state_pages
+from tfd.store.image import BLOCK_ROWS, Image, state_key
 from tfd.store.sealed import Writer
-from tfd.store.store import BLOCK_ROWS, Image, Refused, Store
+from tfd.store.store import Refused, Store
 
 log = logging.getLogger("tfd.learn")
 # files read at once when a state is read back (their sums are checked on the device): on one H200
@@ -88,10 +88,10 @@ class Learned:
 
     # -- the engine thread ---------------------------------------------------------------------
 
-    def offer(self, state: KeptState, lane: Lane) -> None:
-        """Write ``state`` (just kept from ``lane``) to disk (the writer skips it when the store has
-        it already); never waits for the writer."""
-        image = image_of(self.pool, state, digests_of(lane), lane.request.prompt)
+    def offer(self, state: KeptState, prompt: Prefixes) -> None:
+        """Write ``state`` (just kept from a lane of ``prompt``) to disk (the writer skips it when the
+        store has it already); never waits for the writer."""
+        image = image_of(self.pool, state, prompt)
         state.writing = True
         self.pending += 1
         self.jobs.put(Job(state, image))
@@ -108,10 +108,10 @@ class Learned:
             if state.dropped:
                 state.hold.release()
 
-    def find(self, lane: Lane, head: bool, longer_than: int = 0) -> Image | None:
-        """The longest learned state ``lane``'s prompt extends past, longer than ``longer_than``
-        tokens (with the head's rows when ``head``)."""
-        keys = [state_key(*key) for key in keys_of(lane.request.prompt, digests_of(lane), longer_than)]
+    def find(self, prompt: Prefixes, head: bool, longer_than: int = 0) -> Image | None:
+        """The longest learned state ``prompt`` extends past, longer than ``longer_than`` tokens
+        (with the head's rows when ``head``)."""
+        keys = [state_key(*key) for key in prompt.resume_keys(longer_than)]
         if not keys or not self.lock.acquire(blocking=False):  # the writer is busy: do not stall a step
             return None
         try:
@@ -119,15 +119,14 @@ class Learned:
         finally:
             self.lock.release()
 
-    def restore(self, lane: Lane, image: Image) -> None:
-        """Read ``image`` into ``lane`` (opened, its rows up to the image's position taken): its files
+    def restore(self, image: Image, pages: Sequence[int], pieces: Mapping[str, torch.Tensor]) -> None:
+        """Read ``image`` into a lane just opened (``pages``: its row pages, in row order, up to the
+        image's position taken; ``pieces``: its state pieces' views): its files
         read by ``READ_THREADS`` threads into one pinned buffer, each copied to the device as soon as
         it is read (while later ones are read), their word sums checked there, then scattered into
         the lane's pages and pieces. Raises ``Refused`` (counted, forgotten) when its files cannot be
         trusted; the lane's memory then holds nothing to use. Every copy is drained before it
         returns or raises."""
-        lease, memory = lane.lease, lane.memory
-        assert lease is not None and memory is not None
         total = image.bytes
         if self.buffer.numel() < total:  # no copy is in flight from it: each restore drains its own
             self.buffer = self.reading.pinned(total)
@@ -149,7 +148,7 @@ class Learned:
         finally:
             self.reading.drain()  # the buffer is free again, error or not
         self.reading.end()
-        scatter(self.pool, image, staged, lease.row_pages, memory.pieces)
+        scatter(self.pool, image, staged, pages, pieces)
 
     def report(self) -> dict[str, object]:
         with self.lock:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tfd.cache.image_bytes import block_bytes, piece_ranges, row_ranges, scatter
 from tfd.pool.layout import Layout, RowPart
 from tfd.pool.pages import Pool
 from tfd.pool.pieces import Piece
-from tfd.store.image import block_bytes, piece_ranges, row_ranges, scatter
-from tfd.store.store import BLOCK_ROWS, Image
+from tfd.store.image import BLOCK_ROWS, Image
 
 POSITION = 3 * BLOCK_ROWS + 128  # three whole blocks and a short one
 PARTS = [RowPart("a.k", (2, 8), "bfloat16"), RowPart("a.v", (2, 8), "bfloat16"),

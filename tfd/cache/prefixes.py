@@ -5,7 +5,8 @@ GDN chunks there, so a state kept at p is the state a fresh prefill has at p, an
 prefilling on from p cuts where a fresh one cuts). ``keep_points`` turns marks (the prompt's last
 row, the start of its latest user message) into such positions. A prefix is named by a chain of
 digests over ``CHUNK``-token pieces, so one pass over a prompt names all its keepable prefixes and a
-lookup is a dictionary probe per position. Pure Python.
+lookup is a dictionary probe per position. ``Prefixes`` is a prompt as the cache sees it: its
+tokens and, once asked, their digests. Pure Python.
 """
 
 from __future__ import annotations
@@ -14,9 +15,13 @@ import hashlib
 import struct
 from collections.abc import Iterable, Iterator, Sequence
 
+import attrs
+
 from tfd.model import GDN_CHUNK as CHUNK
 
 DIGEST_BYTES = 16
+
+Key = tuple[int, bytes, int]  # position, digest of the tokens before it, the token at it
 
 
 def keep_points(prompt_length: int, marks: Iterable[int] = ()) -> tuple[int, ...]:
@@ -28,14 +33,13 @@ def keep_points(prompt_length: int, marks: Iterable[int] = ()) -> tuple[int, ...
     return tuple(sorted(p for p in found if p >= CHUNK))
 
 
-def key_at(prompt: Sequence[int], digests: Sequence[bytes], position: int) -> tuple[int, bytes, int]:
+def key_at(prompt: Sequence[int], digests: Sequence[bytes], position: int) -> Key:
     """What names a state kept at ``position`` (a multiple of ``CHUNK``): the position, the digest of
     the tokens before it, the token at it."""
     return position, digests[position // CHUNK], prompt[position]
 
 
-def keys_of(prompt: Sequence[int], digests: Sequence[bytes], above: int = 0
-            ) -> Iterator[tuple[int, bytes, int]]:
+def keys_of(prompt: Sequence[int], digests: Sequence[bytes], above: int = 0) -> Iterator[Key]:
     """The names of the states ``prompt`` could resume from, longest first, past ``above`` tokens."""
     for chunk in range((len(prompt) - 1) // CHUNK, above // CHUNK, -1):
         yield key_at(prompt, digests, chunk * CHUNK)
@@ -50,3 +54,26 @@ def prefix_digests(tokens: Sequence[int], upto: int | None = None) -> list[bytes
         piece = struct.pack(f"<{CHUNK}I", *tokens[start:start + CHUNK])
         digests.append(hashlib.blake2b(digests[-1] + piece, digest_size=DIGEST_BYTES).digest())
     return digests
+
+
+@attrs.define
+class Prefixes:
+    """A prompt as the cache names it: its ``tokens`` and the digests of its prefixes that a state
+    can be kept at (every whole chunk short of its last token), computed the first time asked."""
+
+    tokens: Sequence[int]
+    _digests: list[bytes] | None = attrs.field(default=None, init=False, repr=False)
+
+    @property
+    def digests(self) -> list[bytes]:
+        if self._digests is None:
+            self._digests = prefix_digests(self.tokens, len(self.tokens) - 1)
+        return self._digests
+
+    def key_at(self, position: int) -> Key:
+        """What names a state kept at ``position`` (a multiple of ``CHUNK`` short of the prompt's end)."""
+        return key_at(self.tokens, self.digests, position)
+
+    def resume_keys(self, above: int = 0) -> Iterator[Key]:
+        """The names of the states this prompt could resume from, longest first, past ``above`` tokens."""
+        return keys_of(self.tokens, self.digests, above)

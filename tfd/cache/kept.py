@@ -5,13 +5,14 @@ rows before p (the full row pages shared with the lane that kept it, by a hold o
 falls in copied, as it will be written past p; with pages off, every row page copied), its own state
 pieces copied (GDN states and conv tails, Flash Next's PLE tail and n-gram history) and, kept from a
 drafting lane, the MTP head's rows (on the same pages). It is named by the prompt's first p tokens
-(``tfd.engine.prefixes``) and the token at p: the head's row p - 1 was absorbed with that token, and
+(``tfd.cache.prefixes``) and the token at p: the head's row p - 1 was absorbed with that token, and
 a lane resuming at p prefills from it, so a match leaves at least that row to run.
 
-``KeptStates`` is the prompt cache: ``match`` finds the longest kept state a lane's prompt extends
-(one with the head's rows for a drafting lane), ``resume`` copies it into a lane just opened,
-``keep`` copies a lane's state after a prompt chunk ended at a keep point. Least recently used
-states go first: past the byte budget, when a keep or an admission needs pages, on ``evict``.
+``KeptStates`` is the prompt cache's memory tier: ``match`` finds the longest kept state a prompt
+extends (one with the head's rows for a drafting lane), ``resume`` copies it into a lane's lease and
+memory just opened, ``keep`` copies a lane's state after a prompt chunk ended at a keep point. Least
+recently used states go first: past the byte budget, when a keep or an admission needs pages, on
+``evict``.
 
 Resource handling: every page a kept state holds is in its ``PageHold``; eviction releases it, and a
 keep that fails releases what it took before raising. Device copies are queued on the current stream,
@@ -27,13 +28,11 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from tfd.engine.lane import Lane
-from tfd.engine.prefixes import key_at, keys_of, prefix_digests
+from tfd.cache.prefixes import Key, Prefixes
+from tfd.model.memory import LaneMemory
 from tfd.pool.layout import Mode
-from tfd.pool.pages import PageHold, Pool, place
+from tfd.pool.pages import Lease, PageHold, Pool, place
 from tfd.pool.pieces import Piece, PieceMap, pack
-
-Key = tuple[int, bytes, int]  # position, digest of the tokens before it, the token at it
 
 
 @attrs.frozen
@@ -83,17 +82,10 @@ class KeptCounts:
     resumed_tokens: int = 0
 
 
-def digests_of(lane: Lane) -> list[bytes]:
-    """The lane's prompt prefix digests, computed once."""
-    if lane.digests is None:
-        lane.digests = prefix_digests(lane.request.prompt, lane.prompt_length - 1)
-    return lane.digests
-
-
 class KeptStates:
     """Kept states on ``pool``'s pages within ``budget`` bytes (pages any of them holds, counted
     once); ``pieces``: a lane's state pieces to keep (not verify's buffers); ``gain``: the tokens a
-    resumed lane prefills past its state before it keeps another (``resume.start``)."""
+    resumed lane prefills past its state before it keeps another (``PromptCache.start``)."""
 
     def __init__(self, pool: Pool, pieces: Sequence[Piece], budget: int, gain: int = 0) -> None:
         if budget <= 0:
@@ -116,24 +108,24 @@ class KeptStates:
         layout = self.pool.layout
         return (self.map.pages + -(-position // layout.page_rows)) * layout.page_bytes
 
-    def match(self, lane: Lane, head: bool) -> KeptState | None:
-        """The longest kept state the lane's prompt extends past (with the head's rows when
-        ``head``), or None. A match becomes the newest."""
-        for key in keys_of(lane.request.prompt, digests_of(lane)):
+    def match(self, prompt: Prefixes, head: bool) -> KeptState | None:
+        """The longest kept state ``prompt`` extends past (with the head's rows when ``head``), or
+        None. A match becomes the newest."""
+        for key in prompt.resume_keys():
             state = self.states.get(key)
             if state is not None and (state.head or not head):
                 self.states.move_to_end(state.key)
                 return state
         return None
 
-    def admission(self, lane: Lane, head: bool) -> KeptState | None:
-        """The state a waiting lane resumes from (``match``), once the kept states in the way of its
-        window are evicted, least recently used first. Nothing is evicted when that cannot make room
-        (lanes hold the pages or the lane slots: the lane waits); the match itself goes only when
-        nothing else would make room and no lane runs to free pages (then None)."""
-        state = self.match(lane, head)
+    def admission(self, prompt: Prefixes, window: int, head: bool) -> KeptState | None:
+        """The state a waiting lane of ``prompt`` resumes from (``match``), once the kept states in
+        the way of its ``window`` are evicted, least recently used first. Nothing is evicted when
+        that cannot make room (lanes hold the pages or the lane slots: the lane waits); the match
+        itself goes only when nothing else would make room and no lane runs to free pages (then
+        None)."""
+        state = self.match(prompt, head)
         adopted = 0 if state is None else len(state.shared)
-        window = lane.request.window
         if not self.pool.has_slot or \
                 self.pool.layout.need(window) - adopted > self.pool.available + self.pool.kept_pages:
             return state  # evicting cannot make room: the lane waits for lanes to finish
@@ -142,11 +134,9 @@ class KeptStates:
         self.evict(state)
         return None
 
-    def resume(self, lane: Lane, state: KeptState) -> None:
-        """Give a lane just opened (its state pieces taken, no row page yet) ``state``: its rows
-        and pieces; the lane goes on from ``state.position``."""
-        lease, memory = lane.lease, lane.memory
-        assert lease is not None and memory is not None
+    def resume(self, lease: Lease, memory: LaneMemory, state: KeptState) -> int:
+        """Give a lane just opened (``lease``: its state pieces taken, no row page yet; ``memory``:
+        their views) ``state``'s rows and pieces; where the lane goes on from."""
         if state.shared:
             lease.adopt(state.shared)
         for name, view in state.pieces.items():
@@ -155,21 +145,20 @@ class KeptStates:
             lease.take(state.position)
             for index, page in state.copied:
                 self.pool.page_bytes_view(lease.row_pages[index]).copy_(self.pool.page_bytes_view(page))
-        lane.position = lane.cached = state.position
         self.counts.hits += 1
         self.counts.resumed_tokens += state.position
+        return state.position
 
-    def keep(self, lane: Lane, position: int, head: bool) -> KeptState | None:
-        """Keep ``lane``'s state now that its prefill reached ``position`` (a keep point); ``head``:
-        its MTP head's rows are written. None when it could not be kept (counted refused) or a state
-        as good is kept already."""
-        key = key_at(lane.request.prompt, digests_of(lane), position)
+    def keep(self, prompt: Prefixes, lease: Lease, memory: LaneMemory, position: int, head: bool
+             ) -> KeptState | None:
+        """Keep the state of a lane of ``prompt`` (``lease`` and ``memory``) now that its prefill
+        reached ``position`` (a keep point); ``head``: its MTP head's rows are written. None when it
+        could not be kept (counted refused) or a state as good is kept already."""
+        key = prompt.key_at(position)
         known = self.states.get(key)
         if known is not None and (known.head or not head):
             self.states.move_to_end(key)
             return None
-        lease, memory = lane.lease, lane.memory
-        assert lease is not None and memory is not None
         rows = self.pool.layout.page_rows
         full = position // rows
         share = self.pool.mode is not Mode.ONE_RUN
@@ -227,7 +216,7 @@ class KeptStates:
 
     def evict(self, state: KeptState) -> None:
         """Forget ``state`` and release its pages (those a lane shares stay with the lane); one
-        being written to disk keeps them until the write is done (``tfd.store.learned``)."""
+        being written to disk keeps them until the write is done (``tfd.cache.learned``)."""
         if self.states.get(state.key) is state:
             del self.states[state.key]
             self.counts.evicted += 1

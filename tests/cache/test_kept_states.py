@@ -21,17 +21,18 @@ from fake_device import FakeDevice
 
 from support import CACHE
 from tfd.bench.workload import drive, runner_for
+from tfd.cache.kept import KeptState, KeptStates
+from tfd.cache.learned import Learned
+from tfd.cache.prefixes import keep_points
+from tfd.cache.prompt_cache import PromptCache
 from tfd.checkpoint import Checkpoint
 from tfd.engine.detokenize import Detokenizer
-from tfd.engine.kept import KeptState, KeptStates
 from tfd.engine.lane import Lane
-from tfd.engine.prefixes import keep_points
 from tfd.engine.request import Request, Sampling
 from tfd.engine.runner import Drafting, Runner
 from tfd.engine.scheduler import Admission
 from tfd.families.hybrid import HybridModel, load_model
 from tfd.store import sealed
-from tfd.store.learned import Learned
 from tfd.store.store import Store
 
 STEP_TOKENS = 128  # a turn-two prompt takes several steps: its chunks end at keep points and step ends
@@ -71,12 +72,23 @@ def cached_runner(model: HybridModel, drafting: Drafting | None, pages: int = 64
     return runner_for(model, 512, 3, graphs=False, drafting=drafting, kept_pages=pages, keep_gain=keep_gain)
 
 
+def kept_of(runner: Runner) -> KeptStates:
+    """The runner's prompt cache's states in memory."""
+    assert runner.cache is not None
+    return runner.cache.kept
+
+
+def disk_of(runner: Runner) -> Learned:
+    """The runner's prompt cache's states on disk."""
+    assert runner.cache is not None and runner.cache.learned is not None
+    return runner.cache.learned
+
+
 def kept_bytes(runner: Runner) -> dict[tuple[int, bytes, int], bytes]:
     """Each kept state's bytes: its pieces (GDN states, conv tails, PLE tail and history) and the
     row pages before its position (whole pages here: 64-row pages, positions multiples of 64)."""
-    assert runner.kept is not None
     found = {}
-    for key, state in runner.kept.states.items():
+    for key, state in kept_of(runner).states.items():
         assert not state.copied
         pieces = b"".join(view.contiguous().view(torch.uint8).numpy().tobytes()
                           for _, view in sorted(state.pieces.items()))
@@ -115,8 +127,8 @@ def test_a_second_turn_resumed_from_memory_draws_the_fresh_tokens(model: HybridM
     again = drive(model, second, STEP_TOKENS, graphs=False, drafting=drafting, runner=runner)
     assert again.tokens == fresh.tokens
     assert again.cached == tuple(keep_points(len(r.prompt))[-1] for r in second)
-    kept = runner.kept
-    assert kept is not None and kept.counts.hits == 6 and kept.counts.refused == 0
+    kept = kept_of(runner)
+    assert kept.counts.hits == 6 and kept.counts.refused == 0
     assert kept.clear() > 0 and runner.pool.free == runner.pool.pages  # no page outlives the cache
 
 
@@ -127,8 +139,8 @@ def test_a_resumed_lane_keeps_nothing_closer_than_the_gain_and_the_next_turn_sti
     runner = cached_runner(model, drafting, keep_gain=128)
     first = first_turns(1.0)
     turn1 = drive(model, first, STEP_TOKENS, graphs=False, drafting=drafting, runner=runner)
-    kept = runner.kept
-    assert kept is not None and kept.counts.kept == 3  # a fresh lane keeps at every point: 64, 128, 192
+    kept = kept_of(runner)
+    assert kept.counts.kept == 3  # a fresh lane keeps at every point: 64, 128, 192
     second = second_turns(first, turn1.tokens)
     fresh = drive(model, second, STEP_TOKENS, graphs=False, drafting=drafting)
     resumed = drive(model, second, STEP_TOKENS, graphs=False, drafting=drafting, runner=runner)
@@ -158,31 +170,32 @@ def test_a_state_without_the_heads_rows_serves_only_lanes_that_do_not_draft(mode
 
 def test_the_budget_keeps_the_newest_states(model: HybridModel) -> None:
     runner = cached_runner(model, None)
-    kept = runner.kept
-    assert kept is not None
+    kept = kept_of(runner)
     per_state = kept.map.pages + 1  # its pieces, the page its position falls in (64-row pages here)
-    runner.kept = KeptStates(runner.pool, kept.pieces, 2 * per_state * runner.pool.layout.page_bytes)
+    kept = KeptStates(runner.pool, kept.pieces, 2 * per_state * runner.pool.layout.page_bytes)
+    runner.cache = PromptCache(kept, model.init_state)
     first = first_turns(0.0)
     turn1 = drive(model, first, STEP_TOKENS, graphs=False, runner=runner)
-    assert runner.kept.bytes <= runner.kept.budget and len(runner.kept.states) < 3
+    assert kept.bytes <= kept.budget and len(kept.states) < 3
     second = second_turns(first, turn1.tokens)
     fresh = drive(model, second, STEP_TOKENS, graphs=False)
     resumed = drive(model, second[::-1], STEP_TOKENS, graphs=False, runner=runner)
     assert resumed.tokens == fresh.tokens[::-1]
-    assert resumed.cached[-1] == 0 and runner.kept.counts.evicted > 0  # the first conversation's went first
+    assert resumed.cached[-1] == 0 and kept.counts.evicted > 0  # the first conversation's went first
 
 
 def test_admission_evicts_kept_states_that_are_in_the_way(model: HybridModel) -> None:
     # a pool of one lane: a new prompt's lane needs the pages the first turn's states hold
     runner = runner_for(model, 512, 1, graphs=False, kept_pages=0)
-    runner.kept = KeptStates(runner.pool, model.pieces(), runner.pool.pages * runner.pool.layout.page_bytes)
+    kept = KeptStates(runner.pool, model.pieces(), runner.pool.pages * runner.pool.layout.page_bytes)
+    runner.cache = PromptCache(kept, model.init_state)
     first = first_turns(0.0, 1)
     drive(model, first, STEP_TOKENS, graphs=False, runner=runner)
-    assert runner.kept.states and runner.pool.kept_pages > 0
+    assert kept.states and runner.pool.kept_pages > 0
     other = attrs.evolve(first[0], id="other", prompt=first[0].prompt[::-1], max_tokens=512 - 70)
     fresh = drive(model, [other], STEP_TOKENS, graphs=False)
     assert drive(model, [other], STEP_TOKENS, graphs=False, runner=runner).tokens == fresh.tokens
-    assert runner.kept.counts.evicted > 0
+    assert kept.counts.evicted > 0
 
 
 @pytest.mark.parametrize("skipped", ["conv_tail", "state", "ple.tail", "ple.history"])
@@ -190,8 +203,7 @@ def test_a_resume_that_skips_a_piece_is_caught(model: HybridModel, skipped: str)
     # the gate can fail: a planted fault (a piece left at its initial value on resume) changes the
     # states the resumed lanes keep further on, even where the few tokens drawn do not show it
     runner, cold = cached_runner(model, None), cached_runner(model, None)
-    assert runner.kept is not None
-    if not any(name.endswith(skipped) for name in runner.kept.map.by_name()):  # known before any run
+    if not any(name.endswith(skipped) for name in kept_of(runner).map.by_name()):  # known before any run
         pytest.skip(f"this family keeps no {skipped}")
     first = first_turns(1.0)
     turn1 = drive(model, first, STEP_TOKENS, graphs=False, runner=runner)
@@ -213,16 +225,16 @@ def learning_runner(model: HybridModel, drafting: Drafting | None, root: Path, i
     """A runner with a prompt cache whose states also go to a store under ``root``."""
     runner = cached_runner(model, drafting)
     store = Store(root, identity, 1 << 30, 1 << 30, 0, verify=True)
-    runner.learned = Learned(store, runner.pool, torch.device("cpu"))
+    assert runner.cache is not None
+    runner.cache.attach(Learned(store, runner.pool, torch.device("cpu")))
     return runner
 
 
 def written(runner: Runner) -> None:
     """Wait for the writer: every state offered is on disk, each file's sums (the payload's summed
     by the device as it was copied out) as the host sums what it reads back."""
-    assert runner.learned is not None
-    runner.learned.close()
-    home = runner.learned.store.home
+    disk_of(runner).close()
+    home = disk_of(runner).store.home
     for path in [*home.glob("states/*.st"), *home.glob("blocks/*.blk")]:
         sealed.read(path, "state" if path.suffix == ".st" else "rows")
 
@@ -235,7 +247,7 @@ def test_a_second_turn_after_a_restart_reads_the_first_from_disk(model: HybridMo
     first = first_turns(1.0)
     turn1 = drive(model, first, STEP_TOKENS, graphs=False, drafting=drafting, runner=before)
     written(before)
-    assert before.learned is not None and before.learned.store.counts.written == 3
+    assert disk_of(before).store.counts.written == 3
     second = second_turns(first, turn1.tokens)
     cold = cached_runner(model, drafting)
     fresh = drive(model, second, STEP_TOKENS, graphs=False, drafting=drafting, runner=cold)
@@ -244,7 +256,7 @@ def test_a_second_turn_after_a_restart_reads_the_first_from_disk(model: HybridMo
     assert resumed.tokens == fresh.tokens and resumed.cached == (64, 128, 192)
     assert same_states(after, cold) >= 3
     written(after)
-    assert after.learned is not None and after.learned.store.counts.read == 3
+    assert disk_of(after).store.counts.read == 3
 
 
 def test_a_damaged_learned_state_is_recomputed(model: HybridModel, tmp_path: Path) -> None:
@@ -261,7 +273,7 @@ def test_a_damaged_learned_state_is_recomputed(model: HybridModel, tmp_path: Pat
     after = learning_runner(model, None, tmp_path)
     resumed = drive(model, second, STEP_TOKENS, graphs=False, runner=after)
     assert resumed.tokens == fresh.tokens and resumed.cached == (0, 0, 0)
-    assert after.learned is not None and after.learned.store.counts.refused == 3
+    assert disk_of(after).store.counts.refused == 3
     written(after)
     third = learning_runner(model, None, tmp_path)
     again = drive(model, second, STEP_TOKENS, graphs=False, runner=third)
@@ -298,7 +310,8 @@ def test_a_refused_copy_while_reading_back_fails_only_that_lane(model: HybridMod
 
     runner = cached_runner(model, None)
     store = Store(tmp_path, "test", 1 << 30, 1 << 30, 0)
-    runner.learned = Learned(store, runner.pool, torch.device("cpu"), make)
+    assert runner.cache is not None
+    runner.cache.attach(Learned(store, runner.pool, torch.device("cpu"), make))
     words = Detokenizer(tokenizers.Tokenizer(tokenizers.models.BPE()))
     lane = Lane(1, second_turns(first, turn1.tokens)[0], words)
     outcome = runner.admit(lane)
