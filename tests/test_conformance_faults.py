@@ -91,7 +91,7 @@ async def test_a_cancelled_lane_that_keeps_its_pages_fails_the_soak(short_tmp: P
 
     def keeping(self: Runner, lane: Lane) -> None:
         if lane.cancelled:  # a client that went away: its lease is never finished
-            lane.lease, lane.memory = None, None
+            lane.released()
             return
         real(self, lane)
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import attrs
 import pytest
 import tiny_models
-import tokenizers
 import torch
 from fake_device import FakeDevice
 
@@ -26,7 +25,6 @@ from tfd.cache.learned import Learned
 from tfd.cache.prefixes import keep_points
 from tfd.cache.prompt_cache import PromptCache
 from tfd.checkpoint import Checkpoint
-from tfd.engine.detokenize import Detokenizer
 from tfd.engine.lane import Lane
 from tfd.engine.request import Request, Sampling
 from tfd.engine.runner import Drafting, Runner
@@ -312,8 +310,7 @@ def test_a_refused_copy_while_reading_back_fails_only_that_lane(model: HybridMod
     store = Store(tmp_path, "test", 1 << 30, 1 << 30, 0)
     assert runner.cache is not None
     runner.cache.attach(Learned(store, runner.pool, torch.device("cpu"), make))
-    words = Detokenizer(tokenizers.Tokenizer(tokenizers.models.BPE()))
-    lane = Lane(1, second_turns(first, turn1.tokens)[0], words)
+    lane = Lane(1, second_turns(first, turn1.tokens)[0])
     outcome = runner.admit(lane)
     reads = devices[1]
     assert reads.pending == 0, f"expected 0, found {reads.pending}"

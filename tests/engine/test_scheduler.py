@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-from tfd.engine.lane import Lane, Phase
+from tfd.engine.lane import Lane
 from tfd.engine.request import Request
 from tfd.engine.scheduler import Admission, Scheduler
 
 
-class _Text:
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return ""
-
-
 def lane(number: int, prompt: int, max_tokens: int = 4) -> Lane:
-    from tfd.engine.detokenize import Detokenizer
-
-    return Lane(number, Request(f"r{number}", tuple(range(prompt)), max_tokens),
-                Detokenizer(_Text()))  # type: ignore[arg-type]
+    return Lane(number, Request(f"r{number}", tuple(range(prompt)), max_tokens))
 
 
 def always(_: Lane) -> Admission:
@@ -42,8 +34,8 @@ def test_decode_rows_come_first_and_prefill_takes_what_is_left() -> None:
         scheduler.add(each)
     scheduler.plan(always)
     for each in decoding:
-        each.phase, each.position = Phase.DECODE, 4
-        each.generated.append(9)
+        each.advanced(4)
+        each.record(9, 0.0)  # decoding now
     newcomer = lane(9, 500)
     scheduler.add(newcomer)
     works = scheduler.plan(always).works
@@ -58,8 +50,8 @@ def test_the_oldest_prefill_is_never_starved_by_decode_rows() -> None:
     while scheduler.waiting:  # admit all 80, a budget's worth a step, each done with its prompt
         for work in scheduler.plan(always).works:
             if not work.decode:
-                work.lane.phase, work.lane.position = Phase.DECODE, 1
-                work.lane.generated.append(1)
+                work.lane.advanced(1)
+                work.lane.record(1, 0.0)  # decoding now
     starving = lane(999, 200)
     scheduler.add(starving)
     works = scheduler.plan(always).works
@@ -80,7 +72,7 @@ def test_cancelled_and_dropped_lanes_leave_at_the_step_boundary() -> None:
     gone, broken, fine = lane(1, 10), lane(2, 10), lane(3, 10)
     for each in (gone, broken, fine):
         scheduler.add(each)
-    gone.cancelled = True
+    gone.cancel()
     plan = scheduler.plan(lambda candidate: Admission.DROPPED if candidate is broken else Admission.ADMITTED)
     assert plan.cancelled == (gone,) and plan.dropped == (broken,)
     assert [w.lane for w in plan.works] == [fine]

@@ -15,11 +15,9 @@ import time
 from collections.abc import Mapping, Sequence
 
 import attrs
-import tokenizers
 import torch
 
 from tfd.bench.flags import STEP_TOKENS
-from tfd.engine.detokenize import Detokenizer
 from tfd.engine.drafts import DraftCounts
 from tfd.engine.lane import Lane
 from tfd.engine.request import Request, Sampling
@@ -119,8 +117,7 @@ def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, gra
         runner = runner_for(model, window, streams, graphs, drafting, propose)
     pool = runner.pool
     scheduler = Scheduler(step_tokens, streams)
-    words = Detokenizer(tokenizers.Tokenizer(tokenizers.models.BPE()))  # tokens are never read as text
-    lanes = [Lane(number, request, words) for number, request in enumerate(requests)]
+    lanes = [Lane(number, request) for number, request in enumerate(requests)]  # tokens, no text
     for lane in lanes:
         scheduler.add(lane)
 
@@ -152,7 +149,7 @@ def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, gra
                 lane.record(token, after - began)
                 last_token[lane.number] = after - began
                 if leaves is not None and len(lane.generated) == leaves.get(lane.request.id):
-                    lane.cancelled = True
+                    lane.cancel()
                 if lane.cancelled or len(lane.generated) >= lane.request.max_tokens:
                     break
             if len(lane.generated) >= lane.request.max_tokens:

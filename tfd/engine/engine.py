@@ -220,7 +220,7 @@ class Engine:
         self._read_inbox()
         if self._stopping:
             for lane in self._lanes.values():
-                lane.cancelled = True
+                lane.cancel()
         plan = self.scheduler.plan(self._admit)
         events: list[tuple[str, Event]] = list(self._admissions)
         self._admissions.clear()
@@ -269,7 +269,7 @@ class Engine:
             elif kind == "cancel":
                 found = self._lanes.get(message[1])
                 if found is not None:
-                    found.cancelled = True
+                    found.cancel()
             elif kind == "ask":
                 try:
                     value = message[1]()
@@ -296,13 +296,9 @@ class Engine:
             text = ""
             reason: FinishReason | None = None
             for token in item.tokens:  # one at a time: a round's later tokens may come after the end
-                lane.record(token, now)
+                said, reason = lane.take(token, now)
                 taken.append(token)
-                text += lane.detokenizer.add([token])
-                if token in lane.request.stop_ids or lane.detokenizer.stopped_at is not None:
-                    reason = "stop"
-                elif len(lane.generated) >= lane.request.max_tokens:
-                    reason = "length"
+                text += said
                 if reason is not None:
                     break
             self.stats.generated_tokens += len(taken)
@@ -313,7 +309,8 @@ class Engine:
 
     def _end(self, lane: Lane, reason: FinishReason, events: list[tuple[str, Event]],
              message: str = "") -> None:
-        rest = lane.detokenizer.finish() if reason in ("stop", "length") else ""
+        words = lane.detokenizer
+        rest = words.finish() if words is not None and reason in ("stop", "length") else ""
         self.runner.close(lane)
         self.scheduler.retire(lane)
         self._lanes.pop(lane.request.id, None)

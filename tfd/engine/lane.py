@@ -1,17 +1,24 @@
 """A lane: one request's sequence as the engine runs it, from admission to its last token.
 
-Plain data that the scheduler reads (phase, position, lengths) and the engine thread updates; the
-lease and memory views are the runner's. Owned by the engine thread alone.
+Its fields change only through its methods, each a transition the engine makes: promised pages,
+opened (pieces, drafting), resumed at a kept state, advanced past rows run, a token taken, a verify
+round's counts, cancelled, retired. ``take`` holds the finish rule: a stop token, a stop string,
+``max_tokens`` reached; ``emits`` is the same rule over a round's draws before the text is read.
+The scheduler reads its phase and positions; the runner owns its lease and memory views. Owned by
+the engine thread alone.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+import attrs
 
 from tfd.cache.prefixes import Prefixes, keep_points
 from tfd.engine.drafts import DraftCounts
-from tfd.engine.request import Request, prompt_seed
+from tfd.engine.request import FinishReason, Request, prompt_seed
 
 if TYPE_CHECKING:
     from tfd.engine.detokenize import Detokenizer
@@ -26,33 +33,43 @@ class Phase(enum.Enum):
     DONE = "done"
 
 
-class Lane:
-    def __init__(self, number: int, request: Request, detokenizer: Detokenizer) -> None:
-        self.number = number
-        self.request = request
-        self.detokenizer = detokenizer
-        self.phase = Phase.WAITING
-        self.position = 0  # rows of the sequence already computed into the lane's state
-        self.generated: list[int] = []
-        seed = request.sampling.seed
-        self.seed = seed if seed is not None else prompt_seed(request.prompt)
-        self.cancelled = False
-        self.lease: Lease | None = None
-        self.memory: LaneMemory | None = None
-        self.first_token_at: float | None = None
-        self.drafting = False  # its decode steps are verify rounds (the runner decides at open)
-        self.drafts: list[int] = []  # the drafts its next round verifies after its pending token
-        self.counts = DraftCounts()
-        self.keep_points = keep_points(len(request.prompt), request.keep_at)  # prefill chunks end there
-        self.cached = 0  # prompt tokens resumed from a kept state
-        self.prefixes = Prefixes(request.prompt)  # the prompt as the cache names it
+def _seed(lane: Lane) -> int:
+    seed = lane.request.sampling.seed
+    return seed if seed is not None else prompt_seed(lane.request.prompt)
 
-    def record(self, token: int, now: float) -> None:
-        """A token drawn for this lane: kept, the lane decodes from here, the first one's time noted."""
-        self.generated.append(token)
-        self.phase = Phase.DECODE
-        if self.first_token_at is None:
-            self.first_token_at = now
+
+def _keep_points(lane: Lane) -> tuple[int, ...]:
+    return keep_points(len(lane.request.prompt), lane.request.keep_at)
+
+
+def _prefixes(lane: Lane) -> Prefixes:
+    return Prefixes(lane.request.prompt)
+
+
+@attrs.define(eq=False)
+class Lane:
+    """``number``: the engine's count at submission; ``detokenizer``: the reply's text and stop
+    strings (None: tokens only, as the bench runs them)."""
+
+    number: int
+    request: Request
+    detokenizer: Detokenizer | None = None
+    phase: Phase = Phase.WAITING
+    position: int = 0  # rows of the sequence already computed into the lane's state
+    generated: list[int] = attrs.Factory(list)
+    seed: int = attrs.Factory(_seed, takes_self=True)
+    cancelled: bool = False
+    lease: Lease | None = None
+    memory: LaneMemory | None = None
+    first_token_at: float | None = None
+    drafting: bool = False  # its decode steps are verify rounds (the runner decides at open)
+    drafts: list[int] = attrs.Factory(list)  # the drafts its next round verifies after its pending token
+    counts: DraftCounts = attrs.Factory(DraftCounts)
+    keep_points: tuple[int, ...] = attrs.Factory(_keep_points, takes_self=True)  # prefill chunks end there
+    cached: int = 0  # prompt tokens resumed from a kept state
+    prefixes: Prefixes = attrs.Factory(_prefixes, takes_self=True)  # the prompt as the cache names it
+
+    # -- what the lane is --------------------------------------------------------------------------
 
     @property
     def prompt_length(self) -> int:
@@ -62,6 +79,98 @@ class Lane:
     def next_position(self) -> int:
         """Where the token drawn next goes in the sequence."""
         return self.prompt_length + len(self.generated)
+
+    @property
+    def tokens_left(self) -> int:
+        """Tokens it may still draw before ``max_tokens``."""
+        return self.request.max_tokens - len(self.generated)
+
+    def stops_at(self, token: int) -> bool:
+        """Whether ``token`` is one of the request's stop tokens (it is kept, and ends the reply)."""
+        return token in self.request.stop_ids
+
+    def emits(self, tokens: Sequence[int]) -> tuple[tuple[int, ...], bool]:
+        """Of ``tokens`` drawn in a row (a verify round's kept draws), those the lane takes (up to
+        and with a stop token, at most ``tokens_left``), and whether they end it. Stop strings are
+        ``take``'s: they need the text."""
+        left = self.tokens_left
+        for at, token in enumerate(tokens[:left]):
+            if self.stops_at(token):
+                return tuple(tokens[:at + 1]), True
+        return tuple(tokens[:left]), len(tokens) >= left
+
+    # -- transitions ------------------------------------------------------------------------------
+
+    def admitted(self) -> None:
+        """Admitted: its prompt goes through in chunks from now on."""
+        self.phase = Phase.PREFILL
+
+    def retire(self) -> None:
+        """It runs no more (finished, cancelled, dropped)."""
+        self.phase = Phase.DONE
+
+    def cancel(self) -> None:
+        """It leaves at the next step boundary."""
+        self.cancelled = True
+
+    def promised(self, lease: Lease) -> None:
+        """Its window's pages are promised to it."""
+        self.lease = lease
+
+    def opened(self, memory: LaneMemory, drafting: bool) -> None:
+        """Its state pieces are on pages (viewed by ``memory``); ``drafting``: it verifies drafts."""
+        self.memory = memory
+        self.drafting = drafting
+
+    def keeps_nothing(self) -> None:
+        """No state is kept from it: its prompt is chunked as without a prompt cache."""
+        self.keep_points = ()
+
+    def resumed(self, position: int, keep_points: tuple[int, ...]) -> None:
+        """It goes on from ``position`` (resumed from a kept state; 0: the beginning), keeping
+        states at ``keep_points``."""
+        self.position = self.cached = position
+        self.keep_points = keep_points
+
+    def released(self) -> None:
+        """Its lease is finished and its views dropped."""
+        self.lease = self.memory = None
+
+    def open_failed(self) -> None:
+        """Opening it failed (its lease finished): it holds nothing, and resumed nothing."""
+        self.released()
+        self.position = self.cached = 0
+
+    def advanced(self, position: int) -> None:
+        """Its state holds the rows before ``position``."""
+        self.position = position
+
+    def verified(self, start: int, rows: int, kept: int, drafts: Sequence[int]) -> None:
+        """A verify round of ``rows`` rows from ``start`` kept ``kept`` of them; ``drafts``: the
+        next round's."""
+        self.position = start + kept
+        self.counts.add(rows - 1, kept)
+        self.drafts = list(drafts)
+
+    def drafted(self, drafts: Sequence[int]) -> None:
+        """The drafts its next round verifies (a prompt's end absorbed by the MTP head)."""
+        self.drafts = list(drafts)
+
+    def record(self, token: int, now: float) -> None:
+        """A token drawn for this lane: kept, the lane decodes from here, the first one's time noted."""
+        self.generated.append(token)
+        self.phase = Phase.DECODE
+        if self.first_token_at is None:
+            self.first_token_at = now
+
+    def take(self, token: int, now: float) -> tuple[str, FinishReason | None]:
+        """``record`` ``token``; the text it settles (none without a detokenizer) and, when it ends
+        the lane, why: a stop token or stop string ("stop"), ``max_tokens`` reached ("length")."""
+        self.record(token, now)
+        text = "" if self.detokenizer is None else self.detokenizer.add([token])
+        if self.stops_at(token) or (self.detokenizer is not None and self.detokenizer.stopped_at is not None):
+            return text, "stop"
+        return text, "length" if self.tokens_left <= 0 else None
 
     def describe(self) -> dict[str, object]:
         """What admin ``lanes`` shows of it."""

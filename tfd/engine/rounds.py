@@ -64,18 +64,7 @@ def drafts_from_head(model: HybridModel) -> bool:
 def draft_count(lane: Lane, most: int, emitted: int = 0) -> int:
     """Drafts a lane may take next round after ``emitted`` more tokens: at most ``most``, and never
     a row past its window or a token past its ``max_tokens`` (the round's last draw is free)."""
-    left = lane.request.max_tokens - len(lane.generated) - emitted
-    return max(0, min(most, left - 1))
-
-
-def ended(lane: Lane, tokens: Sequence[int]) -> tuple[tuple[int, ...], bool]:
-    """A round's kept draws as the lane emits them (up to and with a stop token, at most its
-    ``max_tokens``), and whether they end it."""
-    left = lane.request.max_tokens - len(lane.generated)
-    for at, token in enumerate(tokens[:left]):
-        if token in lane.request.stop_ids:
-            return tuple(tokens[:at + 1]), True
-    return tuple(tokens[:left]), len(tokens) >= left
+    return max(0, min(most, lane.tokens_left - emitted - 1))
 
 
 @attrs.define
@@ -279,7 +268,7 @@ class Rounds:
             if row[-1] != work.length:
                 raise RuntimeError(f"request {lane.request.id}: the round verified {row[-1]} rows, the plan "
                                    f"asks for {work.length}")
-            tokens, ends = ended(lane, row[:row[rows]])
+            tokens, ends = lane.emits(row[:row[rows]])
             entries = None
             asked = lane.request.sampling.logprobs
             if asked is not None and details is not None:
@@ -315,7 +304,7 @@ def prompt_absorbs(works: Sequence[Work], rows: torch.Tensor, drawn: dict[int, i
             if work.samples:  # the prompt's last row: the token after it is the one drawn now
                 token = drawn[id(work)]
                 follow.append(token)
-                wanted = 0 if token in lane.request.stop_ids else draft_count(lane, most, 1)
+                wanted = 0 if lane.stops_at(token) else draft_count(lane, most, 1)
             absorbs.append(Absorb(lane.memory, work.start, rows[at:at + work.length], follow, wanted,
                                   lane.seed, lane.request.sampling.temperature))
             owners.append(work)

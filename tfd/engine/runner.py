@@ -102,14 +102,13 @@ def settle(works: Sequence[Work], drawn: Sequence[Drawn]) -> None:
     """After a step: each work's lane past the rows it ran (a verify round past those it kept), a
     drafting lane's next drafts and its draft counts."""
     for work in works:
-        work.lane.position = work.start + work.length
+        work.lane.advanced(work.start + work.length)
     for item in drawn:
         lane = item.work.lane
         if item.work.verify:
-            lane.position = item.work.start + len(item.tokens)
-            lane.counts.add(item.work.length - 1, len(item.tokens))
-        if lane.drafting:
-            lane.drafts = list(item.drafts)
+            lane.verified(item.work.start, item.work.length, len(item.tokens), item.drafts)
+        elif lane.drafting:
+            lane.drafted(item.drafts)
 
 
 class Runner:
@@ -158,12 +157,12 @@ class Runner:
         drafts = self.rounds is not None and lane.request.draft and self._drafts_at(load)
         begin = Start()
         if self.cache is None or not lane.request.cache:  # its prompt chunked as without a cache
-            lane.keep_points = ()
+            lane.keeps_nothing()
         else:
             begin = self.cache.choose(lane.prefixes, lane.request.window, drafts)
         if not self.pool.can_promise(lane.request.window, begin.adopted):
             return Admission.WAIT
-        lane.lease = self.pool.promise(lane.request.window, begin.adopted)
+        lane.promised(self.pool.promise(lane.request.window, begin.adopted))
         try:
             self.open(lane, drafts, begin)
         except Exception:
@@ -181,16 +180,15 @@ class Runner:
         assert lease is not None
         try:
             pieces = lease.open(self.model.init_state)
-            lane.memory = LaneMemory(pieces, lease.page_table)
+            memory = LaneMemory(pieces, lease.page_table)
+            lane.opened(memory, drafts)
             if self.cache is not None and lane.request.cache:  # a bypass is neither a hit nor a miss
-                at = self.cache.start(begin or Start(), lane.prefixes, lease, lane.memory, drafts)
-                lane.position = lane.cached = at
-                lane.keep_points = self.cache.passed(lane.keep_points, at)
+                at = self.cache.start(begin or Start(), lane.prefixes, lease, memory, drafts)
+                lane.resumed(at, self.cache.passed(lane.keep_points, at))
         except BaseException:
             lease.finish()
-            lane.lease, lane.memory, lane.position, lane.cached = None, None, 0, 0
+            lane.open_failed()
             raise
-        lane.drafting = drafts
         if self.memory is not None:
             self.offsets[lane.number] = self.memory.lane_offsets(pieces, self.gdn_names, self.columns.ple)
 
@@ -203,7 +201,7 @@ class Runner:
         """Give the lane's pages back (again: nothing)."""
         if lane.lease is not None:
             lane.lease.finish()
-        lane.lease, lane.memory = None, None
+        lane.released()
         self.offsets.pop(lane.number, None)
         if self.rounds is not None:
             self.rounds.forget(lane)
@@ -269,8 +267,7 @@ class Runner:
         ``step`` ran) that will want one: not cancelled, short of their ``max_tokens``. Fed ``step``'s
         draw on the device; None when no lane will."""
         at = {id(lane): i for i, lane in enumerate(step.lanes)}
-        going = [work for work in works
-                 if not work.lane.cancelled and len(work.lane.generated) + 1 < work.lane.request.max_tokens]
+        going = [work for work in works if not work.lane.cancelled and work.lane.tokens_left > 1]
         if not going:
             return None
         lanes = [work.lane for work in going]

@@ -63,7 +63,7 @@ class Scheduler:
 
     def retire(self, lane: Lane) -> None:
         """Forget a lane that finished."""
-        lane.phase = Phase.DONE
+        lane.retire()
         if lane in self.running:
             self.running.remove(lane)
 
@@ -98,10 +98,10 @@ class Scheduler:
             self.waiting.popleft()
             if outcome is Admission.DROPPED:
                 dropped.append(lane)
-                lane.phase = Phase.DONE
+                lane.retire()
                 continue
             self.running.append(lane)
-            lane.phase = Phase.PREFILL
+            lane.admitted()
             size = self._chunk(lane, budget, first)
             if size:
                 works.append(self._prefill(lane, size))
