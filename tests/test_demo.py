@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from reference_loop import greedy
 
 from support import clean_environ, run_tfd
 from tfd.checkpoint import Checkpoint
 from tfd.demo import DEMOS, IM_END, build_demo
 from tfd.families.hybrid import load_model
-from tfd.generate import greedy
 
 
 def digest(path: Path) -> str:

@@ -67,7 +67,7 @@ def build_parser(table: Table) -> argparse.ArgumentParser:
     admin.set_defaults(command=run_admin)
 
     generate = commands.add_parser(
-        "generate", help="greedy continuation of a prompt, on the reference path",
+        "generate", help="greedy continuation of a prompt through the engine, without a server",
         description="Print the greedy continuation of a prompt on standard output; load time and "
         "speed go to standard error.")
     generate.add_argument("--prompt", required=True, help="the text to continue")
@@ -241,7 +241,7 @@ def run_generate(table: Table, args: argparse.Namespace) -> int:
     import torch
 
     from tfd.checkpoint import CheckpointError
-    from tfd.generate import greedy
+    from tfd.generate import generate
     from tfd.models import load
 
     try:
@@ -256,7 +256,7 @@ def run_generate(table: Table, args: argparse.Namespace) -> int:
             return EXIT_FAILURE
         prompt = loaded.template.render([{"role": "user", "content": prompt}])
     ids = loaded.tokenizer.encode(prompt, add_special_tokens=False).ids
-    done = greedy(loaded.model, ids, args.max_tokens, stop=loaded.eos_ids)
+    done = generate(loaded.model, ids, args.max_tokens, stop=loaded.eos_ids)
     shown = [t for t in done.tokens if t not in loaded.eos_ids]
     print(loaded.tokenizer.decode(shown))
     logging.getLogger("tfd.generate").info(

@@ -1,90 +1,53 @@
-"""Greedy generation on a model's reference path: ``tfd generate``, for people and for tests.
+"""``tfd generate``: one prompt's greedy continuation through the engine's stepper, without a server.
 
-``LanePool`` is a pool sized for a few lanes of one model, each opened with its whole window;
-``greedy`` prefills a prompt in chunks that end at multiples of the GDN chunk and then decodes one
-token at a time. The serving engine schedules lanes itself; this is the plain loop.
+The request runs as the daemon would run it (``tfd.engine.stepper``: the scheduler's prompt chunks,
+the runner's batched decode steps, the finish rule) on a pool that holds its one lane, on the
+calling thread; its tokens are the ones ``tfd serve`` gives the same prompt at temperature 0.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Sequence
 
 import attrs
-import torch
 
+from tfd.engine.lane import Lane
+from tfd.engine.local_runner import runner_for
+from tfd.engine.request import Request, Sampling
+from tfd.engine.scheduler import Scheduler
+from tfd.engine.stepper import Stepper
 from tfd.families.hybrid import HybridModel
-from tfd.model.gdn import CHUNK
-from tfd.model.memory import LaneMemory, PageRows, Span
-from tfd.model.stack import StackOutput
-from tfd.pool.pages import Lease, Pool
 
-log = logging.getLogger("tfd.generate")
-PREFILL_CHUNK = 4 * CHUNK
-
-
-class LanePool:
-    """A pool with room for ``lanes`` lanes of ``window`` tokens; ``open`` takes one whole."""
-
-    def __init__(self, model: HybridModel, window: int, lanes: int = 1, page_rows: int = 64,
-                 head: bool = False) -> None:
-        self.model = model
-        self.window = window
-        layout = model.layout(page_rows, head)
-        device = model.weights.embed.device
-        self.pool = Pool(layout, lanes * layout.need(window), device=device)
-        self.rows = PageRows(self.pool)
-        self.leases: list[Lease] = []
-
-    def open(self) -> LaneMemory:
-        lease = self.pool.promise(self.window)
-        lease.take_state(init=self.model.init_state)
-        lease.take(self.window)
-        self.leases.append(lease)
-        return LaneMemory(lease.pieces, lease.page_table)
-
-    def forward(self, spans: Sequence[Span]) -> StackOutput:
-        with torch.no_grad():
-            return self.model.forward(spans, self.rows)
-
-    def close(self) -> None:
-        for lease in self.leases:
-            lease.finish()
-        self.leases.clear()
+STEP_TOKENS = 256  # prompt rows a step: four GDN chunks
 
 
 @attrs.frozen
 class Generated:
+    """The tokens (a stop token kept, ending them), the seconds to the first token and after it."""
+
     tokens: list[int]
     prefill_s: float
     decode_s: float
 
 
-def greedy(model: HybridModel, prompt: Sequence[int], max_tokens: int, stop: Sequence[int] = ()) -> Generated:
-    """The greedy continuation of ``prompt``: up to ``max_tokens`` tokens, ending at a ``stop`` id."""
+def generate(model: HybridModel, prompt: Sequence[int], max_tokens: int, stop: Sequence[int] = ()
+             ) -> Generated:
+    """The greedy continuation of ``prompt``: up to ``max_tokens`` tokens, ending at a ``stop`` id.
+    ValueError for an empty prompt; what a step raises is raised, the lane's pages given back."""
     if not prompt:
         raise ValueError("the prompt has no tokens")
-    lanes = LanePool(model, len(prompt) + max_tokens)
-    try:
-        lane = lanes.open()
-        device = model.weights.embed.device
-        began = time.monotonic()
-        ids = torch.tensor(list(prompt), dtype=torch.long, device=device)
-        start = 0
-        while start < len(prompt):
-            end = min(len(prompt), start + PREFILL_CHUNK)
-            hidden = lanes.forward([Span(lane, start, ids[start:end])]).hidden
-            start = end
-        prefilled = time.monotonic()
-        out: list[int] = []
-        while len(out) < max_tokens:
-            token = int(model.logits(hidden[-1:]).argmax(dim=-1))
-            out.append(token)
-            if token in stop or len(out) == max_tokens:
-                break
-            step = torch.tensor([token], dtype=torch.long, device=device)
-            hidden = lanes.forward([Span(lane, len(prompt) + len(out) - 1, step, decode=True)]).hidden
-        return Generated(out, prefilled - began, time.monotonic() - prefilled)
-    finally:
-        lanes.close()
+    request = Request("generate", tuple(prompt), max_tokens, Sampling(temperature=0.0), stop_ids=tuple(stop))
+    runner = runner_for(model, request.window, 1, graphs=False)
+    began = time.monotonic()
+    stepper = Stepper(Scheduler(STEP_TOKENS, 1), runner, lambda: time.monotonic() - began)
+    lane = Lane(0, request)
+    stepper.add(lane)
+    while not stepper.idle:
+        step = stepper.step()
+        if step.error is not None:
+            raise step.error
+    runner.pool.check_at_load()
+    done = time.monotonic() - began
+    first = done if lane.first_token_at is None else lane.first_token_at
+    return Generated(list(lane.generated), first, done - first)

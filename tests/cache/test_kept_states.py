@@ -19,13 +19,14 @@ import torch
 from fake_device import FakeDevice
 
 from support import CACHE
-from tfd.bench.workload import drive, runner_for
+from tfd.bench.workload import drive
 from tfd.cache.kept import KeptState, KeptStates
 from tfd.cache.learned import Learned
 from tfd.cache.prefixes import keep_points
 from tfd.cache.prompt_cache import PromptCache
 from tfd.checkpoint import Checkpoint
 from tfd.engine.lane import Lane
+from tfd.engine.local_runner import runner_for
 from tfd.engine.request import Request, Sampling
 from tfd.engine.runner import Drafting, Runner
 from tfd.engine.scheduler import Admission

@@ -17,13 +17,13 @@ from collections.abc import Iterator
 import pytest
 import tiny_models
 import torch
+from reference_loop import LanePool, greedy
 
 from support import CACHE
 from tfd.bench.workload import drive
 from tfd.checkpoint import Checkpoint
 from tfd.engine.request import Request, Sampling
 from tfd.families.hybrid import HybridModel, load_model
-from tfd.generate import LanePool, greedy
 from tfd.model.memory import Span
 from tfd_kernels import pdl
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import tiny_models
 import torch
+from reference_loop import LanePool
 
 from support import CACHE
 from tfd.checkpoint import Checkpoint
 from tfd.engine.proposer import Absorb, HeadProposer
 from tfd.families.hybrid import HybridModel, load_model
-from tfd.generate import LanePool
 from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
 from tfd.model.memory import LaneMemory, Span
 

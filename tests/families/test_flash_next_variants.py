@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import tiny_models
 import torch
+from reference_loop import LanePool, greedy
 
 from tfd.bench.workload import drive
 from tfd.checkpoint import Checkpoint
 from tfd.engine.request import Request, Sampling
 from tfd.families.config import ConfigError
 from tfd.families.hybrid import HybridModel, load_model
-from tfd.generate import LanePool, greedy
 from tfd.model.memory import Span
 
 VARIANTS = {

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import tiny_models
 import torch
+from reference_loop import LanePool
 from safetensors.torch import load_file, save_file
 
 from tfd.bench.workload import drive
@@ -17,7 +18,6 @@ from tfd.engine.request import Request, Sampling
 from tfd.families.config import Ple
 from tfd.families.hybrid import load_model
 from tfd.families.qwen4_exp import PleTables
-from tfd.generate import LanePool
 from tfd.model.decode import batches
 from tfd.model.memory import Span
 

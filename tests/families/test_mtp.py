@@ -13,12 +13,12 @@ import pytest
 import tiny_models
 import torch
 import torch.nn.functional as F
+from reference_loop import LanePool
 from safetensors.torch import load_file
 
 from support import CACHE
 from tfd.checkpoint import Checkpoint
 from tfd.families.hybrid import HybridModel, load_model
-from tfd.generate import LanePool
 from tfd.model.memory import Span
 
 LENGTH = 60

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 import pytest
 import tiny_models
 import torch
+from reference_loop import LanePool, greedy
 
 from tfd.checkpoint import Checkpoint
 from tfd.families.hybrid import HybridModel, load_model
-from tfd.generate import LanePool, greedy
 from tfd.model.memory import Span
 
 PROMPT = 300

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import tiny_models
 import torch
+from reference_loop import LanePool, greedy
 
 from tfd.checkpoint import Checkpoint
 from tfd.families.hybrid import HybridModel, load_model
-from tfd.generate import LanePool, greedy
 from tfd.model.memory import Span
 
 PAIRS = [(8, 2), (8, 4), (16, 2), (16, 4), (32, 2), (32, 4)]  # (budget, compress ratio)

@@ -9,6 +9,7 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
+from reference_loop import greedy
 from safetensors.torch import load_file
 from test_train_corpus import write_tree
 
@@ -16,7 +17,6 @@ from support import run_tfd
 from tfd.checkpoint import Checkpoint
 from tfd.demo import DEMOS
 from tfd.families.hybrid import load_model
-from tfd.generate import greedy
 from tfd.train.corpus import Corpus, Sampler
 from tfd.train.loop import Trained, losses, train
 from tfd.train.model import TrainModel

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from reference_loop import LanePool
 
 from tfd.demo import DEMOS, SEED
 from tfd.families.hybrid import HybridModel, expected_tensors
 from tfd.families.random_weights import random_tensors
-from tfd.generate import LanePool
 from tfd.model.memory import Span
 from tfd.train import delta_rule
 from tfd.train.model import TrainModel

@@ -26,9 +26,10 @@ from typing import Any
 import torch
 
 from tfd.bench.flags import STEP_TOKENS
-from tfd.bench.workload import drive, runner_for
+from tfd.bench.workload import drive
 from tfd.cache import learned as learned_states
 from tfd.cache.learned import Learned
+from tfd.engine.local_runner import runner_for
 from tfd.engine.request import Request, Sampling
 from tfd.engine.runner import Runner
 from tfd.families.hybrid import HybridModel

@@ -2,7 +2,7 @@
 
 ``streams`` requests of ``prompt_tokens`` random prompt tokens each ask for ``new_tokens`` tokens
 (keyed sampling at temperature 1, no stop tokens, so every stream runs to its length). The loop
-is the engine thread's step without the trio side: plan, run, advance. Prefill is timed from the
+is the engine thread's (``tfd.engine.stepper``) without the trio side. Prefill is timed from the
 start to the last stream's first token; decode from the end of one step in which every stream
 decodes to the end of the next, the host's bookkeeping between them included (the runner launches
 a decode step before the host waits for the one before, so time inside ``run`` alone would leave
@@ -20,14 +20,13 @@ import torch
 from tfd.bench.flags import STEP_TOKENS
 from tfd.engine.drafts import DraftCounts
 from tfd.engine.lane import Lane
+from tfd.engine.local_runner import runner_for
 from tfd.engine.request import Request, Sampling
-from tfd.engine.rounds import Propose, drafts_from_head
-from tfd.engine.runner import Drafting, Runner, settle
-from tfd.engine.scheduler import Admission, Scheduler
+from tfd.engine.rounds import Propose
+from tfd.engine.runner import Drafting, Runner
+from tfd.engine.scheduler import Scheduler
+from tfd.engine.stepper import Stepper
 from tfd.families.hybrid import HybridModel
-from tfd.pool.pages import Pool
-
-PAGE_ROWS = 64  # rows of a page, or the least multiple of it whose page holds a GDN state
 
 
 @attrs.frozen
@@ -82,30 +81,11 @@ def prompt_of(workload: Workload, vocab: int, generator: torch.Generator) -> tup
     return tuple(ids[start:start + length])
 
 
-def runner_for(model: HybridModel, window: int, streams: int, graphs: bool, drafting: Drafting | None = None,
-               propose: Propose | None = None, kept_pages: int = 0, kept_states: int = 0,
-               keep_gain: int = 0) -> Runner:
-    """A runner on a pool sized for ``streams`` lanes of ``window`` tokens, ``kept_pages`` more pages
-    for kept prompt states and room for ``kept_states`` more (their pieces and a copied page; the
-    rows they share with lanes are the lanes'): a prompt cache bounded by the pool, none without;
-    ``keep_gain`` as TF_PROMPT_KEEP_GAIN."""
-    device = model.weights.embed.device
-    head = drafting is not None and drafts_from_head(model)
-    verify = 1 + drafting.most if drafting is not None and head else 0  # rows a window takes at most
-    smallest = model.layout(PAGE_ROWS, head, verify).smallest_page_rows()  # a page holds the largest piece
-    layout = model.layout(-(-smallest // PAGE_ROWS) * PAGE_ROWS, head, verify)
-    kept_pages += kept_states * (layout.state_pages + 1)
-    pool = Pool(layout, streams * layout.need(window) + kept_pages, max_lanes=streams, device=device)
-    # the cache's budget is the pool: a state's rows shared with a lane count against it too
-    return Runner(model, pool, window, streams, graphs, drafting, propose,
-                  kept_bytes=pool.pages * layout.page_bytes if kept_pages else 0, keep_gain=keep_gain)
-
-
 def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, graphs: bool,
           leaves: Mapping[str, int] | None = None, drafting: Drafting | None = None,
           propose: Propose | None = None, runner: Runner | None = None) -> Timings:
-    """Run ``requests`` together, as the engine would, each to its ``max_tokens`` (stop ids are not
-    read), on a pool sized for all of them (or ``runner``'s, whose kept prompt states then carry over
+    """Run ``requests`` together through the engine's stepper, each to its ``max_tokens`` or a stop
+    token, on a pool sized for all of them (or ``runner``'s, whose kept prompt states then carry over
     from call to call); every lane's pages go back at the end (``Leak`` if not).
     ``leaves``: request id to the tokens after which it is cancelled, as a client leaving would be
     (it leaves at the next plan and gives its pages back). ``drafting``: lanes draft and verify in
@@ -116,14 +96,10 @@ def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, gra
     if runner is None:
         runner = runner_for(model, window, streams, graphs, drafting, propose)
     pool = runner.pool
-    scheduler = Scheduler(step_tokens, streams)
+    stepper = Stepper(Scheduler(step_tokens, streams), runner, lambda: time.perf_counter() - began, leaves)
     lanes = [Lane(number, request) for number, request in enumerate(requests)]  # tokens, no text
     for lane in lanes:
-        scheduler.add(lane)
-
-    def admit(lane: Lane) -> Admission:
-        return runner.admit(lane, scheduler.load)
-
+        stepper.add(lane)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -131,30 +107,17 @@ def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, gra
     steps, decode_s, decode_tokens = 0, 0.0, 0
     last_token: dict[int, float] = {}  # a lane's number: when it drew its latest token
     last: float | None = None  # the end of the previous step, when every stream decoded in it
-    while not scheduler.idle:
-        plan = scheduler.plan(admit)
-        for lane in plan.cancelled:
-            runner.close(lane)
-        everyone = len(plan.works) == streams and all(work.decode for work in plan.works)
-        drawn = runner.run(plan.works)  # ends in the step's one host sync
-        after = time.perf_counter()
+    while not stepper.idle:
+        step = stepper.step()  # its run ends in the step's one host sync
+        if step.error is not None:
+            raise step.error
+        everyone = len(step.works) == streams and all(work.decode for work in step.works)
         if everyone and last is not None:  # end to end: the device runs ahead while the host books
-            steps, decode_s = steps + 1, decode_s + after - last
-            decode_tokens += sum(len(item.tokens) for item in drawn)
-        last = after if everyone else None
-        settle(plan.works, drawn)
-        for item in drawn:
-            lane = item.work.lane
-            for token in item.tokens:  # a verify round's may pass where the lane stops
-                lane.record(token, after - began)
-                last_token[lane.number] = after - began
-                if leaves is not None and len(lane.generated) == leaves.get(lane.request.id):
-                    lane.cancel()
-                if lane.cancelled or len(lane.generated) >= lane.request.max_tokens:
-                    break
-            if len(lane.generated) >= lane.request.max_tokens:
-                runner.close(lane)
-                scheduler.retire(lane)
+            steps, decode_s = steps + 1, decode_s + step.ran_at - last
+            decode_tokens += sum(len(emission.tokens) for emission in step.emitted)
+        last = step.ran_at if everyone else None
+        for emission in step.emitted:
+            last_token[emission.lane.number] = step.ran_at
     pool.check_at_load()
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
     ttft = tuple(lane.first_token_at for lane in lanes if lane.first_token_at is not None)

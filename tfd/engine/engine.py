@@ -28,9 +28,10 @@ import trio
 
 from tfd.engine.detokenize import Detokenizer
 from tfd.engine.lane import Lane
-from tfd.engine.request import Admitted, Emitted, Event, Finished, FinishReason, Request
-from tfd.engine.runner import Drafting, Drawn, Runner, settle
-from tfd.engine.scheduler import Admission, Scheduler, Work
+from tfd.engine.request import Admitted, Emitted, Event, Finished, Request
+from tfd.engine.runner import Drafting, Runner
+from tfd.engine.scheduler import Scheduler
+from tfd.engine.stepper import Ending, Stepper
 from tfd.families.hybrid import HybridModel
 from tfd.pool.pages import Pool
 from tfd.server.systemd import Heartbeat
@@ -94,6 +95,7 @@ class Engine:
         self.scheduler = Scheduler(limits.step_tokens, limits.max_lanes)
         self.runner = Runner(model, pool, limits.context, limits.max_lanes, graphs, drafting,
                              kept_bytes=kept_bytes, keep_gain=keep_gain)
+        self.stepper = Stepper(self.scheduler, self.runner)
         self.stats = StepStats()
         self.failure: BaseException | None = None
         self.last_step_error: Exception | None = None  # what the latest step that failed raised
@@ -106,7 +108,6 @@ class Engine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._token: trio.lowlevel.TrioToken | None = None
-        self._admissions: list[tuple[str, Event]] = []  # engine thread: Admitted events of this step
 
     # -- the trio side ------------------------------------------------------------------------
 
@@ -207,10 +208,8 @@ class Engine:
         except BaseException as error:  # the engine cannot go on: fail everything, say so
             log.exception("engine stopped")
             self.failure = error
-            events: list[tuple[str, Event]] = []
-            for lane in list(self._lanes.values()):
-                self._end(lane, "failed", events, "the engine stopped after an error")
-            self._deliver(events, 0.0, 0)
+            ended = self.stepper.fail_all(list(self._lanes.values()), "the engine stopped after an error")
+            self._deliver(self._finished(ended), 0.0, 0)
             if self.on_failure is not None and self._token is not None:
                 self._call_trio(self.on_failure, error)
 
@@ -221,35 +220,31 @@ class Engine:
         if self._stopping:
             for lane in self._lanes.values():
                 lane.cancel()
-        plan = self.scheduler.plan(self._admit)
-        events: list[tuple[str, Event]] = list(self._admissions)
-        self._admissions.clear()
-        for lane in plan.cancelled:
-            self._end(lane, "cancelled", events)
-        for lane in plan.dropped:
-            self._end(lane, "failed", events, "server error: the lane could not be opened")
-        seconds = 0.0
-        if plan.works:
-            began = time.monotonic()
-            try:
-                drawn = self.runner.run(plan.works)
-            except Exception as error:
-                self.last_step_error = error
-                log.exception("a step failed; failing its %d lanes", len(plan.works))
-                for work in plan.works:
-                    self._end(work.lane, "failed", events, f"server error: {error}")
-            else:
-                self._advance(plan.works, drawn, events)
-            seconds = time.monotonic() - began
+        began = time.monotonic()
+        step = self.stepper.step()
+        seconds = time.monotonic() - began if step.works else 0.0
+        events: list[tuple[str, Event]] = []
+        for lane in step.admitted:
+            self.stats.prompt_tokens += lane.prompt_length
+            events.append((lane.request.id, Admitted(lane.prompt_length, lane.cached)))
+        for emission in step.emitted:
+            self.stats.generated_tokens += len(emission.tokens)
+            events.append((emission.lane.request.id,
+                           Emitted(emission.tokens, emission.text, emission.logprobs)))
+        events += self._finished(step.ended)
+        if step.error is not None:
+            self.last_step_error = step.error
+            log.error("a step failed; failing its %d lanes", len(step.works), exc_info=step.error)
+        if step.works:
             self.stats.steps += 1
-            self.stats.rows += sum(work.length for work in plan.works)
+            self.stats.rows += step.rows
             self.stats.last_step_s = seconds
-        self._deliver(events, seconds, sum(work.length for work in plan.works))
+        self._deliver(events, seconds, step.rows)
         if self.heartbeat is not None:
             self.heartbeat.beat()
-        if self._stopping and self.scheduler.idle and not self._lanes:
+        if self._stopping and self.stepper.idle and not self._lanes:
             return False
-        if not plan.works:
+        if not step.works:
             self._wake.wait(IDLE_WAIT_S)
         return True
 
@@ -265,7 +260,7 @@ class Engine:
                 self._numbers += 1
                 lane = Lane(self._numbers, request, Detokenizer(self.tokenizer, request.stop))
                 self._lanes[request.id] = lane
-                self.scheduler.add(lane)
+                self.stepper.add(lane)
             elif kind == "cancel":
                 found = self._lanes.get(message[1])
                 if found is not None:
@@ -279,47 +274,19 @@ class Engine:
             elif kind == "stop":
                 self._stopping = True
 
-    def _admit(self, lane: Lane) -> Admission:
-        outcome = self.runner.admit(lane, self.scheduler.load)
-        if outcome is Admission.ADMITTED:
-            self.stats.prompt_tokens += lane.prompt_length
-            self._admissions.append((lane.request.id, Admitted(lane.prompt_length, lane.cached)))
-        return outcome
-
-    def _advance(self, works: Sequence[Work], drawn: Sequence[Drawn],
-                 events: list[tuple[str, Event]]) -> None:
-        now = time.monotonic()
-        settle(works, drawn)
-        for item in drawn:
-            lane = item.work.lane
-            taken: list[int] = []
-            text = ""
-            reason: FinishReason | None = None
-            for token in item.tokens:  # one at a time: a round's later tokens may come after the end
-                said, reason = lane.take(token, now)
-                taken.append(token)
-                text += said
-                if reason is not None:
-                    break
-            self.stats.generated_tokens += len(taken)
-            logprobs = None if item.logprobs is None else item.logprobs[:len(taken)]
-            events.append((lane.request.id, Emitted(tuple(taken), text, logprobs)))
-            if reason is not None:
-                self._end(lane, reason, events)
-
-    def _end(self, lane: Lane, reason: FinishReason, events: list[tuple[str, Event]],
-             message: str = "") -> None:
-        words = lane.detokenizer
-        rest = words.finish() if words is not None and reason in ("stop", "length") else ""
-        self.runner.close(lane)
-        self.scheduler.retire(lane)
-        self._lanes.pop(lane.request.id, None)
-        ttft = None if lane.first_token_at is None else lane.first_token_at - lane.request.arrived
-        counts = lane.counts
-        steps = 1 + counts.rounds if lane.drafting and lane.generated else len(lane.generated)
-        events.append((lane.request.id, Finished(reason, tuple(lane.generated), rest, message,
-                                                 lane.prompt_length, lane.cached, ttft, counts.drafted,
-                                                 counts.accepted, steps, counts.narrowest)))
+    def _finished(self, ended: Sequence[Ending]) -> list[tuple[str, Event]]:
+        """The ``Finished`` events of lanes the stepper ended, which the engine forgets."""
+        events: list[tuple[str, Event]] = []
+        for ending in ended:
+            lane = ending.lane
+            self._lanes.pop(lane.request.id, None)
+            ttft = None if lane.first_token_at is None else lane.first_token_at - lane.request.arrived
+            counts = lane.counts
+            steps = 1 + counts.rounds if lane.drafting and lane.generated else len(lane.generated)
+            events.append((lane.request.id, Finished(
+                ending.reason, tuple(lane.generated), ending.rest, ending.message, lane.prompt_length,
+                lane.cached, ttft, counts.drafted, counts.accepted, steps, counts.narrowest)))
+        return events
 
     def _deliver(self, events: list[tuple[str, Event]], seconds: float, rows: int) -> None:
         if events or rows:
