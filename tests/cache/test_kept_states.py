@@ -23,7 +23,6 @@ from tfd.bench.workload import drive
 from tfd.cache.kept import KeptState, KeptStates
 from tfd.cache.learned import Learned
 from tfd.cache.prefixes import keep_points
-from tfd.cache.prompt_cache import PromptCache
 from tfd.checkpoint import Checkpoint
 from tfd.engine.lane import Lane
 from tfd.engine.local_runner import runner_for
@@ -168,11 +167,11 @@ def test_a_state_without_the_heads_rows_serves_only_lanes_that_do_not_draft(mode
 
 
 def test_the_budget_keeps_the_newest_states(model: HybridModel) -> None:
-    runner = cached_runner(model, None)
+    sized = cached_runner(model, None)
+    per_state = kept_of(sized).map.pages + 1  # its pieces, the page its position falls in (64-row pages here)
+    runner = runner_for(model, 512, 3, graphs=False, kept_pages=64,
+                        kept_bytes=2 * per_state * sized.pool.layout.page_bytes)
     kept = kept_of(runner)
-    per_state = kept.map.pages + 1  # its pieces, the page its position falls in (64-row pages here)
-    kept = KeptStates(runner.pool, kept.pieces, 2 * per_state * runner.pool.layout.page_bytes)
-    runner.cache = PromptCache(kept, model.init_state)
     first = first_turns(0.0)
     turn1 = drive(model, first, STEP_TOKENS, graphs=False, runner=runner)
     assert kept.bytes <= kept.budget and len(kept.states) < 3
@@ -185,9 +184,8 @@ def test_the_budget_keeps_the_newest_states(model: HybridModel) -> None:
 
 def test_admission_evicts_kept_states_that_are_in_the_way(model: HybridModel) -> None:
     # a pool of one lane: a new prompt's lane needs the pages the first turn's states hold
-    runner = runner_for(model, 512, 1, graphs=False, kept_pages=0)
-    kept = KeptStates(runner.pool, model.pieces(), runner.pool.pages * runner.pool.layout.page_bytes)
-    runner.cache = PromptCache(kept, model.init_state)
+    runner = runner_for(model, 512, 1, graphs=False, kept_bytes=1 << 40)  # bounded by the pool alone
+    kept = kept_of(runner)
     first = first_turns(0.0, 1)
     drive(model, first, STEP_TOKENS, graphs=False, runner=runner)
     assert kept.states and runner.pool.kept_pages > 0

@@ -67,6 +67,8 @@ class Lane:
     counts: DraftCounts = attrs.Factory(DraftCounts)
     keep_points: tuple[int, ...] = attrs.Factory(_keep_points, takes_self=True)  # prefill chunks end there
     cached: int = 0  # prompt tokens resumed from a kept state
+    offsets: tuple[int, ...] = ()  # its pieces' offset fields in a batched decode step's columns
+    verify_offsets: tuple[int, ...] = ()  # a drafting lane's verify buffers' offset fields
     prefixes: Prefixes = attrs.Factory(_prefixes, takes_self=True)  # the prompt as the cache names it
 
     # -- what the lane is --------------------------------------------------------------------------
@@ -117,10 +119,14 @@ class Lane:
         """Its window's pages are promised to it."""
         self.lease = lease
 
-    def opened(self, memory: LaneMemory, drafting: bool) -> None:
-        """Its state pieces are on pages (viewed by ``memory``); ``drafting``: it verifies drafts."""
+    def opened(self, memory: LaneMemory, drafting: bool, offsets: Sequence[int] = (),
+               verify_offsets: Sequence[int] = ()) -> None:
+        """Its state pieces are on pages (viewed by ``memory``; ``offsets``, ``verify_offsets``: where
+        decode steps and verify rounds find them); ``drafting``: it verifies drafts."""
         self.memory = memory
         self.drafting = drafting
+        self.offsets = tuple(offsets)
+        self.verify_offsets = tuple(verify_offsets)
 
     def keeps_nothing(self) -> None:
         """No state is kept from it: its prompt is chunked as without a prompt cache."""
@@ -133,8 +139,9 @@ class Lane:
         self.keep_points = keep_points
 
     def released(self) -> None:
-        """Its lease is finished and its views dropped."""
+        """Its lease is finished and its views dropped (its pieces' pages may go to another lane)."""
         self.lease = self.memory = None
+        self.offsets = self.verify_offsets = ()
 
     def open_failed(self) -> None:
         """Opening it failed (its lease finished): it holds nothing, and resumed nothing."""

@@ -17,11 +17,11 @@ PAGE_ROWS = 64  # rows of a page, or the least multiple of it whose page holds a
 
 def runner_for(model: HybridModel, window: int, streams: int, graphs: bool, drafting: Drafting | None = None,
                propose: Propose | None = None, kept_pages: int = 0, kept_states: int = 0,
-               keep_gain: int = 0) -> Runner:
+               keep_gain: int = 0, kept_bytes: int | None = None) -> Runner:
     """A runner on a pool sized for ``streams`` lanes of ``window`` tokens, ``kept_pages`` more pages
     for kept prompt states and room for ``kept_states`` more (their pieces and a copied page; the
     rows they share with lanes are the lanes'): a prompt cache bounded by the pool, none without;
-    ``keep_gain`` as TF_PROMPT_KEEP_GAIN."""
+    ``keep_gain`` as TF_PROMPT_KEEP_GAIN; ``kept_bytes``: the cache's budget instead (0: no cache)."""
     device = model.weights.embed.device
     head = drafting is not None and drafts_from_head(model)
     verify = 1 + drafting.most if drafting is not None and head else 0  # rows a window takes at most
@@ -29,6 +29,7 @@ def runner_for(model: HybridModel, window: int, streams: int, graphs: bool, draf
     layout = model.layout(-(-smallest // PAGE_ROWS) * PAGE_ROWS, head, verify)
     kept_pages += kept_states * (layout.state_pages + 1)
     pool = Pool(layout, streams * layout.need(window) + kept_pages, max_lanes=streams, device=device)
-    # the cache's budget is the pool: a state's rows shared with a lane count against it too
-    return Runner(model, pool, window, streams, graphs, drafting, propose,
-                  kept_bytes=pool.pages * layout.page_bytes if kept_pages else 0, keep_gain=keep_gain)
+    if kept_bytes is None:  # the pool: a state's rows shared with a lane count against it too
+        kept_bytes = pool.pages * layout.page_bytes if kept_pages else 0
+    return Runner(model, pool, window, streams, graphs, drafting, propose, kept_bytes=kept_bytes,
+                  keep_gain=keep_gain)

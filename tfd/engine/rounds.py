@@ -94,8 +94,8 @@ class _Launched:
 
 
 class Rounds:
-    """The runner's verify rounds for ``model`` over ``memory``; ``offsets`` maps a lane number to
-    its decode offsets; ``most`` drafts a round at most, chained while at least ``confidence`` likely;
+    """The runner's verify rounds for ``model`` over ``memory`` (a lane's offsets: its own, noted at
+    open); ``most`` drafts a round at most, chained while at least ``confidence`` likely;
     ``propose`` replaces the head's drafts (a scripted head in tests); ``graphs``: capture rounds
     (CUDA) for up to ``max_lanes`` lanes.
 
@@ -105,14 +105,12 @@ class Rounds:
     in its own pages. A cut draw, logprobs or a scripted head's drafts need the host between rounds."""
 
     def __init__(self, model: HybridModel, memory: DecodeMemory, rows: PageRows, columns: Columns,
-                 offsets: dict[int, list[int]], most: int, confidence: float,
+                 most: int, confidence: float,
                  propose: Propose | None = None, graphs: bool = False, max_lanes: int = 1) -> None:
         self.model = model
         self.memory = memory
         self.columns = columns
         self.null_page = rows.null_page
-        self.offsets = offsets
-        self.verify_offsets: dict[int, list[int]] = {}  # lane number: its verify offsets
         self.most = most
         self.head = HeadProposer(model, rows, memory, columns, confidence)
         self.propose = propose
@@ -125,20 +123,6 @@ class Rounds:
                 len(self.gdn_names), self.step.ple), max_lanes, most + 1, columns.pages, self.device)
         self.inputs: RoundInputs | None = None  # an eager round's inputs, advanced to the next one's
         self.ahead: _Launched | None = None
-
-    def lane_offsets(self, lane: Lane) -> list[int]:
-        """A lane's verify offsets (``VerifyLanes.lane_offsets``), worked out once while it is open:
-        a round's host work stands between two rounds' device work."""
-        found = self.verify_offsets.get(lane.number)
-        if found is None:
-            assert lane.memory is not None
-            found = self.verify_offsets[lane.number] = VerifyLanes.lane_offsets(
-                lane.memory.pieces, self.gdn_names, self.memory.pool.buffer)
-        return found
-
-    def forget(self, lane: Lane) -> None:
-        """A closed lane's offsets go (its pieces may move to another lane of that number)."""
-        self.verify_offsets.pop(lane.number, None)
 
     def absorb(self, absorbs: Sequence[Absorb]) -> list[list[int]]:
         """Prompt rows into the head, and the first drafts of lanes whose prompt ended."""
@@ -229,11 +213,11 @@ class Rounds:
                 if i < len(window):
                     columns.append(self.columns.column(window[i], work.start + i, lane.seed,
                                                        lane.request.sampling.temperature, -1,
-                                                       self.offsets[lane.number], lane.lease.row_pages,
+                                                       lane.offsets, lane.lease.row_pages,
                                                        self.null_page))
                 else:
                     columns.append(self.columns.padding(self.null_page))
-            offsets.append(self.lane_offsets(lane))
+            offsets.append(list(lane.verify_offsets))
         return columns, offsets
 
     def _eager(self, works: Sequence[Work]) -> list[Round]:

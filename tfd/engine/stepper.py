@@ -19,9 +19,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
+from tfd.engine.drawn import Drawn, settle
 from tfd.engine.lane import Lane
 from tfd.engine.request import FinishReason, TokenLogprob
-from tfd.engine.runner import Drawn, Runner, settle
+from tfd.engine.runner import Runner
 from tfd.engine.scheduler import Admission, Scheduler, Work
 
 

@@ -1,0 +1,167 @@
+"""Batched decode steps on the device, plain ones launched one step ahead.
+
+A batched decode step (``step``: the layers, the head and the plain keyed draw; a CUDA graph replay
+when captured) draws into a half of ``DecodeMemory.feed`` (the halves alternate step by step) and
+its tokens go to the host from a side stream, so the copy does not hold up the next step (~9 us a
+step on the H200); a step waits for the copy out of its half two steps before, long done by then.
+
+When a step's rows are all plain decode rows (no top-k/p, min-p or logprobs), the next step of its
+lanes is launched before the host waits for this one (``ahead``), its tokens fed from this step's
+draw on the device (each lane's token field names its row of the draw), so the host's bookkeeping
+overlaps the device's work. A lane that then stops (a stop token, a cancel) wasted one row in its
+own pages, which it gives back as usual; every other lane's rows are what the next plan asks for,
+the same bits as run then. Engine thread only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import torch
+
+from tfd.engine.graphs import DecodeGraphs
+from tfd.engine.lane import Lane
+from tfd.engine.sampling import draw, draws_alone
+from tfd.engine.scheduler import Work
+from tfd.families.hybrid import HybridModel
+from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
+from tfd.model.memory import to_host
+
+
+@attrs.frozen
+class Launched:
+    """A batched decode step in flight: its lanes in column order, the row each runs, and the copy
+    of its drawn tokens to the host."""
+
+    lanes: tuple[Lane, ...]
+    starts: tuple[int, ...]
+    host_tokens: torch.Tensor
+    copied: torch.cuda.Event | None  # recorded after the copy to the host (CUDA)
+    first_row: int  # the feed row of its first lane's draw; the others follow in column order
+
+    def tokens(self) -> list[int]:
+        """The drawn tokens, waiting for their copy: the step's one sync with the host."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        return list(self.host_tokens.tolist())
+
+    def ran(self, works: Sequence[Work]) -> list[bool]:
+        """For each of ``works``, whether this step ran its row (its lane still open). Raises
+        ``RuntimeError`` for a lane it ran asked for another row: its state is past that row."""
+        starts = {id(lane): start for lane, start in zip(self.lanes, self.starts, strict=True)}
+        found = []
+        for work in works:
+            start = starts.get(id(work.lane)) if work.lane.lease is not None else None
+            if start is not None and (not work.decode or start != work.start):
+                raise RuntimeError(f"request {work.lane.request.id}: the step run ahead ran row {start}, "
+                                   f"the plan asks for rows from {work.start}")
+            found.append(start is not None)
+        return found
+
+
+class DecodePipeline:
+    """Batched decode steps of ``model`` over ``memory`` (``columns``: a step's input layout);
+    ``graphs``: replay CUDA graphs captured here, at load, for up to ``max_lanes`` lanes."""
+
+    def __init__(self, model: HybridModel, memory: DecodeMemory, columns: Columns, null_page: int,
+                 max_lanes: int, graphs: bool) -> None:
+        self.model = model
+        self.memory = memory
+        self.columns = columns
+        self.null_page = null_page
+        self.device = memory.pool.buffer.device
+        self.graphs: DecodeGraphs | None = None
+        if graphs and self.device.type == "cuda":
+            self.graphs = DecodeGraphs(self.step, columns, null_page, max_lanes, self.device)
+        self.ahead: Launched | None = None  # the step launched before its plan
+        self.parity = 0  # the feed half the next step draws into
+        self.copies: list[torch.cuda.Event | None] = [None, None]  # each half's last copy to the host
+        self.side = None if self.device.type != "cuda" else torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+
+    def step(self, batch: DecodeBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hidden rows and logits in the model dtype, and each lane's plain keyed draw (of their fp32
+        values, at the next position) into the feed row its column names, which a later step's token
+        fields may name: what a decode graph captures."""
+        hidden = self.model.decode(batch, self.memory)
+        logits = self.model.logits(hidden)
+        draw(logits, batch.temperature_bits, batch.seeds, batch.positions, 1, self.memory.feed,
+             batch.draw_rows)
+        return hidden, logits
+
+    def plain(self, works: Sequence[Work]) -> bool:
+        """Whether ``works`` are decode rows whose draws the step itself makes."""
+        return all(work.decode and work.samples and draws_alone(work.lane.request.sampling) for work in works)
+
+    def decode(self, works: Sequence[Work]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``step`` for decode works, all lanes in one batched step (a graph when captured): hidden
+        rows, logits and their draws."""
+        (hidden, logits), drawn, _ = self._launch_step(*_decode_inputs(works))
+        return hidden, logits, drawn
+
+    def launch(self, works: Sequence[Work]) -> Launched:
+        """Launch a plain step of ``works`` (each lane fed its last drawn token) and the step after it."""
+        step = self._launch(*_decode_inputs(works))
+        self.ahead = self._ahead_of(step, works)
+        return step
+
+    def go_on(self, step: Launched, works: Sequence[Work]) -> None:
+        """The plain step ``step`` ran ``works``' rows: launch the one after it."""
+        self.ahead = self._ahead_of(step, works)
+
+    def _launch_step(self, lanes: Sequence[Lane], starts: Sequence[int], tokens: Sequence[int]
+                     ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, int]:
+        """``step`` for ``lanes`` at rows ``starts`` fed ``tokens``: token ids, or -(row + 1) for the
+        token a step drew into that feed row (read on the device, the host not waiting). Its
+        outputs, its draws (a view of the feed) and the feed half they are in."""
+        parity, self.parity = self.parity, self.parity ^ 1
+        rows = self.memory.half(parity)
+        copied = self.copies[parity]
+        if copied is not None:  # the half's last copy to the host is done before this step draws over it
+            torch.cuda.current_stream(self.device).wait_event(copied)
+        columns = []
+        for token, lane, start, row in zip(tokens, lanes, starts, rows[:len(lanes)], strict=True):
+            assert lane.lease is not None
+            columns.append(self.columns.column(token, start, lane.seed, lane.request.sampling.temperature,
+                                               row, lane.offsets, lane.lease.row_pages, self.null_page))
+        if self.graphs is not None:
+            outputs = self.graphs.run(columns)
+        else:
+            outputs = self.step(DecodeBatch.of(columns, self.columns, self.device))
+        return outputs, self.memory.feed[rows.start:rows.start + len(lanes)], parity
+
+    def _launch(self, lanes: Sequence[Lane], starts: Sequence[int], tokens: Sequence[int]) -> Launched:
+        """Launch a plain step and the copy of its draw to the host (on the side stream, after the
+        step); nothing waits."""
+        _, drawn, parity = self._launch_step(lanes, starts, tokens)
+        first = self.memory.half(parity).start
+        if self.side is None:
+            return Launched(tuple(lanes), tuple(starts), drawn.clone(), None, first)
+        stepped = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        stepped.record(torch.cuda.current_stream(self.device))
+        self.side.wait_event(stepped)
+        with torch.cuda.stream(self.side):
+            host, copied = to_host(drawn)
+        self.copies[parity] = copied
+        return Launched(tuple(lanes), tuple(starts), host, copied, first)
+
+    def _ahead_of(self, step: Launched, works: Sequence[Work]) -> Launched | None:
+        """The step after ``step`` (the last one launched) for the lanes of ``works`` (rows ``step``
+        ran) that will want one: not cancelled, short of their ``max_tokens``. Fed ``step``'s draw on
+        the device; None when no lane will."""
+        at = {id(lane): i for i, lane in enumerate(step.lanes)}
+        going = [work for work in works if not work.lane.cancelled and work.lane.tokens_left > 1]
+        if not going:
+            return None
+        lanes = [work.lane for work in going]
+        starts = [work.start + 1 for work in going]
+        for lane, start in zip(lanes, starts, strict=True):
+            assert lane.lease is not None
+            lane.lease.take(start + 1)
+        return self._launch(lanes, starts, [-(step.first_row + at[id(lane)] + 1) for lane in lanes])
+
+
+def _decode_inputs(works: Sequence[Work]) -> tuple[list[Lane], list[int], list[int]]:
+    """Decode works' lanes, rows and tokens (each lane's last drawn token), for a launch."""
+    lanes = [work.lane for work in works]
+    return lanes, [work.start for work in works], [lane.generated[-1] for lane in lanes]

@@ -1,0 +1,84 @@
+"""Lanes in and out of the pool: admission, a lane's pieces and where it starts, its pages back.
+
+``admit`` promises a waiting lane its window when the pool can (after the prompt cache has evicted
+kept states in the way, and found where the lane starts), ``open`` gives it its state pieces,
+initialised, resumes it there and notes where decode steps and verify rounds find its pieces;
+``close`` gives its pages back. Engine thread only.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tfd.cache.prompt_cache import PromptCache, Start
+from tfd.engine.lane import Lane
+from tfd.engine.scheduler import Admission
+from tfd.families.hybrid import HybridModel
+from tfd.model.decode import Columns, DecodeMemory
+from tfd.model.memory import LaneMemory
+from tfd.model.verify import VerifyLanes
+from tfd.pool.pages import Pool
+
+log = logging.getLogger("tfd.engine")
+
+
+class Opener:
+    """Lanes of ``model`` on ``pool``; ``cache``: the prompt cache (None: none); ``memory`` and
+    ``columns``: the batched decode step's (None: the model decodes lane by lane)."""
+
+    def __init__(self, model: HybridModel, pool: Pool, cache: PromptCache | None, memory: DecodeMemory | None,
+                 columns: Columns) -> None:
+        self.model = model
+        self.pool = pool
+        self.cache = cache
+        self.memory = memory
+        self.columns = columns
+        self.gdn_names = model.gdn_layers().layers
+
+    def admit(self, lane: Lane, drafts: bool) -> Admission:
+        """Admit a waiting lane if the pool can promise its window, resuming it from the longest
+        kept state its prompt extends; ``drafts``: it verifies drafts in rounds. WAIT while the pool
+        is short; DROPPED when opening it failed (logged; its pages are back)."""
+        begin = Start()
+        if self.cache is None or not lane.request.cache:  # its prompt chunked as without a cache
+            lane.keeps_nothing()
+        else:
+            begin = self.cache.choose(lane.prefixes, lane.request.window, drafts)
+        if not self.pool.can_promise(lane.request.window, begin.adopted):
+            return Admission.WAIT
+        lane.promised(self.pool.promise(lane.request.window, begin.adopted))
+        try:
+            self.open(lane, drafts, begin)
+        except Exception:
+            log.exception("could not open a lane for request %s", lane.request.id)
+            return Admission.DROPPED
+        return Admission.ADMITTED
+
+    def open(self, lane: Lane, drafts: bool, begin: Start | None = None) -> None:
+        """Give an admitted lane (its lease promised) its state pieces, initialised, and start it
+        where ``begin`` says (``PromptCache.start``); ``drafts``: it verifies drafts in rounds.
+
+        Error handling: on failure the lease is finished, so the pool is as before.
+        """
+        lease = lane.lease
+        assert lease is not None
+        try:
+            pieces = lease.open(self.model.init_state)
+            memory = LaneMemory(pieces, lease.page_table)
+            offsets = [] if self.memory is None else \
+                self.memory.lane_offsets(pieces, self.gdn_names, self.columns.ple)
+            verify = VerifyLanes.lane_offsets(pieces, self.gdn_names, self.pool.buffer) if drafts else []
+            lane.opened(memory, drafts, offsets, verify)
+            if self.cache is not None and lane.request.cache:  # a bypass is neither a hit nor a miss
+                at = self.cache.start(begin or Start(), lane.prefixes, lease, memory, drafts)
+                lane.resumed(at, self.cache.passed(lane.keep_points, at))
+        except BaseException:
+            lease.finish()
+            lane.open_failed()
+            raise
+
+    def close(self, lane: Lane) -> None:
+        """Give the lane's pages back (again: nothing)."""
+        if lane.lease is not None:
+            lane.lease.finish()
+        lane.released()
