@@ -19,11 +19,10 @@ from tfd import __version__
 from tfd.arguments import natural, positive, positive_float
 from tfd.bench.flags import add_bench_parser
 from tfd.env import FAMILY_SCOPES, SettingsRefused, Table
+from tfd.exit_status import EXIT_FAILURE, EXIT_INTERRUPTED
 from tfd.server.admin_commands import COMMANDS as ADMIN_COMMANDS
 from tfd.train.recipe import MTP_TARGETS, SAFETY_MINUTES, Recipe
 
-EXIT_FAILURE = 1
-EXIT_INTERRUPTED = 130
 TRAIN_ROWS = ("TF_DEVICE", "TF_LOG_LEVEL")  # the rows `tfd train-demo` reads
 DEFAULT_RECIPE = Recipe()
 

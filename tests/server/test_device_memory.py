@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tfd.bench.flags import STEP_TOKENS
+from tfd.bench.defaults import STEP_TOKENS
 from tfd.env import SettingsRefused
 from tfd.server.device_memory import (
     CPU_STEP_TOKENS,

@@ -25,9 +25,9 @@ from tfd.bench.serve_record import revision
 from tfd.bench.variants import compare as compare_variants
 from tfd.bench.workload import Workload
 from tfd.checkpoint import CheckpointError, read_config
-from tfd.cli import EXIT_FAILURE
 from tfd.engine.runner import Drafting
 from tfd.env import Settings
+from tfd.exit_status import EXIT_FAILURE
 from tfd.models import load
 from tfd.shapes import weight_bytes
 from tfd.train.corpus import Corpus

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from tfd.bench.flags import STEP_TOKENS
+from tfd.bench.defaults import STEP_TOKENS
 from tfd.bench.workload import drive
 from tfd.cache import learned as learned_states
 from tfd.cache.learned import Learned

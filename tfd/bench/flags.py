@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from tfd.arguments import counts, draft_counts, natural, positive, positive_float, rates, span
+from tfd.bench.defaults import STEP_TOKENS
 from tfd.env import Table
-
-STEP_TOKENS = 32768  # rows a step, as the daemon's TF_STEP_TOKENS=auto on a GPU of 70 GiB or more
 
 
 def add_bench_parser(commands: Any, table: Table, run: Callable[..., int]) -> argparse.ArgumentParser:

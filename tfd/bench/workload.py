@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 import torch
 
-from tfd.bench.flags import STEP_TOKENS
+from tfd.bench.defaults import STEP_TOKENS
 from tfd.engine.drafts import DraftCounts
 from tfd.engine.lane import Lane
 from tfd.engine.local_runner import runner_for

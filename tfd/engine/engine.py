@@ -34,7 +34,6 @@ from tfd.engine.scheduler import Scheduler
 from tfd.engine.stepper import Ending, Stepper
 from tfd.families.hybrid import HybridModel
 from tfd.pool.pages import Pool
-from tfd.server.systemd import Heartbeat
 
 log = logging.getLogger("tfd.engine")
 IDLE_WAIT_S = 1.0  # an idle engine still beats this often
@@ -67,6 +66,32 @@ class StepStats:
     generated_tokens: int = 0
 
 
+@attrs.frozen
+class Submit:
+    request: Request
+
+
+@attrs.frozen
+class Cancel:
+    request_id: str
+
+
+@attrs.frozen
+class Ask:
+    """Run ``question`` between steps; its value (or what it raised) goes to ``answer`` on the trio thread."""
+
+    question: Callable[[], Any]
+    answer: Callable[[Any], None]
+
+
+@attrs.frozen
+class Stop:
+    """Cancel what runs, then end the thread once nothing is left."""
+
+
+Message = Submit | Cancel | Ask | Stop  # what the trio side puts in the engine's inbox
+
+
 class Handle:
     """The trio side of one request: its events, ending with ``Finished``."""
 
@@ -81,7 +106,7 @@ class Handle:
 
 class Engine:
     def __init__(self, model: HybridModel, tokenizer: tokenizers.Tokenizer, pool: Pool, limits: Limits,
-                 heartbeat: Heartbeat | None = None,
+                 beat: Callable[[], None] | None = None,
                  on_failure: Callable[[BaseException], None] | None = None,
                  on_step: Callable[[float, int], None] | None = None, graphs: bool = False,
                  drafting: Drafting | None = None, kept_bytes: int = 0, keep_gain: int = 0) -> None:
@@ -89,7 +114,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.pool = pool
         self.limits = limits
-        self.heartbeat = heartbeat
+        self.beat = beat  # called once a step, and at least every IDLE_WAIT_S: the watchdog's heartbeat
         self.on_failure = on_failure
         self.on_step = on_step  # (seconds, rows) after each step, on the trio thread
         self.scheduler = Scheduler(limits.step_tokens, limits.max_lanes)
@@ -99,7 +124,7 @@ class Engine:
         self.stats = StepStats()
         self.failure: BaseException | None = None
         self.last_step_error: Exception | None = None  # what the latest step that failed raised
-        self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._lanes: dict[str, Lane] = {}  # engine thread
         self._handles: dict[str, Handle] = {}  # trio thread
@@ -146,7 +171,7 @@ class Engine:
         handle = Handle(request, send, receive)
         self._handles[request.id] = handle
         self._queued += 1
-        self._post("submit", request)
+        self._post(Submit(request))
         return handle
 
     def has(self, request_id: str) -> bool:
@@ -155,7 +180,7 @@ class Engine:
 
     def cancel(self, request_id: str) -> None:
         """Stop a request at the next step boundary; its ``Finished("cancelled")`` still comes."""
-        self._post("cancel", request_id)
+        self._post(Cancel(request_id))
 
     async def ask(self, question: Callable[[], Any]) -> Any:
         """Run ``question`` on the engine thread between steps (a consistent view) and return it."""
@@ -166,7 +191,7 @@ class Engine:
             box.append(value)
             done.set()
 
-        self._post("ask", question, answer)
+        self._post(Ask(question, answer))
         await done.wait()
         if isinstance(box[0], BaseException):
             raise box[0]
@@ -174,11 +199,11 @@ class Engine:
 
     async def close(self) -> None:
         """Cancel what runs, stop the thread and wait for it."""
-        self._post("stop")
+        self._post(Stop())
         if self._thread is not None:
             await trio.to_thread.run_sync(self._thread.join)
 
-    def _post(self, *message: Any) -> None:
+    def _post(self, message: Message) -> None:
         self._inbox.put(message)
         self._wake.set()
 
@@ -240,8 +265,8 @@ class Engine:
             self.stats.rows += step.rows
             self.stats.last_step_s = seconds
         self._deliver(events, seconds, step.rows)
-        if self.heartbeat is not None:
-            self.heartbeat.beat()
+        if self.beat is not None:
+            self.beat()
         if self._stopping and self.stepper.idle and not self._lanes:
             return False
         if not step.works:
@@ -254,24 +279,23 @@ class Engine:
                 message = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            kind = message[0]
-            if kind == "submit":
-                request: Request = message[1]
+            if isinstance(message, Submit):
+                request = message.request
                 self._numbers += 1
                 lane = Lane(self._numbers, request, Detokenizer(self.tokenizer, request.stop))
                 self._lanes[request.id] = lane
                 self.stepper.add(lane)
-            elif kind == "cancel":
-                found = self._lanes.get(message[1])
+            elif isinstance(message, Cancel):
+                found = self._lanes.get(message.request_id)
                 if found is not None:
                     found.cancel()
-            elif kind == "ask":
+            elif isinstance(message, Ask):
                 try:
-                    value = message[1]()
+                    value = message.question()
                 except Exception as error:
                     value = error
-                self._call_trio(message[2], value)
-            elif kind == "stop":
+                self._call_trio(message.answer, value)
+            else:
                 self._stopping = True
 
     def _finished(self, ended: Sequence[Ending]) -> list[tuple[str, Event]]:

@@ -202,7 +202,8 @@ class Service:
         before = torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
         with refusing_oom("capturing the decode graphs"):
             self.engine = Engine(prepared.loaded.model, prepared.loaded.tokenizer, prepared.pool,
-                                 prepared.limits, heartbeat, on_failure, on_step, graphs, prepared.drafting,
+                                 prepared.limits, None if heartbeat is None else heartbeat.beat, on_failure,
+                                 on_step, graphs, prepared.drafting,
                                  prepared.kept_bytes, prepared.keep_gain)
         if device.type == "cuda":  # the graphs' private pools and the buffers the engine holds
             built = torch.cuda.memory_reserved(device) - before
