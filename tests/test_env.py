@@ -274,6 +274,12 @@ def test_any_value_of_any_row_is_accepted_or_refused_by_name(row: object, text: 
     ("tf_x", 'kind = "switch"\nhelp = "h"', "upper case"),
     ("TF_LOG", 'kind = "switch"\nhelp = "h"', "another program"),
     ("TF_X", 'kind = "switch"\ninherits = "TF_NOPE"\nhelp = "h"', "inherits TF_NOPE"),
+    ("TF_X", 'kind = "switch"\nneeds = {row = "TF_CONTEXT"}\nhelp = "h"', "a list of tables"),
+    ("TF_X", 'kind = "switch"\nneeds = [{row = "TF_CONTEXT", why = "w", above = 1, at_least = 2}]\n'
+     'help = "h"', "one bound"),
+    ("TF_X", 'kind = "switch"\nneeds = [{row = "TF_CONTEXT", above = 1}]\nhelp = "h"', "a why"),
+    ("TF_X", 'kind = "switch"\nneeds = [{row = "TF_NOPE", why = "w", above = 1}]\nhelp = "h"',
+     "needs unknown"),
 ])
 def test_a_malformed_table_is_refused_at_load(tmp_path: Path, name: str, spec: str, match: str) -> None:
     (tmp_path / "foreign.toml").write_text((ROOT / "env" / "foreign.toml").read_text())

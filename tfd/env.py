@@ -2,12 +2,12 @@
 
 Rows live in ``env/<scope>.toml`` (one TOML table per row). Startup reads the whole environment
 once, before torch or any device work, through ``Table.read``: every malformed value, every unknown
-``TF_*`` name, every unmet ``requires`` and every pair a row ``excludes`` is collected and raised
-together as ``SettingsRefused``, each problem naming the variable and the form it expects. That
-pass checks the form of every row of every scope, the family scopes (``flashnext``, ``qwen3_5``,
-``qwen3_next``) included; what waits for the family that loads (``Settings.check_family``) is only
-whether its rows apply: their values and their ``requires``, so a Flash Next row that needs another
-does not stop a Qwen3.5 start, while a malformed one does.
+``TF_*`` name, every unmet ``requires`` or ``needs`` (``tfd.env_needs``) and every pair a row
+``excludes`` is collected and raised together as ``SettingsRefused``, each problem naming the
+variable and the form it expects. That pass checks the form of every row of every scope, the family
+scopes (``flashnext``, ``qwen3_5``, ``qwen3_next``) included; what waits for the family that loads
+(``Settings.check_family``) is only whether its rows apply: their values and their ``requires``, so
+a Flash Next row that needs another does not stop a Qwen3.5 start, while a malformed one does.
 
 Flags of ``tfd serve`` are generated from the rows; a flag beats the environment and meets the same
 parser. An empty value counts as unset, as systemd's ``EnvironmentFile=`` writes ``NAME=``.
@@ -27,6 +27,7 @@ from typing import Literal, TypeVar
 import attrs
 
 from tfd.env_kinds import Kind, Malformed, Secret, Switch, kind_from_row
+from tfd.env_needs import Need, needs_from_toml
 
 SCOPES = ("core", "server", "pool", "learn", "cuda", "flashnext", "qwen3_5", "qwen3_next")
 FAMILY_SCOPES = frozenset({"flashnext", "qwen3_5", "qwen3_next"})
@@ -38,8 +39,8 @@ MODEL_TYPE_SCOPES = {
     "qwen4_exp": "flashnext",
 }
 PREFIX = "TF_"
-_ROW_KEYS = frozenset({"kind", "default", "default_doc", "help", "requires", "excludes", "inherits", "flag",
-                       "min", "max", "step", "zero_off", "auto", "values", "socket", "unit"})
+_ROW_KEYS = frozenset({"kind", "default", "default_doc", "help", "requires", "needs", "excludes", "inherits",
+                       "flag", "min", "max", "step", "zero_off", "auto", "values", "socket", "unit"})
 _SHOWN_MAX = 64
 MASK = "********"
 
@@ -85,6 +86,7 @@ class Row:
     default_doc: str | None = None
     requires: str | None = None
     excludes: str | None = None  # a row that must not be set beside this one
+    needs: tuple[Need, ...] = ()  # bounds on other rows while this one is on
     inherits: str | None = None
     flag: str | None = None
 
@@ -143,6 +145,9 @@ class Table:
                 row.kind.parse(row.default)
             if row.excludes is not None and (by_name.get(row.excludes) is None or row.excludes == row.name):
                 raise TypeError(f"{row.name}: excludes unknown {row.excludes}")
+            for need in row.needs:
+                if by_name.get(need.row) is None or by_name[need.row].scope in FAMILY_SCOPES:
+                    raise TypeError(f"{row.name}: needs unknown or family row {need.row}")
             if row.requires is not None:
                 target = by_name.get(row.requires)
                 if target is None:
@@ -339,6 +344,14 @@ class Settings:
                     state = "0 (off)" if values[target.name] == 0 else "unset"
                     problems.append(f"{_given(row, text or '', source)} requires {target.name},"
                                     f" which is {state}")
+            if _engaged(values.get(row.name)):
+                for need in row.needs:
+                    if need.row in values:
+                        other_text, other_source = self.texts[need.row]
+                        shown_as = other_text if other_text is not None else str(values[need.row])
+                        given = _given(self.table.by_name()[need.row], shown_as, other_source)
+                        found = need.problem(_given(row, text or "", source), values[need.row], given)
+                        problems += [found] if found is not None else []
             other = row.excludes
             if other and source in ("environment", "flag") and values.get(row.name) is not None \
                     and self.texts.get(other, (None, "unset"))[1] in ("environment", "flag") \
@@ -392,6 +405,7 @@ def _row_from_toml(name: str, scope: str, spec: dict[str, object]) -> Row:
         default_doc=_optional_str(name, spec, "default_doc"),
         requires=_optional_str(name, spec, "requires"),
         excludes=_optional_str(name, spec, "excludes"),
+        needs=needs_from_toml(name, spec.get("needs")),
         inherits=_optional_str(name, spec, "inherits"),
         flag=flag or None,
     )

@@ -58,6 +58,7 @@ def render_markdown(table: Table) -> str:
             flag = f"`{row.flag}`" if row.flag else "none"
             default = f"`{row.default}`" if row.default is not None else row.default_text
             meaning = row.help + (f" Requires `{row.requires}`." if row.requires else "") \
+                + "".join(f" {need.describe()}" for need in row.needs) \
                 + (f" Not beside `{row.excludes}`." if row.excludes else "")
             cells = [f"`{row.name}`", flag, row.kind.form, default, meaning]
             lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")

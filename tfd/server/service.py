@@ -47,7 +47,6 @@ from tfd.server.device_memory import (
 )
 from tfd.server.start_refusals import (
     OUT_OF_MEMORY,
-    check_learning,
     context_refusals,
     pool_source,
     refusing_oom,
@@ -89,7 +88,6 @@ def prepare(settings: Settings, environ: Mapping[str, str]) -> Prepared:
     """Load the model and cut the pool (blocking). Raises ``SettingsRefused`` for a TF_PARALLEL or
     TF_CONTEXT the pool cannot hold, naming what fits, and for a device too small for the weights
     and what serving needs beside them (out of memory at load included), naming the rows to change."""
-    check_learning(settings)
     watch_compiles()  # from the first launch on: the load's, the warm-up's, then any while serving
     device = pick_device(settings.value("TF_DEVICE", str))
     with refusing_oom("loading the weights"):

@@ -18,29 +18,11 @@ from tfd.env_kinds import Integer
 from tfd.pool.config import CPU_POOL_BYTES, GIB, PoolConfig
 from tfd.pool.device_plan import DevicePlan
 from tfd.pool.layout import Layout
-from tfd.store.identity import PROBE_TOKENS
 
 OUT_OF_MEMORY = ("the device ran out of memory {doing}: lower TF_POOL_GIB, TF_PARALLEL, TF_STEP_TOKENS or "
                  "TF_CONTEXT, or set TF_CUDA_MEMORY_LIMIT_GB below what the device has free")
 HOST_OUT_OF_MEMORY = ("the host ran out of memory {doing}: lower TF_POOL_GIB, TF_PARALLEL, TF_STEP_TOKENS or "
                       "TF_CONTEXT")
-
-
-def check_learning(settings: Settings) -> None:
-    """TF_LEARN_CONVERSATIONS needs a prompt cache, and a context that holds its identity probe:
-    refused by name before anything loads."""
-    if not settings.value("TF_LEARN_CONVERSATIONS", bool):
-        return
-    problems = []
-    if settings.optional("TF_PROMPT_CACHE_GIB", float) == 0:  # None: auto, the whole pool
-        problems.append("TF_LEARN_CONVERSATIONS=1 requires TF_PROMPT_CACHE_GIB above 0: learned states "
-                        "are the prompt cache's, written to disk")
-    context = settings.value("TF_CONTEXT", int)
-    if context <= PROBE_TOKENS:
-        problems.append(f"TF_CONTEXT={context}: TF_LEARN_CONVERSATIONS=1 needs TF_CONTEXT={PROBE_TOKENS + 1} "
-                        f"or more (the identity probe is a {PROBE_TOKENS}-token prompt and a token)")
-    if problems:
-        raise SettingsRefused(problems)
 
 
 def context_refusals(settings: Settings, layout: Layout, pool_bytes: int, source: str,
