@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from support import ServedDaemon
-from tfd.engine.engine import Limits
+from tfd.engine.config import Limits
 from tfd.engine.request import Request
 from tfd.server.warm_up import GEMM_CLASSES, LONG, NEW, RESUMED, TOGETHER, by_kernel, short, waves
 

@@ -26,10 +26,12 @@ import attrs
 import tokenizers
 import trio
 
+from tfd.engine.cache_face import CacheFace
+from tfd.engine.config import EngineConfig, Hooks
 from tfd.engine.detokenize import Detokenizer
 from tfd.engine.lane import Lane
 from tfd.engine.request import Admitted, Emitted, Event, Finished, Request
-from tfd.engine.runner import Drafting, Runner
+from tfd.engine.runner import Runner
 from tfd.engine.scheduler import Scheduler
 from tfd.engine.stepper import Ending, Stepper
 from tfd.families.hybrid import HybridModel
@@ -47,14 +49,6 @@ class EngineError(Exception):
         self.code = code
         self.param = param
         super().__init__(message)
-
-
-@attrs.frozen
-class Limits:
-    context: int  # the most rows one lane may hold: prompt + max_tokens
-    step_tokens: int
-    max_lanes: int
-    queue: int  # requests waiting for admission at most; more are refused with 503
 
 
 @attrs.define
@@ -105,22 +99,23 @@ class Handle:
 
 
 class Engine:
-    def __init__(self, model: HybridModel, tokenizer: tokenizers.Tokenizer, pool: Pool, limits: Limits,
-                 beat: Callable[[], None] | None = None,
-                 on_failure: Callable[[BaseException], None] | None = None,
-                 on_step: Callable[[float, int], None] | None = None, graphs: bool = False,
-                 drafting: Drafting | None = None, kept_bytes: int = 0, keep_gain: int = 0) -> None:
-        self.model = model
+    """``model`` served from ``pool`` as ``config`` says, its text by ``tokenizer``; ``hooks``: the
+    calls back to the host. Its runner is built here (CUDA graphs captured: seconds)."""
+
+    def __init__(self, model: HybridModel, tokenizer: tokenizers.Tokenizer, pool: Pool, config: EngineConfig,
+                 hooks: Hooks | None = None) -> None:
+        hooks = hooks or Hooks()
         self.tokenizer = tokenizer
         self.pool = pool
-        self.limits = limits
-        self.beat = beat  # called once a step, and at least every IDLE_WAIT_S: the watchdog's heartbeat
-        self.on_failure = on_failure
-        self.on_step = on_step  # (seconds, rows) after each step, on the trio thread
+        self.limits = limits = config.limits
+        self.beat = hooks.beat  # once a step, and at least every IDLE_WAIT_S: the watchdog's heartbeat
+        self.on_failure = hooks.on_failure
+        self.on_step = hooks.on_step  # (seconds, rows) after each step, on the trio thread
         self.scheduler = Scheduler(limits.step_tokens, limits.max_lanes)
-        self.runner = Runner(model, pool, limits.context, limits.max_lanes, graphs, drafting,
-                             kept_bytes=kept_bytes, keep_gain=keep_gain)
+        self.runner = Runner(model, pool, limits.context, limits.max_lanes, config.graphs, config.drafting,
+                             kept_bytes=config.kept_bytes, keep_gain=config.keep_gain)
         self.stepper = Stepper(self.scheduler, self.runner)
+        self.cache = CacheFace(self.runner.cache, pool, limits.context, self.ask)
         self.stats = StepStats()
         self.failure: BaseException | None = None
         self.last_step_error: Exception | None = None  # what the latest step that failed raised
@@ -149,6 +144,18 @@ class Engine:
     @property
     def waiting(self) -> int:
         return self._queued
+
+    @property
+    def drafts(self) -> bool:
+        """Whether lanes that ask verify the MTP head's drafts."""
+        return self.runner.rounds is not None
+
+    async def lanes(self) -> list[dict[str, object]]:
+        """What admin ``lanes`` shows: every lane running, then every lane waiting."""
+        scheduler = self.scheduler
+        found: list[dict[str, object]] = await self.ask(
+            lambda: [lane.describe() for lane in [*scheduler.running, *scheduler.waiting]])
+        return found
 
     def submit(self, request: Request, *, internal: bool = False) -> Handle:
         """Queue ``request``; raises ``EngineError`` for a window over the context or a full queue.
@@ -198,10 +205,12 @@ class Engine:
         return box[0]
 
     async def close(self) -> None:
-        """Cancel what runs, stop the thread and wait for it."""
+        """Cancel what runs, stop the thread and wait for it, then let the prompt states offered to
+        the disk be written."""
         self._post(Stop())
         if self._thread is not None:
             await trio.to_thread.run_sync(self._thread.join)
+        await self.cache.close()
 
     def _post(self, message: Message) -> None:
         self._inbox.put(message)

@@ -122,14 +122,15 @@ class Daemon:
         pool, engine = service.pool, service.engine
         self.metrics.watch(lambda: (pool.free, pool.pages - pool.free),
                            lambda: (engine.running, engine.waiting))
-        cache = engine.runner.cache
-        if cache is not None:
-            self.metrics.watch_kept(cache.kept.counts)
+        kept = engine.cache.kept_counts
+        if kept is not None:
+            self.metrics.watch_kept(kept)
         service.check_learning_cache()
         self.notify(f"STATUS=warming up {service.name}")
         await service.warm_up()
-        if await service.learn(self.environ) is not None and cache is not None and cache.learned is not None:
-            self.metrics.watch_learned(cache.learned.store.counts)
+        stored = engine.cache.store_counts if await service.learn(self.environ) is not None else None
+        if stored is not None:
+            self.metrics.watch_learned(stored)
         if watch_compiles():
             self.metrics.watch_compiles(compiled_variants, len(compiled_variants()))
 

@@ -333,7 +333,7 @@ def _latest_user_mark(service: Service, messages: Sequence[Mapping[str, object]]
     differently once a later one follows; then no mark). None without a prompt cache."""
     template = service.loaded.template
     latest = max((i for i, message in enumerate(messages) if message.get("role") == "user"), default=0)
-    if service.engine.runner.cache is None or latest == 0 or template is None:
+    if not service.engine.cache.enabled or latest == 0 or template is None:
         return ()
     try:
         before = template.render(list(messages[:latest]), add_generation_prompt=False, **kwargs)

@@ -19,11 +19,9 @@ from pathlib import Path
 
 import attrs
 import torch
-import trio
 
-from tfd.cache.learned import Learned, state_digest
-from tfd.cache.prefixes import Prefixes
-from tfd.engine.engine import Engine, Limits
+from tfd.engine.config import EngineConfig, Hooks, Limits
+from tfd.engine.engine import Engine
 from tfd.engine.request import Finished, Request, Sampling
 from tfd.engine.rounds import drafts_from_head
 from tfd.engine.runner import Drafting
@@ -67,12 +65,9 @@ PROBE_AT = (PROBE_TOKENS - 1) // CHUNK * CHUNK  # where the identity probe's sta
 class Prepared:
     loaded: Loaded
     pool: Pool
-    limits: Limits
     name: str
     report: LoadReport
-    drafting: Drafting | None = None  # lanes draft from the MTP head
-    kept_bytes: int = 0  # the prompt cache's budget (0: none)
-    keep_gain: int = 0  # tokens a resumed lane prefills before it keeps again
+    engine: EngineConfig
 
 
 def pick_device(name: str) -> torch.device:
@@ -141,8 +136,9 @@ def prepare(settings: Settings, environ: Mapping[str, str]) -> Prepared:
     log.info("%s", report.line())
     cache = settings.optional("TF_PROMPT_CACHE_GIB", float)  # auto: the whole pool
     kept_bytes = pool.pages * layout.page_bytes if cache is None else int(cache * GIB)
-    return Prepared(loaded, pool, limits, name, report, drafting, kept_bytes,
-                    settings.value("TF_PROMPT_KEEP_GAIN", int))
+    graphs = settings.value("TF_CUDA_GRAPHS", bool)
+    return Prepared(loaded, pool, name, report, EngineConfig(limits, graphs, drafting, kept_bytes,
+                                                             settings.value("TF_PROMPT_KEEP_GAIN", int)))
 
 
 def served_name(settings: Settings, loaded: Loaded) -> str:
@@ -195,14 +191,12 @@ class Service:
         self.loaded = prepared.loaded
         self.pool = prepared.pool
         self.report = prepared.report
-        graphs = prepared.loaded.settings.value("TF_CUDA_GRAPHS", bool)
         device = prepared.pool.buffer.device
         before = torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
         with refusing_oom("capturing the decode graphs"):
+            hooks = Hooks(None if heartbeat is None else heartbeat.beat, on_failure, on_step)
             self.engine = Engine(prepared.loaded.model, prepared.loaded.tokenizer, prepared.pool,
-                                 prepared.limits, None if heartbeat is None else heartbeat.beat, on_failure,
-                                 on_step, graphs, prepared.drafting,
-                                 prepared.kept_bytes, prepared.keep_gain)
+                                 prepared.engine, hooks)
         if device.type == "cuda":  # the graphs' private pools and the buffers the engine holds
             built = torch.cuda.memory_reserved(device) - before
             self.report = self.report.measured(engine_bytes_measured=built)
@@ -220,10 +214,10 @@ class Service:
         settings, model = self.loaded.settings, self.loaded.model
         mode = settings.value("TF_WARM_UP", str)
         full = mode == "full" or (mode == "auto" and self.pool.buffer.device.type == "cuda")
-        cache = self.engine.runner.cache
-        drafting = self.prepared.drafting is not None
+        drafting = self.prepared.engine.drafting is not None
         pooled = model.cfg.indexer.block if model.cfg.indexer is not None else 1
-        plan = waves(self.engine.limits, model.cfg.vocab, drafting, cache is not None, pooled) if full \
+        cache = self.engine.cache.enabled
+        plan = waves(self.engine.limits, model.cfg.vocab, drafting, cache, pooled) if full \
             else short(model.cfg.vocab)
         before = len(compiled_variants())  # counted since prepare() began watching
         try:
@@ -232,8 +226,7 @@ class Service:
             if isinstance(self.engine.last_step_error, torch.OutOfMemoryError):
                 raise SettingsRefused([OUT_OF_MEMORY.format(doing="warming up")]) from None
             raise
-        if cache is not None:
-            await self.engine.ask(cache.kept.clear)  # the warm-up's prompts are nobody's conversation
+        await self.engine.cache.clear()  # the warm-up's prompts are nobody's conversation
         await self.engine.ask(self.pool.check_at_load)
         counted = f"{len(compiled_variants()) - before} kernel variants compiled" if watch_compiles() \
             else "kernel compiles not counted here"
@@ -250,12 +243,11 @@ class Service:
     def check_learning_cache(self) -> None:
         """With TF_LEARN_CONVERSATIONS, a prompt cache that can keep the identity probe's state:
         refused by name before the warm-up (minutes on a fresh GPU), not after it."""
-        settings, cache = self.loaded.settings, self.engine.runner.cache
-        if not settings.value("TF_LEARN_CONVERSATIONS", bool) or cache is None:
+        settings, room = self.loaded.settings, self.engine.cache.room(PROBE_AT)
+        if not settings.value("TF_LEARN_CONVERSATIONS", bool) or room is None:
             return
-        kept = cache.kept
-        need = kept.state_bytes(PROBE_AT)
-        if need > kept.budget:
+        need, budget = room
+        if need > budget:
             raise SettingsRefused([
                 f"TF_PROMPT_CACHE_GIB={settings.optional('TF_PROMPT_CACHE_GIB', float):g}: the identity "
                 f"probe's kept state needs {need / GIB:.3g} GiB; TF_LEARN_CONVERSATIONS=1 needs "
@@ -265,8 +257,7 @@ class Service:
         """With TF_LEARN_CONVERSATIONS, the identity (a probe prompt's kept state's digest with the
         facts it covers) and the store of its learned states, attached to the engine; its name."""
         settings = self.loaded.settings
-        runner, cache = self.engine.runner, self.engine.runner.cache
-        if not settings.value("TF_LEARN_CONVERSATIONS", bool) or cache is None:
+        if not settings.value("TF_LEARN_CONVERSATIONS", bool) or not self.engine.cache.enabled:
             return None
         prompt = probe_prompt(self.loaded.model.cfg.vocab)
         handle = self.engine.submit(Request("identity-probe", prompt, 1, Sampling(temperature=0.0),
@@ -274,29 +265,19 @@ class Service:
         async for event in handle.events:
             if isinstance(event, Finished) and event.reason in ("failed", "cancelled"):
                 raise RuntimeError(f"the identity probe {event.reason}: {event.message}")
-        found = facts(self.loaded.path, self.pool.buffer.device, self.loaded.model.dtype,
-                      runner.rounds is not None)
+        found = facts(self.loaded.path, self.pool.buffer.device, self.loaded.model.dtype, self.engine.drafts)
         store_root = learn_directory(settings, environ)
 
-        def attach() -> str:
-            kept = cache.kept
-            state = kept.states.get(Prefixes(prompt).key_at(PROBE_AT))
-            if state is None:  # check_learning_cache let a cache through that could not keep it
-                raise RuntimeError("the identity probe's state was not kept")
-            name = identity(found, state_digest(self.pool, state))
-            kept.evict(state)
-            store = Store(store_root, name, int(settings.value("TF_LEARN_GIB", float) * GIB),
-                          int(settings.value("TF_LEARN_DAILY_GIB", float) * GIB),
-                          int(settings.value("TF_LEARN_MIN_FREE_GIB", float) * GIB),
-                          settings.value("TF_IMPRINT_VERIFY", bool))
-            learned = Learned(store, self.pool, self.pool.buffer.device, context=self.engine.limits.context)
-            cache.attach(learned)
-            return name
+        def open_store(digest: str) -> Store:
+            return Store(store_root, identity(found, digest),
+                         int(settings.value("TF_LEARN_GIB", float) * GIB),
+                         int(settings.value("TF_LEARN_DAILY_GIB", float) * GIB),
+                         int(settings.value("TF_LEARN_MIN_FREE_GIB", float) * GIB),
+                         settings.value("TF_IMPRINT_VERIFY", bool))
 
-        name: str = await self.engine.ask(attach)
-        log.info("learned conversations in %s (%d states)", store_root / name,
-                 len(cache.learned.store.index.entries) if cache.learned is not None else 0)
-        return name
+        store = await self.engine.cache.attach_store(prompt, PROBE_AT, open_store)
+        log.info("learned conversations in %s (%d states)", store.home, len(store.index.entries))
+        return store.identity
 
     def memory(self) -> dict[str, int]:
         """The process's resident bytes; on a GPU, the device bytes torch holds, allocated (tensors)
@@ -312,37 +293,16 @@ class Service:
         return await self.engine.ask(lambda: self.pool.census().as_dict())  # type: ignore[no-any-return]
 
     async def kept(self) -> dict[str, object]:
-        """What the prompt cache holds and did (admin ``learn``); ``{"enabled": false}`` without one.
-        The disk's part is read off the engine thread: it may wait for a write to end."""
-        cache = self.engine.runner.cache
-        if cache is None:
-            return {"enabled": False}
-        learned = cache.learned
-        found: dict[str, object] = {"enabled": True, "memory": await self.engine.ask(cache.kept.report)}
-        if learned is not None:
-            found["disk"] = await trio.to_thread.run_sync(learned.report)
-        return found
+        """What the prompt cache holds and did (admin ``learn``); ``{"enabled": false}`` without one."""
+        return await self.engine.cache.report()
 
     async def evict(self) -> dict[str, int]:
         """Evict every kept prompt state, in memory and on disk; how many there were of each."""
-        cache = self.engine.runner.cache
-        if cache is None:
-            return {"evicted": 0}
-        learned = cache.learned
-        counts = {"evicted": await self.engine.ask(cache.kept.clear)}
-        if learned is not None:
-            counts["evicted_disk"] = await trio.to_thread.run_sync(learned.evict)
-        return counts
+        return await self.engine.cache.evict()
 
     async def lanes(self) -> list[dict[str, object]]:
-        scheduler = self.engine.scheduler
-        return await self.engine.ask(  # type: ignore[no-any-return]
-            lambda: [lane.describe() for lane in [*scheduler.running, *scheduler.waiting]])
+        return await self.engine.lanes()
 
     async def close(self) -> None:
         """Stop the engine, then let the learned states offered be written."""
         await self.engine.close()
-        cache = self.engine.runner.cache
-        learned = None if cache is None else cache.learned
-        if learned is not None:
-            await trio.to_thread.run_sync(learned.close)

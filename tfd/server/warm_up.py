@@ -31,7 +31,8 @@ from collections.abc import Sequence
 
 import trio
 
-from tfd.engine.engine import Engine, Limits
+from tfd.engine.config import Limits
+from tfd.engine.engine import Engine
 from tfd.engine.request import Finished, Request, Sampling
 from tfd_kernels.gemm import FEW, MID, MIDDLE, SPREAD_ROWS
 

@@ -1,0 +1,103 @@
+"""The prompt cache as the server sees it through the engine: its counts, its reports, eviction, and
+the disk store attached once the identity is known.
+
+Every call that touches the cache's states runs on the engine thread between steps (``Engine.ask``);
+the disk's report and eviction run on a worker thread, as they may wait for a write to end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import trio
+
+from tfd.cache.kept import KeptCounts
+from tfd.cache.learned import Learned, state_digest
+from tfd.cache.prefixes import Prefixes
+from tfd.cache.prompt_cache import PromptCache
+from tfd.pool.pages import Pool
+from tfd.store.store import Store, StoreCounts
+
+Ask = Callable[[Callable[[], Any]], Awaitable[Any]]
+
+
+class CacheFace:
+    """``cache`` (None: the engine keeps no prompt states) of an engine on ``pool``, its calls made
+    through ``ask``; a store attached reads states of up to ``context`` rows."""
+
+    def __init__(self, cache: PromptCache | None, pool: Pool, context: int, ask: Ask) -> None:
+        self._cache = cache
+        self._pool = pool
+        self._context = context
+        self._ask = ask
+
+    @property
+    def enabled(self) -> bool:
+        return self._cache is not None
+
+    @property
+    def kept_counts(self) -> KeptCounts | None:
+        return None if self._cache is None else self._cache.kept.counts
+
+    @property
+    def store_counts(self) -> StoreCounts | None:
+        learned = None if self._cache is None else self._cache.learned
+        return None if learned is None else learned.store.counts
+
+    def room(self, position: int) -> tuple[int, int] | None:
+        """What a state kept at ``position`` costs, and the budget; None without a cache."""
+        return None if self._cache is None else \
+            (self._cache.kept.state_bytes(position), self._cache.kept.budget)
+
+    async def attach_store(self, probe: Sequence[int], at: int, open_store: Callable[[str], Store]) -> Store:
+        """The disk tier: the state ``probe`` kept at ``at`` digested and forgotten, the store
+        ``open_store`` opens for that digest attached. RuntimeError when no state was kept there."""
+        cache = self._cache
+        if cache is None:
+            raise RuntimeError("no prompt cache to attach a store to")
+
+        def attach() -> Store:
+            kept = cache.kept
+            state = kept.states.get(Prefixes(probe).key_at(at))
+            if state is None:
+                raise RuntimeError("the identity probe's state was not kept")
+            digest = state_digest(self._pool, state)
+            kept.evict(state)
+            store = open_store(digest)
+            cache.attach(Learned(store, self._pool, self._pool.buffer.device, context=self._context))
+            return store
+
+        found: Store = await self._ask(attach)
+        return found
+
+    async def clear(self) -> int:
+        """Evict every state in memory; how many there were."""
+        return 0 if self._cache is None else int(await self._ask(self._cache.kept.clear))
+
+    async def report(self) -> dict[str, object]:
+        """What the cache holds and did (admin ``learn``); ``{"enabled": false}`` without one."""
+        cache = self._cache
+        if cache is None:
+            return {"enabled": False}
+        found: dict[str, object] = {"enabled": True, "memory": await self._ask(cache.kept.report)}
+        if cache.learned is not None:
+            found["disk"] = await trio.to_thread.run_sync(cache.learned.report)
+        return found
+
+    async def evict(self) -> dict[str, int]:
+        """Evict every state, in memory and on disk; how many there were of each."""
+        cache = self._cache
+        if cache is None:
+            return {"evicted": 0}
+        counts = {"evicted": int(await self._ask(cache.kept.clear))}
+        if cache.learned is not None:
+            counts["evicted_disk"] = await trio.to_thread.run_sync(cache.learned.evict)
+        return counts
+
+    async def close(self) -> None:
+        """Let the states offered to the disk be written, then stop its writer."""
+        learned = None if self._cache is None else self._cache.learned
+        if learned is not None:
+            await trio.to_thread.run_sync(learned.close)
+
