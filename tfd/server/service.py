@@ -51,8 +51,8 @@ from tfd.server.start_refusals import (
 )
 from tfd.server.systemd import Heartbeat
 from tfd.server.warm_up import by_kernel, short, warm_up, waves
+from tfd.store.config import StoreConfig
 from tfd.store.identity import PROBE_TOKENS, facts, identity, probe_prompt
-from tfd.store.store import Store
 from tfd_kernels.runtime import compiled_variants, watch_compiles
 
 log = logging.getLogger("tfd.service")
@@ -160,18 +160,6 @@ def resident_bytes() -> int:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
-def learn_directory(settings: Settings, environ: Mapping[str, str]) -> Path:
-    """TF_LEARN_DIR, else systemd's StateDirectory=, else the XDG state home."""
-    explicit = settings.optional("TF_LEARN_DIR", str)
-    if explicit:
-        return Path(explicit)
-    if environ.get("STATE_DIRECTORY"):
-        return Path(environ["STATE_DIRECTORY"].split(":")[0]) / "learned"
-    if environ.get("XDG_STATE_HOME"):
-        return Path(environ["XDG_STATE_HOME"]) / "tfd" / "learned"
-    return Path.home() / ".local" / "state" / "tfd" / "learned"
-
-
 def drafting_of(settings: Settings, model: HybridModel) -> Drafting | None:
     """TF_DRAFTS and the MTP settings, for a model that drafts (``rounds.drafts_from_head``)."""
     if not settings.value("TF_DRAFTS", bool) or not drafts_from_head(model):
@@ -256,8 +244,8 @@ class Service:
     async def learn(self, environ: Mapping[str, str]) -> str | None:
         """With TF_LEARN_CONVERSATIONS, the identity (a probe prompt's kept state's digest with the
         facts it covers) and the store of its learned states, attached to the engine; its name."""
-        settings = self.loaded.settings
-        if not settings.value("TF_LEARN_CONVERSATIONS", bool) or not self.engine.cache.enabled:
+        learning = StoreConfig.from_settings(self.loaded.settings, environ)
+        if not learning.enabled or not self.engine.cache.enabled:
             return None
         prompt = probe_prompt(self.loaded.model.cfg.vocab)
         handle = self.engine.submit(Request("identity-probe", prompt, 1, Sampling(temperature=0.0),
@@ -266,16 +254,8 @@ class Service:
             if isinstance(event, Finished) and event.reason in ("failed", "cancelled"):
                 raise RuntimeError(f"the identity probe {event.reason}: {event.message}")
         found = facts(self.loaded.path, self.pool.buffer.device, self.loaded.model.dtype, self.engine.drafts)
-        store_root = learn_directory(settings, environ)
-
-        def open_store(digest: str) -> Store:
-            return Store(store_root, identity(found, digest),
-                         int(settings.value("TF_LEARN_GIB", float) * GIB),
-                         int(settings.value("TF_LEARN_DAILY_GIB", float) * GIB),
-                         int(settings.value("TF_LEARN_MIN_FREE_GIB", float) * GIB),
-                         settings.value("TF_IMPRINT_VERIFY", bool))
-
-        store = await self.engine.cache.attach_store(prompt, PROBE_AT, open_store)
+        store = await self.engine.cache.attach_store(
+            prompt, PROBE_AT, lambda digest: learning.open(identity(found, digest)))
         log.info("learned conversations in %s (%d states)", store.home, len(store.index.entries))
         return store.identity
 
