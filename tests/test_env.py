@@ -253,7 +253,7 @@ def test_unprintable_values_are_shown_escaped() -> None:
        as_flag=st.booleans())
 def test_any_value_of_any_row_is_accepted_or_refused_by_name(row: object, text: str,
                                                               as_flag: bool) -> None:
-    from tfd.env import Row
+    from tfd.env_rows import Row
 
     assert isinstance(row, Row)
     flags = {row.name: text} if as_flag and row.flag else {}

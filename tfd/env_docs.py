@@ -9,7 +9,8 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Mapping
 
-from tfd.env import MASK, SCOPES, Row, Table, shown
+from tfd.env import MASK, SCOPES, Table, shown
+from tfd.env_rows import Row
 
 _WIDTH = 100
 

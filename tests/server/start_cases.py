@@ -32,8 +32,9 @@ from collections.abc import Iterator
 
 from starts import CHECKPOINT, FREE_PORT, WORKDIR, Case
 
-from tfd.env import Row, Table
+from tfd.env import Table
 from tfd.env_kinds import UNIX_PATH_MAX, Choice, FilePath, Host, Integer, Name, Real, Secret, Switch
+from tfd.env_rows import Row
 
 DEMOS = ("qwen3_5", "flashnext")
 SKIPPED = {"TF_SHAPE", "TF_DEMO"}
