@@ -13,8 +13,7 @@ offsets, QSA layers choosing each lane's blocks among all its page table can hol
 A Flash Next row gets the bits ``stack.run_stack`` gives it as a one-row decode span, on the CPU
 exactly (the tests hold every pool byte to it); on CUDA its GDN layers run the decode kernels where
 the span path runs their torch references, as dense attention rows run ``paged_attention.decode``
-for Qwen. A Flash Next whose n-gram table is sharded looks rows up from the host, so it decodes
-through ``run_stack``.
+for Qwen. (A checkpoint's n-gram table stored in shards is joined into one table at load.)
 """
 
 from __future__ import annotations
