@@ -1,20 +1,18 @@
-"""Checkpoint directories on disk: config, headers, refusals by name, loading, tokenizer, chat template."""
+"""Checkpoint directories on disk: config, headers, refusals by name, loading, tokenizer."""
 
 from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Mapping
 from pathlib import Path
 
-import jinja2.exceptions
 import pytest
 import safetensors
 import safetensors.torch
 import torch
+from checkpoint_files import TENSORS, make_checkpoint, make_sharded, write_json, write_raw
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from tfd.chat import ChatTemplateError
 from tfd.checkpoint import (
     LISTED_PROBLEMS,
     Checkpoint,
@@ -22,45 +20,6 @@ from tfd.checkpoint import (
     TensorSpec,
     open_checkpoint,
 )
-
-QWEN_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-TENSORS = {
-    "model.embed_tokens.weight": torch.arange(24, dtype=torch.float32).reshape(6, 4),
-    "model.norm.weight": torch.ones(4, dtype=torch.bfloat16),
-    "model.layers.0.mlp.weight": torch.randn(3, 4),
-    "model.positions": torch.arange(5, dtype=torch.int64),
-}
-
-
-def write_json(path: Path, value: object) -> None:
-    path.write_text(json.dumps(value))
-
-
-def make_checkpoint(directory: Path, config: Mapping[str, object] | None = None) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    write_json(directory / "config.json", config or {"model_type": "qwen3_next"})
-    safetensors.torch.save_file(TENSORS, str(directory / "model.safetensors"))
-    return directory
-
-
-def make_sharded(directory: Path) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    write_json(directory / "config.json", {"model_type": "qwen3_next"})
-    names = sorted(TENSORS)
-    shards = {"model-00001-of-00002.safetensors": names[:2], "model-00002-of-00002.safetensors": names[2:]}
-    for file, part in shards.items():
-        safetensors.torch.save_file({n: TENSORS[n] for n in part}, str(directory / file))
-    write_json(directory / "model.safetensors.index.json",
-               {"metadata": {}, "weight_map": {n: f for f, part in shards.items() for n in part}})
-    return directory
-
-
-def write_raw(path: Path, header: dict[str, object], data: bytes, length: int | None = None) -> None:
-    raw = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(raw) if length is None else length) + raw + data)
 
 
 def refusal(directory: Path) -> str:
@@ -379,87 +338,3 @@ def test_eos_ids_come_from_generation_config_first_then_config(tmp_path: Path) -
     write_json(tmp_path / "generation_config.json", {"do_sample": True})
     assert open_checkpoint(tmp_path).eos_ids == (5,)
     assert open_checkpoint(make_checkpoint(tmp_path / "none")).eos_ids == ()
-
-
-# -- chat template ---------------------------------------------------------------------------------
-
-MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-
-
-def test_the_template_of_tokenizer_config_renders_with_and_without_a_generation_prompt(
-        tmp_path: Path) -> None:
-    checkpoint = open_checkpoint(make_checkpoint(tmp_path))
-    assert checkpoint.chat_template() is None
-    write_json(tmp_path / "tokenizer_config.json", {"chat_template": QWEN_TEMPLATE})
-    template = checkpoint.chat_template()
-    assert template is not None
-    turns = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-    assert template.render(MESSAGES) == turns + "<|im_start|>assistant\n"
-    assert template.render(MESSAGES, add_generation_prompt=False) == turns
-
-
-def test_chat_template_jinja_wins_and_sees_tokens_and_kwargs(tmp_path: Path) -> None:
-    checkpoint = open_checkpoint(make_checkpoint(tmp_path))
-    write_json(tmp_path / "tokenizer_config.json", {
-        "chat_template": QWEN_TEMPLATE, "bos_token": None,
-        "eos_token": {"content": "<|im_end|>", "lstrip": False, "special": True}})
-    (tmp_path / "chat_template.jinja").write_text(
-        "{{ bos_token is defined }} {{ eos_token }}\n"
-        "{% if enable_thinking is defined and not enable_thinking %}no-think{% endif %}")
-    template = checkpoint.chat_template()
-    assert template is not None and template.origin == str(tmp_path / "chat_template.jinja")
-    assert template.render(MESSAGES, enable_thinking=False) == "False <|im_end|>\nno-think"
-
-
-def test_a_list_of_templates_gives_the_default_one(tmp_path: Path) -> None:
-    checkpoint = open_checkpoint(make_checkpoint(tmp_path))
-    write_json(tmp_path / "tokenizer_config.json", {"chat_template": [
-        {"name": "tool_use", "template": "tools"}, {"name": "default", "template": "plain"}]})
-    template = checkpoint.chat_template()
-    assert template is not None and template.render(MESSAGES) == "plain"
-
-
-def test_raise_exception_becomes_a_chat_template_error_with_its_message(tmp_path: Path) -> None:
-    checkpoint = open_checkpoint(make_checkpoint(tmp_path))
-    (tmp_path / "chat_template.jinja").write_text(
-        "{% if messages[0].role != 'user' %}{{ raise_exception('First message must be user') }}{% endif %}")
-    template = checkpoint.chat_template()
-    assert template is not None
-    with pytest.raises(ChatTemplateError) as caught:
-        template.render(MESSAGES)
-    assert caught.value.message == "First message must be user"
-
-
-def test_tojson_keeps_non_ascii_and_strftime_now_formats(tmp_path: Path) -> None:
-    checkpoint = open_checkpoint(make_checkpoint(tmp_path))
-    (tmp_path / "chat_template.jinja").write_text(
-        "{{ tools | tojson }}|{{ strftime_now('%Y') | length }}")
-    template = checkpoint.chat_template()
-    assert template is not None
-    assert template.render([], tools=[{"name": "météo", "x": "<&>"}]) == '[{"name": "météo", "x": "<&>"}]|4'
-
-
-def test_the_sandbox_hides_internals_and_refuses_reaching_through_them(tmp_path: Path) -> None:
-    checkpoint = open_checkpoint(make_checkpoint(tmp_path))
-    (tmp_path / "chat_template.jinja").write_text("[{{ ''.__class__ }}]")
-    template = checkpoint.chat_template()
-    assert template is not None and template.render([]) == "[]"  # an unsafe attribute is undefined
-    for source in ["{{ ''.__class__.__mro__ }}", "{{ messages.append(1) }}"]:
-        (tmp_path / "chat_template.jinja").write_text(source)
-        template = checkpoint.chat_template()
-        assert template is not None
-        with pytest.raises(ChatTemplateError, match="unsafe") as caught:
-            template.render([])
-        assert isinstance(caught.value.__cause__, jinja2.exceptions.SecurityError)
-        assert str(tmp_path / "chat_template.jinja") in str(caught.value)
-
-
-def test_a_template_that_does_not_parse_is_refused_naming_the_file(tmp_path: Path) -> None:
-    checkpoint = open_checkpoint(make_checkpoint(tmp_path))
-    write_json(tmp_path / "tokenizer_config.json", {"chat_template": "{% for m in messages %}"})
-    with pytest.raises(ChatTemplateError, match=r"tokenizer_config\.json") as caught:
-        checkpoint.chat_template()
-    assert "line 1" in str(caught.value)
-    (tmp_path / "chat_template.jinja").write_text("\n{{ }")
-    with pytest.raises(ChatTemplateError, match=r"chat_template\.jinja: .*line 2"):
-        checkpoint.chat_template()
