@@ -1,0 +1,162 @@
+"""The one step loop: what a step answers, the finish rule on both sides of each end, a failed run.
+
+A tiny qwen3_5 checkpoint on the CPU, greedy: the reference continuation is known first, so a stop
+token or a ``max_tokens`` can be put exactly at, before or past where the lane gets to. Every test
+ends with the pool at its census at load.
+"""
+
+from __future__ import annotations
+
+import pytest
+import tiny_models
+import torch
+
+from support import CACHE
+from tfd.checkpoint import Checkpoint
+from tfd.engine.lane import Lane, Phase
+from tfd.engine.local_runner import runner_for
+from tfd.engine.request import Request, Sampling
+from tfd.engine.runner import Runner
+from tfd.engine.scheduler import Scheduler
+from tfd.engine.stepper import Ending, Stepper
+from tfd.families.hybrid import HybridModel, load_model
+
+STEP_TOKENS = 64
+PROMPT = tuple(range(8, 8 + 70))  # two prompt chunks at 64 rows a step
+NEW = 6
+
+
+@pytest.fixture(scope="module")
+def model() -> HybridModel:
+    path = tiny_models.save("qwen3_5", CACHE / "tiny-plain")
+    return load_model(Checkpoint.open(path), "cpu", torch.float32, progress=False)
+
+
+def greedy(max_tokens: int = NEW, stop_ids: tuple[int, ...] = (), number: int = 0) -> Lane:
+    request = Request(f"r{number}", PROMPT, max_tokens, Sampling(temperature=0.0), stop_ids=stop_ids)
+    return Lane(number, request)
+
+
+def until_idle(stepper: Stepper) -> list[Ending]:
+    """Step until nothing is left; every lane ended, in order."""
+    ended: list[Ending] = []
+    for _ in range(100):
+        if stepper.idle:
+            return ended
+        step = stepper.step()
+        ended += step.ended
+    raise AssertionError("the stepper never went idle")
+
+
+def stepper_of(model: HybridModel, lanes: int = 2, leaves: dict[str, int] | None = None) -> Stepper:
+    runner = runner_for(model, len(PROMPT) + NEW, lanes, graphs=False)
+    return Stepper(Scheduler(STEP_TOKENS, lanes), runner, leaves=leaves)
+
+
+@pytest.fixture(scope="module")
+def reference(model: HybridModel) -> list[int]:
+    stepper = stepper_of(model)
+    lane = greedy()
+    stepper.add(lane)
+    (ending,) = until_idle(stepper)
+    assert ending.reason == "length" and len(lane.generated) == NEW
+    assert len(set(lane.generated[:3])) == 3, "the test needs three different first tokens"
+    return list(lane.generated)
+
+
+def test_a_step_answers_admissions_then_tokens_then_endings(model: HybridModel, reference: list[int]) -> None:
+    stepper = stepper_of(model)
+    lane = greedy()
+    stepper.add(lane)
+    first = stepper.step()  # admitted, its first chunk run: no token yet
+    assert first.admitted == (lane,) and first.rows == 64 and first.emitted == () and first.ended == ()
+    second = stepper.step()  # the prompt's last 6 rows: its first token
+    assert second.admitted == () and [e.tokens for e in second.emitted] == [(reference[0],)]
+    assert lane.phase is Phase.DECODE and lane.position == len(PROMPT)
+    until_idle(stepper)
+    assert lane.generated == reference and lane.phase is Phase.DONE and lane.lease is None
+    stepper.runner.pool.check_at_load()
+
+
+@pytest.mark.parametrize("limit", [1, NEW - 1, NEW])
+def test_max_tokens_ends_at_exactly_that_many(model: HybridModel, reference: list[int], limit: int) -> None:
+    stepper = stepper_of(model)
+    lane = greedy(max_tokens=limit)
+    stepper.add(lane)
+    (ending,) = until_idle(stepper)
+    assert ending.reason == "length" and lane.generated == reference[:limit]
+    stepper.runner.pool.check_at_load()
+
+
+@pytest.mark.parametrize("at", [0, 2])
+def test_a_stop_token_ends_the_lane_and_is_kept(model: HybridModel, reference: list[int], at: int) -> None:
+    stepper = stepper_of(model)
+    lane = greedy(stop_ids=(reference[at],))
+    stepper.add(lane)
+    (ending,) = until_idle(stepper)
+    assert ending.reason == "stop" and lane.generated == reference[:at + 1]
+    stepper.runner.pool.check_at_load()
+
+
+def test_a_stop_token_never_drawn_ends_nothing(model: HybridModel, reference: list[int]) -> None:
+    unused = next(token for token in range(tiny_models.VOCAB) if token not in reference)
+    stepper = stepper_of(model)
+    lane = greedy(stop_ids=(unused,))
+    stepper.add(lane)
+    (ending,) = until_idle(stepper)
+    assert ending.reason == "length" and lane.generated == reference
+
+
+@pytest.mark.parametrize("after", [1, NEW - 1])
+def test_a_lane_that_leaves_takes_no_token_past_its_count(model: HybridModel, reference: list[int],
+                                                          after: int) -> None:
+    stepper = stepper_of(model, leaves={"r0": after})
+    lane = greedy()
+    stepper.add(lane)
+    (ending,) = until_idle(stepper)
+    assert ending.reason == "cancelled" and lane.generated == reference[:after]
+    stepper.runner.pool.check_at_load()
+
+
+def test_a_failed_run_fails_its_lanes_and_the_stepper_goes_on(model: HybridModel, reference: list[int],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    stepper = stepper_of(model)
+    doomed = greedy(number=0)
+    stepper.add(doomed)
+    real = Runner.run
+    with monkeypatch.context() as planted:
+        planted.setattr(Runner, "run", lambda self, works: (_ for _ in ()).throw(RuntimeError("planted")))
+        step = stepper.step()
+    assert isinstance(step.error, RuntimeError) and step.admitted == (doomed,)
+    assert [(e.lane, e.reason, e.message) for e in step.ended] == [
+        (doomed, "failed", "server error: planted")]
+    assert doomed.lease is None and stepper.idle
+    stepper.runner.pool.check_at_load()  # its pages are back
+    assert Runner.run is real
+    after = greedy(number=1)
+    stepper.add(after)
+    (ending,) = until_idle(stepper)
+    assert ending.reason == "length" and after.generated == reference
+
+
+def test_a_lane_that_cannot_be_opened_ends_failed_and_the_next_is_admitted(
+        model: HybridModel, reference: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    stepper = stepper_of(model)
+    broken, fine = greedy(number=0), greedy(number=1)
+    stepper.add(broken)
+    stepper.add(fine)
+    real_open = stepper.runner.opener.open
+
+    def opening(lane: Lane, drafts: bool, begin: object = None) -> None:
+        if lane is broken:
+            raise RuntimeError("planted")
+        real_open(lane, drafts, begin)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(stepper.runner.opener, "open", opening)
+    step = stepper.step()
+    assert step.admitted == (fine,)
+    assert [(e.lane, e.reason, e.message) for e in step.ended] == [
+        (broken, "failed", "server error: the lane could not be opened")]
+    until_idle(stepper)
+    assert fine.generated == reference
+    stepper.runner.pool.check_at_load()
