@@ -19,12 +19,11 @@ Many rows take the whole form through tensor descriptors (TMA) where the GPU and
 its programs ordered so that groups of row blocks share weight tiles in L2: the same sums, the same
 bits as the pointer loads (H200 probe).
 
-``matmul`` is the launcher, ``reference`` the torch reference, ``plan`` the shape's fixed choice.
+``matmul`` is the launcher, ``reference`` the torch reference; the shape's fixed choice of segments
+and tiles is ``tfd_kernels.gemm_plan``'s.
 """
 
 from __future__ import annotations
-
-import math
 
 import attrs
 import torch
@@ -33,20 +32,12 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tfd_kernels import conv1d, pdl, runtime
+from tfd_kernels.gemm_plan import Plan, Tiles, plan
 from tfd_kernels.runtime import INTERPRETED
 from tfd_kernels.swiglu import PAIR, silu_mul
 from tfd_kernels.swiglu import swiglu as swiglu_rows
 
-# K segments rounded up to two programs per multiprocessor of an H200: in the 9B's decode step 4.63 ms
-# against 4.79 with segments rounded down to one (6.57 against 7.02 at 32 lanes), though the products
-# replayed alone favoured fewer (.dev probes, docs/bench.md).
-TARGET_PROGRAMS = 264
-SPREAD_ROWS = 64  # up to this many rows the segments run in programs of their own
-# K steps a segment takes at least: a narrow product's segments stop there short of TARGET_PROGRAMS
-# (Flash Next's hyper down rows [324, 10240]: 20 segments, 120 programs, 7.7 us at one row on the H200)
-SEGMENT_STEPS = 4
 GROUP_M = 8  # row blocks of the whole form that share weight tiles through L2 (probe: 8 beat 16)
-SHARED_BYTES = 227 * 1024  # shared memory a program may take on an H200 (232,448 bytes)
 # Rows up to which the spread form applies a conv as it stores: its epilogue takes 114 registers a thread
 # at 16-row tiles (64 without), 172 at 32 (80 without: a third fewer programs resident), sm_90 ptxas.
 CONV_ROWS = 16
@@ -64,31 +55,6 @@ CONV_WIDTH = 4
 
 
 @attrs.frozen
-class Tiles:
-    """One launch form's tile: rows, columns and K step of a program, its warps and pipeline."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    warps: int = 4
-    stages: int = 3
-
-
-FEW = Tiles(16, 64, 128, 4, 4)  # up to 16 rows: the fastest weight stream at one row
-MID = Tiles(32, 64, 128, 4, 4)  # up to 32 rows: 25-30% faster there than 64-row tiles (sweep)
-SPREAD = Tiles(64, 64, 128, 4, 4)  # up to SPREAD_ROWS rows: many small programs keep every SM reading
-WHOLE = Tiles(128, 128, 128, 8, 3)  # many rows: large tiles reuse what they read (453-525 TFLOP/s at 8192)
-WHOLE_ONE = Tiles(256, 128, 64, 8, 4)  # many rows, one K segment: one accumulator leaves room for 256 rows
-# 65 to 128 rows (a resumed turn's step, a prompt's last chunk): the spread form with taller tiles where the
-# whole form would leave most multiprocessors idle or half its one-segment tile padding. H200, qwen3_5-9b's
-# products at 128 rows (docs/bench/382b9ac2ac41/gemm-mid-rows.log, us): [4096,4096] 29 against 36,
-# [4096,12288] 54 against 85, [24576,4096] 87 against 142; the whole form kept on [10240|12352,4096] (38, 40
-# against 45, 52). From 192 rows the whole form wins everywhere.
-MIDDLE = Tiles(128, 64, 64, 8, 4)
-FEW_PROGRAMS = 64  # whole-form programs under which the middle tile's spread wins (about half the SMs)
-
-
-@attrs.frozen
 class Conv:
     """The depthwise causal conv of ``tfd_kernels.conv1d.decode`` over a product's first
     ``weight.shape[0]`` columns, each row a lane's new input: the GDN projection's conv columns."""
@@ -96,62 +62,6 @@ class Conv:
     weight: torch.Tensor  # [channels, width]
     tails: torch.Tensor  # the pool's view in the model dtype
     tail_at: torch.Tensor  # [rows] int64 element offsets, -1 for padding
-
-
-@attrs.frozen
-class Plan:
-    """The fixed choice for one weight shape: how K is cut into segments, and the tiles."""
-
-    segments: int
-    k_per_segment: int
-    spread: Tiles = SPREAD
-    whole: Tiles = WHOLE
-    few: Tiles = FEW
-    mid: Tiles = MID
-    whole_one: Tiles = WHOLE_ONE
-    middle: Tiles = MIDDLE
-
-    def whole_tiles(self, element_size: int = 2) -> Tiles:
-        """The whole form's tile: taller with one K segment (no second accumulator, where two
-        spill on sm_90); its K step halved while its stages of ``element_size``-byte operands
-        overflow shared memory (fp32 inputs)."""
-        tiles = self.whole_one if self.segments == 1 else self.whole
-        while tiles.block_k > 16 and tiles.stages * (tiles.block_m + tiles.block_n) * tiles.block_k \
-                * element_size > SHARED_BYTES:
-            tiles = attrs.evolve(tiles, block_k=tiles.block_k // 2)
-        return tiles
-
-    def spread_tiles(self, rows: int) -> Tiles:
-        """The spread form's tile for ``rows`` rows: the smallest row block that holds them."""
-        for tiles in (self.few, self.mid, self.spread):
-            if rows <= tiles.block_m:
-                return tiles
-        return self.middle
-
-    def spreads(self, rows: int, n: int, element_size: int = 2) -> bool:
-        """Whether ``rows`` rows of an ``n``-column product run in the spread form: up to
-        ``SPREAD_ROWS``, and up to the middle tile's rows where the whole form would run one K
-        segment (its tile then twice the rows) or fewer than ``FEW_PROGRAMS`` programs."""
-        if rows <= SPREAD_ROWS:
-            return True
-        if rows > self.middle.block_m:
-            return False
-        whole = self.whole_tiles(element_size)
-        programs = triton.cdiv(n, whole.block_n) * triton.cdiv(rows, whole.block_m)
-        return self.segments == 1 or programs < FEW_PROGRAMS
-
-
-def plan(n: int, k: int, spread: Tiles = SPREAD, whole: Tiles = WHOLE, few: Tiles = FEW, mid: Tiles = MID,
-         whole_one: Tiles = WHOLE_ONE, middle: Tiles = MIDDLE) -> Plan:
-    """K segments for a weight of shape [n, k]; the same for every number of rows. Segments are
-    whole K steps of every tile."""
-    step = max(spread.block_k, whole.block_k, few.block_k, mid.block_k, whole_one.block_k, middle.block_k)
-    k_tiles = math.ceil(k / step)
-    n_tiles = math.ceil(n / spread.block_n)
-    segments = max(1, min(math.ceil(TARGET_PROGRAMS / n_tiles), k_tiles // SEGMENT_STEPS))
-    per_segment = math.ceil(k_tiles / segments)
-    segments = math.ceil(k_tiles / per_segment)  # no segment left empty
-    return Plan(segments, per_segment * step, spread, whole, few, mid, whole_one, middle)
 
 
 @triton.jit

@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tfd_kernels import gemm, moe_plan, moe_sum, moe_tiles, norm, pdl, router, runtime
+from tfd_kernels import gemm, gemm_plan, moe_plan, moe_sum, moe_tiles, norm, pdl, router, runtime
 from tfd_kernels.runtime import INTERPRETED
 
 READY = 64  # tiles of one launch at most: top_k routed experts and the shared one
@@ -280,7 +280,7 @@ def fits(hidden: int, tiles: int) -> bool:
     return tiles <= READY and norm.warps(triton.next_power_of_2(hidden)) == router.ROUTE_WARPS
 
 
-def _router_n(few: gemm.Tiles) -> int:
+def _router_n(few: gemm_plan.Tiles) -> int:
     """Columns of the router's tiles in the launch (``ROUTER_N``, gemm's in the interpreter)."""
     return few.block_n if INTERPRETED or not ROUTER_N else ROUTER_N
 
@@ -289,7 +289,7 @@ def takes_router(n: int, hidden: int) -> bool:
     """Whether the router's product ([n, hidden] weight) can run in the launch with the bits
     ``tfd_kernels.gemm.matmul`` gives it at one row: its tiles fit the counters, and its spread tile has
     the launch's warps."""
-    few = gemm.plan(n, hidden).few
+    few = gemm_plan.plan(n, hidden).few
     return triton.cdiv(n, _router_n(few)) <= ROUTER_TILES and few.warps == router.ROUTE_WARPS
 
 
@@ -323,9 +323,9 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
     found = counters(x.device)
     stream, weight, eps, normed = residual if residual is not None else (total, total, 0.0, total)
     block = triton.next_power_of_2(hidden)
-    n_router, plan = 0, gemm.plan(1, 1)
+    n_router, plan = 0, gemm_plan.plan(1, 1)
     if router_weight is not None:
-        n_router, plan = router_weight.shape[0], gemm.plan(*router_weight.shape)
+        n_router, plan = router_weight.shape[0], gemm_plan.plan(*router_weight.shape)
     router_tiles = triton.cdiv(n_router, _router_n(plan.few))
     # four K steps of weights a down program, the shared expert's as the routed ones'
     preload = PRELOAD_DOWN and inner == 4 * tiles["down_k"] and (not shared or shared_down.shape[1] == inner)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tfd_kernels import conv1d, gemm, swiglu
+from tfd_kernels import conv1d, gemm, gemm_plan, swiglu
 
 
 def weights(n: int, k: int, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
@@ -27,26 +27,27 @@ def test_bf16_within_rounding() -> None:
     assert ((got - want).abs() <= 2 ** -6 * want.abs() + 1e-3).all()
 
 
-def one_tile(n: int, k: int, tiles: gemm.Tiles) -> gemm.Plan:
+def one_tile(n: int, k: int, tiles: gemm_plan.Tiles) -> gemm_plan.Plan:
     """The plan for an [n, k] weight with ``tiles`` in every form."""
-    return gemm.plan(n, k, spread=tiles, whole=tiles, few=tiles, mid=tiles, whole_one=tiles, middle=tiles)
+    return gemm_plan.plan(n, k, spread=tiles, whole=tiles, few=tiles, mid=tiles, whole_one=tiles,
+                          middle=tiles)
 
 
 def test_plan_follows_the_weight_alone() -> None:
-    plan = gemm.plan(4096, 12288)
+    plan = gemm_plan.plan(4096, 12288)
     assert plan.segments > 1 and plan.segments * plan.k_per_segment >= 12288
     assert (plan.segments - 1) * plan.k_per_segment < 12288  # no empty segment
-    assert plan.whole_tiles() == gemm.WHOLE
-    head = gemm.plan(248320, 4096)
+    assert plan.whole_tiles() == gemm_plan.WHOLE
+    head = gemm_plan.plan(248320, 4096)
     assert head.segments == 1  # enough programs already: no partial sums
-    assert head.whole_tiles() == gemm.WHOLE_ONE  # one accumulator: the taller tile
+    assert head.whole_tiles() == gemm_plan.WHOLE_ONE  # one accumulator: the taller tile
 
 
 @pytest.mark.parametrize(("k", "one_segment"), [(1024, False), (256, True)])
 def test_both_launch_forms_give_the_same_bits(k: int, one_segment: bool) -> None:
     # Same tiles in both forms: the interpreter's dot (numpy) sums a tile in an order that follows
     # its shape, where the GPU's MMA does not (that part is the GPU test's).
-    tiles = gemm.Tiles(16, 64, 64)
+    tiles = gemm_plan.Tiles(16, 64, 64)
     choice = one_tile(64, k, tiles)
     x = torch.randn(6, k, generator=torch.Generator().manual_seed(6))
     w = weights(64, k, torch.float32)
@@ -70,7 +71,7 @@ def test_a_row_alone_equals_the_row_in_a_batch() -> None:
 def test_the_paired_product_forms_swiglus_middle_as_the_plain_product_then_swiglu(
         dtype: torch.dtype, spread: bool) -> None:
     inner, k = 96, 256
-    tiles = gemm.Tiles(16, 64, 64)  # one tile shape in both products and forms (see above)
+    tiles = gemm_plan.Tiles(16, 64, 64)  # one tile shape in both products and forms (see above)
     choice = one_tile(2 * inner, k, tiles)
     gate_up = weights(2 * inner, k, dtype)
     x = torch.randn(5, k, generator=torch.Generator().manual_seed(5)).to(dtype)
@@ -121,26 +122,27 @@ def test_the_spread_form_takes_the_middle_rows_where_the_whole_form_would_idle()
     # qwen3_5-9b's products: up to 64 rows all spread; at 65 to 128 the out and down projections (32
     # whole-form programs) and gate|up (one K segment: its whole tile twice the rows) spread, the GDN
     # and attention projections (80 and 97 programs) stay whole; from 129 rows all whole
-    spreads = {(n, k): [gemm.plan(n, k).spreads(m, n) for m in (64, 65, 128, 129)]
+    spreads = {(n, k): [gemm_plan.plan(n, k).spreads(m, n) for m in (64, 65, 128, 129)]
                for n, k in ((4096, 4096), (4096, 12288), (24576, 4096), (10240, 4096), (12352, 4096))}
     assert spreads == {(4096, 4096): [True, True, True, False], (4096, 12288): [True, True, True, False],
                        (24576, 4096): [True, True, True, False], (10240, 4096): [True, False, False, False],
                        (12352, 4096): [True, False, False, False]}
-    assert gemm.plan(4096, 4096).spread_tiles(100) == gemm.MIDDLE
+    assert gemm_plan.plan(4096, 4096).spread_tiles(100) == gemm_plan.MIDDLE
 
 
 def test_k_segments_give_two_programs_per_multiprocessor() -> None:
-    # decode shapes of qwen3_5-9b: at least gemm.TARGET_PROGRAMS programs of 64 columns where K allows
+    # decode shapes of qwen3_5-9b: at least gemm_plan.TARGET_PROGRAMS programs of 64 columns where K allows
     for n, k, segments in ((12352, 4096, 2), (10240, 4096, 2), (4096, 4096, 5), (4096, 12288, 5),
                            (2048, 4096, 8), (24576, 4096, 1)):
-        assert gemm.plan(n, k).segments == segments, (n, k)
+        assert gemm_plan.plan(n, k).segments == segments, (n, k)
 
 
 def test_fp32_operands_take_a_shorter_k_step_so_the_stages_fit() -> None:
-    for choice in (gemm.plan(4096, 12288), gemm.plan(248320, 4096)):
+    for choice in (gemm_plan.plan(4096, 12288), gemm_plan.plan(248320, 4096)):
         wide, narrow = choice.whole_tiles(2), choice.whole_tiles(4)
         assert narrow.block_k == wide.block_k // 2 and narrow.block_m == wide.block_m
-        assert narrow.stages * (narrow.block_m + narrow.block_n) * narrow.block_k * 4 <= gemm.SHARED_BYTES
+        shared = narrow.stages * (narrow.block_m + narrow.block_n) * narrow.block_k * 4
+        assert shared <= gemm_plan.SHARED_BYTES
 
 
 def conv_pool(lanes: int, channels: int, width: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,7 +161,7 @@ def check_projection_conv(channels: int, m: int, spread: bool, width: int, seed:
     """The [192, 256] product with its conv over the first ``channels`` columns is the product then
     conv1d.decode: the same bits and tails moved, the padding lane's untouched."""
     n, k = 192, 256
-    tiles = gemm.Tiles(16, 64, 64)
+    tiles = gemm_plan.Tiles(16, 64, 64)
     choice = one_tile(n, k, tiles)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed))
     w = weights(n, k, torch.float32)
@@ -204,7 +206,7 @@ def test_weights_asked_for_before_the_wait_give_the_same_bits(steps: int,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     # a plain product at few rows and the projection with its conv, one segment of six K steps
     n, k, width, channels = 192, 384, 4, 128
-    tiles = gemm.Tiles(16, 64, 64)
+    tiles = gemm_plan.Tiles(16, 64, 64)
     choice = one_tile(n, k, tiles)
     assert choice.k_per_segment // tiles.block_k >= steps
     monkeypatch.setattr(gemm, "EARLY_STEPS", steps)

@@ -1,7 +1,7 @@
 """``tfd bench --variant``: kernel switches compared in one process, runs interleaved, tokens compared.
 
 The kernels keep their launch choices as module constants (``tfd_kernels.moe_one.ROUTER_N``,
-``tfd_kernels.moe_one.SPREAD_FINISH``, ``tfd_kernels.gemm.TARGET_PROGRAMS``, ...), read when a launch is
+``tfd_kernels.moe_one.SPREAD_FINISH``, ``tfd_kernels.gemm_plan.TARGET_PROGRAMS``, ...), read when a launch is
 made, and so do the model's layers where they choose among launches (``tfd.model.attention``). A
 variant names some of them and their values; each run sets its variant's values and every other
 named constant back to its default, captures its own graphs (so the launches are made anew), and

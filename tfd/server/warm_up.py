@@ -34,7 +34,7 @@ import trio
 from tfd.engine.config import Limits
 from tfd.engine.engine import Engine
 from tfd.engine.request import Finished, Request, Sampling
-from tfd_kernels.gemm import FEW, MID, MIDDLE, SPREAD_ROWS
+from tfd_kernels.gemm_plan import FEW, MID, MIDDLE, SPREAD_ROWS
 
 log = logging.getLogger("tfd.warm_up")
 NEW = 3  # tokens a warm-up request makes: its prefill's draw, then decode steps

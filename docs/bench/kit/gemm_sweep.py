@@ -10,7 +10,7 @@ import torch
 from tfd.bench.gemm import graphed, weight_shapes
 from tfd.bench.main import random_model
 from tfd.bench.roofline import copy_gbps, timed
-from tfd_kernels import gemm
+from tfd_kernels import gemm, gemm_plan
 
 dev = torch.device("cuda")
 model, shape = random_model(sys.argv[1] if len(sys.argv) > 1 else "qwen3_8-flash-next", dev)
@@ -19,11 +19,11 @@ del model
 torch.cuda.empty_cache()
 gbps = copy_gbps(dev)
 print(f"copy {gbps:.0f} GB/s; shapes {shapes}")
-FEWS = {"16x64x128": gemm.FEW, "16x128x128": gemm.Tiles(16, 128, 128, 4, 4),
-        "16x128x64s6": gemm.Tiles(16, 128, 64, 4, 6), "16x32x256": gemm.Tiles(16, 32, 256, 4, 4)}
+FEWS = {"16x64x128": gemm_plan.FEW, "16x128x128": gemm_plan.Tiles(16, 128, 128, 4, 4),
+        "16x128x64s6": gemm_plan.Tiles(16, 128, 64, 4, 6), "16x32x256": gemm_plan.Tiles(16, 32, 256, 4, 4)}
 TARGETS = (132, 264, 528, 1056)
-STEPS = (4, 2, 1)  # gemm.SEGMENT_STEPS: a narrow product's segments capped at 80 / steps
-default_target = gemm.TARGET_PROGRAMS
+STEPS = (4, 2, 1)  # gemm_plan.SEGMENT_STEPS: a narrow product's segments capped at 80 / steps
+default_target = gemm_plan.TARGET_PROGRAMS
 for n, k in shapes:
     if n * k < 1 << 20:
         continue
@@ -34,17 +34,17 @@ for n, k in shapes:
         want = gemm.matmul(x, w)
         line = []
         for target in TARGETS:
-            gemm.TARGET_PROGRAMS = target
+            gemm_plan.TARGET_PROGRAMS = target
             for steps in STEPS:
-                gemm.SEGMENT_STEPS = steps
+                gemm_plan.SEGMENT_STEPS = steps
                 for name, few in FEWS.items():
                     if (rows > 16 or steps != STEPS[0]) and name != "16x64x128":
                         continue
-                    choice = gemm.plan(n, k, few=few)
+                    choice = gemm_plan.plan(n, k, few=few)
                     got = gemm.matmul(x, w, choice=choice)
                     t = timed(graphed(lambda x=x, w=w, c=choice: gemm.matmul(x, w, choice=c)), 50, dev) * 1e6
                     same = "" if torch.equal(got, want) else " DIFF"
                     line.append(f"t{target}s{choice.segments} {name} {t:.1f}{same}")
-        gemm.TARGET_PROGRAMS, gemm.SEGMENT_STEPS = default_target, STEPS[0]
+        gemm_plan.TARGET_PROGRAMS, gemm_plan.SEGMENT_STEPS = default_target, STEPS[0]
         print(f"[{n},{k}] rows {rows} ({n * k * 2 / 1e6:.0f} MB, floor {floor:.1f} us): " + "; ".join(line),
               flush=True)
