@@ -20,13 +20,11 @@ from pathlib import Path
 import attrs
 import torch
 
-from tfd.engine.config import EngineConfig, Hooks, Limits
+from tfd.engine.config import EngineConfig, EngineRows, Hooks
 from tfd.engine.engine import Engine
 from tfd.engine.request import Finished, Request, Sampling
 from tfd.engine.rounds import drafts_from_head
-from tfd.engine.runner import Drafting
 from tfd.env import Settings, SettingsRefused
-from tfd.families.hybrid import HybridModel
 from tfd.model import GDN_CHUNK as CHUNK
 from tfd.models import Loaded, load
 from tfd.pool.config import CPU_POOL_BYTES, GIB, PoolConfig
@@ -90,17 +88,16 @@ def prepare(settings: Settings, environ: Mapping[str, str]) -> Prepared:
         loaded = load(settings, environ, device)
     settings = loaded.settings
     config = PoolConfig.from_settings(settings, loaded.family)
-    drafting = drafting_of(settings, loaded.model)
+    rows = EngineRows.from_settings(settings)
+    drafting = rows.drafting(drafts_from_head(loaded.model))
     window = 1 + drafting.most if drafting is not None else 0  # rows a verify window takes at most
     layout = loaded.model.layout(config.page_rows, drafting is not None, window)
     try:  # a piece wider than a page is the settings' fault: refused before anything is allocated
         _ = layout.piece_map
     except PieceOverPage as error:
         raise SettingsRefused([config.over_page(error, settings)]) from None
-    context = settings.value("TF_CONTEXT", int)
-    parallel = settings.optional("TF_PARALLEL", int)
-    step_tokens = settings.optional("TF_STEP_TOKENS", int) or auto_step_tokens(device_bytes(device),
-                                                                               config.memory_limit)
+    context, parallel = rows.context, rows.parallel
+    step_tokens = rows.step_tokens or auto_step_tokens(device_bytes(device), config.memory_limit)
     plan = None
     if free is None:  # the CPU: the pool is TF_POOL_GIB, or its default there
         pool_bytes = config.size if config.size is not None else CPU_POOL_BYTES
@@ -110,7 +107,7 @@ def prepare(settings: Settings, environ: Mapping[str, str]) -> Prepared:
             plan = plan_device(loaded.model, layout, device, free=free, limit=config.memory_limit,
                                weights=torch.cuda.memory_allocated(device), step_tokens=step_tokens,
                                lanes=parallel or AUTO_LANES_MOST, window=window,
-                               graphs=settings.value("TF_CUDA_GRAPHS", bool) and loaded.model.batches_decode)
+                               graphs=rows.graphs and loaded.model.batches_decode)
         try:
             pool_bytes = plan.check(config.size)
         except DeviceTooSmall as small:
@@ -129,16 +126,11 @@ def prepare(settings: Settings, environ: Mapping[str, str]) -> Prepared:
                                f"{gib:.3g} GiB ({pool_source(config, plan)}); TF_PARALLEL={fits} is the "
                                "most"]) from None
     assert pool.max_lanes is not None
-    limits = Limits(context=context, step_tokens=step_tokens, max_lanes=pool.max_lanes,
-                    queue=settings.value("TF_QUEUE_LIMIT", int))
     name = settings.optional("TF_MODEL_NAME", str) or served_name(settings, loaded)
     report = LoadReport.of(pool, context, plan)
     log.info("%s", report.line())
-    cache = settings.optional("TF_PROMPT_CACHE_GIB", float)  # auto: the whole pool
-    kept_bytes = pool.pages * layout.page_bytes if cache is None else int(cache * GIB)
-    graphs = settings.value("TF_CUDA_GRAPHS", bool)
-    return Prepared(loaded, pool, name, report, EngineConfig(limits, graphs, drafting, kept_bytes,
-                                                             settings.value("TF_PROMPT_KEEP_GAIN", int)))
+    engine = rows.config(step_tokens, pool.max_lanes, drafting, pool.pages * layout.page_bytes)
+    return Prepared(loaded, pool, name, report, engine)
 
 
 def served_name(settings: Settings, loaded: Loaded) -> str:
@@ -158,14 +150,6 @@ def resident_bytes() -> int:
     except (OSError, IndexError, ValueError):
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return pages * os.sysconf("SC_PAGE_SIZE")
-
-
-def drafting_of(settings: Settings, model: HybridModel) -> Drafting | None:
-    """TF_DRAFTS and the MTP settings, for a model that drafts (``rounds.drafts_from_head``)."""
-    if not settings.value("TF_DRAFTS", bool) or not drafts_from_head(model):
-        return None
-    return Drafting(settings.value("TF_MTP_DRAFTS", int), settings.value("TF_MTP_CONFIDENCE", float),
-                    settings.value("TF_MTP_MAX_LANES", int))
 
 
 class Service:
