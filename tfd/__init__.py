@@ -1,4 +1,7 @@
-"""tfd: a serving daemon for hybrid linear-attention language models."""
+"""tfd: a serving daemon for hybrid linear-attention language models.
+
+docs/architecture.md has its terms, its layers, a line a module and the walk of a request.
+"""
 
 import os
 

@@ -1,1 +1,2 @@
-"""The daemon's surface: HTTP (starlette on hypercorn), the admin socket and systemd."""
+"""The daemon's surface: HTTP (starlette on hypercorn), the admin socket and systemd. Top layer: it
+reaches the engine through its face (docs/architecture.md)."""
