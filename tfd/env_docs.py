@@ -89,7 +89,8 @@ def render_envfile(table: Table) -> str:
             lines.append("")
             lines += textwrap.wrap(row.help, _WIDTH - 2, initial_indent="# ", subsequent_indent="# ")
             extra = (f"; requires {row.requires}" if row.requires else "") \
-                + (f"; not beside {row.excludes}" if row.excludes else "")
+                + (f"; not beside {row.excludes}" if row.excludes else "") \
+                + "".join(f"; needs {need.row} {need.bound} ({need.why})" for need in row.needs)
             if row.default is None:
                 extra += f"; default {row.default_text}"
             lines += textwrap.wrap(f"Form: {row.kind.form}{extra}", _WIDTH - 2, initial_indent="# ",

@@ -30,11 +30,16 @@ class Need:
             return f"{target_given}: {given} needs {self.row}={_number(self.at_least)} or more ({self.why})"
         return None
 
+    @property
+    def bound(self) -> str:
+        """The bound in words: ``above 0``, ``130 or more``."""
+        if self.above is not None:
+            return f"above {_number(self.above)}"
+        return f"{_number(self.at_least)} or more"
+
     def describe(self) -> str:
         """The rule for people (docs/environment.md)."""
-        bound = f"above {_number(self.above)}" if self.above is not None else \
-            f"{_number(self.at_least)} or more"
-        return f"Needs `{self.row}` {bound} ({self.why})."
+        return f"Needs `{self.row}` {self.bound} ({self.why})."
 
 
 def needs_from_toml(name: str, spec: object) -> tuple[Need, ...]:
