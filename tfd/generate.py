@@ -34,7 +34,8 @@ class Generated:
 def generate(model: HybridModel, prompt: Sequence[int], max_tokens: int, stop: Sequence[int] = ()
              ) -> Generated:
     """The greedy continuation of ``prompt``: up to ``max_tokens`` tokens, ending at a ``stop`` id.
-    ValueError for an empty prompt; what a step raises is raised, the lane's pages given back."""
+    ValueError for an empty prompt; what a step raises is raised (RuntimeError for a lane that could
+    not be opened), the lane's pages given back."""
     if not prompt:
         raise ValueError("the prompt has no tokens")
     request = Request("generate", tuple(prompt), max_tokens, Sampling(temperature=0.0), stop_ids=tuple(stop))
@@ -47,6 +48,9 @@ def generate(model: HybridModel, prompt: Sequence[int], max_tokens: int, stop: S
         step = stepper.step()
         if step.error is not None:
             raise step.error
+        failed = [ending.message for ending in step.ended if ending.reason == "failed"]
+        if failed:  # the lane could not be opened (logged with its cause)
+            raise RuntimeError(failed[0])
     runner.pool.check_at_load()
     done = time.monotonic() - began
     first = done if lane.first_token_at is None else lane.first_token_at

@@ -15,11 +15,13 @@ from support import CACHE
 from tfd.checkpoint import Checkpoint
 from tfd.engine.lane import Lane, Phase
 from tfd.engine.local_runner import runner_for
+from tfd.engine.opening import Opener
 from tfd.engine.request import Request, Sampling
 from tfd.engine.runner import Runner
 from tfd.engine.scheduler import Scheduler
 from tfd.engine.stepper import Ending, Stepper
 from tfd.families.hybrid import HybridModel, load_model
+from tfd.generate import generate
 
 STEP_TOKENS = 64
 PROMPT = tuple(range(8, 8 + 70))  # two prompt chunks at 64 rows a step
@@ -160,3 +162,17 @@ def test_a_lane_that_cannot_be_opened_ends_failed_and_the_next_is_admitted(
     until_idle(stepper)
     assert fine.generated == reference
     stepper.runner.pool.check_at_load()
+
+
+def test_tfd_generate_gives_the_steppers_tokens_and_raises_for_a_lane_it_cannot_open(
+        model: HybridModel, reference: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    done = generate(model, PROMPT, NEW)
+    assert done.tokens == reference and done.prefill_s > 0
+    assert generate(model, PROMPT, NEW, stop=(reference[1],)).tokens == reference[:2]
+
+    def refuse(self: Opener, lane: Lane, drafts: bool, begin: object = None) -> None:
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(Opener, "open", refuse)
+    with pytest.raises(RuntimeError, match="the lane could not be opened"):
+        generate(model, PROMPT, NEW)

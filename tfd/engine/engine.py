@@ -18,7 +18,6 @@ import logging
 import math
 import queue
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -254,9 +253,8 @@ class Engine:
         if self._stopping:
             for lane in self._lanes.values():
                 lane.cancel()
-        began = time.monotonic()
         step = self.stepper.step()
-        seconds = time.monotonic() - began if step.works else 0.0
+        seconds = step.run_s
         events: list[tuple[str, Event]] = []
         for lane in step.admitted:
             self.stats.prompt_tokens += lane.prompt_length

@@ -144,9 +144,10 @@ class Lane:
         self.offsets = self.verify_offsets = ()
 
     def open_failed(self) -> None:
-        """Opening it failed (its lease finished): it holds nothing, and resumed nothing."""
+        """Opening it failed (its lease finished): it holds nothing, resumed nothing, drafts nothing."""
         self.released()
         self.position = self.cached = 0
+        self.drafting = False
 
     def advanced(self, position: int) -> None:
         """Its state holds the rows before ``position``."""

@@ -52,6 +52,7 @@ class Ending:
 class Step:
     """What one step did: lanes admitted, the rows it ran (``works``), the tokens taken and the lanes
     ended, in that order for each lane; ``ran_at``: the clock when the run's draws were on the host;
+    ``run_s``: seconds from the run's launch to its tokens taken (the plan and admissions left out);
     ``error``: what a failed run raised."""
 
     admitted: tuple[Lane, ...]
@@ -59,6 +60,7 @@ class Step:
     emitted: tuple[Emission, ...]
     ended: tuple[Ending, ...]
     ran_at: float
+    run_s: float = 0.0
     error: Exception | None = None
 
     @property
@@ -102,15 +104,18 @@ class Stepper:
         ended += [self.end(lane, "failed", failed) for lane in plan.dropped]
         if not plan.works:
             return Step(tuple(admitted), (), (), tuple(ended), self.clock())
+        began = time.monotonic()
         try:
             drawn = self.runner.run(plan.works)
         except Exception as error:
             ended += [self.end(work.lane, "failed", f"server error: {error}") for work in plan.works]
-            return Step(tuple(admitted), plan.works, (), tuple(ended), self.clock(), error)
+            return Step(tuple(admitted), plan.works, (), tuple(ended), self.clock(), time.monotonic() - began,
+                        error)
         ran_at = self.clock()
         settle(plan.works, drawn)
         emitted = self._take(drawn, ran_at, ended)
-        return Step(tuple(admitted), plan.works, tuple(emitted), tuple(ended), ran_at)
+        run_s = time.monotonic() - began
+        return Step(tuple(admitted), plan.works, tuple(emitted), tuple(ended), ran_at, run_s)
 
     def _take(self, drawn: Sequence[Drawn], now: float, ended: list[Ending]) -> list[Emission]:
         """Each lane's drawn tokens taken one at a time (a round's later tokens may come after its
