@@ -1,11 +1,12 @@
 """Hypothesis strategies for JSON: values a JSON Schema accepts, and any JSON at all.
 
 ``from_schema`` covers the keywords tfd's OpenAPI description uses (type, const, enum, anyOf, not
-required, properties, required, propertyNames, minimum, maximum, exclusiveMinimum, minLength,
-minItems, maxItems, items) and raises on any other, so the description cannot grow a rule the
-generator would silently ignore. An ``anyOf`` beside other keywords is taken a branch at a time,
-the branch's properties narrowing the rest's; every value is then checked against the whole schema
-with ``jsonschema`` (the reference validator), so what it yields is valid whatever the merge missed.
+required, properties, required, additionalProperties, propertyNames, maxProperties, minimum,
+maximum, exclusiveMinimum, minLength, minItems, maxItems, items) and raises on any other, so the
+description cannot grow a rule the generator would silently ignore. An ``anyOf`` beside other
+keywords is taken a branch at a time, the branch's properties narrowing the rest's; every value is
+then checked against the whole schema with ``jsonschema`` (the reference validator), so what it
+yields is valid whatever the merge missed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 KNOWN = frozenset({"type", "const", "enum", "anyOf", "not", "properties", "required", "propertyNames",
                    "minimum", "maximum", "exclusiveMinimum", "minLength", "minItems", "maxItems", "items",
-                   "description"})
+                   "description", "additionalProperties", "maxProperties"})
 MOST_ITEMS = 4  # arrays without maxItems: short, requests stay quick
 TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=24)
 
@@ -90,9 +91,11 @@ def _object(schema: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
     required = {name: _values(properties.get(name, {})) for name in schema.get("required", ())}
     optional = {name: _values(sub) for name, sub in properties.items()
                 if name not in required and name not in forbidden}
-    if properties or required:
+    if schema.get("additionalProperties", False) not in (False, True):
+        raise ValueError(f"the generator knows only additionalProperties: false, got {schema}")
+    if properties or required:  # only the properties named: what additionalProperties: false asks
         return st.fixed_dictionaries(required, optional=optional)
     names = TEXT
     if "propertyNames" in schema:
         names = TEXT.filter(jsonschema.Draft202012Validator(schema["propertyNames"]).is_valid)
-    return st.dictionaries(names, any_json, max_size=3)
+    return st.dictionaries(names, any_json, max_size=min(3, schema.get("maxProperties", 3)))

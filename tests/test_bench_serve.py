@@ -287,8 +287,9 @@ def test_token_chunks_are_counted_without_parsing_and_the_rest_parsed() -> None:
     outcome.on_event(json.dumps({"choices": [{"text": ""}], "prompt_token_ids": [1, 2]}).encode(), 0.1)
     outcome.on_event(tricky.encode(), 0.2)
     outcome.on_event(json.dumps({"choices": [{"text": "a", "token_ids": [9]}]}).encode(), 0.3)
-    outcome.on_event(json.dumps({"choices": [], "usage": {"completion_tokens": 3},
-                                 "tfd": {"drafted": 2, "accepted": 1}}).encode(), 0.4)
+    outcome.on_event(json.dumps({"choices": [{"text": "", "finish_reason": "length"}],
+                                 "tfd": {"drafted": 2, "accepted": 1}}).encode(), 0.4)  # the last chunk
+    outcome.on_event(json.dumps({"choices": [], "usage": {"completion_tokens": 3}}).encode(), 0.4)
     outcome.on_event(b"[DONE]", 0.4)
     assert outcome.timeline.counts == [2, 1] and outcome.timeline.arrivals == [0.2, 0.3]
     assert outcome.output_tokens == 3 and (outcome.drafted, outcome.accepted) == (2, 1) and outcome.done

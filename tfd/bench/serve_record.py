@@ -114,7 +114,7 @@ class Outcome:
                 self.timeline.add(at, len(ids) if ids is not None else int(bool(choices[0].get("text"))))
             if usage := event.get("usage"):
                 self.tokens = int(usage["completion_tokens"])
-                extra = event.get("tfd") or {}
+            if extra := event.get("tfd"):  # the last chunk's, with its finish_reason
                 self.drafted, self.accepted = int(extra.get("drafted") or 0), int(extra.get("accepted") or 0)
         except (ValueError, TypeError, AttributeError, KeyError, IndexError):  # not the API's shape
             self.fail("bad event", data[:300].decode(errors="replace"))

@@ -179,6 +179,8 @@ class Gates:
     def refusals(self, context: int | None) -> list[Row]:
         long_prompt = "word " * (2 * context if context else 1 << 20)
         ok = {"prompt": "x", "max_tokens": 4}
+        chat = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
+        tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
         cases: list[tuple[str, Callable[[], Answer], int, str]] = [
             ("over-long", lambda: self.client.post("/v1/completions", {**ok, "prompt": long_prompt}),
              400, "context_length_exceeded"),
@@ -189,6 +191,13 @@ class Gates:
              400, "temperature"),
             ("bad top_p", lambda: self.client.post("/v1/completions", {**ok, "top_p": 0}), 400, "top_p"),
             ("n > 1", lambda: self.client.post("/v1/completions", {**ok, "n": 2}), 400, "n"),
+            # refused by name until honoured, never ignored (tfd.server.unsupported)
+            ("tools", lambda: self.client.post("/v1/chat/completions", {**chat, "tools": [tool]}),
+             400, "tools"),
+            ("json_object", lambda: self.client.post("/v1/chat/completions", {
+                **chat, "response_format": {"type": "json_object"}}), 400, "response_format"),
+            ("logit_bias", lambda: self.client.post("/v1/completions", {**ok, "logit_bias": {"5": 10}}),
+             400, "logit_bias"),
         ]
         rows = []
         for name, send, status, says in cases:

@@ -18,12 +18,12 @@ from tfd.server.schema import (
     COMPLETION_LOGPROBS,
     INTEGERS,
     MAX_STOPS,
-    NEUTRAL_PENALTIES,
     NUMBERS,
     ROLES,
     SWITCHES,
     TEMPLATE_ARGUMENTS,
 )
+from tfd.server.unsupported import CHAT, COMPLETIONS, IGNORED, RULES
 
 JSON = "application/json"
 SWITCH_HELP = {
@@ -73,15 +73,23 @@ def common_fields() -> dict[str, Any]:
         "top_k": _nullable({**_integer(*INTEGERS["top_k"]), "description": "0 or -1: no cut."}),
         "seed": _nullable({**_integer(*INTEGERS["seed"]),
                            "description": "Keys the draw: the same seed, the same tokens."}),
-        "user": {"description": "Ignored."},
-        "metadata": {"description": "Ignored."},
     }
     for name, (low, high, low_open) in NUMBERS.items():
         fields[name] = _nullable(_number(low, high, low_open))
     for name in SWITCHES:
         fields[name] = _nullable({"type": "boolean", "description": SWITCH_HELP[name]})
-    for name, neutral in NEUTRAL_PENALTIES.items():
-        fields[name] = _nullable({"const": neutral, "description": "Not supported: only the neutral value."})
+    return fields
+
+
+def unsupported_fields(route: str) -> dict[str, Any]:
+    """The fields ``route`` refuses unless they change nothing (``tfd.server.unsupported``), and
+    those it ignores."""
+    ignored = {"description": "Ignored: it does not change the reply."}
+    fields: dict[str, Any] = {name: dict(ignored) for name in IGNORED}
+    for rule in RULES:
+        if route in rule.routes:
+            fields[rule.name] = _nullable({**rule.accepts, "description": f"Not supported ({rule.what}): "
+                                           f"only a value that changes nothing, or left out."})
     return fields
 
 
@@ -97,7 +105,7 @@ def message_schema() -> dict[str, Any]:
 
 def chat_request() -> dict[str, Any]:
     return {"type": "object", "required": ["messages"], "properties": {
-        **common_fields(),
+        **common_fields(), **unsupported_fields(CHAT),
         "messages": {"type": "array", "minItems": 1, "items": message_schema(),
                      "description": "Rendered by the model's chat template, which may refuse them (400)."},
         "max_completion_tokens": _nullable(_integer(*INTEGERS["max_completion_tokens"])),
@@ -122,7 +130,7 @@ def completion_request(vocab: int | None = None) -> dict[str, Any]:
     prompt = {"anyOf": [text, token_ids, batch],
               "description": "One prompt: text, token ids, or a batch of exactly one of them."}
     return {"type": "object", "required": ["prompt"], "properties": {
-        **common_fields(), "prompt": prompt,
+        **common_fields(), **unsupported_fields(COMPLETIONS), "prompt": prompt,
         "logprobs": _nullable(_integer(*COMPLETION_LOGPROBS)),
         "echo": _nullable({"const": False, "description": "Not supported."}),
     }}
@@ -172,6 +180,9 @@ def description(vocab: int | None = None) -> dict[str, Any]:
             "/v1/chat/completions": {"post": generated("chat.completion", chat_request())},
             "/v1/completions": {"post": generated("text_completion", completion_request(vocab))},
             "/v1/models": {"get": {"responses": _answers(json_ok, 401, 503)}},
+            "/v1/models/{model}": {"get": {"parameters": [{"name": "model", "in": "path", "required": True,
+                                                           "schema": {"type": "string"}}],
+                                           "responses": _answers(json_ok, 401, 404, 503)}},
             "/tokenize": {"post": {"requestBody": {"required": True, "content": {JSON: {"schema": {
                 "type": "object", "description": "Either prompt (a string) or messages, as a chat request "
                                                  "(add_generation_prompt: a boolean, true by default)."}}}},

@@ -60,6 +60,7 @@ class OpenAI:
         return [Route("/v1/chat/completions", self.chat, methods=["POST"]),
                 Route("/v1/completions", self.completions, methods=["POST"]),
                 Route("/v1/models", self.models, methods=["GET"]),
+                Route("/v1/models/{model:path}", self.model, methods=["GET"]),
                 Route("/tokenize", self.tokenize, methods=["POST"]),
                 Route("/detokenize", self.detokenize, methods=["POST"]),
                 Route("/openapi.json", self.description, methods=["GET"])]
@@ -128,8 +129,18 @@ class OpenAI:
             service = self._ready()
         except _Refusal as refusal:
             return refusal.response
-        except BadRequest as error:
-            return error_response(400, str(error), error.code, param=error.param)
+        return JSONResponse({"object": "list", "data": [self._model_entry(service)]})
+
+    async def model(self, request: HttpRequest) -> Response:
+        """``/v1/models/{model}``: the served model's entry, or 404 for another name."""
+        try:
+            service = self._ready()
+            self._check_model(service, request.path_params["model"])
+        except _Refusal as refusal:
+            return refusal.response
+        return JSONResponse(self._model_entry(service))
+
+    def _model_entry(self, service: Service) -> dict[str, object]:
         entry: dict[str, object] = {"id": service.name, "object": "model",
                                     "created": int(self.lifecycle.started_wall), "owned_by": "tfd",
                                     "max_model_len": service.engine.limits.context}
@@ -142,7 +153,7 @@ class OpenAI:
             if loaded.shape is not None:
                 entry["shape"] = loaded.shape.name
                 entry["cut"] = loaded.shape.cut
-        return JSONResponse({"object": "list", "data": [entry]})
+        return entry
 
     async def tokenize(self, request: HttpRequest) -> Response:
         try:
@@ -284,7 +295,7 @@ class OpenAI:
                         yield sse({"error": {"message": event.message or "the request failed",
                                              "type": "server_error", "param": None, "code": "server_error"}})
                     else:
-                        yield sse(reply.last_chunk(event, usage=not include_usage))
+                        yield sse(reply.last_chunk(event))
                         if include_usage:
                             yield sse(reply.usage_chunk(event))
                     done = True

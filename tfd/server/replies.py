@@ -75,20 +75,19 @@ class Reply:
             chunk["choices"][0]["token_ids"] = list(event.tokens)
         return chunk
 
-    def last_chunk(self, finished: Finished, usage: bool) -> dict[str, Any]:
-        """The chunk with ``finish_reason`` (and the held-back text); with ``usage`` and the tfd block
-        unless a separate usage chunk follows."""
+    def last_chunk(self, finished: Finished) -> dict[str, Any]:
+        """The chunk with ``finish_reason`` (and the held-back text) and the tfd block; the usage only
+        in ``usage_chunk``, when the request asks for it (as OpenAI streams)."""
         text = finished.text
         delta: dict[str, Any] = ({"content": text} if text else {}) if self.api == "chat" else {"text": text}
         chunk = self._chunk(delta, finish=finish_reason(finished))
-        if usage:
-            chunk.update(self._totals(finished))
+        chunk["tfd"] = self._totals(finished)["tfd"]
         return chunk
 
     def usage_chunk(self, finished: Finished) -> dict[str, Any]:
         """``stream_options.include_usage``: a last chunk with no choices and the usage."""
         return {"id": self.id, "object": self._chunk_object, "created": self.created, "model": self.model,
-                "choices": [], **self._totals(finished)}
+                "choices": [], "usage": self._totals(finished)["usage"]}
 
     @property
     def _chunk_object(self) -> str:

@@ -1,9 +1,9 @@
 """OpenAI request bodies, read strictly: every field of the wrong type or out of range is refused
 with a 400 that names it (``param``), before anything is queued.
 
-Fields tfd does not implement and that would change the reply (penalties, ``n`` > 1, batches of
-prompts) are refused by name rather than ignored; fields that do not change it (``user``,
-``metadata``) are ignored.
+Fields tfd does not implement and that would change the reply (``n`` > 1, batches of prompts, and
+``tfd.server.unsupported``'s: tools, structured outputs, penalties...) are refused by name rather
+than ignored; fields that do not change it (``user``, ``metadata``...) are ignored.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from typing import Any, TypeVar
 import attrs
 
 from tfd.engine.request import Sampling
+from tfd.server.unsupported import CHAT, COMPLETIONS, unsupported
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 MAX_STOPS = 16
 MAX_TOP_LOGPROBS = 20
 SEED_MASK = (1 << 63) - 1
 T = TypeVar("T")
-NEUTRAL_PENALTIES = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0}
 # the bounds each field is read with, (lowest, highest or None); ``tfd.server.description`` states them
 INTEGERS: dict[str, tuple[int, int | None]] = {
             "max_tokens": (1, None), "max_completion_tokens": (1, None), "n": (1, None), "best_of": (1, None),
@@ -88,7 +88,7 @@ def chat_body(body: object) -> ChatBody:
     if top is not None and not logprobs:
         raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
     limit = _default(_int(fields, "max_completion_tokens"), _int(fields, "max_tokens"))
-    return ChatBody(_common(fields, limit, (top or 0) if logprobs else None), tuple(read), kwargs)
+    return ChatBody(_common(fields, CHAT, limit, (top or 0) if logprobs else None), tuple(read), kwargs)
 
 
 def completion_body(body: object) -> CompletionBody:
@@ -107,10 +107,10 @@ def completion_body(body: object) -> CompletionBody:
     if _bool(fields, "echo"):
         raise BadRequest("echo is not supported", "echo")
     top = _int(fields, "logprobs", COMPLETION_LOGPROBS)
-    return CompletionBody(_common(fields, _int(fields, "max_tokens"), top), read)
+    return CompletionBody(_common(fields, COMPLETIONS, _int(fields, "max_tokens"), top), read)
 
 
-def _common(fields: dict[str, Any], max_tokens: int | None, logprobs: int | None) -> Common:
+def _common(fields: dict[str, Any], route: str, max_tokens: int | None, logprobs: int | None) -> Common:
     model = fields.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("model must be a string", "model")
@@ -119,10 +119,9 @@ def _common(fields: dict[str, Any], max_tokens: int | None, logprobs: int | None
         raise BadRequest("n must be 1: one choice per request", "n")
     if _int(fields, "best_of") not in (None, 1):
         raise BadRequest("best_of must be 1", "best_of")
-    for penalty, neutral in NEUTRAL_PENALTIES.items():
-        value = fields.get(penalty)
-        if value is not None and (isinstance(value, bool) or value != neutral):
-            raise BadRequest(f"{penalty} is not supported; leave it out or at {neutral:g}", penalty)
+    refused = unsupported(fields, route)
+    if refused is not None:
+        raise BadRequest(refused[1], refused[0])
     top_k = _int(fields, "top_k")
     seed = _int(fields, "seed")
     sampling = Sampling(

@@ -1,0 +1,140 @@
+"""Every field of OpenAI's requests is read, refused by name, or ignored because it changes nothing.
+
+The official ``openai`` package's own request types list the fields a client may send; each must be
+one the server reads (its OpenAPI description lists it), and each that tfd does not honour yet is
+refused with a 400 naming it unless it holds the value that changes nothing. Ignored fields leave the
+reply's tokens as they are. Also here: ``/v1/models/{model}``, and a stream's usage only when asked.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from openai.types import completion_create_params
+from openai.types.chat import completion_create_params as chat_create_params
+
+from support import ServedDaemon, tiny_server
+from tfd.server.description import chat_request, completion_request
+from tfd.server.unsupported import CHAT, COMPLETIONS, IGNORED, RULES, matches
+
+CHAT_BODY = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
+COMPLETION_BODY = {"prompt": "def f(x):", "max_tokens": 4, "temperature": 0}
+ROUTES = {CHAT: ("/v1/chat/completions", CHAT_BODY), COMPLETIONS: ("/v1/completions", COMPLETION_BODY)}
+# a value of each unsupported field that would change the reply, and one that changes nothing
+CHANGING: dict[str, Any] = {
+    "frequency_penalty": 0.5, "presence_penalty": -1, "repetition_penalty": 1.2, "logit_bias": {"5": 10},
+    "min_tokens": 3, "guided_json": {"type": "object"}, "guided_regex": "[a-z]+", "guided_choice": ["a", "b"],
+    "guided_grammar": "root ::= \"a\"", "structured_outputs": {"json": {}},
+    "response_format": {"type": "json_object"},
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+    "tool_choice": "auto", "functions": [{"name": "f"}], "function_call": "auto", "reasoning_effort": "low",
+    "verbosity": "high", "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"},
+    "web_search_options": {}, "moderation": {"model": "m"}, "suffix": " return x",
+}
+NEUTRAL: dict[str, Any] = {
+    "frequency_penalty": 0, "presence_penalty": 0.0, "repetition_penalty": 1, "logit_bias": {},
+    "min_tokens": 0, "response_format": {"type": "text"}, "tools": [], "tool_choice": "none",
+    "functions": [], "function_call": "none", "modalities": ["text"], "suffix": "",
+}
+IGNORED_VALUES: dict[str, Any] = {
+    "user": "u-1", "metadata": {"k": "v"}, "store": True, "service_tier": "flex", "safety_identifier": "s",
+    "prompt_cache_key": "k", "prompt_cache_retention": "24h", "prompt_cache_options": {"mode": "explicit"},
+    "prediction": {"type": "content", "content": "x"}, "parallel_tool_calls": False,
+}
+
+
+def openai_fields(params: type) -> set[str]:
+    return set(typing.get_type_hints(params))
+
+
+def test_every_field_the_openai_client_sends_is_in_the_description() -> None:
+    chat = openai_fields(chat_create_params.CompletionCreateParamsBase) | {"stream"}
+    completions = openai_fields(completion_create_params.CompletionCreateParamsBase) | {"stream"}
+    assert chat - set(chat_request()["properties"]) == set()
+    assert completions - set(completion_request()["properties"]) == set()
+
+
+def test_the_tests_cover_every_rule_and_every_ignored_field() -> None:
+    assert set(CHANGING) == {rule.name for rule in RULES}
+    assert set(NEUTRAL) <= set(CHANGING) and set(IGNORED_VALUES) == set(IGNORED)
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.name)
+def test_a_rules_values_are_read_as_json_schema_reads_them(rule: Any) -> None:
+    samples = [CHANGING[rule.name], NEUTRAL.get(rule.name), True, False, 0, 1, 0.0, 1.5, "", "none", "text",
+               [], ["text"], [1], {}, {"type": "text"}, {"type": "text", "x": 1}, {"type": "json_object"}]
+    for value in samples:
+        if value is None:
+            continue
+        expected = jsonschema.Draft202012Validator(rule.accepts).is_valid(value)
+        assert matches(value, rule.accepts) == expected, (rule.name, value)
+    assert rule.problem(CHANGING[rule.name]) is not None
+    assert rule.problem(None) is None and rule.problem(NEUTRAL.get(rule.name)) is None
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServedDaemon]:
+    with tiny_server("qwen3_5", TF_CONTEXT="256", TF_MODEL_NAME="org/tiny") as daemon:
+        yield daemon
+
+
+def post(server: ServedDaemon, route: str, extra: dict[str, Any]) -> httpx.Response:
+    path, body = ROUTES[route]
+    return httpx.post(server.url() + path, json={**body, **extra}, timeout=60)
+
+
+def token_sha(answer: httpx.Response) -> str:
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["tfd"]["token_sha"])
+
+
+@pytest.mark.parametrize(("route", "name"),
+                         [(route, rule.name) for rule in RULES for route in sorted(rule.routes)])
+def test_an_unsupported_field_is_refused_by_name_unless_it_changes_nothing(
+        server: ServedDaemon, route: str, name: str) -> None:
+    refused = post(server, route, {name: CHANGING[name]})
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == name and "not supported" in error["message"]
+    plain = token_sha(post(server, route, {}))
+    assert token_sha(post(server, route, {name: None})) == plain
+    if name in NEUTRAL:
+        assert token_sha(post(server, route, {name: NEUTRAL[name]})) == plain
+
+
+@pytest.mark.parametrize("route", [CHAT, COMPLETIONS])
+def test_ignored_fields_leave_the_tokens_as_they_are(server: ServedDaemon, route: str) -> None:
+    plain = token_sha(post(server, route, {}))
+    assert token_sha(post(server, route, IGNORED_VALUES)) == plain
+
+
+def test_the_model_is_retrieved_by_its_id_and_another_is_404(server: ServedDaemon) -> None:
+    client = openai.OpenAI(base_url=server.url() + "/v1", api_key="unused")
+    listed = client.models.list().data[0]
+    assert listed.id == "org/tiny"
+    model = client.models.retrieve("org/tiny")
+    assert model.id == listed.id and model.model_dump() == listed.model_dump()
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("org/other")
+    assert missing.value.body["code"] == "model_not_found"  # type: ignore[index]
+
+
+def test_a_stream_carries_usage_only_when_asked(server: ServedDaemon) -> None:
+    client = openai.OpenAI(base_url=server.url() + "/v1", api_key="unused")
+    messages: Any = CHAT_BODY["messages"]
+    plain = list(client.chat.completions.create(model="org/tiny", messages=messages, max_tokens=4,
+                                                temperature=0, stream=True))
+    assert all(chunk.usage is None for chunk in plain)
+    assert plain[-1].choices[0].finish_reason is not None
+    asked = list(client.chat.completions.create(model="org/tiny", messages=messages, max_tokens=4,
+                                                temperature=0, stream=True,
+                                                stream_options={"include_usage": True}))
+    assert all(chunk.usage is None for chunk in asked[:-1])
+    whole = client.chat.completions.create(model="org/tiny", messages=messages, max_tokens=4, temperature=0)
+    assert asked[-1].choices == [] and asked[-1].usage == whole.usage
