@@ -8,7 +8,7 @@ import jinja2.exceptions
 import pytest
 from checkpoint_files import make_checkpoint, write_json
 
-from tfd.chat import ChatTemplateError
+from tfd.chat import ChatTemplateError, find_chat_template
 from tfd.checkpoint import open_checkpoint
 
 QWEN_TEMPLATE = (
@@ -96,3 +96,26 @@ def test_a_template_that_does_not_parse_is_refused_naming_the_file(tmp_path: Pat
     (tmp_path / "chat_template.jinja").write_text("\n{{ }")
     with pytest.raises(ChatTemplateError, match=r"chat_template\.jinja: .*line 2"):
         checkpoint.chat_template()
+
+
+def test_an_override_file_wins_over_the_checkpoints_template_and_keeps_its_tokens(tmp_path: Path) -> None:
+    directory = make_checkpoint(tmp_path / "model")
+    write_json(directory / "tokenizer_config.json", {"chat_template": QWEN_TEMPLATE, "bos_token": "<s>"})
+    (directory / "chat_template.jinja").write_text("{{ 'jinja' }}")
+    override = tmp_path / "mine.jinja"
+    override.write_text("{{ bos_token }}{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}")
+    template = find_chat_template(directory, override)
+    assert template is not None and template.origin == str(override)
+    assert template.render(MESSAGES) == "<s>[system] Be brief.[user] Hi"
+    checkpoint = find_chat_template(directory)  # without one: the checkpoint's own
+    assert checkpoint is not None and checkpoint.render(MESSAGES) == "jinja"
+
+
+def test_an_override_that_cannot_be_read_or_parsed_is_refused_naming_it(tmp_path: Path) -> None:
+    directory = make_checkpoint(tmp_path / "model")
+    with pytest.raises(ChatTemplateError, match=f"{tmp_path / 'missing.jinja'}: unreadable"):
+        find_chat_template(directory, tmp_path / "missing.jinja")
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for %}")
+    with pytest.raises(ChatTemplateError, match=f"{broken}: chat template does not parse"):
+        find_chat_template(directory, broken)

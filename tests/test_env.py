@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Adding or removing a row is a deliberate change: update this count in the same commit.
 ROWS_PER_SCOPE = {
-    "core": 7,
+    "core": 8,
     "server": 15,
     "pool": 5,
     "learn": 8,

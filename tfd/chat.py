@@ -110,10 +110,12 @@ class ChatTemplate:
                                     f"{type(error).__name__}: {error}") from error
 
 
-def find_chat_template(directory: Path) -> ChatTemplate | None:
+def find_chat_template(directory: Path, override: Path | None = None) -> ChatTemplate | None:
     """The template of a checkpoint directory, compiled; None when it has none.
 
-    chat_template.jinja wins over tokenizer_config.json's ``chat_template``. Raises
+    ``override`` (a Jinja file: TF_CHAT_TEMPLATE) wins over the checkpoint's own, then
+    chat_template.jinja over tokenizer_config.json's ``chat_template``; the special tokens are the
+    checkpoint's either way. Raises
     ``ChatTemplateError`` naming the file for an unreadable tokenizer_config.json, a list of
     templates without "default", a special token of the wrong form, or a template that does not
     parse.
@@ -130,7 +132,8 @@ def find_chat_template(directory: Path) -> ChatTemplate | None:
     bos = _token_text(config.get("bos_token"), config_path)
     eos = _token_text(config.get("eos_token"), config_path)
     jinja_path = directory / "chat_template.jinja"
-    if jinja_path.is_file():
+    if override is not None or jinja_path.is_file():
+        jinja_path = override or jinja_path
         try:
             text = jinja_path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as error:

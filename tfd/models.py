@@ -17,10 +17,10 @@ import attrs
 import tokenizers
 import torch
 
-from tfd.chat import ChatTemplate, find_chat_template
+from tfd.chat import ChatTemplate, ChatTemplateError, find_chat_template
 from tfd.checkpoint import Checkpoint, CheckpointError, read_config
 from tfd.demo import build_demo, default_dtype
-from tfd.env import Settings
+from tfd.env import Settings, SettingsRefused
 from tfd.families.hybrid import HybridModel, load_model
 from tfd.shapes import Shape, fit, weight_budget, write_shape
 
@@ -102,5 +102,12 @@ def load(settings: Settings, environ: Mapping[str, str], device: torch.device,
     if not tokenizer_path.is_file():
         raise CheckpointError(f"{tokenizer_path}: missing; the checkpoint has no tokenizer")
     eos = checkpoint.eos_ids if checkpoint is not None else model.cfg.eos
+    override = settings.optional("TF_CHAT_TEMPLATE", str)
+    try:
+        template = find_chat_template(path, None if override is None else Path(override))
+    except ChatTemplateError as error:
+        if override is None:
+            raise
+        raise SettingsRefused([f"TF_CHAT_TEMPLATE={override}: {error}"]) from None
     return Loaded(path, config.family, model, settings, tokenizers.Tokenizer.from_file(str(tokenizer_path)),
-                  find_chat_template(path), eos, seconds, shape, random_weights)
+                  template, eos, seconds, shape, random_weights)

@@ -3,7 +3,8 @@
 The official ``openai`` package's own request types list the fields a client may send; each must be
 one the server reads (its OpenAPI description lists it), and each that tfd does not honour yet is
 refused with a 400 naming it unless it holds the value that changes nothing. Ignored fields leave the
-reply's tokens as they are. Also here: ``/v1/models/{model}``, and a stream's usage only when asked.
+reply's tokens as they are. Also here: ``/v1/models/{model}``, a stream's usage only when asked, and
+TF_CHAT_TEMPLATE (the server of this file renders chat with a template file of its own).
 """
 
 from __future__ import annotations
@@ -78,10 +79,23 @@ def test_a_rules_values_are_read_as_json_schema_reads_them(rule: Any) -> None:
     assert rule.problem(None) is None and rule.problem(NEUTRAL.get(rule.name)) is None
 
 
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }} said\n{{ m.content }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
 @pytest.fixture(scope="module")
-def server() -> Iterator[ServedDaemon]:
-    with tiny_server("qwen3_5", TF_CONTEXT="256", TF_MODEL_NAME="org/tiny") as daemon:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDaemon]:
+    template = tmp_path_factory.mktemp("template") / "chat.jinja"
+    template.write_text(TEMPLATE)
+    with tiny_server("qwen3_5", TF_CONTEXT="256", TF_MODEL_NAME="org/tiny",
+                     TF_CHAT_TEMPLATE=str(template)) as daemon:
         yield daemon
+
+
+def test_the_chat_template_given_renders_chat_requests(server: ServedDaemon) -> None:
+    tokens = httpx.post(server.url() + "/tokenize", json={"messages": CHAT_BODY["messages"]}, timeout=60)
+    text = httpx.post(server.url() + "/detokenize", json={"tokens": tokens.json()["tokens"]}, timeout=60)
+    assert text.json()["prompt"] == "<|im_start|>user said\nHi<|im_end|>\n<|im_start|>assistant\n"
 
 
 def post(server: ServedDaemon, route: str, extra: dict[str, Any]) -> httpx.Response:
