@@ -1,8 +1,8 @@
 """Hypothesis strategies for JSON: values a JSON Schema accepts, and any JSON at all.
 
 ``from_schema`` covers the keywords tfd's OpenAPI description uses (type, const, enum, anyOf, not
-required, properties, required, additionalProperties, propertyNames, maxProperties, minimum,
-maximum, exclusiveMinimum, minLength, minItems, maxItems, items) and raises on any other, so the
+required, properties, required, additionalProperties, propertyNames, maxProperties, pattern,
+minimum, maximum, exclusiveMinimum, minLength, minItems, maxItems, items) and raises on any other, so the
 description cannot grow a rule the generator would silently ignore. An ``anyOf`` beside other
 keywords is taken a branch at a time, the branch's properties narrowing the rest's; every value is
 then checked against the whole schema with ``jsonschema`` (the reference validator), so what it
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 KNOWN = frozenset({"type", "const", "enum", "anyOf", "not", "properties", "required", "propertyNames",
                    "minimum", "maximum", "exclusiveMinimum", "minLength", "minItems", "maxItems", "items",
-                   "description", "additionalProperties", "maxProperties"})
+                   "description", "additionalProperties", "maxProperties", "pattern"})
 MOST_ITEMS = 4  # arrays without maxItems: short, requests stay quick
 TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=24)
 
@@ -58,6 +58,8 @@ def _values(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
         low = schema.get("exclusiveMinimum", schema.get("minimum"))
         return st.floats(low, schema.get("maximum"), exclude_min="exclusiveMinimum" in schema,
                          allow_nan=False, allow_infinity=False)
+    if kind == "string" and "pattern" in schema:
+        return st.from_regex(schema["pattern"], fullmatch=True)
     if kind == "string":
         return st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)),
                        min_size=schema.get("minLength", 0), max_size=40)
@@ -91,11 +93,14 @@ def _object(schema: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
     required = {name: _values(properties.get(name, {})) for name in schema.get("required", ())}
     optional = {name: _values(sub) for name, sub in properties.items()
                 if name not in required and name not in forbidden}
-    if schema.get("additionalProperties", False) not in (False, True):
-        raise ValueError(f"the generator knows only additionalProperties: false, got {schema}")
-    if properties or required:  # only the properties named: what additionalProperties: false asks
+    extra = schema.get("additionalProperties", True)
+    if properties or required:  # only the properties named (what additionalProperties: false asks)
+        if extra not in (False, True):
+            raise ValueError(f"the generator knows a schema of additionalProperties only alone, got {schema}")
         return st.fixed_dictionaries(required, optional=optional)
     names = TEXT
     if "propertyNames" in schema:
-        names = TEXT.filter(jsonschema.Draft202012Validator(schema["propertyNames"]).is_valid)
-    return st.dictionaries(names, any_json, max_size=min(3, schema.get("maxProperties", 3)))
+        names = _values(schema["propertyNames"]) if "pattern" in schema["propertyNames"] else \
+            TEXT.filter(jsonschema.Draft202012Validator(schema["propertyNames"]).is_valid)
+    values = _values(extra) if isinstance(extra, dict) else any_json
+    return st.dictionaries(names, values, max_size=min(3, schema.get("maxProperties", 3)))

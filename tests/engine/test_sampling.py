@@ -66,3 +66,20 @@ def test_logprobs_are_the_models_and_ranked() -> None:
     norm = math.log(sum(math.exp(v) for v in (2.0, 1.0, 0.0, 1.0)))
     assert math.isclose(entry.logprob, 1.0 - norm, rel_tol=1e-6)
     assert [token for token, _ in entry.top] == [0, 1, 3]  # tied 1 and 3: the lower id first
+
+
+def test_a_bias_moves_the_draw_on_the_plain_and_the_cut_paths_and_leaves_the_logits() -> None:
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().expand(2000, -1).contiguous()
+    before = logits.clone()
+    for cut in (Sampling(), Sampling(top_k=3)):  # no sort, and the sorted cut
+        pushed = Sampling(cut.temperature, cut.top_p, cut.top_k, bias=((3, 100.0),))
+        assert set(sample(logits, rows([pushed] * 2000, list(range(2000)), [1] * 2000)).tolist()) == {3}
+        barred = Sampling(cut.temperature, cut.top_p, cut.top_k, bias=((0, -100.0), (1, -100.0)))
+        assert set(sample(logits, rows([barred] * 2000, list(range(2000)), [1] * 2000)).tolist()) <= {2, 3}
+    assert torch.equal(logits, before)  # the caller's logits (logprobs read them) are not touched
+    # a bias on some rows only: the others draw as without it
+    mixed = [Sampling(bias=((3, 100.0),)) if i % 2 else Sampling() for i in range(8)]
+    drawn = sample(logits[:8], rows(mixed, list(range(8)), [1] * 8))
+    plain = sample(logits[:8], rows([Sampling()] * 8, list(range(8)), [1] * 8))
+    assert drawn[1::2].tolist() == [3] * 4 and torch.equal(drawn[0::2], plain[0::2])

@@ -29,7 +29,7 @@ COMPLETION_BODY = {"prompt": "def f(x):", "max_tokens": 4, "temperature": 0}
 ROUTES = {CHAT: ("/v1/chat/completions", CHAT_BODY), COMPLETIONS: ("/v1/completions", COMPLETION_BODY)}
 # a value of each unsupported field that would change the reply, and one that changes nothing
 CHANGING: dict[str, Any] = {
-    "frequency_penalty": 0.5, "presence_penalty": -1, "repetition_penalty": 1.2, "logit_bias": {"5": 10},
+    "frequency_penalty": 0.5, "presence_penalty": -1, "repetition_penalty": 1.2,
     "min_tokens": 3, "guided_json": {"type": "object"}, "guided_regex": "[a-z]+", "guided_choice": ["a", "b"],
     "guided_grammar": "root ::= \"a\"", "structured_outputs": {"json": {}},
     "response_format": {"type": "json_object"},
@@ -39,7 +39,7 @@ CHANGING: dict[str, Any] = {
     "web_search_options": {}, "moderation": {"model": "m"}, "suffix": " return x",
 }
 NEUTRAL: dict[str, Any] = {
-    "frequency_penalty": 0, "presence_penalty": 0.0, "repetition_penalty": 1, "logit_bias": {},
+    "frequency_penalty": 0, "presence_penalty": 0.0, "repetition_penalty": 1,
     "min_tokens": 0, "response_format": {"type": "text"}, "tools": [], "tool_choice": "none",
     "functions": [], "function_call": "none", "modalities": ["text"], "suffix": "",
 }
@@ -152,3 +152,49 @@ def test_a_stream_carries_usage_only_when_asked(server: ServedDaemon) -> None:
     assert all(chunk.usage is None for chunk in asked[:-1])
     whole = client.chat.completions.create(model="org/tiny", messages=messages, max_tokens=4, temperature=0)
     assert asked[-1].choices == [] and asked[-1].usage == whole.usage
+
+
+def tokens_of(answer: httpx.Response) -> list[int]:
+    assert answer.status_code == 200, answer.text
+    return list(answer.json()["choices"][0]["token_ids"])
+
+
+@pytest.mark.parametrize("route", [CHAT, COMPLETIONS])
+def test_logit_bias_moves_the_draw_and_leaves_the_models_logprobs(server: ServedDaemon, route: str) -> None:
+    plain = tokens_of(post(server, route, {"return_token_ids": True}))
+    assert tokens_of(post(server, route, {"return_token_ids": True, "logit_bias": {}})) == plain
+    pushed = (plain[0] + 7) % 200 + 5  # some other token
+    forced = post(server, route, {"return_token_ids": True, "logit_bias": {str(pushed): 100}, "logprobs":
+                                  True if route == CHAT else 1})
+    assert tokens_of(forced) == [pushed] * 4
+    if route == CHAT:
+        chosen = forced.json()["choices"][0]["logprobs"]["content"][0]["logprob"]
+    else:
+        chosen = forced.json()["choices"][0]["logprobs"]["token_logprobs"][0]
+    assert chosen < -1.0  # the model's, not the biased distribution's (about 0)
+    barred = tokens_of(post(server, route, {"return_token_ids": True, "logit_bias": {str(plain[0]): -100}}))
+    assert barred[0] != plain[0]
+    sampled = {"return_token_ids": True, "temperature": 1.0, "seed": 11}
+    assert tokens_of(post(server, route, {**sampled, "logit_bias": {str(plain[0]): 0}})) == \
+        tokens_of(post(server, route, sampled))
+
+
+@pytest.mark.parametrize(("bias", "words"), [({"999999": 1}, "past the vocabulary"), ({"01": 1}, "decimal"),
+                                             ({"5": 100.5}, "from -100 to 100"), ({"5": True}, "numbers"),
+                                             ([5], "object")])
+def test_a_bad_logit_bias_is_refused_by_name(server: ServedDaemon, bias: Any, words: str) -> None:
+    refused = post(server, COMPLETIONS, {"logit_bias": bias})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "logit_bias"
+    assert words in refused.json()["error"]["message"]
+
+
+def test_a_biased_request_draws_the_same_beside_others(server: ServedDaemon) -> None:
+    import concurrent.futures
+
+    biased = {"return_token_ids": True, "temperature": 1.0, "seed": 3, "logit_bias": {"17": 5, "40": -3}}
+    alone = tokens_of(post(server, COMPLETIONS, biased))
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        others = [pool.submit(post, server, COMPLETIONS, {"temperature": 1.0, "seed": i}) for i in range(3)]
+        together = pool.submit(post, server, COMPLETIONS, biased)
+        assert tokens_of(together.result()) == alone
+        assert all(other.result().status_code == 200 for other in others)

@@ -19,7 +19,9 @@ FinishReason = Literal["stop", "length", "cancelled", "failed"]
 @attrs.frozen
 class Sampling:
     """How a token is drawn. ``temperature`` 0 is greedy; ``seed`` None derives one from the
-    prompt; ``logprobs`` is how many alternatives to report per token (None: no logprobs)."""
+    prompt; ``logprobs`` is how many alternatives to report per token (None: no logprobs);
+    ``bias``: (token, value) pairs added to those tokens' logits before anything else (OpenAI's
+    ``logit_bias``; the log-probabilities reported stay the model's)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -27,6 +29,7 @@ class Sampling:
     min_p: float = 0.0
     seed: int | None = None
     logprobs: int | None = None
+    bias: tuple[tuple[int, float], ...] = ()
 
 
 @attrs.frozen

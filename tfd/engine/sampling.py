@@ -4,8 +4,9 @@ A token at absolute position p of a request with seed s is argmax over the allow
 logits_t / temperature + G(s, p, t), where G is Gumbel noise computed from a hash, not drawn from
 a generator. So a row draws the same token alone or in any batch, and a verify row later draws
 what serial decoding would have drawn at that position. Temperature 0 is greedy (ties go to the
-lower token id). Top-k, top-p and min-p cut the tempered distribution before the draw; ties in
-probability keep the lower token id first. Every step is a per-row operation, row-invariant.
+lower token id). A request's logit bias is added to its logits first; top-k, top-p and min-p cut
+the tempered distribution before the draw; ties in probability keep the lower token id first. Every
+step is a per-row operation, row-invariant.
 """
 
 from __future__ import annotations
@@ -50,10 +51,16 @@ def plain(setting: Sampling) -> bool:
     return setting.top_k <= 0 and setting.top_p >= 1.0 and setting.min_p <= 0.0
 
 
+def drawn_by_step(setting: Sampling) -> bool:
+    """Whether the keyed draw a decode step makes of its logits is this request's draw: ``plain``,
+    no logit bias."""
+    return plain(setting) and not setting.bias
+
+
 def draws_alone(setting: Sampling) -> bool:
-    """Whether a request's draws are ``plain`` and ask for no logprobs: the graphs' own draw serves
-    them, with nothing for the host to add."""
-    return plain(setting) and setting.logprobs is None
+    """Whether a request's draws are the step's own (``drawn_by_step``) and ask for no logprobs:
+    the graphs' own draw serves them, with nothing for the host to add."""
+    return drawn_by_step(setting) and setting.logprobs is None
 
 
 @attrs.frozen
@@ -67,6 +74,7 @@ class Rows:
     seeds: torch.Tensor  # int64 [rows]
     positions: torch.Tensor  # int64 [rows]: the absolute position of the token drawn
     plain: bool  # no row cuts anything: the draw needs no sort
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # rows, tokens, fp32 values
 
     @classmethod
     def of(cls, settings: Sequence[Sampling], seeds: Sequence[int], positions: Sequence[int],
@@ -77,8 +85,15 @@ class Rows:
                               dtype=torch.float64).reshape(4, len(settings))
         keys = torch.tensor([list(seeds), list(positions)], dtype=torch.int64).reshape(2, len(settings))
         fields, keys = to_device(fields, device), to_device(keys, device)
+        bias = None
+        entries = [(row, token, value) for row, s in enumerate(settings) for token, value in s.bias]
+        if entries:
+            where = to_device(torch.tensor([[row, token] for row, token, _ in entries], dtype=torch.int64).T
+                              .contiguous(), device)
+            bias = (where[0], where[1], to_device(torch.tensor([value for *_, value in entries],
+                                                               dtype=torch.float32), device))
         return cls(fields[0].float(), fields[1].long(), fields[2].float(), fields[3].float(),
-                   keys[0], keys[1], all(plain(setting) for setting in settings))
+                   keys[0], keys[1], all(plain(setting) for setting in settings), bias)
 
 
 def draw(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
@@ -108,7 +123,9 @@ def draw(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
 
 
 def sample(logits: torch.Tensor, rows: Rows) -> torch.Tensor:
-    """One token per row of ``logits`` [rows, vocab] (fp32)."""
+    """One token per row of ``logits`` [rows, vocab] (fp32; a bias is added to a copy)."""
+    if rows.bias is not None:
+        logits = logits.index_put((rows.bias[0], rows.bias[1]), rows.bias[2], accumulate=True)
     if rows.plain:
         return draw(logits, rows.temperature, rows.seeds, rows.positions)
     vocab = logits.shape[-1]

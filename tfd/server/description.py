@@ -15,13 +15,16 @@ from typing import Any
 from tfd import __version__
 from tfd.server.access import CLIENT_ID, HEADER
 from tfd.server.schema import (
+    BIAS_BOUND,
     COMPLETION_LOGPROBS,
     INTEGERS,
+    MAX_BIASED,
     MAX_STOPS,
     NUMBERS,
     ROLES,
     SWITCHES,
     TEMPLATE_ARGUMENTS,
+    TOKEN_KEY,
 )
 from tfd.server.unsupported import CHAT, COMPLETIONS, IGNORED, RULES
 
@@ -73,6 +76,12 @@ def common_fields() -> dict[str, Any]:
         "top_k": _nullable({**_integer(*INTEGERS["top_k"]), "description": "0 or -1: no cut."}),
         "seed": _nullable({**_integer(*INTEGERS["seed"]),
                            "description": "Keys the draw: the same seed, the same tokens."}),
+        "logit_bias": _nullable({"type": "object", "maxProperties": MAX_BIASED,
+                                 "propertyNames": {"type": "string", "pattern": TOKEN_KEY},
+                                 "additionalProperties": _number(-BIAS_BOUND, BIAS_BOUND, False),
+                                 "description": "Added to those tokens' logits before the draw (their "
+                                                "log-probabilities stay the model's); keys are token ids "
+                                                "of the vocabulary, another is refused (400)."}),
     }
     for name, (low, high, low_open) in NUMBERS.items():
         fields[name] = _nullable(_number(low, high, low_open))

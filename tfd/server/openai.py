@@ -38,7 +38,7 @@ from tfd.server.http import ClosedStream, error_response
 from tfd.server.lifecycle import Lifecycle, NotAdmitting
 from tfd.server.metrics import Metrics
 from tfd.server.replies import Api, Reply, sse
-from tfd.server.schema import BadRequest, Common, chat_body, completion_body
+from tfd.server.schema import BadRequest, Common, chat_body, check_bias, completion_body
 from tfd.server.service import Service
 
 RETRY_AFTER_S = "2"
@@ -92,6 +92,7 @@ class OpenAI:
                                lambda found: current is not None and current.engine.has(found))
             service = self._ready()
             ids, common, marks = await prompt(http, service)
+            check_bias(common.sampling, service.loaded.model.cfg.vocab)
             return await self._generate(http, exchange, service, api, ids, common, marks)
         except _Refusal as refusal:
             exchange.error = refusal.code

@@ -20,6 +20,9 @@ from tfd.server.unsupported import CHAT, COMPLETIONS, unsupported
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 MAX_STOPS = 16
 MAX_TOP_LOGPROBS = 20
+MAX_BIASED = 1024  # tokens a logit_bias may name
+BIAS_BOUND = 100.0  # a logit_bias value lies within +-this (OpenAI's bounds)
+TOKEN_KEY = "^(0|[1-9][0-9]*)$"  # a logit_bias key: a token id in decimal
 SEED_MASK = (1 << 63) - 1
 T = TypeVar("T")
 # the bounds each field is read with, (lowest, highest or None); ``tfd.server.description`` states them
@@ -130,7 +133,7 @@ def _common(fields: dict[str, Any], route: str, max_tokens: int | None, logprobs
         top_k=max(0, _default(top_k, 0)),
         min_p=_default(_number(fields, "min_p"), 0.0),
         seed=None if seed is None else seed & SEED_MASK,
-        logprobs=logprobs)
+        logprobs=logprobs, bias=_logit_bias(fields))
     options = _default(fields.get("stream_options"), {})
     if not isinstance(options, dict):
         raise BadRequest("stream_options must be an object", "stream_options")
@@ -171,6 +174,33 @@ def _message(message: object, where: str) -> dict[str, Any]:
     elif not isinstance(content, str):
         raise BadRequest(f"{where}.content must be a string or an array of text parts", f"{where}.content")
     return {**message, "content": content}
+
+
+def _logit_bias(fields: dict[str, Any]) -> tuple[tuple[int, float], ...]:
+    """``logit_bias``: token ids (decimal keys) to values within +-BIAS_BOUND, at most MAX_BIASED; a
+    token past the vocabulary is refused where the vocabulary is known (``check_bias``)."""
+    bias = fields.get("logit_bias")
+    if bias is None:
+        return ()
+    if not isinstance(bias, dict) or len(bias) > MAX_BIASED:
+        raise BadRequest(f"logit_bias must be an object of at most {MAX_BIASED} token ids", "logit_bias")
+    read = []
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and (key == "0" or key[0] != "0")):
+            raise BadRequest(f"logit_bias keys are token ids in decimal, not {key!r}", "logit_bias")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+                or abs(value) > BIAS_BOUND:
+            raise BadRequest(f"logit_bias values are numbers from {-BIAS_BOUND:g} to {BIAS_BOUND:g}",
+                             "logit_bias")
+        read.append((int(key), float(value)))
+    return tuple(sorted(read))
+
+
+def check_bias(sampling: Sampling, vocab: int) -> None:
+    """Refuse a logit bias naming a token past a vocabulary of ``vocab``."""
+    if sampling.bias and sampling.bias[-1][0] >= vocab:
+        raise BadRequest(f"logit_bias names token {sampling.bias[-1][0]}, past the vocabulary of {vocab}",
+                         "logit_bias")
 
 
 def _stop(fields: dict[str, Any]) -> tuple[str, ...]:

@@ -1,7 +1,7 @@
 """Request fields tfd does not honour yet: refused by name unless they hold a value that changes nothing.
 
 OpenAI's chat and completions requests, and the extensions clients of vLLM and SGLang send, carry
-fields that would change a reply (tools, structured outputs, penalties, ``logit_bias``...). Until tfd
+fields that would change a reply (tools, structured outputs, penalties...). Until tfd
 honours one, a request that sets it is refused with a 400 naming it (``param``), never served as if
 it were not there; the value that changes nothing (an empty list, ``"none"``, a neutral penalty, or
 null: the field left out) is accepted. Each rule's accepted values are a small JSON Schema, read here
@@ -44,7 +44,6 @@ RULES = (
     Unsupported("frequency_penalty", "penalties", {"const": 0}, " or at 0"),
     Unsupported("presence_penalty", "penalties", {"const": 0}, " or at 0"),
     Unsupported("repetition_penalty", "penalties", {"const": 1}, " or at 1"),
-    Unsupported("logit_bias", "biased logits", {"type": "object", "maxProperties": 0}, " or empty"),
     Unsupported("min_tokens", "a least number of tokens", {"const": 0}, " or at 0"),
     Unsupported("guided_json", "structured outputs"),
     Unsupported("guided_regex", "structured outputs"),
