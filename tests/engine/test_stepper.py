@@ -12,12 +12,13 @@ import tiny_models
 import torch
 
 from support import CACHE
+from tfd.bench.workload import drive
 from tfd.checkpoint import Checkpoint
 from tfd.engine.lane import Lane, Phase
 from tfd.engine.local_runner import runner_for
 from tfd.engine.opening import Opener
 from tfd.engine.request import Request, Sampling
-from tfd.engine.runner import Runner
+from tfd.engine.runner import Drafting, Runner
 from tfd.engine.scheduler import Scheduler
 from tfd.engine.stepper import Ending, Stepper
 from tfd.families.hybrid import HybridModel, load_model
@@ -176,3 +177,39 @@ def test_tfd_generate_gives_the_steppers_tokens_and_raises_for_a_lane_it_cannot_
     monkeypatch.setattr(Opener, "open", refuse)
     with pytest.raises(RuntimeError, match="the lane could not be opened"):
         generate(model, PROMPT, NEW)
+
+
+@pytest.mark.parametrize("least", [0, 2, 3, NEW])
+def test_min_tokens_bars_the_stop_token_until_that_many_are_drawn(model: HybridModel, reference: list[int],
+                                                                  least: int) -> None:
+    stop = reference[2]  # the greedy reply would stop at its third token
+    stepper = stepper_of(model)
+    lane = Lane(0, Request("r0", PROMPT, NEW, Sampling(temperature=0.0), stop_ids=(stop,), min_tokens=least))
+    stepper.add(lane)
+    (ending,) = until_idle(stepper)
+    if least <= 2:  # not binding: the third token may be the stop token
+        assert ending.reason == "stop" and lane.generated == reference[:3]
+    else:
+        assert stop not in lane.generated[:least] and lane.generated[:2] == reference[:2]
+        assert lane.generated[2] != stop and (ending.reason == "length" or lane.generated[-1] == stop)
+        assert len(lane.generated) > least or ending.reason == "length"
+    stepper.runner.pool.check_at_load()
+
+
+@pytest.fixture(scope="module")
+def headed() -> HybridModel:
+    path = tiny_models.save("qwen3_5", CACHE / "tiny-plain", head=True)
+    return load_model(Checkpoint.open(path), "cpu", torch.float32, progress=False)
+
+
+def test_drafted_lanes_with_a_bias_or_min_tokens_draw_the_plain_tokens(headed: HybridModel) -> None:
+    plain_run = drive(headed, [greedy(max_tokens=12).request], STEP_TOKENS, graphs=False)
+    stop = plain_run.tokens[0][1]
+    asked = [Request("barred", PROMPT, 12, Sampling(temperature=0.0), stop_ids=(stop,), min_tokens=4),
+             Request("biased", PROMPT, 12, Sampling(temperature=1.0, seed=5, bias=((7, 4.0), (stop, -2.0)))),
+             Request("both", PROMPT, 12, Sampling(temperature=1.0, seed=6, bias=((9, 3.0),)),
+                     stop_ids=(stop,), min_tokens=12)]
+    serial = drive(headed, asked, STEP_TOKENS, graphs=False).tokens
+    drafted = drive(headed, asked, STEP_TOKENS, graphs=False, drafting=Drafting(3, 0.0))
+    assert drafted.tokens == serial and drafted.drafts.rounds > 0
+    assert stop not in serial[0][:4] and stop not in serial[2]

@@ -30,7 +30,7 @@ ROUTES = {CHAT: ("/v1/chat/completions", CHAT_BODY), COMPLETIONS: ("/v1/completi
 # a value of each unsupported field that would change the reply, and one that changes nothing
 CHANGING: dict[str, Any] = {
     "frequency_penalty": 0.5, "presence_penalty": -1, "repetition_penalty": 1.2,
-    "min_tokens": 3, "guided_json": {"type": "object"}, "guided_regex": "[a-z]+", "guided_choice": ["a", "b"],
+    "guided_json": {"type": "object"}, "guided_regex": "[a-z]+", "guided_choice": ["a", "b"],
     "guided_grammar": "root ::= \"a\"", "structured_outputs": {"json": {}},
     "response_format": {"type": "json_object"},
     "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
@@ -40,7 +40,7 @@ CHANGING: dict[str, Any] = {
 }
 NEUTRAL: dict[str, Any] = {
     "frequency_penalty": 0, "presence_penalty": 0.0, "repetition_penalty": 1,
-    "min_tokens": 0, "response_format": {"type": "text"}, "tools": [], "tool_choice": "none",
+    "response_format": {"type": "text"}, "tools": [], "tool_choice": "none",
     "functions": [], "function_call": "none", "modalities": ["text"], "suffix": "",
 }
 IGNORED_VALUES: dict[str, Any] = {
@@ -198,3 +198,11 @@ def test_a_biased_request_draws_the_same_beside_others(server: ServedDaemon) -> 
         together = pool.submit(post, server, COMPLETIONS, biased)
         assert tokens_of(together.result()) == alone
         assert all(other.result().status_code == 200 for other in others)
+
+
+def test_min_tokens_is_read_and_a_negative_one_refused(server: ServedDaemon) -> None:
+    plain = token_sha(post(server, COMPLETIONS, {}))
+    assert token_sha(post(server, COMPLETIONS, {"min_tokens": 0})) == plain
+    assert post(server, COMPLETIONS, {"min_tokens": 50}).status_code == 200  # past max_tokens: no end token
+    refused = post(server, COMPLETIONS, {"min_tokens": -1})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "min_tokens"

@@ -22,7 +22,7 @@ import torch
 
 from tfd.engine.graphs import DecodeGraphs
 from tfd.engine.lane import Lane
-from tfd.engine.sampling import draw, draws_alone
+from tfd.engine.sampling import draw
 from tfd.engine.scheduler import Work
 from tfd.families.hybrid import HybridModel
 from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
@@ -91,7 +91,7 @@ class DecodePipeline:
 
     def plain(self, works: Sequence[Work]) -> bool:
         """Whether ``works`` are decode rows whose draws the step itself makes."""
-        return all(work.decode and work.samples and draws_alone(work.lane.request.sampling) for work in works)
+        return all(work.decode and work.samples and work.lane.draws_alone for work in works)
 
     def decode(self, works: Sequence[Work]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``step`` for decode works, all lanes in one batched step (a graph when captured): hidden

@@ -3,7 +3,8 @@
 Its fields change only through its methods, each a transition the engine makes: promised pages,
 opened (pieces, drafting), resumed at a kept state, advanced past rows run, a token taken, a verify
 round's counts, cancelled, retired. ``take`` holds the finish rule: a stop token, a stop string,
-``max_tokens`` reached; ``emits`` is the same rule over a round's draws before the text is read.
+``max_tokens`` reached (a stop token only after ``min_tokens``: it is barred from the draw until
+then); ``emits`` is the same rule over a round's draws before the text is read.
 The scheduler reads its phase and positions; the runner owns its lease and memory views. Owned by
 the engine thread alone.
 """
@@ -18,7 +19,8 @@ import attrs
 
 from tfd.cache.prefixes import Prefixes, keep_points
 from tfd.engine.drafts import DraftCounts
-from tfd.engine.request import FinishReason, Request, prompt_seed
+from tfd.engine.request import FinishReason, Request, Sampling, prompt_seed
+from tfd.engine.sampling import barring, drawn_by_step
 
 if TYPE_CHECKING:
     from tfd.engine.detokenize import Detokenizer
@@ -91,13 +93,33 @@ class Lane:
         """Whether ``token`` is one of the request's stop tokens (it is kept, and ends the reply)."""
         return token in self.request.stop_ids
 
+    def sampling_at(self, index: int) -> Sampling:
+        """How its token of index ``index`` (0: the first it draws) is drawn: its request's sampling,
+        the stop tokens barred while fewer than ``min_tokens`` are drawn before it."""
+        if index < self.request.min_tokens and self.request.stop_ids:
+            return barring(self.request.sampling, self.request.stop_ids)
+        return self.request.sampling
+
+    @property
+    def drawn_by_step(self) -> bool:
+        """Whether a decode step's own keyed draw is its draw (``sampling.drawn_by_step``, and no
+        stop token barred at any of its tokens: the step's draw knows no lane's count)."""
+        barred = self.request.min_tokens and self.request.stop_ids
+        return drawn_by_step(self.request.sampling) and not barred
+
+    @property
+    def draws_alone(self) -> bool:
+        """``drawn_by_step`` and no logprobs asked: the graphs' own draw serves it, with nothing for
+        the host to add."""
+        return self.drawn_by_step and self.request.sampling.logprobs is None
+
     def emits(self, tokens: Sequence[int]) -> tuple[tuple[int, ...], bool]:
         """Of ``tokens`` drawn in a row (a verify round's kept draws), those the lane takes (up to
         and with a stop token, at most ``tokens_left``), and whether they end it. Stop strings are
         ``take``'s: they need the text."""
-        left = self.tokens_left
+        left, drawn = self.tokens_left, len(self.generated)
         for at, token in enumerate(tokens[:left]):
-            if self.stops_at(token):
+            if self.stops_at(token) and drawn + at + 1 > self.request.min_tokens:
                 return tuple(tokens[:at + 1]), True
         return tuple(tokens[:left]), len(tokens) >= left
 
@@ -176,7 +198,8 @@ class Lane:
         the lane, why: a stop token or stop string ("stop"), ``max_tokens`` reached ("length")."""
         self.record(token, now)
         text = "" if self.detokenizer is None else self.detokenizer.add([token])
-        if self.stops_at(token) or (self.detokenizer is not None and self.detokenizer.stopped_at is not None):
+        stop_token = self.stops_at(token) and len(self.generated) > self.request.min_tokens
+        if stop_token or (self.detokenizer is not None and self.detokenizer.stopped_at is not None):
             return text, "stop"
         return text, "length" if self.tokens_left <= 0 else None
 

@@ -19,7 +19,7 @@ from tfd.engine.decode_pipeline import DecodePipeline
 from tfd.engine.drawn import Drawn
 from tfd.engine.request import TokenLogprob
 from tfd.engine.rounds import Rounds, prompt_absorbs
-from tfd.engine.sampling import Rows, drawn_by_step, logprobs, sample
+from tfd.engine.sampling import Rows, logprobs, sample
 from tfd.engine.scheduler import Work
 from tfd.families.hybrid import HybridModel
 from tfd.model.memory import PageRows, Span, ints_on
@@ -72,11 +72,10 @@ class PrefillPass:
         only_decode = [id(work) for work in drawing] == [id(work) for work in batched]
         if not only_decode:
             logits = logits[ints_on([where[id(work)] for work in drawing], self.device)]
-        if plain_tokens is not None and only_decode and all(drawn_by_step(lane.request.sampling)
-                                                            for lane in lanes):
+        if plain_tokens is not None and only_decode and all(lane.drawn_by_step for lane in lanes):
             tokens = plain_tokens  # the draw the step already made, the same bits as ``sample``
         else:
-            tokens = sample(logits.float(), Rows.of([lane.request.sampling for lane in lanes],
+            tokens = sample(logits.float(), Rows.of([lane.sampling_at(len(lane.generated)) for lane in lanes],
                                                     [lane.seed for lane in lanes],
                                                     [lane.next_position for lane in lanes], self.device))
         details: list[TokenLogprob | None] = [None] * len(lanes)

@@ -46,6 +46,7 @@ class Request:
     draft: bool = True  # MTP drafts where the server drafts; False: the serial reference
     keep_at: tuple[int, ...] = ()  # prompt positions to keep states near (a chat's latest user message)
     cache: bool = True  # resume from kept states and keep new ones; False: prefilled as without a cache
+    min_tokens: int = 0  # tokens drawn before a stop token may be (stop strings are not held)
 
     @property
     def window(self) -> int:

@@ -34,7 +34,7 @@ from tfd.engine.lane import Lane
 from tfd.engine.proposer import Absorb, HeadProposer
 from tfd.engine.request import TokenLogprob
 from tfd.engine.round_step import RoundInputs, RoundStep, host_inputs
-from tfd.engine.sampling import Rows, draws_alone, logprobs, sample
+from tfd.engine.sampling import Rows, logprobs, sample
 from tfd.engine.scheduler import Work
 from tfd.families.hybrid import HybridModel
 from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
@@ -131,7 +131,7 @@ class Rounds:
     def run(self, works: Sequence[Work]) -> list[Round]:
         """Verify every work's window (``work.lane.drafts`` after its pending token), keep, commit,
         and draft again; a round per work, in order."""
-        drawing_plain = all(draws_alone(work.lane.request.sampling) for work in works)
+        drawing_plain = all(work.lane.draws_alone for work in works)
         ahead, self.ahead = self.ahead, None
         if ahead is not None:
             same = [id(work.lane) for work in works] == list(map(id, ahead.lanes))
@@ -166,7 +166,7 @@ class Rounds:
                                                         [rows[id(work.lane)] for work in covered], None),
                          strict=True))
         if rest:
-            drawing_plain = all(draws_alone(work.lane.request.sampling) for work in rest)
+            drawing_plain = all(work.lane.draws_alone for work in rest)
             fresh = self._read(rest, self._launch(rest, fresh=True)) if drawing_plain else self._eager(rest)
             found.update(zip(map(id, rest), fresh, strict=True))
         return [found[id(work)] for work in works]
@@ -228,7 +228,7 @@ class Rounds:
         settings, seeds, positions = [], [], []
         for work in works:
             lane = work.lane
-            settings += [lane.request.sampling] * rows
+            settings += [lane.sampling_at(len(lane.generated) + i) for i in range(rows)]
             seeds += [lane.seed] * rows
             positions += [lane.next_position + i for i in range(rows)]
         batch = DecodeBatch.of(columns, self.columns, self.device)

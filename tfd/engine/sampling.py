@@ -51,16 +51,15 @@ def plain(setting: Sampling) -> bool:
     return setting.top_k <= 0 and setting.top_p >= 1.0 and setting.min_p <= 0.0
 
 
+def barring(setting: Sampling, tokens: Sequence[int]) -> Sampling:
+    """``setting`` with ``tokens`` never drawn (a bias of minus infinity)."""
+    return attrs.evolve(setting, bias=setting.bias + tuple((token, float("-inf")) for token in tokens))
+
+
 def drawn_by_step(setting: Sampling) -> bool:
     """Whether the keyed draw a decode step makes of its logits is this request's draw: ``plain``,
     no logit bias."""
     return plain(setting) and not setting.bias
-
-
-def draws_alone(setting: Sampling) -> bool:
-    """Whether a request's draws are the step's own (``drawn_by_step``) and ask for no logprobs:
-    the graphs' own draw serves them, with nothing for the host to add."""
-    return drawn_by_step(setting) and setting.logprobs is None
 
 
 @attrs.frozen

@@ -76,6 +76,9 @@ def common_fields() -> dict[str, Any]:
         "top_k": _nullable({**_integer(*INTEGERS["top_k"]), "description": "0 or -1: no cut."}),
         "seed": _nullable({**_integer(*INTEGERS["seed"]),
                            "description": "Keys the draw: the same seed, the same tokens."}),
+        "min_tokens": _nullable({**_integer(*INTEGERS["min_tokens"]), "description":
+                                 "Tokens drawn before an end-of-sequence token may be drawn (stop "
+                                 "strings still end the reply; so does max_tokens)."}),
         "logit_bias": _nullable({"type": "object", "maxProperties": MAX_BIASED,
                                  "propertyNames": {"type": "string", "pattern": TOKEN_KEY},
                                  "additionalProperties": _number(-BIAS_BOUND, BIAS_BOUND, False),

@@ -223,7 +223,8 @@ class OpenAI:
         stop_ids = () if common.ignore_eos else service.loaded.eos_ids
         # arrived is when the HTTP request came: the time to first token counts reading and tokenizing
         request = Request(exchange.id, ids, max_tokens, common.sampling, common.stop, stop_ids,
-                          arrived=exchange.started, draft=common.draft, keep_at=marks, cache=common.cache)
+                          arrived=exchange.started, draft=common.draft, keep_at=marks, cache=common.cache,
+                          min_tokens=common.min_tokens)
         try:
             self.lifecycle.begin_work()
         except NotAdmitting as refusal:

@@ -28,7 +28,8 @@ T = TypeVar("T")
 # the bounds each field is read with, (lowest, highest or None); ``tfd.server.description`` states them
 INTEGERS: dict[str, tuple[int, int | None]] = {
             "max_tokens": (1, None), "max_completion_tokens": (1, None), "n": (1, None), "best_of": (1, None),
-            "top_k": (-1, None), "seed": (-(1 << 63), (1 << 64) - 1), "top_logprobs": (0, MAX_TOP_LOGPROBS)}
+            "top_k": (-1, None), "seed": (-(1 << 63), (1 << 64) - 1), "top_logprobs": (0, MAX_TOP_LOGPROBS),
+            "min_tokens": (0, None)}
 COMPLETION_LOGPROBS = (0, MAX_TOP_LOGPROBS)  # /v1/completions' logprobs: how many alternatives
 # (lowest, highest, whether the lowest itself is refused)
 NUMBERS = {"temperature": (0.0, 2.0, False), "top_p": (0.0, 1.0, True), "min_p": (0.0, 1.0, False)}
@@ -55,6 +56,7 @@ class Common:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    min_tokens: int  # tokens drawn before an end-of-sequence token may be
     ignore_eos: bool
     return_token_ids: bool
     draft: bool
@@ -140,8 +142,9 @@ def _common(fields: dict[str, Any], route: str, max_tokens: int | None, logprobs
     include_usage = options.get("include_usage", False)
     if not isinstance(include_usage, bool):
         raise BadRequest("stream_options.include_usage must be a boolean", "stream_options.include_usage")
+    min_tokens = _default(_int(fields, "min_tokens"), 0)  # past max_tokens: no end token at all
     return Common(model=model, max_tokens=max_tokens, sampling=sampling, stop=_stop(fields),
-                  stream=_bool(fields, "stream"), include_usage=include_usage,
+                  stream=_bool(fields, "stream"), include_usage=include_usage, min_tokens=min_tokens,
                   ignore_eos=_bool(fields, "ignore_eos"), return_token_ids=_bool(fields, "return_token_ids"),
                   draft=_default(_optional_bool(fields, "draft"), True),
                   cache=_default(_optional_bool(fields, "cache"), True))

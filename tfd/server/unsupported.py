@@ -44,7 +44,6 @@ RULES = (
     Unsupported("frequency_penalty", "penalties", {"const": 0}, " or at 0"),
     Unsupported("presence_penalty", "penalties", {"const": 0}, " or at 0"),
     Unsupported("repetition_penalty", "penalties", {"const": 1}, " or at 1"),
-    Unsupported("min_tokens", "a least number of tokens", {"const": 0}, " or at 0"),
     Unsupported("guided_json", "structured outputs"),
     Unsupported("guided_regex", "structured outputs"),
     Unsupported("guided_choice", "structured outputs"),
