@@ -7,7 +7,7 @@ import math
 import torch
 
 from tfd.engine.request import Sampling
-from tfd.engine.sampling import Rows, gumbel, logprobs, sample
+from tfd.engine.sampling import History, Rows, _penalize, gumbel, logprobs, sample
 
 VOCAB = 50
 
@@ -83,3 +83,24 @@ def test_a_bias_moves_the_draw_on_the_plain_and_the_cut_paths_and_leaves_the_log
     drawn = sample(logits[:8], rows(mixed, list(range(8)), [1] * 8))
     plain = sample(logits[:8], rows([Sampling()] * 8, list(range(8)), [1] * 8))
     assert drawn[1::2].tolist() == [3] * 4 and torch.equal(drawn[0::2], plain[0::2])
+
+
+def test_penalties_read_the_rows_own_history_only() -> None:
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0], [2.0, -1.0, 0.5, 3.0]])
+    before = logits.clone()
+    penalized = Sampling(temperature=0.0, frequency_penalty=0.5, presence_penalty=0.25,
+                         repetition_penalty=2.0)
+    histories = [History({0: 2, 1: 1}, frozenset({2})), None]
+    found = Rows.of([penalized, Sampling(temperature=0.0)], [1, 2], [0, 0], torch.device("cpu"), histories)
+    assert found.penalties is not None
+    out = _penalize(logits, *found.penalties)
+    # token 0: 2 / 2 - 0.5 * 2 - 0.25 = -0.25; token 1: -1 * 2 - 0.5 - 0.25 = -2.75; token 2 (prompt
+    # only): 0.5 / 2 = 0.25; token 3 untouched; the second row untouched
+    assert torch.allclose(out[0], torch.tensor([-0.25, -2.75, 0.25, 3.0]))
+    assert torch.equal(out[1], before[1]) and torch.equal(logits, before)
+    assert sample(logits, found).tolist() == [3, 3]
+    barred = Sampling(temperature=0.0, presence_penalty=2.0)  # token 3 drawn before: 3 - 2 = 1 < 2
+    assert sample(logits[:1], Rows.of([barred], [1], [0], torch.device("cpu"),
+                                      [History({3: 1}, frozenset())])).tolist() == [0]
+    neutral = Sampling(temperature=0.0, frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0)
+    assert Rows.of([neutral], [1], [0], torch.device("cpu")).penalties is None

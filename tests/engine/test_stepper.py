@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import tiny_models
 import torch
+from reference_loop import LanePool
 
 from support import CACHE
 from tfd.bench.workload import drive
@@ -23,6 +24,7 @@ from tfd.engine.scheduler import Scheduler
 from tfd.engine.stepper import Ending, Stepper
 from tfd.families.hybrid import HybridModel, load_model
 from tfd.generate import generate
+from tfd.model.memory import Span
 
 STEP_TOKENS = 64
 PROMPT = tuple(range(8, 8 + 70))  # two prompt chunks at 64 rows a step
@@ -213,3 +215,45 @@ def test_drafted_lanes_with_a_bias_or_min_tokens_draw_the_plain_tokens(headed: H
     drafted = drive(headed, asked, STEP_TOKENS, graphs=False, drafting=Drafting(3, 0.0))
     assert drafted.tokens == serial and drafted.drafts.rounds > 0
     assert stop not in serial[0][:4] and stop not in serial[2]
+
+
+def penalized_reference(model: HybridModel, prompt: tuple[int, ...], count: int, frequency: float,
+                        presence: float, repetition: float) -> list[int]:
+    """Greedy tokens with the penalties applied as vLLM applies them, written out here on the
+    reference loop's forward (the engine's own sampler not used)."""
+    lanes = LanePool(model, len(prompt) + count)
+    try:
+        lane = lanes.open()
+        hidden = lanes.forward([Span(lane, 0, torch.tensor(prompt))]).hidden
+        out: list[int] = []
+        for _ in range(count):
+            logits = model.logits(hidden[-1:])[0].float().clone()
+            for token in set(prompt) | set(out):
+                value = logits[token]
+                logits[token] = value / repetition if value > 0 else value * repetition
+            for token in set(out):
+                logits[token] -= frequency * out.count(token) + presence
+            out.append(int(logits.argmax()))
+            step = torch.tensor([out[-1]])
+            hidden = lanes.forward([Span(lane, len(prompt) + len(out) - 1, step, decode=True)]).hidden
+        return out
+    finally:
+        lanes.close()
+
+
+@pytest.mark.parametrize(("frequency", "presence", "repetition"), [(2.0, 0.0, 1.0), (0.0, 1.5, 1.0),
+                                                                  (0.0, 0.0, 3.0), (0.5, -0.5, 1.5)])
+def test_penalized_greedy_tokens_are_the_references(model: HybridModel, headed: HybridModel, frequency: float,
+                                                    presence: float, repetition: float) -> None:
+    expected = penalized_reference(model, PROMPT, 12, frequency, presence, repetition)
+    assert expected != penalized_reference(model, PROMPT, 12, 0.0, 0.0, 1.0)  # the penalty tells
+    setting = Sampling(temperature=0.0, frequency_penalty=frequency, presence_penalty=presence,
+                       repetition_penalty=repetition)
+    other = Request("q", PROMPT[::-1], 12, Sampling(temperature=1.0, seed=3))
+    asked = [Request("p", PROMPT, 12, setting), other]
+    assert drive(model, asked, STEP_TOKENS, graphs=False).tokens[0] == tuple(expected)
+    alone = drive(model, asked[:1], STEP_TOKENS, graphs=False).tokens[0]
+    assert alone == tuple(expected)
+    serial = drive(headed, asked, STEP_TOKENS, graphs=False).tokens
+    drafted = drive(headed, asked, STEP_TOKENS, graphs=False, drafting=Drafting(3, 0.0))
+    assert drafted.tokens == serial and drafted.drafts.rounds > 0

@@ -29,7 +29,6 @@ COMPLETION_BODY = {"prompt": "def f(x):", "max_tokens": 4, "temperature": 0}
 ROUTES = {CHAT: ("/v1/chat/completions", CHAT_BODY), COMPLETIONS: ("/v1/completions", COMPLETION_BODY)}
 # a value of each unsupported field that would change the reply, and one that changes nothing
 CHANGING: dict[str, Any] = {
-    "frequency_penalty": 0.5, "presence_penalty": -1, "repetition_penalty": 1.2,
     "guided_json": {"type": "object"}, "guided_regex": "[a-z]+", "guided_choice": ["a", "b"],
     "guided_grammar": "root ::= \"a\"", "structured_outputs": {"json": {}},
     "response_format": {"type": "json_object"},
@@ -39,7 +38,6 @@ CHANGING: dict[str, Any] = {
     "web_search_options": {}, "moderation": {"model": "m"}, "suffix": " return x",
 }
 NEUTRAL: dict[str, Any] = {
-    "frequency_penalty": 0, "presence_penalty": 0.0, "repetition_penalty": 1,
     "response_format": {"type": "text"}, "tools": [], "tool_choice": "none",
     "functions": [], "function_call": "none", "modalities": ["text"], "suffix": "",
 }
@@ -206,3 +204,15 @@ def test_min_tokens_is_read_and_a_negative_one_refused(server: ServedDaemon) -> 
     assert post(server, COMPLETIONS, {"min_tokens": 50}).status_code == 200  # past max_tokens: no end token
     refused = post(server, COMPLETIONS, {"min_tokens": -1})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "min_tokens"
+
+
+@pytest.mark.parametrize("route", [CHAT, COMPLETIONS])
+def test_penalties_are_honoured_and_neutral_values_change_nothing(server: ServedDaemon, route: str) -> None:
+    plain = token_sha(post(server, route, {"max_tokens": 12}))
+    neutral = {"frequency_penalty": 0, "presence_penalty": 0.0, "repetition_penalty": 1, "max_tokens": 12}
+    assert token_sha(post(server, route, neutral)) == plain
+    boosted = [{"repetition_penalty": 0.1}, {"frequency_penalty": -2, "presence_penalty": -2}]
+    for penalty in boosted:  # the prompt's tokens, and those drawn, made likelier: the greedy reply moves
+        assert token_sha(post(server, route, {**penalty, "max_tokens": 12})) != plain, penalty
+    penalized = {"frequency_penalty": 2, "presence_penalty": -1.5, "max_tokens": 12}
+    assert token_sha(post(server, route, penalized)) == token_sha(post(server, route, penalized))  # repeat

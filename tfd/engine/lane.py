@@ -20,7 +20,7 @@ import attrs
 from tfd.cache.prefixes import Prefixes, keep_points
 from tfd.engine.drafts import DraftCounts
 from tfd.engine.request import FinishReason, Request, Sampling, prompt_seed
-from tfd.engine.sampling import barring, drawn_by_step
+from tfd.engine.sampling import History, barring, drawn_by_step, penalized
 
 if TYPE_CHECKING:
     from tfd.engine.detokenize import Detokenizer
@@ -71,6 +71,8 @@ class Lane:
     cached: int = 0  # prompt tokens resumed from a kept state
     offsets: tuple[int, ...] = ()  # its pieces' offset fields in a batched decode step's columns
     verify_offsets: tuple[int, ...] = ()  # a drafting lane's verify buffers' offset fields
+    drawn: dict[int, int] = attrs.Factory(dict)  # token: times drawn (what penalties read)
+    _prompt_set: frozenset[int] | None = None  # its prompt's distinct tokens, once a penalty asks
     prefixes: Prefixes = attrs.Factory(_prefixes, takes_self=True)  # the prompt as the cache names it
 
     # -- what the lane is --------------------------------------------------------------------------
@@ -99,6 +101,20 @@ class Lane:
         if index < self.request.min_tokens and self.request.stop_ids:
             return barring(self.request.sampling, self.request.stop_ids)
         return self.request.sampling
+
+    def history(self, ahead: Sequence[int] = ()) -> History | None:
+        """What the penalties of its next draw read (with ``ahead``: the draw after those tokens, a
+        verify row's after the drafts before it); None when its request has no penalty."""
+        if not penalized(self.request.sampling):
+            return None
+        if self._prompt_set is None:
+            self._prompt_set = frozenset(self.request.prompt)
+        drawn = self.drawn
+        if ahead:
+            drawn = dict(drawn)
+            for token in ahead:
+                drawn[token] = drawn.get(token, 0) + 1
+        return History(drawn, self._prompt_set)
 
     @property
     def drawn_by_step(self) -> bool:
@@ -189,6 +205,7 @@ class Lane:
     def record(self, token: int, now: float) -> None:
         """A token drawn for this lane: kept, the lane decodes from here, the first one's time noted."""
         self.generated.append(token)
+        self.drawn[token] = self.drawn.get(token, 0) + 1
         self.phase = Phase.DECODE
         if self.first_token_at is None:
             self.first_token_at = now

@@ -75,9 +75,10 @@ class PrefillPass:
         if plain_tokens is not None and only_decode and all(lane.drawn_by_step for lane in lanes):
             tokens = plain_tokens  # the draw the step already made, the same bits as ``sample``
         else:
-            tokens = sample(logits.float(), Rows.of([lane.sampling_at(len(lane.generated)) for lane in lanes],
-                                                    [lane.seed for lane in lanes],
-                                                    [lane.next_position for lane in lanes], self.device))
+            rows = Rows.of([lane.sampling_at(len(lane.generated)) for lane in lanes],
+                           [lane.seed for lane in lanes], [lane.next_position for lane in lanes], self.device,
+                           [lane.history() for lane in lanes])
+            tokens = sample(logits.float(), rows)
         details: list[TokenLogprob | None] = [None] * len(lanes)
         if any(n is not None for n in asked):
             top = max(n or 0 for n in asked)

@@ -21,7 +21,9 @@ class Sampling:
     """How a token is drawn. ``temperature`` 0 is greedy; ``seed`` None derives one from the
     prompt; ``logprobs`` is how many alternatives to report per token (None: no logprobs);
     ``bias``: (token, value) pairs added to those tokens' logits before anything else (OpenAI's
-    ``logit_bias``; the log-probabilities reported stay the model's)."""
+    ``logit_bias``; the log-probabilities reported stay the model's); the penalties then read the
+    lane's own tokens only (its prompt for the repetition penalty, its draws for all three), as
+    vLLM applies them."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -30,6 +32,9 @@ class Sampling:
     seed: int | None = None
     logprobs: int | None = None
     bias: tuple[tuple[int, float], ...] = ()
+    frequency_penalty: float = 0.0  # less each time a token was drawn before
+    presence_penalty: float = 0.0  # less once a token was drawn before
+    repetition_penalty: float = 1.0  # a token of the prompt or drawn before: its logit divided (or times)
 
 
 @attrs.frozen

@@ -225,16 +225,17 @@ class Rounds:
         ``sampling.sample``, the widest window's rows a lane."""
         rows = max(work.length for work in works)
         columns, offsets = self._columns(works, rows)
-        settings, seeds, positions = [], [], []
+        settings, seeds, positions, histories = [], [], [], []
         for work in works:
             lane = work.lane
             settings += [lane.sampling_at(len(lane.generated) + i) for i in range(rows)]
             seeds += [lane.seed] * rows
             positions += [lane.next_position + i for i in range(rows)]
+            histories += [lane.history(lane.drafts[:i]) for i in range(rows)]  # as if its drafts before held
         batch = DecodeBatch.of(columns, self.columns, self.device)
         lanes = VerifyLanes.of(rows, offsets, self.device, self.step.ple)
         previous, logits = self.step.verify(batch, lanes)
-        drawn = sample(logits.float(), Rows.of(settings, seeds, positions, self.device))
+        drawn = sample(logits.float(), Rows.of(settings, seeds, positions, self.device, histories))
         asked = [work.lane.request.sampling.logprobs for work in works]
         details = logprobs(logits, drawn, max(n or 0 for n in asked)) if any(n is not None for n in asked) \
             else None

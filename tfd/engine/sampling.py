@@ -11,7 +11,7 @@ step is a per-row operation, row-invariant.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 import torch
@@ -56,10 +56,25 @@ def barring(setting: Sampling, tokens: Sequence[int]) -> Sampling:
     return attrs.evolve(setting, bias=setting.bias + tuple((token, float("-inf")) for token in tokens))
 
 
+def penalized(setting: Sampling) -> bool:
+    """Whether a request's draws read its earlier tokens (a penalty off its neutral value)."""
+    return setting.frequency_penalty != 0.0 or setting.presence_penalty != 0.0 or \
+        setting.repetition_penalty != 1.0
+
+
 def drawn_by_step(setting: Sampling) -> bool:
     """Whether the keyed draw a decode step makes of its logits is this request's draw: ``plain``,
-    no logit bias."""
-    return plain(setting) and not setting.bias
+    no logit bias, no penalty."""
+    return plain(setting) and not setting.bias and not penalized(setting)
+
+
+@attrs.frozen
+class History:
+    """What a row's penalties read: the tokens drawn before it (token: times) and its prompt's
+    distinct tokens."""
+
+    drawn: Mapping[int, int]
+    prompt: frozenset[int]
 
 
 @attrs.frozen
@@ -74,11 +89,15 @@ class Rows:
     positions: torch.Tensor  # int64 [rows]: the absolute position of the token drawn
     plain: bool  # no row cuts anything: the draw needs no sort
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # rows, tokens, fp32 values
+    # rows, tokens, times drawn, fp32 [rows] frequency, presence and repetition penalties
+    penalties: tuple[torch.Tensor, ...] | None = None
 
     @classmethod
     def of(cls, settings: Sequence[Sampling], seeds: Sequence[int], positions: Sequence[int],
-           device: torch.device) -> Rows:
-        """Two host-to-device copies, the settings and the keys (pinned, not waited on, on CUDA)."""
+           device: torch.device, histories: Sequence[History | None] | None = None) -> Rows:
+        """Two host-to-device copies, the settings and the keys (pinned, not waited on, on CUDA),
+        and one or two more for the rows that bias or penalize (``histories``: each row's, needed
+        where a row penalizes)."""
         fields = torch.tensor([[s.temperature for s in settings], [s.top_k for s in settings],
                                [s.top_p for s in settings], [s.min_p for s in settings]],
                               dtype=torch.float64).reshape(4, len(settings))
@@ -92,7 +111,8 @@ class Rows:
             bias = (where[0], where[1], to_device(torch.tensor([value for *_, value in entries],
                                                                dtype=torch.float32), device))
         return cls(fields[0].float(), fields[1].long(), fields[2].float(), fields[3].float(),
-                   keys[0], keys[1], all(plain(setting) for setting in settings), bias)
+                   keys[0], keys[1], all(plain(setting) for setting in settings), bias,
+                   _penalties(settings, histories, device))
 
 
 def draw(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
@@ -125,6 +145,8 @@ def sample(logits: torch.Tensor, rows: Rows) -> torch.Tensor:
     """One token per row of ``logits`` [rows, vocab] (fp32; a bias is added to a copy)."""
     if rows.bias is not None:
         logits = logits.index_put((rows.bias[0], rows.bias[1]), rows.bias[2], accumulate=True)
+    if rows.penalties is not None:
+        logits = _penalize(logits, *rows.penalties)
     if rows.plain:
         return draw(logits, rows.temperature, rows.seeds, rows.positions)
     vocab = logits.shape[-1]
@@ -141,6 +163,39 @@ def sample(logits: torch.Tensor, rows: Rows) -> torch.Tensor:
     keep &= nucleus | (rows.top_p[:, None] >= 1.0)
     keep &= probs >= rows.min_p[:, None] * ranked[:, :1]
     return draw(torch.where(keep, logits, float("-inf")), rows.temperature, rows.seeds, rows.positions)
+
+
+def _penalties(settings: Sequence[Sampling], histories: Sequence[History | None] | None,
+               device: torch.device) -> tuple[torch.Tensor, ...] | None:
+    """The penalized rows' (row, token, times drawn) entries, every token of their prompt or drawn
+    before, and each row's three penalties; None when no row penalizes."""
+    if not any(penalized(setting) for setting in settings):
+        return None
+    assert histories is not None and len(histories) == len(settings), "a penalized row needs its history"
+    entries = []
+    for row, (setting, history) in enumerate(zip(settings, histories, strict=True)):
+        if penalized(setting):
+            assert history is not None
+            tokens = set(history.drawn) | (history.prompt if setting.repetition_penalty != 1.0 else set())
+            entries += [(row, token, history.drawn.get(token, 0)) for token in sorted(tokens)]
+    if not entries:
+        return None
+    where = to_device(torch.tensor(entries, dtype=torch.int64).T.contiguous(), device)
+    values = to_device(torch.tensor([[s.frequency_penalty, s.presence_penalty, s.repetition_penalty]
+                                     for s in settings], dtype=torch.float32).T.contiguous(), device)
+    return where[0], where[1], where[2], values[0], values[1], values[2]
+
+
+def _penalize(logits: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, times: torch.Tensor,
+              frequency: torch.Tensor, presence: torch.Tensor, repetition: torch.Tensor) -> torch.Tensor:
+    """A copy of ``logits`` with each (row, token) entry penalized: the repetition penalty first
+    (divided when positive, multiplied when not), then frequency times the draws and presence once
+    drawn."""
+    values = logits[rows, tokens]
+    scale = repetition[rows]
+    values = torch.where(values > 0, values / scale, values * scale)
+    values = values - frequency[rows] * times - presence[rows] * (times > 0)
+    return logits.index_put((rows, tokens), values)
 
 
 def logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> list[TokenLogprob]:

@@ -2,7 +2,7 @@
 with a 400 that names it (``param``), before anything is queued.
 
 Fields tfd does not implement and that would change the reply (``n`` > 1, batches of prompts, and
-``tfd.server.unsupported``'s: tools, structured outputs, penalties...) are refused by name rather
+``tfd.server.unsupported``'s: tools, structured outputs...) are refused by name rather
 than ignored; fields that do not change it (``user``, ``metadata``...) are ignored.
 """
 
@@ -32,7 +32,9 @@ INTEGERS: dict[str, tuple[int, int | None]] = {
             "min_tokens": (0, None)}
 COMPLETION_LOGPROBS = (0, MAX_TOP_LOGPROBS)  # /v1/completions' logprobs: how many alternatives
 # (lowest, highest, whether the lowest itself is refused)
-NUMBERS = {"temperature": (0.0, 2.0, False), "top_p": (0.0, 1.0, True), "min_p": (0.0, 1.0, False)}
+NUMBERS = {"temperature": (0.0, 2.0, False), "top_p": (0.0, 1.0, True), "min_p": (0.0, 1.0, False),
+           "frequency_penalty": (-2.0, 2.0, False), "presence_penalty": (-2.0, 2.0, False),
+           "repetition_penalty": (0.0, 10.0, True)}
 TEMPLATE_ARGUMENTS = frozenset({"messages", "add_generation_prompt"})  # chat_template_kwargs may not set
 SWITCHES = ("stream", "ignore_eos", "return_token_ids", "draft", "cache")  # booleans both routes read
 
@@ -135,7 +137,10 @@ def _common(fields: dict[str, Any], route: str, max_tokens: int | None, logprobs
         top_k=max(0, _default(top_k, 0)),
         min_p=_default(_number(fields, "min_p"), 0.0),
         seed=None if seed is None else seed & SEED_MASK,
-        logprobs=logprobs, bias=_logit_bias(fields))
+        logprobs=logprobs, bias=_logit_bias(fields),
+        frequency_penalty=_default(_number(fields, "frequency_penalty"), 0.0),
+        presence_penalty=_default(_number(fields, "presence_penalty"), 0.0),
+        repetition_penalty=_default(_number(fields, "repetition_penalty"), 1.0))
     options = _default(fields.get("stream_options"), {})
     if not isinstance(options, dict):
         raise BadRequest("stream_options must be an object", "stream_options")

@@ -1,12 +1,12 @@
 """Request fields tfd does not honour yet: refused by name unless they hold a value that changes nothing.
 
 OpenAI's chat and completions requests, and the extensions clients of vLLM and SGLang send, carry
-fields that would change a reply (tools, structured outputs, penalties...). Until tfd
-honours one, a request that sets it is refused with a 400 naming it (``param``), never served as if
-it were not there; the value that changes nothing (an empty list, ``"none"``, a neutral penalty, or
-null: the field left out) is accepted. Each rule's accepted values are a small JSON Schema, read here
-and served as is in the OpenAPI description (``tfd.server.description``), so the two cannot drift.
-Fields that never change a reply (``user``, ``metadata``, ``store``, ...) are ``IGNORED``. Pure data.
+fields that would change a reply (tools, structured outputs...). Until tfd honours one, a request
+that sets it is refused with a 400 naming it (``param``), never served as if it were not there; the
+value that changes nothing (an empty list, ``"none"``, or null: the field left out) is accepted.
+Each rule's accepted values are a small JSON Schema, read here and served as is in the OpenAPI
+description (``tfd.server.description``), so the two cannot drift. Fields that never change a reply
+(``user``, ``metadata``, ``store``, ...) are ``IGNORED``. Pure data.
 """
 
 from __future__ import annotations
@@ -41,9 +41,6 @@ class Unsupported:
 
 
 RULES = (
-    Unsupported("frequency_penalty", "penalties", {"const": 0}, " or at 0"),
-    Unsupported("presence_penalty", "penalties", {"const": 0}, " or at 0"),
-    Unsupported("repetition_penalty", "penalties", {"const": 1}, " or at 1"),
     Unsupported("guided_json", "structured outputs"),
     Unsupported("guided_regex", "structured outputs"),
     Unsupported("guided_choice", "structured outputs"),
