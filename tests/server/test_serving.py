@@ -108,7 +108,8 @@ def test_metrics_count_tokens_steps_and_pages(tmp_path: Path) -> None:
 
 def test_sigterm_drains_a_running_request_to_its_end(tmp_path: Path) -> None:
     with tiny_server() as daemon:
-        body = {"prompt": "def f(x):", "max_tokens": 40, "stream": True, "ignore_eos": True, "temperature": 0}
+        body = {"prompt": "def f(x):", "max_tokens": 40, "stream": True, "ignore_eos": True, "temperature": 0,
+                "stream_options": {"include_usage": True}}
         with httpx.stream("POST", daemon.url() + "/v1/completions", json=body, timeout=60) as response:
             lines = response.iter_lines()
             next(line for line in lines if line.startswith("data: "))
