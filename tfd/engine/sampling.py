@@ -142,7 +142,7 @@ def draw(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
 
 
 def sample(logits: torch.Tensor, rows: Rows) -> torch.Tensor:
-    """One token per row of ``logits`` [rows, vocab] (fp32; a bias is added to a copy)."""
+    """One token per row of ``logits`` [rows, vocab] (fp32; a bias and penalties go to a copy)."""
     if rows.bias is not None:
         logits = logits.index_put((rows.bias[0], rows.bias[1]), rows.bias[2], accumulate=True)
     if rows.penalties is not None:
