@@ -83,6 +83,13 @@ def load(settings: Settings, environ: Mapping[str, str], device: torch.device,
             log.warning("shape %s", shape.cut)
     config = read_config(path)
     settings = settings.check_family(config.family)
+    override = settings.optional("TF_CHAT_TEMPLATE", str)
+    try:  # before the weights: a template that will not do is refused in seconds, not after a load
+        template = find_chat_template(path, None if override is None else Path(override))
+    except ChatTemplateError as error:
+        if override is None:
+            raise
+        raise SettingsRefused([f"TF_CHAT_TEMPLATE={override}: {error}"]) from None
     name = settings.value("TF_DTYPE", str)
     dtype = default_dtype(device) if name == "auto" else DTYPES[name]
     if random_weights:
@@ -102,12 +109,5 @@ def load(settings: Settings, environ: Mapping[str, str], device: torch.device,
     if not tokenizer_path.is_file():
         raise CheckpointError(f"{tokenizer_path}: missing; the checkpoint has no tokenizer")
     eos = checkpoint.eos_ids if checkpoint is not None else model.cfg.eos
-    override = settings.optional("TF_CHAT_TEMPLATE", str)
-    try:
-        template = find_chat_template(path, None if override is None else Path(override))
-    except ChatTemplateError as error:
-        if override is None:
-            raise
-        raise SettingsRefused([f"TF_CHAT_TEMPLATE={override}: {error}"]) from None
     return Loaded(path, config.family, model, settings, tokenizers.Tokenizer.from_file(str(tokenizer_path)),
                   template, eos, seconds, shape, random_weights)

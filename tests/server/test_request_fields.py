@@ -9,6 +9,7 @@ TF_CHAT_TEMPLATE (the server of this file renders chat with a template file of i
 
 from __future__ import annotations
 
+import json
 import typing
 from collections.abc import Iterator
 from typing import Any
@@ -33,13 +34,21 @@ CHANGING: dict[str, Any] = {
     "guided_grammar": "root ::= \"a\"", "structured_outputs": {"json": {}},
     "response_format": {"type": "json_object"},
     "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
-    "tool_choice": "auto", "functions": [{"name": "f"}], "function_call": "auto", "reasoning_effort": "low",
+    "tool_choice": "required", "functions": [{"name": "f"}], "function_call": {"name": "f"},
+    "reasoning_effort": "low",
     "verbosity": "high", "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"},
     "web_search_options": {}, "moderation": {"model": "m"}, "suffix": " return x",
+    "stop_token_ids": [5], "include_stop_str_in_output": True, "skip_special_tokens": False,
+    "spaces_between_special_tokens": False, "allowed_token_ids": [1, 2], "bad_words": ["x"],
+    "truncate_prompt_tokens": 3, "prompt_logprobs": 1, "use_beam_search": True, "length_penalty": 0.5,
+    "chat_template": "{{ 'x' }}", "continue_final_message": True, "echo": True, "add_special_tokens": True,
 }
 NEUTRAL: dict[str, Any] = {
-    "response_format": {"type": "text"}, "tools": [], "tool_choice": "none",
+    "response_format": {"type": "text"}, "tools": [], "tool_choice": "auto",
     "functions": [], "function_call": "none", "modalities": ["text"], "suffix": "",
+    "stop_token_ids": [], "include_stop_str_in_output": False, "skip_special_tokens": True,
+    "spaces_between_special_tokens": True, "bad_words": [], "use_beam_search": False, "length_penalty": 1,
+    "continue_final_message": False, "echo": False, "add_special_tokens": False,
 }
 IGNORED_VALUES: dict[str, Any] = {
     "user": "u-1", "metadata": {"k": "v"}, "store": True, "service_tier": "flex", "safety_identifier": "s",
@@ -216,3 +225,26 @@ def test_penalties_are_honoured_and_neutral_values_change_nothing(server: Served
         assert token_sha(post(server, route, {**penalty, "max_tokens": 12})) != plain, penalty
     penalized = {"frequency_penalty": 2, "presence_penalty": -1.5, "max_tokens": 12}
     assert token_sha(post(server, route, penalized)) == token_sha(post(server, route, penalized))  # repeat
+
+
+
+def test_a_huge_number_or_key_is_a_400_not_a_server_error(server: ServedDaemon) -> None:
+    long_key = post(server, COMPLETIONS, {"logit_bias": {"9" * 5000: 1}})
+    assert long_key.status_code == 400 and long_key.json()["error"]["param"] == "logit_bias"
+    raw = b'{"prompt": "x", "seed": ' + b"9" * 5000 + b"}"
+    huge = httpx.post(server.url() + "/v1/completions", content=raw,
+                      headers={"content-type": "application/json"}, timeout=60)
+    assert huge.status_code == 400 and "not JSON" in huge.json()["error"]["message"]
+
+
+def test_a_stream_that_asks_for_usage_gets_null_usage_before_it(server: ServedDaemon) -> None:
+    body = {**COMPLETION_BODY, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", server.url() + "/v1/completions", json=body, timeout=60) as answer:
+        events = [line[6:] for line in answer.iter_lines() if line.startswith("data: ")]
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert events[-1] == "[DONE]" and all("usage" in chunk for chunk in chunks)
+    assert all(chunk["usage"] is None for chunk in chunks[:-1])
+    assert chunks[-1]["usage"]["completion_tokens"] == 4
+    refused = post(server, COMPLETIONS, {"stream": True, "stream_options": {"continuous_usage_stats": True}})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "stream_options.continuous_usage_stats"

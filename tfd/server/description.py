@@ -70,7 +70,8 @@ def common_fields() -> dict[str, Any]:
                                      {"type": "array", "items": {"type": "string", "minLength": 1},
                                       "maxItems": MAX_STOPS}]}),
         "stream_options": _nullable({"type": "object", "properties": {
-            "include_usage": {"type": "boolean"}}}),
+            "include_usage": {"type": "boolean"},
+            "continuous_usage_stats": _nullable({"const": False, "description": "Not supported."})}}),
         "n": _nullable({"const": 1, "description": "One choice per request."}),
         "best_of": _nullable({"const": 1}),
         "top_k": _nullable({**_integer(*INTEGERS["top_k"]), "description": "0 or -1: no cut."}),

@@ -3,8 +3,9 @@
 A request is read and checked (``tfd.server.schema``), its prompt tokenized, and submitted to the
 engine; every refusal (a malformed body, an unknown model, a prompt over the context, a full
 queue, a draining server) is an HTTP error before any stream byte. A streamed reply is server-sent
-events: the role, the text deltas, the last chunk with ``finish_reason``, usage and the ``tfd``
-block, then ``[DONE]``.
+events: the role, the text deltas, the last chunk with ``finish_reason`` and the ``tfd`` block, with
+``stream_options.include_usage`` a chunk of the usage (and ``"usage": null`` on every chunk before
+it, as OpenAI sends), then ``[DONE]``.
 
 A generating request gets its id first (``tfd.server.access``: the client's ``x-request-id`` as the
 base, else a fresh one), so every answer of these routes but a malformed id's refusal carries it;
@@ -285,19 +286,19 @@ class OpenAI:
                       include_usage: bool) -> AsyncGenerator[bytes, None]:
         done = False
         try:
-            yield sse(reply.first_chunk())
+            yield sse(_usage_null(reply.first_chunk(), include_usage))
             async for event in handle.events:
                 exchange.saw(event)
                 if isinstance(event, Emitted):
                     if event.text or event.logprobs or reply.return_token_ids:
-                        yield sse(reply.delta_chunk(event))
+                        yield sse(_usage_null(reply.delta_chunk(event), include_usage))
                 elif isinstance(event, Finished):
                     self._count(event)
                     if event.reason == "failed":
                         yield sse({"error": {"message": event.message or "the request failed",
                                              "type": "server_error", "param": None, "code": "server_error"}})
                     else:
-                        yield sse(reply.last_chunk(event))
+                        yield sse(_usage_null(reply.last_chunk(event), include_usage))
                         if include_usage:
                             yield sse(reply.usage_chunk(event))
                     done = True
@@ -327,6 +328,13 @@ class _Refusal(Exception):
         self.response = error_response(status, message, code, param=param, headers=headers)
 
 
+def _usage_null(chunk: dict[str, Any], asked: bool) -> dict[str, Any]:
+    """A chunk before the usage one, as OpenAI streams it when the usage is asked: ``"usage": null``."""
+    if asked:
+        chunk["usage"] = None
+    return chunk
+
+
 async def _json(request: HttpRequest) -> Any:
     body = bytearray()
     async for piece in request.stream():
@@ -335,7 +343,7 @@ async def _json(request: HttpRequest) -> Any:
             raise _Refusal(413, f"the body is over {MAX_BODY >> 20} MiB", "body_too_large")
     try:
         return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+    except (ValueError, UnicodeDecodeError) as error:  # ValueError: JSON's, and an integer of too many digits
         raise BadRequest(f"the body is not JSON: {error}") from None
 
 

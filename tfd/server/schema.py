@@ -22,7 +22,8 @@ MAX_STOPS = 16
 MAX_TOP_LOGPROBS = 20
 MAX_BIASED = 1024  # tokens a logit_bias may name
 BIAS_BOUND = 100.0  # a logit_bias value lies within +-this (OpenAI's bounds)
-TOKEN_KEY = "^(0|[1-9][0-9]*)$"  # a logit_bias key: a token id in decimal
+# a logit_bias key: a token id in decimal, at most 10 digits (past any vocabulary well before)
+TOKEN_KEY = "^(0|[1-9][0-9]{0,9})(?!\\n)$"
 SEED_MASK = (1 << 63) - 1
 T = TypeVar("T")
 # the bounds each field is read with, (lowest, highest or None); ``tfd.server.description`` states them
@@ -147,6 +148,9 @@ def _common(fields: dict[str, Any], route: str, max_tokens: int | None, logprobs
     include_usage = options.get("include_usage", False)
     if not isinstance(include_usage, bool):
         raise BadRequest("stream_options.include_usage must be a boolean", "stream_options.include_usage")
+    if options.get("continuous_usage_stats") not in (None, False):  # vLLM's: usage in every chunk
+        raise BadRequest("stream_options.continuous_usage_stats is not supported; leave it out or false",
+                         "stream_options.continuous_usage_stats")
     min_tokens = _default(_int(fields, "min_tokens"), 0)  # past max_tokens: no end token at all
     return Common(model=model, max_tokens=max_tokens, sampling=sampling, stop=_stop(fields),
                   stream=_bool(fields, "stream"), include_usage=include_usage, min_tokens=min_tokens,
@@ -194,7 +198,8 @@ def _logit_bias(fields: dict[str, Any]) -> tuple[tuple[int, float], ...]:
         raise BadRequest(f"logit_bias must be an object of at most {MAX_BIASED} token ids", "logit_bias")
     read = []
     for key, value in bias.items():
-        if not (isinstance(key, str) and key.isascii() and key.isdigit() and (key == "0" or key[0] != "0")):
+        if not (isinstance(key, str) and 0 < len(key) <= 10 and key.isascii() and key.isdigit()
+                and (key == "0" or key[0] != "0")):
             raise BadRequest(f"logit_bias keys are token ids in decimal, not {key!r}", "logit_bias")
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
                 or abs(value) > BIAS_BOUND:

@@ -48,12 +48,14 @@ RULES = (
     Unsupported("structured_outputs", "structured outputs"),
     Unsupported("response_format", "structured outputs", {
         "type": "object", "required": ["type"], "properties": {"type": {"const": "text"}},
-        "additionalProperties": False}, ' or {"type": "text"}', frozenset({CHAT})),
+        "additionalProperties": False}, ' or {"type": "text"}'),
     Unsupported("tools", "tool calls", {"type": "array", "maxItems": 0}, " or empty", frozenset({CHAT})),
-    Unsupported("tool_choice", "tool calls", {"const": "none"}, ' or "none"', frozenset({CHAT})),
+    Unsupported("tool_choice", "tool calls", {"enum": ["none", "auto"]}, ' or "none" ("auto" without tools)',
+                frozenset({CHAT})),
     Unsupported("functions", "function calls", {"type": "array", "maxItems": 0}, " or empty",
                 frozenset({CHAT})),
-    Unsupported("function_call", "function calls", {"const": "none"}, ' or "none"', frozenset({CHAT})),
+    Unsupported("function_call", "function calls", {"enum": ["none", "auto"]}, ' or "none"',
+                frozenset({CHAT})),
     Unsupported("reasoning_effort", "a thinking switch", routes=frozenset({CHAT})),
     Unsupported("verbosity", "a verbosity switch", routes=frozenset({CHAT})),
     Unsupported("modalities", "output other than text", {"type": "array", "items": {"const": "text"}},
@@ -62,6 +64,26 @@ RULES = (
     Unsupported("web_search_options", "web search", routes=frozenset({CHAT})),
     Unsupported("moderation", "moderation", routes=frozenset({CHAT})),
     Unsupported("suffix", "insertion", {"const": ""}, ' or ""', frozenset({COMPLETIONS})),
+    # vLLM's and SGLang's extensions that would change the reply
+    Unsupported("stop_token_ids", "stop tokens of the request's own", {"type": "array", "maxItems": 0},
+                " or empty"),
+    Unsupported("include_stop_str_in_output", "stop strings kept in the text", {"const": False},
+                " or false"),
+    Unsupported("skip_special_tokens", "special tokens in the text", {"const": True}, " or true"),
+    Unsupported("spaces_between_special_tokens", "special tokens in the text", {"const": True}, " or true"),
+    Unsupported("allowed_token_ids", "a token allow-list"),
+    Unsupported("bad_words", "banned words", {"type": "array", "maxItems": 0}, " or empty"),
+    Unsupported("truncate_prompt_tokens", "prompt truncation"),
+    Unsupported("prompt_logprobs", "the prompt's log-probabilities"),
+    Unsupported("use_beam_search", "beam search", {"const": False}, " or false"),
+    Unsupported("length_penalty", "beam search", {"const": 1}, " or at 1"),
+    Unsupported("chat_template", "a chat template of the request's own (the server's is TF_CHAT_TEMPLATE)",
+                routes=frozenset({CHAT})),
+    Unsupported("continue_final_message", "continuing the last message", {"const": False}, " or false",
+                frozenset({CHAT})),
+    Unsupported("echo", "echoing the prompt", {"const": False}, " or false", frozenset({CHAT})),
+    Unsupported("add_special_tokens", "special tokens added to the rendered prompt", {"const": False},
+                " or false", frozenset({CHAT})),
 )
 # never change a reply: routing, caching and billing hints, the client's own labels; a prediction is
 # a latency hint (the reply is the model's either way); parallel_tool_calls without tools
@@ -82,14 +104,16 @@ def unsupported(fields: Mapping[str, Any], route: str) -> tuple[str, str] | None
 
 def matches(value: object, schema: Mapping[str, Any]) -> bool:
     """Whether ``value`` (as JSON reads it) is valid against ``schema``, of the subset the rules use:
-    const, type (null, boolean, array, object), maxItems, items, maxProperties, required, properties,
-    additionalProperties. ValueError for another keyword: a rule outside the subset is a bug."""
-    unknown = set(schema) - {"const", "type", "maxItems", "items", "maxProperties", "required", "properties",
-                             "additionalProperties"}
+    const, enum, type (null, boolean, array, object), maxItems, items, maxProperties, required,
+    properties, additionalProperties. ValueError for another keyword: a rule outside the subset is a bug."""
+    unknown = set(schema) - {"const", "enum", "type", "maxItems", "items", "maxProperties", "required",
+                             "properties", "additionalProperties"}
     if unknown:
         raise ValueError(f"schema keywords outside the subset: {sorted(unknown)}")
     if "const" in schema:
         return _same(value, schema["const"])
+    if "enum" in schema:
+        return any(_same(value, choice) for choice in schema["enum"])
     kind = schema.get("type")
     if kind == "null":
         return value is None
