@@ -11,7 +11,7 @@ export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 TRITON_C
 R=$OUT/r; mkdir -p $R
 TMPDIR=$PWD/.devcache timeout 330 python -m pytest -v -m gpu -n 8 -p no:cacheprovider -p no:benchmark \
   -W ignore::DeprecationWarning -rfE --durations=15 tests/engine/test_device_path.py tests/engine/test_drafting.py \
-  tests/kernels/test_moe.py tests/kernels/test_hyper.py > $R/gpu-tests.txt 2>&1
+  tests/kernels/test_moe.py tests/kernels/test_moe_gpu.py tests/kernels/test_hyper.py > $R/gpu-tests.txt 2>&1
 echo "gpu tests rc=$? t=$(el)"; grep -a "PASSED" $R/gpu-tests.txt | sed 's/.*PASSED //; s/\[.*//' | sort | uniq -c
 grep -a "FAILED\|ERROR\|passed\|failed" $R/gpu-tests.txt | cut -c1-220 | head -20
 [ $(el) -lt 400 ] && timeout $(( 560 - $(el) )) python .dev/gemm_sweep.py qwen3_8-flash-next > $R/gemm-sweep.txt 2>&1
