@@ -200,7 +200,9 @@ def _logit_bias(fields: dict[str, Any]) -> tuple[tuple[int, float], ...]:
     for key, value in bias.items():
         if not (isinstance(key, str) and 0 < len(key) <= 10 and key.isascii() and key.isdigit()
                 and (key == "0" or key[0] != "0")):
-            raise BadRequest(f"logit_bias keys are token ids in decimal, not {key!r}", "logit_bias")
+            shown = key if len(str(key)) <= 24 else f"{str(key)[:20]}..."
+            raise BadRequest(f"logit_bias keys are token ids in decimal (10 digits at most), not {shown!r}",
+                             "logit_bias")
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
                 or abs(value) > BIAS_BOUND:
             raise BadRequest(f"logit_bias values are numbers from {-BIAS_BOUND:g} to {BIAS_BOUND:g}",
