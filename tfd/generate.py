@@ -46,11 +46,7 @@ def generate(model: HybridModel, prompt: Sequence[int], max_tokens: int, stop: S
     stepper.add(lane)
     while not stepper.idle:
         step = stepper.step()
-        if step.error is not None:
-            raise step.error
-        failed = [ending.message for ending in step.ended if ending.reason == "failed"]
-        if failed:  # the lane could not be opened (logged with its cause)
-            raise RuntimeError(failed[0])
+        step.raise_failures()
     runner.pool.check_at_load()
     done = time.monotonic() - began
     first = done if lane.first_token_at is None else lane.first_token_at

@@ -109,11 +109,7 @@ def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, gra
     last: float | None = None  # the end of the previous step, when every stream decoded in it
     while not stepper.idle:
         step = stepper.step()  # its run ends in the step's one host sync
-        if step.error is not None:
-            raise step.error
-        failed = [ending.message for ending in step.ended if ending.reason == "failed"]
-        if failed:  # a lane that could not be opened (logged with its cause)
-            raise RuntimeError(failed[0])
+        step.raise_failures()
         everyone = len(step.works) == streams and all(work.decode for work in step.works)
         if everyone and last is not None:  # end to end: the device runs ahead while the host books
             steps, decode_s = steps + 1, decode_s + step.ran_at - last

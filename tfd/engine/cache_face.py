@@ -90,7 +90,7 @@ class CacheFace:
         cache = self._cache
         if cache is None:
             return {"evicted": 0}
-        counts = {"evicted": int(await self._ask(cache.kept.clear))}
+        counts = {"evicted": await self.clear()}
         if cache.learned is not None:
             counts["evicted_disk"] = await trio.to_thread.run_sync(cache.learned.evict)
         return counts

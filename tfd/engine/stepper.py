@@ -67,6 +67,15 @@ class Step:
     def rows(self) -> int:
         return sum(work.length for work in self.works)
 
+    def raise_failures(self) -> None:
+        """For a caller that runs its own requests (the bench, ``tfd generate``): raise what a failed
+        run raised, or RuntimeError naming a lane that could not be opened (logged with its cause)."""
+        if self.error is not None:
+            raise self.error
+        failed = [ending.message for ending in self.ended if ending.reason == "failed"]
+        if failed:
+            raise RuntimeError(failed[0])
+
 
 class Stepper:
     """Steps of ``scheduler``'s lanes on ``runner``. ``clock``: the time lanes' tokens are noted at.
