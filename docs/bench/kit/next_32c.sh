@@ -1,15 +1,11 @@
 #!/usr/bin/env bash
 # Issue 32's H200 acceptance, call C: conformance's full profile against the demo daemon before (937d261,
-# .dev/before.tgz; next_32a.sh says how to make it) and after (the working tree), then --compare key by key.
+# .dev/before.tgz; before_site.sh says how to make it) and after (the working tree), then --compare key by key.
 # Carry .whl .dev.
 set -u
 T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
-bash .dev/install.sh || { echo install fails; exit 1; }
-rm -rf /tmp/before && mkdir -p /tmp/before && tar xzf .dev/before.tgz -C /tmp/before
-mkdir -p /tmp/bsite && cp -r /tmp/site/. /tmp/bsite/ && rm -rf /tmp/bsite/tfd /tmp/bsite/tfd_kernels
-cp -r /tmp/before/tfd /tmp/bsite/tfd && cp -r /tmp/before/kernels /tmp/bsite/tfd_kernels
-cp -r tfd/assets/. /tmp/bsite/tfd/assets/ && rm -rf /tmp/bsite/tfd/_env && cp -r /tmp/before/env /tmp/bsite/tfd/_env
+bash .dev/before_site.sh || { echo install fails; exit 1; }
 export PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton
 R=$OUT/r; mkdir -p $R
 cd /tmp
