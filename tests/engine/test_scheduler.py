@@ -77,3 +77,37 @@ def test_cancelled_and_dropped_lanes_leave_at_the_step_boundary() -> None:
     assert plan.cancelled == (gone,) and plan.dropped == (broken,)
     assert [w.lane for w in plan.works] == [fine]
     assert scheduler.running == [fine] and not scheduler.waiting
+
+
+def test_a_choice_waits_behind_its_leader_until_the_leaders_prompt_is_through() -> None:
+    scheduler = Scheduler(step_tokens=64, max_lanes=8)
+    leader = lane(1, 130)
+    follower = Lane(2, Request("r1/1", tuple(range(130)), 4, after="r1"), leader=leader)
+    later = lane(3, 4)
+    for each in (leader, follower, later):
+        scheduler.add(each)
+    admitted = []
+    while leader.phase.value != "decode":
+        works = scheduler.plan(always).works
+        admitted += [w.lane.number for w in works if w.start == 0 and not w.decode]
+        assert follower.phase.value == "waiting" and later.phase.value == "waiting"  # strictly in order
+        for work in works:
+            work.lane.advanced(work.start + work.length)
+        if leader.position == 130:
+            leader.record(7, 0.0)
+    assert admitted == [1]
+    works = scheduler.plan(always).works  # the leader decodes: the follower goes in, and those behind it
+    assert [(w.lane.number, w.decode) for w in works][:2] == [(1, True), (2, False)]
+
+
+def test_a_choice_whose_leader_was_cancelled_does_not_wait_for_it() -> None:
+    scheduler = Scheduler(step_tokens=64, max_lanes=8)
+    leader = lane(1, 130)
+    follower = Lane(2, Request("r1/1", tuple(range(130)), 4, after="r1"), leader=leader)
+    scheduler.add(leader)
+    scheduler.add(follower)
+    assert follower.behind_leader
+    leader.cancel()
+    assert not follower.behind_leader
+    works = scheduler.plan(always).works
+    assert [w.lane.number for w in works] == [2]

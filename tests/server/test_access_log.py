@@ -11,7 +11,7 @@ import pytest
 from support import ServedDaemon, tiny_server
 from tfd.engine.request import Admitted, Emitted, Finished
 from tfd.server.access import Access, Exchange, logged_path
-from tfd.server.schema import BadRequest
+from tfd.server.bad_request import BadRequest
 
 # Lines are written as requests end, just after their last byte: wait this long for them at most.
 LINES_S = 20.0

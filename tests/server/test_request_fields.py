@@ -33,9 +33,7 @@ CHANGING: dict[str, Any] = {
     "guided_json": {"type": "object"}, "guided_regex": "[a-z]+", "guided_choice": ["a", "b"],
     "guided_grammar": "root ::= \"a\"", "structured_outputs": {"json": {}},
     "response_format": {"type": "json_object"},
-    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
-    "tool_choice": "required", "functions": [{"name": "f"}], "function_call": {"name": "f"},
-    "reasoning_effort": "low",
+    "functions": [{"name": "f"}], "function_call": {"name": "f"},
     "verbosity": "high", "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"},
     "web_search_options": {}, "moderation": {"model": "m"}, "suffix": " return x",
     "stop_token_ids": [5], "include_stop_str_in_output": True, "skip_special_tokens": False,
@@ -44,7 +42,7 @@ CHANGING: dict[str, Any] = {
     "chat_template": "{{ 'x' }}", "continue_final_message": True, "echo": True, "add_special_tokens": True,
 }
 NEUTRAL: dict[str, Any] = {
-    "response_format": {"type": "text"}, "tools": [], "tool_choice": "auto",
+    "response_format": {"type": "text"},
     "functions": [], "function_call": "none", "modalities": ["text"], "suffix": "",
     "stop_token_ids": [], "include_stop_str_in_output": False, "skip_special_tokens": True,
     "spaces_between_special_tokens": True, "bad_words": [], "use_beam_search": False, "length_penalty": 1,
@@ -53,8 +51,12 @@ NEUTRAL: dict[str, Any] = {
 IGNORED_VALUES: dict[str, Any] = {
     "user": "u-1", "metadata": {"k": "v"}, "store": True, "service_tier": "flex", "safety_identifier": "s",
     "prompt_cache_key": "k", "prompt_cache_retention": "24h", "prompt_cache_options": {"mode": "explicit"},
-    "prediction": {"type": "content", "content": "x"}, "parallel_tool_calls": False,
+    "prediction": {"type": "content", "content": "x"},
 }
+# what a template without tools or a thinking switch (this file's) leaves a reply as it is
+NEUTRAL_READ: dict[str, Any] = {"tools": [], "tool_choice": "auto", "parallel_tool_calls": False}
+NEUTRAL_TOOLS: dict[str, Any] = {"tool_choice": "none", "tools": [
+    {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}
 
 
 def openai_fields(params: type) -> set[str]:
@@ -127,6 +129,30 @@ def test_an_unsupported_field_is_refused_by_name_unless_it_changes_nothing(
     assert token_sha(post(server, route, {name: None})) == plain
     if name in NEUTRAL:
         assert token_sha(post(server, route, {name: NEUTRAL[name]})) == plain
+
+
+@pytest.mark.parametrize("extra", [NEUTRAL_READ, NEUTRAL_TOOLS, {"tool_choice": None, "tools": None}])
+def test_tools_not_offered_leave_the_tokens_as_they_are(server: ServedDaemon, extra: dict[str, Any]) -> None:
+    assert token_sha(post(server, CHAT, extra)) == token_sha(post(server, CHAT, {}))
+
+
+@pytest.mark.parametrize(("extra", "param", "words"), [
+    ({"tools": NEUTRAL_TOOLS["tools"]}, "tools", "takes no tools"),
+    ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+    ({"tools": NEUTRAL_TOOLS["tools"], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+     "tool_choice", "not one of tools"),
+    ({"tools": [{"type": "custom", "custom": {"name": "f"}}]}, "tools[0].type", "only function tools"),
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name", "letters"),
+    ({"tools": NEUTRAL_TOOLS["tools"] * 2}, "tools[1].function.name", "two tools"),
+    ({"parallel_tool_calls": 1}, "parallel_tool_calls", "boolean"),
+    ({"reasoning_effort": "low"}, "reasoning_effort", "no thinking switch"),
+    ({"reasoning_effort": "lots"}, "reasoning_effort", "must be one of"),
+])
+def test_tools_and_thinking_the_template_cannot_take_are_refused_by_name(
+        server: ServedDaemon, extra: dict[str, Any], param: str, words: str) -> None:
+    refused = post(server, CHAT, extra)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == param and words in refused.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("route", [CHAT, COMPLETIONS])
@@ -248,3 +274,63 @@ def test_a_stream_that_asks_for_usage_gets_null_usage_before_it(server: ServedDa
     refused = post(server, COMPLETIONS, {"stream": True, "stream_options": {"continuous_usage_stats": True}})
     assert refused.status_code == 400
     assert refused.json()["error"]["param"] == "stream_options.continuous_usage_stats"
+
+
+PROMPT_IDS = [(7 * i) % 300 + 20 for i in range(150)]  # past two chunks: a keep point to share
+
+
+@pytest.mark.parametrize("route", [CHAT, COMPLETIONS])
+def test_n_choices_are_each_the_single_reply_of_their_seed(server: ServedDaemon, route: str) -> None:
+    sampled = {"return_token_ids": True, "temperature": 1.0, "seed": 21, "max_tokens": 6}
+    three = post(server, route, {**sampled, "n": 3})
+    assert three.status_code == 200, three.text
+    body = three.json()
+    assert [choice["index"] for choice in body["choices"]] == [0, 1, 2]
+    alone = [tokens_of(post(server, route, {**sampled, "seed": 21 + i})) for i in range(3)]
+    assert [choice["token_ids"] for choice in body["choices"]] == alone
+    assert len({tuple(tokens) for tokens in alone}) > 1  # the keys differ, so do the draws
+    assert body["usage"]["completion_tokens"] == 18
+    assert body["usage"]["prompt_tokens"] == len(body["prompt_token_ids"])
+
+
+def test_n_choices_without_a_seed_take_the_prompts_seed_plus_their_index(server: ServedDaemon) -> None:
+    from tfd.engine.request import prompt_seed
+
+    sampled = {"prompt": PROMPT_IDS, "max_tokens": 5, "temperature": 1.0, "return_token_ids": True}
+    two = post(server, COMPLETIONS, {**sampled, "n": 2}).json()["choices"]
+    assert two[0]["token_ids"] == tokens_of(post(server, COMPLETIONS, sampled))
+    second = tokens_of(post(server, COMPLETIONS, {**sampled, "seed": prompt_seed(PROMPT_IDS) + 1}))
+    assert two[1]["token_ids"] == second
+
+
+def test_the_choices_after_the_first_resume_from_its_prompt_state(server: ServedDaemon) -> None:
+    body = {"prompt": PROMPT_IDS, "max_tokens": 3, "temperature": 1.0, "seed": 5, "cache": True}
+    shared = [(i * 13) % 290 + 9 for i in range(140)]  # a prompt no other test sends
+    choices = post(server, COMPLETIONS, {**body, "prompt": shared, "n": 4}).json()["choices"]
+    assert [choice["tfd"]["cached_tokens"] for choice in choices] == [0, 128, 128, 128]
+    fresh = post(server, COMPLETIONS, {**body, "prompt": shared, "n": 4, "cache": False}).json()["choices"]
+    assert [choice["tfd"]["cached_tokens"] for choice in fresh] == [0, 0, 0, 0]
+    assert [choice["tfd"]["token_sha"] for choice in fresh] == \
+        [choice["tfd"]["token_sha"] for choice in choices]
+
+
+def test_n_choices_stream_each_under_its_index(server: ServedDaemon) -> None:
+    client = openai.OpenAI(base_url=server.url() + "/v1", api_key="unused")
+    messages: Any = CHAT_BODY["messages"]
+    whole = client.chat.completions.create(model="org/tiny", messages=messages, max_tokens=5, temperature=1,
+                                           seed=3, n=3)
+    text = {0: "", 1: "", 2: ""}
+    finished = {}
+    for chunk in client.chat.completions.create(model="org/tiny", messages=messages, max_tokens=5,
+                                                temperature=1, seed=3, n=3, stream=True):
+        for choice in chunk.choices:
+            text[choice.index] += choice.delta.content or ""
+            if choice.finish_reason is not None:
+                finished[choice.index] = choice.finish_reason
+    assert text == {choice.index: choice.message.content for choice in whole.choices}
+    assert finished == {choice.index: choice.finish_reason for choice in whole.choices}
+
+
+def test_too_many_choices_are_refused_by_name(server: ServedDaemon) -> None:
+    refused = post(server, COMPLETIONS, {"n": 65})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "n"

@@ -289,7 +289,8 @@ class Engine:
             if isinstance(message, Submit):
                 request = message.request
                 self._numbers += 1
-                lane = Lane(self._numbers, request, Detokenizer(self.tokenizer, request.stop))
+                lane = Lane(self._numbers, request, Detokenizer(self.tokenizer, request.stop),
+                            leader=None if request.after is None else self._lanes.get(request.after))
                 self._lanes[request.id] = lane
                 self.stepper.add(lane)
             elif isinstance(message, Cancel):

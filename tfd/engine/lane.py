@@ -74,6 +74,7 @@ class Lane:
     drawn: dict[int, int] = attrs.Factory(dict)  # token: times drawn (what penalties read)
     _prompt_set: frozenset[int] | None = None  # its prompt's distinct tokens, once a penalty asks
     prefixes: Prefixes = attrs.Factory(_prefixes, takes_self=True)  # the prompt as the cache names it
+    leader: Lane | None = None  # the lane of ``request.after``, while it is the engine's
 
     # -- what the lane is --------------------------------------------------------------------------
 
@@ -90,6 +91,12 @@ class Lane:
     def tokens_left(self) -> int:
         """Tokens it may still draw before ``max_tokens``."""
         return self.request.max_tokens - len(self.generated)
+
+    @property
+    def behind_leader(self) -> bool:
+        """Whether it waits for its leader's prompt to go through first (to resume from its state)."""
+        leader = self.leader
+        return leader is not None and not leader.cancelled and leader.phase in (Phase.WAITING, Phase.PREFILL)
 
     def stops_at(self, token: int) -> bool:
         """Whether ``token`` is one of the request's stop tokens (it is kept, and ends the reply)."""

@@ -52,6 +52,9 @@ class Request:
     keep_at: tuple[int, ...] = ()  # prompt positions to keep states near (a chat's latest user message)
     cache: bool = True  # resume from kept states and keep new ones; False: prefilled as without a cache
     min_tokens: int = 0  # tokens drawn before a stop token may be (stop strings are not held)
+    # a request of the same prompt admitted before this one: this one waits until that one's prompt is
+    # through, and resumes from the state it kept (a request's choices share one prefill)
+    after: str | None = None
 
     @property
     def window(self) -> int:

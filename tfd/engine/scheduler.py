@@ -3,7 +3,8 @@
 Once a step: every decoding lane gets its row, a drafting lane its window (a running lane never
 waits); prefilling lanes get prompt chunks, oldest first, from what is left of the step's token
 budget; then waiting requests are admitted, oldest first and strictly in order, while the pool can
-promise their window (the ``admit`` callback) and the budget lasts. A prefill chunk ends at a
+promise their window (the ``admit`` callback), the budget lasts and the next is not behind a leader
+whose prompt is still going through (``Lane.behind_leader``). A prefill chunk ends at a
 multiple of ``CHUNK`` absolute positions or at the end of the prompt, whatever the budget, so every
 split of a prompt cuts the GDN chunks in the same places; a chunk also ends at the lane's next keep
 point (a multiple of ``CHUNK``: its state is kept there); the oldest prefilling lane always gets at
@@ -92,6 +93,8 @@ class Scheduler:
         dropped = []
         while self.waiting and len(self.running) < self.max_lanes and (budget > 0 or first):
             lane = self.waiting[0]
+            if lane.behind_leader:  # strictly in order: the lanes behind it wait too
+                break
             outcome = admit(lane)
             if outcome is Admission.WAIT:
                 break

@@ -29,7 +29,7 @@ from starlette.requests import HTTPConnection
 from starlette.types import Scope
 
 from tfd.engine.request import Admitted, Emitted, Event, Finished
-from tfd.server.schema import BadRequest
+from tfd.server.bad_request import BadRequest
 
 log = logging.getLogger("tfd.access")
 HEADER = "x-request-id"

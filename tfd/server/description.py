@@ -17,6 +17,7 @@ from tfd.server.access import CLIENT_ID, HEADER
 from tfd.server.schema import (
     BIAS_BOUND,
     COMPLETION_LOGPROBS,
+    EFFORTS,
     INTEGERS,
     MAX_BIASED,
     MAX_STOPS,
@@ -26,6 +27,7 @@ from tfd.server.schema import (
     TEMPLATE_ARGUMENTS,
     TOKEN_KEY,
 )
+from tfd.server.tool_fields import NAME
 from tfd.server.unsupported import CHAT, COMPLETIONS, IGNORED, RULES
 
 JSON = "application/json"
@@ -72,7 +74,9 @@ def common_fields() -> dict[str, Any]:
         "stream_options": _nullable({"type": "object", "properties": {
             "include_usage": {"type": "boolean"},
             "continuous_usage_stats": _nullable({"const": False, "description": "Not supported."})}}),
-        "n": _nullable({"const": 1, "description": "One choice per request."}),
+        "n": _nullable({**_integer(*INTEGERS["n"]), "description": "Choices, each drawn with its own key: "
+                        "choice i is the reply the request gives with n 1 and seed seed + i (without a "
+                        "seed: the prompt's plus i); the prompt is prefilled once."}),
         "best_of": _nullable({"const": 1}),
         "top_k": _nullable({**_integer(*INTEGERS["top_k"]), "description": "0 or -1: no cut."}),
         "seed": _nullable({**_integer(*INTEGERS["seed"]),
@@ -110,15 +114,48 @@ def message_schema() -> dict[str, Any]:
     text_part = {"type": "object", "required": ["type", "text"],
                  "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
     content = {"anyOf": [{"type": "string"}, {"type": "array", "items": text_part}]}
-    return {"type": "object", "required": ["role"], "anyOf": [
+    call = {"type": "object", "required": ["function"], "properties": {"function": {
+        "type": "object", "required": ["name"], "properties": {
+            "name": {"type": "string"},
+            "arguments": {"type": "string", "description": "A JSON object, as the reply gave it."}}}}}
+    return {"type": "object", "required": ["role"], "properties": {
+        "tool_calls": _nullable({"type": "array", "items": call, "description": "An assistant's calls."}),
+        "tool_call_id": {"type": "string", "description": "A tool's result: the call it answers."},
+    }, "anyOf": [
         {"required": ["content"], "properties": {"role": {"enum": sorted(ROLES)}, "content": content}},
         {"properties": {"role": {"const": "assistant"}, "content": {"type": "null"}}},
     ]}
 
 
+def tool_fields() -> dict[str, Any]:
+    """``tools``, ``tool_choice``, ``parallel_tool_calls`` (``tfd.server.tool_fields``)."""
+    function = {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string", "pattern": f"^{NAME.pattern}(?!\\n)$"}, "description": {"type": "string"},
+        "parameters": {"type": "object", "description": "A JSON Schema of an object."},
+        "strict": _nullable({"type": "boolean"})}}
+    tool = {"type": "object", "required": ["type", "function"],
+            "properties": {"type": {"const": "function"}, "function": function}}
+    named = {"type": "object", "required": ["type", "function"], "properties": {
+        "type": {"const": "function"},
+        "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}}
+    return {
+        "tools": _nullable({"type": "array", "items": tool, "description": "Functions the model may call, "
+                            "given to the chat template; a template that takes none refuses them (400). "
+                            "Calls come back as message.tool_calls (streamed: delta.tool_calls)."}),
+        "tool_choice": _nullable({"anyOf": [{"enum": ["none", "auto", "required"]}, named], "description":
+                                  "none: no tools offered; auto: the model chooses; required or a named "
+                                  "function: the reply is a call, valid against the function's "
+                                  "parameters."}),
+        "parallel_tool_calls": _nullable({"type": "boolean", "description": "false: one call at most."}),
+        "reasoning_effort": _nullable({"enum": list(EFFORTS), "description":
+                                       "The template's thinking switch: none turns thinking off, any other "
+                                       "effort on; a template without the switch refuses it (400)."}),
+    }
+
+
 def chat_request() -> dict[str, Any]:
     return {"type": "object", "required": ["messages"], "properties": {
-        **common_fields(), **unsupported_fields(CHAT),
+        **common_fields(), **unsupported_fields(CHAT), **tool_fields(),
         "messages": {"type": "array", "minItems": 1, "items": message_schema(),
                      "description": "Rendered by the model's chat template, which may refuse them (400)."},
         "max_completion_tokens": _nullable(_integer(*INTEGERS["max_completion_tokens"])),

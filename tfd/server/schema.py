@@ -8,6 +8,7 @@ than ignored; fields that do not change it (``user``, ``metadata``...) are ignor
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Any, TypeVar
@@ -15,10 +16,13 @@ from typing import Any, TypeVar
 import attrs
 
 from tfd.engine.request import Sampling
+from tfd.server.bad_request import BadRequest
+from tfd.server.tool_fields import Tools, read_tools
 from tfd.server.unsupported import CHAT, COMPLETIONS, unsupported
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 MAX_STOPS = 16
+MAX_CHOICES = 64  # n: each choice is a lane of its own
 MAX_TOP_LOGPROBS = 20
 MAX_BIASED = 1024  # tokens a logit_bias may name
 BIAS_BOUND = 100.0  # a logit_bias value lies within +-this (OpenAI's bounds)
@@ -28,7 +32,8 @@ SEED_MASK = (1 << 63) - 1
 T = TypeVar("T")
 # the bounds each field is read with, (lowest, highest or None); ``tfd.server.description`` states them
 INTEGERS: dict[str, tuple[int, int | None]] = {
-            "max_tokens": (1, None), "max_completion_tokens": (1, None), "n": (1, None), "best_of": (1, None),
+            "max_tokens": (1, None), "max_completion_tokens": (1, None), "n": (1, MAX_CHOICES),
+            "best_of": (1, None),
             "top_k": (-1, None), "seed": (-(1 << 63), (1 << 64) - 1), "top_logprobs": (0, MAX_TOP_LOGPROBS),
             "min_tokens": (0, None)}
 COMPLETION_LOGPROBS = (0, MAX_TOP_LOGPROBS)  # /v1/completions' logprobs: how many alternatives
@@ -37,16 +42,8 @@ NUMBERS = {"temperature": (0.0, 2.0, False), "top_p": (0.0, 1.0, True), "min_p":
            "frequency_penalty": (-2.0, 2.0, False), "presence_penalty": (-2.0, 2.0, False),
            "repetition_penalty": (0.0, 10.0, True)}
 TEMPLATE_ARGUMENTS = frozenset({"messages", "add_generation_prompt"})  # chat_template_kwargs may not set
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")  # OpenAI's reasoning_effort values
 SWITCHES = ("stream", "ignore_eos", "return_token_ids", "draft", "cache")  # booleans both routes read
-
-
-class BadRequest(Exception):
-    """A 400: ``param`` is the field at fault, ``code`` the OpenAI error code."""
-
-    def __init__(self, message: str, param: str | None = None, code: str = "invalid_request_error") -> None:
-        self.param = param
-        self.code = code
-        super().__init__(message)
 
 
 @attrs.frozen
@@ -59,6 +56,7 @@ class Common:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    n: int  # choices, each drawn with its own key
     min_tokens: int  # tokens drawn before an end-of-sequence token may be
     ignore_eos: bool
     return_token_ids: bool
@@ -71,6 +69,8 @@ class ChatBody:
     common: Common
     messages: tuple[dict[str, Any], ...]
     template_kwargs: Mapping[str, Any]
+    tools: Tools | None = None
+    reasoning_effort: str | None = None  # one of EFFORTS: the template's thinking switch decides
 
 
 @attrs.frozen
@@ -96,7 +96,11 @@ def chat_body(body: object) -> ChatBody:
     if top is not None and not logprobs:
         raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
     limit = _default(_int(fields, "max_completion_tokens"), _int(fields, "max_tokens"))
-    return ChatBody(_common(fields, CHAT, limit, (top or 0) if logprobs else None), tuple(read), kwargs)
+    effort = fields.get("reasoning_effort")
+    if effort is not None and effort not in EFFORTS:
+        raise BadRequest(f"reasoning_effort must be one of {', '.join(EFFORTS)}", "reasoning_effort")
+    common = _common(fields, CHAT, limit, (top or 0) if logprobs else None)
+    return ChatBody(common, tuple(read), kwargs, read_tools(fields), effort)
 
 
 def completion_body(body: object) -> CompletionBody:
@@ -122,9 +126,7 @@ def _common(fields: dict[str, Any], route: str, max_tokens: int | None, logprobs
     model = fields.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("model must be a string", "model")
-    n = _int(fields, "n")
-    if n is not None and n != 1:
-        raise BadRequest("n must be 1: one choice per request", "n")
+    n = _default(_int(fields, "n"), 1)
     if _int(fields, "best_of") not in (None, 1):
         raise BadRequest("best_of must be 1", "best_of")
     refused = unsupported(fields, route)
@@ -153,7 +155,7 @@ def _common(fields: dict[str, Any], route: str, max_tokens: int | None, logprobs
                          "stream_options.continuous_usage_stats")
     min_tokens = _default(_int(fields, "min_tokens"), 0)  # past max_tokens: no end token at all
     return Common(model=model, max_tokens=max_tokens, sampling=sampling, stop=_stop(fields),
-                  stream=_bool(fields, "stream"), include_usage=include_usage, min_tokens=min_tokens,
+                  stream=_bool(fields, "stream"), include_usage=include_usage, n=n, min_tokens=min_tokens,
                   ignore_eos=_bool(fields, "ignore_eos"), return_token_ids=_bool(fields, "return_token_ids"),
                   draft=_default(_optional_bool(fields, "draft"), True),
                   cache=_default(_optional_bool(fields, "cache"), True))
@@ -185,7 +187,36 @@ def _message(message: object, where: str) -> dict[str, Any]:
         content = ""
     elif not isinstance(content, str):
         raise BadRequest(f"{where}.content must be a string or an array of text parts", f"{where}.content")
-    return {**message, "content": content}
+    read = {**message, "content": content}
+    if role == "assistant" and message.get("tool_calls") is not None:
+        read["tool_calls"] = _tool_calls(message["tool_calls"], f"{where}.tool_calls")
+    if role == "tool" and not isinstance(message.get("tool_call_id", ""), str):
+        raise BadRequest(f"{where}.tool_call_id must be a string", f"{where}.tool_call_id")
+    return read
+
+
+def _tool_calls(calls: object, where: str) -> list[dict[str, Any]]:
+    """An assistant message's calls as a template reads them: each call's ``arguments`` (JSON text,
+    as OpenAI sends them) parsed into the object they hold."""
+    if not isinstance(calls, list):
+        raise BadRequest(f"{where} must be an array of tool calls", where)
+    read = []
+    for i, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise BadRequest(f"{where}[{i}] must be a call with a function name", f"{where}[{i}].function")
+        arguments = function.get("arguments", "{}")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except ValueError:
+                raise BadRequest(f"{where}[{i}].function.arguments is not JSON",
+                                 f"{where}[{i}].function.arguments") from None
+        if not isinstance(arguments, dict):
+            raise BadRequest(f"{where}[{i}].function.arguments must be a JSON object",
+                             f"{where}[{i}].function.arguments")
+        read.append({**call, "function": {**function, "arguments": arguments}})
+    return read
 
 
 def _logit_bias(fields: dict[str, Any]) -> tuple[tuple[int, float], ...]:

@@ -49,14 +49,10 @@ RULES = (
     Unsupported("response_format", "structured outputs", {
         "type": "object", "required": ["type"], "properties": {"type": {"const": "text"}},
         "additionalProperties": False}, ' or {"type": "text"}'),
-    Unsupported("tools", "tool calls", {"type": "array", "maxItems": 0}, " or empty", frozenset({CHAT})),
-    Unsupported("tool_choice", "tool calls", {"enum": ["none", "auto"]}, ' or "none" ("auto" without tools)',
-                frozenset({CHAT})),
     Unsupported("functions", "function calls", {"type": "array", "maxItems": 0}, " or empty",
                 frozenset({CHAT})),
     Unsupported("function_call", "function calls", {"enum": ["none", "auto"]}, ' or "none"',
                 frozenset({CHAT})),
-    Unsupported("reasoning_effort", "a thinking switch", routes=frozenset({CHAT})),
     Unsupported("verbosity", "a verbosity switch", routes=frozenset({CHAT})),
     Unsupported("modalities", "output other than text", {"type": "array", "items": {"const": "text"}},
                 ' or ["text"]', frozenset({CHAT})),
@@ -86,9 +82,9 @@ RULES = (
                 " or false", frozenset({CHAT})),
 )
 # never change a reply: routing, caching and billing hints, the client's own labels; a prediction is
-# a latency hint (the reply is the model's either way); parallel_tool_calls without tools
+# a latency hint (the reply is the model's either way)
 IGNORED = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
-           "prompt_cache_retention", "prompt_cache_options", "prediction", "parallel_tool_calls")
+           "prompt_cache_retention", "prompt_cache_options", "prediction")
 
 
 def unsupported(fields: Mapping[str, Any], route: str) -> tuple[str, str] | None:

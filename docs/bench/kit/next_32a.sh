@@ -11,7 +11,7 @@ R=$OUT/r; mkdir -p $R; ROOT=$PWD
 shape=${SHAPE:-qwen3_5-9b}; streams=${STREAMS:-1,32}
 for round in 1 2; do
   for side in before after; do
-    site=/tmp/site; [ $side = before ] && site=/tmp/bsite
+    site=/tmp/site; [ $side = before ] && site=/tmp/bsite; [ $side = after ] && [ -d /tmp/asite ] && site=/tmp/asite
     [ $(el) -lt 480 ] || break
     PYTHONPATH=$site timeout 150 python -m tfd bench --shape $shape --streams $streams --prompt 1024 --new 256 \
       --out $R/$side-$round > $R/$side-$round.txt 2>&1

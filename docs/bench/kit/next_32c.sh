@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 32's H200 acceptance, call C: conformance's full profile against the demo daemon before (937d261,
-# .dev/before.tgz; before_site.sh says how to make it) and after (the working tree), then --compare key by key.
+# .dev/before.tgz; before_site.sh says how to make it) and after (0116906 from .dev/after.tgz when carried,
+# else the working tree), then --compare key by key.
 # Carry .whl .dev.
 set -u
 T0=$(date +%s)
@@ -10,7 +11,7 @@ export PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton
 R=$OUT/r; mkdir -p $R
 cd /tmp
 for side in before after; do
-  site=/tmp/site; [ $side = before ] && site=/tmp/bsite
+  site=/tmp/site; [ $side = before ] && site=/tmp/bsite; [ $side = after ] && [ -d /tmp/asite ] && site=/tmp/asite
   PYTHONPATH=$site TF_ADMIN_SOCKET=/tmp/$side.sock python -m tfd serve > $R/$side-serve.log 2>&1 &
   pid=$!
   until python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2)" \
