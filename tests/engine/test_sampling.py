@@ -60,6 +60,14 @@ def test_top_k_top_p_and_min_p_cut_the_tail() -> None:
         assert set(drawn.tolist()) == allowed, setting
 
 
+def test_a_top_p_too_small_for_fp32_keeps_the_best_token_alone() -> None:
+    probs = torch.tensor([0.3, 0.5, 0.15, 0.05])  # the best is not token 0, what an all-cut row would draw
+    logits = probs.log().expand(500, -1).contiguous()
+    for top_p, allowed in ((1e-300, {1}), (1e-30, {1}), (0.6, {0, 1})):  # 1e-300 is 0 in fp32; 1e-30 is not
+        drawn = sample(logits, rows([Sampling(top_p=top_p)] * 500, list(range(500)), [1] * 500))
+        assert set(drawn.tolist()) == allowed, top_p
+
+
 def test_logprobs_are_the_models_and_ranked() -> None:
     logits = torch.tensor([[2.0, 1.0, 0.0, 1.0]])
     entry = logprobs(logits, torch.tensor([1]), 3)[0]

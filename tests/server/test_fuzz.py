@@ -35,6 +35,7 @@ SHORT = 3  # tokens a generated body asks for at most (mutations may ask for mor
 FUZZ = settings(derandomize=True, database=None, deadline=None, print_blob=True,
                 suppress_health_check=list(HealthCheck))
 ROUTES = {"/v1/chat/completions": "messages", "/v1/completions": "prompt"}
+STRUCTURED = ("response_format", "guided_json", "guided_regex", "guided_choice", "structured_outputs")
 SENT: collections.Counter[str] = collections.Counter()  # requests sent, by test
 ANSWERED: collections.Counter[tuple[str, int]] = collections.Counter()  # (test, status)
 
@@ -134,6 +135,8 @@ def check_served(status: int, answer: Any, path: str, body: dict[str, Any], voca
         allowed.add((400, "logit_bias"))
     # what the template takes (the demo's: no tools, no thinking switch); a choice of tools needs them
     allowed |= {(400, "tools"), (400, "reasoning_effort"), (400, "tool_choice")}
+    # whether a schema or a regex compiles; what a grammar excludes beside it
+    allowed |= {(400, name) for name in STRUCTURED} | {(400, "min_tokens"), (400, "ignore_eos")}
     # the field at fault, of a part a schema cannot say all of (a call's arguments: text holding a JSON
     # object; two tools of one name)
     field = re.split(r"[\[.]", error["param"])[0] if error["param"] else error["param"]

@@ -30,9 +30,7 @@ COMPLETION_BODY = {"prompt": "def f(x):", "max_tokens": 4, "temperature": 0}
 ROUTES = {CHAT: ("/v1/chat/completions", CHAT_BODY), COMPLETIONS: ("/v1/completions", COMPLETION_BODY)}
 # a value of each unsupported field that would change the reply, and one that changes nothing
 CHANGING: dict[str, Any] = {
-    "guided_json": {"type": "object"}, "guided_regex": "[a-z]+", "guided_choice": ["a", "b"],
-    "guided_grammar": "root ::= \"a\"", "structured_outputs": {"json": {}},
-    "response_format": {"type": "json_object"},
+    "guided_grammar": "root ::= \"a\"",
     "functions": [{"name": "f"}], "function_call": {"name": "f"},
     "verbosity": "high", "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"},
     "web_search_options": {}, "moderation": {"model": "m"}, "suffix": " return x",
@@ -42,7 +40,6 @@ CHANGING: dict[str, Any] = {
     "chat_template": "{{ 'x' }}", "continue_final_message": True, "echo": True, "add_special_tokens": True,
 }
 NEUTRAL: dict[str, Any] = {
-    "response_format": {"type": "text"},
     "functions": [], "function_call": "none", "modalities": ["text"], "suffix": "",
     "stop_token_ids": [], "include_stop_str_in_output": False, "skip_special_tokens": True,
     "spaces_between_special_tokens": True, "bad_words": [], "use_beam_search": False, "length_penalty": 1,

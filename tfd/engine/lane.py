@@ -24,6 +24,7 @@ from tfd.engine.sampling import History, barring, drawn_by_step, penalized
 
 if TYPE_CHECKING:
     from tfd.engine.detokenize import Detokenizer
+    from tfd.engine.grammar import Matcher
     from tfd.model.memory import LaneMemory
     from tfd.pool.pages import Lease
 
@@ -46,6 +47,11 @@ def _keep_points(lane: Lane) -> tuple[int, ...]:
 
 def _prefixes(lane: Lane) -> Prefixes:
     return Prefixes(lane.request.prompt)
+
+
+def _matcher(lane: Lane) -> Matcher | None:
+    grammar = lane.request.grammar
+    return None if grammar is None else grammar.matcher()
 
 
 @attrs.define(eq=False)
@@ -75,6 +81,7 @@ class Lane:
     _prompt_set: frozenset[int] | None = None  # its prompt's distinct tokens, once a penalty asks
     prefixes: Prefixes = attrs.Factory(_prefixes, takes_self=True)  # the prompt as the cache names it
     leader: Lane | None = None  # the lane of ``request.after``, while it is the engine's
+    grammar: Matcher | None = attrs.Factory(_matcher, takes_self=True)  # its place in its grammar
 
     # -- what the lane is --------------------------------------------------------------------------
 
@@ -125,10 +132,10 @@ class Lane:
 
     @property
     def drawn_by_step(self) -> bool:
-        """Whether a decode step's own keyed draw is its draw (``sampling.drawn_by_step``, and no
-        stop token barred at any of its tokens: the step's draw knows no lane's count)."""
+        """Whether a decode step's own keyed draw is its draw (``sampling.drawn_by_step``, no stop
+        token barred at any of its tokens: the step's draw knows no lane's count; no grammar)."""
         barred = self.request.min_tokens and self.request.stop_ids
-        return drawn_by_step(self.request.sampling) and not barred
+        return drawn_by_step(self.request.sampling) and not barred and self.grammar is None
 
     @property
     def draws_alone(self) -> bool:
@@ -210,9 +217,12 @@ class Lane:
         self.drafts = list(drafts)
 
     def record(self, token: int, now: float) -> None:
-        """A token drawn for this lane: kept, the lane decodes from here, the first one's time noted."""
+        """A token drawn for this lane: kept (its grammar past it), the lane decodes from here, the
+        first one's time noted."""
         self.generated.append(token)
         self.drawn[token] = self.drawn.get(token, 0) + 1
+        if self.grammar is not None:
+            self.grammar.take(token)
         self.phase = Phase.DECODE
         if self.first_token_at is None:
             self.first_token_at = now

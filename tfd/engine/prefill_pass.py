@@ -3,8 +3,9 @@ draws sampled and read on the host.
 
 Decode rows go as one batched step (``DecodePipeline.decode``) when the model batches them, else as
 spans of the forward with the prompt chunks; the head runs only on the rows that draw a token, and
-the keyed sampler draws them (its cuts and logprobs when a lane asks; a decode step's own draw when
-every lane draws plainly). A drafting lane's prompt rows go into the MTP head's cache, and a lane
+the keyed sampler draws them (its cuts, logprobs and grammar masks when a lane asks, the masks
+filled on the host while the device runs the step; a decode step's own draw when every lane draws
+plainly). A drafting lane's prompt rows go into the MTP head's cache, and a lane
 whose prompt ended gets its first drafts. One host sync: the drawn tokens. Engine thread only.
 """
 
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 import attrs
 import torch
 
+from tfd.engine import grammar
 from tfd.engine.decode_pipeline import DecodePipeline
 from tfd.engine.drawn import Drawn
 from tfd.engine.request import TokenLogprob
@@ -75,9 +77,11 @@ class PrefillPass:
         if plain_tokens is not None and only_decode and all(lane.drawn_by_step for lane in lanes):
             tokens = plain_tokens  # the draw the step already made, the same bits as ``sample``
         else:
+            follows = [(lane.grammar, row, ()) for row, lane in enumerate(lanes) if lane.grammar is not None]
             rows = Rows.of([lane.sampling_at(len(lane.generated)) for lane in lanes],
                            [lane.seed for lane in lanes], [lane.next_position for lane in lanes], self.device,
-                           [lane.history() for lane in lanes])
+                           [lane.history() for lane in lanes],
+                           grammar.allowed(len(lanes), follows) if follows else None)
             tokens = sample(logits.float(), rows)
         details: list[TokenLogprob | None] = [None] * len(lanes)
         if any(n is not None for n in asked):

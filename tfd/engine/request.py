@@ -9,9 +9,12 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import attrs
+
+if TYPE_CHECKING:
+    from tfd.engine.grammar import Grammar
 
 FinishReason = Literal["stop", "length", "cancelled", "failed"]
 
@@ -55,6 +58,7 @@ class Request:
     # a request of the same prompt admitted before this one: this one waits until that one's prompt is
     # through, and resumes from the state it kept (a request's choices share one prefill)
     after: str | None = None
+    grammar: Grammar | None = None  # what the reply must follow: each draw masked to what it allows
 
     @property
     def window(self) -> int:

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import torch
 
+from tfd.engine import grammar
 from tfd.engine.graphs import RoundGraphs
 from tfd.engine.lane import Lane
 from tfd.engine.proposer import Absorb, HeadProposer
@@ -235,7 +236,11 @@ class Rounds:
         batch = DecodeBatch.of(columns, self.columns, self.device)
         lanes = VerifyLanes.of(rows, offsets, self.device, self.step.ple)
         previous, logits = self.step.verify(batch, lanes)
-        drawn = sample(logits.float(), Rows.of(settings, seeds, positions, self.device, histories))
+        # a lane's rows follow its grammar as if its drafts before them held (filled as the device runs)
+        follows = [(work.lane.grammar, at * rows, work.lane.drafts[:rows - 1])
+                   for at, work in enumerate(works) if work.lane.grammar is not None]
+        allowed = grammar.allowed(len(works) * rows, follows) if follows else None
+        drawn = sample(logits.float(), Rows.of(settings, seeds, positions, self.device, histories, allowed))
         asked = [work.lane.request.sampling.logprobs for work in works]
         details = logprobs(logits, drawn, max(n or 0 for n in asked)) if any(n is not None for n in asked) \
             else None

@@ -4,8 +4,9 @@ A token at absolute position p of a request with seed s is argmax over the allow
 logits_t / temperature + G(s, p, t), where G is Gumbel noise computed from a hash, not drawn from
 a generator. So a row draws the same token alone or in any batch, and a verify row later draws
 what serial decoding would have drawn at that position. Temperature 0 is greedy (ties go to the
-lower token id). A request's logit bias is added to its logits first; top-k, top-p and min-p cut
-the tempered distribution before the draw; ties in probability keep the lower token id first. Every
+lower token id). A request's logit bias is added to its logits first, then its penalties, then a
+grammar's mask bars the tokens it does not allow; top-k, top-p and min-p cut the tempered
+distribution before the draw; ties in probability keep the lower token id first. Every
 step is a per-row operation, row-invariant.
 """
 
@@ -16,6 +17,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 import torch
 
+from tfd.engine import grammar
 from tfd.engine.request import Sampling, TokenLogprob
 from tfd.model.memory import to_device
 from tfd_kernels import sampling as keyed
@@ -91,13 +93,16 @@ class Rows:
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # rows, tokens, fp32 values
     # rows, tokens, times drawn, fp32 [rows] frequency, presence and repetition penalties
     penalties: tuple[torch.Tensor, ...] | None = None
+    allowed: torch.Tensor | None = None  # int32 [rows, words]: the tokens grammars let each row draw
+
 
     @classmethod
     def of(cls, settings: Sequence[Sampling], seeds: Sequence[int], positions: Sequence[int],
-           device: torch.device, histories: Sequence[History | None] | None = None) -> Rows:
+           device: torch.device, histories: Sequence[History | None] | None = None,
+           allowed: torch.Tensor | None = None) -> Rows:
         """Two host-to-device copies, the settings and the keys (pinned, not waited on, on CUDA),
         and one or two more for the rows that bias or penalize (``histories``: each row's, needed
-        where a row penalizes)."""
+        where a row penalizes), one for the rows grammars mask (``allowed``: ``grammar.allowed``'s)."""
         fields = torch.tensor([[s.temperature for s in settings], [s.top_k for s in settings],
                                [s.top_p for s in settings], [s.min_p for s in settings]],
                               dtype=torch.float64).reshape(4, len(settings))
@@ -112,7 +117,8 @@ class Rows:
                                                                dtype=torch.float32), device))
         return cls(fields[0].float(), fields[1].long(), fields[2].float(), fields[3].float(),
                    keys[0], keys[1], all(plain(setting) for setting in settings), bias,
-                   _penalties(settings, histories, device))
+                   _penalties(settings, histories, device),
+                   None if allowed is None else to_device(allowed, device))
 
 
 def draw(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
@@ -142,11 +148,14 @@ def draw(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
 
 
 def sample(logits: torch.Tensor, rows: Rows) -> torch.Tensor:
-    """One token per row of ``logits`` [rows, vocab] (fp32; a bias and penalties go to a copy)."""
+    """One token per row of ``logits`` [rows, vocab] (fp32; a bias, penalties and grammars' masks go
+    to a copy, in that order)."""
     if rows.bias is not None:
         logits = logits.index_put((rows.bias[0], rows.bias[1]), rows.bias[2], accumulate=True)
     if rows.penalties is not None:
         logits = _penalize(logits, *rows.penalties)
+    if rows.allowed is not None:
+        logits = grammar.apply(logits, rows.allowed)
     if rows.plain:
         return draw(logits, rows.temperature, rows.seeds, rows.positions)
     vocab = logits.shape[-1]
@@ -159,8 +168,9 @@ def sample(logits: torch.Tensor, rows: Rows) -> torch.Tensor:
         vocab, device=logits.device).expand_as(order.indices))
     keep = (rows.top_k[:, None] <= 0) | (rank < rows.top_k[:, None])  # greedy's pick is never cut
     before = ranked.cumsum(dim=-1) - ranked  # mass of the better tokens
-    nucleus = torch.empty_like(keep).scatter_(-1, order.indices, before < rows.top_p[:, None])
-    keep &= nucleus | (rows.top_p[:, None] >= 1.0)
+    # the best token always stays (a top_p that rounds to 0 in fp32 keeps it alone)
+    nucleus = (before < rows.top_p[:, None]) | (torch.arange(vocab, device=logits.device) == 0)
+    keep &= torch.empty_like(keep).scatter_(-1, order.indices, nucleus) | (rows.top_p[:, None] >= 1.0)
     keep &= probs >= rows.min_p[:, None] * ranked[:, :1]
     return draw(torch.where(keep, logits, float("-inf")), rows.temperature, rows.seeds, rows.positions)
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 import attrs
 
 from tfd.engine.drawn import Drawn, settle
+from tfd.engine.grammar import GrammarRefused
 from tfd.engine.lane import Lane
 from tfd.engine.request import FinishReason, TokenLogprob
 from tfd.engine.runner import Runner
@@ -134,7 +135,11 @@ class Stepper:
             lane, taken, text = item.work.lane, [], ""
             reason: FinishReason | None = None
             for token in item.tokens:
-                said, reason = lane.take(token, now)
+                try:
+                    said, reason = lane.take(token, now)
+                except GrammarRefused as refused:  # that lane fails, the others go on
+                    ended.append(self.end(lane, "failed", f"server error: {refused}"))
+                    break
                 taken.append(token)
                 text += said
                 if reason is None and self.leaves.get(lane.request.id) == len(lane.generated):

@@ -95,7 +95,7 @@ def common_fields() -> dict[str, Any]:
         fields[name] = _nullable(_number(low, high, low_open))
     for name in SWITCHES:
         fields[name] = _nullable({"type": "boolean", "description": SWITCH_HELP[name]})
-    return fields
+    return {**fields, **structured_fields()}
 
 
 def unsupported_fields(route: str) -> dict[str, Any]:
@@ -125,6 +125,36 @@ def message_schema() -> dict[str, Any]:
         {"required": ["content"], "properties": {"role": {"enum": sorted(ROLES)}, "content": content}},
         {"properties": {"role": {"const": "assistant"}, "content": {"type": "null"}}},
     ]}
+
+
+def structured_fields() -> dict[str, Any]:
+    """The structured outputs both routes read (``tfd.server.structured``): one of them at most."""
+    schema = {"type": "object", "description": "A JSON Schema (what llguidance implements; another "
+                                               "keyword is refused, 400)."}
+    choice = {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}}
+    regex = {"type": "string", "minLength": 1, "description": "A regular expression (Rust's syntax)."}
+    spec = {"type": "object", "required": ["schema"], "properties": {
+        "name": {"type": "string"}, "schema": schema, "strict": _nullable({"type": "boolean"})}}
+    kinds = [{"type": "object", "required": ["type"],
+              "properties": {"type": {"enum": ["text", "json_object"]}}},
+             {"type": "object", "required": ["type", "json_schema"],
+              "properties": {"type": {"const": "json_schema"}, "json_schema": spec}}]
+    one = {"anyOf": [{"type": "object", "required": [name], "properties": {name: value},
+                      "additionalProperties": False}
+                     for name, value in (("json", schema), ("json_object", {"const": True}), ("regex", regex),
+                                         ("choice", choice))]}
+    said = ("The reply follows it (a thinking model's after its thought), and parses and validates; "
+            "at most one of response_format, guided_json, guided_regex, guided_choice, structured_outputs.")
+    return {
+        "response_format": _nullable({"anyOf": kinds, "description": "json_object: a JSON object; "
+                                      "json_schema: JSON valid against the schema (strict: no properties "
+                                      "past those named). " + said}),
+        "guided_json": _nullable({**schema, "description": "vLLM's: a JSON Schema. " + said}),
+        "guided_regex": _nullable({**regex, "description": "vLLM's: text matching it. " + said}),
+        "guided_choice": _nullable({**choice, "description": "vLLM's: one of the strings. " + said}),
+        "structured_outputs": _nullable({**one, "description": "vLLM's: one of json, json_object, regex, "
+                                         "choice. " + said}),
+    }
 
 
 def tool_fields() -> dict[str, Any]:

@@ -25,11 +25,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
+import trio
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tfd.chat import ChatTemplateError
+from tfd.engine.grammar import Grammar, GrammarError
 from tfd.engine.request import Request
 from tfd.server.access import HEADER, Access, Exchange, exchange_of
 from tfd.server.bad_request import BadRequest
@@ -42,6 +44,8 @@ from tfd.server.metrics import Metrics
 from tfd.server.replies import Api, Reply
 from tfd.server.schema import Common, chat_body, check_bias, completion_body
 from tfd.server.service import Service
+from tfd.server.structured import grammar
+from tfd.server.tool_grammar import tool_constraint
 
 MAX_BODY = 32 << 20
 
@@ -55,6 +59,7 @@ class Prompted:
     common: Common
     marks: tuple[int, ...] = ()
     reading: Reading | None = None
+    grammar: tuple[str, str] | None = None  # the Lark grammar the reply must follow, the field it is from
 
 
 class OpenAI:
@@ -118,18 +123,31 @@ class OpenAI:
         if template is None:
             raise BadRequest("this model has no chat template; use /v1/completions", "messages")
         found = chat_prompt(body, template, service.loaded.tokenizer, service.engine.cache.enabled)
-        return Prompted(found.ids, body.common, found.marks, found.reading)
+        reading, constraint, special = found.reading, body.common.constraint, service.vocabulary.special
+        calls = None
+        if reading.tools is not None and reading.tool_format is not None:
+            calls = tool_constraint(reading.tools, reading.tool_format, special)
+        if calls is not None and constraint is not None:
+            raise BadRequest(f"{constraint.field} cannot be combined with {calls.field} as given: the "
+                             f"reply is the calls", constraint.field)
+        constraint = calls or constraint
+        rules = None if constraint is None else \
+            (grammar(constraint, bool(reading.inside), special), constraint.field)
+        return Prompted(found.ids, body.common, found.marks, reading, rules)
 
     async def _completion_prompt(self, http: HttpRequest, service: Service) -> Prompted:
         body = completion_body(await _json(http))
         self._check_model(service, body.common.model)
+        constraint = body.common.constraint
+        rules = None if constraint is None else \
+            (grammar(constraint, False, service.vocabulary.special), constraint.field)
         if isinstance(body.prompt, str):
             ids = tuple(service.loaded.tokenizer.encode(body.prompt, add_special_tokens=False).ids)
-            return Prompted(ids, body.common)
+            return Prompted(ids, body.common, grammar=rules)
         vocab = service.loaded.model.cfg.vocab
         if max(body.prompt) >= vocab:
             raise BadRequest(f"prompt holds token ids past the vocabulary of {vocab}", "prompt")
-        return Prompted(body.prompt, body.common)
+        return Prompted(body.prompt, body.common, grammar=rules)
 
     async def models(self, request: HttpRequest) -> Response:
         try:
@@ -237,10 +255,11 @@ class OpenAI:
         context = service.engine.limits.context
         max_tokens = common.max_tokens if common.max_tokens is not None else max(context - len(ids), 1)
         stop_ids = () if common.ignore_eos else service.loaded.eos_ids
+        compiled = None if prompted.grammar is None else await _compile(service, common, *prompted.grammar)
         # arrived is when the HTTP request came: the time to first token counts reading and tokenizing
         request = Request(exchange.id, ids, max_tokens, common.sampling, common.stop, stop_ids,
                           arrived=exchange.started, draft=common.draft, keep_at=prompted.marks,
-                          cache=common.cache, min_tokens=common.min_tokens)
+                          cache=common.cache, min_tokens=common.min_tokens, grammar=compiled)
         reply = Reply(api, exchange.id, service.name, ids, service.loaded.tokenizer, common.return_token_ids,
                       prompted.reading, common.n)
         generation = Generation(self.lifecycle, self.metrics, service, exchange, reply)
@@ -265,3 +284,16 @@ async def _json(request: HttpRequest) -> Any:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError) as error:  # ValueError: JSON's, and an integer of too many digits
         raise BadRequest(f"the body is not JSON: {error}") from None
+
+
+async def _compile(service: Service, common: Common, lark: str, field: str) -> Grammar:
+    """The reply's grammar compiled (off the trio thread: milliseconds, more for a large schema);
+    ``BadRequest`` naming ``field`` when it does not compile, or names what a grammar's end excludes."""
+    for name, value in (("min_tokens", common.min_tokens), ("ignore_eos", common.ignore_eos)):
+        if value:
+            raise BadRequest(f"{name} cannot be used with {field}: the grammar decides where the reply ends",
+                             name)
+    try:
+        return await trio.to_thread.run_sync(service.vocabulary.compile, lark)
+    except GrammarError as error:
+        raise BadRequest(f"{field}: the grammar it asks for does not compile: {error}", field) from None

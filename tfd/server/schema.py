@@ -1,9 +1,10 @@
 """OpenAI request bodies, read strictly: every field of the wrong type or out of range is refused
 with a 400 that names it (``param``), before anything is queued.
 
-Fields tfd does not implement and that would change the reply (``n`` > 1, batches of prompts, and
-``tfd.server.unsupported``'s: tools, structured outputs...) are refused by name rather
-than ignored; fields that do not change it (``user``, ``metadata``...) are ignored.
+Fields tfd does not implement and that would change the reply (batches of prompts, and
+``tfd.server.unsupported``'s: audio, beam search...) are refused by name rather than ignored;
+fields that do not change it (``user``, ``metadata``...) are ignored. Structured outputs are read
+by ``tfd.server.structured``, tools by ``tfd.server.tool_fields``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import attrs
 
 from tfd.engine.request import Sampling
 from tfd.server.bad_request import BadRequest
+from tfd.server.structured import Constraint, read_constraint
 from tfd.server.tool_fields import Tools, read_tools
 from tfd.server.unsupported import CHAT, COMPLETIONS, unsupported
 
@@ -62,6 +64,7 @@ class Common:
     return_token_ids: bool
     draft: bool
     cache: bool  # resume from and keep prompt states; False: prefilled as on a server without a cache
+    constraint: Constraint | None = None  # the structured output asked for (response_format...)
 
 
 @attrs.frozen
@@ -154,11 +157,12 @@ def _common(fields: dict[str, Any], route: str, max_tokens: int | None, logprobs
         raise BadRequest("stream_options.continuous_usage_stats is not supported; leave it out or false",
                          "stream_options.continuous_usage_stats")
     min_tokens = _default(_int(fields, "min_tokens"), 0)  # past max_tokens: no end token at all
+    constraint = read_constraint(fields)
     return Common(model=model, max_tokens=max_tokens, sampling=sampling, stop=_stop(fields),
                   stream=_bool(fields, "stream"), include_usage=include_usage, n=n, min_tokens=min_tokens,
                   ignore_eos=_bool(fields, "ignore_eos"), return_token_ids=_bool(fields, "return_token_ids"),
                   draft=_default(_optional_bool(fields, "draft"), True),
-                  cache=_default(_optional_bool(fields, "cache"), True))
+                  cache=_default(_optional_bool(fields, "cache"), True), constraint=constraint)
 
 
 def _object(body: object) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import torch
 
 from tfd.engine.config import EngineConfig, EngineRows, Hooks
 from tfd.engine.engine import Engine
+from tfd.engine.grammar import Vocabulary
 from tfd.engine.request import Finished, Request, Sampling
 from tfd.engine.rounds import drafts_from_head
 from tfd.env import Settings, SettingsRefused
@@ -153,7 +154,8 @@ def resident_bytes() -> int:
 
 
 class Service:
-    """What the HTTP routes serve: the model's name, tokenizer, template, engine and pool."""
+    """What the HTTP routes serve: the model's name, tokenizer, template, engine and pool, and the
+    vocabulary grammars are compiled against."""
 
     def __init__(self, prepared: Prepared, heartbeat: Heartbeat | None = None,
                  on_failure: Callable[[BaseException], None] | None = None,
@@ -163,6 +165,10 @@ class Service:
         self.loaded = prepared.loaded
         self.pool = prepared.pool
         self.report = prepared.report
+        began = time.monotonic()
+        loaded = prepared.loaded
+        self.vocabulary = Vocabulary(loaded.tokenizer.to_str(), loaded.model.cfg.vocab, loaded.eos_ids)
+        log.info("the grammars' vocabulary read in %.2fs", time.monotonic() - began)
         device = prepared.pool.buffer.device
         before = torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
         with refusing_oom("capturing the decode graphs"):

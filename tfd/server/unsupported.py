@@ -1,7 +1,7 @@
 """Request fields tfd does not honour yet: refused by name unless they hold a value that changes nothing.
 
 OpenAI's chat and completions requests, and the extensions clients of vLLM and SGLang send, carry
-fields that would change a reply (tools, structured outputs...). Until tfd honours one, a request
+fields that would change a reply (audio, beam search...). Until tfd honours one, a request
 that sets it is refused with a 400 naming it (``param``), never served as if it were not there; the
 value that changes nothing (an empty list, ``"none"``, or null: the field left out) is accepted.
 Each rule's accepted values are a small JSON Schema, read here and served as is in the OpenAPI
@@ -41,14 +41,7 @@ class Unsupported:
 
 
 RULES = (
-    Unsupported("guided_json", "structured outputs"),
-    Unsupported("guided_regex", "structured outputs"),
-    Unsupported("guided_choice", "structured outputs"),
-    Unsupported("guided_grammar", "structured outputs"),
-    Unsupported("structured_outputs", "structured outputs"),
-    Unsupported("response_format", "structured outputs", {
-        "type": "object", "required": ["type"], "properties": {"type": {"const": "text"}},
-        "additionalProperties": False}, ' or {"type": "text"}'),
+    Unsupported("guided_grammar", "grammars of the request's own (JSON Schema, regex and choice are)"),
     Unsupported("functions", "function calls", {"type": "array", "maxItems": 0}, " or empty",
                 frozenset({CHAT})),
     Unsupported("function_call", "function calls", {"enum": ["none", "auto"]}, ' or "none"',

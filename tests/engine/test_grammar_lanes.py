@@ -1,0 +1,151 @@
+"""Lanes that follow grammars: every draw one the grammar allows, and the contract with them.
+
+A tiny served qwen3_5 checkpoint (the demo's tokenizer) with a random MTP head, on the CPU. A lane
+with a JSON Schema's grammar ends on an end token with JSON that validates, greedy and sampled; it
+draws alone what it draws beside lanes of other grammars and of none, drafted what it draws plainly,
+resumed from a kept prompt state what it draws fresh. A token its grammar refuses fails that lane
+alone.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import tiny_models
+import tokenizers
+import torch
+
+from support import CACHE
+from tfd.bench.workload import drive
+from tfd.checkpoint import Checkpoint
+from tfd.demo import ASSETS, ENDOFTEXT, IM_END
+from tfd.engine.drawn import Drawn
+from tfd.engine.grammar import Grammar, GrammarRefused, Vocabulary, allowed
+from tfd.engine.lane import Lane
+from tfd.engine.local_runner import runner_for
+from tfd.engine.request import Request, Sampling
+from tfd.engine.runner import Drafting
+from tfd.engine.scheduler import Scheduler, Work
+from tfd.engine.stepper import Ending, Stepper
+from tfd.families.hybrid import HybridModel, load_model
+from tfd.server.structured import Constraint, grammar, json_rule
+
+STEP_TOKENS = 64
+PROMPT = tuple(range(8, 8 + 70))
+STOPS = (IM_END, ENDOFTEXT)
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 5},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 99},
+                                           "tags": {"type": "array", "items": {"enum": ["a", "bc"]},
+                                                    "maxItems": 2}},
+          "required": ["name", "age", "tags"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def model() -> HybridModel:
+    path = tiny_models.save_served("qwen3_5", CACHE / "tiny-head", head=True)
+    return load_model(Checkpoint.open(path), "cpu", torch.float32, progress=False)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> tokenizers.Tokenizer:
+    return tokenizers.Tokenizer.from_file(str(Path(ASSETS) / "demo_tokenizer.json"))
+
+
+@pytest.fixture(scope="module")
+def vocabulary(model: HybridModel, tokenizer: tokenizers.Tokenizer) -> Vocabulary:
+    return Vocabulary(tokenizer.to_str(), model.cfg.vocab, STOPS)
+
+
+def schema_grammar(vocabulary: Vocabulary, schema: dict[str, object] = SCHEMA) -> Grammar:
+    return vocabulary.compile(grammar(Constraint(json_rule(schema), "test"), False, vocabulary.special))
+
+
+def asked(name: str, compiled: Grammar | None, seed: int | None, max_tokens: int = 60) -> Request:
+    sampling = Sampling(temperature=0.0) if seed is None else Sampling(temperature=1.0, seed=seed)
+    return Request(name, PROMPT, max_tokens, sampling, stop_ids=STOPS, grammar=compiled)
+
+
+@pytest.mark.parametrize("seed", [None, 1, 2, 3])
+def test_a_lane_with_a_schema_ends_on_an_end_token_with_json_that_validates(
+        model: HybridModel, vocabulary: Vocabulary, tokenizer: tokenizers.Tokenizer, seed: int | None) -> None:
+    (tokens,) = drive(model, [asked("json", schema_grammar(vocabulary), seed)], STEP_TOKENS, graphs=False).tokens
+    assert tokens[-1] in STOPS
+    jsonschema.validate(json.loads(tokenizer.decode(list(tokens[:-1]))), SCHEMA)
+    free = drive(model, [asked("free", None, seed, len(tokens))], STEP_TOKENS, graphs=False).tokens[0]
+    assert free != tokens  # the grammar is what made it JSON
+
+
+def test_a_grammar_lane_draws_beside_others_what_it_draws_alone(model: HybridModel,
+                                                                vocabulary: Vocabulary) -> None:
+    alone = drive(model, [asked("json", schema_grammar(vocabulary), 4)], STEP_TOKENS, graphs=False).tokens[0]
+    choice = vocabulary.compile(grammar(Constraint('"yes" | "no"', "test"), False, vocabulary.special))
+    for others in (1, 3, 8):
+        beside = [asked(f"o{i}", [None, choice, schema_grammar(vocabulary)][i % 3], i, 20 + i)
+                  for i in range(others)]
+        together = drive(model, [*beside, asked("json", schema_grammar(vocabulary), 4)], STEP_TOKENS,
+                         graphs=False).tokens
+        assert together[-1] == alone
+        alone_others = [drive(model, [request], STEP_TOKENS, graphs=False).tokens[0] for request in beside]
+        assert list(together[:-1]) == alone_others
+
+
+def test_drafted_grammar_lanes_draw_the_plain_tokens(model: HybridModel, vocabulary: Vocabulary) -> None:
+    requests = [asked("greedy", schema_grammar(vocabulary), None), asked("sampled", schema_grammar(vocabulary), 7),
+                asked("free", None, 8, 30)]
+    plain = drive(model, requests, STEP_TOKENS, graphs=False).tokens
+    drafted = drive(model, requests, STEP_TOKENS, graphs=False, drafting=Drafting(3, 0.0))
+    assert drafted.tokens == plain and drafted.drafts.rounds > 0 and drafted.drafts.drafted > 0
+
+
+def test_a_resumed_grammar_lane_draws_what_a_fresh_one_does(model: HybridModel, vocabulary: Vocabulary) -> None:
+    window = len(PROMPT) + 60
+    runner = runner_for(model, window, 1, graphs=False, kept_states=2)
+    first = drive(model, [asked("json", schema_grammar(vocabulary), 9)], STEP_TOKENS, graphs=False, runner=runner)
+    again = drive(model, [asked("json", schema_grammar(vocabulary), 9)], STEP_TOKENS, graphs=False, runner=runner)
+    assert first.cached == (0,) and again.cached[0] > 0
+    assert again.tokens == first.tokens
+
+
+def test_the_masks_of_a_drafted_window_follow_the_drafts_and_stop_past_a_refused_one(
+        vocabulary: Vocabulary, tokenizer: tokenizers.Tokenizer) -> None:
+    compiled = vocabulary.compile(grammar(Constraint('"yes" | "no"', "test"), False, vocabulary.special))
+    matcher = compiled.matcher()
+    ids = tokenizer.encode("yes", add_special_tokens=False).ids
+    no = tokenizer.encode("no", add_special_tokens=False).ids
+    mask = allowed(4, [(matcher, 0, [ids[0], no[0]])])
+
+    def allows(row: int, token: int) -> bool:
+        return bool((int(mask[row, token // 32]) >> (token % 32)) & 1)
+
+    assert allows(0, ids[0]) and allows(0, no[0]) and not allows(0, 100)
+    assert allows(1, ids[1]) if len(ids) > 1 else allows(1, IM_END)  # after the first draft held
+    assert mask[3].eq(-1).all()  # past the refused draft: all ones, its draw is not kept
+    with pytest.raises(GrammarRefused):
+        compiled.matcher().take(100)
+
+
+def test_a_token_the_grammar_refuses_fails_that_lane_and_not_the_others(
+        model: HybridModel, vocabulary: Vocabulary) -> None:
+    runner = runner_for(model, len(PROMPT) + 8, 2, graphs=False)
+    stepper = Stepper(Scheduler(STEP_TOKENS, 2), runner)
+    choice = vocabulary.compile(grammar(Constraint('"yes, " "and yes again, " "and again"', "test"), False,
+                                        vocabulary.special))
+    strict, free = Lane(0, asked("strict", choice, 1, 8)), Lane(1, asked("free", None, 2, 8))
+    stepper.add(strict)
+    stepper.add(free)
+    while strict.position < len(PROMPT) or free.position < len(PROMPT):
+        step = stepper.step()
+        assert not step.ended
+    ended: list[Ending] = []
+    works = [Work(lane, lane.position, 1, decode=True, samples=True) for lane in (strict, free)]
+    emitted = stepper._take([Drawn(works[0], (100,), None), Drawn(works[1], (100,), None)], 0.0, ended)
+    assert [(ending.lane.request.id, ending.reason) for ending in ended] == [("strict", "failed")]
+    assert "not allowed" in ended[0].message
+    assert [len(item.tokens) for item in emitted] == [0, 1] and free.generated[-1] == 100
+    free.cancel()
+    while not stepper.idle:
+        stepper.step()
+    runner.pool.check_at_load()  # the failed lane's pages are back

@@ -1,0 +1,118 @@
+"""Grammars a reply must follow, through llguidance: the tokens each draw may take.
+
+``Vocabulary`` is the served tokenizer as llguidance reads it (built once at load: about a second
+for a 248k vocabulary), ending on the model's end-of-sequence tokens. ``Vocabulary.compile`` turns
+a Lark grammar (``%json`` for JSON Schemas) into a ``Grammar``, or raises ``GrammarError`` with
+llguidance's words. A ``Grammar`` is shared and never advanced; each
+lane follows it with a ``Matcher`` of its own (a copy: microseconds), which the lane advances by
+the tokens it takes, so a lane's allowed tokens depend on its own tokens alone.
+
+``allowed`` fills, for the rows of a step that follow grammars, the bitmask of the tokens each row
+may draw (a row a token, 32 tokens an int32 word), for a verify window's rows as if the drafts
+before each held: llguidance's executor fills them on its own threads without the GIL. Rows that
+follow no grammar are left all ones. Engine thread only, but for ``Vocabulary.compile`` (any).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import llguidance
+import torch
+
+WORD_BITS = 32
+
+
+class GrammarError(Exception):
+    """A grammar llguidance cannot compile; the message is llguidance's."""
+
+
+class GrammarRefused(RuntimeError):
+    """A lane drew a token its grammar does not allow: a bug (every such draw is masked), which
+    fails that lane alone."""
+
+
+class Vocabulary:
+    """``tokenizer_json``: the tokenizer's JSON text (a Hugging Face tokenizers file); ``vocab``: the
+    model's vocabulary size (rows of its logits); ``eos``: the tokens that end a reply."""
+
+    def __init__(self, tokenizer_json: str, vocab: int, eos: Sequence[int]) -> None:
+        self.vocab = vocab
+        self.tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab, eos_token=list(eos))
+        self.words = (vocab + WORD_BITS - 1) // WORD_BITS
+        self.executor = llguidance.LLExecutor()
+
+    def special(self, text: str) -> int | None:
+        """``text``'s id when it is one special token of the vocabulary (a grammar must name it as a
+        token: llguidance does not spell special tokens from text), else None."""
+        ids = self.tokenizer.tokenize_str(text)
+        return ids[0] if len(ids) == 1 and self.tokenizer.is_special_token(ids[0]) else None
+
+    def compile(self, lark: str) -> Grammar:
+        """A Lark grammar (llguidance's dialect) compiled; ``GrammarError`` when it does not compile.
+        Milliseconds for a JSON Schema of a few fields (it drops the GIL meanwhile)."""
+        grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+        problem = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
+        if problem:
+            raise GrammarError(problem.strip())
+        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise GrammarError(matcher.get_error())
+        return Grammar(self, matcher)
+
+
+class Grammar:
+    """A compiled grammar; ``matcher()`` gives a lane its own follower."""
+
+    def __init__(self, vocabulary: Vocabulary, start: llguidance.LLMatcher) -> None:
+        self.vocabulary = vocabulary
+        self._start = start
+
+    def matcher(self) -> Matcher:
+        return Matcher(self.vocabulary, self._start.deep_copy())
+
+
+class Matcher:
+    """One lane's place in its grammar."""
+
+    def __init__(self, vocabulary: Vocabulary, matcher: llguidance.LLMatcher) -> None:
+        self.vocabulary = vocabulary
+        self.inner = matcher
+
+    def take(self, token: int) -> None:
+        """The lane took ``token``. ``GrammarRefused`` for a token its grammar does not allow."""
+        if not self.inner.consume_token(token):
+            raise GrammarRefused(f"token {token} is not allowed by the reply's grammar")
+
+    @property
+    def finished(self) -> bool:
+        """Whether the grammar is complete (it allows the end and nothing else, or has ended)."""
+        return self.inner.is_stopped()
+
+
+def allowed(rows: int, follows: Sequence[tuple[Matcher, int, Sequence[int]]]) -> torch.Tensor:
+    """The bitmask [rows, words] (int32, pinned where CUDA is) of what each row may draw: for each
+    ``(matcher, row, drafts)``, its row and, a draft a row, the rows after it as if the drafts before
+    held (past a draft the grammar refuses: all ones, their draws not kept); other rows all ones."""
+    vocabulary = follows[0][0].vocabulary
+    mask = torch.full((rows, vocabulary.words), -1, dtype=torch.int32,
+                      pin_memory=torch.cuda.is_available())
+    plain = [(matcher.inner, row) for matcher, row, drafts in follows if not drafts]
+    drafted = [(matcher.inner, row, list(drafts)) for matcher, row, drafts in follows if drafts]
+    # straight into the tensor's memory (llguidance.torch's helpers do the same, but importing that
+    # module compiles a kernel with torch.compile)
+    width = vocabulary.words * 4
+    if plain:
+        vocabulary.executor.unsafe_compute_mask_ptr(plain, mask.data_ptr(), width, rows)
+    if drafted:
+        vocabulary.executor.unsafe_compute_mask_ptr_with_draft_token(drafted, mask.data_ptr(), width, rows)
+    return mask
+
+
+def apply(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``logits`` [rows, vocab] with every token its row's ``mask`` (on the same device) bars at
+    minus infinity."""
+    tokens = torch.arange(logits.shape[-1], device=logits.device)
+    words = mask[:, tokens // WORD_BITS]
+    bits = (words >> (tokens % WORD_BITS).to(torch.int32)) & 1
+    return logits.masked_fill(bits == 0, float("-inf"))

@@ -1,0 +1,114 @@
+"""The grammar of a reply that must be tool calls (``tool_choice`` ``required`` or a named function).
+
+A call is written as the template teaches it (``tfd.server.tool_calls``'s formats), so the model
+writes what it was trained to and the reply parses back into the same calls:
+
+- XML (Qwen3.5): ``<tool_call>\\n<function=NAME>\\n`` then each parameter ``<parameter=P>\\nVALUE
+  \\n</parameter>\\n`` (the required ones in the schema's order, each optional one in its place or
+  left out), then ``</function>\\n</tool_call>``. A string value is text without ``<`` that does
+  not end on a newline (so it cannot run into the closing tag; its ``enum`` as literals,
+  ``maxLength`` as a bound); any other value is JSON valid against the parameter's schema, as the
+  template writes it back.
+- JSON (Qwen3, Qwen3-Next): ``<tool_call>\\n`` a JSON object ``{"name": ..., "arguments": ...}``
+  valid against the named function's schema (one ``anyOf`` over the functions) ``\\n</tool_call>``.
+
+Several calls, separated by a newline, unless ``parallel_tool_calls`` is false (then exactly one).
+With ``tool_choice`` auto and ``parallel_tool_calls`` false the reply is free text (without the
+call tag) and at most one call after it. Tags that are special tokens of the vocabulary are named
+as tokens (``structured.tag``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tfd.server.structured import Constraint, json_rule, tag
+from tfd.server.tool_calls import ToolFormat
+from tfd.server.tool_fields import Tools
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+def tool_constraint(tools: Tools, fmt: ToolFormat, special: Callable[[str], int | None]
+                    ) -> Constraint | None:
+    """What ``tools``' choice asks of the reply: calls to its functions (the named one alone when
+    ``tool_choice`` names one), or free text and one call at most; None when the model is free."""
+    if tools.choice == "auto" and not tools.parallel:
+        rules = _call_rules(tools, fmt, special)
+        never = f"~/(.|\\n)*{_regex_text(OPEN)}(.|\\n)*/"
+        text = f"TEXT: /(.|\\n)*/ & {never}\n"
+        if special(OPEN) is not None:  # the tag is a token the text cannot spell: the lexeme ends there
+            return Constraint("TEXT? call?", "parallel_tool_calls", rules + text)
+        # text up to and with the first tag, one lexeme (a lexeme is greedy: text beside the tag would
+        # run on past it), then the rest of the call
+        opened = f"OPENED: /(.|\\n)*{_regex_text(OPEN)}/ & ~/(.|\\n)*{_regex_text(OPEN)}(.|\\n)+/\n"
+        return Constraint("TEXT | OPENED call_rest", "parallel_tool_calls", rules + text + opened)
+    if not tools.forced:
+        return None
+    body = "call (\"\\n\" call)*" if tools.parallel else "call"
+    return Constraint(body, "tool_choice", _call_rules(tools, fmt, special))
+
+
+def _regex_text(text: str) -> str:
+    """``text`` matched literally in a Lark regex (its metacharacters escaped; not ``<``, which the
+    regex crate reads as a word boundary when escaped)."""
+    return "".join(f"\\{char}" if char in "\\.+*?()|[]{}^$#&-~/" else char for char in text)
+
+
+def _call_rules(tools: Tools, fmt: ToolFormat, special: Callable[[str], int | None]) -> str:
+    """The rules ``call`` (a call, its tags too) and ``call_rest`` (after its opening tag) name."""
+    names = [tools.named] if tools.named is not None else list(tools.functions)
+    functions = {name: tools.functions[name] for name in names if name is not None}
+    rules = [f"call: {tag(OPEN, special)} call_rest"]
+    if fmt is ToolFormat.JSON:
+        rules += [f"call_rest: \"\\n\" call_body \"\\n\" {tag(CLOSE, special)}",
+                  f"call_body: {json_rule(_json_calls(functions))}"]
+    else:
+        rules.append(f"call_rest: \"\\n\" ({' | '.join(f'fn_{i}' for i in range(len(functions)))}) "
+                     f"\"</function>\\n\" {tag(CLOSE, special)}")
+        for i, (name, schema) in enumerate(functions.items()):
+            rules += _xml_function(i, name, schema)
+    return "\n".join(rules) + "\n"
+
+
+def _json_calls(functions: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    return {"anyOf": [{"type": "object", "properties": {"name": {"const": name},
+                                                        "arguments": schema or {"type": "object"}},
+                       "required": ["name", "arguments"], "additionalProperties": False}
+                      for name, schema in functions.items()]}
+
+
+def _xml_function(index: int, name: str, schema: Mapping[str, Any]) -> list[str]:
+    properties = schema.get("properties") or {}
+    required = set(schema.get("required") or ())
+    parts, rules = [], []
+    for j, (parameter, sub) in enumerate(properties.items()):
+        rule = f"p_{index}_{j}"
+        rules.append(f"{rule}: {_literal(f'<parameter={parameter}>' + chr(10))} {_value(sub)}")
+        parts.append(rule if parameter in required else f"{rule}?")
+    header = _literal(f"<function={name}>\n")
+    return [f"fn_{index}: {header} {' '.join(parts)}".rstrip(), *rules]
+
+
+def _value(schema: Any) -> str:
+    """A parameter's value and its closing tag, the value as the template writes it: strings raw
+    (one lexeme with the tag: a lexeme is greedy, so text beside the tag would run on past where it
+    could end), anything else as JSON."""
+    end = _literal("\n</parameter>\n")
+    if not isinstance(schema, dict):
+        return f"{json_rule({})} {end}"
+    kind = schema.get("type")
+    if kind == "string" or (kind is None and "enum" in schema and
+                            all(isinstance(v, str) for v in schema["enum"])):
+        if "enum" in schema:
+            return "(" + " | ".join(_literal(value) for value in schema["enum"]) + f") {end}"
+        most = schema.get("maxLength")
+        text = f"[^<]{{0,{most}}}" if isinstance(most, int) else "[^<]*"
+        return f"/{text}\\n<\\/parameter>\\n/"
+    return f"{json_rule(schema)} {end}"
+
+
+def _literal(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
