@@ -125,6 +125,39 @@ def save_served(family: str, directory: Path, seed: int = 0, head: bool = False)
     return build_once(directory / f"{family}-served", "config.json", fill)
 
 
+# the tokens Qwen3.5's tokenizer adds (not special to transformers, single tokens all the same)
+QWEN_ADDED = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
+QWEN_TEMPLATE = Path(__file__).resolve().parent / "assets" / "qwen3_5_chat_template.jinja"
+
+
+def save_qwen_chat(directory: Path, head: bool = False) -> Path:
+    """A tiny qwen3_5 checkpoint that chats as Qwen3.5 does: Qwen3.5's own chat template, the demo's
+    tokenizer with the tokens Qwen3.5's adds (thinking and tool-call tags, one token each), its end
+    tokens (``head``: with a random MTP head, so it drafts)."""
+    import json
+    import shutil
+
+    import tokenizers
+
+    from tfd.demo import ASSETS, ENDOFTEXT, IM_END, SPECIAL
+    from tfd.demo import VOCAB as TOKENS
+
+    def fill(staging: Path) -> None:
+        tokenizer = tokenizers.Tokenizer.from_file(str(ASSETS / "demo_tokenizer.json"))
+        tokenizer.add_tokens([tokenizers.AddedToken(text, special=False, normalized=False)
+                              for text in QWEN_ADDED])
+        make_model("qwen3_5", 0, vocab=tokenizer.get_vocab_size(), eos=ENDOFTEXT).save_pretrained(staging)
+        if head:
+            add_head(staging, "qwen3_5")
+        tokenizer.save(str(staging / "tokenizer.json"))
+        shutil.copy(QWEN_TEMPLATE, staging / "chat_template.jinja")
+        (staging / "tokenizer_config.json").write_text(json.dumps({"eos_token": SPECIAL[IM_END]}))
+        (staging / "generation_config.json").write_text(json.dumps({"eos_token_id": [IM_END, ENDOFTEXT]}))
+        assert tokenizer.get_vocab_size() == TOKENS + len(QWEN_ADDED)
+
+    return build_once(directory / ("qwen3_5-chat-head" if head else "qwen3_5-chat"), "config.json", fill)
+
+
 def add_head(path: Path, family: str) -> None:
     """Random ``mtp.*`` tensors of the shapes the family expects, added to a saved checkpoint."""
     import json

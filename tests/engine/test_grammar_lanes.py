@@ -70,8 +70,10 @@ def asked(name: str, compiled: Grammar | None, seed: int | None, max_tokens: int
 
 @pytest.mark.parametrize("seed", [None, 1, 2, 3])
 def test_a_lane_with_a_schema_ends_on_an_end_token_with_json_that_validates(
-        model: HybridModel, vocabulary: Vocabulary, tokenizer: tokenizers.Tokenizer, seed: int | None) -> None:
-    (tokens,) = drive(model, [asked("json", schema_grammar(vocabulary), seed)], STEP_TOKENS, graphs=False).tokens
+        model: HybridModel, vocabulary: Vocabulary, tokenizer: tokenizers.Tokenizer,
+        seed: int | None) -> None:
+    request = asked("json", schema_grammar(vocabulary), seed)
+    (tokens,) = drive(model, [request], STEP_TOKENS, graphs=False).tokens
     assert tokens[-1] in STOPS
     jsonschema.validate(json.loads(tokenizer.decode(list(tokens[:-1]))), SCHEMA)
     free = drive(model, [asked("free", None, seed, len(tokens))], STEP_TOKENS, graphs=False).tokens[0]
@@ -93,18 +95,20 @@ def test_a_grammar_lane_draws_beside_others_what_it_draws_alone(model: HybridMod
 
 
 def test_drafted_grammar_lanes_draw_the_plain_tokens(model: HybridModel, vocabulary: Vocabulary) -> None:
-    requests = [asked("greedy", schema_grammar(vocabulary), None), asked("sampled", schema_grammar(vocabulary), 7),
-                asked("free", None, 8, 30)]
+    requests = [asked("greedy", schema_grammar(vocabulary), None),
+                asked("sampled", schema_grammar(vocabulary), 7), asked("free", None, 8, 30)]
     plain = drive(model, requests, STEP_TOKENS, graphs=False).tokens
     drafted = drive(model, requests, STEP_TOKENS, graphs=False, drafting=Drafting(3, 0.0))
     assert drafted.tokens == plain and drafted.drafts.rounds > 0 and drafted.drafts.drafted > 0
 
 
-def test_a_resumed_grammar_lane_draws_what_a_fresh_one_does(model: HybridModel, vocabulary: Vocabulary) -> None:
-    window = len(PROMPT) + 60
-    runner = runner_for(model, window, 1, graphs=False, kept_states=2)
-    first = drive(model, [asked("json", schema_grammar(vocabulary), 9)], STEP_TOKENS, graphs=False, runner=runner)
-    again = drive(model, [asked("json", schema_grammar(vocabulary), 9)], STEP_TOKENS, graphs=False, runner=runner)
+def test_a_resumed_grammar_lane_draws_what_a_fresh_one_does(model: HybridModel,
+                                                            vocabulary: Vocabulary) -> None:
+    runner = runner_for(model, len(PROMPT) + 60, 1, graphs=False, kept_states=2)
+    first = drive(model, [asked("json", schema_grammar(vocabulary), 9)], STEP_TOKENS, graphs=False,
+                  runner=runner)
+    again = drive(model, [asked("json", schema_grammar(vocabulary), 9)], STEP_TOKENS, graphs=False,
+                  runner=runner)
     assert first.cached == (0,) and again.cached[0] > 0
     assert again.tokens == first.tokens
 

@@ -1,12 +1,14 @@
 """The contract's gates, run against a live server through its HTTP API and admin socket.
 
-Each gate sends requests and returns rows (``tfd.conformance.report``): repeat (the same request
+Each gate sends requests and returns rows (``tfd.conformance.report``), each request drawn greedily,
+seeded, with penalties and under a JSON Schema's grammar (``SAMPLINGS``): repeat (the same request
 twice, the same tokens), concurrent == solo (1 to 8 requests side by side, each as it was alone),
 drafted == plain (``"draft": false`` the reference), resumed == fresh (a conversation's second turn
 from the prompt cache against ``"cache": false``), refusals (each bad input's status and code),
 cancel (clients leaving mid-prefill, mid-decode and while queued; then the census is the one at
 the start) and evict (after admin ``evict`` a second turn starts fresh and still answers the same).
-Generations are fixed-length (``ignore_eos``) so that every reply has the same tokens to compare.
+Generations are fixed-length (``ignore_eos``) so that every reply has the same tokens to compare,
+but a grammar's, which ends where the grammar does. Tool calls are ``tfd.conformance.tool_gate``'s.
 """
 
 from __future__ import annotations
@@ -21,8 +23,21 @@ import attrs
 from tfd.conformance.client import Answer, Client
 from tfd.conformance.report import Row
 
-SAMPLINGS: dict[str, dict[str, Any]] = {"greedy": {"temperature": 0.0},
-                                        "seeded": {"temperature": 0.9, "top_p": 0.95, "seed": 7}}
+# JSON of bounded size: a reply under the grammar ends on its own, within a profile's new tokens or not
+SUMMARY = {"type": "object", "properties": {
+    "topic": {"type": "string", "maxLength": 12}, "lines": {"type": "integer", "minimum": 1, "maximum": 40},
+    "tags": {"type": "array", "items": {"enum": ["short", "python", "io", "math"]}, "maxItems": 3}},
+    "required": ["topic", "lines", "tags"], "additionalProperties": False}
+# how each request is drawn: plainly, with penalties, under a JSON Schema's grammar (which decides where
+# the reply ends: no ignore_eos)
+SAMPLINGS: dict[str, dict[str, Any]] = {
+    "greedy": {"temperature": 0.0},
+    "seeded": {"temperature": 0.9, "top_p": 0.95, "seed": 7},
+    "penalized": {"temperature": 0.9, "seed": 11, "frequency_penalty": 0.4, "presence_penalty": 0.3,
+                  "repetition_penalty": 1.1},
+    "json": {"temperature": 0.9, "seed": 13, "ignore_eos": False, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "summary", "schema": SUMMARY}}},
+}
 TOPICS = ("a function that sums a list", "a class for a bank account", "reading a file line by line",
           "a binary search", "parsing command-line flags", "a retry with backoff", "merging two dicts",
           "a context manager that times a block", "a generator of primes", "a tiny HTTP handler")
@@ -180,7 +195,6 @@ class Gates:
         long_prompt = "word " * (2 * context if context else 1 << 20)
         ok = {"prompt": "x", "max_tokens": 4}
         chat = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
-        tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
         cases: list[tuple[str, Callable[[], Answer], int, str]] = [
             ("over-long", lambda: self.client.post("/v1/completions", {**ok, "prompt": long_prompt}),
              400, "context_length_exceeded"),
@@ -192,10 +206,10 @@ class Gates:
             ("bad top_p", lambda: self.client.post("/v1/completions", {**ok, "top_p": 0}), 400, "top_p"),
             ("n past 64", lambda: self.client.post("/v1/completions", {**ok, "n": 65}), 400, "n"),
             # refused by name until honoured, never ignored (tfd.server.unsupported)
-            ("tools", lambda: self.client.post("/v1/chat/completions", {**chat, "tools": [tool]}),
-             400, "tools"),
-            ("json_object", lambda: self.client.post("/v1/chat/completions", {
-                **chat, "response_format": {"type": "json_object"}}), 400, "response_format"),
+            ("guided_grammar", lambda: self.client.post("/v1/chat/completions", {
+                **chat, "guided_grammar": 'root ::= "a"'}), 400, "guided_grammar"),
+            ("a schema keyword llguidance lacks", lambda: self.client.post("/v1/chat/completions", {
+                **chat, "guided_json": {"type": "array", "uniqueItems": True}}), 400, "guided_json"),
             ("logit_bias past the vocabulary", lambda: self.client.post(
                 "/v1/completions", {**ok, "logit_bias": {str(1 << 40): 10}}), 400, "logit_bias"),
         ]

@@ -19,6 +19,7 @@ from tfd.conformance.client import Client
 from tfd.conformance.gates import PROFILES, Gates, lead_past
 from tfd.conformance.report import Report, Row
 from tfd.conformance.soak import soak
+from tfd.conformance.tool_gate import ToolGate
 
 
 def setting(rows: list[dict[str, object]], name: str) -> int | None:
@@ -41,7 +42,7 @@ def check(client: Client, url: str, profile_name: str) -> Report:
     context = setting(settings, "TF_CONTEXT")
     lanes = int(client.admin("pool")["report"]["lane_slots"]) if admin else 8
     rows: list[Row] = [*gates.repeat(), *gates.concurrent(), *gates.drafted(), *gates.resumed(),
-                       *gates.refusals(context)]
+                       *gates.refusals(context), *ToolGate(client, profile).rows()]
     skipped = {}
     if admin:
         rows += gates.cancel(at_start, lanes)

@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-GATES = ("repeat", "concurrent", "drafted", "resumed", "refusals", "cancel", "evict")
+GATES = ("repeat", "concurrent", "drafted", "resumed", "refusals", "tools", "cancel", "evict")
 
 
 @attrs.frozen
