@@ -71,6 +71,18 @@ def test_bench_runs_the_demo_and_writes_each_run(tmp_path: Path) -> None:
         assert 0 < run["time_per_output_token_ms"]["mean"] <= run["time_per_output_token_ms"]["max"]
 
 
+def test_bench_runs_streams_under_a_json_grammar_beside_plain_ones(tmp_path: Path) -> None:
+    done = run_tfd("bench", "--streams", "2", "--prompt", "40", "--new", "12", "--grammar", "none,json",
+                   "--out", str(tmp_path), "--commit", "test", timeout=240)
+    assert done.returncode == 0, done.stderr
+    plain = json.loads((tmp_path / next(p.name for p in tmp_path.glob("*-2x40-12.json"))).read_text())
+    ruled = json.loads(next(tmp_path.glob("*-2x40-12-json.json")).read_text())
+    assert (plain["grammar"], ruled["grammar"]) == ("none", "json") and ruled["decode_steps"] > 0
+    assert "grammar json" in done.stdout
+    refused = run_tfd("bench", "--grammar", "xml", timeout=60)
+    assert refused.returncode == 2 and "a grammar is none or json" in refused.stderr
+
+
 def test_a_streams_time_a_token_runs_from_its_first_token_to_its_last() -> None:
     from tfd.bench.main import tpot_of
     from tfd.bench.workload import Timings, Workload

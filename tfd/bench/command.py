@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import tokenizers
 import torch
 
 from tfd.bench.conversation import conversation
@@ -25,11 +26,13 @@ from tfd.bench.serve_record import revision
 from tfd.bench.variants import compare as compare_variants
 from tfd.bench.workload import Workload
 from tfd.checkpoint import CheckpointError, read_config
+from tfd.engine.grammar import Grammar, Vocabulary
 from tfd.engine.runner import Drafting
 from tfd.env import Settings
 from tfd.exit_status import EXIT_FAILURE
 from tfd.models import load
-from tfd.shapes import weight_bytes
+from tfd.server.structured import json_rule
+from tfd.shapes import covering_tokenizer, weight_bytes
 from tfd.train.corpus import Corpus
 
 
@@ -61,9 +64,20 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             return EXIT_FAILURE
         prompts = text_prompts(loaded_path)
     gate = settings.value("TF_MTP_MAX_LANES", int)  # as the daemon would: no drafts past it
+    compiled = {}
+    if "json" in args.grammar:
+        tokenizer = args.tokenizer or (None if preset is not None else loaded_path / "tokenizer.json")
+        if tokenizer is not None and not tokenizer.is_file():
+            print(f"tfd bench: --grammar json: no tokenizer at {tokenizer}", file=sys.stderr)
+            return EXIT_FAILURE
+        # a shape's: the one `tfd serve --shape` serves it with, covering its vocabulary
+        text = covering_tokenizer(model.cfg.vocab) if tokenizer is None else \
+            tokenizers.Tokenizer.from_file(str(tokenizer)).to_str()
+        compiled["json"] = records_grammar(text, model.cfg.vocab, model.cfg.eos or (0,), args.new)
     workloads = [Workload(n, args.prompt, args.new, args.step_tokens,
-                          Drafting(most, args.confidence, gate) if most else None, args.temperature, prompts)
-                 for n in args.streams for most in args.drafts]
+                          Drafting(most, args.confidence, gate) if most else None, args.temperature, prompts,
+                          compiled.get(grammar), grammar)
+                 for n in args.streams for most in args.drafts for grammar in args.grammar]
     if args.variant:
         return variant_bench(model, name, workloads, args.variant, args.rounds or 2, not args.no_graphs,
                              args.out)
@@ -147,3 +161,20 @@ def gemm_bench(model: Any, name: str, device: Any, out: Path | None) -> int:
 
 def model_config(path: Path) -> dict[str, Any]:
     return dict(read_config(path).text)
+
+
+# a record as an API's client might ask for it: strings, a bounded integer, an enum, a short list
+RECORD = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 24}, "city": {"type": "string", "maxLength": 16},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "status": {"enum": ["active", "idle", "gone"]},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 4}},
+    "required": ["name", "city", "age", "status", "tags"], "additionalProperties": False}
+
+
+def records_grammar(tokenizer: str, vocab: int, eos: tuple[int, ...], new_tokens: int) -> Grammar:
+    """A grammar of a list of RECORDs at least as long as ``new_tokens`` tokens can write (each record
+    takes more than one), so no stream ends before its tokens, compiled against ``tokenizer`` (its
+    JSON; ``eos``: the model's end tokens, which the list never reaches)."""
+    schema = {"type": "array", "items": RECORD, "minItems": new_tokens}
+    return Vocabulary(tokenizer, vocab, eos).compile(f"start: {json_rule(schema)}\n")

@@ -43,6 +43,13 @@ def add_bench_parser(commands: Any, table: Table, run: Callable[..., int]) -> ar
                        "then gets a random MTP head; as in the daemon, no stream drafts past "
                        "TF_MTP_MAX_LANES. With --serve: 0 sends \"draft\": false, N sends true (give the "
                        "server's TF_MTP_DRAFTS: --compare-engine's engine drafts N); default: the server's")
+    bench.add_argument("--grammar", type=grammars, default=["none"], metavar="G[,G...]",
+                       help="none or json, one run each: json makes every stream follow a JSON Schema's "
+                       "grammar (records of strings, integers, enums and lists, as many as the stream has "
+                       "tokens), its masks filled and applied each step as the daemon does")
+    bench.add_argument("--tokenizer", type=Path, metavar="FILE",
+                       help="the tokenizer.json --grammar compiles against (default: the checkpoint's; a "
+                       "--shape's: the demo's with an entry for every other id, as tfd serve --shape has)")
     bench.add_argument("--confidence", type=float, default=0.7, metavar="P",
                        help="chain a further draft while the one before is at least this likely (0.7)")
     bench.add_argument("--temperature", type=float, metavar="T",
@@ -118,3 +125,12 @@ def variant(text: str) -> Any:
         return parse(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def grammars(text: str) -> list[str]:
+    """``G[,G...]``, each none or json (``tfd bench --grammar``)."""
+    found = text.split(",")
+    for name in found:
+        if name not in ("none", "json"):
+            raise argparse.ArgumentTypeError(f"a grammar is none or json, got {name!r}")
+    return found

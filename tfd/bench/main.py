@@ -77,6 +77,7 @@ def describe(model: HybridModel, shape_name: str, weight_bytes: int, workload: W
         "bytes_per_step": moved, "roofline_step_ms": floor_s * 1e3,
         "roofline_tok_s": streams / floor_s, "roofline_fraction": floor_s / token_s,
         "temperature": workload.temperature, "text_prompts": workload.prompts is not None,
+        "grammar": workload.grammar_name,
         **_drafting(workload, timings),
         "prefill_tflops": prefill_flops / timings.prefill_s / 1e12,
         "matmul_fraction": prefill_flops / timings.prefill_s / 1e12 / ceilings.matmul_tflops,
@@ -117,6 +118,7 @@ def line(result: dict[str, Any]) -> str:
             f"decode {result['decode_tok_s']:.1f} tok/s ({result['decode_tok_s_per_stream']:.1f}/stream, "
             f"step {result['step_ms']:.2f} ms, {result['roofline_fraction']:.1%} of roofline "
             f"{result['roofline_step_ms']:.2f} ms), peak {result['peak_memory_gib']:.1f} GiB"
+            + (f", grammar {result['grammar']}" if result.get("grammar", "none") != "none" else "")
             + (f", {result['drafts']} drafts: acceptance {result['acceptance'] or 0:.1%}, "
                f"{result['tokens_per_round'] or 0:.2f} tokens a round" if result["drafts"] else ""))
 
@@ -172,11 +174,13 @@ def summary(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run_name(result: dict[str, Any]) -> str:
-    """``<shape>-<streams>x<prompt>-<new>[-d<drafts>][-r<round>]``: a run's files are named after it."""
+    """``<shape>-<streams>x<prompt>-<new>[-d<drafts>][-<grammar>][-r<round>]``: a run's files are named
+    after it."""
     drafts = f"-d{result['drafts']}" if result.get("drafts") else ""
+    grammar = f"-{result['grammar']}" if result.get("grammar", "none") != "none" else ""
     again = f"-r{result['round']}" if result.get("round") else ""
     return (f"{result['shape']}-{result['streams']}x{result['prompt_tokens']}-{result['new_tokens']}"
-            f"{drafts}{again}")
+            f"{drafts}{grammar}{again}")
 
 
 def write(results: list[dict[str, Any]], out: Path) -> None:

@@ -19,6 +19,7 @@ import torch
 
 from tfd.bench.defaults import STEP_TOKENS
 from tfd.engine.drafts import DraftCounts
+from tfd.engine.grammar import Grammar
 from tfd.engine.lane import Lane
 from tfd.engine.local_runner import runner_for
 from tfd.engine.request import Request, Sampling
@@ -38,6 +39,8 @@ class Workload:
     drafting: Drafting | None = None  # lanes verify the MTP head's drafts in rounds
     temperature: float = 1.0
     prompts: tuple[tuple[int, ...], ...] | None = None  # token ids to cut prompts from, else random
+    grammar: Grammar | None = attrs.field(default=None, eq=False)  # what every stream follows
+    grammar_name: str = "none"
 
 
 @attrs.frozen
@@ -63,7 +66,7 @@ def run(model: HybridModel, workload: Workload, graphs: bool, seed: int = 0) -> 
     for number in range(workload.streams):
         requests.append(Request(f"bench-{number}", prompt_of(workload, model.cfg.vocab, generator),
                                 workload.new_tokens, Sampling(temperature=workload.temperature,
-                                                              seed=seed + number)))
+                                                              seed=seed + number), grammar=workload.grammar))
     return drive(model, requests, workload.step_tokens, graphs, drafting=workload.drafting)
 
 

@@ -195,7 +195,8 @@ class Service:
         drafting = self.prepared.engine.drafting is not None
         pooled = model.cfg.indexer.block if model.cfg.indexer is not None else 1
         cache = self.engine.cache.enabled
-        plan = waves(self.engine.limits, model.cfg.vocab, drafting, cache, pooled) if full \
+        json_object = self.vocabulary.compile('start: %json {"type": "object"}')
+        plan = waves(self.engine.limits, model.cfg.vocab, drafting, cache, pooled, json_object) if full \
             else short(model.cfg.vocab)
         before = len(compiled_variants())  # counted since prepare() began watching
         try:

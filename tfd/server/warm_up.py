@@ -14,7 +14,8 @@ rest (``waves``):
    products take a prompt's rows over the compress ratio, those rows times the ratio too;
 2. lanes together of different lengths, so steps mix prompt chunks with decode rows: as many lanes
    as the prompts alone have rows (the rows that draw a token are the lanes'), 3, and all the pool has;
-3. sampling with cuts (top-k, top-p, min-p), seeded temperature and logprobs, drafted and not;
+3. sampling with cuts (top-k, top-p, min-p), seeded temperature and logprobs, and under a grammar
+   (a JSON object's: its masks filled and applied), drafted and not;
 4. a long prompt (past two attention spans of 2,048 keys and decode's 4,096-key split, where the
    context allows) and its next turn, resumed from the state it kept.
 
@@ -33,6 +34,7 @@ import trio
 
 from tfd.engine.config import Limits
 from tfd.engine.engine import Engine
+from tfd.engine.grammar import Grammar
 from tfd.engine.request import Finished, Request, Sampling
 from tfd_kernels.gemm_plan import FEW, MID, MIDDLE, SPREAD_ROWS
 
@@ -57,20 +59,23 @@ CUTS = (Sampling(temperature=0.8, top_k=8, seed=1), Sampling(temperature=0.9, to
         Sampling(temperature=1.0, min_p=0.05, seed=3, logprobs=3), Sampling(temperature=0.0, logprobs=1))
 
 
-def waves(limits: Limits, vocab: int, drafting: bool, cache: bool, pooled: int = 1) -> list[list[Request]]:
+def waves(limits: Limits, vocab: int, drafting: bool, cache: bool, pooled: int = 1,
+          grammar: Grammar | None = None) -> list[list[Request]]:
     """The full warm-up's requests, a wave each list: a wave is sent at once, and waited for whole
     before the next. Every request fits the context and the lanes; none is larger than they allow.
     ``pooled``: the rows a pooled key stands for (the sparse attention indexer's compress ratio; 1
-    without one), whose products meet each class only at prompts that many times longer."""
+    without one), whose products meet each class only at prompts that many times longer;
+    ``grammar``: what the grammar requests follow (None: none are sent)."""
     room = limits.context - NEW  # the longest prompt a request may carry
     made: list[list[Request]] = []
     count = [0]
 
-    def request(rows: int, sampling: Sampling = GREEDY, draft: bool = True, start: int = 0) -> Request:
+    def request(rows: int, sampling: Sampling = GREEDY, draft: bool = True, start: int = 0,
+                follows: Grammar | None = None) -> Request:
         count[0] += 1
         prompt = tuple((7919 * (start + i) + 13) % vocab for i in range(rows))
         return Request(f"warm-up-{count[0]}", prompt, NEW, sampling, arrived=time.monotonic(),
-                       draft=draft, cache=cache)
+                       draft=draft, cache=cache, grammar=follows)
 
     scaled = {pooled * rows for rows in ALONE} if pooled > 1 else set()
     alone = sorted({rows for rows in (*ALONE, *scaled, limits.step_tokens, limits.step_tokens + 17)
@@ -83,6 +88,9 @@ def waves(limits: Limits, vocab: int, drafting: bool, cache: bool, pooled: int =
     drafts = (True, False) if drafting else (True,)
     sampled = [request(min(24 + i, room), sampling, draft, start=5000 + 100 * i)
                for i, (sampling, draft) in enumerate((s, d) for d in drafts for s in CUTS)]
+    if grammar is not None:
+        sampled += [request(min(30 + i, room), sampling, draft, start=7000 + 100 * i, follows=grammar)
+                    for i, (sampling, draft) in enumerate((s, d) for d in drafts for s in CUTS[1:3])]
     made += [sampled[i:i + limits.max_lanes] for i in range(0, len(sampled), limits.max_lanes)]
     made += [[request(1, sampling, start=6000)] for sampling in CUTS]  # a cut alone: one row, drawn eagerly
     long = min(LONG, room)
