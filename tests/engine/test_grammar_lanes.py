@@ -144,10 +144,11 @@ def test_a_token_the_grammar_refuses_fails_that_lane_and_not_the_others(
         step = stepper.step()
         assert not step.ended
     ended: list[Ending] = []
+    before = list(strict.generated)
     works = [Work(lane, lane.position, 1, decode=True, samples=True) for lane in (strict, free)]
     emitted = stepper._take([Drawn(works[0], (100,), None), Drawn(works[1], (100,), None)], 0.0, ended)
     assert [(ending.lane.request.id, ending.reason) for ending in ended] == [("strict", "failed")]
-    assert "not allowed" in ended[0].message
+    assert "not allowed" in ended[0].message and strict.generated == before  # the refused token not kept
     assert [len(item.tokens) for item in emitted] == [0, 1] and free.generated[-1] == 100
     free.cancel()
     while not stepper.idle:

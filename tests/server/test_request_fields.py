@@ -10,6 +10,7 @@ TF_CHAT_TEMPLATE (the server of this file renders chat with a template file of i
 from __future__ import annotations
 
 import json
+import time
 import typing
 from collections.abc import Iterator
 from typing import Any
@@ -30,7 +31,8 @@ COMPLETION_BODY = {"prompt": "def f(x):", "max_tokens": 4, "temperature": 0}
 ROUTES = {CHAT: ("/v1/chat/completions", CHAT_BODY), COMPLETIONS: ("/v1/completions", COMPLETION_BODY)}
 # a value of each unsupported field that would change the reply, and one that changes nothing
 CHANGING: dict[str, Any] = {
-    "guided_grammar": "root ::= \"a\"",
+    "guided_grammar": "root ::= \"a\"", "guided_whitespace_pattern": " *",
+    "guided_decoding_backend": "xgrammar",
     "functions": [{"name": "f"}], "function_call": {"name": "f"},
     "verbosity": "high", "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"},
     "web_search_options": {}, "moderation": {"model": "m"}, "suffix": " return x",
@@ -288,6 +290,11 @@ def test_n_choices_are_each_the_single_reply_of_their_seed(server: ServedDaemon,
     assert len({tuple(tokens) for tokens in alone}) > 1  # the keys differ, so do the draws
     assert body["usage"]["completion_tokens"] == 18
     assert body["usage"]["prompt_tokens"] == len(body["prompt_token_ids"])
+    deadline = time.monotonic() + 30  # the access line is written once the answer is sent
+    while not any(f"id={body['id']} " in line and "completion=18 " in line
+                  for line in server.log().splitlines()):
+        assert time.monotonic() < deadline, "no access line counts every choice's tokens"
+        time.sleep(0.05)
 
 
 def test_n_choices_without_a_seed_take_the_prompts_seed_plus_their_index(server: ServedDaemon) -> None:
@@ -331,3 +338,13 @@ def test_n_choices_stream_each_under_its_index(server: ServedDaemon) -> None:
 def test_too_many_choices_are_refused_by_name(server: ServedDaemon) -> None:
     refused = post(server, COMPLETIONS, {"n": 65})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "n"
+
+
+def test_n_past_the_queue_limit_is_refused_by_name_and_up_to_it_served() -> None:
+    with tiny_server("qwen3_5", TF_CONTEXT="256", TF_QUEUE_LIMIT="2") as small:
+        body = {**COMPLETION_BODY, "temperature": 1.0, "seed": 4}
+        served = httpx.post(small.url() + "/v1/completions", json={**body, "n": 2}, timeout=60)
+        assert served.status_code == 200 and len(served.json()["choices"]) == 2
+        refused = httpx.post(small.url() + "/v1/completions", json={**body, "n": 3}, timeout=60)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "n"
+        assert "queues 2 requests at most" in refused.json()["error"]["message"]

@@ -248,3 +248,91 @@ def test_a_thought_then_a_call_reads_into_the_message() -> None:
         lambda i: f"call-{i}",
     )
     assert not called and unknown["content"] == XML.replace("get_weather", "get_rain")
+
+
+def test_a_string_that_may_be_null_is_written_raw_and_read_back_as_text() -> None:
+    for city in ({"type": ["string", "null"]}, {"anyOf": [{"type": "string"}, {"type": "null"}]}):
+        schema = {"type": "object", "properties": {"city": city}, "required": ["city"]}
+        functions = read_tools(
+            {
+                "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": schema}}],
+                "tool_choice": "required",
+            }
+        )
+        text = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                "</function>\n</tool_call>")
+        for vocabulary in VOCABULARIES.values():
+            forced = tool_constraint(functions, ToolFormat.XML, vocabulary.special)
+            assert forced is not None and admits(vocabulary, forced, text)
+            assert not admits(vocabulary, forced, text.replace("Paris", '"Paris"') + "x")
+        found, _ = message(text, Reading(None, functions, ToolFormat.XML), lambda i: f"c{i}")
+        assert found["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'
+
+
+def test_parameters_with_local_references_are_inlined_and_a_loop_is_refused_by_name() -> None:
+    parameters = {
+        "type": "object",
+        "properties": {"unit": {"$ref": "#/$defs/Unit"}, "days": {"type": "integer"}},
+        "required": ["unit", "days"],
+        "$defs": {"Unit": {"enum": ["c", "f"]}},
+    }
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": parameters}}
+    functions = read_tools({"tools": [tool], "tool_choice": "required"})
+    assert functions.functions["get_weather"]["properties"]["unit"] == {"enum": ["c", "f"]}
+    vocabulary = VOCABULARIES["token tags"]
+    for fmt, call in (
+        (ToolFormat.JSON, '{"name": "get_weather", "arguments": {"unit": "c", "days": 2}}'),
+        (
+            ToolFormat.XML,
+            "<function=get_weather>\n<parameter=unit>\nc\n</parameter>\n"
+            "<parameter=days>\n2\n</parameter>\n</function>",
+        ),
+    ):
+        forced = tool_constraint(functions, fmt, vocabulary.special)
+        assert forced is not None and admits(vocabulary, forced, f"<tool_call>\n{call}\n</tool_call>")
+    looping = {
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/A"}},
+        "$defs": {"A": {"$ref": "#/$defs/A"}},
+    }
+    for bad, words in (
+        (looping, "loops"),
+        ({"type": "object", "properties": {"a": {"$ref": "#/$defs/B"}}}, "names nothing"),
+        ({"type": "object", "properties": ["a"]}, "properties an object"),
+    ):
+        with pytest.raises(BadRequest) as refused:
+            read_tools({"tools": [{"type": "function", "function": {"name": "f", "parameters": bad}}]})
+        assert refused.value.param == "tools[0].function.parameters" and words in str(refused.value)
+
+
+def test_x_guidance_that_is_not_an_object_is_refused_by_name() -> None:
+    with pytest.raises(BadRequest) as refused:
+        read_constraint({"guided_json": {"type": "object", "x-guidance": 3}})
+    assert refused.value.param == "guided_json"
+
+
+@pytest.mark.parametrize("name", sorted(VOCABULARIES))
+def test_a_strict_function_under_auto_is_free_text_or_a_valid_closed_call(name: str) -> None:
+    vocabulary = VOCABULARIES[name]
+    strict = read_tools({"tools": [{**TOOL, "function": {**TOOL["function"], "strict": True}}]})
+    loose = read_tools({"tools": [TOOL]})
+    assert tool_constraint(loose, ToolFormat.JSON, vocabulary.special) is None  # the model is free
+    ruled = tool_constraint(strict, ToolFormat.JSON, vocabulary.special)
+    assert ruled is not None and ruled.field == "tools"
+    assert admits(vocabulary, ruled, "No call needed.") and admits(
+        vocabulary, ruled, f"Looking.\n\n{JSON_CALL}"
+    )
+    assert admits(vocabulary, ruled, f"{JSON_CALL}\n{JSON_CALL}")  # parallel: several
+    assert not admits(vocabulary, ruled, JSON_CALL.replace("3}}", '3, "x": 1}}'))  # closed: no other key
+    assert not admits(vocabulary, ruled, JSON_CALL.replace("3", "30"))
+
+
+@pytest.mark.parametrize("name", sorted(VOCABULARIES))
+def test_a_structured_output_beside_tools_the_model_may_call_is_the_answer_or_calls(name: str) -> None:
+    vocabulary = VOCABULARIES[name]
+    answer = read_constraint({"guided_choice": ["sunny", "rainy"]})
+    assert answer is not None
+    either = tool_constraint(read_tools({"tools": [TOOL]}), ToolFormat.XML, vocabulary.special, answer)
+    assert either is not None and either.field == "guided_choice"
+    assert admits(vocabulary, either, "sunny") and admits(vocabulary, either, XML)
+    assert not admits(vocabulary, either, "cloudy") and not admits(vocabulary, either, f"sunny{XML}")

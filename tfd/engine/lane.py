@@ -219,10 +219,10 @@ class Lane:
     def record(self, token: int, now: float) -> None:
         """A token drawn for this lane: kept (its grammar past it), the lane decodes from here, the
         first one's time noted."""
+        if self.grammar is not None:  # first: a token it refuses is not the lane's
+            self.grammar.take(token)
         self.generated.append(token)
         self.drawn[token] = self.drawn.get(token, 0) + 1
-        if self.grammar is not None:
-            self.grammar.take(token)
         self.phase = Phase.DECODE
         if self.first_token_at is None:
             self.first_token_at = now

@@ -59,6 +59,11 @@ class Exchange:
     finish: str | None = None
     error: str | None = None  # the error code answered
 
+    def another(self, finished: Finished) -> None:
+        """A choice after the first ended: its tokens count with the request's (read after the
+        first's end)."""
+        self.completion = (self.completion or 0) + len(finished.tokens)
+
     def saw(self, event: Event) -> None:
         """Count an engine event of this request."""
         if isinstance(event, Admitted):

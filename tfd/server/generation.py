@@ -1,10 +1,11 @@
 """A generating request in the engine: its choices submitted, their events read into the reply.
 
 A request of ``n`` choices is ``n`` engine requests: choice 0 under the request's id, choice ``i``
-under ``<id>/<i>``, drawn with the seed ``seed + i`` (a request without a seed: its prompt's seed
-plus ``i``), so choice ``i`` is what the same request with ``n`` 1 and that seed gives. Choices
-after the first wait for its prompt to go through and resume from the state it kept
-(``Request.after``): the prompt is prefilled once.
+under ``<id>#<i>`` (``#`` is in no client's id), drawn with the seed ``seed + i`` (a request without
+a seed: its prompt's seed plus ``i``), so choice ``i`` is what the same request with ``n`` 1 and
+that seed gives. Where the first keeps a state of its prompt (a prompt cache, the request's
+``cache``, a prompt past a chunk), the choices after it wait for its prompt to go through and resume
+from that state (``Request.after``): the prompt is prefilled once.
 
 Resource handling: the request counts as running work (``Lifecycle``) from submission to its last
 byte, so a drain waits for it. Every choice submitted is cancelled if a later one is refused; a
@@ -47,12 +48,14 @@ class Refusal(Exception):
         self.response = error_response(status, message, code, param=param, headers=headers)
 
 
-def choices(request: Request, n: int) -> list[Request]:
-    """``request``'s ``n`` choices as engine requests (see the module's docstring)."""
+def choices(request: Request, n: int, shared: bool) -> list[Request]:
+    """``request``'s ``n`` choices as engine requests (see the module's docstring); ``shared``: the
+    first keeps a state of its prompt that the others resume from."""
     if n == 1:
         return [request]
     seed = request.sampling.seed if request.sampling.seed is not None else prompt_seed(request.prompt)
-    return [request] + [attrs.evolve(request, id=f"{request.id}/{i}", after=request.id,
+    after = request.id if shared else None
+    return [request] + [attrs.evolve(request, id=f"{request.id}#{i}", after=after,
                                      sampling=attrs.evolve(request.sampling, seed=(seed + i) & SEED_MASK))
                         for i in range(1, n)]
 
@@ -122,6 +125,8 @@ class Generation:
                 self.reply.add(event, index)
             elif isinstance(event, Finished):
                 self._count(event)
+                if index:
+                    self.exchange.another(event)
                 return event
         raise RuntimeError("the engine closed a request without finishing it")
 
@@ -142,6 +147,8 @@ class Generation:
                     elif isinstance(event, Finished):
                         self._count(event)
                         finished.append(event)
+                        if index:
+                            self.exchange.another(event)
                         if event.reason == "failed":
                             yield sse({"error": {"message": event.message or "the request failed",
                                                  "type": "server_error", "param": None,

@@ -33,6 +33,7 @@ from starlette.routing import Route
 from tfd.chat import ChatTemplateError
 from tfd.engine.grammar import Grammar, GrammarError
 from tfd.engine.request import Request
+from tfd.model import GDN_CHUNK as CHUNK
 from tfd.server.access import HEADER, Access, Exchange, exchange_of
 from tfd.server.bad_request import BadRequest
 from tfd.server.chat_prompt import Reading, chat_prompt
@@ -126,10 +127,10 @@ class OpenAI:
         reading, constraint, special = found.reading, body.common.constraint, service.vocabulary.special
         calls = None
         if reading.tools is not None and reading.tool_format is not None:
-            calls = tool_constraint(reading.tools, reading.tool_format, special)
-        if calls is not None and constraint is not None:
-            raise BadRequest(f"{constraint.field} cannot be combined with {calls.field} as given: the "
-                             f"reply is the calls", constraint.field)
+            if reading.tools.forced and constraint is not None:
+                raise BadRequest(f"{constraint.field} cannot be combined with tool_choice "
+                                 f"{reading.tools.choice}: the reply is the calls", constraint.field)
+            calls = tool_constraint(reading.tools, reading.tool_format, special, constraint)
         constraint = calls or constraint
         rules = None if constraint is None else \
             (grammar(constraint, bool(reading.inside), special), constraint.field)
@@ -263,7 +264,12 @@ class OpenAI:
         reply = Reply(api, exchange.id, service.name, ids, service.loaded.tokenizer, common.return_token_ids,
                       prompted.reading, common.n)
         generation = Generation(self.lifecycle, self.metrics, service, exchange, reply)
-        generation.submit(choices(request, common.n))
+        queue = service.engine.limits.queue
+        if common.n > max(queue, 1):
+            raise BadRequest(f"n: {common.n} choices wait for admission together; this server queues {queue} "
+                             f"requests at most", "n")
+        shared = common.cache and service.engine.cache.enabled and len(ids) > CHUNK
+        generation.submit(choices(request, common.n, shared))
         if common.stream:
             return generation.stream(common.include_usage)
         finished, _ = await generation.whole(http)

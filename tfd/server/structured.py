@@ -108,6 +108,8 @@ def _schema(value: Any, where: str) -> dict[str, Any]:
             raise BadRequest(f"{where} is not JSON", where) from None
     if not isinstance(value, dict):
         raise BadRequest(f"{where} must be a JSON Schema (an object)", where)
+    if not isinstance(value.get("x-guidance", {}), dict):
+        raise BadRequest(f"{where}: x-guidance must be an object of llguidance's JSON options", where)
     return value
 
 
@@ -119,7 +121,8 @@ def json_rule(schema: Any) -> str:
     """A Lark rule body matching JSON valid against ``schema``, laid out as Python's ``json.dumps``
     writes it (``", "``, ``": "``, no other whitespace: a model cannot run on in spaces)."""
     if isinstance(schema, dict):
-        schema = {**schema, "x-guidance": {**LAYOUT, **schema.get("x-guidance", {})}}
+        given = schema.get("x-guidance")
+        schema = {**schema, "x-guidance": {**LAYOUT, **(given if isinstance(given, dict) else {})}}
     return "%json " + json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
 
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import attrs
 
+from tfd.server.tool_schema import value_types, written_raw
+
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION, FUNCTION_END = "<function=", "</function>"
 PARAMETER, PARAMETER_END = "<parameter=", "</parameter>"
@@ -112,10 +114,8 @@ def _parameter_value(raw: str, schema: Mapping[str, Any], key: str) -> object:
     the text itself (a string, an unknown parameter or type, or a value the model wrote wrong)."""
     properties = schema.get("properties")
     declared = properties.get(key) if isinstance(properties, Mapping) else None
-    types = declared.get("type") if isinstance(declared, Mapping) else None
-    names = [types] if isinstance(types, str) else types if isinstance(types, list) else []
-    checks = [_IS_TYPE[name] for name in names if isinstance(name, str) and name in _IS_TYPE]
-    if "string" in names or not checks:
+    checks = [_IS_TYPE[name] for name in value_types(declared) if name in _IS_TYPE]
+    if written_raw(declared) or not checks:
         return raw
     value = _loads(raw)
     if value is _NOT_JSON:

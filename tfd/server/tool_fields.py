@@ -2,7 +2,9 @@
 
 Function tools only (OpenAI's ``custom`` tools and the ``allowed_tools`` choice are refused by name).
 A function's name is what OpenAI allows (letters, digits, ``_`` and ``-``, at most 64); its
-``parameters`` a JSON Schema object (none: no parameters); two tools may not share a name.
+``parameters`` a JSON Schema object (none: no parameters; its local references inlined, one that
+loops or names nothing refused); two tools may not share a name; ``strict`` functions' calls must
+match their schema exactly (a grammar, ``tfd.server.tool_grammar``).
 ``tool_choice``: ``auto`` (the default with tools), ``none`` (the default without), ``required``, or
 a named function, which must be one of ``tools``; ``required`` and a named function need tools.
 """
@@ -16,6 +18,7 @@ from typing import Any, Literal
 import attrs
 
 from tfd.server.bad_request import BadRequest
+from tfd.server.tool_schema import inline_refs
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 Choice = Literal["auto", "none", "required", "named"]
@@ -28,10 +31,11 @@ class Tools:
     than one call a reply may be made."""
 
     declared: tuple[dict[str, Any], ...]
-    functions: Mapping[str, Mapping[str, Any]]
+    functions: Mapping[str, Mapping[str, Any]]  # their references inlined (``tool_schema``)
     choice: Choice
     named: str | None = None
     parallel: bool = True
+    strict: frozenset[str] = frozenset()  # the functions whose calls must match their schema exactly
 
     @property
     def offered(self) -> bool:
@@ -47,7 +51,14 @@ class Tools:
 def read_tools(fields: Mapping[str, Any]) -> Tools | None:
     """The request's tools; None when it has none and chooses none (or nothing)."""
     declared = _tools(fields.get("tools"))
-    functions = {tool["function"]["name"]: tool["function"].get("parameters") or {} for tool in declared}
+    functions = {}
+    for i, tool in enumerate(declared):
+        try:
+            functions[tool["function"]["name"]] = inline_refs(tool["function"].get("parameters") or {})
+        except ValueError as error:
+            raise BadRequest(f"tools[{i}].function.parameters: {error}", f"tools[{i}].function.parameters") \
+                from None
+    strict = frozenset(tool["function"]["name"] for tool in declared if tool["function"].get("strict"))
     parallel = fields.get("parallel_tool_calls", True)
     if parallel is None:
         parallel = True
@@ -56,7 +67,7 @@ def read_tools(fields: Mapping[str, Any]) -> Tools | None:
     choice, named = _choice(fields.get("tool_choice"), functions)
     if not declared and choice in ("auto", "none"):
         return None
-    return Tools(tuple(declared), functions, choice, named, parallel)
+    return Tools(tuple(declared), functions, choice, named, parallel, strict)
 
 
 def _tools(tools: object) -> list[dict[str, Any]]:
@@ -84,13 +95,21 @@ def _tools(tools: object) -> list[dict[str, Any]]:
             raise BadRequest(f"{where}.function.description must be a string",
                              f"{where}.function.description")
         parameters = function.get("parameters")
-        if parameters is not None and not (isinstance(parameters, dict) and
-                                           parameters.get("type", "object") == "object"):
-            raise BadRequest(f"{where}.function.parameters must be a JSON Schema of an object",
-                             f"{where}.function.parameters")
+        if parameters is not None and not _object_schema(parameters):
+            raise BadRequest(f"{where}.function.parameters must be a JSON Schema of an object (properties an "
+                             f"object, required a list of names)", f"{where}.function.parameters")
         if not isinstance(function.get("strict", False), bool | None):
             raise BadRequest(f"{where}.function.strict must be a boolean", f"{where}.function.strict")
     return tools
+
+
+def _object_schema(schema: object) -> bool:
+    """Whether ``schema`` is a JSON Schema of an object whose properties and required names read."""
+    if not isinstance(schema, dict) or schema.get("type", "object") != "object":
+        return False
+    required = schema.get("required", [])
+    return isinstance(schema.get("properties", {}), dict) and isinstance(required, list) and \
+        all(isinstance(name, str) for name in required)
 
 
 def _choice(choice: object, functions: Mapping[str, object]) -> tuple[Choice, str | None]:

@@ -42,6 +42,9 @@ class Unsupported:
 
 RULES = (
     Unsupported("guided_grammar", "grammars of the request's own (JSON Schema, regex and choice are)"),
+    Unsupported("guided_whitespace_pattern", "whitespace of the request's own in structured outputs (tfd "
+                "lays JSON out as json.dumps does)"),
+    Unsupported("guided_decoding_backend", "a choice of grammar engine (tfd's is llguidance)"),
     Unsupported("functions", "function calls", {"type": "array", "maxItems": 0}, " or empty",
                 frozenset({CHAT})),
     Unsupported("function_call", "function calls", {"enum": ["none", "auto"]}, ' or "none"',
