@@ -9,7 +9,7 @@ import torch
 from gdn_shapes import ALIGN, TOL, Dims
 
 from tfd.model.gdn import recurrent
-from tfd_kernels import gdn_decode, gdn_gates
+from tfd_kernels import gdn_decode, gdn_gates, gdn_reference
 
 TINY = Dims(key_heads=2, value_heads=4, key_dim=16, value_dim=64)  # several value blocks a head
 REAL = [Dims(16, heads, 128, 128) for heads in (32, 48, 64)]
@@ -68,7 +68,7 @@ def check_decode(dims: Dims, lanes: int, dtype: torch.dtype, device: str) -> Non
     pool, (state_at,) = make_pool(lanes, [dims.state], [1], device)
     args = row(inputs(dims, lanes, 1, dtype, device), 0)
     expected = pool.clone()
-    ref = gdn_decode.reference(*args, expected.view(torch.float32), state_at, dims.scale)
+    ref = gdn_reference.reference(*args, expected.view(torch.float32), state_at, dims.scale)
     out = gdn_decode.decode(*args, pool.view(torch.float32), state_at, dims.scale)
     live = state_at >= 0
     torch.testing.assert_close(out[live], ref[live], **TOL)
@@ -150,7 +150,7 @@ def check_verify(dims: Dims, lanes: int, rows: int, dtype: torch.dtype, device: 
     pool, (state_at, spare_at, log_at) = make_pool(lanes, [dims.state, size, size], [1], device)
     args = inputs(dims, lanes, rows, dtype, device)
     expected = pool.clone()
-    ref = gdn_decode.reference_verify(*args, expected.view(torch.float32), state_at, spare_at,
+    ref = gdn_reference.reference_verify(*args, expected.view(torch.float32), state_at, spare_at,
                                       expected.view(torch.float32), log_at, dims.scale)
     view = pool.view(torch.float32)
     out = gdn_decode.verify(*args, view, state_at, spare_at, view, log_at, dims.scale)
@@ -169,8 +169,8 @@ def check_identities(dims: Dims, lanes: int, rows: int, dtype: torch.dtype, devi
     the kernels, or (``torch_path``) their torch references, which the CPU path decodes and commits with."""
     decode, verify, replay = gdn_decode.decode, gdn_decode.verify, gdn_decode.replay
     if torch_path:
-        decode, verify = gdn_decode.reference, gdn_decode.reference_verify
-        replay = gdn_decode.reference_replay
+        decode, verify = gdn_reference.reference, gdn_reference.reference_verify
+        replay = gdn_reference.reference_replay
     size = max(dims.state, rows * dims.log_row)
     pool, (state_at, spare_at, log_at) = make_pool(lanes, [dims.state, size, size], [1], device)
     args = inputs(dims, lanes, rows, dtype, device)
@@ -244,8 +244,8 @@ def test_reference_is_the_model_recurrence() -> None:
     states = torch.cat((torch.zeros(64), state.flatten(), torch.zeros(dims.state + 64 + rows * dims.log_row)))
     expected = recurrent(prepared(q) * dims.scale, prepared(k), v, g, beta, state, 0)
     at = torch.tensor([64]), torch.tensor([64 + dims.state]), torch.tensor([64 + 2 * dims.state])
-    out = gdn_decode.reference_verify(q[None], k[None], v[None], g[None], beta[None], states, *at[:2], states,
-                                      at[2], dims.scale)
+    out = gdn_reference.reference_verify(q[None], k[None], v[None], g[None], beta[None], states, *at[:2],
+                                         states, at[2], dims.scale)
     assert torch.equal(out[0], expected)
     assert torch.equal(states[64 + dims.state:64 + 2 * dims.state], state.flatten())
 

@@ -41,6 +41,17 @@ class Vocabulary:
         self.tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab, eos_token=list(eos))
         self.words = (vocab + WORD_BITS - 1) // WORD_BITS
         self.executor = llguidance.LLExecutor()
+        self._masks: torch.Tensor | None = None  # the host buffer masks are filled into (``allowed``)
+
+    def masks(self, rows: int) -> torch.Tensor:
+        """A host buffer of ``rows`` masks, pinned where CUDA is: the same memory step after step (a
+        fresh pinned block a step cost the H200's host ~4 ms to touch), grown when a step has more
+        rows. Engine thread only; its last contents were copied to the device before the step that
+        filled them drew (that step waited for its tokens)."""
+        if self._masks is None or self._masks.shape[0] < rows:
+            self._masks = torch.empty((max(rows, 64), self.words), dtype=torch.int32,
+                                      pin_memory=torch.cuda.is_available())
+        return self._masks[:rows]
 
     def special(self, text: str) -> int | None:
         """``text``'s id when it is one special token of the vocabulary (a grammar must name it as a
@@ -95,8 +106,12 @@ def allowed(rows: int, follows: Sequence[tuple[Matcher, int, Sequence[int]]]) ->
     ``(matcher, row, drafts)``, its row and, a draft a row, the rows after it as if the drafts before
     held (past a draft the grammar refuses: all ones, their draws not kept); other rows all ones."""
     vocabulary = follows[0][0].vocabulary
-    mask = torch.full((rows, vocabulary.words), -1, dtype=torch.int32,
-                      pin_memory=torch.cuda.is_available())
+    mask = vocabulary.masks(rows)
+    filled = {row for _, row, drafts in follows if not drafts}  # whole rows llguidance writes
+    if len(filled) < rows:
+        free = torch.ones(rows, dtype=torch.bool)
+        free[list(filled)] = False
+        mask[free] = -1
     plain = [(matcher.inner, row) for matcher, row, drafts in follows if not drafts]
     drafted = [(matcher.inner, row, list(drafts)) for matcher, row, drafts in follows if drafts]
     # straight into the tensor's memory (llguidance.torch's helpers do the same, but importing that

@@ -15,7 +15,7 @@ import torch
 from tfd.model import GDN_CHUNK
 from tfd.model.memory import PromptLanes
 from tfd.model.ops import gated_rms, l2norm, linear, sigmoid, softplus
-from tfd_kernels import conv1d, gdn_decode, gdn_gates, gdn_prefill, gemm
+from tfd_kernels import conv1d, gdn_decode, gdn_gates, gdn_prefill, gdn_reference, gemm
 
 CHUNK = GDN_CHUNK
 
@@ -153,7 +153,7 @@ def gdn_rows(w: GdnWeights, x: torch.Tensor, states: torch.Tensor, state_at: tor
         return finish(w, out, z)
     p = project(w, x)
     q, k, v = split_heads(w, conv1d.reference(p.mixed, w.conv, tails, tail_at))
-    out = gdn_decode.reference(q, k, v, p.g, p.beta, states, state_at, w.key_dim ** -0.5)
+    out = gdn_reference.reference(q, k, v, p.g, p.beta, states, state_at, w.key_dim ** -0.5)
     return finish(w, out, p.z)
 
 

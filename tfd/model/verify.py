@@ -26,7 +26,7 @@ import torch
 from tfd.model.gdn import GdnWeights, finish, project, split_heads, split_projection
 from tfd.model.memory import element_offset, to_device
 from tfd.model.ops import linear
-from tfd_kernels import conv1d, gdn_decode
+from tfd_kernels import conv1d, gdn_decode, gdn_reference
 
 FIELDS = 3  # offsets a lane has per GDN layer: spare state, replay log, conv rows
 
@@ -114,8 +114,8 @@ def gdn_window(w: GdnWeights, x: torch.Tensor, lanes: VerifyLanes, layer: int, s
         z = p.z
         mixed = conv1d.reference_verify(p.mixed, w.conv, tails, tail_at, lanes.rows_at(layer))
         q, k, v = split_heads(w, mixed)
-        out = gdn_decode.reference_verify(windows(q), windows(k), windows(v), windows(p.g), windows(p.beta),
-                                          *memory)
+        out = gdn_reference.reference_verify(windows(q), windows(k), windows(v), windows(p.g),
+                                             windows(p.beta), *memory)
     return finish(w, out.reshape(x.shape[0], w.value_heads, w.value_dim), z)  # fp32, as gdn_rows passes it
 
 
@@ -128,7 +128,7 @@ def commit(weights: Sequence[GdnWeights], lanes: VerifyLanes, keep: torch.Tensor
     replay, the rebuild). A padding lane is not touched."""
     count = len(weights)
     logs, kept_rows = lanes.packed[count:2 * count], lanes.packed[2 * count:3 * count]
-    replay = gdn_decode.replay if states.is_cuda else gdn_decode.reference_replay
+    replay = gdn_decode.replay if states.is_cuda else gdn_reference.reference_replay
     rebuild = conv1d.rebuild if tails.is_cuda else conv1d.reference_rebuild
     for first, last in _same_shapes(weights):
         w = weights[first]

@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import enum
 import functools
-import itertools
 import json
-import math
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 
-from tfd.server.tool_schema import value_types, written_raw
+from tfd.server.tool_schema import parameter_value, strict_json
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION, FUNCTION_END = "<function=", "</function>"
@@ -71,56 +68,7 @@ class Delta:
     tool_call: dict[str, Any] | None = None
 
 
-_NOT_JSON = object()
 _dumps = functools.partial(json.dumps, ensure_ascii=False)
-# Deeper JSON is text: json's recursion limit would make the outcome depend on the caller's stack depth.
-_DEEPEST = 100
-_STRING_OR_BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"|[][{}]', re.DOTALL)
-_BRACKET_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
-
-
-def _finite(text: str) -> float:
-    number = float(text)
-    if not math.isfinite(number):  # json.dumps would write it back as NaN or Infinity, which are not JSON
-        raise ValueError(f"{text} is not a finite number")
-    return number
-
-
-def _loads(text: str) -> Any:
-    """``text`` as strict JSON (no NaN or infinities, at most ``_DEEPEST`` deep), or ``_NOT_JSON``."""
-    steps = (_BRACKET_STEP.get(token, 0) for token in _STRING_OR_BRACKET.findall(text))
-    if max(itertools.accumulate(steps), default=0) > _DEEPEST:
-        return _NOT_JSON
-    try:
-        return json.loads(text, parse_float=_finite, parse_constant=_finite)
-    except (ValueError, RecursionError):
-        return _NOT_JSON
-
-
-_IS_TYPE: dict[str, Callable[[object], bool]] = {
-    "integer": lambda value: isinstance(value, int) and not isinstance(value, bool),
-    "number": lambda value: isinstance(value, int | float) and not isinstance(value, bool),
-    "boolean": lambda value: isinstance(value, bool),
-    "null": lambda value: value is None,
-    "object": lambda value: isinstance(value, dict),
-    "array": lambda value: isinstance(value, list),
-}
-# The Qwen3.5 template writes scalars with Jinja's `string` filter: Python's spellings of these three.
-_PYTHON_WORDS: dict[str, object] = {"True": True, "False": False, "None": None}
-
-
-def _parameter_value(raw: str, schema: Mapping[str, Any], key: str) -> object:
-    """An XML parameter's text as the value its schema types: JSON when it parses as that type, else
-    the text itself (a string, an unknown parameter or type, or a value the model wrote wrong)."""
-    properties = schema.get("properties")
-    declared = properties.get(key) if isinstance(properties, Mapping) else None
-    checks = [_IS_TYPE[name] for name in value_types(declared) if name in _IS_TYPE]
-    if written_raw(declared) or not checks:
-        return raw
-    value = _loads(raw)
-    if value is _NOT_JSON:
-        value = _PYTHON_WORDS.get(raw.strip(), _NOT_JSON)
-    return value if any(check(value) for check in checks) else raw
 
 
 def _function_header(region: str) -> tuple[str, int] | None:
@@ -166,20 +114,20 @@ def _xml_call(body: str, tools: Tools) -> tuple[str, str] | None:
         key, raw, pos = parameter
         # The first value is kept: the stream has already sent it.
         if key not in arguments:
-            arguments[key] = _parameter_value(raw, tools[name], key)
+            arguments[key] = parameter_value(raw, tools[name], key)
     return name, _dumps(arguments)
 
 
 def _json_call(body: str, tools: Tools) -> tuple[str, str] | None:
     """The name and arguments of the JSON call in ``body`` (a whole block's inside), or None."""
-    call = _loads(body)
+    call = strict_json(body)
     if not isinstance(call, dict):
         return None
     name, arguments = call.get("name"), call.get("arguments")
     if not isinstance(name, str) or name not in tools:
         return None
     if isinstance(arguments, str):
-        arguments = _loads(arguments)
+        arguments = strict_json(arguments)
     if not isinstance(arguments, dict):
         return None
     return name, _dumps(arguments)
@@ -357,7 +305,7 @@ class ToolCallStream:
         # The first value is kept, as parse_tool_calls keeps it.
         if key in self._keys:
             return
-        value = _parameter_value(raw, self._tools[self._name], key)
+        value = parameter_value(raw, self._tools[self._name], key)
         fragment = ("{" if not self._keys else ", ") + f"{_dumps(key)}: {_dumps(value)}"
         self._keys.add(key)
         self._send_arguments(fragment)

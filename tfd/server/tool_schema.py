@@ -5,12 +5,18 @@ pydantic writes them) by what they name, so a parameter read or constrained on i
 what it meant under its root; a reference that loops or names nothing is a ``ValueError``.
 ``written_raw`` says how the XML format writes a parameter's value: as the text itself when the value
 may be a string (or its schema says nothing of its type), else as JSON, as Qwen3.5's template
-renders it back; the reader parses and the grammar constrains by the same rule.
+renders it back; the reader parses and the grammar constrains by the same rule (``parameter_value``
+reads a value back: JSON of its type, else the text). ``strict_json`` is JSON without NaN or
+infinities and at most 100 deep, or ``NOT_JSON``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+import json
+import math
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 MOST_DEPTH = 16  # references followed inside one another at most (a deeper one loops)
@@ -67,3 +73,54 @@ def written_raw(schema: Any) -> bool:
     """Whether the XML format writes a value of ``schema`` as its text (else as JSON)."""
     types = value_types(schema)
     return "string" in types or not types
+
+
+NOT_JSON = object()
+# Deeper JSON is text: json's recursion limit would make the outcome depend on the caller's stack depth.
+_DEEPEST = 100
+_STRING_OR_BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"|[][{}]', re.DOTALL)
+_BRACKET_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):  # json.dumps would write it back as NaN or Infinity, which are not JSON
+        raise ValueError(f"{text} is not a finite number")
+    return number
+
+
+def strict_json(text: str) -> Any:
+    """``text`` as strict JSON (no NaN or infinities, at most ``_DEEPEST`` deep), or ``NOT_JSON``."""
+    steps = (_BRACKET_STEP.get(token, 0) for token in _STRING_OR_BRACKET.findall(text))
+    if max(itertools.accumulate(steps), default=0) > _DEEPEST:
+        return NOT_JSON
+    try:
+        return json.loads(text, parse_float=_finite, parse_constant=_finite)
+    except (ValueError, RecursionError):
+        return NOT_JSON
+
+
+_IS_TYPE: dict[str, Callable[[object], bool]] = {
+    "integer": lambda value: isinstance(value, int) and not isinstance(value, bool),
+    "number": lambda value: isinstance(value, int | float) and not isinstance(value, bool),
+    "boolean": lambda value: isinstance(value, bool),
+    "null": lambda value: value is None,
+    "object": lambda value: isinstance(value, dict),
+    "array": lambda value: isinstance(value, list),
+}
+# The Qwen3.5 template writes scalars with Jinja's `string` filter: Python's spellings of these three.
+_PYTHON_WORDS: dict[str, object] = {"True": True, "False": False, "None": None}
+
+
+def parameter_value(raw: str, schema: Mapping[str, Any], key: str) -> object:
+    """An XML parameter's text as the value its schema types: JSON when it parses as that type, else
+    the text itself (a string, an unknown parameter or type, or a value the model wrote wrong)."""
+    properties = schema.get("properties")
+    declared = properties.get(key) if isinstance(properties, Mapping) else None
+    checks = [_IS_TYPE[name] for name in value_types(declared) if name in _IS_TYPE]
+    if written_raw(declared) or not checks:
+        return raw
+    value = strict_json(raw)
+    if value is NOT_JSON:
+        value = _PYTHON_WORDS.get(raw.strip(), NOT_JSON)
+    return value if any(check(value) for check in checks) else raw

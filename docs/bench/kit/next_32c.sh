@@ -17,10 +17,11 @@ for side in before after; do
   until python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2)" \
       2>/dev/null; do sleep 1; kill -0 $pid 2>/dev/null || { echo "$side server died"; break; }; done
   echo "$side READY t=$(el)"
-  PYTHONPATH=/tmp/site timeout 200 python -m tfd conformance --url http://127.0.0.1:8000 --admin /tmp/$side.sock \
+  client=/tmp/site; [ -d /tmp/asite ] && client=/tmp/asite  # the kit of the tree compared, not a later one
+  PYTHONPATH=$client timeout 200 python -m tfd conformance --url http://127.0.0.1:8000 --admin /tmp/$side.sock \
     --profile full --json $R/$side.json > $R/$side.txt 2>&1; echo "$side conformance rc=$? t=$(el)"
   tail -9 $R/$side.txt
   kill -TERM $pid; wait $pid; grep -av tfd.access $R/$side-serve.log > $R/s && mv $R/s $R/$side-serve.log
 done
-PYTHONPATH=/tmp/site python -m tfd conformance --compare $R/before.json $R/after.json | tee $R/compare.txt
+PYTHONPATH=$client python -m tfd conformance --compare $R/before.json $R/after.json | tee $R/compare.txt
 cd $OUT && tar czf r.tgz r && rm -rf r
