@@ -17,7 +17,8 @@ for side in before after; do
   until python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2)" \
       2>/dev/null; do sleep 1; kill -0 $pid 2>/dev/null || { echo "$side server died"; break; }; done
   echo "$side READY t=$(el)"
-  client=/tmp/site; [ -d /tmp/asite ] && client=/tmp/asite  # the kit of the tree compared, not a later one
+  # the kit of the trees compared, not a later one: the after tree's, or with KIT=before the before tree's
+  client=/tmp/site; [ -d /tmp/asite ] && client=/tmp/asite; [ "${KIT:-}" = before ] && client=/tmp/bsite
   PYTHONPATH=$client timeout 200 python -m tfd conformance --url http://127.0.0.1:8000 --admin /tmp/$side.sock \
     --profile full --json $R/$side.json > $R/$side.txt 2>&1; echo "$side conformance rc=$? t=$(el)"
   tail -9 $R/$side.txt
