@@ -124,10 +124,20 @@ def allowed(rows: int, follows: Sequence[tuple[Matcher, int, Sequence[int]]]) ->
     return mask
 
 
+_PLACES: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _places(vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's word and bit in a mask row (made once a vocabulary and device)."""
+    found = _PLACES.get((vocab, device))
+    if found is None:
+        tokens = torch.arange(vocab, device=device)
+        found = _PLACES[vocab, device] = (tokens // WORD_BITS, (tokens % WORD_BITS).to(torch.int32))
+    return found
+
+
 def apply(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``logits`` [rows, vocab] with every token its row's ``mask`` (on the same device) bars at
     minus infinity."""
-    tokens = torch.arange(logits.shape[-1], device=logits.device)
-    words = mask[:, tokens // WORD_BITS]
-    bits = (words >> (tokens % WORD_BITS).to(torch.int32)) & 1
-    return logits.masked_fill(bits == 0, float("-inf"))
+    word, bit = _places(logits.shape[-1], logits.device)
+    return logits.masked_fill((mask[:, word] >> bit) & 1 == 0, float("-inf"))
