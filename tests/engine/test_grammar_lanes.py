@@ -154,3 +154,24 @@ def test_a_token_the_grammar_refuses_fails_that_lane_and_not_the_others(
     while not stepper.idle:
         stepper.step()
     runner.pool.check_at_load()  # the failed lane's pages are back
+
+
+@pytest.mark.parametrize(("logprobs", "ahead"), [(None, True), (2, False)])
+def test_a_grammar_lanes_next_step_runs_ahead_unless_it_asks_for_logprobs(
+        model: HybridModel, vocabulary: Vocabulary, logprobs: int | None, ahead: bool) -> None:
+    runner = runner_for(model, len(PROMPT) + 40, 2, graphs=False)
+    stepper = Stepper(Scheduler(STEP_TOKENS, 2), runner)
+    sampling = Sampling(temperature=1.0, seed=3, logprobs=logprobs)
+    lanes = [Lane(i, Request(f"g{i}", PROMPT, 30, sampling, stop_ids=STOPS,
+                             grammar=schema_grammar(vocabulary))) for i in range(2)]
+    for lane in lanes:
+        stepper.add(lane)
+    seen = []
+    while not stepper.idle:
+        step = stepper.step()
+        pipeline = runner.pipeline
+        assert pipeline is not None
+        if step.works and all(work.decode for work in step.works) and not step.ended:
+            seen.append(pipeline.ahead is not None and pipeline.ahead.on_host)
+    assert seen and all(seen) is ahead and any(seen) is ahead
+    runner.pool.check_at_load()

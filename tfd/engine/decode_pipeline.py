@@ -5,12 +5,16 @@ when captured) draws into a half of ``DecodeMemory.feed`` (the halves alternate 
 its tokens go to the host from a side stream, so the copy does not hold up the next step (~9 us a
 step on the H200); a step waits for the copy out of its half two steps before, long done by then.
 
-When a step's rows are all plain decode rows (no top-k/p, min-p or logprobs), the next step of its
-lanes is launched before the host waits for this one (``ahead``), its tokens fed from this step's
-draw on the device (each lane's token field names its row of the draw), so the host's bookkeeping
-overlaps the device's work. A lane that then stops (a stop token, a cancel) wasted one row in its
-own pages, which it gives back as usual; every other lane's rows are what the next plan asks for,
-the same bits as run then. Engine thread only.
+When a step's rows are all decode rows drawn by the step itself or on the host's path from what the
+lanes know before it (a grammar's mask, a bias, penalties, cuts; not logprobs, not drafting lanes:
+``ahead_able``), the next step of its lanes is launched before the host waits for this one
+(``ahead``), its tokens fed from this step's draw on the device (each lane's token field names its
+row of the draw), so the host's bookkeeping overlaps the device's work. A step whose lanes draw on
+the host's path (``Launched.on_host``) has its draws made by ``drawn_on_host`` once the lanes took
+the tokens before it, written over the step's own in its feed rows before the next step is launched:
+a grammar's mask is filled while the device runs that next step. A lane that then stops (a stop
+token, a cancel) wasted one row in its own pages, which it gives back as usual; every other lane's
+rows are what the next plan asks for, the same bits as run then. Engine thread only.
 """
 
 from __future__ import annotations
@@ -20,13 +24,14 @@ from collections.abc import Sequence
 import attrs
 import torch
 
+from tfd.engine import grammar
 from tfd.engine.graphs import DecodeGraphs
 from tfd.engine.lane import Lane
-from tfd.engine.sampling import draw
+from tfd.engine.sampling import Rows, draw, sample
 from tfd.engine.scheduler import Work
 from tfd.families.hybrid import HybridModel
 from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
-from tfd.model.memory import to_host
+from tfd.model.memory import ints_on, to_host
 
 
 @attrs.frozen
@@ -39,6 +44,8 @@ class Launched:
     host_tokens: torch.Tensor
     copied: torch.cuda.Event | None  # recorded after the copy to the host (CUDA)
     first_row: int  # the feed row of its first lane's draw; the others follow in column order
+    logits: torch.Tensor | None = None  # its lanes' logits, for a draw on the host's path
+    on_host: bool = False  # its lanes draw on the host's path (``drawn_on_host`` before its tokens)
 
     def tokens(self) -> list[int]:
         """The drawn tokens, waiting for their copy: the step's one sync with the host."""
@@ -93,6 +100,42 @@ class DecodePipeline:
         """Whether ``works`` are decode rows whose draws the step itself makes."""
         return all(work.decode and work.samples and work.lane.draws_alone for work in works)
 
+    def ahead_able(self, works: Sequence[Work]) -> bool:
+        """Whether ``works`` are decode rows a step may run ahead of: drawn by the step itself, or on
+        the host's path from what the lanes know before it (a grammar's mask, a bias, penalties: not
+        logprobs, which are read from the step's own logits on the host; not a drafting lane's)."""
+        return all(work.decode and work.samples and not work.verify and not work.lane.drafting
+                   and work.lane.request.sampling.logprobs is None for work in works)
+
+    def drawn_on_host(self, step: Launched, works: Sequence[Work]) -> Launched:
+        """``step``'s draws for ``works``' lanes made on the host's path (the lanes took the tokens
+        before it: their masks and histories are those of this row), written over the step's own in
+        its feed rows, where the step after it reads them, and copied to the host: the step as it
+        stands then. Nothing waits."""
+        assert step.logits is not None
+        at = {id(lane): i for i, lane in enumerate(step.lanes)}
+        lanes = [work.lane for work in works]
+        rows = [at[id(lane)] for lane in lanes]
+        follows = [(lane.grammar, row, ()) for row, lane in enumerate(lanes) if lane.grammar is not None]
+        settings = Rows.of([lane.sampling_at(len(lane.generated)) for lane in lanes],
+                           [lane.seed for lane in lanes], [lane.next_position for lane in lanes], self.device,
+                           [lane.history() for lane in lanes],
+                           grammar.allowed(len(lanes), follows) if follows else None)
+        where = ints_on(rows, self.device)
+        tokens = sample(step.logits[where].float(), settings)
+        self.memory.feed.index_copy_(0, where + step.first_row, tokens)
+        drawn = self.memory.feed[step.first_row:step.first_row + len(step.lanes)]
+        parity = 0 if step.first_row < self.memory.half(1).start else 1
+        if self.side is None:
+            return attrs.evolve(step, host_tokens=drawn.clone(), on_host=False)
+        stepped = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        stepped.record(torch.cuda.current_stream(self.device))
+        self.side.wait_event(stepped)
+        with torch.cuda.stream(self.side):
+            host, copied = to_host(drawn)
+        self.copies[parity] = copied
+        return attrs.evolve(step, host_tokens=host, copied=copied, on_host=False)
+
     def decode(self, works: Sequence[Work]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``step`` for decode works, all lanes in one batched step (a graph when captured): hidden
         rows, logits and their draws."""
@@ -100,8 +143,11 @@ class DecodePipeline:
         return hidden, logits, drawn
 
     def launch(self, works: Sequence[Work]) -> Launched:
-        """Launch a plain step of ``works`` (each lane fed its last drawn token) and the step after it."""
+        """Launch a step of ``works`` (each lane fed its last drawn token; ``ahead_able``), its draws on
+        the host's path where a lane asks for it, and the step after it."""
         step = self._launch(*_decode_inputs(works))
+        if step.on_host:
+            step = self.drawn_on_host(step, works)
         self.ahead = self._ahead_of(step, works)
         return step
 
@@ -133,8 +179,12 @@ class DecodePipeline:
     def _launch(self, lanes: Sequence[Lane], starts: Sequence[int], tokens: Sequence[int]) -> Launched:
         """Launch a plain step and the copy of its draw to the host (on the side stream, after the
         step); nothing waits."""
-        _, drawn, parity = self._launch_step(lanes, starts, tokens)
+        (_, logits), drawn, parity = self._launch_step(lanes, starts, tokens)
         first = self.memory.half(parity).start
+        on_host = not all(lane.draws_alone for lane in lanes)
+        kept = logits if on_host else None
+        if on_host:  # its tokens come from drawn_on_host, which copies them to the host
+            return Launched(tuple(lanes), tuple(starts), drawn, None, first, kept, True)
         if self.side is None:
             return Launched(tuple(lanes), tuple(starts), drawn.clone(), None, first)
         stepped = torch.cuda.Event()  # type: ignore[no-untyped-call]
