@@ -24,10 +24,10 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from tfd.engine import grammar
+from tfd.engine.drawn import host_draw
 from tfd.engine.graphs import DecodeGraphs
 from tfd.engine.lane import Lane
-from tfd.engine.sampling import Rows, draw, sample
+from tfd.engine.sampling import draw
 from tfd.engine.scheduler import Work
 from tfd.families.hybrid import HybridModel
 from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
@@ -116,24 +116,11 @@ class DecodePipeline:
         at = {id(lane): i for i, lane in enumerate(step.lanes)}
         lanes = [work.lane for work in works]
         rows = [at[id(lane)] for lane in lanes]
-        follows = [(lane.grammar, row, ()) for row, lane in enumerate(lanes) if lane.grammar is not None]
-        settings = Rows.of([lane.sampling_at(len(lane.generated)) for lane in lanes],
-                           [lane.seed for lane in lanes], [lane.next_position for lane in lanes], self.device,
-                           [lane.history() for lane in lanes],
-                           grammar.allowed(len(lanes), follows) if follows else None)
         where = ints_on(rows, self.device)
-        tokens = sample(step.logits[where].float(), settings)
+        tokens = host_draw(lanes, step.logits[where], self.device)
         self.memory.feed.index_copy_(0, where + step.first_row, tokens)
         drawn = self.memory.feed[step.first_row:step.first_row + len(step.lanes)]
-        parity = 0 if step.first_row < self.memory.half(1).start else 1
-        if self.side is None:
-            return attrs.evolve(step, host_tokens=drawn.clone(), on_host=False)
-        stepped = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        stepped.record(torch.cuda.current_stream(self.device))
-        self.side.wait_event(stepped)
-        with torch.cuda.stream(self.side):
-            host, copied = to_host(drawn)
-        self.copies[parity] = copied
+        host, copied = self._copy_out(drawn, 0 if step.first_row < self.memory.half(1).start else 1)
         return attrs.evolve(step, host_tokens=host, copied=copied, on_host=False)
 
     def decode(self, works: Sequence[Work]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -152,7 +139,7 @@ class DecodePipeline:
         return step
 
     def go_on(self, step: Launched, works: Sequence[Work]) -> None:
-        """The plain step ``step`` ran ``works``' rows: launch the one after it."""
+        """The step ``step`` ran ``works``' rows (its draws made): launch the one after it."""
         self.ahead = self._ahead_of(step, works)
 
     def _launch_step(self, lanes: Sequence[Lane], starts: Sequence[int], tokens: Sequence[int]
@@ -177,23 +164,27 @@ class DecodePipeline:
         return outputs, self.memory.feed[rows.start:rows.start + len(lanes)], parity
 
     def _launch(self, lanes: Sequence[Lane], starts: Sequence[int], tokens: Sequence[int]) -> Launched:
-        """Launch a plain step and the copy of its draw to the host (on the side stream, after the
-        step); nothing waits."""
+        """Launch a step and the copy of its draw to the host (on the side stream, after the step;
+        a step drawn on the host's path copies in ``drawn_on_host``); nothing waits."""
         (_, logits), drawn, parity = self._launch_step(lanes, starts, tokens)
         first = self.memory.half(parity).start
-        on_host = not all(lane.draws_alone for lane in lanes)
-        kept = logits if on_host else None
-        if on_host:  # its tokens come from drawn_on_host, which copies them to the host
-            return Launched(tuple(lanes), tuple(starts), drawn, None, first, kept, True)
+        if not all(lane.draws_alone for lane in lanes):  # drawn_on_host draws and copies its tokens
+            return Launched(tuple(lanes), tuple(starts), drawn, None, first, logits, True)
+        host, copied = self._copy_out(drawn, parity)
+        return Launched(tuple(lanes), tuple(starts), host, copied, first)
+
+    def _copy_out(self, drawn: torch.Tensor, parity: int) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """``drawn`` (feed rows of half ``parity``) copied to the host on the side stream once the work
+        queued so far is done, nothing waiting; the half's last copy noted (a plain copy elsewhere)."""
         if self.side is None:
-            return Launched(tuple(lanes), tuple(starts), drawn.clone(), None, first)
+            return drawn.clone(), None
         stepped = torch.cuda.Event()  # type: ignore[no-untyped-call]
         stepped.record(torch.cuda.current_stream(self.device))
         self.side.wait_event(stepped)
         with torch.cuda.stream(self.side):
             host, copied = to_host(drawn)
         self.copies[parity] = copied
-        return Launched(tuple(lanes), tuple(starts), host, copied, first)
+        return host, copied
 
     def _ahead_of(self, step: Launched, works: Sequence[Work]) -> Launched | None:
         """The step after ``step`` (the last one launched) for the lanes of ``works`` (rows ``step``

@@ -16,12 +16,11 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from tfd.engine import grammar
 from tfd.engine.decode_pipeline import DecodePipeline
-from tfd.engine.drawn import Drawn
+from tfd.engine.drawn import Drawn, host_draw
 from tfd.engine.request import TokenLogprob
 from tfd.engine.rounds import Rounds, prompt_absorbs
-from tfd.engine.sampling import Rows, logprobs, sample
+from tfd.engine.sampling import logprobs
 from tfd.engine.scheduler import Work
 from tfd.families.hybrid import HybridModel
 from tfd.model.memory import PageRows, Span, ints_on
@@ -77,12 +76,7 @@ class PrefillPass:
         if plain_tokens is not None and only_decode and all(lane.drawn_by_step for lane in lanes):
             tokens = plain_tokens  # the draw the step already made, the same bits as ``sample``
         else:
-            follows = [(lane.grammar, row, ()) for row, lane in enumerate(lanes) if lane.grammar is not None]
-            rows = Rows.of([lane.sampling_at(len(lane.generated)) for lane in lanes],
-                           [lane.seed for lane in lanes], [lane.next_position for lane in lanes], self.device,
-                           [lane.history() for lane in lanes],
-                           grammar.allowed(len(lanes), follows) if follows else None)
-            tokens = sample(logits.float(), rows)
+            tokens = host_draw(lanes, logits, self.device)
         details: list[TokenLogprob | None] = [None] * len(lanes)
         if any(n is not None for n in asked):
             top = max(n or 0 for n in asked)
