@@ -64,9 +64,9 @@ def chat_prompt(body: ChatBody, template: ChatTemplate, tokenizer: tokenizers.To
                              "chat_template_kwargs.tools")
         kwargs["tools"] = list(tools.declared)
     messages = list(body.messages)
-    text = _render(template, messages, True, kwargs)
+    text = render(template, messages, True, kwargs)
     ids = _encode(tokenizer, text)
-    conversation = _render(template, messages, False, kwargs)
+    conversation = render(template, messages, False, kwargs)
     generation = text[len(conversation):] if text.startswith(conversation) else text
     inside = opens_thought(generation) if thinks(template.source) else None
     found: tuple[int, ...] = ()
@@ -90,8 +90,9 @@ def _thinking_switch(effort: str | None, template: ChatTemplate, kwargs: dict[st
     kwargs[SWITCH] = wanted
 
 
-def _render(template: ChatTemplate, messages: Sequence[Mapping[str, object]], generation: bool,
-            kwargs: Mapping[str, Any]) -> str:
+def render(template: ChatTemplate, messages: Sequence[Mapping[str, object]], generation: bool,
+           kwargs: Mapping[str, Any]) -> str:
+    """``template``'s text for ``messages``; ``BadRequest`` naming them when it refuses or fails."""
     try:
         return template.render(messages, add_generation_prompt=generation, **kwargs)
     except ChatTemplateError as error:

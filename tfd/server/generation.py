@@ -27,7 +27,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
 from tfd.engine.engine import EngineError, Handle
-from tfd.engine.request import Emitted, Finished, Request, prompt_seed
+from tfd.engine.request import Emitted, Event, Finished, Request, prompt_seed
 from tfd.server.access import Exchange
 from tfd.server.http import ClosedStream, error_response
 from tfd.server.lifecycle import Lifecycle, NotAdmitting
@@ -119,16 +119,22 @@ class Generation:
 
     async def _events(self, index: int) -> Finished:
         async for event in self.handles[index].events:
-            if index == 0:
-                self.exchange.saw(event)
+            self._saw(event, index)
             if isinstance(event, Emitted):
                 self.reply.add(event, index)
             elif isinstance(event, Finished):
-                self._count(event)
-                if index:
-                    self.exchange.another(event)
                 return event
         raise RuntimeError("the engine closed a request without finishing it")
+
+    def _saw(self, event: Event, index: int) -> None:
+        """Choice ``index``'s event counted: the first choice's in the access line, every choice's end
+        in the metrics and the line's tokens."""
+        if index == 0:
+            self.exchange.saw(event)
+        if isinstance(event, Finished):
+            self._count(event)
+            if index:
+                self.exchange.another(event)
 
     async def _stream(self, include_usage: bool) -> AsyncGenerator[bytes, None]:
         done = False
@@ -139,16 +145,12 @@ class Generation:
                 yield sse(_usage_null(chunk, include_usage))
             for index, handle in enumerate(self.handles):
                 async for event in handle.events:
-                    if index == 0:
-                        self.exchange.saw(event)
+                    self._saw(event, index)
                     if isinstance(event, Emitted):
                         for chunk in reply.delta_chunks(event, index):
                             yield sse(_usage_null(chunk, include_usage))
                     elif isinstance(event, Finished):
-                        self._count(event)
                         finished.append(event)
-                        if index:
-                            self.exchange.another(event)
                         if event.reason == "failed":
                             yield sse({"error": {"message": event.message or "the request failed",
                                                  "type": "server_error", "param": None,

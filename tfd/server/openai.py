@@ -30,13 +30,12 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tfd.chat import ChatTemplateError
 from tfd.engine.grammar import Grammar, GrammarError
 from tfd.engine.request import Request
 from tfd.model import GDN_CHUNK as CHUNK
 from tfd.server.access import HEADER, Access, Exchange, exchange_of
 from tfd.server.bad_request import BadRequest
-from tfd.server.chat_prompt import Reading, chat_prompt
+from tfd.server.chat_prompt import Reading, chat_prompt, render
 from tfd.server.description import description
 from tfd.server.generation import RETRY_AFTER_S, Generation, Refusal, choices
 from tfd.server.http import error_response
@@ -199,12 +198,7 @@ class OpenAI:
                 if add:  # as the chat route renders it: tools and the thinking switch too
                     ids = list(chat_prompt(chat, template, tokenizer, False).ids)
                 else:
-                    try:
-                        text = template.render(list(chat.messages), add_generation_prompt=False,
-                                               **chat.template_kwargs)
-                    except ChatTemplateError as error:
-                        raise BadRequest(f"the chat template refused the messages: {error.message}",
-                                         "messages") from None
+                    text = render(template, list(chat.messages), False, chat.template_kwargs)
                     ids = tokenizer.encode(text, add_special_tokens=False).ids
             elif isinstance(body.get("prompt"), str):
                 ids = tokenizer.encode(body["prompt"], add_special_tokens=False).ids
