@@ -13,6 +13,7 @@ but a grammar's, which ends where the grammar does. Tool calls are ``tfd.conform
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -125,10 +126,8 @@ class Gates:
             for sampling in SAMPLINGS:
                 for draft in self.profile.drafts:
                     indices = [i % self.profile.prompts for i in range(level)]
-                    with ThreadPoolExecutor(level) as pool:
-                        sent = [pool.submit(self.complete, i, sampling, cache=False, draft=draft)
-                                for i in indices]
-                        answers = [future.result() for future in sent]
+                    send = functools.partial(self.complete, sampling=sampling, cache=False, draft=draft)
+                    answers = side_by_side(indices, send)
                     for slot, (index, answer) in enumerate(zip(indices, answers, strict=True)):
                         alone = self.solo[index, sampling]
                         key = {"prompt": index, "sampling": sampling, "concurrency": level, "slot": slot,
@@ -272,6 +271,12 @@ class Gates:
 
         with ThreadPoolExecutor(count) as pool:
             list(pool.map(client, range(count)))
+
+
+def side_by_side(indices: list[int], send: Callable[[int], Answer]) -> list[Answer]:
+    """``send(i)`` for each of ``indices`` at once, a thread (a client) each; the answers in order."""
+    with ThreadPoolExecutor(len(indices)) as pool:
+        return list(pool.map(send, indices))
 
 
 def sha(answer: Answer) -> str:

@@ -9,11 +9,11 @@ which holds when it does.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import functools
 from typing import Any
 
 from tfd.conformance.client import Answer, Client
-from tfd.conformance.gates import SAMPLINGS, Profile, cached, sha
+from tfd.conformance.gates import SAMPLINGS, Profile, cached, sha, side_by_side
 from tfd.conformance.report import Row
 
 WEATHER = {
@@ -64,6 +64,10 @@ class ToolGate:
         }
         return self.client.post("/v1/chat/completions", body)
 
+    def call_about(self, index: int, sampling: str, **extra: Any) -> Answer:
+        """``call`` of prompt ``index``'s messages."""
+        return self.call(self.messages(index), sampling, **extra)
+
     def rows(self) -> list[Row]:
         probe = self.call(self.messages(0), "greedy", cache=False)
         error = probe.body.get("error", {})
@@ -99,10 +103,8 @@ class ToolGate:
             for sampling in KINDS:
                 for draft in self.profile.drafts:
                     indices = [i % self.profile.prompts for i in range(level)]
-                    with ThreadPoolExecutor(level) as pool:
-                        sent = [pool.submit(self.call, self.messages(i), sampling, cache=False, draft=draft)
-                                for i in indices]
-                        answers = [future.result() for future in sent]
+                    send = functools.partial(self.call_about, sampling=sampling, cache=False, draft=draft)
+                    answers = side_by_side(indices, send)
                     for slot, (index, answer) in enumerate(zip(indices, answers, strict=True)):
                         alone = solo[index, sampling]
                         key = {
