@@ -37,7 +37,6 @@ class Vocabulary:
     model's vocabulary size (rows of its logits); ``eos``: the tokens that end a reply."""
 
     def __init__(self, tokenizer_json: str, vocab: int, eos: Sequence[int]) -> None:
-        self.vocab = vocab
         self.tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab, eos_token=list(eos))
         self.words = (vocab + WORD_BITS - 1) // WORD_BITS
         self.executor = llguidance.LLExecutor()

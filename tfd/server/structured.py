@@ -160,7 +160,7 @@ def _regex_body(value: Any, where: str) -> str:
 def _choice_body(value: Any, where: str) -> str:
     if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
         raise BadRequest(f"{where} must be a non-empty array of non-empty strings", where)
-    return " | ".join(json.dumps(choice, ensure_ascii=False) for choice in value)
+    return " | ".join(literal(choice) for choice in value)
 
 
 def grammar(constraint: Constraint, inside_thought: bool, special: Callable[[str], int | None]) -> str:
@@ -182,4 +182,9 @@ def tag(text: str, special: Callable[[str], int | None]) -> str:
     """``text`` as a Lark grammar names it: its token (``<[id]>``) when it is one special token of the
     vocabulary (llguidance will not spell it from text), else a string literal."""
     found = special(text)
-    return f"<[{found}]>" if found is not None else json.dumps(text, ensure_ascii=False)
+    return f"<[{found}]>" if found is not None else literal(text)
+
+
+def literal(text: str) -> str:
+    """``text`` as a Lark string literal (JSON's escapes, which llguidance reads)."""
+    return json.dumps(text, ensure_ascii=False)

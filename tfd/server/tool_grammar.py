@@ -21,11 +21,10 @@ vocabulary are named as tokens (``structured.tag``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tfd.server.structured import Constraint, closed, json_rule, tag
+from tfd.server.structured import Constraint, closed, json_rule, literal, tag
 from tfd.server.tool_calls import ToolFormat
 from tfd.server.tool_fields import Tools
 from tfd.server.tool_schema import written_raw
@@ -98,9 +97,9 @@ def _xml_function(index: int, name: str, schema: Mapping[str, Any]) -> list[str]
     parts, rules = [], []
     for j, (parameter, sub) in enumerate(properties.items()):
         rule = f"p_{index}_{j}"
-        rules.append(f"{rule}: {_literal(f'<parameter={parameter}>' + chr(10))} {_value(sub)}")
+        rules.append(f"{rule}: {literal(f'<parameter={parameter}>' + chr(10))} {_value(sub)}")
         parts.append(rule if parameter in required else f"{rule}?")
-    header = _literal(f"<function={name}>\n")
+    header = literal(f"<function={name}>\n")
     return [f"fn_{index}: {header} {' '.join(parts)}".rstrip(), *rules]
 
 
@@ -108,14 +107,14 @@ def _value(schema: Any) -> str:
     """A parameter's value and its closing tag, the value as the template writes it (``written_raw``):
     text (one lexeme with the tag: a lexeme is greedy, so text beside the tag would run on past where
     it could end; its enum's strings, its pattern or its lengths when it has them), else JSON."""
-    end = _literal("\n</parameter>\n")
+    end = literal("\n</parameter>\n")
     if not isinstance(schema, dict):
         return f"{json_rule({})} {end}"
     if not written_raw(schema):
         return f"{json_rule(schema)} {end}"
     words = [value for value in schema.get("enum") or () if isinstance(value, str)]
     if words:
-        return "(" + " | ".join(_literal(value) for value in words) + f") {end}"
+        return "(" + " | ".join(literal(value) for value in words) + f") {end}"
     pattern = schema.get("pattern")
     if isinstance(pattern, str) and pattern:  # its whole text matches it, anchors or not
         body = pattern.removeprefix("^").removesuffix("$").replace("/", "\\/")
@@ -124,7 +123,3 @@ def _value(schema: Any) -> str:
     most = schema.get("maxLength")
     text = f"[^<]{{{low},{most}}}" if isinstance(most, int) else f"[^<]{{{low},}}"
     return f"/{text}\\n<\\/parameter>\\n/"
-
-
-def _literal(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)
