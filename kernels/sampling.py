@@ -6,6 +6,10 @@ logits. Ties go to the lower token id. Tokens cut by top-k/top-p/min-p arrive as
 noise is splitmix64's finaliser of the mixed key in wrapping uint64 arithmetic, 24 bits of it made
 a uniform in (0, 1), then -log(-log(u)), as ``tfd.engine.sampling.gumbel`` does in torch.
 
+A row may come with a grammar's bitmask (``allowed``: int32 words, token t allowed when bit t % 32
+of word t // 32 is set): a token it bars draws as a -inf logit, as ``tfd.engine.grammar.apply``
+would bar it, without writing the masked logits.
+
 Memory: reads each row's logits once (fp32, or the model's 2-byte dtype widened to fp32 as it
 loads: the values ``logits.float()`` holds, without writing them; unit column stride), writes a
 score and an id per slice of ``SLICE`` tokens, then one int64 per row (at its row of ``out``, or
@@ -36,9 +40,9 @@ SLICE = 2048
 # counts that vary call by call are not specialized on (1, multiples of 16): one variant meets them all
 @triton.jit(do_not_specialize=["offset"])
 def _slice_best(logits, temperature, seeds, positions, offset, best_score, best_id, vocab, row_stride, slices,
-                SEED_MIX: tl.constexpr, POSITION_MIX: tl.constexpr, TOKEN_MIX: tl.constexpr,
+                allowed, words, SEED_MIX: tl.constexpr, POSITION_MIX: tl.constexpr, TOKEN_MIX: tl.constexpr,
                 M1: tl.constexpr, M2: tl.constexpr, BLOCK: tl.constexpr, SLICE: tl.constexpr,
-                BITS: tl.constexpr, PDL: tl.constexpr):
+                BITS: tl.constexpr, MASKED: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     row, part = tl.program_id(0), tl.program_id(1)
     t = tl.load(temperature + row)
@@ -61,6 +65,9 @@ def _slice_best(logits, temperature, seeds, positions, offset, best_score, best_
         x = x ^ (x >> 31)
         uniform = ((x >> 40).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
         score = tl.where(noisy, score - tl.log(-tl.log(uniform)), score)
+        if MASKED:  # the grammar's bit for each token: 32 neighbours share a word (one load, cached)
+            word = tl.load(allowed + row * words + ids // 32, mask=live, other=0)
+            live = live & (((word >> (ids % 32)) & 1) != 0)
         score = tl.where(live, score, float("-inf"))
         top = tl.max(score, axis=0)
         better = top > best  # strictly: an equal score in a later block keeps the lower id
@@ -90,14 +97,17 @@ LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 def keyed_argmax(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
                  positions: torch.Tensor, offset: int = 0, out: torch.Tensor | None = None,
-                 out_rows: torch.Tensor | None = None) -> torch.Tensor:
+                 out_rows: torch.Tensor | None = None, allowed: torch.Tensor | None = None
+                 ) -> torch.Tensor:
     """The drawn token [rows] int64 for ``logits`` [rows, vocab] (fp32, or bf16/fp16 drawn as their
     fp32 values) and per-row temperature (fp32, or int64 holding its fp32 bits in the low half), int64
     seeds and positions, each position keyed plus ``offset`` (any 1-D views; no host sync, so it can
     be captured in a graph), into ``out`` when given (contiguous int64). Row r's token goes to
     ``out[r]``, or with ``out_rows`` (int64 [rows]) to ``out[out_rows[r]]``, nowhere where that is
     below 0 (``out`` is then required and returned whole; the indices must be below its length).
-    Two launches: the best of each slice of a row's tokens, then the best slice."""
+    ``allowed`` (int32 [rows, words], words >= vocab / 32, rows contiguous): the bitmask of the tokens
+    each row may draw; the others draw as -inf logits. Two launches: the best of each slice of a
+    row's tokens, then the best slice."""
     if logits.dim() != 2 or logits.dtype not in LOGIT_DTYPES or logits.stride(1) != 1:
         raise ValueError(f"logits must be [rows, vocab] fp32, bf16 or fp16 with unit column stride, got "
                          f"{logits.dtype} {list(logits.shape)}")
@@ -109,6 +119,12 @@ def keyed_argmax(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.T
                            ("out_rows", out_rows, torch.int64)):
         if t is not None and (tuple(t.shape) != (rows,) or t.dtype != dtype):
             raise ValueError(f"{name} is {t.dtype} {list(t.shape)}, expected {dtype} [{rows}]")
+    words = triton.cdiv(vocab, 32)
+    if allowed is not None and (allowed.dim() != 2 or allowed.dtype != torch.int32
+                                or allowed.shape[0] != rows or allowed.shape[1] < words
+                                or allowed.stride(1) != 1):
+        raise ValueError(f"allowed is {allowed.dtype} {list(allowed.shape)}, expected int32 [{rows}, "
+                         f"{words} or more] with unit column stride")
     if out is None and out_rows is not None:
         raise ValueError("out_rows names rows of out: give out")
     if out is None:
@@ -123,9 +139,12 @@ def keyed_argmax(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.T
     scores = torch.empty(rows, slices, dtype=torch.float32, device=logits.device)
     ids = torch.empty(rows, slices, dtype=torch.int64, device=logits.device)
     _slice_best[(rows, slices)](logits, temperature.contiguous(), seeds.contiguous(), positions.contiguous(),
-                                offset, scores, ids, vocab, logits.stride(0), slices, SEED_MIX=SEED_MIX,
+                                offset, scores, ids, vocab, logits.stride(0), slices,
+                                logits if allowed is None else allowed,
+                                0 if allowed is None else allowed.stride(0), SEED_MIX=SEED_MIX,
                                 POSITION_MIX=POSITION_MIX, TOKEN_MIX=TOKEN_MIX, M1=M1, M2=M2, BLOCK=BLOCK,
                                 SLICE=SLICE, BITS=temperature.dtype == torch.int64,
+                                MASKED=allowed is not None,
                                 **pdl.options(logits.device))
     _row_best[(rows,)](scores, ids, out, out if out_rows is None else out_rows.contiguous(), slices,
                        BLOCK=max(16, triton.next_power_of_2(slices)), ROWS=out_rows is not None,

@@ -22,6 +22,7 @@ from support import CACHE
 from tfd.bench.workload import drive
 from tfd.checkpoint import Checkpoint
 from tfd.demo import ASSETS, ENDOFTEXT, IM_END
+from tfd.engine import decode_pipeline
 from tfd.engine.drawn import Drawn
 from tfd.engine.grammar import Grammar, GrammarRefused, Vocabulary, allowed
 from tfd.engine.lane import Lane
@@ -92,6 +93,27 @@ def test_a_grammar_lane_draws_beside_others_what_it_draws_alone(model: HybridMod
         assert together[-1] == alone
         alone_others = [drive(model, [request], STEP_TOKENS, graphs=False).tokens[0] for request in beside]
         assert list(together[:-1]) == alone_others
+
+
+@pytest.mark.parametrize("beside", ["penalty", "bias", "min_tokens", "plain"])
+def test_a_grammar_lane_draws_the_same_whether_its_step_is_redrawn_on_the_device_or_drawn_on_the_host(
+        model: HybridModel, vocabulary: Vocabulary, beside: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a step whose lanes all draw plainly redraws its rows masked with its own keys; beside a lane the
+    # host adds to (a penalty, a bias, a stop token barred) the step's lanes are drawn on the host
+    alone = drive(model, [asked("json", schema_grammar(vocabulary), 4)], STEP_TOKENS, graphs=False).tokens[0]
+    sampling = {"penalty": Sampling(temperature=1.0, seed=5, frequency_penalty=0.8),
+                "bias": Sampling(temperature=1.0, seed=5, bias=((9, 3.0),)),
+                "min_tokens": Sampling(temperature=1.0, seed=5), "plain": Sampling(temperature=1.0, seed=5)}
+    other = Request("other", PROMPT, 24, sampling[beside], stop_ids=STOPS,
+                    min_tokens=20 if beside == "min_tokens" else 0)
+    other_alone = drive(model, [other], STEP_TOKENS, graphs=False).tokens[0]
+    on_host = []
+    real = decode_pipeline.host_draw
+    monkeypatch.setattr(decode_pipeline, "host_draw", lambda *a: on_host.append(1) or real(*a))
+    together = drive(model, [other, asked("json", schema_grammar(vocabulary), 4)], STEP_TOKENS,
+                     graphs=False).tokens
+    assert together == (other_alone, alone)
+    assert bool(on_host) is (beside != "plain")
 
 
 def test_drafted_grammar_lanes_draw_the_plain_tokens(model: HybridModel, vocabulary: Vocabulary) -> None:

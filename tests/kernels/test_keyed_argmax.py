@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tfd.engine import grammar
 from tfd.engine.sampling import draw
 from tfd_kernels import sampling
 from tfd_kernels.sampling import BLOCK, SLICE, keyed_argmax
@@ -99,3 +100,36 @@ def test_a_real_vocabulary_on_the_device() -> None:
     expected = draw(logits, temperature, seeds, positions)
     got = keyed_argmax(*(x.cuda() for x in (logits, temperature, seeds, positions)))
     assert got.cpu().tolist() == expected.tolist()
+
+
+def _masks(rows: int, vocab: int, seed: int) -> torch.Tensor:
+    """Random grammar bitmasks, each row allowing a few tokens about the 32-token word boundaries."""
+    generator = torch.Generator().manual_seed(seed)
+    words = (vocab + 31) // 32
+    bits = torch.rand(rows, words * 32, generator=generator) < 0.05
+    bits[:, 31], bits[:, 32] = True, torch.arange(rows) % 2 == 0  # a word's last bit, the next one's first
+    bits[0] = False
+    bits[0, vocab - 1] = True  # one token allowed: the last of the vocabulary
+    packed = (bits.view(rows, words, 32).long() << torch.arange(32)).sum(-1)
+    return packed.to(torch.int64).where(packed < 2**31, packed - 2**32).to(torch.int32)
+
+
+@pytest.mark.parametrize("vocab", [33, BLOCK + 777, 2 * SLICE + 31])  # a word partly past the vocabulary
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_grammar_mask_bars_as_minus_infinity_logits(vocab: int, dtype: torch.dtype) -> None:
+    # the draw reads a grammar's bitmask as it goes: the tokens drawn are those of the masked copy
+    logits, temperature, seeds, positions = _draws(6, vocab, vocab)
+    logits = logits.to(dtype)
+    allowed = _masks(6, vocab, vocab)
+    masked = grammar.apply(logits.float(), allowed)
+    expected = draw(masked, temperature, seeds, positions)
+    assert expected.tolist() != draw(logits, temperature, seeds, positions).tolist()  # the mask matters
+    assert expected[0].item() == vocab - 1
+    assert draw(logits, temperature, seeds, positions, allowed=allowed).tolist() == expected.tolist()
+    moved = [x.to(DEVICE) for x in (logits, temperature, seeds, positions)]
+    got = keyed_argmax(*moved, allowed=allowed.to(DEVICE))
+    assert got.cpu().tolist() == expected.tolist()
+    wide = torch.cat([allowed, torch.zeros(6, 3, dtype=torch.int32)], dim=1)  # a buffer's extra words
+    assert keyed_argmax(*moved, allowed=wide.to(DEVICE)).cpu().tolist() == expected.tolist()
+    with pytest.raises(ValueError, match="allowed"):
+        keyed_argmax(*moved, allowed=allowed[:, :-1].to(DEVICE))

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import attrs
 import torch
 
+from tfd.engine import grammar
 from tfd.engine.drawn import host_draw
 from tfd.engine.graphs import DecodeGraphs
 from tfd.engine.lane import Lane
@@ -31,7 +32,7 @@ from tfd.engine.sampling import draw
 from tfd.engine.scheduler import Work
 from tfd.families.hybrid import HybridModel
 from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
-from tfd.model.memory import ints_on, to_host
+from tfd.model.memory import ints_on, to_device, to_host
 
 
 @attrs.frozen
@@ -46,6 +47,7 @@ class Launched:
     first_row: int  # the feed row of its first lane's draw; the others follow in column order
     logits: torch.Tensor | None = None  # its lanes' logits, for a draw on the host's path
     on_host: bool = False  # its lanes draw on the host's path (``drawn_on_host`` before its tokens)
+    batch: DecodeBatch | None = None  # its inputs on the device (its draws' keys), for a masked redraw
 
     def tokens(self) -> list[int]:
         """The drawn tokens, waiting for their copy: the step's one sync with the host."""
@@ -112,21 +114,31 @@ class DecodePipeline:
         before it: their masks and histories are those of this row), written over the step's own in
         its feed rows, where the step after it reads them, and copied to the host: the step as it
         stands then. Nothing waits."""
-        assert step.logits is not None
+        assert step.logits is not None and step.batch is not None
         at = {id(lane): i for i, lane in enumerate(step.lanes)}
         lanes = [work.lane for work in works]
         rows = [at[id(lane)] for lane in lanes]
-        where = ints_on(rows, self.device)
-        tokens = host_draw(lanes, step.logits[where], self.device)
-        self.memory.feed.index_copy_(0, where + step.first_row, tokens)
         drawn = self.memory.feed[step.first_row:step.first_row + len(step.lanes)]
+        if all(lane.keyed_plainly for lane in lanes):
+            # the step's keyed draw again over all its rows, each grammar's row masked (another row
+            # draws what the step drew), with the keys and feed rows of the step's own inputs
+            follows = [(lane.grammar, row, ()) for lane, row in zip(lanes, rows, strict=True)
+                       if lane.grammar is not None]
+            masks = to_device(grammar.allowed(len(step.lanes), follows), self.device) if follows else None
+            batch = step.batch
+            draw(step.logits, batch.temperature_bits, batch.seeds, batch.positions, 1, self.memory.feed,
+                 batch.draw_rows, allowed=masks)
+        else:
+            where = ints_on(rows, self.device)
+            self.memory.feed.index_copy_(0, where + step.first_row,
+                                         host_draw(lanes, step.logits[where], self.device))
         host, copied = self._copy_out(drawn, 0 if step.first_row < self.memory.half(1).start else 1)
         return attrs.evolve(step, host_tokens=host, copied=copied, on_host=False)
 
     def decode(self, works: Sequence[Work]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``step`` for decode works, all lanes in one batched step (a graph when captured): hidden
         rows, logits and their draws."""
-        (hidden, logits), drawn, _ = self._launch_step(*_decode_inputs(works))
+        (hidden, logits), drawn, _, _ = self._launch_step(*_decode_inputs(works))
         return hidden, logits, drawn
 
     def launch(self, works: Sequence[Work]) -> Launched:
@@ -143,10 +155,11 @@ class DecodePipeline:
         self.ahead = self._ahead_of(step, works)
 
     def _launch_step(self, lanes: Sequence[Lane], starts: Sequence[int], tokens: Sequence[int]
-                     ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, int]:
+                     ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, int, DecodeBatch]:
         """``step`` for ``lanes`` at rows ``starts`` fed ``tokens``: token ids, or -(row + 1) for the
         token a step drew into that feed row (read on the device, the host not waiting). Its
-        outputs, its draws (a view of the feed) and the feed half they are in."""
+        outputs, its draws (a view of the feed), the feed half they are in and its inputs on the
+        device (valid until the next step)."""
         parity, self.parity = self.parity, self.parity ^ 1
         rows = self.memory.half(parity)
         copied = self.copies[parity]
@@ -158,18 +171,19 @@ class DecodePipeline:
             columns.append(self.columns.column(token, start, lane.seed, lane.request.sampling.temperature,
                                                row, lane.offsets, lane.lease.row_pages, self.null_page))
         if self.graphs is not None:
-            outputs = self.graphs.run(columns)
+            outputs, batch = self.graphs.run(columns)
         else:
-            outputs = self.step(DecodeBatch.of(columns, self.columns, self.device))
-        return outputs, self.memory.feed[rows.start:rows.start + len(lanes)], parity
+            batch = DecodeBatch.of(columns, self.columns, self.device)
+            outputs = self.step(batch)
+        return outputs, self.memory.feed[rows.start:rows.start + len(lanes)], parity, batch
 
     def _launch(self, lanes: Sequence[Lane], starts: Sequence[int], tokens: Sequence[int]) -> Launched:
         """Launch a step and the copy of its draw to the host (on the side stream, after the step;
         a step drawn on the host's path copies in ``drawn_on_host``); nothing waits."""
-        (_, logits), drawn, parity = self._launch_step(lanes, starts, tokens)
+        (_, logits), drawn, parity, batch = self._launch_step(lanes, starts, tokens)
         first = self.memory.half(parity).start
         if not all(lane.draws_alone for lane in lanes):  # drawn_on_host draws and copies its tokens
-            return Launched(tuple(lanes), tuple(starts), drawn, None, first, logits, True)
+            return Launched(tuple(lanes), tuple(starts), drawn, None, first, logits, True, batch)
         host, copied = self._copy_out(drawn, parity)
         return Launched(tuple(lanes), tuple(starts), host, copied, first)
 

@@ -47,4 +47,4 @@ def host_draw(lanes: Sequence[Lane], logits: torch.Tensor, device: torch.device)
     rows = Rows.of([lane.sampling_at(len(lane.generated)) for lane in lanes], [lane.seed for lane in lanes],
                    [lane.next_position for lane in lanes], device, [lane.history() for lane in lanes],
                    grammar.allowed(len(lanes), follows) if follows else None)
-    return sample(logits.float(), rows)
+    return sample(logits, rows)

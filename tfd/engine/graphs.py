@@ -79,15 +79,17 @@ class DecodeGraphs:
         torch.cuda.synchronize(device)
         log.info("captured decode graphs for %s lanes", ", ".join(map(str, self.buckets)))
 
-    def run(self, columns: Sequence[Sequence[int]]) -> tuple[torch.Tensor, ...]:
-        """The step's outputs (each with a row a lane) for each lane's ``Columns.column``."""
+    def run(self, columns: Sequence[Sequence[int]]) -> tuple[tuple[torch.Tensor, ...], DecodeBatch]:
+        """The step's outputs (each with a row a lane) for each lane's ``Columns.column``, and its
+        live lanes' inputs on the device (both valid until the bucket's next replay)."""
         lanes = len(columns)
         bucket = self.buckets[bisect.bisect_left(self.buckets, lanes)]
         # pinned, so the copy does not wait (the caching host allocator keeps it until the copy is done)
         self.inputs[bucket].copy_(fields_major([*columns, *[self.padding] * (bucket - lanes)]).pin_memory(),
                                   non_blocking=True)
         self.graphs[bucket].replay()
-        return tuple(output[:lanes] for output in self.outputs[bucket])
+        return (tuple(output[:lanes] for output in self.outputs[bucket]),
+                DecodeBatch(self.inputs[bucket][:, :lanes], self.columns))
 
 
 class RoundGraphs:

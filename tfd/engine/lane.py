@@ -131,11 +131,17 @@ class Lane:
         return History(drawn, self._prompt_set)
 
     @property
-    def drawn_by_step(self) -> bool:
-        """Whether a decode step's own keyed draw is its draw (``sampling.drawn_by_step``, no stop
-        token barred at any of its tokens: the step's draw knows no lane's count; no grammar)."""
+    def keyed_plainly(self) -> bool:
+        """Whether its draw is a decode step's keyed draw, under its grammar's mask if it has one
+        (``sampling.drawn_by_step``, no stop token barred at any of its tokens: the step's draw
+        knows no lane's count)."""
         barred = self.request.min_tokens and self.request.stop_ids
-        return drawn_by_step(self.request.sampling) and not barred and self.grammar is None
+        return drawn_by_step(self.request.sampling) and not barred
+
+    @property
+    def drawn_by_step(self) -> bool:
+        """Whether a decode step's own keyed draw is its draw: ``keyed_plainly``, no grammar."""
+        return self.keyed_plainly and self.grammar is None
 
     @property
     def draws_alone(self) -> bool:

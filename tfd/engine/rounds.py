@@ -240,7 +240,7 @@ class Rounds:
         follows = [(work.lane.grammar, at * rows, work.lane.drafts[:rows - 1])
                    for at, work in enumerate(works) if work.lane.grammar is not None]
         allowed = grammar.allowed(len(works) * rows, follows) if follows else None
-        drawn = sample(logits.float(), Rows.of(settings, seeds, positions, self.device, histories, allowed))
+        drawn = sample(logits, Rows.of(settings, seeds, positions, self.device, histories, allowed))
         asked = [work.lane.request.sampling.logprobs for work in works]
         details = logprobs(logits, drawn, max(n or 0 for n in asked)) if any(n is not None for n in asked) \
             else None

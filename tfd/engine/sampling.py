@@ -123,17 +123,20 @@ class Rows:
 
 def draw(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
          positions: torch.Tensor, offset: int = 0, out: torch.Tensor | None = None,
-         out_rows: torch.Tensor | None = None) -> torch.Tensor:
+         out_rows: torch.Tensor | None = None, allowed: torch.Tensor | None = None) -> torch.Tensor:
     """argmax of logits / temperature + noise (greedy rows: of the logits), a row at a time, each
     row keyed at its position plus ``offset``, into ``out`` when given (row r at ``out_rows[r]`` with
     those, none below 0): the one-pass kernel on CUDA, its torch form elsewhere. Cut tokens come in
-    as -inf; 2-byte logits are drawn as their fp32 values; temperature is fp32, or int64 fields
-    holding its fp32 bits (a decode batch's)."""
+    as -inf; so do those a row's grammar bars (``allowed``: ``grammar.allowed``'s bitmask on the
+    logits' device); 2-byte logits are drawn as their fp32 values; temperature is fp32, or int64
+    fields holding its fp32 bits (a decode batch's)."""
     if logits.is_cuda:
-        return keyed.keyed_argmax(logits, temperature, seeds, positions, offset, out, out_rows)
+        return keyed.keyed_argmax(logits, temperature, seeds, positions, offset, out, out_rows, allowed)
     if temperature.dtype == torch.int64:
         temperature = temperature.to(torch.int32).view(torch.float32)
     logits, positions = logits.float(), positions + offset
+    if allowed is not None:
+        logits = grammar.apply(logits, allowed)
     greedy = temperature <= 0
     noise = gumbel(seeds, positions, logits.shape[-1])
     scores = logits / torch.where(greedy, 1.0, temperature)[:, None] + noise
@@ -148,16 +151,19 @@ def draw(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
 
 
 def sample(logits: torch.Tensor, rows: Rows) -> torch.Tensor:
-    """One token per row of ``logits`` [rows, vocab] (fp32; a bias, penalties and grammars' masks go
-    to a copy, in that order)."""
+    """One token per row of ``logits`` [rows, vocab] (fp32, or 2-byte drawn as their fp32 values; a
+    bias, penalties and grammars' masks go to an fp32 copy, in that order; a draw that cuts nothing
+    reads the masks as it draws, with no copy)."""
+    if rows.bias is not None or rows.penalties is not None or not rows.plain:
+        logits = logits.float()
     if rows.bias is not None:
         logits = logits.index_put((rows.bias[0], rows.bias[1]), rows.bias[2], accumulate=True)
     if rows.penalties is not None:
         logits = _penalize(logits, *rows.penalties)
+    if rows.plain:
+        return draw(logits, rows.temperature, rows.seeds, rows.positions, allowed=rows.allowed)
     if rows.allowed is not None:
         logits = grammar.apply(logits, rows.allowed)
-    if rows.plain:
-        return draw(logits, rows.temperature, rows.seeds, rows.positions)
     vocab = logits.shape[-1]
     greedy = rows.temperature <= 0
     tempered = logits / torch.where(greedy, 1.0, rows.temperature)[:, None]
