@@ -10,6 +10,7 @@ alone.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import jsonschema
@@ -23,6 +24,7 @@ from tfd.bench.workload import drive
 from tfd.checkpoint import Checkpoint
 from tfd.demo import ASSETS, ENDOFTEXT, IM_END
 from tfd.engine import decode_pipeline
+from tfd.engine import grammar as grammar_module
 from tfd.engine.drawn import Drawn
 from tfd.engine.grammar import Grammar, GrammarRefused, Vocabulary, allowed
 from tfd.engine.lane import Lane
@@ -197,3 +199,34 @@ def test_a_grammar_lanes_next_step_runs_ahead_unless_it_asks_for_logprobs(
             seen.append(pipeline.ahead is not None and pipeline.ahead.on_host)
     assert seen and all(seen) is ahead and any(seen) is ahead
     runner.pool.check_at_load()
+
+
+@pytest.mark.parametrize("beside", [None, "penalty"])
+def test_a_run_ahead_steps_masks_fill_once_on_the_grammar_thread_while_the_host_goes_on(
+        model: HybridModel, vocabulary: Vocabulary, beside: str | None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # after the lanes take their tokens the next step's masks start filling on the vocabulary's
+    # thread; the draw takes that fill: one fill a draw. Beside a lane the host draws (a penalty)
+    # the rows are the same, so is the fill
+    fills: list[str] = []
+    draws = []
+    real_fill, real_allowed = grammar_module._fill, grammar_module.allowed
+    monkeypatch.setattr(grammar_module, "_fill",
+                        lambda *a: fills.append(threading.current_thread().name) or real_fill(*a))
+    monkeypatch.setattr(grammar_module, "allowed", lambda *a: draws.append(1) or real_allowed(*a))
+    requests = [asked(f"g{i}", schema_grammar(vocabulary), i, 30) for i in range(2)]
+    if beside == "penalty":
+        requests.append(Request("p", PROMPT, 30, Sampling(temperature=1.0, seed=5, frequency_penalty=0.5),
+                                stop_ids=STOPS))
+    alone = [drive(model, [request], STEP_TOKENS, graphs=False).tokens[0] for request in requests]
+    fills.clear()
+    draws.clear()
+    together = drive(model, requests, STEP_TOKENS, graphs=False).tokens
+    assert list(together) == alone
+    ahead = [name for name in fills if name.startswith("tfd-grammar")]
+    # each draw's masks filled once; beside the lane the host draws, the step after a grammar lane
+    # ended draws fewer rows on the host's path than were filled ahead: those are filled again
+    assert len(fills) == len(draws) + (beside is not None)
+    # on the host's path: a step's until its lanes' steps run ahead, and the refill
+    assert len(fills) - len(ahead) <= 2 * len(requests) + (beside is not None)
+    assert len(ahead) >= min(len(tokens) for tokens in together[:2]) - 4

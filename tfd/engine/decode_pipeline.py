@@ -109,6 +109,18 @@ class DecodePipeline:
         return all(work.decode and work.samples and not work.verify and not work.lane.drafting
                    and work.lane.request.sampling.logprobs is None for work in works)
 
+    def fill_ahead(self) -> None:
+        """The lanes took the tokens before the step run ahead: start filling the masks of its
+        grammar lanes still open, rows as ``drawn_on_host`` asks for them, while the host goes on
+        (``grammar.fill_ahead``)."""
+        step = self.ahead
+        if step is None or not step.on_host:
+            return
+        follows = [(lane.grammar, row, ()) for row, lane in enumerate(step.lanes)
+                   if lane.grammar is not None and lane.lease is not None and not lane.cancelled]
+        if follows:
+            grammar.fill_ahead(len(step.lanes), follows)
+
     def drawn_on_host(self, step: Launched, works: Sequence[Work]) -> Launched:
         """``step``'s draws for ``works``' lanes made on the host's path (the lanes took the tokens
         before it: their masks and histories are those of this row), written over the step's own in

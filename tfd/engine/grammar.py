@@ -10,12 +10,18 @@ the tokens it takes, so a lane's allowed tokens depend on its own tokens alone.
 ``allowed`` fills, for the rows of a step that follow grammars, the bitmask of the tokens each row
 may draw (a row a token, 32 tokens an int32 word), for a verify window's rows as if the drafts
 before each held: llguidance's executor fills them on its own threads without the GIL. Rows that
-follow no grammar are left all ones. Engine thread only, but for ``Vocabulary.compile`` (any).
+follow no grammar are left all ones. ``fill_ahead`` starts the same fill on the vocabulary's own
+thread and returns at once, so the host goes on with its bookkeeping while the masks fill; the
+``allowed`` call that asks for the same rows of matchers in the same places takes them when done.
+At most one fill is in flight a vocabulary, and whatever reads or moves a matcher (``allowed``,
+``Matcher.take``) waits for it first, so no matcher is touched by two threads at once. Engine
+thread only, but for ``Vocabulary.compile`` (any).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import llguidance
 import torch
@@ -41,6 +47,14 @@ class Vocabulary:
         self.words = (vocab + WORD_BITS - 1) // WORD_BITS
         self.executor = llguidance.LLExecutor()
         self._masks: torch.Tensor | None = None  # the host buffer masks are filled into (``allowed``)
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="tfd-grammar")  # calls the executor
+        self._pending: tuple[_Key, Future[torch.Tensor]] | None = None  # the fill in flight and its rows
+
+    def settle(self) -> None:
+        """Wait for the fill in flight (``fill_ahead``), if any; its error, if it failed, raised here."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending[1].result()
 
     def masks(self, rows: int) -> torch.Tensor:
         """A host buffer of ``rows`` masks, pinned where CUDA is: the same memory step after step (a
@@ -88,29 +102,72 @@ class Matcher:
     def __init__(self, vocabulary: Vocabulary, matcher: llguidance.LLMatcher) -> None:
         self.vocabulary = vocabulary
         self.inner = matcher
+        self.taken = 0  # tokens taken: its place, for telling a fill made ahead is still its own
 
     def take(self, token: int) -> None:
-        """The lane took ``token``. ``GrammarRefused`` for a token its grammar does not allow."""
+        """The lane took ``token`` (once a fill in flight is done). ``GrammarRefused`` for a token
+        its grammar does not allow."""
+        self.vocabulary.settle()
+        self.taken += 1
         if not self.inner.consume_token(token):
             raise GrammarRefused(f"token {token} is not allowed by the reply's grammar")
 
     @property
     def finished(self) -> bool:
         """Whether the grammar is complete (it allows the end and nothing else, or has ended)."""
+        self.vocabulary.settle()
         return self.inner.is_stopped()
 
 
-def allowed(rows: int, follows: Sequence[tuple[Matcher, int, Sequence[int]]]) -> torch.Tensor:
+Follow = tuple[Matcher, int, Sequence[int]]  # a matcher, its mask's row, the drafts its next rows take
+_Key = tuple[int, tuple[tuple[int, int, int, tuple[int, ...]], ...]]  # rows; each row, matcher, place, drafts
+
+
+def _key(rows: int, follows: Sequence[Follow]) -> _Key:
+    """What a fill is of: its rows, and each row's matcher, the matcher's place and the drafts."""
+    return rows, tuple(sorted((row, id(matcher), matcher.taken, tuple(drafts))
+                              for matcher, row, drafts in follows))
+
+
+def allowed(rows: int, follows: Sequence[Follow]) -> torch.Tensor:
     """The bitmask [rows, words] (int32, pinned where CUDA is) of what each row may draw: for each
     ``(matcher, row, drafts)``, its row and, a draft a row, the rows after it as if the drafts before
-    held (past a draft the grammar refuses: all ones, their draws not kept); other rows all ones."""
+    held (past a draft the grammar refuses: all ones, their draws not kept); other rows all ones.
+    The fill ``fill_ahead`` started for the same when there is one (waiting for it), else made now.
+    Valid until the next fill."""
     vocabulary = follows[0][0].vocabulary
-    mask = vocabulary.masks(rows)
+    pending = vocabulary._pending
+    if pending is not None and pending[0] == _key(rows, follows):
+        vocabulary._pending = None
+        return pending[1].result()
+    vocabulary.settle()
+    return _fill(_ones_elsewhere(rows, follows), follows)
+
+
+def fill_ahead(rows: int, follows: Sequence[Follow]) -> None:
+    """Start ``allowed(rows, follows)`` on the vocabulary's thread (after any fill in flight) and
+    return: the host goes on while llguidance fills the masks."""
+    vocabulary = follows[0][0].vocabulary
+    vocabulary.settle()
+    mask = _ones_elsewhere(rows, follows)
+    vocabulary._pending = (_key(rows, follows), vocabulary._thread.submit(_fill, mask, follows))
+
+
+def _ones_elsewhere(rows: int, follows: Sequence[Follow]) -> torch.Tensor:
+    """The vocabulary's mask buffer for ``rows`` rows, the rows no matcher fills whole all ones."""
+    mask = follows[0][0].vocabulary.masks(rows)
     filled = {row for _, row, drafts in follows if not drafts}  # whole rows llguidance writes
     if len(filled) < rows:
         free = torch.ones(rows, dtype=torch.bool)
         free[list(filled)] = False
         mask[free] = -1
+    return mask
+
+
+def _fill(mask: torch.Tensor, follows: Sequence[Follow]) -> torch.Tensor:
+    """llguidance's masks for ``follows`` written into ``mask`` (its rows; drops the GIL meanwhile)."""
+    vocabulary = follows[0][0].vocabulary
+    rows = mask.shape[0]
     plain = [(matcher.inner, row) for matcher, row, drafts in follows if not drafts]
     drafted = [(matcher.inner, row, list(drafts)) for matcher, row, drafts in follows if drafts]
     # straight into the tensor's memory (llguidance.torch's helpers do the same, but importing that

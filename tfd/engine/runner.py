@@ -110,6 +110,12 @@ class Runner:
                         for work, found in zip(rounds, self.rounds.run(rounds), strict=True)]
         return verified + self._run_rest([work for work in works if not work.verify])
 
+    def took(self) -> None:
+        """The lanes took the last step's tokens: start what the step run ahead needs from the host
+        and can start now (its grammar lanes' masks), while the host goes on."""
+        if self.pipeline is not None:
+            self.pipeline.fill_ahead()
+
     def _run_rest(self, works: Sequence[Work]) -> list[Drawn]:
         """``works`` without verify rounds: the rows the step run ahead ran read from it, plain
         decode rows launched (and the step after them), the rest as a prefill pass."""

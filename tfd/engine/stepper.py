@@ -124,6 +124,7 @@ class Stepper:
         ran_at = self.clock()
         settle(plan.works, drawn)
         emitted = self._take(drawn, ran_at, ended)
+        self.runner.took()
         run_s = time.monotonic() - began
         return Step(tuple(admitted), plan.works, tuple(emitted), tuple(ended), ran_at, run_s)
 

@@ -36,6 +36,8 @@ if torch.cuda.is_available():
     on_device(graphs.DecodeGraphs, "run", "dev_forward")
     on_device(decode_pipeline.DecodePipeline, "drawn_on_host", "dev_drawn_on_host")
 wrap(grammar, "allowed", "allowed")
+wrap(grammar, "_fill", "fill_work")
+wrap(grammar, "fill_ahead", "fill_ahead_start")
 wrap(sampling.Rows, "of", "rows_of", static=True)
 wrap(drawn, "sample", "sample_launch")
 wrap(decode_pipeline, "host_draw", "host_draw")
