@@ -11,8 +11,11 @@ lanes know before it (a grammar's mask, a bias, penalties, cuts; not logprobs, n
 (``ahead``), its tokens fed from this step's draw on the device (each lane's token field names its
 row of the draw), so the host's bookkeeping overlaps the device's work. A step whose lanes draw on
 the host's path (``Launched.on_host``) has its draws made by ``drawn_on_host`` once the lanes took
-the tokens before it, written over the step's own in its feed rows before the next step is launched:
-a grammar's mask is filled while the device runs that next step. A lane that then stops (a stop
+the tokens before it, written over the step's own in its feed rows before the next step is launched.
+Its grammars' masks begin filling on the grammar thread as soon as the lanes took those tokens
+(``fill_ahead``), the next step is made ready on the host meanwhile (``go_on``), and when every
+lane draws plainly but for its mask the step's keyed draw runs again over its rows with the masks
+and the keys of its own inputs, no settings moved to the device. A lane that then stops (a stop
 token, a cancel) wasted one row in its own pages, which it gives back as usual; every other lane's
 rows are what the next plan asks for, the same bits as run then. Engine thread only.
 """
@@ -33,6 +36,17 @@ from tfd.engine.scheduler import Work
 from tfd.families.hybrid import HybridModel
 from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
 from tfd.model.memory import ints_on, to_device, to_host
+
+
+@attrs.frozen
+class _Ready:
+    """A decode step made ready on the host, not launched: its lanes, their rows, their columns
+    (``Columns.column``) and the feed half it draws into."""
+
+    lanes: tuple[Lane, ...]
+    starts: tuple[int, ...]
+    columns: list[list[int]]
+    parity: int
 
 
 @attrs.frozen
@@ -150,54 +164,63 @@ class DecodePipeline:
     def decode(self, works: Sequence[Work]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``step`` for decode works, all lanes in one batched step (a graph when captured): hidden
         rows, logits and their draws."""
-        (hidden, logits), drawn, _, _ = self._launch_step(*_decode_inputs(works))
+        (hidden, logits), drawn, _ = self._launch_step(self._ready(*_decode_inputs(works)))
         return hidden, logits, drawn
 
     def launch(self, works: Sequence[Work]) -> Launched:
         """Launch a step of ``works`` (each lane fed its last drawn token; ``ahead_able``), its draws on
-        the host's path where a lane asks for it, and the step after it."""
-        step = self._launch(*_decode_inputs(works))
+        the host's path where a lane asks for it, and the step after it (``go_on``)."""
+        return self.go_on(self._launch(self._ready(*_decode_inputs(works))), works, further=True)
+
+    def go_on(self, step: Launched, works: Sequence[Work], further: bool) -> Launched:
+        """The step ``step`` ran ``works``' rows: its draws made on the host's path where its lanes
+        ask for it (``drawn_on_host``) and, when ``further``, the step after it launched, made ready
+        on the host first (its columns built while a grammar's masks fill). The step as it stands."""
+        ready = self._following(step, works) if further else None
         if step.on_host:
             step = self.drawn_on_host(step, works)
-        self.ahead = self._ahead_of(step, works)
+        self.ahead = None if ready is None else self._launch(ready)
         return step
 
-    def go_on(self, step: Launched, works: Sequence[Work]) -> None:
-        """The step ``step`` ran ``works``' rows (its draws made): launch the one after it."""
-        self.ahead = self._ahead_of(step, works)
-
-    def _launch_step(self, lanes: Sequence[Lane], starts: Sequence[int], tokens: Sequence[int]
-                     ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, int, DecodeBatch]:
-        """``step`` for ``lanes`` at rows ``starts`` fed ``tokens``: token ids, or -(row + 1) for the
-        token a step drew into that feed row (read on the device, the host not waiting). Its
-        outputs, its draws (a view of the feed), the feed half they are in and its inputs on the
-        device (valid until the next step)."""
-        parity, self.parity = self.parity, self.parity ^ 1
-        rows = self.memory.half(parity)
-        copied = self.copies[parity]
-        if copied is not None:  # the half's last copy to the host is done before this step draws over it
-            torch.cuda.current_stream(self.device).wait_event(copied)
+    def _ready(self, lanes: Sequence[Lane], starts: Sequence[int], tokens: Sequence[int]) -> _Ready:
+        """The next step for ``lanes`` at rows ``starts`` fed ``tokens`` (token ids, or -(row + 1) for
+        the token a step drew into that feed row, read on the device), made ready on the host: its
+        columns, drawing into the feed half the next launch draws into."""
+        parity = self.parity
         columns = []
-        for token, lane, start, row in zip(tokens, lanes, starts, rows[:len(lanes)], strict=True):
+        for token, lane, start, row in zip(tokens, lanes, starts, self.memory.half(parity)[:len(lanes)],
+                                           strict=True):
             assert lane.lease is not None
             columns.append(self.columns.column(token, start, lane.seed, lane.request.sampling.temperature,
                                                row, lane.offsets, lane.lease.row_pages, self.null_page))
-        if self.graphs is not None:
-            outputs, batch = self.graphs.run(columns)
-        else:
-            batch = DecodeBatch.of(columns, self.columns, self.device)
-            outputs = self.step(batch)
-        return outputs, self.memory.feed[rows.start:rows.start + len(lanes)], parity, batch
+        return _Ready(tuple(lanes), tuple(starts), columns, parity)
 
-    def _launch(self, lanes: Sequence[Lane], starts: Sequence[int], tokens: Sequence[int]) -> Launched:
-        """Launch a step and the copy of its draw to the host (on the side stream, after the step;
-        a step drawn on the host's path copies in ``drawn_on_host``); nothing waits."""
-        (_, logits), drawn, parity, batch = self._launch_step(lanes, starts, tokens)
-        first = self.memory.half(parity).start
-        if not all(lane.draws_alone for lane in lanes):  # drawn_on_host draws and copies its tokens
-            return Launched(tuple(lanes), tuple(starts), drawn, None, first, logits, True, batch)
-        host, copied = self._copy_out(drawn, parity)
-        return Launched(tuple(lanes), tuple(starts), host, copied, first)
+    def _launch_step(self, ready: _Ready) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, DecodeBatch]:
+        """``step`` for a step made ready (the next one: ``_ready`` since the last launch): its
+        outputs, its draws (a view of the feed) and its inputs on the device (valid until the next
+        step)."""
+        assert ready.parity == self.parity, "a step launched past one made ready after it"
+        self.parity ^= 1
+        rows = self.memory.half(ready.parity)
+        copied = self.copies[ready.parity]
+        if copied is not None:  # the half's last copy to the host is done before this step draws over it
+            torch.cuda.current_stream(self.device).wait_event(copied)
+        if self.graphs is not None:
+            outputs, batch = self.graphs.run(ready.columns)
+        else:
+            batch = DecodeBatch.of(ready.columns, self.columns, self.device)
+            outputs = self.step(batch)
+        return outputs, self.memory.feed[rows.start:rows.start + len(ready.lanes)], batch
+
+    def _launch(self, ready: _Ready) -> Launched:
+        """Launch a step made ready and the copy of its draw to the host (on the side stream, after
+        the step; a step drawn on the host's path copies in ``drawn_on_host``); nothing waits."""
+        (_, logits), drawn, batch = self._launch_step(ready)
+        first = self.memory.half(ready.parity).start
+        if not all(lane.draws_alone for lane in ready.lanes):  # drawn_on_host draws and copies its tokens
+            return Launched(ready.lanes, ready.starts, drawn, None, first, logits, True, batch)
+        host, copied = self._copy_out(drawn, ready.parity)
+        return Launched(ready.lanes, ready.starts, host, copied, first)
 
     def _copy_out(self, drawn: torch.Tensor, parity: int) -> tuple[torch.Tensor, torch.cuda.Event | None]:
         """``drawn`` (feed rows of half ``parity``) copied to the host on the side stream once the work
@@ -212,10 +235,10 @@ class DecodePipeline:
         self.copies[parity] = copied
         return host, copied
 
-    def _ahead_of(self, step: Launched, works: Sequence[Work]) -> Launched | None:
-        """The step after ``step`` (the last one launched) for the lanes of ``works`` (rows ``step``
-        ran) that will want one: not cancelled, short of their ``max_tokens``. Fed ``step``'s draw on
-        the device; None when no lane will."""
+    def _following(self, step: Launched, works: Sequence[Work]) -> _Ready | None:
+        """The step after ``step`` (the last one launched), made ready, for the lanes of ``works``
+        (rows ``step`` ran) that will want one: not cancelled, short of their ``max_tokens``. Fed
+        ``step``'s draw on the device; None when no lane will."""
         at = {id(lane): i for i, lane in enumerate(step.lanes)}
         going = [work for work in works if not work.lane.cancelled and work.lane.tokens_left > 1]
         if not going:
@@ -225,7 +248,7 @@ class DecodePipeline:
         for lane, start in zip(lanes, starts, strict=True):
             assert lane.lease is not None
             lane.lease.take(start + 1)
-        return self._launch(lanes, starts, [-(step.first_row + at[id(lane)] + 1) for lane in lanes])
+        return self._ready(lanes, starts, [-(step.first_row + at[id(lane)] + 1) for lane in lanes])
 
 
 def _decode_inputs(works: Sequence[Work]) -> tuple[list[Lane], list[int], list[int]]:

@@ -126,12 +126,11 @@ class Runner:
         rest = [work for work, done in zip(works, ran, strict=True) if not done]
         if pipeline is not None:
             pipeline.ahead = None
+            if ahead is not None and not rest:  # the whole step ran ahead: launch the next, then wait
+                ahead = pipeline.go_on(ahead, covered, further=pipeline.ahead_able(covered))
+                return _drawn(covered, ahead.tokens(), ahead.lanes)
             if ahead is not None and covered and ahead.on_host:  # its draws now: its lanes took the last
                 ahead = pipeline.drawn_on_host(ahead, covered)
-            if ahead is not None and not rest:  # the whole step ran ahead: launch the next, then wait
-                if pipeline.ahead_able(covered):
-                    pipeline.go_on(ahead, covered)
-                return _drawn(covered, ahead.tokens(), ahead.lanes)
             if not covered and works and pipeline.ahead_able(works):
                 step = pipeline.launch(works)
                 return _drawn(works, step.tokens(), step.lanes)
