@@ -13,7 +13,7 @@ nproc; python -c "import os; print(os.cpu_count(), len(os.sched_getaffinity(0)))
 run() {  # name, timeout, flags...
   local name=$1 limit=$2; shift 2
   TOKENS_OUT=$R/$name-tokens.json timeout $limit python $ROOT/.dev/grammar_timeline.py "$@" --out $R/$name \
-    > $R/$name.txt 2>&1; echo "$name rc=$? t=$(el)"; grep -a "tok/s" $R/$name.txt | tail -1
+    > $R/$name.txt 2>&1; echo "$name rc=$? t=$(el)"; grep -a "tok/s" $R/$name.txt | tail -2
   grep -a TIMELINE $R/$name.txt | python -c "import json,sys; d=json.loads(sys.stdin.read()[9:]); print({k: v['median'] if isinstance(v, dict) else v for k, v in d.items()})"
 }
 run 9b-x32-json 170 --shape qwen3_5-9b --streams 32 --prompt 1024 --new 128 --grammar json
