@@ -27,6 +27,11 @@ import llguidance
 import torch
 
 WORD_BITS = 32
+_TEXT = '[^"\\\\\\x00-\\x1F\\x7F]'  # a character a JSON string holds unescaped
+# llguidance's slicer takes the tokens of a slice whole wherever the grammar allows all its strings;
+# its own slices stop at 10 characters, so a JSON string with fewer left before its maxLength walked
+# the whole vocabulary (a third of a 32-lane fill); one slice a length below 10 covers those states
+SLICES = (*llguidance.LLTokenizer.general_slices(), *(f"{_TEXT}{{1,{n}}}" for n in range(1, 10)))
 
 
 class GrammarError(Exception):
@@ -43,7 +48,8 @@ class Vocabulary:
     model's vocabulary size (rows of its logits); ``eos``: the tokens that end a reply."""
 
     def __init__(self, tokenizer_json: str, vocab: int, eos: Sequence[int]) -> None:
-        self.tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab, eos_token=list(eos))
+        self.tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab, eos_token=list(eos),
+                                                slices=list(SLICES))
         self.words = (vocab + WORD_BITS - 1) // WORD_BITS
         self.executor = llguidance.LLExecutor()
         self._masks: torch.Tensor | None = None  # the host buffer masks are filled into (``allowed``)

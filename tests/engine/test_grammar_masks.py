@@ -1,0 +1,58 @@
+"""The masks a grammar gives do not depend on how they are filled: tfd's slices against none, ahead
+on the grammar thread against on the caller's, with JSON strings near and past their maxLength.
+
+The covering tokenizer (the demo's BPE and a ``<id>`` token for every id up to 4,096) and a
+schema of bounded strings; lanes walk it by random allowed tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tfd.engine import grammar
+from tfd.engine.grammar import Vocabulary
+from tfd.server.structured import json_rule
+from tfd.shapes import covering_tokenizer
+
+VOCAB = 4096
+SCHEMA = {"type": "array", "items": {"type": "object", "properties": {
+    "a": {"type": "string", "maxLength": 3}, "b": {"type": "string", "maxLength": 9},
+    "c": {"type": "string", "maxLength": 10}, "d": {"type": "string", "maxLength": 24}},
+    "required": ["a", "b", "c", "d"], "additionalProperties": False}, "minItems": 3}
+
+
+@pytest.fixture(scope="module")
+def text() -> str:
+    return covering_tokenizer(VOCAB)
+
+
+def _walk(vocabulary: Vocabulary, seed: int, steps: int, ahead: bool) -> list[list[int]]:
+    """Four lanes' masks along their own random allowed tokens, a list of words a lane a step."""
+    compiled = vocabulary.compile(f"start: {json_rule(SCHEMA)}\n")
+    lanes = [compiled.matcher() for _ in range(4)]
+    generator = torch.Generator().manual_seed(seed)
+    seen = []
+    for _ in range(steps):
+        follows = [(lane, row, ()) for row, lane in enumerate(lanes)]
+        if ahead:
+            grammar.fill_ahead(4, follows)
+        masks = grammar.allowed(4, follows).clone()
+        seen.append(masks.flatten().tolist())
+        bits = ((masks[:, :, None] >> torch.arange(32, dtype=torch.int32)) & 1).reshape(4, -1)[:, :VOCAB]
+        for lane, row in zip(lanes, bits, strict=True):
+            ok = row.nonzero()[:, 0]
+            lane.take(int(ok[torch.randint(len(ok), (1,), generator=generator)]))
+    return seen
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_slices_and_the_fill_ahead_change_no_mask(text: str, seed: int) -> None:
+    plain = Vocabulary(text, VOCAB, (0,))
+    plain.tokenizer = plain.tokenizer.with_slices([])  # no slicer: every token walked
+    expected = _walk(plain, seed, 40, ahead=False)
+    served = Vocabulary(text, VOCAB, (0,))
+    assert _walk(served, seed, 40, ahead=False) == expected
+    assert _walk(served, seed, 40, ahead=True) == expected
+    assert len({tuple(masks) for masks in expected}) > 20  # the lanes went places
+
