@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Issue 33's grammar cost with tfd's slices (bounded JSON strings), the fused masked draw, the masks filled
-# ready first: 9B and demo x32 (json against none) and 9B x1, each through grammar_timeline.py (host
-# parts, device spans); the mask fill replayed along the 9B streams at several executor thread
-# counts (grammar_replay.py); the keyed draw's tests on the device. Carry .whl .whl-test .devcache .dev.
+# Issue 33's grammar cost with tfd's slices (bounded JSON strings), the fused masked draw, the masks
+# filled ahead and the next step made ready first: the fill along the last run's 9B streams with deep
+# copied matchers against matchers compiled anew (grammar_copies.py); 9B and demo x32 (json against
+# none) and 9B x1 through grammar_timeline.py; the keyed draw's tests on the device.
+# Carry .whl .whl-test .devcache .dev (.dev/toks: the streams).
 set -u
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 ROOT=$PWD
