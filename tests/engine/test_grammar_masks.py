@@ -1,5 +1,6 @@
 """The masks a grammar gives do not depend on how they are filled: tfd's slices against none, ahead
-on the grammar thread against on the caller's, with JSON strings near and past their maxLength.
+on the grammar thread against on the caller's, matchers compiled for each lane against copies of
+one, with JSON strings near and past their maxLength.
 
 The covering tokenizer (the demo's BPE and a ``<id>`` token for every id up to 4,096) and a
 schema of bounded strings; lanes walk it by random allowed tokens.
@@ -27,9 +28,10 @@ def text() -> str:
     return covering_tokenizer(VOCAB)
 
 
-def _walk(vocabulary: Vocabulary, seed: int, steps: int, ahead: bool) -> list[list[int]]:
-    """Four lanes' masks along their own random allowed tokens, a list of words a lane a step."""
-    compiled = vocabulary.compile(f"start: {json_rule(SCHEMA)}\n")
+def _walk(vocabulary: Vocabulary, seed: int, steps: int, ahead: bool, own: int = 0) -> list[list[int]]:
+    """Four lanes' masks along their own random allowed tokens, a list of words a lane a step;
+    ``own`` of the lanes with matchers compiled for them, the others copies of the start."""
+    compiled = vocabulary.compile(f"start: {json_rule(SCHEMA)}\n", lanes=own)
     lanes = [compiled.matcher() for _ in range(4)]
     generator = torch.Generator().manual_seed(seed)
     seen = []
@@ -54,5 +56,7 @@ def test_the_slices_and_the_fill_ahead_change_no_mask(text: str, seed: int) -> N
     served = Vocabulary(text, VOCAB, (0,))
     assert _walk(served, seed, 40, ahead=False) == expected
     assert _walk(served, seed, 40, ahead=True) == expected
+    assert _walk(served, seed, 40, ahead=True, own=2) == expected  # two own, two copies
+    assert _walk(served, seed, 40, ahead=False, own=4) == expected
     assert len({tuple(masks) for masks in expected}) > 20  # the lanes went places
 

@@ -62,11 +62,13 @@ def run(model: HybridModel, workload: Workload, graphs: bool, seed: int = 0) -> 
     """Run ``workload``: prompts cut at random from ``workload.prompts`` (or random tokens), keyed
     sampling at its temperature."""
     generator = torch.Generator().manual_seed(seed)
+    # a matcher of its own for each stream's lane, as the daemon compiles them for a request's choices
+    grammar = None if workload.grammar is None else workload.grammar.prepared(workload.streams)
     requests = []
     for number in range(workload.streams):
         requests.append(Request(f"bench-{number}", prompt_of(workload, model.cfg.vocab, generator),
                                 workload.new_tokens, Sampling(temperature=workload.temperature,
-                                                              seed=seed + number), grammar=workload.grammar))
+                                                              seed=seed + number), grammar=grammar))
     return drive(model, requests, workload.step_tokens, graphs, drafting=workload.drafting)
 
 

@@ -78,9 +78,10 @@ class Vocabulary:
         ids = self.tokenizer.tokenize_str(text)
         return ids[0] if len(ids) == 1 and self.tokenizer.is_special_token(ids[0]) else None
 
-    def compile(self, lark: str) -> Grammar:
-        """A Lark grammar (llguidance's dialect) compiled; ``GrammarError`` when it does not compile.
-        Milliseconds for a JSON Schema of a few fields (it drops the GIL meanwhile)."""
+    def compile(self, lark: str, lanes: int = 1) -> Grammar:
+        """A Lark grammar (llguidance's dialect) compiled, with matchers ready for ``lanes`` lanes
+        (``Grammar.prepared``); ``GrammarError`` when it does not compile. Milliseconds for a JSON
+        Schema of a few fields, and again a lane (it drops the GIL meanwhile): off the engine thread."""
         grammar = llguidance.LLMatcher.grammar_from_lark(lark)
         problem = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
         if problem:
@@ -88,18 +89,33 @@ class Vocabulary:
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise GrammarError(matcher.get_error())
-        return Grammar(self, matcher)
+        return Grammar(self, matcher, grammar).prepared(lanes)
 
 
 class Grammar:
-    """A compiled grammar; ``matcher()`` gives a lane its own follower."""
+    """A compiled grammar (``text``: llguidance's form of it); ``matcher()`` gives a lane its own
+    follower: one compiled for it ahead (``prepared``) while there is one, else a copy of the start."""
 
-    def __init__(self, vocabulary: Vocabulary, start: llguidance.LLMatcher) -> None:
+    def __init__(self, vocabulary: Vocabulary, start: llguidance.LLMatcher, text: str,
+                 ready: Sequence[llguidance.LLMatcher] = ()) -> None:
         self.vocabulary = vocabulary
         self._start = start
+        self._text = text
+        self._ready = list(ready)
+
+    def prepared(self, lanes: int) -> Grammar:
+        """The same grammar with a matcher compiled anew for each of ``lanes`` lanes (milliseconds
+        each; any thread but the engine's). Copies of one matcher share llguidance's lexer, so the
+        masks of lanes following copies fill one lane at a time however many threads fill them
+        (a 32-lane fill on the H200's host: 3.8 ms on average against 2.0 for matchers of their own)."""
+        tokenizer = self.vocabulary.tokenizer
+        made = [llguidance.LLMatcher(tokenizer, self._text, log_level=0) for _ in range(lanes)]
+        return Grammar(self.vocabulary, self._start, self._text, made)
 
     def matcher(self) -> Matcher:
-        return Matcher(self.vocabulary, self._start.deep_copy())
+        """A follower at the grammar's start for one lane (engine thread)."""
+        own = self._ready.pop() if self._ready else self._start.deep_copy()
+        return Matcher(self.vocabulary, own)
 
 
 class Matcher:

@@ -294,6 +294,6 @@ async def _compile(service: Service, common: Common, lark: str, field: str) -> G
             raise BadRequest(f"{name} cannot be used with {field}: the grammar decides where the reply ends",
                              name)
     try:
-        return await trio.to_thread.run_sync(service.vocabulary.compile, lark)
+        return await trio.to_thread.run_sync(service.vocabulary.compile, lark, common.n)
     except GrammarError as error:
         raise BadRequest(f"{field}: the grammar it asks for does not compile: {error}", field) from None
