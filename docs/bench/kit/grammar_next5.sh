@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 33's grammar cost with a matcher compiled for each lane (no shared lexer), besides the slices,
 # the fused masked draw, the masks filled ahead and the next step made ready first: 9B and demo x32
-# (json against none) and 9B x1 through grammar_timeline.py. Carry .whl .dev.
+# (json against none) and x1 by tfd bench, and 9B x32 json through grammar_timeline.py. Carry .whl .dev.
 set -u
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 ROOT=$PWD
@@ -15,9 +15,9 @@ run() {  # name, timeout, flags...
     > $R/$name.txt 2>&1; echo "$name rc=$? t=$(el)"; grep -a "tok/s" $R/$name.txt | tail -2
   grep -a TIMELINE $R/$name.txt | python -c "import json,sys; d=json.loads(sys.stdin.read()[9:]); print({k: v['median'] if isinstance(v, dict) else v for k, v in d.items()})"
 }
-run 9b-x32-json 170 --shape qwen3_5-9b --streams 32 --prompt 1024 --new 128 --grammar json
-run 9b-x32-none 120 --shape qwen3_5-9b --streams 32 --prompt 1024 --new 128 --grammar none
-run demo-x32-json 60 --streams 32 --prompt 1024 --new 128 --grammar json
-run demo-x32-none 60 --streams 32 --prompt 1024 --new 128 --grammar none
-run 9b-x1 150 --shape qwen3_5-9b --streams 1 --prompt 1024 --new 128 --grammar none,json
+timeout 200 tfd bench --shape qwen3_5-9b --streams 32,1 --prompt 1024 --new 256 --grammar none,json --out $R/9b \
+  > $R/9b.txt 2>&1; echo "9b rc=$? t=$(el)"; grep -a "tok/s" $R/9b.txt
+timeout 100 tfd bench --streams 32,1 --prompt 1024 --new 256 --grammar none,json --out $R/demo > $R/demo.txt 2>&1
+echo "demo rc=$? t=$(el)"; grep -a "tok/s" $R/demo.txt
+run 9b-x32-json 150 --shape qwen3_5-9b --streams 32 --prompt 1024 --new 128 --grammar json
 cd $OUT && tar czf r.tgz r && rm -rf r
