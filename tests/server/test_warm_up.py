@@ -8,6 +8,7 @@ import pytest
 from support import ServedDaemon
 from tfd.engine.config import Limits
 from tfd.engine.request import Request
+from tfd.engine.sampling import drawn_by_step
 from tfd.server.warm_up import GEMM_CLASSES, LONG, NEW, RESUMED, TOGETHER, by_kernel, short, waves
 
 VOCAB = 4096
@@ -90,6 +91,23 @@ def test_cuts_and_logprobs_drafted_and_not(drafting: bool) -> None:
     assert {r.draft for r in sampled} == ({True, False} if drafting else {True})
     assert any(r.sampling.top_k for r in sampled) and any(r.sampling.top_p < 1 for r in sampled)
     assert any(r.sampling.min_p for r in sampled) and any(r.sampling.logprobs for r in sampled)
+
+
+@pytest.mark.parametrize("drafting", [True, False])
+def test_grammar_requests_cut_and_plain_the_plain_in_waves_of_their_own(drafting: bool) -> None:
+    # a step of plain grammar lanes is redrawn reading their masks; one beside a cut is drawn on the
+    # host: each way compiles its own variant of the draw
+    follows = object()
+    plan = waves(limits(lanes=2), VOCAB, drafting=drafting, cache=True, grammar=follows)  # type: ignore[arg-type]
+    assert not any(r.grammar is not None for wave in waves(limits(), VOCAB, drafting, True) for r in wave)
+    waves_with = [wave for wave in plan if any(r.grammar is follows for r in wave)]
+    plain = [wave for wave in waves_with if all(r.grammar is follows and drawn_by_step(r.sampling)
+                                                for r in wave)]
+    assert plain and any(not drawn_by_step(r.sampling) for wave in waves_with for r in wave)
+    drawn = [r for wave in plain for r in wave]
+    assert {r.sampling.temperature > 0 for r in drawn} == {True, False}
+    assert {r.draft for r in drawn} == ({True, False} if drafting else {True})
+    assert all(len(wave) <= 2 for wave in plan)
 
 
 def test_a_long_prompt_and_its_resumed_turn_where_the_context_allows() -> None:

@@ -15,7 +15,8 @@ rest (``waves``):
 2. lanes together of different lengths, so steps mix prompt chunks with decode rows: as many lanes
    as the prompts alone have rows (the rows that draw a token are the lanes'), 3, and all the pool has;
 3. sampling with cuts (top-k, top-p, min-p), seeded temperature and logprobs, and under a grammar
-   (a JSON object's: its masks filled and applied), drafted and not;
+   (a JSON object's: its masks filled and applied), drafted and not; and grammar lanes alone, greedy
+   and tempered with nothing cut, whose steps the keyed draw redraws reading their masks;
 4. a long prompt (past two attention spans of 2,048 keys and decode's 4,096-key split, where the
    context allows) and its next turn, resumed from the state it kept.
 
@@ -55,6 +56,7 @@ SPAN = 2048  # prefill attention's key span; decode attention splits differently
 LONG = 2 * SPAN + 81  # past two spans and the split, a tail that is not a multiple of 16
 RESUMED = 70  # rows a resumed next turn adds
 GREEDY = Sampling(temperature=0.0)
+TEMPERED = Sampling(temperature=1.0, seed=4)
 CUTS = (Sampling(temperature=0.8, top_k=8, seed=1), Sampling(temperature=0.9, top_p=0.9, seed=2),
         Sampling(temperature=1.0, min_p=0.05, seed=3, logprobs=3), Sampling(temperature=0.0, logprobs=1))
 
@@ -92,6 +94,10 @@ def waves(limits: Limits, vocab: int, drafting: bool, cache: bool, pooled: int =
         sampled += [request(min(30 + i, room), sampling, draft, start=7000 + 100 * i, follows=grammar)
                     for i, (sampling, draft) in enumerate((s, d) for d in drafts for s in CUTS[1:3])]
     made += [sampled[i:i + limits.max_lanes] for i in range(0, len(sampled), limits.max_lanes)]
+    if grammar is not None:  # drawn plainly but for the masks: a wave of its own, nothing cut beside
+        plain = [request(min(30 + i, room), sampling, draft, start=8000 + 100 * i, follows=grammar)
+                 for i, (sampling, draft) in enumerate((s, d) for d in drafts for s in (GREEDY, TEMPERED))]
+        made += [plain[i:i + limits.max_lanes] for i in range(0, len(plain), limits.max_lanes)]
     made += [[request(1, sampling, start=6000)] for sampling in CUTS]  # a cut alone: one row, drawn eagerly
     long = min(LONG, room)
     if long > max(alone, default=0):
