@@ -146,7 +146,8 @@ _Key = tuple[int, tuple[tuple[int, int, int, tuple[int, ...]], ...]]  # rows; ea
 
 
 def _key(rows: int, follows: Sequence[Follow]) -> _Key:
-    """What a fill is of: its rows, and each row's matcher, the matcher's place and the drafts."""
+    """What a fill is of: its rows, and each row's matcher, the matcher's place and the drafts (a
+    matcher's id names it: a fill in flight holds its matchers, so no other takes the id meanwhile)."""
     return rows, tuple(sorted((row, id(matcher), matcher.taken, tuple(drafts))
                               for matcher, row, drafts in follows))
 
