@@ -28,6 +28,7 @@ import attrs
 
 from tfd.chat import ChatTemplate, find_chat_template
 from tfd.loading import Progress
+from tfd.quantization import BlockFp8, QuantizationRefused, read_quantization
 
 if TYPE_CHECKING:  # loading weights needs them; reading a config does not
     import tokenizers
@@ -89,11 +90,13 @@ class TensorSpec:
 
 @attrs.frozen
 class Config:
-    """``root`` is config.json as read; ``text`` is its ``text_config`` over the root, or the root."""
+    """``root`` is config.json as read; ``text`` is its ``text_config`` over the root, or the root;
+    ``quantization``: its ``quantization_config`` read (``tfd.quantization``), None without one."""
 
     root: Mapping[str, object]
     text: Mapping[str, object]
     family: str
+    quantization: BlockFp8 | None = None
 
 
 @attrs.frozen
@@ -294,7 +297,11 @@ def _read_config(path: Path) -> Config:
     if model_type not in FAMILIES:
         raise CheckpointError(f"{path}: model_type {model_type!r} is not served; known: "
                               f"{', '.join(FAMILIES)}")
-    return Config(MappingProxyType(root), MappingProxyType(text), FAMILIES[str(model_type)])
+    try:
+        quantization = read_quantization(root)
+    except QuantizationRefused as refused:
+        raise CheckpointError(f"{path}: {refused}") from None
+    return Config(MappingProxyType(root), MappingProxyType(text), FAMILIES[str(model_type)], quantization)
 
 
 def _read_tensors(directory: Path) -> dict[str, TensorInfo]:

@@ -1,0 +1,88 @@
+"""A checkpoint's ``quantization_config``, read strictly: block-wise FP8 as Qwen publishes its ``-FP8``
+checkpoints, or refused by the field at fault.
+
+The one format: ``quant_method`` "fp8", ``fmt`` "e4m3", ``weight_block_size`` [128, 128],
+``activation_scheme`` "dynamic" (activations quantized when used, per token); optionally
+``modules_to_not_convert`` (transformers' name) or ``ignored_layers`` (SGLang's): the modules left in
+the checkpoint's float dtype, matched as transformers matches them (``BlockFp8.converted``), and
+``scale_fmt`` "float" / ``expert_dtype`` "fp8", the defaults transformers writes. A field absent
+takes transformers' default, which is that format's. Any other value, or a field tfd does not know,
+is refused (``QuantizationRefused``, naming ``quantization_config.<field>``): a field that changes
+the weights' numbers is honoured or refused, never skipped. The tensors (``weight`` in e4m3 beside
+its ``weight_scale_inv``) are the checkpoint's to check; this module reads the config alone.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+import attrs
+
+BLOCK = (128, 128)
+# each field: the values served; the first is transformers' default when the field is absent
+SERVED: Mapping[str, tuple[object, ...]] = {
+    "quant_method": ("fp8",), "fmt": ("e4m3",), "weight_block_size": ([128, 128],),
+    "activation_scheme": ("dynamic",), "scale_fmt": ("float",), "expert_dtype": ("fp8",),
+}
+KEPT_FIELDS = ("modules_to_not_convert", "ignored_layers")  # the module patterns left unconverted
+
+
+class QuantizationRefused(ValueError):
+    """A ``quantization_config`` tfd does not serve; the message names the field."""
+
+
+@attrs.frozen
+class BlockFp8:
+    """Block-wise FP8 weights (e4m3, 128x128 blocks, dynamic activations); ``kept``: the module
+    patterns left unconverted."""
+
+    kept: tuple[str, ...] = ()
+
+    def converted(self, module: str) -> bool:
+        """Whether the linear module ``module`` (its dotted name, without ``.weight``) is stored in
+        FP8: not when a kept pattern matches it from its start to a module boundary (as a regular
+        expression: "layers.1" matches "layers.1.mlp", not "layers.11.mlp"; "mlp.gate" not
+        "mlp.gate_proj"), nor when the name ends with one (transformers' rule)."""
+        boundary = r"(?:(?<=\.)|(?=\.|$))"
+        return not any(re.match(rf"(?:{pattern}){boundary}", module) or module.endswith(pattern)
+                       for pattern in self.kept)
+
+
+def read_quantization(config: Mapping[str, object]) -> BlockFp8 | None:
+    """The quantization of a checkpoint whose config.json is ``config`` (its top level, where
+    transformers writes ``quantization_config``): None without one. ``QuantizationRefused`` naming
+    the field for anything but block-wise FP8 as described above."""
+    found = config.get("quantization_config")
+    if found is None:
+        return None
+    if not isinstance(found, dict):
+        raise QuantizationRefused(f"quantization_config must be an object, not {type(found).__name__}")
+    for field, value in found.items():
+        if field in KEPT_FIELDS:
+            continue
+        if field not in SERVED:
+            raise QuantizationRefused(f"quantization_config.{field} is not known to tfd, which serves "
+                                      f"block-wise FP8 ({_described()}) and nothing else")
+        if value not in SERVED[field]:
+            raise QuantizationRefused(f"quantization_config.{field} is {value!r}; tfd serves "
+                                      f"{' or '.join(map(repr, SERVED[field]))} ({_described()})")
+    kept: list[str] = []
+    for field in KEPT_FIELDS:
+        patterns = found.get(field)
+        if patterns is None:
+            continue
+        if not isinstance(patterns, list) or not all(isinstance(p, str) and p for p in patterns):
+            raise QuantizationRefused(f"quantization_config.{field} must be a list of module names")
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise QuantizationRefused(f"quantization_config.{field}: {pattern!r} is not a pattern "
+                                          f"transformers can match: {error}") from None
+        kept += patterns
+    return BlockFp8(tuple(kept))
+
+
+def _described() -> str:
+    return "quant_method 'fp8', fmt 'e4m3', weight_block_size [128, 128], activation_scheme 'dynamic'"
