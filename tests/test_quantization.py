@@ -8,9 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
+import safetensors.torch
+import torch
 from checkpoint_files import make_checkpoint
 
-from tfd.checkpoint import CheckpointError, open_checkpoint
+from tfd.checkpoint import Checkpoint, CheckpointError, TensorSpec, open_checkpoint
 from tfd.quantization import BlockFp8, QuantizationRefused, read_quantization
 
 QWEN_FP8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
@@ -85,7 +87,6 @@ def test_an_fp8_checkpoints_config_is_read_on_opening(tmp_path: Path) -> None:
 
 def test_an_fp8_checkpoint_is_refused_at_load_until_tfd_loads_its_weights(tmp_path: Path) -> None:
     # its format is read and checked on opening; loading its weights is what comes next (issue 34)
-    import torch
     import transformers
 
     from tfd.env import Table
@@ -102,3 +103,83 @@ def test_an_fp8_checkpoint_is_refused_at_load_until_tfd_loads_its_weights(tmp_pa
     settings = Table.load().read(environ)
     with pytest.raises(CheckpointError, match="block-wise FP8 weights are not loaded by this tfd yet"):
         load(settings, environ, torch.device("cpu"))
+
+
+# -- FP8 tensors in a checkpoint's headers --------------------------------------------------------
+
+def fp8_checkpoint(directory: Path, tensors: dict[str, torch.Tensor], quantized: bool = True) -> Checkpoint:
+    directory.mkdir(parents=True, exist_ok=True)
+    config: dict[str, object] = {"model_type": "qwen3_next"}
+    if quantized:
+        config["quantization_config"] = QWEN_FP8
+    (directory / "config.json").write_text(json.dumps(config))
+    safetensors.torch.save_file(tensors, directory / "model.safetensors")
+    return open_checkpoint(directory)
+
+
+def fp8(out: int, inp: int, *lead: int) -> torch.Tensor:
+    return torch.randn(*lead, out, inp).to(torch.float8_e4m3fn)
+
+
+def scales(out: int, inp: int, *lead: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.rand(*lead, -(-out // 128), -(-inp // 128)).to(dtype)
+
+
+def problems(checkpoint: Checkpoint, specs: dict[str, tuple[int, ...]]) -> str:
+    try:
+        checkpoint.check({name: TensorSpec(shape) for name, shape in specs.items()})
+    except CheckpointError as error:
+        return str(error)
+    return ""
+
+
+@pytest.mark.parametrize(("out", "inp"), [(128, 128), (129, 256), (256, 257), (1, 1)])
+def test_an_fp8_weight_beside_its_block_scales_fits(tmp_path: Path, out: int, inp: int) -> None:
+    name = "model.layers.0.mlp.down_proj.weight"
+    checkpoint = fp8_checkpoint(tmp_path, {name: fp8(out, inp), name + "_scale_inv": scales(out, inp)})
+    assert problems(checkpoint, {name: (out, inp)}) == ""
+    experts = "model.layers.0.mlp.experts.down_proj.weight"  # stacked experts: a scale grid an expert
+    stacked = fp8_checkpoint(tmp_path / "stacked", {experts: fp8(out, inp, 3),
+                                                    experts + "_scale_inv": scales(out, inp, 3)})
+    assert problems(stacked, {experts: (3, out, inp)}) == ""
+
+
+@pytest.mark.parametrize(("out", "inp", "wrong"), [(128, 128, (2, 1)), (129, 128, (1, 1)), (128, 257, (1, 2)),
+                                                   (256, 256, (2, 2, 1))])
+def test_scales_of_another_shape_are_named_with_the_expected_one(tmp_path: Path, out: int, inp: int,
+                                                                 wrong: tuple[int, ...]) -> None:
+    name = "model.layers.0.mlp.up_proj.weight"
+    checkpoint = fp8_checkpoint(tmp_path, {name: fp8(out, inp), name + "_scale_inv": torch.ones(wrong)})
+    expected = [-(-out // 128), -(-inp // 128)]
+    found = problems(checkpoint, {name: (out, inp)})
+    assert f"{name}_scale_inv: shape {list(wrong)}, expected {expected}" in found
+
+
+def test_whats_wrong_with_an_fp8_tensor_is_named(tmp_path: Path) -> None:
+    kept, weight = "model.layers.1.mlp.up_proj.weight", "model.layers.0.mlp.up_proj.weight"
+    tensors = {weight: fp8(8, 8), kept: fp8(8, 8), kept + "_scale_inv": scales(8, 8),
+               "model.layers.0.mlp.gate_proj.weight": fp8(8, 8),
+               "model.layers.0.mlp.gate_proj.weight_scale_inv": scales(8, 8, dtype=torch.float16),
+               "model.norm.weight": torch.ones(8).to(torch.float8_e4m3fn)}
+    found = problems(fp8_checkpoint(tmp_path, tensors), {name: tuple(t.shape) for name, t in tensors.items()
+                                                          if not name.endswith("_scale_inv")})
+    assert f"{weight}_scale_inv: missing (the block scales of the FP8 {weight})" in found
+    assert f"{kept}: stored in F8_E4M3, but quantization_config keeps model.layers.1" in found
+    assert "model.layers.0.mlp.gate_proj.weight_scale_inv: dtype F16, expected BF16 or F32" in found
+    assert "model.norm.weight: stored in F8_E4M3, which only a linear layer's weight may be" in found
+    plain = fp8_checkpoint(tmp_path / "plain", {weight: fp8(8, 8), weight + "_scale_inv": scales(8, 8)},
+                           quantized=False)
+    assert "no quantization_config saying how to read it" in problems(plain, {weight: (8, 8)})
+
+
+@pytest.mark.parametrize("stored", [torch.float32, torch.bfloat16])
+def test_scales_load_as_float32_whatever_the_weights_dtype(tmp_path: Path, stored: torch.dtype) -> None:
+    name = "model.layers.0.mlp.down_proj.weight"
+    written = scales(300, 200, dtype=stored)
+    checkpoint = fp8_checkpoint(tmp_path, {name: fp8(300, 200), name + "_scale_inv": written,
+                                           "model.norm.weight": torch.full((4,), 1 / 3)})
+    loaded = checkpoint.load([name, name + "_scale_inv", "model.norm.weight"], dtype=torch.bfloat16)
+    assert loaded[name + "_scale_inv"].dtype == torch.float32
+    assert torch.equal(loaded[name + "_scale_inv"], written.float())  # bf16 widens exactly
+    assert loaded[name].dtype == torch.float8_e4m3fn  # FP8 values keep their dtype
+    assert loaded["model.norm.weight"].dtype == torch.bfloat16  # the others take TF_DTYPE's

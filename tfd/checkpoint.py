@@ -28,7 +28,7 @@ import attrs
 
 from tfd.chat import ChatTemplate, find_chat_template
 from tfd.loading import Progress
-from tfd.quantization import BlockFp8, QuantizationRefused, read_quantization
+from tfd.quantization import FP8, SCALES, BlockFp8, QuantizationRefused, fp8_problems, read_quantization
 
 if TYPE_CHECKING:  # loading weights needs them; reading a config does not
     import tokenizers
@@ -146,7 +146,9 @@ class Checkpoint:
             if found.shape != tuple(spec.shape):
                 problems.append(f"{name}: shape {list(found.shape)}, expected {list(spec.shape)}")
             allowed = FLOAT_DTYPES if spec.dtypes is None else spec.dtypes
-            if found.dtype not in allowed:
+            if found.dtype == FP8 and spec.dtypes is None:  # a float weight stored block-wise in FP8
+                problems += fp8_problems(self.config.quantization, name, self.tensors)
+            elif found.dtype not in allowed:
                 problems.append(f"{name}: dtype {found.dtype}, expected {' or '.join(sorted(allowed))}")
         if problems:
             lines = problems[:LISTED_PROBLEMS]
@@ -175,6 +177,7 @@ class Checkpoint:
         ``CheckpointError`` naming it, and the tensors read so far are dropped.
         """
         import safetensors
+        import torch
 
         joined = joined or {}
         wanted = list(dict.fromkeys([*names, *(part for parts in joined.values() for part in parts)]))
@@ -198,8 +201,8 @@ class Checkpoint:
                     with safetensors.safe_open(file, framework="pt", device=str(device)) as handle:
                         for info in sorted(by_file[file], key=lambda info: info.start):
                             tensor = handle.get_tensor(info.name)
-                            if dtype is not None and info.dtype in CAST_DTYPES:
-                                tensor = tensor.to(dtype)
+                            if dtype is not None and info.dtype in CAST_DTYPES:  # FP8 scales: fp32, exact
+                                tensor = tensor.to(torch.float32 if info.name.endswith(SCALES) else dtype)
                             if info.name in into:
                                 target, first = into[info.name]
                                 if target not in loaded:

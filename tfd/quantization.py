@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Protocol
 
 import attrs
 
@@ -26,6 +27,9 @@ SERVED: Mapping[str, tuple[object, ...]] = {
     "activation_scheme": ("dynamic",), "scale_fmt": ("float",), "expert_dtype": ("fp8",),
 }
 KEPT_FIELDS = ("modules_to_not_convert", "ignored_layers")  # the module patterns left unconverted
+FP8 = "F8_E4M3"  # safetensors' name of a converted weight's dtype
+SCALE_DTYPES = frozenset({"F32", "BF16"})  # a weight's scales: float32 as transformers writes, or bf16
+SCALES = "_scale_inv"  # a converted ``x.weight``'s scales are ``x.weight_scale_inv``
 
 
 class QuantizationRefused(ValueError):
@@ -86,3 +90,46 @@ def read_quantization(config: Mapping[str, object]) -> BlockFp8 | None:
 
 def _described() -> str:
     return "quant_method 'fp8', fmt 'e4m3', weight_block_size [128, 128], activation_scheme 'dynamic'"
+
+
+class Header(Protocol):
+    """What ``fp8_problems`` reads of a tensor's safetensors header."""
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+
+def scales_of(weight: str) -> str:
+    """The name of the FP8 weight ``weight``'s block scales."""
+    return weight + SCALES
+
+
+def fp8_problems(quantization: BlockFp8 | None, name: str, headers: Mapping[str, Header]) -> list[str]:
+    """What is wrong with ``name``, stored in FP8, by ``headers`` (every tensor's): nothing when it is
+    a linear weight ``quantization`` converts, [..., out, in], beside its scales
+    [..., ceil(out/128), ceil(in/128)] in float32 or bf16; else a line a problem, naming the tensor."""
+    shape = headers[name].shape
+    if quantization is None:
+        return [f"{name}: dtype {FP8}, but config.json has no quantization_config saying how to read it"]
+    if not name.endswith(".weight") or len(shape) < 2:
+        return [f"{name}: stored in {FP8}, which only a linear layer's weight may be"]
+    module = name.removesuffix(".weight")
+    if not quantization.converted(module):
+        return [f"{name}: stored in {FP8}, but quantization_config keeps {module} unconverted"]
+    scales = headers.get(scales_of(name))
+    if scales is None:
+        return [f"{scales_of(name)}: missing (the block scales of the FP8 {name})"]
+    problems = []
+    rows, columns = shape[-2:]
+    expected = (*shape[:-2], -(-rows // BLOCK[0]), -(-columns // BLOCK[1]))
+    if tuple(scales.shape) != expected:
+        problems.append(f"{scales_of(name)}: shape {list(scales.shape)}, expected {list(expected)} (a "
+                        f"scale a {BLOCK[0]}x{BLOCK[1]} block of {name} {list(shape)})")
+    if scales.dtype not in SCALE_DTYPES:
+        allowed = " or ".join(sorted(SCALE_DTYPES))
+        problems.append(f"{scales_of(name)}: dtype {scales.dtype}, expected {allowed}")
+    return problems
+
