@@ -22,7 +22,7 @@ RANKS = {  # a package or top-level module, and its layer
     "tfd_kernels": 0, "tfd": 0, "tfd.assets": 0, "tfd._env": 0, "tfd.env_kinds": 0, "tfd.loading": 0,
     "tfd.chat": 0, "tfd.arguments": 0, "tfd.exit_status": 0, "tfd.env_needs": 0, "tfd.env_rows": 0,
     "tfd.quantization": 0,
-    "tfd.env": 1, "tfd.env_docs": 1, "tfd.checkpoint": 1,
+    "tfd.env": 1, "tfd.env_docs": 1, "tfd.checkpoint": 1, "tfd.checkpoint_headers": 1,
     "tfd.pool": 2, "tfd.model": 3, "tfd.families": 4,
     "tfd.demo": 5, "tfd.shapes": 5, "tfd.store": 5,
     "tfd.models": 6, "tfd.cache": 6,
