@@ -9,7 +9,11 @@ spacing is 2^-9, so at most 2^-10 in q's units, i.e. 2^-10 * scale once scaled b
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
+import safetensors.torch
 import torch
 
 from tfd.model.fp8 import BLOCK, E4M3_MAX, Fp8Weight, linear, quantize_rows, quantize_weight
@@ -195,3 +199,42 @@ def test_wrong_scale_shape_is_named() -> None:
         Fp8Weight(fp8.data.float(), fp8.scale_inv)
     with pytest.raises(ValueError, match=r"x must be \[rows, 129\]"):
         linear(torch.zeros(2, 128), fp8)
+
+
+def test_transformers_reads_a_checkpoint_written_in_this_format_as_fp8_py_does(tmp_path: Path) -> None:
+    # the format's reading (which block a scale covers, which way round) against the reference's:
+    # a tiny Qwen3.5 whose MLP and attention products are quantized here, loaded by transformers
+    # dequantized, holds the weights Fp8Weight.dequantized gives, bit for bit
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    config = transformers.Qwen3_5TextConfig(
+        vocab_size=64, hidden_size=256, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=64, intermediate_size=384, linear_num_key_heads=1, linear_num_value_heads=2,
+        linear_key_head_dim=64, linear_value_head_dim=64)
+    torch.manual_seed(0)
+    model = transformers.Qwen3_5ForCausalLM(config).to(torch.bfloat16)
+    tensors, quantized = {}, {}
+    for name, value in model.state_dict().items():
+        if name.endswith("_proj.weight") and (".mlp." in name or ".self_attn." in name):
+            quantized[name] = quantize_weight(value)
+            tensors[name], tensors[name + "_scale_inv"] = quantized[name].data, quantized[name].scale_inv
+        else:
+            tensors[name] = value.contiguous()
+    model.save_pretrained(tmp_path)
+    for written in tmp_path.glob("*.safetensors"):
+        written.unlink()
+    safetensors.torch.save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    settings = json.loads((tmp_path / "config.json").read_text())
+    settings["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
+                                       "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    (tmp_path / "config.json").write_text(json.dumps(settings))
+    dequantized = transformers.FineGrainedFP8Config(dequantize=True)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=dequantized,
+                                                               dtype=torch.bfloat16)
+    state = loaded.state_dict()
+    # whole blocks, and rows fewer than a block (k and v: 64); transformers refuses a weight whose
+    # rows run past whole blocks into a partial one (320 rows), which released shapes never have
+    shapes = {tuple(weight.shape) for weight in quantized.values()}
+    assert any(out < BLOCK for out, _ in shapes) and any(out % BLOCK == 0 for out, _ in shapes)
+    for name, weight in quantized.items():
+        assert torch.equal(state[name], weight.dequantized(torch.bfloat16)), name
