@@ -7,7 +7,7 @@ differ only in how checkpoint tensors become the shared layer records (``FAMILIE
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from types import ModuleType
 
 import torch
@@ -16,7 +16,7 @@ from tfd.checkpoint import Checkpoint, TensorSpec
 from tfd.families import qwen3_5, qwen3_next, qwen4_exp
 from tfd.families.config import LINEAR, HybridConfig, read_config
 from tfd.families.lane_state import AttentionRows, DraftBuffers, GdnLayers, PleState, lane_pieces
-from tfd.families.naming import Naming, Shape
+from tfd.families.naming import Get, Named, Naming, Shape
 from tfd.families.random_weights import random_tensors
 from tfd.model.decode import (
     DecodeBatch,
@@ -35,6 +35,7 @@ from tfd.model.stack import StackOutput, StackWeights, logits, run_stack
 from tfd.model.verify import VerifyLanes, commit
 from tfd.pool.layout import Layout, RowPart
 from tfd.pool.pieces import Piece
+from tfd.quantization import FP8, scales_of
 
 FAMILIES: Mapping[str, ModuleType] = {
     "qwen3_5": qwen3_5, "qwen3_5_moe": qwen3_5, "qwen3_next": qwen3_next, "qwen4_exp": qwen4_exp,
@@ -62,8 +63,10 @@ def load_model(checkpoint: Checkpoint, device: torch.device | str = "cpu",
     """
     cfg, naming, shapes = expected_tensors(checkpoint.family, checkpoint.text_config, checkpoint.tensors)
     checkpoint.check({name: TensorSpec(shape) for name, shape in shapes.items()})
-    tensors = checkpoint.load(shapes, device, dtype, progress, joined=naming.joined())
-    return HybridModel.build(cfg, naming, tensors.__getitem__, dtype)
+    # a weight stored in FP8 (the check found its scales beside it) is read with its scales
+    scales = [scales_of(name) for name in shapes if checkpoint.tensors[name].dtype == FP8]
+    tensors = checkpoint.load([*shapes, *scales], device, dtype, progress, joined=naming.joined())
+    return HybridModel.build(cfg, naming, Named(tensors.__getitem__), dtype)
 
 
 class HybridModel:
@@ -77,8 +80,7 @@ class HybridModel:
         self.dtype = dtype
 
     @classmethod
-    def build(cls, cfg: HybridConfig, naming: Naming, get: Callable[[str], torch.Tensor],
-              dtype: torch.dtype) -> HybridModel:
+    def build(cls, cfg: HybridConfig, naming: Naming, get: Get, dtype: torch.dtype) -> HybridModel:
         stack, head = FAMILIES[cfg.family].build(cfg, naming, get)
         return cls(cfg, stack, head, dtype)
 
@@ -98,7 +100,7 @@ class HybridModel:
             tensor = tensors[name]
             return tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else tensor.dtype)
 
-        return cls.build(cfg, naming, get, dtype)
+        return cls.build(cfg, naming, Named(get), dtype)
 
     @classmethod
     def random(cls, family: str, text_config: Mapping[str, object], seed: int = 0,
@@ -108,7 +110,7 @@ class HybridModel:
         adds an MTP head."""
         cfg, naming, shapes = expected_tensors(family, text_config, {"mtp.head"} if head else set())
         tensors = random_tensors(shapes, seed, dtype, device)
-        return cls.build(cfg, naming, tensors.__getitem__, dtype)
+        return cls.build(cfg, naming, Named(tensors.__getitem__), dtype)
 
     def attention_layers(self, head: bool = False) -> list[str]:
         """Layers with rows in the pool; ``head`` adds the MTP head's own."""

@@ -11,18 +11,53 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection, Mapping
+from typing import Protocol
 
 import attrs
 import torch
 
+from tfd.checkpoint import CheckpointError
 from tfd.families.config import HybridConfig
 from tfd.model.attention import AttentionWeights
+from tfd.model.fp8 import Fp8Weight, Weight, join
 from tfd.model.gdn import GdnWeights
 from tfd.model.mlp import DenseMlp, MoeWeights, paired
+from tfd.quantization import scales_of
 
 Shape = tuple[int, ...]
 _SHARD = re.compile(r"(.+)\.shard_(\d+)\.weight")
-Get = Callable[[str], torch.Tensor]
+Part = torch.Tensor | Fp8Weight  # a linear weight as a checkpoint stores it, before any join
+FP8_DTYPE = torch.float8_e4m3fn
+
+
+class Get(Protocol):
+    """A family's tensors by checkpoint name: ``get(name)`` a tensor; ``get.linear(name)`` a linear
+    layer's weight, block-wise FP8 (``Fp8Weight``) where the checkpoint stores it so."""
+
+    def __call__(self, name: str) -> torch.Tensor: ...
+
+    def linear(self, name: str) -> Part: ...
+
+
+@attrs.frozen
+class Named:
+    """``Get`` over ``tensor`` (a name's tensor, as loaded): an FP8 tensor is read only as a linear
+    weight, with its ``_scale_inv`` beside it; asked for as a plain tensor (a layer whose products
+    tfd does not take in FP8 yet: experts, the MTP head, Flash Next's own) it is a
+    ``CheckpointError`` naming it."""
+
+    tensor: Callable[[str], torch.Tensor]
+
+    def __call__(self, name: str) -> torch.Tensor:
+        found = self.tensor(name)
+        if found.dtype == FP8_DTYPE:
+            raise CheckpointError(f"{name}: stored in FP8, which tfd reads for attention, GDN and dense "
+                                  f"MLP products only, so far")
+        return found
+
+    def linear(self, name: str) -> Part:
+        found = self.tensor(name)
+        return Fp8Weight(found, self.tensor(scales_of(name))) if found.dtype == FP8_DTYPE else found
 
 
 @attrs.frozen
@@ -110,18 +145,18 @@ class Expect:
         self.add(f"{at}.shared_expert_gate.weight", 1, h)
 
 
-def gdn_projections(get: Get, at: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def gdn_projections(get: Get, at: str) -> tuple[Part, Part, Part, Part]:
     """(qkv, z, b, a) of a GDN layer stored as Qwen3.5 stores them."""
-    return (get(f"{at}.in_proj_qkv.weight"), get(f"{at}.in_proj_z.weight"), get(f"{at}.in_proj_b.weight"),
-            get(f"{at}.in_proj_a.weight"))
+    return (get.linear(f"{at}.in_proj_qkv.weight"), get.linear(f"{at}.in_proj_z.weight"),
+            get.linear(f"{at}.in_proj_b.weight"), get.linear(f"{at}.in_proj_a.weight"))
 
 
-def gdn_weights(cfg: HybridConfig, get: Get, at: str, qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor,
-                a: torch.Tensor) -> GdnWeights:
+def gdn_weights(cfg: HybridConfig, get: Get, at: str, qkv: Part, z: Part, b: Part, a: Part) -> GdnWeights:
     """The layer with its four input projections as one matrix, [qkv | z | b | a] (one product)."""
     return GdnWeights(
-        proj=torch.cat((qkv, z, b, a)), conv=get(f"{at}.conv1d.weight")[:, 0, :], a_log=get(f"{at}.A_log"),
-        dt_bias=get(f"{at}.dt_bias"), norm=get(f"{at}.norm.weight"), out=get(f"{at}.out_proj.weight"),
+        proj=join((qkv, z, b, a)), conv=get(f"{at}.conv1d.weight")[:, 0, :], a_log=get(f"{at}.A_log"),
+        dt_bias=get(f"{at}.dt_bias"), norm=get(f"{at}.norm.weight"),
+        out=get.linear(f"{at}.out_proj.weight"),
         key_heads=cfg.key_heads, value_heads=cfg.value_heads, key_dim=cfg.key_dim,
         value_dim=cfg.value_dim, activation=cfg.gate_activation, eps=cfg.eps)
 
@@ -129,15 +164,16 @@ def gdn_weights(cfg: HybridConfig, get: Get, at: str, qkv: torch.Tensor, z: torc
 def attention_weights(cfg: HybridConfig, get: Get, at: str) -> AttentionWeights:
     """The layer with q (and its gate), k and v as one matrix (one product)."""
     return AttentionWeights(
-        qkv=torch.cat((get(f"{at}.q_proj.weight"), get(f"{at}.k_proj.weight"), get(f"{at}.v_proj.weight"))),
-        o=get(f"{at}.o_proj.weight"), q_norm=get(f"{at}.q_norm.weight"), k_norm=get(f"{at}.k_norm.weight"),
+        qkv=join([get.linear(f"{at}.{name}_proj.weight") for name in "qkv"]),
+        o=get.linear(f"{at}.o_proj.weight"), q_norm=get(f"{at}.q_norm.weight"),
+        k_norm=get(f"{at}.k_norm.weight"),
         heads=cfg.heads, kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, eps=cfg.eps)
 
 
 def dense_weights(get: Get, at: str) -> DenseMlp:
     """gate and up as one matrix (one product), and down."""
-    return DenseMlp(torch.cat((get(f"{at}.gate_proj.weight"), get(f"{at}.up_proj.weight"))),
-                    get(f"{at}.down_proj.weight"))
+    return DenseMlp(join((get.linear(f"{at}.gate_proj.weight"), get.linear(f"{at}.up_proj.weight"))),
+                    get.linear(f"{at}.down_proj.weight"))
 
 
 def ffn_weights(get: Get, at: str) -> DenseMlp:
@@ -152,9 +188,16 @@ def moe_weights(cfg: HybridConfig, naming: Naming, get: Get, at: str) -> MoeWeig
         gate_up, down = get(f"{at}.experts.gate_up_proj"), get(f"{at}.experts.down_proj")
     else:
         experts = [dense_weights(get, f"{at}.experts.{e}") for e in range(cfg.experts)]
-        gate_up = torch.stack([x.gate_up for x in experts])
-        down = torch.stack([x.down for x in experts])
+        gate_up = torch.stack([_stacked(x.gate_up, f"{at}.experts") for x in experts])
+        down = torch.stack([_stacked(x.down, f"{at}.experts") for x in experts])
     router = torch.cat((get(f"{at}.gate.weight"), get(f"{at}.shared_expert_gate.weight")))
     shared = dense_weights(get, f"{at}.shared_expert")
     return MoeWeights(router=router, gate_up=gate_up, down=down, shared=shared,
                       top_k=cfg.top_k, norm_top_k=cfg.norm_top_k)
+
+
+def _stacked(weight: Weight, at: str) -> torch.Tensor:
+    """An expert's weight as the stacked experts hold it: a tensor (FP8 experts are not read yet)."""
+    if not isinstance(weight, torch.Tensor):
+        raise CheckpointError(f"{at}: experts stored in FP8, which tfd does not read yet")
+    return weight

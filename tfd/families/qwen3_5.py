@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
-
 from tfd.families.config import LINEAR, HybridConfig
 from tfd.families.naming import (
     Expect,
     Get,
     Naming,
+    Part,
     Shape,
     attention_weights,
     ffn_weights,
@@ -27,7 +26,7 @@ from tfd.model.mtp import MtpWeights
 from tfd.model.rope import Rotary
 from tfd.model.stack import LayerWeights, StackWeights
 
-Projections = Callable[[str], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
+Projections = Callable[[str], tuple[Part, Part, Part, Part]]  # a GDN layer's (qkv, z, b, a), by its prefix
 
 
 def expect(cfg: HybridConfig, naming: Naming) -> dict[str, Shape]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from tfd.model.fp8 import Weight
 from tfd.model.memory import PageRows, PromptLanes, Span
 from tfd.model.ops import linear, sigmoid_gate, zrms
 from tfd.model.qsa import DecodeRows, IndexerWeights, select_positions, select_rows
@@ -26,9 +27,9 @@ OUT_EARLY = True
 
 @attrs.frozen
 class AttentionWeights:
-    qkv: torch.Tensor  # [heads * 2 * head_dim + 2 * kv_heads * head_dim, hidden]: q (per head
+    qkv: Weight  # [heads * 2 * head_dim + 2 * kv_heads * head_dim, hidden]: q (per head
     # [query | gate]), then k, then v: one product for the three
-    o: torch.Tensor  # [hidden, heads * head_dim]
+    o: Weight  # [hidden, heads * head_dim]
     q_norm: torch.Tensor  # [head_dim], zero-centred
     k_norm: torch.Tensor
     heads: int

@@ -22,6 +22,8 @@ the number of rows), so a row's result has the same bits alone as inside any bat
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 import torch
 import torch.nn.functional as F
@@ -72,6 +74,27 @@ def check(data: torch.Tensor, scale_inv: torch.Tensor) -> None:
                          f"{tuple(data.shape)} in {BLOCK}x{BLOCK} blocks, not {tuple(scale_inv.shape)}")
     if scale_inv.device != data.device:
         raise ValueError(f"scale_inv (weight_scale_inv) is on {scale_inv.device}, data on {data.device}")
+
+
+@attrs.frozen
+class Joined:
+    """Linear weights stacked along ``out`` whose parts a checkpoint stores apart and not alike (FP8
+    beside float: Qwen's releases keep a GDN layer's b and a rows in bf16): the product is each
+    part's, side by side, so each row's bits are its parts' own."""
+
+    parts: tuple[torch.Tensor | Fp8Weight, ...]
+
+
+Weight = torch.Tensor | Fp8Weight | Joined  # what a linear layer multiplies by
+
+
+def join(parts: Sequence[torch.Tensor | Fp8Weight]) -> Weight:
+    """``parts`` stacked along ``out`` as one weight: one tensor when all are tensors (as before),
+    else ``Joined`` (each part multiplied on its own)."""
+    tensors = [part for part in parts if isinstance(part, torch.Tensor)]
+    if len(tensors) == len(parts):
+        return torch.cat(tensors)
+    return Joined(tuple(parts))
 
 
 def quantize_weight(w: torch.Tensor) -> Fp8Weight:

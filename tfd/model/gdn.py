@@ -13,6 +13,7 @@ import attrs
 import torch
 
 from tfd.model import GDN_CHUNK
+from tfd.model.fp8 import Weight
 from tfd.model.memory import PromptLanes
 from tfd.model.ops import gated_rms, l2norm, linear, sigmoid, softplus
 from tfd_kernels import conv1d, gdn_decode, gdn_gates, gdn_prefill, gdn_reference, gemm
@@ -24,13 +25,13 @@ CHUNK = GDN_CHUNK
 class GdnWeights:
     """One GDN layer in the canonical layout: qkv rows are [all q | all k | all v]."""
 
-    proj: torch.Tensor  # [channels + value_heads * value_dim + 2 * value_heads, hidden]: the rows of
+    proj: Weight  # [channels + value_heads * value_dim + 2 * value_heads, hidden]: the rows of
     # qkv (channels = 2 * key_heads * key_dim + value_heads * value_dim), z, b and a in one product
     conv: torch.Tensor  # [channels, kernel]
     a_log: torch.Tensor  # [value_heads]
     dt_bias: torch.Tensor  # [value_heads]
     norm: torch.Tensor  # [value_dim]
-    out: torch.Tensor  # [hidden, value_heads * value_dim]
+    out: Weight  # [hidden, value_heads * value_dim]
     key_heads: int
     value_heads: int
     key_dim: int

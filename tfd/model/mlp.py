@@ -13,6 +13,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from tfd.model.fp8 import Weight
 from tfd.model.ops import add_zrms, linear, sigmoid_gate, silu, swiglu, swiglu_product
 from tfd_kernels import moe as kernels_moe
 from tfd_kernels import router
@@ -21,15 +22,16 @@ from tfd_kernels import swiglu as swiglu_kernel
 
 @attrs.frozen
 class DenseMlp:
-    gate_up: torch.Tensor  # [2 * inner, hidden]: gate rows, then up rows (one product for both)
-    down: torch.Tensor  # [hidden, inner]
+    gate_up: Weight  # [2 * inner, hidden]: gate rows, then up rows (one product for both)
+    down: Weight  # [hidden, inner]
     paired: bool = False  # gate_up's rows in tfd_kernels.swiglu.pair_rows blocks instead (CUDA)
 
 
 def paired(w: DenseMlp) -> DenseMlp:
     """``w`` with its gate|up rows paired for the product that forms SwiGLU's middle itself, on
     CUDA where inner allows; else ``w``."""
-    if not w.gate_up.is_cuda or w.paired or w.gate_up.shape[0] % (2 * swiglu_kernel.PAIR):
+    if not isinstance(w.gate_up, torch.Tensor) or not w.gate_up.is_cuda or w.paired \
+            or w.gate_up.shape[0] % (2 * swiglu_kernel.PAIR):
         return w
     return DenseMlp(swiglu_kernel.pair_rows(w.gate_up), w.down, paired=True)
 
@@ -52,6 +54,7 @@ class MoeWeights:
 
 def dense(w: DenseMlp, x: torch.Tensor) -> torch.Tensor:
     if w.paired:
+        assert isinstance(w.gate_up, torch.Tensor), "paired rows are a tensor's (mlp.paired)"
         return linear(swiglu_product(x, w.gate_up), w.down)
     return linear(swiglu(linear(x, w.gate_up)), w.down)
 

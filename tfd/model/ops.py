@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tfd.model import fp8
+from tfd.model.fp8 import Fp8Weight, Joined, Weight
 from tfd_kernels import gemm, norm
 from tfd_kernels import sigmoid_gate as sigmoid_gate_kernel
 from tfd_kernels import swiglu as swiglu_kernel
@@ -28,9 +30,14 @@ SOFTPLUS_THRESHOLD = 20.0
 _NARROW = (torch.bfloat16, torch.float16)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, early: bool = False) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: Weight, early: bool = False) -> torch.Tensor:
     """``x @ weight.T`` for ``x`` of shape [rows, in]; every row is a product of its own. ``early``:
-    ``tfd_kernels.gemm.matmul``'s (timing only)."""
+    ``tfd_kernels.gemm.matmul``'s (timing only). A block-wise FP8 weight by ``fp8.linear``, the
+    CPU's (``tfd.models`` loads none on CUDA, which has no FP8 product yet); joined parts each alone."""
+    if isinstance(weight, Joined):
+        return torch.cat([linear(x, part, early) for part in weight.parts], dim=-1)
+    if isinstance(weight, Fp8Weight):
+        return fp8.linear(x, weight)
     if x.is_cuda:
         return gemm.matmul(x, weight, early=early)
     if x.shape[0] == 1:
