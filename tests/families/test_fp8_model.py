@@ -5,7 +5,7 @@ products quantized by ``tfd.model.fp8.quantize_weight`` (the tiny shapes are all
 blocks), the rest (embeddings, norms, a GDN layer's b and a rows, the head) left in bf16 as Qwen's
 ``modules_to_not_convert`` leaves them. Its twin holds the same weights dequantized, in fp32. tfd's
 FP8 products quantize the activations per token too, so the two models' logits differ by that alone
-(bounded below); the contract (a lane alone and beside others) holds to the bit.
+(bounded below); the contract (a lane alone and beside others, resumed and fresh) holds to the bit.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from reference_loop import LanePool
 
 from tfd.bench.workload import drive
 from tfd.checkpoint import Checkpoint, CheckpointError
+from tfd.engine.local_runner import runner_for
 from tfd.engine.request import Request, Sampling
 from tfd.families.hybrid import HybridModel, load_model
 from tfd.families.naming import Named
@@ -116,6 +117,18 @@ def test_an_fp8_lane_draws_alone_what_it_draws_beside_others(checkpoints: tuple[
     together = drive(model, requests, 64, graphs=False).tokens
     alone = [drive(model, [request], 64, graphs=False).tokens[0] for request in requests]
     assert list(together) == alone
+
+
+def test_an_fp8_lane_resumed_from_a_kept_state_draws_what_a_fresh_one_does(
+        checkpoints: tuple[Path, Path]) -> None:
+    model = loaded(checkpoints[0])
+    request = Request("kept", tuple(range(5, 75)), 10, Sampling(temperature=1.0, seed=3))
+    runner = runner_for(model, len(request.prompt) + 10, 1, graphs=False, kept_states=2)
+    first = drive(model, [request], 64, graphs=False, runner=runner)
+    again = drive(model, [request], 64, graphs=False, runner=runner)
+    fresh = drive(model, [request], 64, graphs=False)
+    assert first.cached == (0,) and again.cached[0] > 0
+    assert again.tokens == first.tokens == fresh.tokens
 
 
 def test_an_fp8_tensor_asked_for_as_a_plain_one_is_refused_naming_it() -> None:
