@@ -9,11 +9,16 @@ there are several residual streams.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from tfd.demo import build_once
+
+if TYPE_CHECKING:
+    from tfd.model.fp8 import Fp8Weight
 
 VOCAB = 320
 EOS = 7
@@ -203,3 +208,36 @@ def save_sharded(family: str, directory: Path, shards: int = 2) -> Path:
                 shutil.copy(item, path / item.name)
 
     return build_once(directory / f"{family}-sharded-{shards}", "config.json", fill)
+
+
+def save_with(model: torch.nn.Module, directory: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """``model``'s checkpoint files (its config, its generation config) with ``tensors`` as its
+    weights instead of its own."""
+    import safetensors.torch
+
+    model.save_pretrained(directory)
+    for written in directory.glob("*.safetensors"):
+        written.unlink()
+    safetensors.torch.save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+
+
+def save_fp8(model: torch.nn.Module, directory: Path, converted: Callable[[str], bool],
+             quantization: dict[str, object]) -> dict[str, Fp8Weight]:
+    """``model`` written as Qwen's -FP8 releases are: each weight ``converted`` names in block-wise
+    FP8 (``tfd.model.fp8.quantize_weight``) beside its ``_scale_inv``, the rest as they are, and
+    ``quantization`` as config.json's quantization_config. The quantized weights, by name."""
+    import json
+
+    from tfd.model.fp8 import quantize_weight
+
+    tensors, quantized = {}, {}
+    for name, value in model.state_dict().items():
+        if converted(name):
+            quantized[name] = weight = quantize_weight(value)
+            tensors[name], tensors[name + "_scale_inv"] = weight.data, weight.scale_inv
+        else:
+            tensors[name] = value.contiguous()
+    save_with(model, directory, tensors)
+    settings = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**settings, "quantization_config": quantization}))
+    return quantized

@@ -10,11 +10,9 @@ FP8 products quantize the activations per token too, so the two models' logits d
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-import safetensors.torch
 import tiny_models
 import torch
 from reference_loop import LanePool
@@ -27,7 +25,7 @@ from tfd.families.hybrid import HybridModel, load_model
 from tfd.families.naming import Named
 from tfd.model import fp8
 from tfd.model.attention import AttentionWeights
-from tfd.model.fp8 import Fp8Weight, Joined, quantize_weight
+from tfd.model.fp8 import Fp8Weight, Joined
 from tfd.model.gdn import GdnWeights
 from tfd.model.memory import Span
 
@@ -55,22 +53,10 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("fp8")
     model = tiny_models.make_model("qwen3_5").to(torch.bfloat16)
     fp8_dir, twin_dir = root / "fp8", root / "twin"
-    for directory in (fp8_dir, twin_dir):
-        model.save_pretrained(directory)
-        for written in directory.glob("*.safetensors"):
-            written.unlink()
-    quantized, twin = {}, {}
-    for name, value in model.state_dict().items():
-        if converted(name):
-            weight = quantize_weight(value)
-            quantized[name], quantized[name + "_scale_inv"] = weight.data, weight.scale_inv
-            twin[name] = weight.dequantized(torch.float32)
-        else:
-            quantized[name], twin[name] = value.contiguous(), value.float()
-    safetensors.torch.save_file(quantized, fp8_dir / "model.safetensors", metadata={"format": "pt"})
-    safetensors.torch.save_file(twin, twin_dir / "model.safetensors", metadata={"format": "pt"})
-    settings = json.loads((fp8_dir / "config.json").read_text())
-    (fp8_dir / "config.json").write_text(json.dumps({**settings, "quantization_config": CONFIG}))
+    quantized = tiny_models.save_fp8(model, fp8_dir, converted, CONFIG)
+    twin = {name: quantized[name].dequantized(torch.float32) if name in quantized else value.float()
+            for name, value in model.state_dict().items()}
+    tiny_models.save_with(model, twin_dir, twin)
     return fp8_dir, twin_dir
 
 

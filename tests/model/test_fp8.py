@@ -9,11 +9,10 @@ spacing is 2^-9, so at most 2^-10 in q's units, i.e. 2^-10 * scale once scaled b
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-import safetensors.torch
+import tiny_models
 import torch
 
 from tfd.model.fp8 import BLOCK, E4M3_MAX, Fp8Weight, linear, quantize_rows, quantize_weight
@@ -213,21 +212,10 @@ def test_transformers_reads_a_checkpoint_written_in_this_format_as_fp8_py_does(t
         linear_key_head_dim=64, linear_value_head_dim=64)
     torch.manual_seed(0)
     model = transformers.Qwen3_5ForCausalLM(config).to(torch.bfloat16)
-    tensors, quantized = {}, {}
-    for name, value in model.state_dict().items():
-        if name.endswith("_proj.weight") and (".mlp." in name or ".self_attn." in name):
-            quantized[name] = quantize_weight(value)
-            tensors[name], tensors[name + "_scale_inv"] = quantized[name].data, quantized[name].scale_inv
-        else:
-            tensors[name] = value.contiguous()
-    model.save_pretrained(tmp_path)
-    for written in tmp_path.glob("*.safetensors"):
-        written.unlink()
-    safetensors.torch.save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
-    settings = json.loads((tmp_path / "config.json").read_text())
-    settings["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
-                                       "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
-    (tmp_path / "config.json").write_text(json.dumps(settings))
+    quantization = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                    "weight_block_size": [128, 128]}
+    quantized = tiny_models.save_fp8(model, tmp_path, lambda name: name.endswith("_proj.weight") and (
+        ".mlp." in name or ".self_attn." in name), quantization)
     dequantized = transformers.FineGrainedFP8Config(dequantize=True)
     loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=dequantized,
                                                                dtype=torch.bfloat16)
