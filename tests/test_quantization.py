@@ -107,11 +107,13 @@ def test_an_fp8_checkpoint_is_refused_on_a_device_without_an_fp8_product(tmp_pat
 
 # -- FP8 tensors in a checkpoint's headers --------------------------------------------------------
 
-def fp8_checkpoint(directory: Path, tensors: dict[str, torch.Tensor], quantized: bool = True) -> Checkpoint:
+def fp8_checkpoint(directory: Path, tensors: dict[str, torch.Tensor], quantized: bool = True,
+                   kept: list[str] | None = None) -> Checkpoint:
     directory.mkdir(parents=True, exist_ok=True)
     config: dict[str, object] = {"model_type": "qwen3_next"}
     if quantized:
-        config["quantization_config"] = QWEN_FP8
+        config["quantization_config"] = QWEN_FP8 if kept is None else \
+            {**QWEN_FP8, "modules_to_not_convert": kept}
     (directory / "config.json").write_text(json.dumps(config))
     safetensors.torch.save_file(tensors, directory / "model.safetensors")
     return open_checkpoint(directory)
@@ -138,7 +140,7 @@ def test_an_fp8_weight_beside_its_block_scales_fits(tmp_path: Path, out: int, in
     name = "model.layers.0.mlp.down_proj.weight"
     checkpoint = fp8_checkpoint(tmp_path, {name: fp8(out, inp), name + "_scale_inv": scales(out, inp)})
     assert problems(checkpoint, {name: (out, inp)}) == ""
-    experts = "model.layers.0.mlp.experts.down_proj.weight"  # stacked experts: a scale grid an expert
+    experts = "model.layers.0.mlp.experts.down_proj"  # fused experts: a scale grid an expert
     stacked = fp8_checkpoint(tmp_path / "stacked", {experts: fp8(out, inp, 3),
                                                     experts + "_scale_inv": scales(out, inp, 3)})
     assert problems(stacked, {experts: (3, out, inp)}) == ""
@@ -166,7 +168,16 @@ def test_whats_wrong_with_an_fp8_tensor_is_named(tmp_path: Path) -> None:
     assert f"{weight}_scale_inv: missing (the block scales of the FP8 {weight})" in found
     assert f"{kept}: stored in F8_E4M3, but quantization_config keeps model.layers.1" in found
     assert "model.layers.0.mlp.gate_proj.weight_scale_inv: dtype F16, expected BF16 or F32" in found
-    assert "model.norm.weight: stored in F8_E4M3, which only a linear layer's weight may be" in found
+    assert "model.norm.weight: stored in F8_E4M3, which only a linear layer's weight or fused experts' may " \
+           "be" in found
+    # fused experts are the experts module's (kept whole or not), and 3-D; a 3-D ``.weight`` is no linear's
+    fused, wide = "model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.shared_expert.up_proj.weight"
+    odd = {fused: fp8(8, 8, 2), fused + "_scale_inv": scales(8, 8, 2), wide: fp8(8, 8, 2),
+           wide + "_scale_inv": scales(8, 8, 2)}
+    found = problems(fp8_checkpoint(tmp_path / "odd", odd, kept=["mlp.experts"]),
+                     {fused: (2, 8, 8), wide: (2, 8, 8)})
+    assert f"{fused}: stored in F8_E4M3, but quantization_config keeps model.layers.0.mlp.experts" in found
+    assert f"{wide}: stored in F8_E4M3, which only a linear layer's weight or fused experts' may be" in found
     plain = fp8_checkpoint(tmp_path / "plain", {weight: fp8(8, 8), weight + "_scale_inv": scales(8, 8)},
                            quantized=False)
     assert "no quantization_config saying how to read it" in problems(plain, {weight: (8, 8)})

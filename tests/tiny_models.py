@@ -9,6 +9,7 @@ there are several residual streams.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,23 +34,25 @@ FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp")
 
 
 def make_model(family: str, seed: int = 0, vocab: int = VOCAB, eos: int = EOS, budget: int = 16,
-               compress: int = 4, hidden: int = 64, flash: dict[str, object] | None = None
-               ) -> torch.nn.Module:
+               compress: int = 4, hidden: int = 64, flash: dict[str, object] | None = None,
+               expert_inner: int = 32) -> torch.nn.Module:
     """``budget`` and ``compress``: qwen4_exp's QSA indexer budget (positions) and compress ratio;
     ``hidden``: the residual's width (a power of two fills a kernel's block, 80 does not); ``flash``:
-    other qwen4_exp config fields over the tiny ones (residual streams, PLE layers, n-gram size...)."""
+    other qwen4_exp config fields over the tiny ones (residual streams, PLE layers, n-gram size...);
+    ``expert_inner``: an MoE expert's inner width (128: whole FP8 blocks)."""
     import transformers
     from transformers.models.qwen4_exp import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
 
     common = {**COMMON, "vocab_size": vocab, "eos_token_id": eos, "hidden_size": hidden}
+    moe = {**MOE, "moe_intermediate_size": expert_inner}
     if family == "qwen3_5":
         config = transformers.Qwen3_5TextConfig(intermediate_size=96, **common)
         cls = transformers.Qwen3_5ForCausalLM
     elif family == "qwen3_5_moe":
-        config = transformers.Qwen3_5MoeTextConfig(**MOE, **common)
+        config = transformers.Qwen3_5MoeTextConfig(**moe, **common)
         cls = transformers.Qwen3_5MoeForCausalLM
     elif family == "qwen3_next":
-        config = transformers.Qwen3NextConfig(intermediate_size=96, **MOE, **common)
+        config = transformers.Qwen3NextConfig(intermediate_size=96, **moe, **common)
         cls = transformers.Qwen3NextForCausalLM
     elif family == "qwen4_exp":
         fields = dict(
@@ -57,7 +60,7 @@ def make_model(family: str, seed: int = 0, vocab: int = VOCAB, eos: int = EOS, b
             ngram_vocab_size_base=101, make_ngram_vocab_size_divisible_by=4, split_ngram_parts=1,
             heads_per_ngram=2, indexer_n_heads=8, indexer_kv_heads=1, indexer_head_dim=16,
             indexer_budget=budget, indexer_compress_ratio=compress, output_gate_type="sigmoid")
-        config = Qwen4ExpTextConfig(**{**MOE, **common, **fields, **(flash or {})})
+        config = Qwen4ExpTextConfig(**{**moe, **common, **fields, **(flash or {})})
         cls = Qwen4ExpForCausalLM
     else:
         raise ValueError(family)
@@ -92,17 +95,19 @@ def randomise(model: torch.nn.Module, seed: int) -> None:
 
 
 def save(family: str, directory: Path, seed: int = 0, budget: int = 16, compress: int = 4,
-         hidden: int = 64, head: bool = False, flash: dict[str, object] | None = None) -> Path:
+         hidden: int = 64, head: bool = False, flash: dict[str, object] | None = None,
+         expert_inner: int = 32) -> Path:
     """The tiny checkpoint of ``family`` under ``directory`` (``head``: with a random MTP head), built
     once: beside and renamed into place, since test processes running at once share the directory."""
     name = family if (budget, compress) == (16, 4) else f"{family}-qsa-{budget}-{compress}"
     name += "" if hidden == 64 else f"-hidden-{hidden}"
     name += "".join(f"-{key}-{value}" for key, value in sorted((flash or {}).items())).replace(" ", "")
     name += "-head" if head else ""
+    name += "" if expert_inner == 32 else f"-experts-{expert_inner}"
 
     def fill(staging: Path) -> None:
-        make_model(family, seed, budget=budget, compress=compress, hidden=hidden, flash=flash
-                   ).save_pretrained(staging)
+        make_model(family, seed, budget=budget, compress=compress, hidden=hidden, flash=flash,
+                   expert_inner=expert_inner).save_pretrained(staging)
         if head:
             add_head(staging, family)
 
@@ -241,3 +246,56 @@ def save_fp8(model: torch.nn.Module, directory: Path, converted: Callable[[str],
     settings = json.loads((directory / "config.json").read_text())
     (directory / "config.json").write_text(json.dumps({**settings, "quantization_config": quantization}))
     return quantized
+
+
+_EXPERT = re.compile(r"(.+\.experts)\.(\d+)\.(gate|up|down)_proj\.weight")
+
+
+def fused_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` with experts stored one by one (``experts.{e}.gate_proj.weight``...) fused as
+    transformers holds them: ``experts.gate_up_proj`` [experts, 2 * inner, hidden] (gate rows, then
+    up rows) and ``experts.down_proj`` [experts, hidden, inner]."""
+    found: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    fused = {}
+    for name, value in tensors.items():
+        match = _EXPERT.fullmatch(name)
+        if match:
+            found.setdefault(match[1], {}).setdefault(int(match[2]), {})[match[3]] = value
+        else:
+            fused[name] = value
+    for at, experts in found.items():
+        order = [experts[e] for e in sorted(experts)]
+        fused[f"{at}.gate_up_proj"] = torch.stack([torch.cat((e["gate"], e["up"])) for e in order])
+        fused[f"{at}.down_proj"] = torch.stack([e["down"] for e in order])
+    return fused
+
+
+def fp8_copy(source: Path, directory: Path, converted: Callable[[str], bool], quantization: dict[str, object],
+             fuse: bool = True) -> dict[str, torch.Tensor]:
+    """The checkpoint at ``source`` copied to ``directory`` as Qwen's -FP8 releases store one: each
+    tensor of 2 or 3 dimensions ``converted`` names (linear weights, fused experts) in
+    block-wise FP8 beside its ``_scale_inv`` (``tfd.model.fp8``), the rest as stored, ``fuse``: experts
+    fused first (``fused_experts``). The tensors as quantized and dequantized, in fp32, by name: a
+    float twin of the same weights."""
+    import json
+    import shutil
+
+    import safetensors.torch
+
+    from tfd.model.fp8 import quantize_experts, quantize_weight
+
+    shutil.copytree(source, directory)
+    stored = safetensors.torch.load_file(source / "model.safetensors")
+    stored = fused_experts(stored) if fuse else stored
+    tensors, twin = {}, {}
+    for name, value in stored.items():
+        if value.dim() > 1 and converted(name):
+            weight = quantize_weight(value) if value.dim() == 2 else quantize_experts(value)
+            tensors[name], tensors[name + "_scale_inv"] = weight.data, weight.scale_inv
+            twin[name] = weight.dequantized(torch.float32)
+        else:
+            tensors[name] = twin[name] = value.contiguous()
+    safetensors.torch.save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    settings = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**settings, "quantization_config": quantization}))
+    return twin

@@ -30,6 +30,7 @@ KEPT_FIELDS = ("modules_to_not_convert", "ignored_layers")  # the module pattern
 FP8 = "F8_E4M3"  # safetensors' name of a converted weight's dtype
 SCALE_DTYPES = frozenset({"F32", "BF16"})  # a weight's scales: float32 as transformers writes, or bf16
 SCALES = "_scale_inv"  # a converted ``x.weight``'s scales are ``x.weight_scale_inv``
+_FUSED_EXPERTS = re.compile(r"\.experts\.(gate_up_proj|down_proj)$")  # [experts, out, in] in one tensor
 
 
 class QuantizationRefused(ValueError):
@@ -109,14 +110,19 @@ def scales_of(weight: str) -> str:
 
 def fp8_problems(quantization: BlockFp8 | None, name: str, headers: Mapping[str, Header]) -> list[str]:
     """What is wrong with ``name``, stored in FP8, by ``headers`` (every tensor's): nothing when it is
-    a linear weight ``quantization`` converts, [..., out, in], beside its scales
-    [..., ceil(out/128), ceil(in/128)] in float32 or bf16; else a line a problem, naming the tensor."""
+    a linear weight [out, in] or fused experts' [experts, out, in] (``experts.gate_up_proj``,
+    ``experts.down_proj``) that ``quantization`` converts, beside its scales [..., ceil(out/128),
+    ceil(in/128)] in float32 or bf16; else a line a problem, naming the tensor."""
     shape = headers[name].shape
     if quantization is None:
         return [f"{name}: dtype {FP8}, but config.json has no quantization_config saying how to read it"]
-    if not name.endswith(".weight") or len(shape) < 2:
-        return [f"{name}: stored in {FP8}, which only a linear layer's weight may be"]
-    module = name.removesuffix(".weight")
+    fused = _FUSED_EXPERTS.search(name)
+    if fused and len(shape) == 3:  # transformers' FP8Experts: the module is the experts
+        module = name[:fused.start()] + ".experts"
+    elif name.endswith(".weight") and len(shape) == 2:
+        module = name.removesuffix(".weight")
+    else:
+        return [f"{name}: stored in {FP8}, which only a linear layer's weight or fused experts' may be"]
     if not quantization.converted(module):
         return [f"{name}: stored in {FP8}, but quantization_config keeps {module} unconverted"]
     scales = headers.get(scales_of(name))

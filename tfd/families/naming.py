@@ -19,45 +19,49 @@ import torch
 from tfd.checkpoint import CheckpointError
 from tfd.families.config import HybridConfig
 from tfd.model.attention import AttentionWeights
-from tfd.model.fp8 import Fp8Weight, Weight, join
+from tfd.model.fp8 import Experts, Fp8Experts, Fp8Weight, Part, join, stacked
 from tfd.model.gdn import GdnWeights
 from tfd.model.mlp import DenseMlp, MoeWeights, paired
 from tfd.quantization import scales_of
 
 Shape = tuple[int, ...]
 _SHARD = re.compile(r"(.+)\.shard_(\d+)\.weight")
-Part = torch.Tensor | Fp8Weight  # a linear weight as a checkpoint stores it, before any join
 FP8_DTYPE = torch.float8_e4m3fn
 
 
 class Get(Protocol):
     """A family's tensors by checkpoint name: ``get(name)`` a tensor; ``get.linear(name)`` a linear
-    layer's weight, block-wise FP8 (``Fp8Weight``) where the checkpoint stores it so."""
+    layer's weight, block-wise FP8 (``Fp8Weight``) where the checkpoint stores it so;
+    ``get.stacked(name)`` fused experts' weights [experts, out, in], ``Fp8Experts`` where FP8."""
 
     def __call__(self, name: str) -> torch.Tensor: ...
 
     def linear(self, name: str) -> Part: ...
 
+    def stacked(self, name: str) -> Experts: ...
+
 
 @attrs.frozen
 class Named:
     """``Get`` over ``tensor`` (a name's tensor, as loaded): an FP8 tensor is read only as a linear
-    weight, with its ``_scale_inv`` beside it; asked for as a plain tensor (a layer whose products
-    tfd does not take in FP8 yet: experts, the MTP head, Flash Next's own) it is a
-    ``CheckpointError`` naming it."""
+    weight or stacked experts, with its ``_scale_inv`` beside it; asked for as a plain tensor (an
+    embedding, a norm, a conv) it is a ``CheckpointError`` naming it."""
 
     tensor: Callable[[str], torch.Tensor]
 
     def __call__(self, name: str) -> torch.Tensor:
         found = self.tensor(name)
         if found.dtype == FP8_DTYPE:
-            raise CheckpointError(f"{name}: stored in FP8, which tfd reads for attention, GDN and dense "
-                                  f"MLP products only, so far")
+            raise CheckpointError(f"{name}: stored in FP8, which tfd reads for linear layers' weights only")
         return found
 
     def linear(self, name: str) -> Part:
         found = self.tensor(name)
         return Fp8Weight(found, self.tensor(scales_of(name))) if found.dtype == FP8_DTYPE else found
+
+    def stacked(self, name: str) -> Experts:
+        found = self.tensor(name)
+        return Fp8Experts(found, self.tensor(scales_of(name))) if found.dtype == FP8_DTYPE else found
 
 
 @attrs.frozen
@@ -184,20 +188,17 @@ def ffn_weights(get: Get, at: str) -> DenseMlp:
 def moe_weights(cfg: HybridConfig, naming: Naming, get: Get, at: str) -> MoeWeights:
     """The routed experts stacked, the router with the shared gate's row last (one product), and the
     shared expert as stored (gate then up, never paired: on CUDA the grouped kernels read it in place)."""
+    gate_up: Experts
+    down: Experts
     if naming.fused_experts(at):
-        gate_up, down = get(f"{at}.experts.gate_up_proj"), get(f"{at}.experts.down_proj")
+        gate_up, down = get.stacked(f"{at}.experts.gate_up_proj"), get.stacked(f"{at}.experts.down_proj")
     else:
         experts = [dense_weights(get, f"{at}.experts.{e}") for e in range(cfg.experts)]
-        gate_up = torch.stack([_stacked(x.gate_up, f"{at}.experts") for x in experts])
-        down = torch.stack([_stacked(x.down, f"{at}.experts") for x in experts])
-    router = torch.cat((get(f"{at}.gate.weight"), get(f"{at}.shared_expert_gate.weight")))
+        try:
+            gate_up, down = stacked([x.gate_up for x in experts]), stacked([x.down for x in experts])
+        except ValueError as error:
+            raise CheckpointError(f"{at}.experts: {error}") from None
+    router = join((get.linear(f"{at}.gate.weight"), get.linear(f"{at}.shared_expert_gate.weight")))
     shared = dense_weights(get, f"{at}.shared_expert")
     return MoeWeights(router=router, gate_up=gate_up, down=down, shared=shared,
                       top_k=cfg.top_k, norm_top_k=cfg.norm_top_k)
-
-
-def _stacked(weight: Weight, at: str) -> torch.Tensor:
-    """An expert's weight as the stacked experts hold it: a tensor (FP8 experts are not read yet)."""
-    if not isinstance(weight, torch.Tensor):
-        raise CheckpointError(f"{at}: experts stored in FP8, which tfd does not read yet")
-    return weight

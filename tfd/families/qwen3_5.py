@@ -11,7 +11,6 @@ from tfd.families.naming import (
     Expect,
     Get,
     Naming,
-    Part,
     Shape,
     attention_weights,
     ffn_weights,
@@ -20,6 +19,7 @@ from tfd.families.naming import (
     moe_weights,
 )
 from tfd.model.attention import AttentionWeights
+from tfd.model.fp8 import Part
 from tfd.model.gdn import GdnWeights
 from tfd.model.mlp import DenseMlp, MoeWeights
 from tfd.model.mtp import MtpWeights
@@ -85,7 +85,7 @@ def build(cfg: HybridConfig, naming: Naming, get: Get,
                             cfg.experts > 0)
         head = MtpWeights(embed_norm=get("mtp.pre_fc_norm_embedding.weight"),
                           hidden_norm=get("mtp.pre_fc_norm_hidden.weight"), layer=layer,
-                          fc=get("mtp.fc.weight"), final_norm=get("mtp.norm.weight"))
+                          fc=get.linear("mtp.fc.weight"), final_norm=get("mtp.norm.weight"))
     return stack, head
 
 

@@ -13,6 +13,7 @@ import torch
 from tfd.families import qwen3_5
 from tfd.families.config import LINEAR, HybridConfig
 from tfd.families.naming import Expect, Get, Naming, Shape
+from tfd.model.fp8 import Fp8Weight, Part, Rows
 from tfd.model.mtp import MtpWeights
 from tfd.model.stack import StackWeights
 
@@ -32,19 +33,28 @@ def expect(cfg: HybridConfig, naming: Naming) -> dict[str, Shape]:
     return need.shapes
 
 
-def regroup(cfg: HybridConfig, qkvz: torch.Tensor, ba: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(qkv, z, b, a) in Qwen3.5's layout from the per-key-head groups."""
+def regroup(cfg: HybridConfig, qkvz: Part, ba: Part) -> tuple[Part, Part, Part, Part]:
+    """(qkv, z, b, a) in Qwen3.5's layout from the per-key-head groups: rows of a float weight
+    moved, of an FP8 one picked after its product (``Rows``: rows cannot leave their scale blocks)."""
     ratio = cfg.value_heads // cfg.key_heads
     width = ratio * cfg.value_dim
-    groups = qkvz.view(cfg.key_heads, 2 * cfg.key_dim + 2 * width, -1)
-    q, k, v, z = torch.split(groups, [cfg.key_dim, cfg.key_dim, width, width], dim=1)
-    hidden = qkvz.shape[1]
-    qkv = torch.cat([part.reshape(-1, hidden) for part in (q, k, v)])
-    b, a = torch.split(ba.view(cfg.key_heads, 2 * ratio, -1), [ratio, ratio], dim=1)
-    return qkv, z.reshape(-1, hidden), b.reshape(-1, hidden), a.reshape(-1, hidden)
+    qkvz_rows = torch.arange(qkvz.shape[0]).view(cfg.key_heads, 2 * cfg.key_dim + 2 * width)
+    q, k, v, z = torch.split(qkvz_rows, [cfg.key_dim, cfg.key_dim, width, width], dim=1)
+    b, a = torch.split(torch.arange(ba.shape[0]).view(cfg.key_heads, 2 * ratio), [ratio, ratio], dim=1)
+    qkv = torch.cat([part.reshape(-1) for part in (q, k, v)])
+    return (_picked(qkvz, qkv), _picked(qkvz, z.reshape(-1)), _picked(ba, b.reshape(-1)),
+            _picked(ba, a.reshape(-1)))
+
+
+def _picked(weight: Part, rows: torch.Tensor) -> Part:
+    """``weight``'s output ``rows`` in that order."""
+    if isinstance(weight, torch.Tensor):
+        return weight[rows.to(weight.device)]
+    if isinstance(weight, Fp8Weight):
+        return Rows(weight, rows.to(weight.data.device))
+    raise TypeError(f"a stored projection is a tensor or an Fp8Weight, not {type(weight).__name__}")
 
 
 def build(cfg: HybridConfig, naming: Naming, get: Get) -> tuple[StackWeights, MtpWeights | None]:
-    return qwen3_5.build(cfg, naming, get, lambda at: regroup(cfg, get(f"{at}.in_proj_qkvz.weight"),
-                                                             get(f"{at}.in_proj_ba.weight")))
+    return qwen3_5.build(cfg, naming, get, lambda at: regroup(cfg, get.linear(f"{at}.in_proj_qkvz.weight"),
+                                                             get.linear(f"{at}.in_proj_ba.weight")))

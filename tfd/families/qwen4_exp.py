@@ -26,6 +26,7 @@ from tfd.families.naming import (
     moe_weights,
 )
 from tfd.model.attention import AttentionWeights
+from tfd.model.fp8 import join
 from tfd.model.gdn import GdnWeights
 from tfd.model.hyper import HyperWeights
 from tfd.model.mtp import MtpWeights
@@ -116,7 +117,8 @@ def build(cfg: HybridConfig, naming: Naming, get: Get) -> tuple[StackWeights, Mt
         head = MtpWeights(embed_norm=get("mtp.pre_fc_norm_embedding.weight"),
                           hidden_norm=get("mtp.pre_fc_norm_hidden.weight"),
                           layer=build_layer(cfg, naming, get, "mtp.layers.0", "mtp", INDEXED),
-                          fc_embed=get("mtp.fc_embedding.weight"), fc_hidden=get("mtp.fc_hidden.weight"),
+                          fc_embed=get.linear("mtp.fc_embedding.weight"),
+                          fc_hidden=get.linear("mtp.fc_hidden.weight"),
                           mixer=hyper_weights(cfg, get, "mtp.hyper_connection_mixer", inject=False))
     return stack, head
 
@@ -130,7 +132,7 @@ def build_layer(cfg: HybridConfig, naming: Naming, get: Get, at: str, name: str,
         if cfg.indexer is not None:
             index, prefix = cfg.indexer, f"{at}.self_attn.indexer"
             mixer = attrs.evolve(mixer, indexer=IndexerWeights(
-                qk=get(f"{prefix}.index_qk_proj.weight"), q_norm=get(f"{prefix}.q_layernorm.weight"),
+                qk=get.linear(f"{prefix}.index_qk_proj.weight"), q_norm=get(f"{prefix}.q_layernorm.weight"),
                 k_norm=get(f"{prefix}.k_layernorm.weight"), heads=index.heads, dim=index.dim,
                 budget=index.budget, block=index.block, eps=cfg.eps))
     return LayerWeights(name, mixer, moe_weights(cfg, naming, get, f"{at}.mlp"),
@@ -139,12 +141,12 @@ def build_layer(cfg: HybridConfig, naming: Naming, get: Get, at: str, name: str,
 
 
 def hyper_weights(cfg: HybridConfig, get: Get, at: str, inject: bool) -> HyperWeights:
-    down = get(f"{at}.input_mix_weight_down.weight")
+    down = get.linear(f"{at}.input_mix_weight_down.weight")
     # the injection's rows after the mix's down rows: one product reads both
-    projections = torch.cat((down, get(f"{at}.block_inject_weight.weight"))) if inject else down
+    projections = join((down, get.linear(f"{at}.block_inject_weight.weight"))) if inject else down
     return HyperWeights(norm=get(f"{at}.hc_norm.weight"), projections=projections,
-                        up=get(f"{at}.input_mix_weight_up.weight"), streams=cfg.streams, width=cfg.hidden,
-                        eps=cfg.eps)
+                        up=get.linear(f"{at}.input_mix_weight_up.weight"), streams=cfg.streams,
+                        width=cfg.hidden, eps=cfg.eps)
 
 
 def table_names(naming: Naming, at: str) -> list[str]:
@@ -160,7 +162,7 @@ def _ple(cfg: HybridConfig, ple: Ple, get: Get, at: str, index: int) -> PleWeigh
     table = get(f"{at}.ple_embedding.ngram_embedding.weight")  # shards joined at load
     device = table.device
     return PleWeights(
-        key=get(f"{at}.key_proj.weight"), value=get(f"{at}.value_proj.weight"),
+        key=get.linear(f"{at}.key_proj.weight"), value=get.linear(f"{at}.value_proj.weight"),
         norm_key=get(f"{at}.norm_key.weight"), norm_query=get(f"{at}.norm_query.weight"),
         norm_conv=get(f"{at}.norm_conv.weight"), conv=get(f"{at}.conv1d.weight")[:, 0, :],
         table=table, multipliers=tables.multipliers,

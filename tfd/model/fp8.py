@@ -77,24 +77,110 @@ def check(data: torch.Tensor, scale_inv: torch.Tensor) -> None:
 
 
 @attrs.frozen
+class Rows:
+    """Output rows of a stored FP8 weight picked and put in a new order, as a loader regroups a
+    fused projection (Qwen3-Next's per-key-head ``in_proj_qkvz``): rows cannot move between
+    128-row scale blocks, so the product is the stored weight's and its columns are picked after."""
+
+    weight: Fp8Weight
+    rows: torch.Tensor  # int64 [n]: the stored weight's output rows, in the order wanted
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return int(self.rows.shape[0]), self.weight.shape[1]
+
+
+Part = torch.Tensor | Fp8Weight | Rows  # a linear weight as a checkpoint stores it (or regrouped)
+
+
+@attrs.frozen
 class Joined:
     """Linear weights stacked along ``out`` whose parts a checkpoint stores apart and not alike (FP8
     beside float: Qwen's releases keep a GDN layer's b and a rows in bf16): the product is each
     part's, side by side, so each row's bits are its parts' own."""
 
-    parts: tuple[torch.Tensor | Fp8Weight, ...]
+    parts: tuple[Part, ...]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return sum(part.shape[0] for part in self.parts), self.parts[0].shape[1]
 
 
-Weight = torch.Tensor | Fp8Weight | Joined  # what a linear layer multiplies by
+Weight = Part | Joined  # what a linear layer multiplies by
 
 
-def join(parts: Sequence[torch.Tensor | Fp8Weight]) -> Weight:
+def join(parts: Sequence[Part]) -> Weight:
     """``parts`` stacked along ``out`` as one weight: one tensor when all are tensors (as before),
-    else ``Joined`` (each part multiplied on its own)."""
+    else ``Joined`` (each part multiplied on its own), neighbouring tensors and neighbouring ``Rows``
+    of one stored weight merged into one (one product for both)."""
     tensors = [part for part in parts if isinstance(part, torch.Tensor)]
     if len(tensors) == len(parts):
         return torch.cat(tensors)
-    return Joined(tuple(parts))
+    merged: list[Part] = []
+    for part in parts:
+        last = merged[-1] if merged else None
+        if isinstance(part, Rows) and isinstance(last, Rows) and last.weight is part.weight:
+            merged[-1] = Rows(part.weight, torch.cat((last.rows, part.rows)))
+        elif isinstance(part, torch.Tensor) and isinstance(last, torch.Tensor):
+            merged[-1] = torch.cat((last, part))
+        else:
+            merged.append(part)
+    return merged[0] if len(merged) == 1 else Joined(tuple(merged))
+
+
+@attrs.frozen
+class Fp8Experts:
+    """MoE experts' weights stacked, each [out, in] in block-wise FP8: ``data`` float8_e4m3fn
+    [experts, out, in], ``scale_inv`` float32 [experts, ceil(out/128), ceil(in/128)] (transformers'
+    fused ``gate_up_proj`` with ``gate_up_proj_scale_inv``). Checked on construction."""
+
+    data: torch.Tensor
+    scale_inv: torch.Tensor
+
+    def __attrs_post_init__(self) -> None:
+        if self.data.dim() != 3 or self.scale_inv.dim() != 3 or self.data.shape[0] != self.scale_inv.shape[0]:
+            raise ValueError(f"data [experts, out, in] and scale_inv [experts, ...] must be 3-D with as many "
+                             f"experts, not {tuple(self.data.shape)} and {tuple(self.scale_inv.shape)}")
+        check(self.data[0], self.scale_inv[0])
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(experts, out, in)."""
+        return self.data.shape[0], self.data.shape[1], self.data.shape[2]
+
+    def __getitem__(self, expert: int) -> Fp8Weight:
+        return Fp8Weight(self.data[expert], self.scale_inv[expert])
+
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.stack([self[e].dequantized(dtype) for e in range(self.shape[0])])
+
+
+Experts = torch.Tensor | Fp8Experts  # [experts, out, in], stacked
+
+
+def stacked(weights: Sequence[Weight]) -> Experts:
+    """Experts stored one by one, stacked: a tensor when all are tensors; ``Fp8Experts`` when all are
+    FP8, an expert's parts (gate rows, then up rows) joined where each part but the last fills whole
+    128-row blocks (then the blocks line up: the same scales, the same numbers). ValueError else."""
+    if all(isinstance(weight, torch.Tensor) for weight in weights):
+        return torch.stack(weights)  # type: ignore[arg-type]
+    whole = [_one_weight(weight) for weight in weights]
+    return Fp8Experts(torch.stack([w.data for w in whole]), torch.stack([w.scale_inv for w in whole]))
+
+
+def _one_weight(weight: Weight) -> Fp8Weight:
+    """``weight`` as one ``Fp8Weight``; ValueError where it is not FP8 or its parts' blocks do not line up."""
+    if isinstance(weight, Fp8Weight):
+        return weight
+    parts = weight.parts if isinstance(weight, Joined) else (weight,)
+    if not all(isinstance(part, Fp8Weight) for part in parts):
+        raise ValueError("an expert's weights are partly FP8 and partly not: stacked experts are all one or "
+                         "the other")
+    if any(part.shape[0] % BLOCK for part in parts[:-1]):
+        raise ValueError(f"an expert's gate rows ({parts[0].shape[0]}) are not whole {BLOCK}-row blocks, so "
+                         f"its gate and up blocks cannot be stacked as one FP8 weight")
+    return Fp8Weight(torch.cat([part.data for part in parts]),  # type: ignore[union-attr]
+                     torch.cat([part.scale_inv for part in parts]))  # type: ignore[union-attr]
 
 
 def quantize_weight(w: torch.Tensor) -> Fp8Weight:
@@ -114,6 +200,14 @@ def quantize_weight(w: torch.Tensor) -> Fp8Weight:
     # The clamp catches a quotient one fp32 rounding above 448, which e4m3fn has no value for.
     data = (values / _expanded(scale, out, inp)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return Fp8Weight(data, scale)
+
+
+def quantize_experts(w: torch.Tensor) -> Fp8Experts:
+    """Stacked experts ``w`` [experts, out, in], each quantized by ``quantize_weight``."""
+    if w.dim() != 3:
+        raise ValueError(f"w must be 3-D [experts, out, in], not of shape {tuple(w.shape)}")
+    each = [quantize_weight(expert) for expert in w]
+    return Fp8Experts(torch.stack([e.data for e in each]), torch.stack([e.scale_inv for e in each]))
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from tfd.model.fp8 import Joined, Weight
 from tfd.model.ops import linear, sigmoid, silu, zrms
 from tfd_kernels import hyper as hyper_kernels
 
@@ -24,8 +25,8 @@ DOWN_EARLY = False
 @attrs.frozen
 class HyperWeights:
     norm: torch.Tensor  # [streams * width], zero-centred, per stream
-    projections: torch.Tensor  # [rank (+ streams), streams * width]: the mix's down rows, the injection's
-    up: torch.Tensor  # [streams * width, rank]
+    projections: Weight  # [rank (+ streams), streams * width]: the mix's down rows, the injection's
+    up: Weight  # [streams * width, rank]
     streams: int
     width: int
     eps: float
@@ -70,12 +71,25 @@ def _mixed(w: HyperWeights, normed: torch.Tensor) -> tuple[torch.Tensor, torch.T
             return hyper_kernels.mix(projected, w.up, normed, w.streams, w.width)
         mixed, weights = hyper_kernels.gates(projected, w.rank, w.streams)
         return hyper_kernels.block_input(linear(mixed, w.up), normed, w.streams, w.width), weights
-    mix = sigmoid(linear(silu(linear(normed, w.projections[:w.rank]) / w.streams), w.up))
+    down, inject = _down_and_inject(w)
+    mix = sigmoid(linear(silu(linear(normed, down) / w.streams), w.up))
     split = (w.streams, w.width)
     block_input = (torch.unflatten(mix, -1, split) * torch.unflatten(normed, -1, split)).mean(dim=-2)
     if not w.injects:
         return block_input, None
-    return block_input, 2 * sigmoid(linear(normed, w.projections[w.rank:]) / w.streams)
+    assert inject is not None
+    return block_input, 2 * sigmoid(linear(normed, inject) / w.streams)
+
+
+def _down_and_inject(w: HyperWeights) -> tuple[Weight, Weight | None]:
+    """The mix's down rows and the injection's (None for the final mixer), each its own product."""
+    if not w.injects:
+        return w.projections, None
+    if isinstance(w.projections, Joined):
+        down, inject = w.projections.parts
+        return down, inject
+    assert isinstance(w.projections, torch.Tensor), "down and injection rows: one tensor or two joined parts"
+    return w.projections[:w.rank], w.projections[w.rank:]
 
 
 def write(stack: torch.Tensor, output: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from tfd.model.fp8 import Weight
+from tfd.model.fp8 import Experts, Weight
 from tfd.model.ops import add_zrms, linear, sigmoid_gate, silu, swiglu, swiglu_product
 from tfd_kernels import moe as kernels_moe
 from tfd_kernels import router
@@ -38,9 +38,9 @@ def paired(w: DenseMlp) -> DenseMlp:
 
 @attrs.frozen
 class MoeWeights:
-    router: torch.Tensor  # [experts + 1, hidden]: the router's rows, then the shared expert's gate row
-    gate_up: torch.Tensor  # [experts, 2 * inner, hidden]: gate rows, then up rows
-    down: torch.Tensor  # [experts, hidden, inner]
+    router: Weight  # [experts + 1, hidden]: the router's rows, then the shared expert's gate row
+    gate_up: Experts  # [experts, 2 * inner, hidden]: gate rows, then up rows
+    down: Experts  # [experts, hidden, inner]
     shared: DenseMlp = attrs.field()  # gate rows, then up rows (never paired): tfd_kernels.moe reads them so
     top_k: int
     norm_top_k: bool
@@ -87,8 +87,8 @@ def moe_add_zrms(w: MoeWeights, x: torch.Tensor, residual: torch.Tensor, weight:
     the router's product, the choice and both expert products in one launch."""
     if not x.is_cuda:
         return add_zrms(residual, moe(w, x), weight, eps)
-    return kernels_moe.block_add_zrms(x, w.router, w.gate_up, w.down, w.top_k, w.norm_top_k,
-                                      (w.shared.gate_up, w.shared.down),
+    router, gate_up, down, shared = _tensors(w)
+    return kernels_moe.block_add_zrms(x, router, gate_up, down, w.top_k, w.norm_top_k, shared,
                                       kernels_moe.Residual(residual, weight, eps))
 
 
@@ -97,11 +97,18 @@ def grouped_moe(w: MoeWeights, x: torch.Tensor, logits: torch.Tensor) -> torch.T
     ``tfd_kernels.moe.routed``: the choice and the grouping, the routed experts with the shared expert
     beside them, and the gated sum; CUDA's path (any device the kernels run on, the interpreter's
     CPU in tests). Scratch and errors: ``tfd_kernels.moe.experts``'."""
-    choice, shared = _split_router(w, logits)
-    return kernels_moe.routed(x, w.gate_up, w.down, choice, w.top_k, w.norm_top_k, shared)
-
-
-def _split_router(w: MoeWeights, logits: torch.Tensor) -> tuple[torch.Tensor, kernels_moe.Shared]:
-    """The router's product as the experts' logits and the shared expert with its gate column."""
+    _, gate_up, down, (shared_gate_up, shared_down) = _tensors(w)
     count = logits.shape[1] - 1
-    return logits[:, :count], kernels_moe.Shared(w.shared.gate_up, w.shared.down, logits[:, count:])
+    shared = kernels_moe.Shared(shared_gate_up, shared_down, logits[:, count:])
+    return kernels_moe.routed(x, gate_up, down, logits[:, :count], w.top_k, w.norm_top_k, shared)
+
+
+def _tensors(w: MoeWeights
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """The router, the experts and the shared expert as the grouped kernels read them: plain tensors
+    (``tfd.models`` loads no FP8 weights on CUDA: the FP8 experts' kernels are not there yet)."""
+    parts = (w.router, w.gate_up, w.down, w.shared.gate_up, w.shared.down)
+    if not all(isinstance(part, torch.Tensor) for part in parts):
+        raise TypeError("the grouped MoE kernels take float weights, and this block's are FP8")
+    router, gate_up, down, shared_gate_up, shared_down = parts
+    return router, gate_up, down, (shared_gate_up, shared_down)  # type: ignore[return-value]

@@ -19,6 +19,7 @@ import attrs
 import torch
 
 from tfd.model import hyper
+from tfd.model.fp8 import Weight
 from tfd.model.memory import PageRows, Span
 from tfd.model.ops import linear, zrms
 from tfd.model.stack import LayerWeights, StackWeights, run_layer
@@ -29,9 +30,9 @@ class MtpWeights:
     embed_norm: torch.Tensor  # [width], zero-centred
     hidden_norm: torch.Tensor  # [width], or [streams * width] for Flash Next
     layer: LayerWeights  # named "mtp"
-    fc: torch.Tensor | None = None  # [width, 2 * width]: Qwen3.5 / Qwen3-Next
-    fc_embed: torch.Tensor | None = None  # [width, width]: Flash Next
-    fc_hidden: torch.Tensor | None = None  # [width, width], applied to each stream
+    fc: Weight | None = None  # [width, 2 * width]: Qwen3.5 / Qwen3-Next
+    fc_embed: Weight | None = None  # [width, width]: Flash Next
+    fc_hidden: Weight | None = None  # [width, width], applied to each stream
     final_norm: torch.Tensor | None = None  # Qwen3.5 / Qwen3-Next
     mixer: hyper.HyperWeights | None = None  # Flash Next
 

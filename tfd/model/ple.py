@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import attrs
 import torch
 
+from tfd.model.fp8 import Weight
 from tfd.model.ops import linear, row_sums, sigmoid, silu, zrms
 from tfd_kernels import lane_rows
 from tfd_kernels import ple_rows as ple_kernels
@@ -24,8 +25,8 @@ from tfd_kernels import ple_rows as ple_kernels
 
 @attrs.frozen
 class PleWeights:
-    key: torch.Tensor  # [streams * width, embed]
-    value: torch.Tensor  # [width, embed]
+    key: Weight  # [streams * width, embed]
+    value: Weight  # [width, embed]
     norm_key: torch.Tensor  # [streams * width], zero-centred, per stream
     norm_query: torch.Tensor
     norm_conv: torch.Tensor

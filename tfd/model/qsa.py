@@ -18,6 +18,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from tfd.model.fp8 import Weight
 from tfd.model.memory import PageRows, Span
 from tfd.model.ops import linear, zrms
 from tfd.model.rope import Rotary
@@ -51,7 +52,7 @@ def decode_rows(lengths: torch.Tensor) -> DecodeRows:
 
 @attrs.frozen
 class IndexerWeights:
-    qk: torch.Tensor  # [(heads + 1) * dim, hidden]: the index heads' queries, then one key
+    qk: Weight  # [(heads + 1) * dim, hidden]: the index heads' queries, then one key
     q_norm: torch.Tensor  # [dim], zero-centred
     k_norm: torch.Tensor
     heads: int
