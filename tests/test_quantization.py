@@ -5,15 +5,17 @@ matches them."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
+import attrs
 import pytest
 import safetensors.torch
 import torch
 from checkpoint_files import make_checkpoint
 
 from tfd.checkpoint import Checkpoint, CheckpointError, TensorSpec, open_checkpoint
-from tfd.quantization import BlockFp8, QuantizationRefused, read_quantization
+from tfd.quantization import BlockFp8, QuantizationRefused, read_quantization, report
 
 QWEN_FP8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
             "weight_block_size": [128, 128],
@@ -194,3 +196,39 @@ def test_scales_load_as_float32_whatever_the_weights_dtype(tmp_path: Path, store
     assert torch.equal(loaded[name + "_scale_inv"], written.float())  # bf16 widens exactly
     assert loaded[name].dtype == torch.float8_e4m3fn  # FP8 values keep their dtype
     assert loaded["model.norm.weight"].dtype == torch.bfloat16  # the others take TF_DTYPE's
+
+
+@attrs.frozen
+class Header:
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def test_the_load_report_names_the_fp8_layers_and_the_bytes_saved() -> None:
+    mib = 1 << 20  # a 1024 x 1024 FP8 weight: 1 MiB, and its 8 x 8 float32 scales 256 bytes
+    fp8_weight = Header("F8_E4M3", (1024, 1024))
+    headers = {f"model.layers.{i}.mlp.down_proj.weight": fp8_weight for i in (1, 2, 3, 5)}
+    headers |= {f"{name}_scale_inv": Header("F32", (8, 8)) for name in list(headers)}
+    headers["mtp.layers.0.mlp.down_proj.weight"] = fp8_weight  # the head's, not the trunk's layer 0
+    headers["mtp.layers.0.mlp.down_proj.weight_scale_inv"] = Header("BF16", (8, 8))  # 128 bytes
+    headers["model.layers.4.mlp.down_proj.weight"] = Header("BF16", (1024, 1024))  # kept: not counted
+    scales = 4 * 256 + 128
+    assert report(headers) == (f"5 weights in FP8 (layers 1-3, 5 and mtp): {5 * mib / 2**30:.2f} GiB "
+                               f"and {scales / 2**30:.3f} GiB of scales, {(5 * mib - scales) / 2**30:.2f} GiB "
+                               f"less than in bf16")
+    assert report({"model.norm.weight": Header("BF16", (8,))}) == "no FP8 weights"
+
+
+def test_the_daemons_load_logs_the_report(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import tiny_models
+
+    from tfd.env import Table
+    from tfd.models import load
+
+    source = tiny_models.save_served("qwen3_5", tmp_path)
+    tiny_models.fp8_copy(source, tmp_path / "fp8", lambda name: name.endswith("mlp.down_proj.weight"),
+                         {**QWEN_FP8, "modules_to_not_convert": []})
+    environ = {"TF_MODEL": str(tmp_path / "fp8")}
+    with caplog.at_level(logging.INFO, logger="tfd"):
+        load(Table.load().read(environ), environ, torch.device("cpu"))
+    assert "block-wise FP8: 4 weights in FP8 (layers 0-3)" in caplog.text

@@ -22,6 +22,7 @@ from tfd.checkpoint import Checkpoint, CheckpointError, read_config
 from tfd.demo import build_demo, default_dtype
 from tfd.env import Settings, SettingsRefused
 from tfd.families.hybrid import HybridModel, load_model
+from tfd.quantization import report
 from tfd.shapes import Shape, fit, weight_budget, write_shape
 
 log = logging.getLogger("tfd.models")
@@ -106,6 +107,8 @@ def load(settings: Settings, environ: Mapping[str, str], device: torch.device,
                                   f"yet); serve the checkpoint's bf16 release")
         checkpoint = Checkpoint.open(path)
         model = load_model(checkpoint, device, dtype)
+        if config.quantization is not None:
+            log.info("block-wise FP8: %s", report(checkpoint.tensors))
     seconds = time.monotonic() - began
     log.info("loaded %s (%s, %d layers%s) from %s in %.2fs", config.family, str(dtype).removeprefix("torch."),
              model.cfg.layers, ", random weights" if random_weights else "", path, seconds)

@@ -14,6 +14,7 @@ its ``weight_scale_inv``) are the checkpoint's to check; this module reads the c
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Protocol
@@ -30,6 +31,7 @@ KEPT_FIELDS = ("modules_to_not_convert", "ignored_layers")  # the module pattern
 FP8 = "F8_E4M3"  # safetensors' name of a converted weight's dtype
 SCALE_DTYPES = frozenset({"F32", "BF16"})  # a weight's scales: float32 as transformers writes, or bf16
 SCALES = "_scale_inv"  # a converted ``x.weight``'s scales are ``x.weight_scale_inv``
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # the trunk's layer a tensor belongs to
 _FUSED_EXPERTS = re.compile(r"\.experts\.(gate_up_proj|down_proj)$")  # [experts, out, in] in one tensor
 
 
@@ -101,6 +103,35 @@ class Header(Protocol):
 
     @property
     def shape(self) -> tuple[int, ...]: ...
+
+
+def report(headers: Mapping[str, Header]) -> str:
+    """One line for the load log: which layers hold FP8 weights and the bytes saved against the same
+    weights in bf16 (the scales counted against it), from every tensor's header."""
+    fp8 = {name: math.prod(header.shape) for name, header in headers.items() if header.dtype == FP8}
+    if not fp8:
+        return "no FP8 weights"
+    scales = sum(math.prod(found.shape) * (4 if found.dtype == "F32" else 2)
+                 for name in fp8 if (found := headers.get(scales_of(name))) is not None)
+    trunk = [name for name in fp8 if not name.startswith("mtp.")]  # the MTP head has layers of its own
+    layers = sorted({int(found[1]) for name in trunk if (found := _LAYER.search(name))})
+    where = [f"layers {_ranges(layers)}"] if layers else []
+    where += ["mtp"] if len(trunk) < len(fp8) else []
+    elements = sum(fp8.values())
+    return (f"{len(fp8)} weights in FP8 ({' and '.join(where) or 'outside the layers'}): "
+            f"{elements / 2**30:.2f} GiB and {scales / 2**30:.3f} GiB of scales, "
+            f"{(elements - scales) / 2**30:.2f} GiB less than in bf16")
+
+
+def _ranges(numbers: list[int]) -> str:
+    """Sorted ``numbers`` as runs: "0-3, 5, 7-9"."""
+    runs: list[list[int]] = []
+    for number in numbers:
+        if runs and number == runs[-1][-1] + 1:
+            runs[-1].append(number)
+        else:
+            runs.append([number])
+    return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
 
 
 def scales_of(weight: str) -> str:
