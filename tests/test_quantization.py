@@ -212,9 +212,9 @@ def test_the_load_report_names_the_fp8_layers_and_the_bytes_saved() -> None:
     headers["mtp.layers.0.mlp.down_proj.weight"] = fp8_weight  # the head's, not the trunk's layer 0
     headers["mtp.layers.0.mlp.down_proj.weight_scale_inv"] = Header("BF16", (8, 8))  # 128 bytes
     headers["model.layers.4.mlp.down_proj.weight"] = Header("BF16", (1024, 1024))  # kept: not counted
-    scales = 4 * 256 + 128
-    assert report(headers) == (f"5 weights in FP8 (layers 1-3, 5 and mtp): {5 * mib / 2**30:.2f} GiB "
-                               f"and {scales / 2**30:.3f} GiB of scales, {(5 * mib - scales) / 2**30:.2f} GiB "
+    scales, gib = 4 * 256 + 128, 2**30
+    assert report(headers) == (f"5 weights in FP8 (layers 1-3, 5 and mtp): {5 * mib / gib:.2f} GiB "
+                               f"and {scales / gib:.3f} GiB of scales, {(5 * mib - scales) / gib:.2f} GiB "
                                f"less than in bf16")
     assert report({"model.norm.weight": Header("BF16", (8,))}) == "no FP8 weights"
 
