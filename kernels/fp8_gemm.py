@@ -1,0 +1,306 @@
+"""A batch-invariant block-wise FP8 product: ``x`` times a Qwen ``-FP8`` weight, row i never
+depending on the other rows.
+
+The math is ``tfd.model.fp8``'s (its ``linear`` is the CPU reference). The weight W [out, in] is
+float8_e4m3fn ``data`` with float32 ``scale_inv`` [ceil(out/128), ceil(in/128)]. Each row of x is
+quantized in 128-wide groups along ``in``: scale = max |x| / 448 (1 where that is 0), q = x / scale
+clamped to +-448 and cast to e4m3. Then for each 128-wide K block kb, ascending: the fp32 dot of q_x
+and q_w over the block, times (x_scale[r, kb] * w_scale[o // 128, kb]) (the scales multiplied first,
+rounded once); the blocks' terms added in order in fp32; the sum cast to x's dtype.
+
+The K step of every tile is 128, the group and the weight's scale block, so each program quantizes
+its [rows, 128] x tile as it loads it (the group's max in registers, a correctly rounded division, a
+clamp, the cast): no launch of its own, no fp8 copy of x. A tile's rows are independent in every step
+(a row's max, its division, its row of the dot), so quantization and products never mix rows.
+
+As in ``tfd_kernels.gemm``, K is cut into segments by the weight's shape alone (``gemm_plan.plan``),
+each summed from its first block in ascending order; segments are added in order, by the last
+program of a tile to arrive (the spread form, few rows: fp32 partials, an arrival counter) or in
+registers (the whole form, many rows). Both forms run ``segment_sum``, so they give the same bits,
+and which one runs, like the tile, may follow the number of rows. With one segment the sums are
+``tfd.model.fp8.linear``'s in order; with several, the segments' association differs from its single
+chain (a few fp32 roundings, the same for every batch).
+
+Device notes. Triton's plain fp32 ``/`` may lower to an approximate division on NVIDIA
+(``div.full.f32``), so divisions use ``tl.math.div_rn`` (``div.rn.f32``; numpy's division when
+interpreted). Kernels launch with ``enable_fp_fusion=False`` so that ``acc + dot * factor`` rounds the
+product before the add, as the reference does, rather than fusing an FMA. Every tile has 64 rows a
+warp group, so on sm_90 every form multiplies with the same wgmma fp8 instructions (mma.sync fp8
+on smaller tiles was never compared with it), each 128-K block's dot from zero in four k32 steps.
+Triton lets those steps accumulate at the tensor cores' own precision (``max_num_imprecise_acc``), so
+on the GPU a block's dot is not fp32's correctly rounded sum, but it is the same for every tile and
+row count. The tests compile the kernels for sm_90 and read these instructions in the PTX.
+
+Interpreted (``TRITON_INTERPRET=1``), ``tl.dot`` on fp8 widens to fp16 and is exact, but the
+interpreter's fp32 -> e4m3 / bf16 casts round ties up rather than to even and drop the carry into the
+exponent (400.0 became 416, 124.0 became 64), so there ``cast`` rounds first (the device's cvt.rn
+instructions need no help).
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+import triton
+import triton.language as tl
+
+from tfd_kernels import pdl, runtime
+from tfd_kernels.gemm import grouped, summed, weight_tile
+from tfd_kernels.gemm_plan import SHARED_BYTES, Plan, Tiles, plan
+from tfd_kernels.runtime import INTERPRETED
+
+BLOCK = 128  # the activation group, the weight's scale block and every tile's K step
+E4M3_MAX = tl.constexpr(448.0)  # e4m3's largest finite value (a constexpr: the kernels read it)
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# Tiles: 64 rows a warp group throughout (see the module's device notes); the K step fixed at BLOCK.
+# Not swept on a GPU: shapes of gemm_plan's bf16 sweep where they fit that rule.
+SPREAD = Tiles(64, 64, BLOCK, 4, 4)  # up to gemm_plan.SPREAD_ROWS rows
+MIDDLE = Tiles(128, 64, BLOCK, 8, 3)  # the spread form's 65 to 128 rows
+WHOLE = Tiles(128, 128, BLOCK, 8, 3)  # many rows, one segment or several
+QUANTIZE_ROWS = 32  # rows of a ``quantize`` program
+GROUP_M = 8  # row blocks of the whole form that share weight tiles through L2 (as gemm's)
+COUNTERS = 1 << 16  # output tiles of one spread product at most
+# Compile options of every launch: a product rounds before the add that follows it, as the reference's
+# does (Triton's default contracts the two into an FMA on the GPU)
+OPTIONS = {"enable_fp_fusion": False}
+
+
+@triton.jit
+def cast(v, dtype: tl.constexpr, EXACT_CAST: tl.constexpr):
+    """``v`` (fp32) cast to ``dtype`` rounding to nearest, ties to even. With ``EXACT_CAST`` (the
+    interpreter, whose casts get that wrong) the rounding is done here: bf16 is fp32's top half, its
+    low half rounded away in the bits; e4m3 and fp16 values are rounded to their grid in fp32 (the
+    low bits rounded away where dtype is normal, a carry moving into the exponent as it should; below
+    that, adding and subtracting 1.5 times a power of two rounds to dtype's subnormal step), and the
+    cast then only changes the type."""
+    if EXACT_CAST and dtype != tl.float32:
+        bits = v.to(tl.int32, bitcast=True)
+        magnitude = bits & 0x7FFFFFFF
+        if dtype == tl.bfloat16:
+            top = ((magnitude + 0x7FFF + ((magnitude >> 16) & 1)) >> 16) | ((bits >> 16) & 0x8000)
+            v = top.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        else:
+            drop: tl.constexpr = 23 - dtype.fp_mantissa_width
+            low: tl.constexpr = 1 - dtype.exponent_bias  # dtype's smallest normal exponent
+            magic: tl.constexpr = 1.5 * 2.0 ** (low - dtype.fp_mantissa_width + 23)
+            normal = (magnitude + ((1 << (drop - 1)) - 1) + ((magnitude >> drop) & 1)) & -(1 << drop)
+            rounded = tl.where((magnitude >> 23) - 127 >= low, normal.to(tl.float32, bitcast=True),
+                               (tl.abs(v) + magic) - magic)
+            v = tl.where(bits < 0, -rounded, rounded)  # the sign kept, -0 included
+    return v.to(dtype)
+
+
+@triton.jit
+def quantized(x, rows, m, k, start, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+              EXACT_CAST: tl.constexpr):
+    """x's group at ``start`` for ``rows``, quantized: (q e4m3 [BLOCK_M, BLOCK_K], scales fp32
+    [BLOCK_M]). Masked elements read 0, which changes no group's max; a masked row has scale 1."""
+    ks = start + tl.arange(0, BLOCK_K)
+    a = tl.load(x + rows[:, None] * stride_xm + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < k),
+                other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(a), axis=1)
+    scale = tl.math.div_rn(amax, tl.full(amax.shape, E4M3_MAX, tl.float32))
+    scale = tl.where(scale > 0, scale, 1.0)  # zero or underflowed: q = 0 rather than NaN
+    q = tl.math.div_rn(a, tl.broadcast_to(scale[:, None], (BLOCK_M, BLOCK_K)))
+    # the quotient may land one rounding above 448, which e4m3fn has no value for
+    q = tl.clamp(q, -E4M3_MAX, E4M3_MAX)
+    return cast(q, tl.float8e4nv, EXACT_CAST), scale
+
+
+@triton.jit
+def block_term(x, w, w_scales, rows, cols, m, n, k, start, stride_xm, stride_wn, stride_sn, stride_sk,
+               BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_CAST: tl.constexpr):
+    """The K block at ``start``: its fp32 dot from zero times (x's scale * the weight's scale)."""
+    q, x_scale = quantized(x, rows, m, k, start, stride_xm, BLOCK_M, BLOCK_K, EXACT_CAST)
+    b = weight_tile(w, cols, n, k, start, stride_wn, BLOCK_K)
+    # the weight's scale for each column's 128-row block of out, at this K block
+    w_scale = tl.load(w_scales + (cols // BLOCK_K) * stride_sn + (start // BLOCK_K) * stride_sk,
+                      mask=cols < n, other=0.0)
+    dot = tl.dot(q, tl.trans(b), out_dtype=tl.float32)
+    return dot * (x_scale[:, None] * w_scale[None, :])
+
+
+@triton.jit
+def segment_sum(x, w, w_scales, rows, cols, m, n, k, start, length, stride_xm, stride_wn, stride_sn,
+                stride_sk, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_CAST: tl.constexpr):
+    """One segment's fp32 sum of its K blocks start .. start + length (none past k), from its first
+    block's term, in ascending order: the reference's chain of additions."""
+    total = block_term(x, w, w_scales, rows, cols, m, n, k, start, stride_xm, stride_wn, stride_sn,
+                       stride_sk, BLOCK_M, BLOCK_K, EXACT_CAST)
+    for offset in range(BLOCK_K, tl.minimum(length, k - start), BLOCK_K):
+        total += block_term(x, w, w_scales, rows, cols, m, n, k, start + offset, stride_xm, stride_wn,
+                            stride_sn, stride_sk, BLOCK_M, BLOCK_K, EXACT_CAST)
+    return total
+
+
+# the rows (and a one-column product's partial stride, rows x 1) vary call by call: one variant for all
+@triton.jit(do_not_specialize=["m", "stride_ps"])
+def _spread(x, w, w_scales, partials, out, counters, m, n, k, stride_xm, stride_wn, stride_sn, stride_sk,
+            stride_ps, stride_pm, stride_om, k_per_segment, SEGMENTS: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_CAST: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    segment = tl.program_id(2)
+    acc = segment_sum(x, w, w_scales, rows, cols, m, n, k, segment * k_per_segment, k_per_segment, stride_xm,
+                      stride_wn, stride_sn, stride_sk, BLOCK_M, BLOCK_K, EXACT_CAST)
+    mask = (rows[:, None] < m) & (cols[None, :] < n)
+    dtype = out.dtype.element_ty
+    if SEGMENTS == 1:  # nothing to add: the sum goes straight out
+        tl.store(out + rows[:, None] * stride_om + cols[None, :], cast(acc, dtype, EXACT_CAST), mask=mask)
+    else:
+        where = rows[:, None] * stride_pm + cols[None, :]
+        tl.store(partials + segment * stride_ps + where, acc, mask=mask)
+        tl.debug_barrier()  # every thread's part of the partial is written before it is counted
+        tile = counters + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+        if tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu") == SEGMENTS - 1:
+            # the tile's last program adds all partials, always in segment order, and rearms its counter
+            total = cast(summed(partials, stride_ps, where, mask, SEGMENTS), dtype, EXACT_CAST)
+            tl.store(out + rows[:, None] * stride_om + cols[None, :], total, mask=mask)
+            tl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")
+
+
+# counts that vary call by call are not specialized on (1, multiples of 16): one variant meets them all
+@triton.jit(do_not_specialize=["m", "m_tiles"])
+def _whole(x, w, w_scales, out, m, n, k, stride_xm, stride_wn, stride_sn, stride_sk, stride_om, segments,
+           k_per_segment, n_tiles, m_tiles, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+           BLOCK_K: tl.constexpr, ONE_SEGMENT: tl.constexpr, GROUP: tl.constexpr, EXACT_CAST: tl.constexpr,
+           PDL: tl.constexpr):
+    pdl.wait(PDL)
+    tile_m, tile_n = grouped(tl.program_id(0), m_tiles, n_tiles, GROUP)
+    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    total = segment_sum(x, w, w_scales, rows, cols, m, n, k, 0, k_per_segment, stride_xm, stride_wn,
+                        stride_sn, stride_sk, BLOCK_M, BLOCK_K, EXACT_CAST)
+    if not ONE_SEGMENT:  # one accumulator alone when there is one segment (registers)
+        for segment in range(1, segments):  # the same in-order sum as _spread's last program, in registers
+            total += segment_sum(x, w, w_scales, rows, cols, m, n, k, segment * k_per_segment, k_per_segment,
+                                 stride_xm, stride_wn, stride_sn, stride_sk, BLOCK_M, BLOCK_K, EXACT_CAST)
+    tl.store(out + rows[:, None] * stride_om + cols[None, :], cast(total, out.dtype.element_ty, EXACT_CAST),
+             mask=(rows[:, None] < m) & (cols[None, :] < n))
+
+
+@triton.jit(do_not_specialize=["m"])
+def _quantize(x, q, scales, m, k, stride_xm, stride_qm, stride_sm, BLOCK_M: tl.constexpr,
+              BLOCK_K: tl.constexpr, EXACT_CAST: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    group = tl.program_id(1)
+    values, scale = quantized(x, rows, m, k, group * BLOCK_K, stride_xm, BLOCK_M, BLOCK_K, EXACT_CAST)
+    ks = group * BLOCK_K + tl.arange(0, BLOCK_K)
+    tl.store(q + rows[:, None] * stride_qm + ks[None, :], values,
+             mask=(rows[:, None] < m) & (ks[None, :] < k))
+    tl.store(scales + rows * stride_sm + group, scale, mask=rows < m)
+
+
+def default_plan(n: int, k: int) -> Plan:
+    """The fixed choice for an FP8 weight [n, k]: ``gemm_plan.plan``'s segments over this module's
+    tiles, so the segments follow the weight's shape alone and every K step is ``BLOCK``."""
+    return plan(n, k, spread=SPREAD, whole=WHOLE, few=SPREAD, mid=SPREAD, whole_one=WHOLE, middle=MIDDLE)
+
+
+def _staged(tiles: Tiles, element_size: int) -> Tiles:
+    """``tiles`` with fewer pipeline stages while a stage's x tile (``element_size`` bytes, loaded as
+    given) and fp8 weight tile, plus the quantized x operand, overflow shared memory: fp32 inputs.
+    Stages change no sum, so no bit."""
+    per_stage = (tiles.block_m * element_size + tiles.block_n) * tiles.block_k
+    stages = tiles.stages
+    while stages > 1 and stages * per_stage + tiles.block_m * tiles.block_k > SHARED_BYTES:
+        stages -= 1
+    return attrs.evolve(tiles, stages=stages)
+
+
+def _checked_x(x: torch.Tensor) -> torch.Tensor:
+    """``x`` checked as activations [rows, in], contiguous along in (copied if not)."""
+    if x.dtype not in DTYPES:
+        raise ValueError(f"x must be bfloat16, float16 or float32, not {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D [rows, in], not of shape {tuple(x.shape)}")
+    return x if x.stride(1) == 1 else x.contiguous()
+
+
+def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` [rows, in] (bf16, fp16 or fp32) quantized per row in 128-wide groups by the GEMM's own
+    code: (q float8_e4m3fn [rows, in], scales float32 [rows, ceil(in/128)]), the bits of
+    ``tfd.model.fp8.quantize_rows``. No scratch. ValueError naming x for a wrong dtype or shape."""
+    x = _checked_x(x)
+    m, k = x.shape
+    q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty(m, triton.cdiv(k, BLOCK), dtype=torch.float32, device=x.device)
+    if m and k:
+        _quantize[(triton.cdiv(m, QUANTIZE_ROWS), triton.cdiv(k, BLOCK))](
+            x, q, scales, m, k, x.stride(0), q.stride(0), scales.stride(0), BLOCK_M=QUANTIZE_ROWS,
+            BLOCK_K=BLOCK, EXACT_CAST=INTERPRETED, **OPTIONS, **pdl.options(x.device))
+    return q, scales
+
+
+def _check_weight(x: torch.Tensor, data: torch.Tensor, scale_inv: torch.Tensor) -> None:
+    """Raise ValueError naming data or scale_inv unless they make a block-wise FP8 weight for x."""
+    if data.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"data (weight) must be torch.float8_e4m3fn, not {data.dtype}")
+    if data.dim() != 2 or data.shape[1] != x.shape[1] or 0 in data.shape:
+        raise ValueError(f"data (weight) must be [out, {x.shape[1]}] (out and in at least 1) for x of shape "
+                         f"{tuple(x.shape)}, not of shape {tuple(data.shape)}")
+    if data.stride(1) != 1:
+        raise ValueError(f"data (weight) must be contiguous along in, its strides are {data.stride()}")
+    if scale_inv.dtype != torch.float32:
+        raise ValueError(f"scale_inv (weight_scale_inv) must be torch.float32, not {scale_inv.dtype}")
+    grid = (triton.cdiv(data.shape[0], BLOCK), triton.cdiv(data.shape[1], BLOCK))
+    if tuple(scale_inv.shape) != grid:
+        raise ValueError(f"scale_inv (weight_scale_inv) must have shape {grid} for a weight of shape "
+                         f"{tuple(data.shape)} in {BLOCK}x{BLOCK} blocks, not {tuple(scale_inv.shape)}")
+    if not x.device == data.device == scale_inv.device:
+        raise ValueError(f"x, data and scale_inv must share a device: {x.device}, {data.device}, "
+                         f"{scale_inv.device}")
+
+
+def matmul(x: torch.Tensor, data: torch.Tensor, scale_inv: torch.Tensor, spread: bool | None = None,
+           choice: Plan | None = None) -> torch.Tensor:
+    """``x`` [rows, in] (bf16, fp16 or fp32) times the block-wise FP8 weight (``data`` float8_e4m3fn
+    [out, in], contiguous along in; ``scale_inv`` float32 [ceil(out/128), ceil(in/128)]), transposed:
+    [rows, out] in x's dtype, by ``tfd.model.fp8``'s math, each row's bits the same in any batch.
+
+    ``spread`` forces a launch form and ``choice`` a plan (tests, benchmarks; every tile's K step must
+    be 128); by default the form follows the number of rows and the plan the weight's shape
+    (``default_plan``). Scratch: fp32 partials of ``segments x rows x out`` when spread over several
+    segments, freed on return, and the device's arrival counters (kept). ValueError naming the
+    argument at fault: x's dtype or rank, data's dtype, shape or strides, scale_inv's dtype or grid
+    shape, unlike devices, a choice whose K step is not 128, a spread product of too many tiles.
+    """
+    x = _checked_x(x)
+    _check_weight(x, data, scale_inv)
+    m, k = x.shape
+    n = data.shape[0]
+    choice = choice or default_plan(n, k)
+    if choice.k_per_segment % BLOCK or any(t.block_k != BLOCK for t in attrs.astuple(choice, recurse=False)
+                                           if isinstance(t, Tiles)):
+        raise ValueError(f"choice must take K steps and segments of whole {BLOCK}-wide blocks: {choice}")
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    if spread is None:
+        spread = choice.spreads(m, n, 1)  # the K step never shrinks here: the fp8 operands' size
+    common = (m, n, k, x.stride(0), data.stride(0), scale_inv.stride(0), scale_inv.stride(1))
+    options = {"EXACT_CAST": INTERPRETED, **OPTIONS, **pdl.options(x.device)}
+    if not spread:
+        t = _staged(choice.whole_tiles(1), x.element_size())
+        n_tiles, m_tiles = triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m)
+        _whole[(n_tiles * m_tiles,)](x, data, scale_inv, out, *common, out.stride(0), choice.segments,
+                                     choice.k_per_segment, n_tiles, m_tiles, BLOCK_M=t.block_m,
+                                     BLOCK_N=t.block_n, BLOCK_K=BLOCK, ONE_SEGMENT=choice.segments == 1,
+                                     GROUP=GROUP_M, num_warps=t.warps, num_stages=t.stages, **options)
+        return out
+    t = _staged(choice.spread_tiles(m), x.element_size())
+    grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m))
+    if grid[0] * grid[1] > COUNTERS:
+        raise ValueError(f"x and data make a spread product of {grid[0] * grid[1]} output tiles, more than "
+                         f"the {COUNTERS} counted")
+    one = choice.segments == 1
+    partials = out if one else torch.empty(choice.segments, m, n, dtype=torch.float32, device=x.device)
+    counters = runtime.counters("fp8_gemm.spread", COUNTERS, x.device)
+    _spread[(*grid, choice.segments)](x, data, scale_inv, partials, out, counters, *common,
+                                      0 if one else partials.stride(0), 0 if one else partials.stride(1),
+                                      out.stride(0), choice.k_per_segment, SEGMENTS=choice.segments,
+                                      BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=BLOCK, num_warps=t.warps,
+                                      num_stages=t.stages, **options)
+    return out
