@@ -15,7 +15,7 @@ from tfd.bench import roofline
 from tfd.bench.profile import by_grid
 from tfd.bench.workload import Workload
 from tfd.families.config import read_config
-from tfd.shapes import PRESETS, fit, weight_bytes
+from tfd.shapes import PRESETS, fit, sizes, weight_bytes
 
 REQUIRED = ("shape", "streams", "prompt_tokens", "new_tokens", "decode_tok_s", "prefill_tok_s",
             "roofline_fraction", "matmul_fraction", "copy_gbps", "gpu", "commit")
@@ -39,11 +39,11 @@ def test_the_9b_preset_is_nine_billion_parameters() -> None:
 def test_a_decode_step_moves_weights_rows_and_states() -> None:
     family, config = PRESETS["qwen3_5-9b"]
     cfg = read_config(family, config)
-    weights = weight_bytes(family, config)
+    weights = sizes(family, config)
     one = roofline.decode_bytes(cfg, weights, lanes=1, context=0)
     embed = cfg.vocab * cfg.hidden * 2
     state = 24 * 32 * 128 * 128 * 4  # 24 GDN layers' fp32 states, read and written
-    assert one == pytest.approx(weights - embed + cfg.hidden * 2 + 2 * state, rel=1e-3)
+    assert one == pytest.approx(weights.bytes - embed + cfg.hidden * 2 + 2 * state, rel=1e-3)
     rows = roofline.decode_bytes(cfg, weights, lanes=1, context=1000) - one
     assert rows == 8 * 2 * cfg.kv_heads * cfg.head_dim * 2 * 1000  # 8 attention layers' K and V
 
@@ -51,10 +51,28 @@ def test_a_decode_step_moves_weights_rows_and_states() -> None:
 def test_experts_no_row_chose_are_not_counted() -> None:
     family, config = PRESETS["qwen3_5-35b-a3b"]
     cfg = read_config(family, config)
-    weights = weight_bytes(family, config)
-    assert roofline.decode_bytes(cfg, weights, 1, 0) < 0.2 * weights
+    weights = sizes(family, config)
+    assert roofline.decode_bytes(cfg, weights, 1, 0) < 0.2 * weights.bytes
     assert roofline.expected_experts(256, 8, 1) == pytest.approx(8)
     assert roofline.expected_experts(256, 8, 10**4) == pytest.approx(256)
+
+
+def test_fp8_weights_are_counted_as_the_releases_hold_them() -> None:
+    # a byte a weight and a float32 scale a 128x128 block, but for what the releases keep in bf16
+    family, config = PRESETS["qwen3_next-80b-a3b"]
+    bf16, fp8 = sizes(family, config), sizes(family, config, fp8=True)
+    assert fp8.params == bf16.params
+    kept = 2 * 2 * 151936 * 2048  # the embedding and head stay bf16; routers, norms, scales: a little more
+    assert 0 < fp8.bytes - (bf16.bytes + kept) / 2 < 0.003 * bf16.bytes
+    assert fp8.expert_bytes == 3 * 512 * 2048 + 4 * 3 * 4 * 16 and bf16.expert_bytes == 2 * 3 * 512 * 2048
+    cfg = read_config(family, config)
+    saved = roofline.decode_bytes(cfg, bf16, 1, 0) - roofline.decode_bytes(cfg, fp8, 1, 0)
+    # 44% of a one-stream step's bytes: the head, the states and the active experts' scales stay
+    assert 0.4 * roofline.decode_bytes(cfg, bf16, 1, 0) < saved < 0.5 * roofline.decode_bytes(cfg, bf16, 1, 0)
+    # all 48 layers fit 70% of an H200 in FP8; in bf16 they do not
+    h200 = int(0.7 * 140 * 2**30)
+    assert fit("qwen3_next-80b-a3b", h200, fp8=True).cut is None
+    assert fit("qwen3_next-80b-a3b", h200).cut is not None
 
 
 def test_bench_runs_the_demo_and_writes_each_run(tmp_path: Path) -> None:

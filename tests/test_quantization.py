@@ -87,8 +87,8 @@ def test_an_fp8_checkpoints_config_is_read_on_opening(tmp_path: Path) -> None:
     assert open_checkpoint(make_checkpoint(tmp_path / "plain")).config.quantization is None
 
 
-def test_an_fp8_checkpoint_is_refused_on_a_device_without_an_fp8_product(tmp_path: Path) -> None:
-    # read and checked on opening; its products are the CPU's reference alone, so far (issue 34)
+def test_an_fp8_checkpoint_is_refused_on_a_device_without_fp8_products(tmp_path: Path) -> None:
+    # read on opening, refused before any weight loads where no FP8 product runs
     import transformers
 
     from tfd.env import Table
@@ -103,8 +103,17 @@ def test_an_fp8_checkpoint_is_refused_on_a_device_without_an_fp8_product(tmp_pat
     (tmp_path / "config.json").write_text(json.dumps({**written, "quantization_config": QWEN_FP8}))
     environ = {"TF_MODEL": str(tmp_path)}
     settings = Table.load().read(environ)
-    with pytest.raises(CheckpointError, match="load on the CPU only so far"):
+    with pytest.raises(CheckpointError, match="FP8 weights run on the CPU and CUDA only so far"):
         load(settings, environ, torch.device("meta"))
+
+
+def test_fp8_experts_are_refused_on_cuda_until_their_kernels_take_them() -> None:
+    from tfd.models import check_fp8_device
+
+    check_fp8_device(torch.device("cpu"), "m", experts=True)
+    check_fp8_device(torch.device("cuda"), "m", experts=False)  # the FP8 GEMM takes every dense product
+    with pytest.raises(CheckpointError, match=r"^m: block-wise FP8 routed experts run on the CPU only so"):
+        check_fp8_device(torch.device("cuda"), "m", experts=True)
 
 
 # -- FP8 tensors in a checkpoint's headers --------------------------------------------------------
@@ -232,3 +241,14 @@ def test_the_daemons_load_logs_the_report(tmp_path: Path, caplog: pytest.LogCapt
     with caplog.at_level(logging.INFO, logger="tfd"):
         load(Table.load().read(environ), environ, torch.device("cpu"))
     assert "block-wise FP8: 4 weights in FP8 (layers 0-3)" in caplog.text
+
+
+def test_fp8_drawn_for_a_checkpoint_is_refused_naming_the_setting(tmp_path: Path) -> None:
+    import tiny_models
+
+    from tfd.env import SettingsRefused, Table
+    from tfd.models import load
+
+    environ = {"TF_MODEL": str(tiny_models.save_served("qwen3_5", tmp_path)), "TF_DTYPE": "fp8"}
+    with pytest.raises(SettingsRefused, match=r"TF_DTYPE=fp8: draws a shape's weights in FP8 \(TF_SHAPE\)"):
+        load(Table.load().read(environ), environ, torch.device("cpu"))

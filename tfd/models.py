@@ -49,9 +49,22 @@ def model_directory(settings: Settings, environ: Mapping[str, str], device: torc
         return Path(explicit), None
     preset = settings.optional("TF_SHAPE", str)
     if preset is not None:
-        shape = fit(preset, weight_budget(device or torch.device("cpu")))
+        fp8 = settings.value("TF_DTYPE", str) == "fp8"
+        shape = fit(preset, weight_budget(device or torch.device("cpu")), fp8)
         return write_shape(shape, cache_directory(settings, environ)), shape
     return build_demo(settings.value("TF_DEMO", str), cache_directory(settings, environ)), None
+
+
+def check_fp8_device(device: torch.device, path: Path | str, experts: bool) -> None:
+    """``CheckpointError`` unless FP8 weights (``path``'s; ``experts``: routed experts among them) can
+    run on ``device``: the CPU's reference products, and CUDA's FP8 GEMM for all but routed experts
+    (their grouped kernels take float weights only, so far)."""
+    if device.type == "cpu" or (device.type == "cuda" and not experts):
+        return
+    what = "routed experts" if experts and device.type == "cuda" else "weights"
+    where = "the CPU" if experts else "the CPU and CUDA"
+    raise CheckpointError(f"{path}: block-wise FP8 {what} run on {where} only so far (tfd has no FP8 "
+                          f"product for them on {device.type} yet); serve the bf16 weights")
 
 
 @attrs.frozen
@@ -77,6 +90,8 @@ def load(settings: Settings, environ: Mapping[str, str], device: torch.device,
     ``SettingsRefused`` for a bad row of the checkpoint's family.
     """
     began = time.monotonic()
+    name = settings.value("TF_DTYPE", str)
+    fp8 = name == "fp8"
     path, shape = model_directory(settings, environ, device)
     if shape is not None:
         random_weights = True
@@ -91,20 +106,20 @@ def load(settings: Settings, environ: Mapping[str, str], device: torch.device,
         if override is None:
             raise
         raise SettingsRefused([f"TF_CHAT_TEMPLATE={override}: {error}"]) from None
-    name = settings.value("TF_DTYPE", str)
-    dtype = default_dtype(device) if name == "auto" else DTYPES[name]
+    dtype = default_dtype(device) if name in ("auto", "fp8") else DTYPES[name]
+    if fp8 and shape is None:
+        raise SettingsRefused([f"TF_DTYPE=fp8: draws a shape's weights in FP8 (TF_SHAPE); {path} is a "
+                               f"checkpoint, whose FP8 weights come with its quantization_config"])
+    if fp8 or config.quantization is not None:
+        check_fp8_device(device, path, bool(config.text.get("num_experts")))
     if random_weights:
         head = int(config.text.get("mtp_num_hidden_layers", 0) or 0) > 0  # type: ignore[call-overload]
-        model = HybridModel.random(config.family, config.text, dtype=dtype, device=device, head=head)
+        model = HybridModel.random(config.family, config.text, dtype=dtype, device=device, head=head, fp8=fp8)
         checkpoint = None
         log.warning("the weights of %s are RANDOM (%s): its replies are noise, for measuring the server",
                     shape.name if shape is not None else path, "TF_SHAPE" if shape is not None
                     else "--random-weights")
     else:
-        if config.quantization is not None and device.type != "cpu":  # the CPU's reference products only
-            raise CheckpointError(f"{path / 'config.json'}: quantization_config: block-wise FP8 weights "
-                                  f"load on the CPU only so far (tfd has no FP8 product on {device.type} "
-                                  f"yet); serve the checkpoint's bf16 release")
         checkpoint = Checkpoint.open(path)
         model = load_model(checkpoint, device, dtype)
         if config.quantization is not None:

@@ -56,6 +56,12 @@ class BlockFp8:
                        for pattern in self.kept)
 
 
+# what Qwen's -FP8 releases keep in bf16 besides embeddings and norms: the head, the router and the shared
+# expert's gate, a GDN layer's b and a rows (and Flash Next's n-gram table, an embedding)
+RELEASE = BlockFp8(("lm_head", "embed_tokens", "ngram_embedding", "mlp.gate", "mlp.shared_expert_gate",
+                    "in_proj_b", "in_proj_a", "in_proj_ba"))
+
+
 def read_quantization(config: Mapping[str, object]) -> BlockFp8 | None:
     """The quantization of a checkpoint whose config.json is ``config`` (its top level, where
     transformers writes ``quantization_config``): None without one. ``QuantizationRefused`` naming
@@ -105,6 +111,23 @@ class Header(Protocol):
     def shape(self) -> tuple[int, ...]: ...
 
 
+def released_fp8(name: str, shape: tuple[int, ...]) -> bool:
+    """Whether Qwen's -FP8 releases store tensor ``name`` of ``shape`` in FP8: a linear weight [out,
+    in] or fused experts [experts, out, in], except the modules ``RELEASE_KEPT`` keeps (transformers'
+    rule) and the embeddings. What random FP8 weights at a shape follow (``TF_DTYPE=fp8``)."""
+    fused = _FUSED_EXPERTS.search(name)
+    if fused and len(shape) == 3:
+        return RELEASE.converted(name[:fused.start()] + ".experts")
+    return len(shape) == 2 and name.endswith(".weight") and ".ngram_embedding." not in name \
+        and RELEASE.converted(name.removesuffix(".weight"))
+
+
+def fp8_bytes(shape: tuple[int, ...]) -> int:
+    """Bytes of an FP8 weight of ``shape`` with its float32 block scales."""
+    *lead, rows, columns = shape
+    return math.prod(shape) + 4 * math.prod(lead) * -(-rows // BLOCK[0]) * -(-columns // BLOCK[1])
+
+
 def report(headers: Mapping[str, Header]) -> str:
     """One line for the load log: which layers hold FP8 weights and the bytes saved against the same
     weights in bf16 (the scales counted against it), from every tensor's header."""
@@ -114,7 +137,7 @@ def report(headers: Mapping[str, Header]) -> str:
     scales = sum(math.prod(found.shape) * (4 if found.dtype == "F32" else 2)
                  for name in fp8 if (found := headers.get(scales_of(name))) is not None)
     trunk = [name for name in fp8 if not name.startswith("mtp.")]  # the MTP head has layers of its own
-    layers = sorted({int(found[1]) for name in trunk if (found := _LAYER.search(name))})
+    layers = sorted({int(match[1]) for name in trunk if (match := _LAYER.search(name))})
     where = [f"layers {_ranges(layers)}"] if layers else []
     where += ["mtp"] if len(trunk) < len(fp8) else []
     elements = sum(fp8.values())

@@ -78,12 +78,23 @@ CPU_WEIGHT_BUDGET = 8 << 30
 
 
 @attrs.frozen
+class Sizes:
+    """A model's trunk weights (no MTP head), for its roofline: bytes as held, how many weights, and
+    the bytes of one routed expert's three products (0 without experts)."""
+
+    bytes: int
+    params: int
+    expert_bytes: int
+
+
+@attrs.frozen
 class Shape:
     name: str
     family: str
     config: dict[str, Any]
     weight_bytes: int
     cut: str | None  # what was cut to fit, in words
+    sizes: Sizes
 
 
 def weight_budget(device: torch.device) -> int:
@@ -95,30 +106,43 @@ def weight_budget(device: torch.device) -> int:
     return CPU_WEIGHT_BUDGET
 
 
-def weight_bytes(family: str, config: Mapping[str, Any], element: int = 2) -> int:
-    """Bytes of the trunk's weights (no MTP head) in elements of ``element`` bytes."""
+def sizes(family: str, config: Mapping[str, Any], element: int = 2, fp8: bool = False) -> Sizes:
+    """The trunk's weights (no MTP head) in elements of ``element`` bytes; ``fp8``: those Qwen's -FP8
+    releases store in FP8 (``tfd.quantization.released_fp8``) at a byte an element, with their scales."""
     from tfd.families.hybrid import expected_tensors  # torch: only once a shape is sized
+    from tfd.quantization import fp8_bytes, released_fp8
 
-    _, _, shapes = expected_tensors(family, config, set())
-    return sum(math.prod(shape) for shape in shapes.values()) * element
+    cfg, _, shapes = expected_tensors(family, config, set())
+    held = sum(fp8_bytes(shape) if fp8 and released_fp8(name, shape) else math.prod(shape) * element
+               for name, shape in shapes.items())
+    expert = (cfg.expert_inner, cfg.hidden)
+    expert_bytes = 2 * fp8_bytes(expert) + fp8_bytes(expert[::-1]) if fp8 \
+        else 3 * math.prod(expert) * element
+    return Sizes(held, sum(math.prod(shape) for shape in shapes.values()), expert_bytes if cfg.experts else 0)
 
 
-def fit(name: str, budget: int) -> Shape:
-    """Preset ``name`` with as many of its layers as fit ``budget`` bytes of bf16 weights."""
+def weight_bytes(family: str, config: Mapping[str, Any], element: int = 2, fp8: bool = False) -> int:
+    """Bytes of the trunk's weights (no MTP head), as ``sizes`` counts them."""
+    return sizes(family, config, element, fp8).bytes
+
+
+def fit(name: str, budget: int, fp8: bool = False) -> Shape:
+    """Preset ``name`` with as many of its layers as fit ``budget`` bytes of bf16 weights (``fp8``:
+    FP8 where the -FP8 releases have it)."""
     if name not in PRESETS:
         raise ValueError(f"no shape {name!r}; known: {', '.join(PRESETS)}")
     family, config = PRESETS[name]
     layers = config["num_hidden_layers"]
-    size = weight_bytes(family, config)
+    size = weight_bytes(family, config, fp8=fp8)
     cuts = []
     if size > budget and config.get("ngram_vocab_size_base"):
         base = config["ngram_vocab_size_base"]
         config = {**config, "ngram_vocab_size_base": base // TABLE_CUT}
         cuts.append(f"n-gram table {base:,} -> {base // TABLE_CUT:,} rows a head")
-        size = weight_bytes(family, config)
+        size = weight_bytes(family, config, fp8=fp8)
     while size > budget and layers > len(PATTERN):
         layers -= len(PATTERN)
-        size = weight_bytes(family, {**config, **_layers(layers)})
+        size = weight_bytes(family, {**config, **_layers(layers)}, fp8=fp8)
     if size > budget:
         raise ValueError(f"shape {name} does not fit {budget / 2**30:.1f} GiB even with {layers} layers")
     if layers != config["num_hidden_layers"]:
@@ -126,7 +150,7 @@ def fit(name: str, budget: int) -> Shape:
         config = {**config, **_layers(layers)}
     cut = f"{name}: {', '.join(cuts)} ({size / 2**30:.1f} GiB of weights fit {budget / 2**30:.1f} GiB)" \
         if cuts else None
-    return Shape(name, family, config, size, cut)
+    return Shape(name, family, config, size, cut, sizes(family, config, fp8=fp8))
 
 
 def write_shape(shape: Shape, cache_dir: Path) -> Path:

@@ -30,9 +30,10 @@ from tfd.engine.grammar import Grammar, Vocabulary
 from tfd.engine.runner import Drafting
 from tfd.env import Settings
 from tfd.exit_status import EXIT_FAILURE
+from tfd.model.fp8 import holds_fp8
 from tfd.models import load
 from tfd.server.structured import json_rule
-from tfd.shapes import covering_tokenizer, weight_bytes
+from tfd.shapes import covering_tokenizer, sizes
 from tfd.train.corpus import Corpus
 
 
@@ -42,13 +43,15 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     try:
         preset = settings.optional("TF_SHAPE", str)
         if preset is not None:
-            model, shape = random_model(preset, device, head=any(args.drafts))
-            name, size, config = shape.name, shape.weight_bytes, shape.config
+            fp8 = settings.value("TF_DTYPE", str) == "fp8"
+            model, shape = random_model(preset, device, head=any(args.drafts), fp8=fp8)
+            name, size, config = shape.name, shape.sizes, shape.config
         else:
             loaded = load(settings, os.environ, device, args.random_weights)
             model, name, config = loaded.model, loaded.path.name, model_config(loaded.path)
             loaded_path = loaded.path
-            size = weight_bytes(loaded.family, config, model.dtype.itemsize)
+            # a checkpoint's FP8 weights counted as the -FP8 releases hold theirs
+            size = sizes(loaded.family, config, model.dtype.itemsize, fp8=holds_fp8(model.weights))
             del loaded
     except (CheckpointError, ValueError) as error:
         print(f"tfd bench: {error}", file=sys.stderr)

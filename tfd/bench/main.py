@@ -22,7 +22,9 @@ from tfd.bench.compare_hf import hf_model, run_hf
 from tfd.bench.serve_record import revision as git_revision
 from tfd.bench.workload import Timings, Workload, run
 from tfd.families.hybrid import HybridModel
-from tfd.shapes import Shape, fit, weight_budget
+from tfd.model.fp8 import holds_fp8
+from tfd.models import check_fp8_device
+from tfd.shapes import Shape, Sizes, fit, weight_budget
 
 log = logging.getLogger("tfd.bench")
 
@@ -42,18 +44,21 @@ def measure_ceilings(device: torch.device) -> Ceilings:
                     roofline.gpu_name(device))
 
 
-def random_model(name: str, device: torch.device, seed: int = 0, head: bool = False
+def random_model(name: str, device: torch.device, seed: int = 0, head: bool = False, fp8: bool = False
                  ) -> tuple[HybridModel, Shape]:
     """Shape ``name`` cut to fit this device, its weights drawn there; ``head`` adds an MTP head (its
-    drafts are a random head's: they measure a round's cost, not acceptance)."""
-    shape = fit(name, weight_budget(device))
+    drafts are a random head's: they measure a round's cost, not acceptance); ``fp8``: the weights
+    Qwen's -FP8 releases hold in FP8 drawn so."""
+    shape = fit(name, weight_budget(device), fp8)
+    if fp8:
+        check_fp8_device(device, name, bool(shape.config.get("num_experts")))
     if shape.cut:
         print(f"tfd bench: cut {shape.cut}")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    return HybridModel.random(shape.family, shape.config, seed, dtype, device, head), shape
+    return HybridModel.random(shape.family, shape.config, seed, dtype, device, head, fp8), shape
 
 
-def describe(model: HybridModel, shape_name: str, weight_bytes: int, workload: Workload, timings: Timings,
+def describe(model: HybridModel, shape_name: str, weights: Sizes, workload: Workload, timings: Timings,
              ceilings: Ceilings, revision: str) -> dict[str, Any]:
     """One run object of the JSON output."""
     cfg, streams = model.cfg, workload.streams
@@ -61,13 +66,13 @@ def describe(model: HybridModel, shape_name: str, weight_bytes: int, workload: W
     # a stream's time a token: a step's time when every step gives each stream one (no drafts)
     token_s = timings.decode_s * streams / timings.decode_tokens if timings.decode_tokens else float("nan")
     context = workload.prompt_tokens + workload.new_tokens / 2  # mean rows a lane holds while decoding
-    moved = roofline.decode_bytes(cfg, weight_bytes, streams, context)
+    moved = roofline.decode_bytes(cfg, weights, streams, context)
     floor_s = moved / (ceilings.copy_gbps * 1e9)
     prompt = streams * workload.prompt_tokens
-    prefill_flops = streams * roofline.prefill_flops(cfg, weight_bytes, workload.prompt_tokens)
+    prefill_flops = streams * roofline.prefill_flops(cfg, weights, workload.prompt_tokens)
     return {
         "shape": shape_name, "family": cfg.family, "layers": cfg.layers,
-        "dtype": str(model.dtype).split(".")[-1],
+        "dtype": str(model.dtype).split(".")[-1], "weights": "fp8" if holds_fp8(model.weights) else "float",
         "streams": streams, "prompt_tokens": workload.prompt_tokens, "new_tokens": workload.new_tokens,
         "prefill_tok_s": prompt / timings.prefill_s,
         "time_to_first_token_s": {"min": min(timings.first_token_s), "max": max(timings.first_token_s)},
@@ -82,7 +87,7 @@ def describe(model: HybridModel, shape_name: str, weight_bytes: int, workload: W
         "prefill_tflops": prefill_flops / timings.prefill_s / 1e12,
         "matmul_fraction": prefill_flops / timings.prefill_s / 1e12 / ceilings.matmul_tflops,
         "copy_gbps": ceilings.copy_gbps, "matmul_tflops": ceilings.matmul_tflops,
-        "peak_memory_gib": timings.peak_bytes / 2**30, "weight_gib": weight_bytes / 2**30,
+        "peak_memory_gib": timings.peak_bytes / 2**30, "weight_gib": weights.bytes / 2**30,
         "gpu": ceilings.gpu, "torch": torch.__version__, "commit": revision,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
@@ -123,7 +128,7 @@ def line(result: dict[str, Any]) -> str:
                f"{result['tokens_per_round'] or 0:.2f} tokens a round" if result["drafts"] else ""))
 
 
-def bench(model: HybridModel, shape_name: str, weight_bytes: int, workloads: list[Workload], graphs: bool,
+def bench(model: HybridModel, shape_name: str, weights: Sizes, workloads: list[Workload], graphs: bool,
           revision: str | None = None, rounds: int = 1) -> list[dict[str, Any]]:
     """Run each workload on ``model``, all of them in turn each of ``rounds`` rounds (round r cuts its
     prompts with seed r, so every workload of a round reads the same prompts); print a line each;
@@ -141,7 +146,7 @@ def bench(model: HybridModel, shape_name: str, weight_bytes: int, workloads: lis
             warm = attrs.evolve(workload, new_tokens=2)
             run(model, warm, graphs, seed=rounds + 1)
             timings = run(model, workload, graphs, seed=round_)
-            result = describe(model, shape_name, weight_bytes, workload, timings, ceilings, revision)
+            result = describe(model, shape_name, weights, workload, timings, ceilings, revision)
             result["round"] = round_
             print(line(result), flush=True)
             results.append(result)

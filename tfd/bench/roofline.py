@@ -2,8 +2,9 @@
 
 A decode step must at least read every weight it uses once, read each lane's K/V rows, and read
 and write each lane's GDN states and conv tails; the roofline time of a step is those bytes over
-the device's measured copy bandwidth (bytes read plus bytes written per second). Prefill is
-judged by FLOPs against the measured bf16 matrix-product rate.
+the device's measured copy bandwidth (bytes read plus bytes written per second), with weights
+counted as held (FP8 ones at a byte an element, ``tfd.shapes.Sizes``). Prefill is judged by FLOPs
+against the measured bf16 matrix-product rate.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 import torch
 
 from tfd.families.config import LINEAR, HybridConfig
+from tfd.shapes import Sizes
 
 
 def timed(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
@@ -59,23 +61,23 @@ def expected_experts(experts: int, top_k: int, rows: int) -> float:
     return experts * (1.0 - (1.0 - top_k / experts) ** rows)
 
 
-def decode_bytes(cfg: HybridConfig, weight_bytes: int, lanes: int, context: float, element: int = 2) -> float:
-    """Bytes a decode step of ``lanes`` lanes at mean ``context`` rows must move at least.
+def decode_bytes(cfg: HybridConfig, weights: Sizes, lanes: int, context: float, element: int = 2) -> float:
+    """Bytes a decode step of ``lanes`` lanes at mean ``context`` rows must move at least, its
+    activations, rows and embeddings in elements of ``element`` bytes.
 
     Weights: everything but the embedding table (one row a lane) and, for MoE, the experts no
-    row chose (counted by the uniform expectation); K/V rows read; GDN states and conv tails
-    read and written.
+    row chose (counted by the uniform expectation), as held (FP8 ones a byte an element with their
+    scales); K/V rows read; GDN states and conv tails read and written.
     """
     layers = cfg.layer_types
     attention = sum(1 for kind in layers if kind != LINEAR)
     gdn = len(layers) - attention
     embed = cfg.vocab * cfg.hidden * element
-    used = float(weight_bytes - embed + lanes * cfg.hidden * element)
+    used = float(weights.bytes - embed + lanes * cfg.hidden * element)
     if cfg.experts:
-        expert = 3 * cfg.expert_inner * cfg.hidden * element
         moe_layers = len(layers) - len(cfg.dense_layers)
         unused = cfg.experts - expected_experts(cfg.experts, cfg.top_k, lanes)
-        used -= moe_layers * unused * expert
+        used -= moe_layers * unused * weights.expert_bytes
     kv = attention * 2 * cfg.kv_heads * cfg.head_dim * element * context * lanes
     state = gdn * cfg.value_heads * cfg.key_dim * cfg.value_dim * 4
     channels = 2 * cfg.key_heads * cfg.key_dim + cfg.value_heads * cfg.value_dim
@@ -83,12 +85,12 @@ def decode_bytes(cfg: HybridConfig, weight_bytes: int, lanes: int, context: floa
     return used + kv + 2 * lanes * (state + tail)
 
 
-def prefill_flops(cfg: HybridConfig, weight_bytes: int, tokens: int, element: int = 2) -> float:
+def prefill_flops(cfg: HybridConfig, weights: Sizes, tokens: int) -> float:
     """FLOPs of a prefill of ``tokens`` rows: 2 per active weight per row, plus causal attention
     (QK^T and PV over half the square) and the GDN chunk products (about 4 per state element a row).
     The head counts once: only the last row draws a token, so only it needs logits."""
     head = cfg.vocab * cfg.hidden
-    active = weight_bytes / element - head  # the embedding is a lookup
+    active = weights.params - head  # the embedding is a lookup
     if not cfg.tie_embeddings:
         active -= head
     if cfg.experts:

@@ -152,7 +152,7 @@ def compare(runs: Sequence[dict[str, Any]], shape: str, args: Any, max_lanes: in
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         model, drawn = random_model(shape, device, head=any(key[3] for key in keys))
-        results = bench(model, drawn.name, drawn.weight_bytes, workloads, not args.no_graphs, commit)
+        results = bench(model, drawn.name, drawn.sizes, workloads, not args.no_graphs, commit)
     except torch.OutOfMemoryError:
         free, total = torch.cuda.mem_get_info(device) if device.type == "cuda" else (0, 0)
         print(f"tfd bench --compare-engine: the engine bench ran out of device memory ({free / 2**30:.1f} of "

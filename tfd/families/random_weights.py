@@ -16,13 +16,27 @@ from collections.abc import Mapping
 import torch
 
 from tfd.families.naming import Shape
+from tfd.model.fp8 import quantize_experts, quantize_weight
+from tfd.quantization import released_fp8, scales_of
 
 STD = 0.02
 
 
 def random_tensors(shapes: Mapping[str, Shape], seed: int, dtype: torch.dtype = torch.float32,
-                   device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-    return {name: random_tensor(name, shape, seed, device).to(dtype=dtype) for name, shape in shapes.items()}
+                   device: torch.device | str = "cpu", fp8: bool = False) -> dict[str, torch.Tensor]:
+    """Every tensor of ``shapes`` in ``dtype``; ``fp8``: those Qwen's -FP8 releases store in FP8
+    (``tfd.quantization.released_fp8``) drawn in fp32, then quantized block-wise beside their
+    ``_scale_inv``, one at a time (no more than one fp32 tensor held at once)."""
+    tensors = {}
+    for name, shape in shapes.items():
+        drawn = random_tensor(name, shape, seed, device)
+        if fp8 and released_fp8(name, shape):
+            weight = quantize_weight(drawn) if len(shape) == 2 else quantize_experts(drawn)
+            tensors[name], tensors[scales_of(name)] = weight.data, weight.scale_inv
+        else:
+            tensors[name] = drawn.to(dtype=dtype)
+        del drawn
+    return tensors
 
 
 def random_tensor(name: str, shape: Shape, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -183,6 +183,18 @@ def _one_weight(weight: Weight) -> Fp8Weight:
                      torch.cat([part.scale_inv for part in parts]))  # type: ignore[union-attr]
 
 
+def holds_fp8(record: object) -> bool:
+    """Whether ``record`` (an attrs record of weights or a tuple of them, walked through) holds FP8."""
+    if isinstance(record, (Fp8Weight, Fp8Experts, Rows)):
+        return True
+    if isinstance(record, Joined):
+        return any(holds_fp8(part) for part in record.parts)
+    if isinstance(record, tuple):
+        return any(holds_fp8(item) for item in record)
+    fields = getattr(type(record), "__attrs_attrs__", ())
+    return any(holds_fp8(getattr(record, field.name)) for field in fields)
+
+
 def quantize_weight(w: torch.Tensor) -> Fp8Weight:
     """``w`` [out, in] (a floating dtype, finite) in block-wise FP8: per 128x128 block (the last ones
     partial), scale = the block's max |w| / 448 (1 for an all-zero block), data = w / scale clamped to

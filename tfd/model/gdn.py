@@ -147,7 +147,12 @@ def gdn_rows(w: GdnWeights, x: torch.Tensor, states: torch.Tensor, state_at: tor
     On CUDA the projection's product applies the conv as it stores, and the rule's kernel forms the
     gates from the projection itself."""
     if x.is_cuda:  # the conv in the projection's last step (tfd_kernels.gemm.Conv): conv1d.decode's bits
-        projected = gemm.matmul(x, w.proj, conv=gemm.Conv(w.conv, tails, tail_at), early=True)
+        if isinstance(w.proj, torch.Tensor):
+            projected = gemm.matmul(x, w.proj, conv=gemm.Conv(w.conv, tails, tail_at), early=True)
+        else:  # FP8 (or joined) products have no conv of their own: conv1d.decode after, the same bits
+            projected = linear(x, w.proj)
+            channels = w.conv.shape[0]
+            projected[:, :channels] = conv1d.decode(projected[:, :channels], w.conv, tails, tail_at)
         mixed, z, b, a = split_projection(w, projected)
         q, k, v = split_heads(w, mixed)
         out = gdn_decode.decode_gated(q, k, v, b, a, w.a_log, w.dt_bias, states, state_at, w.key_dim ** -0.5)

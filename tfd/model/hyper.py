@@ -67,7 +67,8 @@ def _mixed(w: HyperWeights, normed: torch.Tensor) -> tuple[torch.Tensor, torch.T
     """``read``'s block input and injection weights from the normalised streams."""
     if normed.is_cuda:
         projected = linear(normed, w.projections, early=DOWN_EARLY)
-        if not w.streams & (w.streams - 1):  # the gates, the up product and the mean at once
+        # the gates, the up product and the mean at once (a float up weight: the kernel reads it)
+        if not w.streams & (w.streams - 1) and isinstance(w.up, torch.Tensor):
             return hyper_kernels.mix(projected, w.up, normed, w.streams, w.width)
         mixed, weights = hyper_kernels.gates(projected, w.rank, w.streams)
         return hyper_kernels.block_input(linear(mixed, w.up), normed, w.streams, w.width), weights

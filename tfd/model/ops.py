@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from tfd.model import fp8
 from tfd.model.fp8 import Fp8Weight, Joined, Rows, Weight
-from tfd_kernels import gemm, norm
+from tfd_kernels import fp8_gemm, gemm, norm
 from tfd_kernels import sigmoid_gate as sigmoid_gate_kernel
 from tfd_kernels import swiglu as swiglu_kernel
 
@@ -32,15 +32,15 @@ _NARROW = (torch.bfloat16, torch.float16)
 
 def linear(x: torch.Tensor, weight: Weight, early: bool = False) -> torch.Tensor:
     """``x @ weight.T`` for ``x`` of shape [rows, in]; every row is a product of its own. ``early``:
-    ``tfd_kernels.gemm.matmul``'s (timing only). A block-wise FP8 weight by ``fp8.linear``, the
-    CPU's (``tfd.models`` loads none on CUDA, which has no FP8 product yet); joined parts each alone;
-    ``Rows`` of a stored weight by its product."""
+    ``tfd_kernels.gemm.matmul``'s (timing only). A block-wise FP8 weight by ``fp8.linear`` on the
+    CPU, ``tfd_kernels.fp8_gemm`` on CUDA (the same math, its own order of additions); joined parts
+    each alone; ``Rows`` of a stored weight by its product."""
     if isinstance(weight, Joined):
         return torch.cat([linear(x, part, early) for part in weight.parts], dim=-1)
     if isinstance(weight, Fp8Weight):
-        return fp8.linear(x, weight)
+        return fp8_gemm.matmul(x, weight.data, weight.scale_inv) if x.is_cuda else fp8.linear(x, weight)
     if isinstance(weight, Rows):  # the stored weight's product, its columns picked after (same bits a row)
-        return fp8.linear(x, weight.weight)[:, weight.rows]
+        return linear(x, weight.weight)[:, weight.rows]
     if x.is_cuda:
         return gemm.matmul(x, weight, early=early)
     if x.shape[0] == 1:
