@@ -75,8 +75,8 @@ def test_the_products_are_fp8_and_the_kept_rows_stay_float(checkpoints: tuple[Pa
     mixers = {type(layer.mixer): layer.mixer for layer in model.weights.layers}
     gdn, attention = mixers[GdnWeights], mixers[AttentionWeights]
     assert isinstance(gdn, GdnWeights) and isinstance(attention, AttentionWeights)
-    assert isinstance(gdn.proj, Joined)  # qkv and z in FP8, then b and a as stored (one tensor)
-    assert [type(part) for part in gdn.proj.parts] == [Fp8Weight, Fp8Weight, torch.Tensor]  # b|a one
+    assert isinstance(gdn.proj, Joined)  # qkv (128 rows: whole blocks) and z in FP8, then b and a as stored
+    assert [type(part) for part in gdn.proj.parts] == [Fp8Weight, torch.Tensor]  # qkv|z one, b|a one
     assert isinstance(gdn.out, Fp8Weight) and isinstance(attention.o, Fp8Weight)
     assert isinstance(attention.qkv, Joined)  # q, k, v each its own blocks (64 rows: partial)
     assert isinstance(model.weights.layers[0].ffn.down, Fp8Weight)

@@ -15,7 +15,18 @@ import pytest
 import tiny_models
 import torch
 
-from tfd.model.fp8 import BLOCK, E4M3_MAX, Fp8Weight, linear, quantize_rows, quantize_weight
+from tfd.model import ops
+from tfd.model.fp8 import (
+    BLOCK,
+    E4M3_MAX,
+    Fp8Weight,
+    Joined,
+    Rows,
+    join,
+    linear,
+    quantize_rows,
+    quantize_weight,
+)
 
 # Both sides of each block boundary (and a single element), on out and on in.
 SIZES = [1, 128, 129, 256, 257]
@@ -226,3 +237,20 @@ def test_transformers_reads_a_checkpoint_written_in_this_format_as_fp8_py_does(t
     assert any(out < BLOCK for out, _ in shapes) and any(out % BLOCK == 0 for out, _ in shapes)
     for name, weight in quantized.items():
         assert torch.equal(state[name], weight.dequantized(torch.bfloat16)), name
+
+
+def test_joined_parts_merge_where_the_numbers_stay_the_same() -> None:
+    x = activations(5, 257)
+    whole, partial = quantize_weight(weight(128, 257, seed=2)), quantize_weight(weight(129, 257, seed=3))
+    merged = join((whole, partial))  # the upper part fills whole blocks: the lower one's blocks line up
+    assert isinstance(merged, Fp8Weight) and merged.shape == (257, 257)
+    apart = torch.cat((linear(x, whole), linear(x, partial)), dim=1)
+    assert torch.equal(ops.linear(x, merged), apart)
+    kept = join((partial, whole))  # 129 rows then 128: the second part's blocks would straddle
+    assert isinstance(kept, Joined)
+    assert torch.equal(ops.linear(x, kept), apart[:, [*range(128, 257), *range(128)]])
+    rows = join((Rows(whole, torch.tensor([3, 1])), Rows(whole, torch.tensor([0])), weight(1, 257)))
+    assert isinstance(rows, Joined) and isinstance(rows.parts[0], Rows)
+    assert rows.parts[0].rows.tolist() == [3, 1, 0]
+    assert torch.equal(ops.linear(x, rows)[:, :3], linear(x, whole)[:, [3, 1, 0]])
+    assert isinstance(join((weight(1, 257), weight(1, 257))), torch.Tensor)

@@ -111,8 +111,9 @@ Weight = Part | Joined  # what a linear layer multiplies by
 
 def join(parts: Sequence[Part]) -> Weight:
     """``parts`` stacked along ``out`` as one weight: one tensor when all are tensors (as before),
-    else ``Joined`` (each part multiplied on its own), neighbouring tensors and neighbouring ``Rows``
-    of one stored weight merged into one (one product for both)."""
+    else ``Joined`` (each part multiplied on its own). Neighbours merge into one product where the
+    numbers stay the same: tensors; ``Rows`` of one stored weight; FP8 weights whose upper one fills
+    whole 128-row blocks (its blocks line up with the stacked weight's)."""
     tensors = [part for part in parts if isinstance(part, torch.Tensor)]
     if len(tensors) == len(parts):
         return torch.cat(tensors)
@@ -123,6 +124,8 @@ def join(parts: Sequence[Part]) -> Weight:
             merged[-1] = Rows(part.weight, torch.cat((last.rows, part.rows)))
         elif isinstance(part, torch.Tensor) and isinstance(last, torch.Tensor):
             merged[-1] = torch.cat((last, part))
+        elif isinstance(part, Fp8Weight) and isinstance(last, Fp8Weight) and last.shape[0] % BLOCK == 0:
+            merged[-1] = _one_weight(Joined((last, part)))  # whole blocks above: the same scales, one product
         else:
             merged.append(part)
     return merged[0] if len(merged) == 1 else Joined(tuple(merged))
