@@ -270,10 +270,11 @@ def fused_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return fused
 
 
-def fp8_copy(source: Path, directory: Path, converted: Callable[[str], bool], quantization: dict[str, object],
-             fuse: bool = True) -> dict[str, torch.Tensor]:
+def fp8_copy(source: Path, directory: Path, converted: Callable[[str], bool] | None,
+             quantization: dict[str, object], fuse: bool = True) -> dict[str, torch.Tensor]:
     """The checkpoint at ``source`` copied to ``directory`` as Qwen's -FP8 releases store one: each
-    tensor of 2 or 3 dimensions ``converted`` names (linear weights, fused experts) in
+    tensor of 2 or 3 dimensions ``converted`` names (linear weights, fused experts; None: those Qwen's
+    releases store in FP8, ``tfd.quantization.released_fp8``) in
     block-wise FP8 beside its ``_scale_inv`` (``tfd.model.fp8``), the rest as stored, ``fuse``: experts
     fused first (``fused_experts``). The tensors as quantized and dequantized, in fp32, by name: a
     float twin of the same weights."""
@@ -283,13 +284,15 @@ def fp8_copy(source: Path, directory: Path, converted: Callable[[str], bool], qu
     import safetensors.torch
 
     from tfd.model.fp8 import quantize_experts, quantize_weight
+    from tfd.quantization import released_fp8
 
-    shutil.copytree(source, directory)
+    shutil.copytree(source, directory, dirs_exist_ok=True)
     stored = safetensors.torch.load_file(source / "model.safetensors")
     stored = fused_experts(stored) if fuse else stored
     tensors, twin = {}, {}
     for name, value in stored.items():
-        if value.dim() > 1 and converted(name):
+        fp8 = released_fp8(name, tuple(value.shape)) if converted is None else converted(name)
+        if value.dim() > 1 and fp8:
             weight = quantize_weight(value) if value.dim() == 2 else quantize_experts(value)
             tensors[name], tensors[name + "_scale_inv"] = weight.data, weight.scale_inv
             twin[name] = weight.dequantized(torch.float32)
