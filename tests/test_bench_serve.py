@@ -25,6 +25,7 @@ from tfd.bench.serve import closed_loop, plan, send
 from tfd.bench.serve_record import Load, Outcome, Planned, Server, Spec
 from tfd.bench.versus import EngineRun, allowed_tok_s, versus
 from tfd.cli import main
+from tfd.shapes import Sizes
 
 WAIT_S = 120  # a subprocess run of a few tiny requests against the demo, on a slow busy machine
 # torch must stay out of a plain --serve run: the client works on a machine without it, and starts fast
@@ -353,7 +354,8 @@ def test_compare_engine_pairs_each_run_with_the_engine_at_its_concurrency(
 
     asked: list[Any] = []
 
-    def bench(model: Any, name: str, size: int, workloads: list[Any], graphs: bool, commit: str) -> list[Any]:
+    def bench(model: Any, name: str, size: Sizes, workloads: list[Any], graphs: bool, commit: str
+              ) -> list[Any]:
         asked.extend(workloads)
         return [{"shape": name, "streams": w.streams, "prompt_tokens": w.prompt_tokens,
                  "new_tokens": w.new_tokens, "drafts": 0, "step_ms": 10.0, "decode_tok_s_per_stream": 100.0,
@@ -362,9 +364,9 @@ def test_compare_engine_pairs_each_run_with_the_engine_at_its_concurrency(
                 for w in workloads]
 
     class Drawn:
-        name, weight_bytes = "qwen3_5-9b", 1
+        name, sizes = "qwen3_5-9b", Sizes(1, 1, 0)
 
-    monkeypatch.setattr(engine_bench, "random_model", lambda shape, device, head: (None, Drawn()))
+    monkeypatch.setattr(engine_bench, "random_model", lambda shape, device, head, fp8: (None, Drawn()))
     monkeypatch.setattr(engine_bench, "bench", bench)
     extra = {"mode": "concurrency", "rate": None, "model": "m", "prompt_tokens": [1024, 1024],
              "new_tokens": [256, 256], "draft": None, "drafts": 0, "drafted": 0, "temperature": 0.0}

@@ -102,5 +102,5 @@ def main(settings: Settings, args: argparse.Namespace) -> int:
         from tfd.bench.versus import compare
 
         status = max(status, compare(runs, shape, args, settings.value("TF_MTP_MAX_LANES", int), args.out,
-                                     commit))
+                                     commit, fp8=settings.value("TF_DTYPE", str) == "fp8"))
     return status

@@ -130,9 +130,10 @@ def table(rows: Sequence[tuple[str, EngineRun, Versus]]) -> str:
 
 
 def compare(runs: Sequence[dict[str, Any]], shape: str, args: Any, max_lanes: int, out: Path | None,
-            commit: str) -> int:
-    """The engine bench at each concurrency run's shape, then the table; each run's object gains an
-    ``engine`` block (rewritten under ``out``). The exit status: 1 when the engine could not run."""
+            commit: str, fp8: bool = False) -> int:
+    """The engine bench at each concurrency run's shape (``fp8``: its weights drawn in FP8, as a server
+    started with TF_DTYPE=fp8 draws them), then the table; each run's object gains an ``engine``
+    block (rewritten under ``out``). The exit status: 1 when the engine could not run."""
     import torch
 
     from tfd.bench.main import bench, random_model, run_name
@@ -151,7 +152,7 @@ def compare(runs: Sequence[dict[str, Any]], shape: str, args: Any, max_lanes: in
                  for c, prompt, new, drafts in keys]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        model, drawn = random_model(shape, device, head=any(key[3] for key in keys))
+        model, drawn = random_model(shape, device, head=any(key[3] for key in keys), fp8=fp8)
         results = bench(model, drawn.name, drawn.sizes, workloads, not args.no_graphs, commit)
     except torch.OutOfMemoryError:
         free, total = torch.cuda.mem_get_info(device) if device.type == "cuda" else (0, 0)
