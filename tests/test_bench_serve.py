@@ -384,7 +384,7 @@ def test_compare_engine_pairs_each_run_with_the_engine_at_its_concurrency(
     assert set(written["engine"]["gates"]) == {"throughput", "tpot_tail"}
     assert (tmp_path / "qwen3_5-9b-32x1024-256.json").exists()  # the engine's runs beside the server's
 
-    def out_of_memory(shape: str, device: Any, head: bool) -> Any:
+    def out_of_memory(shape: str, device: Any, head: bool, fp8: bool) -> Any:
         raise torch.OutOfMemoryError("CUDA out of memory")
 
     monkeypatch.setattr(engine_bench, "random_model", out_of_memory)
