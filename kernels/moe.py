@@ -32,6 +32,13 @@ program to finish (an arrival counter) does that in its own launch, in the same 
 the router's product too. Every grid is fixed by the shapes (an upper bound on the tiles; a program
 past the last tile exits at once), so a call can be captured in a CUDA graph.
 
+FP8: the routed experts' weights and the shared expert's may each be block-wise FP8 (``Fp8Stack``: e4m3
+data, a float32 scale per 128x128 block), read at a byte an element; each product is then
+``tfd.model.fp8.linear``'s (the input row quantized per 128-wide block as the tile loads it, each K
+block's fp8 dot times its two scales, summed in order in fp32), all after it the float path's
+(``tfd_kernels.moe_fp8``), each tile ``FP8_M`` pairs. No scratch more (strided scales are copied
+contiguous); errors name the field at fault (``down.scale_inv``).
+
 Batch invariance: a pair's products run over ``hidden`` and its expert's inner size in tiles and an
 order fixed by the weight shapes (a dot's row is the same whatever rows share its tile); its rank
 depends on its own row alone; the sum over a row's experts is a loop in ascending id, and the
@@ -45,11 +52,15 @@ import torch
 import triton
 import triton.language as tl
 
-from tfd_kernels import gemm, moe_one, moe_plan, moe_sum, moe_tiles, norm, pdl, router, runtime
-from tfd_kernels.moe_args import Residual, Shared, check, check_residual
+from tfd_kernels import gemm, moe_fp8, moe_one, moe_plan, moe_sum, norm, pdl, router, runtime
+from tfd_kernels.moe_args import Fp8Stack as Fp8Stack  # the launchers' FP8 weights, named here too
+from tfd_kernels.moe_args import Residual, Shared, Weights, check, check_residual, operand
 from tfd_kernels.runtime import INTERPRETED
 
 BLOCK_M = 16  # pairs in a tile: one tensor-core row block
+# Pairs in a tile wherever any expert weights are FP8: a warp group's wgmma rows on every path (decode,
+# prompt, one launch), so every FP8 product takes the same fp8 instructions (tfd_kernels.moe_fp8).
+FP8_M = 64
 # Stage one's columns, reduction step and pipeline depth, then stage two's: the best pair of a 24-pair
 # probe on the H200 (35B-A3B experts: 24.9 us at one row against 28.3 for 64x128 / 128x64; at 32
 # rows 234.5 against 235.7 us, a 230.7 us weight floor); the same bits for every pair tried.
@@ -95,13 +106,14 @@ def _tile_and_column(tiles, GROUP: tl.constexpr):
 
 
 # the grid's tiles follow the pairs of a call: one variant meets them all
-@triton.jit(do_not_specialize=["tiles"])
-def _gate_up(x, gate_up, shared_gate_up, h, layout, pair_at, pairs, top_k, experts, hidden, inner,
-             shared_inner, width, stride_x, stride_ge, stride_gn, stride_sn, logits, ids, weights, dest_at,
-             tile_expert, tiles, BINS: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_ROW: tl.constexpr,
-             K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, SLOTS: tl.constexpr,
-             GROUP: tl.constexpr, PDL: tl.constexpr):
+@triton.jit(do_not_specialize=["tiles", "count"])
+def _gate_up(x, gate_up, gate_scales, shared_gate_up, shared_scales, h, layout, pair_at, pairs, top_k,
+             experts, hidden, inner, shared_inner, width, stride_x, stride_ge, stride_gn, stride_sn, logits,
+             ids, weights, dest_at, tile_expert, tiles, count, BINS: tl.constexpr, PRECISION: tl.constexpr,
+             WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+             ONE_ROW: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr,
+             SLOTS: tl.constexpr, FP8: tl.constexpr, SHARED_FP8: tl.constexpr, GROUP: tl.constexpr,
+             PDL: tl.constexpr):
     pdl.wait(PDL)
     tile, column = _tile_and_column(tiles, GROUP)
     if ONE_ROW:  # the choice made here, no plan launch before
@@ -110,8 +122,7 @@ def _gate_up(x, gate_up, shared_gate_up, h, layout, pair_at, pairs, top_k, exper
         first, stop = tile, tile + 1
     else:
         expert, first, stop = moe_plan.tile_of(layout, tile, BINS, BLOCK_M)
-    gate, stride_n, size = moe_tiles.weight_of(gate_up, shared_gate_up, expert, experts, stride_ge, stride_gn,
-                                               stride_sn, inner, shared_inner)
+    size = tl.where(expert == experts, shared_inner, inner)  # the expert's inner size
     if (first >= stop) | (column * BLOCK_N >= size):  # past the last tile, or the expert's columns
         return
     q = first + tl.arange(0, BLOCK_M)
@@ -122,17 +133,19 @@ def _gate_up(x, gate_up, shared_gate_up, h, layout, pair_at, pairs, top_k, exper
     else:
         at = tl.load(pair_at + q, mask=live & (q < pairs), other=0)
         token = tl.where(q < pairs, at // top_k, q - pairs)
-    moe_tiles.gate_up_tile(x, gate, stride_n, size, h, q, live, token, hidden, width, stride_x,
-                           column, PRECISION, WIDEN, BLOCK_M, BLOCK_N, BLOCK_K)
+    moe_fp8.gate_up_of(x, gate_up, gate_scales, shared_gate_up, shared_scales, expert, experts, stride_ge,
+                       stride_gn, stride_sn, inner, shared_inner, h, q, live, token, count, hidden, width,
+                       stride_x, column, PRECISION, WIDEN, BLOCK_M, BLOCK_N, BLOCK_K, FP8, SHARED_FP8)
 
 
 @triton.jit(do_not_specialize=["tiles"])
-def _down(h, down, shared_down, buf, weights, layout, pair_at, dest_at, pairs, experts, hidden, inner,
-          shared_inner, width, stride_de, stride_dn, stride_sn, tile_expert, gate, residual, total, normed,
-          norm_weight, stride_g, eps, arrivals, tiles, BINS: tl.constexpr, PRECISION: tl.constexpr,
-          WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-          ONE_ROW: tl.constexpr, FINISH: tl.constexpr, TOP_K: tl.constexpr, SHARED: tl.constexpr,
-          HIDDEN_BLOCK: tl.constexpr, GROUP: tl.constexpr, PDL: tl.constexpr):
+def _down(h, down, down_scales, shared_down, shared_scales, buf, weights, layout, pair_at, dest_at, pairs,
+          experts, hidden, inner, shared_inner, width, stride_de, stride_dn, stride_sn, tile_expert, gate,
+          residual, total, normed, norm_weight, stride_g, eps, arrivals, tiles, BINS: tl.constexpr,
+          PRECISION: tl.constexpr, WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+          BLOCK_K: tl.constexpr, ONE_ROW: tl.constexpr, FINISH: tl.constexpr, TOP_K: tl.constexpr,
+          SHARED: tl.constexpr, HIDDEN_BLOCK: tl.constexpr, FP8: tl.constexpr, SHARED_FP8: tl.constexpr,
+          GROUP: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     tile, column = _tile_and_column(tiles, GROUP)
     if ONE_ROW:  # tile t is pair t, of the expert the first launch wrote
@@ -141,8 +154,6 @@ def _down(h, down, shared_down, buf, weights, layout, pair_at, dest_at, pairs, e
         expert, first, stop = moe_plan.tile_of(layout, tile, BINS, BLOCK_M)
     if first >= stop:
         return
-    w, stride_n, size = moe_tiles.weight_of(down, shared_down, expert, experts, stride_de, stride_dn,
-                                            stride_sn, inner, shared_inner)
     q = first + tl.arange(0, BLOCK_M)
     live = q < stop
     routed = live & (q < pairs)
@@ -150,8 +161,9 @@ def _down(h, down, shared_down, buf, weights, layout, pair_at, dest_at, pairs, e
     weight = tl.load(weights + tl.load(pair_at + q, mask=routed, other=0), mask=routed, other=0.0)
     weight = tl.where(q < pairs, weight.to(tl.float32), 1.0)
     dest = tl.where(q < pairs, tl.load(dest_at + q, mask=routed, other=0), q)
-    moe_tiles.down_tile(h, w, stride_n, size, buf, q, live, weight, dest, hidden, width, column,
-                        PRECISION, WIDEN, BLOCK_M, BLOCK_N, BLOCK_K, "")
+    moe_fp8.down_of(h, down, down_scales, shared_down, shared_scales, expert, experts, stride_de, stride_dn,
+                    stride_sn, inner, shared_inner, buf, q, live, stop, weight, dest, hidden, width, column,
+                    PRECISION, WIDEN, BLOCK_M, BLOCK_N, BLOCK_K, "", FP8, SHARED_FP8)
     if FINISH:  # one row: the last program to finish does _combine_add_zrms' work, in its warps
         tl.debug_barrier()  # every thread's part of the tile is written before it is counted
         programs = tl.num_programs(0) * tl.num_programs(1)
@@ -161,7 +173,7 @@ def _down(h, down, shared_down, buf, weights, layout, pair_at, dest_at, pairs, e
             tl.atomic_xchg(arrivals, 0, sem="relaxed", scope="gpu")  # rearmed for the next call
 
 
-def routed(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: torch.Tensor, top_k: int,
+def routed(x: torch.Tensor, gate_up: Weights, down: Weights, logits: torch.Tensor, top_k: int,
            normalise: bool, shared: Shared | None = None) -> torch.Tensor:
     """``experts`` for the choice ``tfd_kernels.router.top_k(logits, top_k, normalise, x.dtype)`` makes
     from router ``logits`` [rows, experts] (unit column stride): the same bits, and when the rows'
@@ -170,7 +182,7 @@ def routed(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: t
     return _routed(x, gate_up, down, logits, top_k, normalise, shared, None)[0]
 
 
-def routed_add_zrms(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: torch.Tensor,
+def routed_add_zrms(x: torch.Tensor, gate_up: Weights, down: Weights, logits: torch.Tensor,
                     top_k: int, normalise: bool, shared: Shared | None, residual: Residual
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """``tfd_kernels.norm.add_zrms(residual.x, routed(...), residual.weight, residual.eps)`` with the
@@ -181,8 +193,8 @@ def routed_add_zrms(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, 
     return total, normed
 
 
-def block_add_zrms(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-                   top_k: int, normalise: bool, shared: tuple[torch.Tensor, torch.Tensor] | None,
+def block_add_zrms(x: torch.Tensor, router_weight: torch.Tensor, gate_up: Weights, down: Weights,
+                   top_k: int, normalise: bool, shared: tuple[Weights, Weights] | None,
                    residual: Residual) -> tuple[torch.Tensor, torch.Tensor]:
     """``routed_add_zrms`` from the block's input: the router's product ``tfd_kernels.gemm.matmul(x,
     router_weight)`` first (``router_weight`` [experts, hidden], with a shared expert one row more
@@ -201,7 +213,7 @@ def block_add_zrms(x: torch.Tensor, router_weight: torch.Tensor, gate_up: torch.
     return total, normed
 
 
-def _routed(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, logits: torch.Tensor, top_k: int,
+def _routed(x: torch.Tensor, gate_up: Weights, down: Weights, logits: torch.Tensor, top_k: int,
             normalise: bool, shared: Shared | None, residual: Residual | None,
             product: tuple[torch.Tensor, torch.Tensor] | None = None
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -231,7 +243,7 @@ def _one_launch(rows: int, hidden: int, per_row: int, chosen: bool) -> bool:
     return ONE_ROW and ONE_LAUNCH and chosen and rows == 1 and moe_one.fits(hidden, per_row)
 
 
-def experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
+def experts(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tensor,
             weights: torch.Tensor, shared: Shared | None = None,
             choice: tuple[torch.Tensor, bool] | None = None) -> torch.Tensor:
     """The routed experts' output [rows, hidden] in x's dtype for ``x`` [rows, hidden], ``gate_up``
@@ -239,12 +251,13 @@ def experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: tor
     each row's ``ids`` [rows, top_k] (in [0, experts)) and ``weights``; with ``shared``, the MoE
     block's output (the module docstring says how it is rounded), in the same launches. ``choice``
     (``routed``'s): the router logits and normalisation that ids and weights are written from, in
-    the planning launch (at most ``tfd_kernels.moe_plan.CHOICE_PAIRS`` routed pairs). A wrong shape, dtype
-    or device raises ValueError naming the input."""
+    the planning launch (at most ``tfd_kernels.moe_plan.CHOICE_PAIRS`` routed pairs). The routed experts'
+    weights and the shared expert's are each float (x's dtype) or ``Fp8Stack`` (block-wise FP8). A wrong
+    shape, dtype, scale grid or device raises ValueError naming the input (``down.scale_inv``, ...)."""
     return _experts(x, gate_up, down, ids, weights, shared, choice, None)[0]
 
 
-def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
+def _experts(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tensor,
              weights: torch.Tensor, shared: Shared | None, choice: tuple[torch.Tensor, bool] | None,
              residual: Residual | None, product: tuple[torch.Tensor, torch.Tensor] | None = None
              ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -260,9 +273,12 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
     if rows == 0:
         return (out, None) if residual is None else (out, torch.empty_like(out))
     x, ids, weights = x.contiguous(), ids.contiguous(), weights.contiguous()
+    routed_gate_up, routed_down = operand(gate_up), operand(down)
     # Without a shared expert no tile is its, so a routed expert's weights stand in, never read.
-    own_gate_up, own_down = (gate_up[0], down[0]) if shared is None else (shared.gate_up, shared.down)
-    shared_inner = own_down.shape[1]
+    own_gate_up, own_down = ((routed_gate_up.first(), routed_down.first()) if shared is None else
+                             (operand(shared.gate_up), operand(shared.down)))
+    fp8 = any(weight.fp8 for weight in (routed_gate_up, routed_down, own_gate_up, own_down))
+    shared_inner = own_down.data.shape[1]
     width = max(inner, shared_inner)  # h's row: room for either expert's middle
     per_row = top_k + (shared is not None)
     precision = "ieee" if x.dtype == torch.float32 else "tf32"  # tf32 would round fp32 operands
@@ -277,15 +293,16 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
     if _one_launch(rows, hidden, per_row, choice is not None) and choice is not None:
         gate = out if shared is None else shared.gate
         normed = torch.empty_like(out) if residual is not None else None
-        moe_one.launch(x, gate_up, own_gate_up, h, down, own_down, buf, choice[0], choice[1], ids, weights,
-                       tables, tile_expert, gate, shared is not None, out,
+        moe_one.launch(x, routed_gate_up, own_gate_up, h, routed_down, own_down, buf, choice[0], choice[1],
+                       ids, weights, tables, tile_expert, gate, shared is not None, out,
                        None if residual is None or normed is None else
                        (residual.x.contiguous(), residual.weight, residual.eps, normed),
-                       {"block_m": BLOCK_M, "gate_n": GATE_N, "gate_k": GATE_K, "down_n": DOWN_N,
-                        "down_k": DOWN_K, "stages": GATE_STAGES}, None if product is None else product[0])
+                       {"block_m": FP8_M if fp8 else BLOCK_M, "gate_n": GATE_N, "gate_k": GATE_K,
+                        "down_n": DOWN_N, "down_k": DOWN_K, "stages": GATE_STAGES},
+                       None if product is None else product[0])
         return out, normed
     prompt = chunk * top_k >= PROMPT_PAIRS * n_experts
-    block_m = PROMPT_M if prompt else BLOCK_M
+    block_m = FP8_M if fp8 else PROMPT_M if prompt else BLOCK_M
     gate_n, gate_stages = (PROMPT_GATE_N, PROMPT_GATE_STAGES) if prompt else (GATE_N, GATE_STAGES)
     down_n, down_stages = (PROMPT_DOWN_N, PROMPT_DOWN_STAGES) if prompt else (DOWN_N, DOWN_STAGES)
     group = PROMPT_GROUP if prompt else 0
@@ -304,12 +321,13 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
             tiles += 0 if shared is None else triton.cdiv(count, block_m)
         logits, normalise = choice if one_row and choice is not None else (x, False)  # read at one row only
         _gate_up[_grid(tiles, triton.cdiv(width, gate_n), group)](
-            x[first:first + count], gate_up, own_gate_up, h, tables.layout, tables.pair_at, pairs, top_k,
-            n_experts, hidden, inner, shared_inner, width, x.stride(0), gate_up.stride(0), gate_up.stride(1),
-            own_gate_up.stride(0), logits, chunk_ids, chunk_weights, tables.dest_at, tile_expert, tiles,
-            BINS=bins, PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=block_m, BLOCK_N=gate_n,
-            BLOCK_K=GATE_K, ONE_ROW=one_row, K=top_k, NORM=normalise,
-            BLOCK_E=triton.next_power_of_2(n_experts), SLOTS=triton.next_power_of_2(top_k), GROUP=group,
+            x[first:first + count], *routed_gate_up[:2], *own_gate_up[:2], h, tables.layout, tables.pair_at,
+            pairs, top_k, n_experts, hidden, inner, shared_inner, width, x.stride(0),
+            *routed_gate_up.data.stride()[:2], own_gate_up.data.stride(0), logits, chunk_ids, chunk_weights,
+            tables.dest_at, tile_expert, tiles, count, BINS=bins, PRECISION=precision, WIDEN=INTERPRETED,
+            BLOCK_M=block_m, BLOCK_N=gate_n, BLOCK_K=GATE_K, ONE_ROW=one_row, K=top_k, NORM=normalise,
+            BLOCK_E=triton.next_power_of_2(n_experts), SLOTS=triton.next_power_of_2(top_k),
+            FP8=routed_gate_up.fp8, SHARED_FP8=own_gate_up.fp8, GROUP=group,
             num_warps=PROMPT_WARPS if prompt else router.ROUTE_WARPS, num_stages=gate_stages,
             **pdl.options(x.device))
         target = out[first:first + count]
@@ -319,12 +337,13 @@ def _experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: to
         normed = torch.empty_like(out) if residual is not None else out
         held = residual if residual is not None else Residual(out, out[0], 0.0)  # not read unless finishing
         _down[_grid(tiles, triton.cdiv(hidden, down_n), group)](
-            h, down, own_down, buf, chunk_weights, tables.layout, tables.pair_at, tables.dest_at, pairs,
-            n_experts, hidden, inner, shared_inner, width, down.stride(0), down.stride(1), own_down.stride(0),
-            tile_expert, gate, held.x.contiguous(), out, normed, held.weight, gate.stride(0), held.eps,
-            _arrivals(x.device), tiles, BINS=bins, PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=block_m,
-            BLOCK_N=down_n, BLOCK_K=DOWN_K, ONE_ROW=one_row, FINISH=finish, TOP_K=top_k,
-            SHARED=shared is not None, HIDDEN_BLOCK=block, GROUP=group,
+            h, *routed_down[:2], *own_down[:2], buf, chunk_weights, tables.layout, tables.pair_at,
+            tables.dest_at, pairs, n_experts, hidden, inner, shared_inner, width,
+            *routed_down.data.stride()[:2], own_down.data.stride(0), tile_expert, gate, held.x.contiguous(),
+            out, normed, held.weight, gate.stride(0), held.eps, _arrivals(x.device), tiles, BINS=bins,
+            PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=block_m, BLOCK_N=down_n, BLOCK_K=DOWN_K,
+            ONE_ROW=one_row, FINISH=finish, TOP_K=top_k, SHARED=shared is not None, HIDDEN_BLOCK=block,
+            FP8=routed_down.fp8, SHARED_FP8=own_down.fp8, GROUP=group,
             num_warps=norm.warps(block) if finish else PROMPT_WARPS if prompt else 4,
             num_stages=down_stages, **pdl.options(x.device))
         if finish:
@@ -360,7 +379,8 @@ def _expert(gate_up: torch.Tensor, down: torch.Tensor, x: torch.Tensor) -> torch
 def reference(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
               weights: torch.Tensor, shared: Shared | None = None) -> torch.Tensor:
     """The same by torch: row by row, its experts in ascending id (then slot), summed in fp32 and
-    rounded; with ``shared``, its output rounded, gated and added, each step rounded as the kernel's."""
+    rounded; with ``shared``, its output rounded, gated and added, each step rounded as the kernel's.
+    Float weights only (FP8 products are ``tfd.model.fp8.linear``'s: tests/kernels/test_moe_fp8.py)."""
     check(x, gate_up, down, ids, weights, shared)
     total = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for row, chosen in enumerate(ids.tolist()):
@@ -370,8 +390,11 @@ def reference(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: t
     out = total.to(x.dtype)
     if shared is None:
         return out
+    own_gate_up, own_down = shared.gate_up, shared.down
+    if not isinstance(own_gate_up, torch.Tensor) or not isinstance(own_down, torch.Tensor):
+        raise ValueError("shared must hold float weights: reference makes no FP8 products")
     value = torch.zeros_like(out)
     for row in range(x.shape[0]):
-        value[row] = _expert(shared.gate_up, shared.down, x[row]).to(x.dtype)
+        value[row] = _expert(own_gate_up, own_down, x[row]).to(x.dtype)
     sig = (1.0 / (1.0 + torch.exp(-shared.gate.float()))).to(x.dtype).float()
     return (out.float() + (value.float() * sig).to(x.dtype).float()).to(x.dtype)

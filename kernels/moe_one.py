@@ -23,6 +23,10 @@ so the bits are those of the last down program doing all of it alone (the flag o
 that one program spent while memory idled). Each program counts after a barrier and its stores
 (release) and reads what others stored only after the count that saw theirs (acquire), from L2.
 
+FP8 expert weights (``tfd_kernels.moe_fp8``): each tile's products follow its expert's kind, the routed
+experts' and the shared expert's each; with four 128-wide K blocks of one kind both ways, the down
+programs ask for FP8 weights and their scales early, as for float ones. They read h after the acquire.
+
 Waiting inside a launch needs the programs it waits on to run: GPUs start a launch's programs in
 order of their index, and every program waits only on programs of lower index (down on gate/up,
 both on the router's), so each one is running or done before any program can wait on it. The
@@ -36,7 +40,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tfd_kernels import gemm, gemm_plan, moe_plan, moe_sum, moe_tiles, norm, pdl, router, runtime
+from tfd_kernels import gemm, gemm_plan, moe_fp8, moe_plan, moe_sum, moe_tiles, norm, pdl, router, runtime
+from tfd_kernels.moe_args import Operand
 from tfd_kernels.runtime import INTERPRETED
 
 READY = 64  # tiles of one launch at most: top_k routed experts and the shared one
@@ -159,7 +164,8 @@ def _tile_first(index, K: tl.constexpr, TILES: tl.constexpr, SHARED_FIRST: tl.co
 
 
 @triton.jit
-def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids, weights, pair_at, dest_at,
+def _one_row(x, gate_up, gate_scales, shared_gate_up, shared_gate_scales, h, down, down_scales, shared_down,
+             shared_down_scales, buf, logits, ids, weights, pair_at, dest_at,
              tile_expert, tile_weight, chosen, ready, arrivals, blocks, gate, residual, total, out,
              norm_weight, experts, hidden, inner, shared_inner, width, stride_ge, stride_gn, stride_gs,
              stride_de, stride_dn, stride_ds, stride_g, eps, router_w, partials, router_counters, router_n,
@@ -173,7 +179,9 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
              ROUTER_K: tl.constexpr, LOGITS_CACHE: tl.constexpr, SHARED_FIRST: tl.constexpr,
              DOWN_SHARED_FIRST: tl.constexpr, TAKE_CHOICE: tl.constexpr,
              PRELOAD: tl.constexpr, SPREAD: tl.constexpr, FROM_PARTIALS: tl.constexpr,
-             GATE_SEGMENTS: tl.constexpr, ROUTER_EARLY: tl.constexpr, PDL: tl.constexpr):
+             GATE_SEGMENTS: tl.constexpr, ROUTER_EARLY: tl.constexpr, GATE_FP8: tl.constexpr,
+             SHARED_GATE_FP8: tl.constexpr, DOWN_FP8: tl.constexpr, SHARED_DOWN_FP8: tl.constexpr,
+             PDL: tl.constexpr):
     program = tl.program_id(0) - ROUTER_TILES * ROUTER_SEGMENTS  # the router's programs first, if here
     rb0, rb1 = router_w, router_w  # unread unless asked for below
     if ROUTER_EARLY:  # a router program's first weights asked for before the wait
@@ -207,10 +215,10 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
                 tl.store(tile_weight + tile, weight)
                 tl.debug_barrier()  # every thread's stores are done before the flag shows them
                 tl.atomic_add(chosen + tile, 1, sem="release", scope="gpu")
-        matrix, stride_n, size = moe_tiles.weight_of(gate_up, shared_gate_up, expert, experts, stride_ge,
-                                                     stride_gn, stride_gs, inner, shared_inner)
-        moe_tiles.gate_up_tile(x, matrix, stride_n, size, h, tile + q, live, q * 0, hidden, width, 0, column,
-                               PRECISION, WIDEN, BLOCK_M, GATE_N, GATE_K)
+        moe_fp8.gate_up_of(x, gate_up, gate_scales, shared_gate_up, shared_gate_scales, expert, experts,
+                           stride_ge, stride_gn, stride_gs, inner, shared_inner, h, tile + q, live, q * 0, 1,
+                           hidden, width, 0, column, PRECISION, WIDEN, BLOCK_M, GATE_N, GATE_K, GATE_FP8,
+                           SHARED_GATE_FP8)
         tl.debug_barrier()  # every thread's part of h is stored before the tile counts it
         tl.atomic_add(ready + tile, 1, sem="release", scope="gpu")
     else:
@@ -228,24 +236,34 @@ def _one_row(x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids,
             expert, weight = _chosen(logits, partials, router_n, ids, weights, pair_at, dest_at, tile_expert,
                                      experts, tile, False, K, NORM, BLOCK_E, SLOTS, LOGITS_CACHE,
                                      ROUTER_SEGMENTS, FROM_PARTIALS)
-        matrix, stride_n, size = moe_tiles.weight_of(down, shared_down, expert, experts, stride_de, stride_dn,
-                                                     stride_ds, inner, shared_inner)
+        size = tl.where(expert == experts, shared_inner, inner)  # the expert's inner size
         pair_weight = tl.full([BLOCK_M], 1.0, tl.float32) * weight
         if PRELOAD == 4:  # the weights asked for before the wait: they arrive while gate/up runs
-            b0 = moe_tiles.down_weights(matrix, stride_n, size, hidden, column, 0, DOWN_N, DOWN_K)
-            b1 = moe_tiles.down_weights(matrix, stride_n, size, hidden, column, DOWN_K, DOWN_N, DOWN_K)
-            b2 = moe_tiles.down_weights(matrix, stride_n, size, hidden, column, 2 * DOWN_K, DOWN_N, DOWN_K)
-            b3 = moe_tiles.down_weights(matrix, stride_n, size, hidden, column, 3 * DOWN_K, DOWN_N, DOWN_K)
+            # (one kind both ways: launch), so the expert's matrix is picked by address
+            w, stride_n, size = moe_tiles.weight_of(down, shared_down, expert, experts, stride_de,
+                                                    stride_dn, stride_ds, inner, shared_inner)
+            scales = moe_fp8.scales_of(down_scales, shared_down_scales, expert, experts,
+                                       moe_fp8.blocks(hidden) * moe_fp8.blocks(inner))  # read where FP8
+            b0, s0 = moe_fp8.early(w, scales, stride_n, size, hidden, column, 0, DOWN_N, DOWN_K, DOWN_FP8)
+            b1, s1 = moe_fp8.early(w, scales, stride_n, size, hidden, column, 1, DOWN_N, DOWN_K, DOWN_FP8)
+            b2, s2 = moe_fp8.early(w, scales, stride_n, size, hidden, column, 2, DOWN_N, DOWN_K, DOWN_FP8)
+            b3, s3 = moe_fp8.early(w, scales, stride_n, size, hidden, column, 3, DOWN_N, DOWN_K, DOWN_FP8)
         wanted = (size + GATE_N - 1) // GATE_N  # the tile's gate/up programs that store h
         while tl.atomic_add(ready + tile, 0, sem="acquire", scope="gpu") < wanted:
             pass
         if PRELOAD == 4:
-            acc = moe_tiles.down_four(h, b0, b1, b2, b3, tile + q, live, width, size, PRECISION, WIDEN,
-                                      BLOCK_M, DOWN_N, DOWN_K)
+            if DOWN_FP8:
+                acc = moe_fp8.down_four(h, b0, s0, b1, s1, b2, s2, b3, s3, tile + q, tile + 1, width, size,
+                                        BLOCK_M, WIDEN)
+            else:
+                acc = moe_tiles.down_four(h, b0, b1, b2, b3, tile + q, live, width, size, PRECISION, WIDEN,
+                                          BLOCK_M, DOWN_N, DOWN_K)
             moe_tiles.down_store(buf, acc, live, pair_weight, tile + q, hidden, column, DOWN_N)
         else:
-            moe_tiles.down_tile(h, matrix, stride_n, size, buf, tile + q, live, pair_weight, tile + q, hidden,
-                                width, column, PRECISION, WIDEN, BLOCK_M, DOWN_N, DOWN_K, ".cg")
+            moe_fp8.down_of(h, down, down_scales, shared_down, shared_down_scales, expert, experts, stride_de,
+                            stride_dn, stride_ds, inner, shared_inner, buf, tile + q, live, tile + 1,
+                            pair_weight, tile + q, hidden, width, column, PRECISION, WIDEN, BLOCK_M, DOWN_N,
+                            DOWN_K, ".cg", DOWN_FP8, SHARED_DOWN_FP8)
         tl.debug_barrier()  # every thread's part of the tile is written before it is counted
         if SPREAD:  # the block's last program sums it, the last block's normalises (arrivals: the blocks)
             last = moe_sum.finish_spread(buf, gate, residual, total, out, norm_weight, blocks, arrivals,
@@ -301,21 +319,22 @@ def counters(device: torch.device) -> torch.Tensor:
     return runtime.counters("moe_one", READY + ROUTER_TILES + 3 + COLUMNS + READY, device)
 
 
-def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor, h: torch.Tensor,
-           down: torch.Tensor, shared_down: torch.Tensor, buf: torch.Tensor, logits: torch.Tensor,
+def launch(x: torch.Tensor, gate_up: Operand, shared_gate_up: Operand, h: torch.Tensor,
+           down: Operand, shared_down: Operand, buf: torch.Tensor, logits: torch.Tensor,
            normalise: bool, ids: torch.Tensor, weights: torch.Tensor, tables: moe_plan.Tables,
            tile_expert: torch.Tensor, gate: torch.Tensor, shared: bool, total: torch.Tensor,
            residual: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None,
            tiles: dict[str, int], router_weight: torch.Tensor | None = None) -> None:
     """One row's block into ``total`` (the residual stream at decode, with ``residual`` = (the
     stream before, the norm's weight, eps, where the normed row goes)); the other arguments are
-    ``tfd_kernels.moe._experts``' (checked there), ``tiles`` its tile sizes. ``ids`` and ``weights``
+    ``tfd_kernels.moe._experts``' (checked there; the four weights float or FP8 each, ``tiles``' block_m
+    ``tfd_kernels.moe.FP8_M`` where any is FP8), ``tiles`` its tile sizes. ``ids`` and ``weights``
     are written as the router kernel would. With ``router_weight`` (contiguous, ``takes_router``),
     the launch first makes ``tfd_kernels.gemm.matmul(x, router_weight)`` and writes its experts' columns
     into ``logits`` (and, with ``FROM_PARTIALS`` off, the shared expert's gate after them, where
     ``gate`` views it; on, the finish sums the gate from the partials and ``gate`` is not read);
     scratch: its fp32 partials."""
-    experts, hidden, inner = down.shape
+    experts, hidden, inner = down.data.shape
     top_k = ids.shape[1]
     count = top_k + shared
     gate_cols = triton.cdiv(h.shape[1], tiles["gate_n"])
@@ -327,8 +346,10 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
     if router_weight is not None:
         n_router, plan = router_weight.shape[0], gemm_plan.plan(*router_weight.shape)
     router_tiles = triton.cdiv(n_router, _router_n(plan.few))
-    # four K steps of weights a down program, the shared expert's as the routed ones'
-    preload = PRELOAD_DOWN and inner == 4 * tiles["down_k"] and (not shared or shared_down.shape[1] == inner)
+    # four K steps of weights a down program, the shared expert's as the routed ones' (one kind)
+    step = moe_fp8.STEP.value if down.fp8 else tiles["down_k"]
+    preload = PRELOAD_DOWN and inner == 4 * step and shared_down.data.shape[1] == inner \
+        and shared_down.fp8 == down.fp8
     partials = torch.empty(plan.segments if router_weight is not None else 1, n_router, dtype=torch.float32,
                            device=x.device)
     blocks = found[READY + ROUTER_TILES + 3:]  # the column blocks' counters, past the router's
@@ -341,11 +362,12 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
     if from_partials and shared:  # the finish sums the gate's column of the partials, a segment apart
         gate = partials[:, experts:experts + 1]
     _one_row[(router_tiles * plan.segments + count * (gate_cols + down_cols),)](
-        x, gate_up, shared_gate_up, h, down, shared_down, buf, logits, ids, weights, tables.pair_at,
-        tables.dest_at, tile_expert, torch.empty(count, dtype=torch.float32, device=x.device), chosen, found,
-        found[READY:], blocks, gate, stream, total, normed, weight,
-        experts, hidden, inner, shared_down.shape[1], h.shape[1], gate_up.stride(0), gate_up.stride(1),
-        shared_gate_up.stride(0), down.stride(0), down.stride(1), shared_down.stride(0), gate.stride(0), eps,
+        x, *gate_up[:2], *shared_gate_up[:2], h, *down[:2], *shared_down[:2], buf, logits, ids, weights,
+        tables.pair_at, tables.dest_at, tile_expert, torch.empty(count, dtype=torch.float32, device=x.device),
+        chosen, found, found[READY:], blocks, gate, stream, total, normed, weight,
+        experts, hidden, inner, shared_down.data.shape[1], h.shape[1], *gate_up.data.stride()[:2],
+        shared_gate_up.data.stride(0), *down.data.stride()[:2], shared_down.data.stride(0), gate.stride(0),
+        eps,
         router_weight if router_weight is not None else x, partials, found[READY + 1:], n_router,
         plan.k_per_segment, K=top_k, NORM=normalise, BLOCK_E=triton.next_power_of_2(experts),
         SLOTS=triton.next_power_of_2(top_k), TILES=count, GATE_COLS=gate_cols, DOWN_COLS=down_cols,
@@ -358,5 +380,6 @@ def launch(x: torch.Tensor, gate_up: torch.Tensor, shared_gate_up: torch.Tensor,
         DOWN_SHARED_FIRST=SHARED_FIRST and shared and not SHARED_DOWN_LAST, TAKE_CHOICE=DOWN_TAKES_CHOICE,
         PRELOAD=4 if preload else 0, SPREAD=SPREAD_FINISH and down_cols <= COLUMNS and exact,
         FROM_PARTIALS=from_partials, GATE_SEGMENTS=plan.segments if from_partials and shared else 0,
-        ROUTER_EARLY=early,
-        num_warps=router.ROUTE_WARPS, num_stages=tiles["stages"], **pdl.options(x.device))
+        ROUTER_EARLY=early, GATE_FP8=gate_up.fp8, SHARED_GATE_FP8=shared_gate_up.fp8, DOWN_FP8=down.fp8,
+        SHARED_DOWN_FP8=shared_down.fp8, num_warps=router.ROUTE_WARPS, num_stages=tiles["stages"],
+        **pdl.options(x.device))

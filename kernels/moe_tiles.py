@@ -4,7 +4,8 @@ one-launch form at one row (``tfd_kernels.moe_one``): a tile is up to ``BLOCK_M`
 ``gate_up_tile``: h = silu(x @ gate.T) * (x @ up.T) for a tile's pairs over ``BLOCK_N`` of the
 expert's inner columns, in fp32 and stored in the model dtype. ``down_tile``: h @ down.T over
 ``BLOCK_N`` hidden columns, times the pair's routing weight, into the pair's fp32 buffer row. Both
-walk K in ``BLOCK_K`` steps in order from zero, so either form gives the same bits.
+walk K in ``BLOCK_K`` steps in order from zero, so either form gives the same bits. Their FP8 twins,
+and the choice of a tile's kind, are ``tfd_kernels.moe_fp8``'s.
 """
 
 from __future__ import annotations
@@ -47,6 +48,13 @@ def gate_up_tile(x, gate, stride_n, size, h, q, live, token, hidden, width, stri
                     other=0.0)
         acc_gate = dot(a, tl.load(gate + ks[None, :], mask=wmask, other=0.0), acc_gate, PRECISION, WIDEN)
         acc_up = dot(a, tl.load(up + ks[None, :], mask=wmask, other=0.0), acc_up, PRECISION, WIDEN)
+    store_middle(acc_gate, acc_up, h, q, live, cols, size, width)
+
+
+@triton.jit
+def store_middle(acc_gate, acc_up, h, q, live, cols, size, width):
+    """A gate/up tile's end, whatever its weights' kind: silu(gate) * up in fp32, stored in h's dtype
+    (pairs ``q``, inner columns ``cols`` below the expert's ``size``)."""
     act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
     tl.store(h + q[:, None] * width + cols[None, :], act.to(h.dtype.element_ty),
              mask=live[:, None] & (cols[None, :] < size))
