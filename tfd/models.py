@@ -55,16 +55,12 @@ def model_directory(settings: Settings, environ: Mapping[str, str], device: torc
     return build_demo(settings.value("TF_DEMO", str), cache_directory(settings, environ)), None
 
 
-def check_fp8_device(device: torch.device, path: Path | str, experts: bool) -> None:
-    """``CheckpointError`` unless FP8 weights (``path``'s; ``experts``: routed experts among them) can
-    run on ``device``: the CPU's reference products, and CUDA's FP8 GEMM for all but routed experts
-    (their grouped kernels take float weights only, so far)."""
-    if device.type == "cpu" or (device.type == "cuda" and not experts):
-        return
-    what = "routed experts" if experts and device.type == "cuda" else "weights"
-    where = "the CPU" if experts else "the CPU and CUDA"
-    raise CheckpointError(f"{path}: block-wise FP8 {what} run on {where} only so far (tfd has no FP8 "
-                          f"product for them on {device.type} yet); serve the bf16 weights")
+def check_fp8_device(device: torch.device, path: Path | str) -> None:
+    """``CheckpointError`` unless FP8 weights (``path``'s) can run on ``device``: the CPU's reference
+    products, CUDA's kernels (``tfd_kernels.fp8_gemm``, the MoE kernels' FP8 experts)."""
+    if device.type not in ("cpu", "cuda"):
+        raise CheckpointError(f"{path}: block-wise FP8 weights run on the CPU and CUDA only (tfd has no FP8 "
+                              f"product on {device.type}); serve the bf16 weights")
 
 
 @attrs.frozen
@@ -111,7 +107,7 @@ def load(settings: Settings, environ: Mapping[str, str], device: torch.device,
         raise SettingsRefused([f"TF_DTYPE=fp8: draws a shape's weights in FP8 (TF_SHAPE); {path} is a "
                                f"checkpoint, whose FP8 weights come with its quantization_config"])
     if fp8 or config.quantization is not None:
-        check_fp8_device(device, path, bool(config.text.get("num_experts")))
+        check_fp8_device(device, path)
     if random_weights:
         head = int(config.text.get("mtp_num_hidden_layers", 0) or 0) > 0  # type: ignore[call-overload]
         model = HybridModel.random(config.family, config.text, dtype=dtype, device=device, head=head, fp8=fp8)

@@ -7,6 +7,7 @@ import attrs
 import pytest
 import torch
 
+from tfd.model.fp8 import Joined, quantize_experts, quantize_weight
 from tfd.model.mlp import DenseMlp, MoeWeights, grouped_moe, moe
 from tfd.model.ops import linear
 
@@ -62,3 +63,32 @@ def test_a_paired_shared_expert_is_refused() -> None:
     w = weights(INNER, torch.float32)
     with pytest.raises(ValueError, match=r"^shared must keep gate rows then up rows"):
         attrs.evolve(w, shared=DenseMlp(w.shared.gate_up, w.shared.down, paired=True))
+
+
+def fp8_weights(shared_inner: int, dtype: torch.dtype) -> MoeWeights:
+    """``weights`` with the experts and the shared expert in block-wise FP8 (its fused gate|up one weight)."""
+    w = weights(shared_inner, dtype)
+    shared = DenseMlp(quantize_weight(w.shared.gate_up), quantize_weight(w.shared.down))
+    return attrs.evolve(w, gate_up=quantize_experts(w.gate_up), down=quantize_experts(w.down), shared=shared)
+
+
+@pytest.mark.parametrize("count", [1, 6, 40])
+def test_fp8_experts_in_the_grouped_path_are_the_cpu_paths_within_their_rounding(count: int) -> None:
+    # Both quantize a row per 128-group and sum K blocks in order; the kernels form SwiGLU's middle in fp32
+    # and sum the experts in fp32, where the CPU rounds each step to the model dtype: fp32 here, so the
+    # float path's tolerance holds (measured 4e-8 to 8e-8 of the largest output; an e4m3 rounding of the
+    # middle that flipped would show as 2^-4 of one element, far past it)
+    w, x = fp8_weights(48, torch.float32), rows(count, torch.float32)
+    want, got = moe(w, x), grouped(w, x)
+    torch.testing.assert_close(got, want, rtol=TOLERANCE[torch.float32], atol=TOLERANCE[torch.float32])
+    batch = grouped(w, rows(40, torch.float32))
+    assert torch.equal(grouped(w, rows(40, torch.float32)[3:3 + count]), batch[3:3 + count])
+
+
+def test_a_shared_expert_whose_gate_and_up_stay_apart_in_fp8_is_refused_by_the_kernels() -> None:
+    w = fp8_weights(48, torch.float32)
+    gate, up = w.shared.gate_up.dequantized()[:48], w.shared.gate_up.dequantized()[48:]  # type: ignore[union-attr]
+    joined = Joined((quantize_weight(gate), quantize_weight(up)))  # 48 rows each: blocks of their own
+    apart = attrs.evolve(w, shared=DenseMlp(joined, w.shared.down))
+    with pytest.raises(ValueError, match=r"one float or FP8 weight a product, not Joined"):
+        grouped(apart, rows(2, torch.float32))

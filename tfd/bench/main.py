@@ -49,9 +49,9 @@ def random_model(name: str, device: torch.device, seed: int = 0, head: bool = Fa
     """Shape ``name`` cut to fit this device, its weights drawn there; ``head`` adds an MTP head (its
     drafts are a random head's: they measure a round's cost, not acceptance); ``fp8``: the weights
     Qwen's -FP8 releases hold in FP8 drawn so."""
-    shape = fit(name, weight_budget(device), fp8)
     if fp8:
-        check_fp8_device(device, name, bool(shape.config.get("num_experts")))
+        check_fp8_device(device, name)
+    shape = fit(name, weight_budget(device), fp8)
     if shape.cut:
         print(f"tfd bench: cut {shape.cut}")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

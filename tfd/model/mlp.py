@@ -13,7 +13,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from tfd.model.fp8 import Experts, Weight
+from tfd.model.fp8 import Experts, Fp8Experts, Fp8Weight, Weight
 from tfd.model.ops import add_zrms, linear, sigmoid_gate, silu, swiglu, swiglu_product
 from tfd_kernels import moe as kernels_moe
 from tfd_kernels import router
@@ -103,12 +103,23 @@ def grouped_moe(w: MoeWeights, x: torch.Tensor, logits: torch.Tensor) -> torch.T
     return kernels_moe.routed(x, gate_up, down, logits[:, :count], w.top_k, w.norm_top_k, shared)
 
 
-def _tensors(w: MoeWeights
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """The router, the experts and the shared expert as the grouped kernels read them: plain tensors
-    (``tfd.models`` loads no FP8 weights on CUDA: the FP8 experts' kernels are not there yet)."""
-    parts = (w.router, w.gate_up, w.down, w.shared.gate_up, w.shared.down)
-    if not all(isinstance(part, torch.Tensor) for part in parts):
-        raise TypeError("the grouped MoE kernels take float weights, and this block's are FP8")
-    router, gate_up, down, shared_gate_up, shared_down = parts
-    return router, gate_up, down, (shared_gate_up, shared_down)  # type: ignore[return-value]
+def _tensors(w: MoeWeights) -> tuple[torch.Tensor, kernels_moe.Weights, kernels_moe.Weights,
+                                     tuple[kernels_moe.Weights, kernels_moe.Weights]]:
+    """The router, the experts and the shared expert as the grouped kernels read them: float tensors,
+    or FP8 ones with their scales (``Fp8Stack``). ValueError for what they cannot take: an FP8 router
+    (Qwen's releases keep it in bf16), a shared expert whose gate and up stay apart (rows not in
+    whole 128-row blocks: ``tfd.model.fp8.join``)."""
+    if not isinstance(w.router, torch.Tensor):
+        raise ValueError("the MoE kernels take a float router weight, and this block's is FP8")
+    shared = (_operand(w.shared.gate_up), _operand(w.shared.down))
+    return w.router, _operand(w.gate_up), _operand(w.down), shared
+
+
+def _operand(weight: Weight | Experts) -> kernels_moe.Weights:
+    """``weight`` as the MoE kernels take it."""
+    if isinstance(weight, torch.Tensor):
+        return weight
+    if isinstance(weight, (Fp8Weight, Fp8Experts)):
+        return kernels_moe.Fp8Stack(weight.data, weight.scale_inv)
+    raise ValueError(f"the MoE kernels take one float or FP8 weight a product, not {type(weight).__name__} "
+                     f"(a shared expert's gate and up rows in FP8 blocks of their own)")
