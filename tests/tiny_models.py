@@ -39,12 +39,16 @@ def make_model(family: str, seed: int = 0, vocab: int = VOCAB, eos: int = EOS, b
     """``budget`` and ``compress``: qwen4_exp's QSA indexer budget (positions) and compress ratio;
     ``hidden``: the residual's width (a power of two fills a kernel's block, 80 does not); ``flash``:
     other qwen4_exp config fields over the tiny ones (residual streams, PLE layers, n-gram size...);
-    ``expert_inner``: an MoE expert's inner width (128: whole FP8 blocks)."""
+    ``expert_inner``: an MoE expert's inner width, and the shared expert's but at 32 (128: whole FP8
+    blocks)."""
     import transformers
     from transformers.models.qwen4_exp import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
 
     common = {**COMMON, "vocab_size": vocab, "eos_token_id": eos, "hidden_size": hidden}
-    moe = {**MOE, "moe_intermediate_size": expert_inner}
+    # experts of whole FP8 blocks have a shared expert of whole blocks too (as released shapes do)
+    moe = {**MOE, "moe_intermediate_size": expert_inner,
+           "shared_expert_intermediate_size": MOE["shared_expert_intermediate_size"] if expert_inner == 32
+           else expert_inner}
     if family == "qwen3_5":
         config = transformers.Qwen3_5TextConfig(intermediate_size=96, **common)
         cls = transformers.Qwen3_5ForCausalLM

@@ -5,7 +5,7 @@ and leaves the activations unrounded; tfd rounds them to e4m3 per row and 128-wi
 kernels will. So: with tfd's rounding taken out the two agree as the float checkpoints do
 (tests/families/test_parity.py's tolerance), and with it, tfd's greedy choices (its prefill and its
 decode rows) are transformers' wherever transformers' choice has the margin to survive the
-rounding (below: how those positions are picked).
+rounding (below: how those positions are picked, by the rounding's own size at each).
 
 Where transformers cannot read a weight in FP8 (it misreads a weight whose rows run past whole
 128-row blocks into a partial one, and its dequantizing load reads fused FP8 experts' scales not at
@@ -40,8 +40,7 @@ KEPT = {"qwen3_5": [], "qwen3_5_moe": [], "qwen3_next": ["in_proj_qkvz"],  # 192
 TOLERANCE = 1e-4  # tests/families/test_parity.py's: max |ours - reference| / max |reference|
 PROMPT = 300
 CONTINUATION = 32
-CALIBRATION = 100  # positions whose logits set the margin bound, and are not compared
-COMPARED = 20  # positions at least that the margins must allow (decode rows among them)
+COMPARED = 50  # positions at least that the margins must allow (decode rows among them)
 
 
 def checkpoint(family: str, root: Path) -> Path:
@@ -96,15 +95,16 @@ def test_unrounded_its_logits_are_transformers(models: tuple[torch.nn.Module, Pa
     assert (ours - expected).abs().max() < TOLERANCE * expected.abs().max()
 
 
-def test_its_greedy_choices_are_transformers_where_the_margins_allow(models: tuple[torch.nn.Module, Path]
-                                                                      ) -> None:
+def test_its_greedy_choices_are_transformers_where_the_margins_allow(
+        models: tuple[torch.nn.Module, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     # Along transformers' own greedy continuation of a prompt, tfd's choice at each position (its
-    # prefill in chunks, then its decode rows, fed the same tokens) against transformers'. The
-    # positions compared are picked by a bound measured apart from them: twice the largest logit
-    # difference over the first CALIBRATION positions; every later position whose top-two margin in
-    # transformers' logits exceeds it must have the same top token (a smaller margin may swap).
+    # prefill in chunks, then its decode rows, fed the same tokens) against transformers'. What may
+    # part them is tfd's rounding of the activations, which transformers does not do: at each position
+    # its size is measured on tfd's side alone (the largest change of a logit when the rounding is
+    # taken out), and every position whose top-two margin in transformers' logits exceeds twice that
+    # (and the unrounded paths' own difference) must have transformers' top token. Measured: 65-142 of
+    # 331 positions a family, 3-12 of them decode rows, none differ.
     reference, path = models
-    model = loaded(path)
     ids = prompt_ids()
     reference.generation_config.eos_token_id = None
     with torch.no_grad():
@@ -112,17 +112,22 @@ def test_its_greedy_choices_are_transformers_where_the_margins_allow(models: tup
                                  return_dict_in_generate=True)
         full = run.sequences[0, :-1]
         expected = reference(full[None]).logits[0]
+    ours = walked(loaded(path), ids, full)
+    monkeypatch.setattr(fp8, "linear", lambda x, w: (x.float() @ w.dequantized().T).to(x.dtype))
+    rounding = (ours - walked(loaded(path), ids, full)).abs().amax(dim=1)
+    top = expected.topk(2).values
+    allowed = top[:, 0] - top[:, 1] > 2 * rounding + 2 * TOLERANCE * expected.abs().max()
+    compared = torch.nonzero(allowed)[:, 0]
+    assert len(compared) >= COMPARED and (compared >= len(ids)).any(), compared.tolist()
+    assert torch.equal(ours[compared].argmax(dim=-1), expected[compared].argmax(dim=-1))
+
+
+def walked(model: HybridModel, ids: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """``model``'s logits along ``full``: ``ids`` prefilled in 64-row chunks, then a decode row a token."""
     lanes = LanePool(model, len(full))
     lane = lanes.open()
     hidden = [lanes.forward([Span(lane, start, ids[start:start + 64])]).hidden
               for start in range(0, len(ids), 64)]
     hidden += [lanes.forward([Span(lane, at, full[at:at + 1], decode=True)]).hidden
                for at in range(len(ids), len(full))]
-    ours = model.logits(torch.cat(hidden))
-    bound = 2 * float((ours - expected)[:CALIBRATION].abs().amax(dim=1).median())
-    top = expected.topk(2).values
-    compared = torch.nonzero(top[:, 0] - top[:, 1] > bound)[:, 0]
-    compared = compared[compared >= CALIBRATION]
-    assert len(compared) >= COMPARED and (compared >= len(ids)).any(), \
-        f"{len(compared)} positions past {bound:.3g}: {compared.tolist()}"
-    assert torch.equal(ours[compared].argmax(dim=-1), expected[compared].argmax(dim=-1))
+    return model.logits(torch.cat(hidden))
