@@ -8,10 +8,11 @@ clamped to +-448 and cast to e4m3. Then for each 128-wide K block kb, ascending:
 and q_w over the block, times (x_scale[r, kb] * w_scale[o // 128, kb]) (the scales multiplied first,
 rounded once); the blocks' terms added in order in fp32; the sum cast to x's dtype.
 
-The K step of every tile is 128, the group and the weight's scale block, so each program quantizes
-its [rows, 128] x tile as it loads it (the group's max in registers, a correctly rounded division, a
-clamp, the cast): no launch of its own, no fp8 copy of x. A tile's rows are independent in every step
-(a row's max, its division, its row of the dot), so quantization and products never mix rows.
+The K step of every tile is 128, the group and the weight's scale block. The rows are quantized first,
+once (``quantize``, a launch of its own: each group's max, a correctly rounded division, a clamp, the
+cast), and the product reads the e4m3 rows and their scales: a column tile does not quantize its rows
+again (at decode a product's 100-200 column tiles each would: 64 padded rows x in divisions a tile,
+which outweighed reading the weights). A row's quantization and products never mix rows.
 
 As in ``tfd_kernels.gemm``, K is cut into segments by the weight's shape alone (``gemm_plan.plan``),
 each summed from its first block in ascending order; segments are added in order, by the last
@@ -46,7 +47,7 @@ import triton.language as tl
 
 from tfd_kernels import pdl, runtime
 from tfd_kernels.gemm import grouped, summed, weight_tile
-from tfd_kernels.gemm_plan import SHARED_BYTES, Plan, Tiles, plan
+from tfd_kernels.gemm_plan import Plan, Tiles, plan
 from tfd_kernels.runtime import INTERPRETED
 
 BLOCK = 128  # the activation group, the weight's scale block and every tile's K step
@@ -108,10 +109,14 @@ def quantized(x, rows, m, k, start, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: t
 
 
 @triton.jit
-def block_term(x, w, w_scales, rows, cols, m, n, k, start, stride_xm, stride_wn, stride_sn, stride_sk,
-               BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_CAST: tl.constexpr):
-    """The K block at ``start``: its fp32 dot from zero times (x's scale * the weight's scale)."""
-    q, x_scale = quantized(x, rows, m, k, start, stride_xm, BLOCK_M, BLOCK_K, EXACT_CAST)
+def block_term(x, x_scales, w, w_scales, rows, cols, m, n, k, start, stride_xm, stride_xs, stride_wn,
+               stride_sn, stride_sk, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The K block at ``start``: its fp32 dot from zero times (x's scale * the weight's scale), x the
+    quantized rows (``quantize``'s q and scales)."""
+    ks = start + tl.arange(0, BLOCK_K)
+    q = tl.load(x + rows[:, None] * stride_xm + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < k),
+                other=0.0)
+    x_scale = tl.load(x_scales + rows * stride_xs + start // BLOCK_K, mask=rows < m, other=0.0)
     b = weight_tile(w, cols, n, k, start, stride_wn, BLOCK_K)
     # the weight's scale for each column's 128-row block of out, at this K block
     w_scale = tl.load(w_scales + (cols // BLOCK_K) * stride_sn + (start // BLOCK_K) * stride_sk,
@@ -121,29 +126,30 @@ def block_term(x, w, w_scales, rows, cols, m, n, k, start, stride_xm, stride_wn,
 
 
 @triton.jit
-def segment_sum(x, w, w_scales, rows, cols, m, n, k, start, length, stride_xm, stride_wn, stride_sn,
-                stride_sk, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_CAST: tl.constexpr):
+def segment_sum(x, x_scales, w, w_scales, rows, cols, m, n, k, start, length, stride_xm, stride_xs, stride_wn,
+                stride_sn, stride_sk, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """One segment's fp32 sum of its K blocks start .. start + length (none past k), from its first
     block's term, in ascending order: the reference's chain of additions."""
-    total = block_term(x, w, w_scales, rows, cols, m, n, k, start, stride_xm, stride_wn, stride_sn,
-                       stride_sk, BLOCK_M, BLOCK_K, EXACT_CAST)
+    total = block_term(x, x_scales, w, w_scales, rows, cols, m, n, k, start, stride_xm, stride_xs, stride_wn,
+                       stride_sn, stride_sk, BLOCK_M, BLOCK_K)
     for offset in range(BLOCK_K, tl.minimum(length, k - start), BLOCK_K):
-        total += block_term(x, w, w_scales, rows, cols, m, n, k, start + offset, stride_xm, stride_wn,
-                            stride_sn, stride_sk, BLOCK_M, BLOCK_K, EXACT_CAST)
+        total += block_term(x, x_scales, w, w_scales, rows, cols, m, n, k, start + offset, stride_xm,
+                            stride_xs, stride_wn, stride_sn, stride_sk, BLOCK_M, BLOCK_K)
     return total
 
 
 # the rows (and a one-column product's partial stride, rows x 1) vary call by call: one variant for all
 @triton.jit(do_not_specialize=["m", "stride_ps"])
-def _spread(x, w, w_scales, partials, out, counters, m, n, k, stride_xm, stride_wn, stride_sn, stride_sk,
-            stride_ps, stride_pm, stride_om, k_per_segment, SEGMENTS: tl.constexpr, BLOCK_M: tl.constexpr,
-            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_CAST: tl.constexpr, PDL: tl.constexpr):
+def _spread(x, x_scales, w, w_scales, partials, out, counters, m, n, k, stride_xm, stride_xs, stride_wn,
+            stride_sn, stride_sk, stride_ps, stride_pm, stride_om, k_per_segment, SEGMENTS: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_CAST: tl.constexpr,
+            PDL: tl.constexpr):
     pdl.wait(PDL)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     segment = tl.program_id(2)
-    acc = segment_sum(x, w, w_scales, rows, cols, m, n, k, segment * k_per_segment, k_per_segment, stride_xm,
-                      stride_wn, stride_sn, stride_sk, BLOCK_M, BLOCK_K, EXACT_CAST)
+    acc = segment_sum(x, x_scales, w, w_scales, rows, cols, m, n, k, segment * k_per_segment, k_per_segment,
+                      stride_xm, stride_xs, stride_wn, stride_sn, stride_sk, BLOCK_M, BLOCK_K)
     mask = (rows[:, None] < m) & (cols[None, :] < n)
     dtype = out.dtype.element_ty
     if SEGMENTS == 1:  # nothing to add: the sum goes straight out
@@ -162,20 +168,21 @@ def _spread(x, w, w_scales, partials, out, counters, m, n, k, stride_xm, stride_
 
 # counts that vary call by call are not specialized on (1, multiples of 16): one variant meets them all
 @triton.jit(do_not_specialize=["m", "m_tiles"])
-def _whole(x, w, w_scales, out, m, n, k, stride_xm, stride_wn, stride_sn, stride_sk, stride_om, segments,
-           k_per_segment, n_tiles, m_tiles, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _whole(x, x_scales, w, w_scales, out, m, n, k, stride_xm, stride_xs, stride_wn, stride_sn, stride_sk,
+           stride_om, segments, k_per_segment, n_tiles, m_tiles, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
            BLOCK_K: tl.constexpr, ONE_SEGMENT: tl.constexpr, GROUP: tl.constexpr, EXACT_CAST: tl.constexpr,
            PDL: tl.constexpr):
     pdl.wait(PDL)
     tile_m, tile_n = grouped(tl.program_id(0), m_tiles, n_tiles, GROUP)
     rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    total = segment_sum(x, w, w_scales, rows, cols, m, n, k, 0, k_per_segment, stride_xm, stride_wn,
-                        stride_sn, stride_sk, BLOCK_M, BLOCK_K, EXACT_CAST)
+    total = segment_sum(x, x_scales, w, w_scales, rows, cols, m, n, k, 0, k_per_segment, stride_xm, stride_xs,
+                        stride_wn, stride_sn, stride_sk, BLOCK_M, BLOCK_K)
     if not ONE_SEGMENT:  # one accumulator alone when there is one segment (registers)
         for segment in range(1, segments):  # the same in-order sum as _spread's last program, in registers
-            total += segment_sum(x, w, w_scales, rows, cols, m, n, k, segment * k_per_segment, k_per_segment,
-                                 stride_xm, stride_wn, stride_sn, stride_sk, BLOCK_M, BLOCK_K, EXACT_CAST)
+            total += segment_sum(x, x_scales, w, w_scales, rows, cols, m, n, k, segment * k_per_segment,
+                                 k_per_segment, stride_xm, stride_xs, stride_wn, stride_sn, stride_sk,
+                                 BLOCK_M, BLOCK_K)
     tl.store(out + rows[:, None] * stride_om + cols[None, :], cast(total, out.dtype.element_ty, EXACT_CAST),
              mask=(rows[:, None] < m) & (cols[None, :] < n))
 
@@ -197,17 +204,6 @@ def default_plan(n: int, k: int) -> Plan:
     """The fixed choice for an FP8 weight [n, k]: ``gemm_plan.plan``'s segments over this module's
     tiles, so the segments follow the weight's shape alone and every K step is ``BLOCK``."""
     return plan(n, k, spread=SPREAD, whole=WHOLE, few=SPREAD, mid=SPREAD, whole_one=WHOLE, middle=MIDDLE)
-
-
-def _staged(tiles: Tiles, element_size: int) -> Tiles:
-    """``tiles`` with fewer pipeline stages while a stage's x tile (``element_size`` bytes, loaded as
-    given) and fp8 weight tile, plus the quantized x operand, overflow shared memory: fp32 inputs.
-    Stages change no sum, so no bit."""
-    per_stage = (tiles.block_m * element_size + tiles.block_n) * tiles.block_k
-    stages = tiles.stages
-    while stages > 1 and stages * per_stage + tiles.block_m * tiles.block_k > SHARED_BYTES:
-        stages -= 1
-    return attrs.evolve(tiles, stages=stages)
 
 
 def _checked_x(x: torch.Tensor) -> torch.Tensor:
@@ -262,8 +258,9 @@ def matmul(x: torch.Tensor, data: torch.Tensor, scale_inv: torch.Tensor, spread:
 
     ``spread`` forces a launch form and ``choice`` a plan (tests, benchmarks; every tile's K step must
     be 128); by default the form follows the number of rows and the plan the weight's shape
-    (``default_plan``). Scratch: fp32 partials of ``segments x rows x out`` when spread over several
-    segments, freed on return, and the device's arrival counters (kept). ValueError naming the
+    (``default_plan``). Scratch: the quantized rows (``rows x in`` bytes) and their scales (fp32, one a
+    row and 128-group), fp32 partials of ``segments x rows x out`` when spread over several segments,
+    freed on return; the device's arrival counters (kept). ValueError naming the
     argument at fault: x's dtype or rank, data's dtype, shape or strides, scale_inv's dtype or grid
     shape, unlike devices, a choice whose K step is not 128, a spread product of too many tiles.
     """
@@ -271,6 +268,7 @@ def matmul(x: torch.Tensor, data: torch.Tensor, scale_inv: torch.Tensor, spread:
     _check_weight(x, data, scale_inv)
     m, k = x.shape
     n = data.shape[0]
+    q, q_scales = quantize(x)  # once a row and group, not again in every column tile that reads them
     choice = choice or default_plan(n, k)
     if choice.k_per_segment % BLOCK or any(t.block_k != BLOCK for t in attrs.astuple(choice, recurse=False)
                                            if isinstance(t, Tiles)):
@@ -280,17 +278,19 @@ def matmul(x: torch.Tensor, data: torch.Tensor, scale_inv: torch.Tensor, spread:
         return out
     if spread is None:
         spread = choice.spreads(m, n, 1)  # the K step never shrinks here: the fp8 operands' size
-    common = (m, n, k, x.stride(0), data.stride(0), scale_inv.stride(0), scale_inv.stride(1))
+    common = (m, n, k, q.stride(0), q_scales.stride(0), data.stride(0), scale_inv.stride(0),
+              scale_inv.stride(1))
     options = {"EXACT_CAST": INTERPRETED, **OPTIONS, **pdl.options(x.device)}
     if not spread:
-        t = _staged(choice.whole_tiles(1), x.element_size())
+        t = choice.whole_tiles(1)
         n_tiles, m_tiles = triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m)
-        _whole[(n_tiles * m_tiles,)](x, data, scale_inv, out, *common, out.stride(0), choice.segments,
-                                     choice.k_per_segment, n_tiles, m_tiles, BLOCK_M=t.block_m,
-                                     BLOCK_N=t.block_n, BLOCK_K=BLOCK, ONE_SEGMENT=choice.segments == 1,
-                                     GROUP=GROUP_M, num_warps=t.warps, num_stages=t.stages, **options)
+        _whole[(n_tiles * m_tiles,)](q, q_scales, data, scale_inv, out, *common, out.stride(0),
+                                     choice.segments, choice.k_per_segment, n_tiles, m_tiles,
+                                     BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=BLOCK,
+                                     ONE_SEGMENT=choice.segments == 1, GROUP=GROUP_M, num_warps=t.warps,
+                                     num_stages=t.stages, **options)
         return out
-    t = _staged(choice.spread_tiles(m), x.element_size())
+    t = choice.spread_tiles(m)
     grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m))
     if grid[0] * grid[1] > COUNTERS:
         raise ValueError(f"x and data make a spread product of {grid[0] * grid[1]} output tiles, more than "
@@ -298,7 +298,7 @@ def matmul(x: torch.Tensor, data: torch.Tensor, scale_inv: torch.Tensor, spread:
     one = choice.segments == 1
     partials = out if one else torch.empty(choice.segments, m, n, dtype=torch.float32, device=x.device)
     counters = runtime.counters("fp8_gemm.spread", COUNTERS, x.device)
-    _spread[(*grid, choice.segments)](x, data, scale_inv, partials, out, counters, *common,
+    _spread[(*grid, choice.segments)](q, q_scales, data, scale_inv, partials, out, counters, *common,
                                       0 if one else partials.stride(0), 0 if one else partials.stride(1),
                                       out.stride(0), choice.k_per_segment, SEGMENTS=choice.segments,
                                       BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=BLOCK, num_warps=t.warps,

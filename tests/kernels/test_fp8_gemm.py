@@ -268,8 +268,9 @@ from tfd_kernels import fp8_gemm as f
 ALIGNED = {"n", "k", "stride_xm", "stride_wn", "stride_om", "stride_pm", "k_per_segment", "stride_qm"}
 FOUND = re.compile(r"\b(wgmma\.mma_async\S+|mma\.sync\S+|div\.[\w.]*f32|fma\.rn\.f32"
                    r"|cvt\.rn\.satfinite\.e4m3x2\.f32)")
-POINTERS = dict(x="*bf16", w="*fp8e4nv", w_scales="*fp32", partials="*fp32", out="*bf16", counters="*i32",
-                q="*fp8e4nv", scales="*fp32")
+POINTERS = dict(w="*fp8e4nv", w_scales="*fp32", x_scales="*fp32", partials="*fp32", out="*bf16",
+                counters="*i32", q="*fp8e4nv", scales="*fp32")
+PRODUCTS = {"spread", "middle", "whole"}  # the products read e4m3 rows; quantize makes them from bf16 ones
 CASES = {"spread": (f._spread, f.SPREAD, dict(SEGMENTS=2)), "middle": (f._spread, f.MIDDLE, dict(SEGMENTS=1)),
          "whole": (f._whole, f.WHOLE, dict(ONE_SEGMENT=False, GROUP=f.GROUP_M)),
          "quantize": (f._quantize, None, dict(BLOCK_M=f.QUANTIZE_ROWS))}
@@ -281,6 +282,8 @@ for name, (fn, tiles, constexprs) in CASES.items():
         constexprs.update(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n)
         options.update(num_warps=tiles.warps, num_stages=tiles.stages)
     pointers = {arg: kind for arg, kind in POINTERS.items() if arg in fn.arg_names}
+    if "x" in fn.arg_names:
+        pointers["x"] = "*fp8e4nv" if name in PRODUCTS else "*bf16"
     aligned = {*pointers, *ALIGNED}
     attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(fn.arg_names) if arg in aligned}
     source = ASTSource(fn=fn, signature=signature(fn, pointers, constexprs, {}), constexprs=constexprs,
@@ -295,11 +298,15 @@ json.dump(result, sys.stdout)
 """
 
 
+PRODUCTS = {"spread", "middle", "whole"}  # as HOPPER_SCRIPT's
+
+
 def test_the_kernels_compile_for_hopper_with_the_numerics_they_claim(tmp_path: Path) -> None:
     # The interpreter compiles nothing: this is where a kernel that cannot build for the device shows,
     # and where the device's numerics are read: every product a warp group's fp8 wgmma (the same
-    # instructions for every tile), correctly rounded divisions (never div.full), the hardware's
-    # round-to-nearest e4m3 conversion, and no fused multiply-add (a product rounds before its add).
+    # instructions for every tile) and no division; the quantization's correctly rounded divisions
+    # (never div.full) and the hardware's round-to-nearest e4m3 conversion; nowhere a fused
+    # multiply-add (a product rounds before its add).
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1",
                PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")]))
@@ -312,11 +319,13 @@ def test_the_kernels_compile_for_hopper_with_the_numerics_they_claim(tmp_path: P
     assert not [case for case in compiled.values() if "error" in case], compiled
     for name, found in compiled.items():
         products = {op for op in found if "mma" in op}
-        if name != "quantize":  # wgmma.mma_async...e4m3.e4m3 alone, never mma.sync
+        if name in PRODUCTS:  # wgmma.mma_async...e4m3.e4m3 alone, never mma.sync, and nothing divided
             assert products, found
             assert all(op.startswith("wgmma") and op.endswith("e4m3.e4m3") for op in products), found
-        assert found.get("div.rn.f32") and found.get("cvt.rn.satfinite.e4m3x2.f32"), (name, found)
-        assert not [op for op in found if op.startswith("div.") and op != "div.rn.f32"], (name, found)
+            assert not [op for op in found if op.startswith("div.")], (name, found)
+        else:
+            assert found.get("div.rn.f32") and found.get("cvt.rn.satfinite.e4m3x2.f32"), (name, found)
+            assert not [op for op in found if op.startswith("div.") and op != "div.rn.f32"], (name, found)
         assert "fma.rn.f32" not in found, (name, found)
 
 
