@@ -24,11 +24,9 @@ from tfd.cache.kept import KeptState, KeptStates
 from tfd.cache.learned import Learned
 from tfd.cache.prefixes import keep_points
 from tfd.checkpoint import Checkpoint
-from tfd.engine.lane import Lane
 from tfd.engine.local_runner import runner_for
 from tfd.engine.request import Request, Sampling
 from tfd.engine.runner import Drafting, Runner
-from tfd.engine.scheduler import Admission
 from tfd.families.hybrid import HybridModel, load_model
 from tfd.store import sealed
 from tfd.store.store import Store
@@ -290,11 +288,12 @@ def test_another_identity_reads_nothing(model: HybridModel, tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("refuse", [1, 2, None])
-def test_a_refused_copy_while_reading_back_fails_only_that_lane(model: HybridModel, tmp_path: Path,
-                                                                refuse: int | None) -> None:
+def test_a_refused_copy_while_reading_back_answers_that_lane_as_fresh(model: HybridModel, tmp_path: Path,
+                                                                    refuse: int | None) -> None:
     # the state's copies to the device (one a file: its block, then its pieces), the first or the
-    # second refused: the lane is dropped (its request fails), the copy queued before drained,
-    # nothing pending, the pool as at load; a device that copies resumes it
+    # second refused: the copy queued before is drained, nothing is pending, and the lane starts from
+    # the beginning (a miss; its files stay, they may be sound): its tokens are a fresh lane's, and
+    # the pool is as at load afterwards; a device that copies resumes it
     before = learning_runner(model, None, tmp_path)
     first = first_turns(0.0, 1)
     turn1 = drive(model, first, STEP_TOKENS, graphs=False, runner=before)
@@ -309,15 +308,13 @@ def test_a_refused_copy_while_reading_back_fails_only_that_lane(model: HybridMod
     store = Store(tmp_path, "test", 1 << 30, 1 << 30, 0)
     assert runner.cache is not None
     runner.cache.attach(Learned(store, runner.pool, torch.device("cpu"), make))
-    lane = Lane(1, second_turns(first, turn1.tokens)[0])
-    outcome = runner.admit(lane)
+    second = second_turns(first, turn1.tokens)
+    resumed = drive(model, second, STEP_TOKENS, graphs=False, runner=runner)
     reads = devices[1]
     assert reads.pending == 0, f"expected 0, found {reads.pending}"
     assert reads.count == (refuse or 2)
-    if refuse is None:
-        assert outcome is Admission.ADMITTED and lane.cached == 64
-        runner.close(lane)
-    else:
-        assert outcome is Admission.DROPPED and lane.lease is None
+    assert resumed.cached == ((0,) if refuse else (64,))
+    assert resumed.tokens == drive(model, second, STEP_TOKENS, graphs=False).tokens
+    assert store.counts.refused == 0  # the files were not at fault
     runner.pool.check_at_load()
     written(runner)

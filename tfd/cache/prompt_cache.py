@@ -5,7 +5,8 @@
 memory's (the states in the way of the lane's window evicted), or the disk's when it holds a longer
 one. ``start`` puts a lane just opened there: a memory state's rows adopted and pieces copied, a
 learned state read into the lane's own pages and then kept in memory too; a learned state the store
-refuses (damaged, missing) leaves the lane at the beginning, its pieces initialised again. ``keep``
+refuses (damaged, missing), or whose copies fail (every one queued drained first), leaves the lane at
+the beginning, its pieces initialised again: its request answers as a fresh one would. ``keep``
 runs after a step for each lane whose prompt chunk ended at a keep point, and offers the state kept
 to the disk. Nothing here knows a lane: a prompt is its ``Prefixes``, a lane's device side its
 lease and memory. Engine thread only.
@@ -13,6 +14,7 @@ lease and memory. Engine thread only.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 
 import attrs
@@ -26,6 +28,7 @@ from tfd.pool.pages import Lease
 from tfd.store.image import Image
 from tfd.store.store import Refused
 
+log = logging.getLogger("tfd.learn")
 InitState = Callable[[Mapping[str, torch.Tensor]], None]  # a lane's state pieces made fresh
 
 
@@ -82,6 +85,12 @@ class PromptCache:
         try:
             self.learned.restore(image, lease.row_pages, memory.pieces)
         except Refused:  # counted and forgotten by the store: recomputed from the start
+            self.init_state(memory.pieces)
+            counts.misses += 1
+            return 0
+        except Exception:  # a copy that failed (its files may be sound: kept), drained: recomputed
+            log.warning("reading learned state %s back failed; the lane starts from the beginning",
+                        image.key, exc_info=True)
             self.init_state(memory.pieces)
             counts.misses += 1
             return 0
