@@ -10,12 +10,12 @@ id: each row has one pair more, of weight 1, and the tiles of those pairs read t
 own weight tensors (its inner size may differ from the routed experts'). So it costs no launch of
 its own, and its weights are never copied beside the routed ones.
 
-Memory: each selected expert's ``gate_up`` and ``down`` weights are read once per tile of
-``BLOCK_M`` pairs that chose it, so once per call at decode sizes (the shared expert's once per
-``BLOCK_M`` rows); an expert no row chose is never touched. Beside the weights a call writes and
-reads back ``h`` (pairs x the wider inner size, model dtype), an fp32 buffer of one hidden vector per
-pair, and the plan's int32 tables (``tfd_kernels.moe_plan``), all sized by shapes alone and for at most
-``ROW_CHUNK`` rows (more rows take several passes).
+Memory: each selected expert's ``gate_up`` and ``down`` weights are read once per tile of ``BLOCK_M`` pairs
+that chose it, so once per call at decode sizes (the shared expert's once per ``BLOCK_M`` rows); an expert no
+row chose is never touched. Beside the weights a call writes and reads back ``h`` (pairs x the wider inner
+size, model dtype), an fp32 buffer of one hidden vector per pair, with FP8 weights x's rows and h quantized (a
+byte an element, fp32 scales a 128-wide block), and the plan's int32 tables (``tfd_kernels.moe_plan``), all
+sized by shapes alone and for at most ``ROW_CHUNK`` rows (more rows take several passes).
 
 Launches: the plan (``tfd_kernels.moe_plan``: one launch at decode sizes, the router's choice included
 when called through ``routed``); ``_gate_up`` computes h for a tile of pairs sharing an expert; at
@@ -34,10 +34,13 @@ past the last tile exits at once), so a call can be captured in a CUDA graph.
 
 FP8: the routed experts' weights and the shared expert's may each be block-wise FP8 (``Fp8Stack``: e4m3
 data, a float32 scale per 128x128 block), read at a byte an element; each product is then
-``tfd.model.fp8.linear``'s (the input row quantized per 128-wide block as the tile loads it, each K
-block's fp8 dot times its two scales, summed in order in fp32), all after it the float path's
-(``tfd_kernels.moe_fp8``), each tile ``FP8_M`` pairs. No scratch more (strided scales are copied
-contiguous); errors name the field at fault (``down.scale_inv``).
+``tfd.model.fp8.linear``'s (the input row quantized per 128-wide block, each K block's fp8 dot times
+its two scales, summed in order in fp32), all after it the float path's (``tfd_kernels.moe_fp8``), each
+tile ``FP8_M`` pairs. The input rows are quantized once, not in every column tile: x by
+``tfd_kernels.fp8_gemm.quantize`` before ``_gate_up`` (where gate/up weights are FP8), h by
+``moe_fp8.quantize_middles`` between the two launches (where down weights are FP8): a launch each.
+Scratch: those quantized rows and scales (strided weight scales are copied contiguous); errors name the
+field at fault (``down.scale_inv``).
 
 Batch invariance: a pair's products run over ``hidden`` and its expert's inner size in tiles and an
 order fixed by the weight shapes (a dot's row is the same whatever rows share its tile); its rank
@@ -52,7 +55,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tfd_kernels import gemm, moe_fp8, moe_one, moe_plan, moe_sum, norm, pdl, router, runtime
+from tfd_kernels import fp8_gemm, gemm, moe_fp8, moe_one, moe_plan, moe_sum, norm, pdl, router, runtime
 from tfd_kernels.moe_args import Fp8Stack as Fp8Stack  # the launchers' FP8 weights, named here too
 from tfd_kernels.moe_args import Residual, Shared, Weights, check, check_residual, operand
 from tfd_kernels.runtime import INTERPRETED
@@ -107,13 +110,13 @@ def _tile_and_column(tiles, GROUP: tl.constexpr):
 
 # the grid's tiles follow the pairs of a call: one variant meets them all
 @triton.jit(do_not_specialize=["tiles", "count"])
-def _gate_up(x, gate_up, gate_scales, shared_gate_up, shared_scales, h, layout, pair_at, pairs, top_k,
-             experts, hidden, inner, shared_inner, width, stride_x, stride_ge, stride_gn, stride_sn, logits,
-             ids, weights, dest_at, tile_expert, tiles, count, BINS: tl.constexpr, PRECISION: tl.constexpr,
-             WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-             ONE_ROW: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr,
-             SLOTS: tl.constexpr, FP8: tl.constexpr, SHARED_FP8: tl.constexpr, GROUP: tl.constexpr,
-             PDL: tl.constexpr):
+def _gate_up(x, xq, x_scales, gate_up, gate_scales, shared_gate_up, shared_scales, h, layout, pair_at, pairs,
+             top_k, experts, hidden, inner, shared_inner, width, stride_x, stride_ge, stride_gn, stride_sn,
+             logits, ids, weights, dest_at, tile_expert, tiles, count, BINS: tl.constexpr,
+             PRECISION: tl.constexpr, WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_K: tl.constexpr, ONE_ROW: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr,
+             BLOCK_E: tl.constexpr, SLOTS: tl.constexpr, FP8: tl.constexpr, SHARED_FP8: tl.constexpr,
+             GROUP: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     tile, column = _tile_and_column(tiles, GROUP)
     if ONE_ROW:  # the choice made here, no plan launch before
@@ -133,19 +136,19 @@ def _gate_up(x, gate_up, gate_scales, shared_gate_up, shared_scales, h, layout, 
     else:
         at = tl.load(pair_at + q, mask=live & (q < pairs), other=0)
         token = tl.where(q < pairs, at // top_k, q - pairs)
-    moe_fp8.gate_up_of(x, gate_up, gate_scales, shared_gate_up, shared_scales, expert, experts, stride_ge,
-                       stride_gn, stride_sn, inner, shared_inner, h, q, live, token, count, hidden, width,
-                       stride_x, column, PRECISION, WIDEN, BLOCK_M, BLOCK_N, BLOCK_K, FP8, SHARED_FP8)
+    moe_fp8.gate_up_of(x, xq, x_scales, gate_up, gate_scales, shared_gate_up, shared_scales, expert, experts,
+                       stride_ge, stride_gn, stride_sn, inner, shared_inner, h, q, live, token, count, hidden,
+                       width, stride_x, column, PRECISION, WIDEN, BLOCK_M, BLOCK_N, BLOCK_K, FP8, SHARED_FP8)
 
 
 @triton.jit(do_not_specialize=["tiles"])
-def _down(h, down, down_scales, shared_down, shared_scales, buf, weights, layout, pair_at, dest_at, pairs,
-          experts, hidden, inner, shared_inner, width, stride_de, stride_dn, stride_sn, tile_expert, gate,
-          residual, total, normed, norm_weight, stride_g, eps, arrivals, tiles, BINS: tl.constexpr,
-          PRECISION: tl.constexpr, WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-          BLOCK_K: tl.constexpr, ONE_ROW: tl.constexpr, FINISH: tl.constexpr, TOP_K: tl.constexpr,
-          SHARED: tl.constexpr, HIDDEN_BLOCK: tl.constexpr, FP8: tl.constexpr, SHARED_FP8: tl.constexpr,
-          GROUP: tl.constexpr, PDL: tl.constexpr):
+def _down(h, hq, h_scales, down, down_scales, shared_down, shared_scales, buf, weights, layout, pair_at,
+          dest_at, pairs, experts, hidden, inner, shared_inner, width, stride_de, stride_dn, stride_sn,
+          tile_expert, gate, residual, total, normed, norm_weight, stride_g, eps, arrivals, tiles,
+          BINS: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr, BLOCK_M: tl.constexpr,
+          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_ROW: tl.constexpr, FINISH: tl.constexpr,
+          TOP_K: tl.constexpr, SHARED: tl.constexpr, HIDDEN_BLOCK: tl.constexpr, FP8: tl.constexpr,
+          SHARED_FP8: tl.constexpr, GROUP: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     tile, column = _tile_and_column(tiles, GROUP)
     if ONE_ROW:  # tile t is pair t, of the expert the first launch wrote
@@ -161,9 +164,9 @@ def _down(h, down, down_scales, shared_down, shared_scales, buf, weights, layout
     weight = tl.load(weights + tl.load(pair_at + q, mask=routed, other=0), mask=routed, other=0.0)
     weight = tl.where(q < pairs, weight.to(tl.float32), 1.0)
     dest = tl.where(q < pairs, tl.load(dest_at + q, mask=routed, other=0), q)
-    moe_fp8.down_of(h, down, down_scales, shared_down, shared_scales, expert, experts, stride_de, stride_dn,
-                    stride_sn, inner, shared_inner, buf, q, live, stop, weight, dest, hidden, width, column,
-                    PRECISION, WIDEN, BLOCK_M, BLOCK_N, BLOCK_K, "", FP8, SHARED_FP8)
+    moe_fp8.down_of(h, hq, h_scales, down, down_scales, shared_down, shared_scales, expert, experts,
+                    stride_de, stride_dn, stride_sn, inner, shared_inner, buf, q, live, stop, weight, dest,
+                    hidden, width, column, PRECISION, WIDEN, BLOCK_M, BLOCK_N, BLOCK_K, "", FP8, SHARED_FP8)
     if FINISH:  # one row: the last program to finish does _combine_add_zrms' work, in its warps
         tl.debug_barrier()  # every thread's part of the tile is written before it is counted
         programs = tl.num_programs(0) * tl.num_programs(1)
@@ -285,6 +288,11 @@ def _experts(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tensor
     chunk = min(rows, ROW_CHUNK)
     h = torch.empty(chunk * per_row, width, dtype=x.dtype, device=x.device)
     buf = torch.empty(chunk * per_row, hidden, dtype=torch.float32, device=x.device)
+    # FP8 down tiles read the middles quantized once, between the launches (stand-ins where float: unread)
+    quantize_h = routed_down.fp8 or own_down.fp8
+    hq, h_scales = (h, h) if not quantize_h else (
+        torch.empty(h.shape, dtype=torch.float8_e4m3fn, device=x.device),
+        torch.empty(h.shape[0], triton.cdiv(width, moe_fp8.STEP.value), dtype=torch.float32, device=x.device))
     bins = triton.next_power_of_2(n_experts + (shared is not None))  # a bin for the shared expert's id too
     tables = moe_plan.Tables.empty(chunk * top_k, bins, x.device)
     one_row = ONE_ROW and choice is not None and rows == 1  # the choice in the experts' first launch
@@ -320,8 +328,11 @@ def _experts(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tensor
             tiles = min(n_experts, pairs) + pairs // block_m
             tiles += 0 if shared is None else triton.cdiv(count, block_m)
         logits, normalise = choice if one_row and choice is not None else (x, False)  # read at one row only
+        rows_x = x[first:first + count]
+        # FP8 gate/up tiles read x's rows quantized once, here (stand-ins where float: never read)
+        xq, x_scales = fp8_gemm.quantize(rows_x) if routed_gate_up.fp8 or own_gate_up.fp8 else (x, x)
         _gate_up[_grid(tiles, triton.cdiv(width, gate_n), group)](
-            x[first:first + count], *routed_gate_up[:2], *own_gate_up[:2], h, tables.layout, tables.pair_at,
+            rows_x, xq, x_scales, *routed_gate_up[:2], *own_gate_up[:2], h, tables.layout, tables.pair_at,
             pairs, top_k, n_experts, hidden, inner, shared_inner, width, x.stride(0),
             *routed_gate_up.data.stride()[:2], own_gate_up.data.stride(0), logits, chunk_ids, chunk_weights,
             tables.dest_at, tile_expert, tiles, count, BINS=bins, PRECISION=precision, WIDEN=INTERPRETED,
@@ -336,9 +347,11 @@ def _experts(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tensor
         finish = one_row and residual is not None  # the sum, the residual add and the norm in _down
         normed = torch.empty_like(out) if residual is not None else out
         held = residual if residual is not None else Residual(out, out[0], 0.0)  # not read unless finishing
+        if quantize_h:  # routed pairs' middles (inner wide), then the shared pairs' (shared_inner)
+            moe_fp8.quantize_middles(h, hq, h_scales, count * per_row, pairs, inner, shared_inner)
         _down[_grid(tiles, triton.cdiv(hidden, down_n), group)](
-            h, *routed_down[:2], *own_down[:2], buf, chunk_weights, tables.layout, tables.pair_at,
-            tables.dest_at, pairs, n_experts, hidden, inner, shared_inner, width,
+            h, hq, h_scales, *routed_down[:2], *own_down[:2], buf, chunk_weights, tables.layout,
+            tables.pair_at, tables.dest_at, pairs, n_experts, hidden, inner, shared_inner, width,
             *routed_down.data.stride()[:2], own_down.data.stride(0), tile_expert, gate, held.x.contiguous(),
             out, normed, held.weight, gate.stride(0), held.eps, _arrivals(x.device), tiles, BINS=bins,
             PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=block_m, BLOCK_N=down_n, BLOCK_K=DOWN_K,

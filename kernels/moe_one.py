@@ -25,13 +25,19 @@ that one program spent while memory idled). Each program counts after a barrier 
 
 FP8 expert weights (``tfd_kernels.moe_fp8``): each tile's products follow its expert's kind, the routed
 experts' and the shared expert's each; with four 128-wide K blocks of one kind both ways, the down
-programs ask for FP8 weights and their scales early, as for float ones. They read h after the acquire.
+programs ask for FP8 weights and their scales early, as for float ones. x's row is quantized once by
+``tfd_kernels.fp8_gemm.quantize``, a launch before this one (where gate/up weights are FP8), which the
+gate/up programs load. Where down weights are FP8, the middle is quantized once in the launch: the
+tile's last gate/up program to count its h stored (its ready counter, acq_rel) quantizes the tile's
+one row of h and counts once more, and the down programs wait for that count, then load the quantized
+row and its scales (``moe_fp8.rows_block``) instead of each quantizing a padded tile of h.
 
 Waiting inside a launch needs the programs it waits on to run: GPUs start a launch's programs in
 order of their index, and every program waits only on programs of lower index (down on gate/up,
 both on the router's), so each one is running or done before any program can wait on it. The
 interpreter runs programs in order. Scratch: the caller's h, buffer and logits, the router's fp32
-partials; the device's counters (zero between launches).
+partials, with FP8 weights x's and h's quantized rows (a byte an element) and their fp32 scales; the
+device's counters (zero between launches).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import triton
 import triton.language as tl
 
 from tfd_kernels import gemm, gemm_plan, moe_fp8, moe_plan, moe_sum, moe_tiles, norm, pdl, router, runtime
+from tfd_kernels.fp8_gemm import quantize
 from tfd_kernels.moe_args import Operand
 from tfd_kernels.runtime import INTERPRETED
 
@@ -76,6 +83,9 @@ FROM_PARTIALS = True
 # the kernel before (the add and norm) ends. H200, 35B-A3B one stream, tfd bench --variant (best of three):
 # 1 step 2.4433 ms, 2 steps 2.4518, none 2.4488; with the qkv product's early step 2.4379 / 2.4457.
 ROUTER_EARLY = 1
+# Rows of the block in which a tile's last gate/up program quantizes its one middle for the FP8 down
+# programs (one live; a dot's smallest rows).
+QUANTIZE_M = 16
 
 
 @triton.jit
@@ -164,8 +174,8 @@ def _tile_first(index, K: tl.constexpr, TILES: tl.constexpr, SHARED_FIRST: tl.co
 
 
 @triton.jit
-def _one_row(x, gate_up, gate_scales, shared_gate_up, shared_gate_scales, h, down, down_scales, shared_down,
-             shared_down_scales, buf, logits, ids, weights, pair_at, dest_at,
+def _one_row(x, xq, x_scales, gate_up, gate_scales, shared_gate_up, shared_gate_scales, h, hq, h_scales, down,
+             down_scales, shared_down, shared_down_scales, buf, logits, ids, weights, pair_at, dest_at,
              tile_expert, tile_weight, chosen, ready, arrivals, blocks, gate, residual, total, out,
              norm_weight, experts, hidden, inner, shared_inner, width, stride_ge, stride_gn, stride_gs,
              stride_de, stride_dn, stride_ds, stride_g, eps, router_w, partials, router_counters, router_n,
@@ -181,7 +191,7 @@ def _one_row(x, gate_up, gate_scales, shared_gate_up, shared_gate_scales, h, dow
              PRELOAD: tl.constexpr, SPREAD: tl.constexpr, FROM_PARTIALS: tl.constexpr,
              GATE_SEGMENTS: tl.constexpr, ROUTER_EARLY: tl.constexpr, GATE_FP8: tl.constexpr,
              SHARED_GATE_FP8: tl.constexpr, DOWN_FP8: tl.constexpr, SHARED_DOWN_FP8: tl.constexpr,
-             PDL: tl.constexpr):
+             QUANTIZE_M: tl.constexpr, PDL: tl.constexpr):
     program = tl.program_id(0) - ROUTER_TILES * ROUTER_SEGMENTS  # the router's programs first, if here
     rb0, rb1 = router_w, router_w  # unread unless asked for below
     if ROUTER_EARLY:  # a router program's first weights asked for before the wait
@@ -215,12 +225,24 @@ def _one_row(x, gate_up, gate_scales, shared_gate_up, shared_gate_scales, h, dow
                 tl.store(tile_weight + tile, weight)
                 tl.debug_barrier()  # every thread's stores are done before the flag shows them
                 tl.atomic_add(chosen + tile, 1, sem="release", scope="gpu")
-        moe_fp8.gate_up_of(x, gate_up, gate_scales, shared_gate_up, shared_gate_scales, expert, experts,
-                           stride_ge, stride_gn, stride_gs, inner, shared_inner, h, tile + q, live, q * 0, 1,
-                           hidden, width, 0, column, PRECISION, WIDEN, BLOCK_M, GATE_N, GATE_K, GATE_FP8,
-                           SHARED_GATE_FP8)
+        moe_fp8.gate_up_of(x, xq, x_scales, gate_up, gate_scales, shared_gate_up, shared_gate_scales, expert,
+                           experts, stride_ge, stride_gn, stride_gs, inner, shared_inner, h, tile + q, live,
+                           q * 0, 1, hidden, width, 0, column, PRECISION, WIDEN, BLOCK_M, GATE_N, GATE_K,
+                           GATE_FP8, SHARED_GATE_FP8)
         tl.debug_barrier()  # every thread's part of h is stored before the tile counts it
-        tl.atomic_add(ready + tile, 1, sem="release", scope="gpu")
+        if DOWN_FP8 or SHARED_DOWN_FP8:  # the tile's last gate/up program quantizes its middle, counted again
+            size = tl.where(tile < K, inner, shared_inner)
+            wanted = (size + GATE_N - 1) // GATE_N  # the tile's gate/up programs that store h
+            if tl.atomic_add(ready + tile, 1, sem="acq_rel", scope="gpu") == wanted - 1:
+                rows = tile + tl.arange(0, QUANTIZE_M)
+                sizes = tl.zeros([QUANTIZE_M], tl.int32) + size
+                for start in range(0, size, moe_fp8.STEP):
+                    moe_fp8.quantize_block(h, hq, h_scales, rows, tile + 1, sizes, width, start, QUANTIZE_M,
+                                           WIDEN)
+                tl.debug_barrier()  # every thread's part of the quantized middle is stored before it counts
+                tl.atomic_add(ready + tile, 1, sem="release", scope="gpu")
+        else:
+            tl.atomic_add(ready + tile, 1, sem="release", scope="gpu")
     else:
         index = program - TILES * GATE_COLS
         tile, column = _tile_first(index // DOWN_COLS, K, TILES, DOWN_SHARED_FIRST), index % DOWN_COLS
@@ -249,21 +271,23 @@ def _one_row(x, gate_up, gate_scales, shared_gate_up, shared_gate_scales, h, dow
             b2, s2 = moe_fp8.early(w, scales, stride_n, size, hidden, column, 2, DOWN_N, DOWN_K, DOWN_FP8)
             b3, s3 = moe_fp8.early(w, scales, stride_n, size, hidden, column, 3, DOWN_N, DOWN_K, DOWN_FP8)
         wanted = (size + GATE_N - 1) // GATE_N  # the tile's gate/up programs that store h
+        if DOWN_FP8 or SHARED_DOWN_FP8:
+            wanted += 1  # and the last of them quantizing it
         while tl.atomic_add(ready + tile, 0, sem="acquire", scope="gpu") < wanted:
             pass
         if PRELOAD == 4:
             if DOWN_FP8:
-                acc = moe_fp8.down_four(h, b0, s0, b1, s1, b2, s2, b3, s3, tile + q, tile + 1, width, size,
-                                        BLOCK_M, WIDEN)
+                acc = moe_fp8.down_four(hq, h_scales, b0, s0, b1, s1, b2, s2, b3, s3, tile + q, tile + 1,
+                                        width, size, WIDEN)
             else:
                 acc = moe_tiles.down_four(h, b0, b1, b2, b3, tile + q, live, width, size, PRECISION, WIDEN,
                                           BLOCK_M, DOWN_N, DOWN_K)
             moe_tiles.down_store(buf, acc, live, pair_weight, tile + q, hidden, column, DOWN_N)
         else:
-            moe_fp8.down_of(h, down, down_scales, shared_down, shared_down_scales, expert, experts, stride_de,
-                            stride_dn, stride_ds, inner, shared_inner, buf, tile + q, live, tile + 1,
-                            pair_weight, tile + q, hidden, width, column, PRECISION, WIDEN, BLOCK_M, DOWN_N,
-                            DOWN_K, ".cg", DOWN_FP8, SHARED_DOWN_FP8)
+            moe_fp8.down_of(h, hq, h_scales, down, down_scales, shared_down, shared_down_scales, expert,
+                            experts, stride_de, stride_dn, stride_ds, inner, shared_inner, buf, tile + q,
+                            live, tile + 1, pair_weight, tile + q, hidden, width, column, PRECISION, WIDEN,
+                            BLOCK_M, DOWN_N, DOWN_K, ".cg", DOWN_FP8, SHARED_DOWN_FP8)
         tl.debug_barrier()  # every thread's part of the tile is written before it is counted
         if SPREAD:  # the block's last program sums it, the last block's normalises (arrivals: the blocks)
             last = moe_sum.finish_spread(buf, gate, residual, total, out, norm_weight, blocks, arrivals,
@@ -361,8 +385,16 @@ def launch(x: torch.Tensor, gate_up: Operand, shared_gate_up: Operand, h: torch.
     early = 0 if router_weight is None else min(ROUTER_EARLY, plan.k_per_segment // plan.few.block_k)
     if from_partials and shared:  # the finish sums the gate's column of the partials, a segment apart
         gate = partials[:, experts:experts + 1]
+    # FP8 gate/up tiles read x's row quantized once, a launch before (stand-ins where float: never read)
+    xq, x_scales = quantize(x) if gate_up.fp8 or shared_gate_up.fp8 else (x, x)
+    # FP8 down tiles read the middles quantized once, by each tile's last gate/up program
+    hq, h_scales = (h, h) if not (down.fp8 or shared_down.fp8) else (
+        torch.empty(h.shape, dtype=torch.float8_e4m3fn, device=x.device),
+        torch.empty(h.shape[0], triton.cdiv(h.shape[1], moe_fp8.STEP.value), dtype=torch.float32,
+                    device=x.device))
     _one_row[(router_tiles * plan.segments + count * (gate_cols + down_cols),)](
-        x, *gate_up[:2], *shared_gate_up[:2], h, *down[:2], *shared_down[:2], buf, logits, ids, weights,
+        x, xq, x_scales, *gate_up[:2], *shared_gate_up[:2], h, hq, h_scales, *down[:2], *shared_down[:2], buf,
+        logits, ids, weights,
         tables.pair_at, tables.dest_at, tile_expert, torch.empty(count, dtype=torch.float32, device=x.device),
         chosen, found, found[READY:], blocks, gate, stream, total, normed, weight,
         experts, hidden, inner, shared_down.data.shape[1], h.shape[1], *gate_up.data.stride()[:2],
@@ -381,5 +413,6 @@ def launch(x: torch.Tensor, gate_up: Operand, shared_gate_up: Operand, h: torch.
         PRELOAD=4 if preload else 0, SPREAD=SPREAD_FINISH and down_cols <= COLUMNS and exact,
         FROM_PARTIALS=from_partials, GATE_SEGMENTS=plan.segments if from_partials and shared else 0,
         ROUTER_EARLY=early, GATE_FP8=gate_up.fp8, SHARED_GATE_FP8=shared_gate_up.fp8, DOWN_FP8=down.fp8,
-        SHARED_DOWN_FP8=shared_down.fp8, num_warps=router.ROUTE_WARPS, num_stages=tiles["stages"],
+        SHARED_DOWN_FP8=shared_down.fp8, QUANTIZE_M=QUANTIZE_M, num_warps=router.ROUTE_WARPS,
+        num_stages=tiles["stages"],
         **pdl.options(x.device))

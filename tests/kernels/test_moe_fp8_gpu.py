@@ -25,24 +25,26 @@ import json, re, sys
 import triton
 from triton.compiler import ASTSource
 from hopper_ptx import HOPPER, signature
-from tfd_kernels import moe, moe_one
+from tfd_kernels import moe, moe_fp8, moe_one
 
 FOUND = re.compile(r"\b(wgmma\.mma_async\S+|mma\.sync\S+|div\.[\w.]*f32|fma\.rn\.f32|mul\.rn\.\S*f32"
                    r"|cvt\.rn\.satfinite\.e4m3x2\.f32)")
 BF16, FP8, F32, I32 = "*bf16", "*fp8e4nv", "*fp32", "*i32"
 COMMON = dict(PRECISION="tf32", WIDEN=False, BLOCK_M=moe.FP8_M, BINS=512, GROUP=0, FP8=True, PDL=True)
-GATE_UP = dict(x=BF16, gate_up=FP8, gate_scales=F32, shared_gate_up=BF16, shared_scales=F32, h=BF16,
-               layout=I32, pair_at=I32, logits=BF16, ids="*i64", weights=BF16, dest_at=I32, tile_expert=I32)
-DOWN = dict(h=BF16, down=FP8, down_scales=F32, shared_down=FP8, shared_scales=F32, buf=F32, weights=BF16,
-            layout=I32, pair_at=I32, dest_at=I32, tile_expert=I32, gate=BF16, residual=BF16, total=BF16,
-            normed=BF16, norm_weight=BF16, arrivals=I32)
+GATE_UP = dict(x=BF16, xq=FP8, x_scales=F32, gate_up=FP8, gate_scales=F32, shared_gate_up=BF16,
+               shared_scales=F32, h=BF16, layout=I32, pair_at=I32, logits=BF16, ids="*i64", weights=BF16,
+               dest_at=I32, tile_expert=I32)
+DOWN = dict(h=BF16, hq=FP8, h_scales=F32, down=FP8, down_scales=F32, shared_down=FP8, shared_scales=F32,
+            buf=F32, weights=BF16, layout=I32, pair_at=I32, dest_at=I32, tile_expert=I32, gate=BF16,
+            residual=BF16, total=BF16, normed=BF16, norm_weight=BF16, arrivals=I32)
 ONE = {**dict.fromkeys(("x", "h", "logits", "weights", "gate", "residual", "total", "out", "norm_weight",
                         "router_w"), BF16),
        **dict.fromkeys(("gate_scales", "shared_gate_scales", "down_scales", "shared_down_scales", "buf",
                         "tile_weight", "partials"), F32),
        **dict.fromkeys(("pair_at", "dest_at", "tile_expert", "chosen", "ready", "arrivals", "blocks",
                         "router_counters"), I32),
-       **dict.fromkeys(("gate_up", "down", "shared_gate_up", "shared_down"), FP8), "ids": "*i64"}
+       **dict.fromkeys(("x_scales", "h_scales"), F32),
+       **dict.fromkeys(("xq", "hq", "gate_up", "down", "shared_gate_up", "shared_down"), FP8), "ids": "*i64"}
 CASES = {
     "gate_up": (moe._gate_up, GATE_UP, {}, dict(COMMON, BLOCK_N=moe.GATE_N, BLOCK_K=moe.GATE_K,
                 ONE_ROW=False, K=8, NORM=True, BLOCK_E=256, SLOTS=8, SHARED_FP8=False),
@@ -57,8 +59,10 @@ CASES = {
         ROUTER_TILES=9, ROUTER_SEGMENTS=4, ROUTER_M=16, ROUTER_N=32, ROUTER_K=128, LOGITS_CACHE=".cg",
         SHARED_FIRST=True, DOWN_SHARED_FIRST=True, TAKE_CHOICE=True, PRELOAD=4, SPREAD=True,
         FROM_PARTIALS=True, GATE_SEGMENTS=4, ROUTER_EARLY=1, GATE_FP8=True, SHARED_GATE_FP8=True,
-        DOWN_FP8=True, SHARED_DOWN_FP8=True, PDL=True),
+        DOWN_FP8=True, SHARED_DOWN_FP8=True, QUANTIZE_M=moe_one.QUANTIZE_M, PDL=True),
         dict(num_warps=4, num_stages=4)),
+    "quantize_middles": (moe_fp8._quantize_middles, dict(h=BF16, q=FP8, scales=F32), {},
+                         dict(BLOCK_M=moe_fp8.QUANTIZE_ROWS, INTERPRETED=False, PDL=True), {}),
 }
 result = {}
 for name, (fn, pointers, scalars, constexprs, options) in CASES.items():
@@ -77,7 +81,9 @@ def test_the_fp8_kernels_compile_for_hopper_with_the_numerics_they_claim(tmp_pat
     # The interpreter compiles nothing, so here is where an FP8 kernel that cannot build for the device
     # shows, and where its numerics are read: every fp8 product a warp group's wgmma (never mma.sync: the
     # same instructions for every tile), the quantization's correctly rounded divisions and round-to-
-    # nearest e4m3 conversion, each block's term rounded by mul.rn (no ftz), and no fma in the expert
+    # nearest e4m3 conversion (in the launch between the two products, and in the one launch, whose
+    # tiles' last gate/up programs quantize the middles; the two launches' tiles load quantized rows
+    # and divide nothing), each block's term rounded by mul.rn (no ftz), and no fma in the expert
     # launches (a product rounds before its add; the one launch's fmas are its norm's, as in the float
     # path). The float shared expert's bf16 products beside FP8 ones are wgmma too.
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
@@ -91,11 +97,18 @@ def test_the_fp8_kernels_compile_for_hopper_with_the_numerics_they_claim(tmp_pat
     compiled = json.loads(done.stdout)
     assert not [case for case in compiled.values() if "error" in case], compiled
     for name, found in compiled.items():
+        quantizes = found.get("div.rn.f32") and found.get("cvt.rn.satfinite.e4m3x2.f32")
+        assert not [op for op in found if "ftz" in op], (name, found)
+        if name == "quantize_middles":
+            assert quantizes and "fma.rn.f32" not in found, (name, found)
+            continue
         fp8_products = {op for op in found if "e4m3.e4m3" in op}
         assert fp8_products and all(op.startswith("wgmma") for op in fp8_products), (name, found)
-        assert found.get("div.rn.f32") and found.get("cvt.rn.satfinite.e4m3x2.f32"), (name, found)
-        assert found.get("mul.rn.f32") and not [op for op in found if "ftz" in op], (name, found)
-        if name != "one_row":
+        assert found.get("mul.rn.f32"), (name, found)
+        if name == "one_row":
+            assert quantizes, (name, found)
+        else:
+            assert not [op for op in found if op.startswith("div.rn") or "e4m3x2.f32" in op], (name, found)
             assert "fma.rn.f32" not in found, (name, found)
     assert any(op.startswith("wgmma") and op.endswith("bf16.bf16") for op in compiled["gate_up"])
 
