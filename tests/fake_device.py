@@ -3,6 +3,7 @@ mark before it, or a drain); copy number ``refuse`` (counting from 1; a gather i
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 import torch
@@ -51,6 +52,12 @@ class FakeDevice:
 
     def to_device(self, source: torch.Tensor, target: torch.Tensor) -> None:
         self._copy(lambda: target.copy_(source))
+
+    def streamed(self) -> contextlib.AbstractContextManager[object]:
+        return contextlib.nullcontext()  # the CPU's work runs where it is called
+
+    def now(self) -> object:
+        return None
 
     def _copy(self, work: Callable[[], object]) -> None:
         self.count += 1

@@ -29,6 +29,8 @@ from tfd.engine.scheduler import Scheduler
 from tfd.engine.stepper import Stepper
 from tfd.families.hybrid import HybridModel
 
+RESTORE_POLL_S = 0.001  # how often a drive with nothing to run looks for a state read back
+
 
 @attrs.frozen
 class Workload:
@@ -115,6 +117,8 @@ def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, gra
     while not stepper.idle:
         step = stepper.step()  # its run ends in the step's one host sync
         step.raise_failures()
+        if not step.works and runner.restoring:  # nothing to run until a state is read back
+            time.sleep(RESTORE_POLL_S)
         everyone = len(step.works) == streams and all(work.decode for work in step.works)
         if everyone and last is not None:  # end to end: the device runs ahead while the host books
             steps, decode_s = steps + 1, decode_s + step.ran_at - last

@@ -5,16 +5,19 @@ The engine thread ``offer``s each state the prompt cache keeps; a writer thread 
 ``Store``. While a state is being written it is pinned: evicting it from memory only forgets it
 there, and its pages are released when the write is done (``settle``, on the engine thread, each
 step). At admission the engine thread ``find``s the longest learned state a prompt extends and,
-when it is longer than what memory holds, ``restore``s it into the lane just opened (its state
-pieces and its rows on its own pages): a damaged or missing file is refused, counted, forgotten, and
-the lane prefills from the start.
+when it is longer than what memory holds, begins reading it back into the lane just opened
+(``begin_restore``: its state pieces and its rows on its own pages) and goes on stepping the other
+lanes; the lane joins them once the read has ended (``Restoring``): a damaged or missing file is
+refused, counted, forgotten, and the lane prefills from the start.
 
-Threads: the store and its files are behind one lock (the writer holds it for a write, the engine
-thread for a read). The engine thread never waits for a write: ``offer`` only queues, and ``find``
-answers nothing while the writer holds the lock (the lane prefills, or resumes from memory). The
-writer copies out through its own staging buffers; reads have a pinned buffer and a pool of reader
-threads of their own.
-``close`` lets the writer finish what was offered, then stops it.
+Threads and streams: the store and its files are behind one lock (the writer holds it for a write, the
+restore thread for a read back); ``find`` reads the index without it. The engine thread waits for
+neither: ``offer`` and ``begin_restore`` only queue. The writer copies out on a stream of its own
+through its own staging buffers; a read back runs on the restore thread (one at a time: they share
+the pinned buffer), its copies, sums and scatter on a copy stream lent to it from ``streams`` (made
+here once, a lane's worth) after the compute stream's work queued at admission, every one drained
+before the stream goes back and the read ends; its files are read by a pool of reader threads.
+``close`` lets the writer finish what was offered and the reads back end, then stops them.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import attrs
 import torch
@@ -35,7 +38,7 @@ from tfd.cache.kept import KeptState
 from tfd.cache.prefixes import Prefixes
 from tfd.pool.pages import Pool
 from tfd.store.checksum import mismatched
-from tfd.store.copies import Copier, Device, TorchDevice, host_bytes
+from tfd.store.copies import Copier, Device, Streams, TorchDevice, host_bytes
 from tfd.store.image import BLOCK_ROWS, Image, state_key
 from tfd.store.sealed import Writer
 from tfd.store.store import Refused, Store
@@ -54,6 +57,22 @@ def reserve(pool: Pool, rows: int) -> int:
 
 
 @attrs.frozen
+class Restoring:
+    """A learned state being read back into a lane (``Learned.begin_restore``)."""
+
+    image: Image
+    future: Future[None] = attrs.field(repr=False)
+
+    def done(self) -> bool:
+        """Whether the read has ended, every copy of it drained: the lane's memory is its own again."""
+        return self.future.done()
+
+    def error(self) -> BaseException | None:
+        """Why the read failed (None: the state is in the lane); waits for the read to end."""
+        return self.future.exception()
+
+
+@attrs.frozen
 class Job:
     state: KeptState
     image: Image
@@ -69,17 +88,21 @@ class Learned:
     """``store`` fed from and read into ``pool``'s pages on ``device``."""
 
     def __init__(self, store: Store, pool: Pool, device: torch.device,
-                 make_device: Callable[[torch.device], Device] = TorchDevice, context: int = 0) -> None:
+                 make_device: Callable[[torch.device], Device] = TorchDevice, context: int = 0,
+                 lanes: int = 1) -> None:
         self.store = store
         self.pool = pool
         self.lock = threading.Lock()
         self.writes = Copier(make_device(device))
-        self.reading = make_device(device)
+        # a copy stream for each lane that may read a state back at once, made here once
+        self.streams = Streams(lambda: make_device(device), lanes)
         # reads land here, pinned; sized at load for a state of ``context`` rows: pinning a gigabyte
         # takes long enough that the first read after a restart should not wait for it
         empty = torch.empty(0, dtype=torch.uint8)
-        self.buffer = self.reading.pinned(reserve(pool, context)) if context else empty
+        self.buffer = self.writes.device.pinned(reserve(pool, context)) if context else empty
         self.readers = ThreadPoolExecutor(READ_THREADS, "tfd-learn-read")
+        # reads back run here, one at a time (they share the pinned buffer), never on the engine thread
+        self.restorer = ThreadPoolExecutor(1, "tfd-learn-restore")
         self.jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self.written: queue.SimpleQueue[KeptState] = queue.SimpleQueue()
         self.pending = 0  # offered, not settled (engine thread)
@@ -112,43 +135,52 @@ class Learned:
         """The longest learned state ``prompt`` extends past, longer than ``longer_than`` tokens
         (with the head's rows when ``head``)."""
         keys = [state_key(*key) for key in prompt.resume_keys(longer_than)]
-        if not keys or not self.lock.acquire(blocking=False):  # the writer is busy: do not stall a step
-            return None
+        # without the lock, which a write or a read back holds for seconds: the index's lookups are
+        # atomic, and a state forgotten meanwhile is refused by its read (the lane starts fresh)
+        return self.store.find(keys, head) if keys else None
+
+    def begin_restore(self, image: Image, pages: Sequence[int], pieces: Mapping[str, torch.Tensor],
+                      done: Callable[[], None] = lambda: None) -> Restoring:
+        """Start reading ``image`` into a lane just opened (``pages``: its row pages, in row order, up
+        to the image's position taken; ``pieces``: its state pieces' views) and return at once; the
+        lane's pages and pieces are the read's until ``Restoring.done``. On the restore thread, on a
+        copy stream lent to this read (after the compute stream's work queued now): its files read
+        by ``READ_THREADS`` threads into the pinned buffer, each copied to the device as soon as it is
+        read, their word sums checked there, then scattered into the lane; every copy drained before
+        the read ends, whatever happens, and the stream given back. ``done`` is called once it has
+        ended (from the restore thread). Its error (``Restoring.error``): ``Refused`` (counted,
+        forgotten) when the files cannot be trusted, or what a failed copy raised; the lane's memory
+        then holds nothing to use."""
+        future = self.restorer.submit(self._restore, image, pages, pieces, self.writes.device.now())
+        future.add_done_callback(lambda _: done())
+        return Restoring(image, future)
+
+    def _restore(self, image: Image, pages: Sequence[int], pieces: Mapping[str, torch.Tensor], after: object
+                 ) -> None:
+        """``begin_restore``'s work, on the restore thread (``after``: the compute stream's mark then)."""
+        device = self.streams.lend()
         try:
-            return self.store.find(keys, head)
+            total = image.bytes
+            if self.buffer.numel() < total:  # no copy is in flight from it: each restore drains its own
+                self.buffer = device.pinned(total)
+            host = self.buffer[:total]
+            sizes = [size for _, size in image.blocks] + [image.piece_bytes]
+            device.begin(after)  # the lane's pages may be ones the compute stream's queued work still reads
+            with device.streamed():
+                staged = device.buffer(total)
+
+                def copy(at: int, size: int) -> None:
+                    device.to_device(host[at:at + size], staged[at:at + size])
+
+                def check(expected: list[int]) -> list[int]:
+                    device.drain()  # every file's bytes are on the device
+                    return mismatched(staged, sizes, expected)
+
+                with self.lock:
+                    self.store.read(image, host_bytes(host), self.readers, copy, check)
+                scatter(self.pool, image, staged, pages, pieces)
         finally:
-            self.lock.release()
-
-    def restore(self, image: Image, pages: Sequence[int], pieces: Mapping[str, torch.Tensor]) -> None:
-        """Read ``image`` into a lane just opened (``pages``: its row pages, in row order, up to the
-        image's position taken; ``pieces``: its state pieces' views): its files
-        read by ``READ_THREADS`` threads into one pinned buffer, each copied to the device as soon as
-        it is read (while later ones are read), their word sums checked there, then scattered into
-        the lane's pages and pieces. Raises ``Refused`` (counted, forgotten) when its files cannot be
-        trusted; the lane's memory then holds nothing to use. Every copy is drained before it
-        returns or raises."""
-        total = image.bytes
-        if self.buffer.numel() < total:  # no copy is in flight from it: each restore drains its own
-            self.buffer = self.reading.pinned(total)
-        host = self.buffer[:total]
-        staged = torch.empty(total, dtype=torch.uint8, device=self.pool.buffer.device)
-        sizes = [size for _, size in image.blocks] + [image.piece_bytes]
-
-        def copy(at: int, size: int) -> None:
-            self.reading.to_device(host[at:at + size], staged[at:at + size])
-
-        def check(expected: list[int]) -> list[int]:
-            self.reading.drain()  # every file's bytes are on the device
-            return mismatched(staged, sizes, expected)
-
-        self.reading.begin()  # ``staged`` may reuse memory the compute stream's queued work reads
-        try:
-            with self.lock:
-                self.store.read(image, host_bytes(host), self.readers, copy, check)
-        finally:
-            self.reading.drain()  # the buffer is free again, error or not
-        self.reading.end()
-        scatter(self.pool, image, staged, pages, pieces)
+            self.streams.give_back(device)  # drained first: the buffers are free again, error or not
 
     def report(self) -> dict[str, object]:
         with self.lock:
@@ -162,6 +194,7 @@ class Learned:
         """Finish the writes offered, stop the writer and the readers, and settle."""
         self.jobs.put(None)
         self.thread.join()
+        self.restorer.shutdown()  # reads back in progress end first: they use the readers
         self.readers.shutdown()
         self.settle()
 

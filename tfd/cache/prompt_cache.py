@@ -3,10 +3,11 @@
 ``PromptCache`` joins the memory tier (``tfd.cache.kept``) and, once attached, the disk's
 (``tfd.cache.learned``). ``choose`` picks, at admission, the longest state a prompt extends: the
 memory's (the states in the way of the lane's window evicted), or the disk's when it holds a longer
-one. ``start`` puts a lane just opened there: a memory state's rows adopted and pieces copied, a
-learned state read into the lane's own pages and then kept in memory too; a learned state the store
-refuses (damaged, missing), or whose copies fail (every one queued drained first), leaves the lane at
-the beginning, its pieces initialised again: its request answers as a fresh one would. ``keep``
+one. ``start`` puts a lane just opened there: a memory state's rows adopted and pieces copied; a
+learned state's read into the lane's own pages begun off the engine thread, and once it has ended
+(``restored``) kept in memory too. A learned state the store refuses (damaged, missing), or whose
+copies fail (every one queued drained first), leaves the lane at the beginning, its pieces
+initialised again: its request answers as a fresh one would. ``keep``
 runs after a step for each lane whose prompt chunk ended at a keep point, and offers the state kept
 to the disk. Nothing here knows a lane: a prompt is its ``Prefixes``, a lane's device side its
 lease and memory. Engine thread only.
@@ -21,7 +22,7 @@ import attrs
 import torch
 
 from tfd.cache.kept import KeptState, KeptStates
-from tfd.cache.learned import Learned
+from tfd.cache.learned import Learned, Restoring
 from tfd.cache.prefixes import Prefixes
 from tfd.model.memory import LaneMemory
 from tfd.pool.pages import Lease
@@ -55,6 +56,7 @@ class PromptCache:
         self.kept = kept
         self.init_state = init_state
         self.learned: Learned | None = None
+        self.on_restored: Callable[[], None] = lambda: None  # a learned state's read ended (any thread)
 
     def attach(self, learned: Learned) -> None:
         """Keep states on disk too from now on, and resume lanes from them."""
@@ -69,11 +71,11 @@ class PromptCache:
         image = self.learned.find(prompt, drafts, 0 if state is None else state.position)
         return Start(None, image) if image is not None else Start(state)
 
-    def start(self, begin: Start, prompt: Prefixes, lease: Lease, memory: LaneMemory, drafts: bool
-              ) -> int:
+    def start(self, begin: Start, lease: Lease, memory: LaneMemory) -> int | Restoring:
         """Put a lane just opened (``lease``: its pieces taken, no row page yet; ``memory``: their
-        views) at ``begin``; the position it goes on from (0: the beginning, a miss). A learned
-        state is kept in memory too once read."""
+        views) at ``begin``: the position it goes on from (0: the beginning, a miss), or, for a
+        learned state, its read back begun (``Learned.begin_restore``: the lane waits for it, then
+        ``restored``); ``on_restored`` is called when such a read ends."""
         counts = self.kept.counts
         if begin.state is not None:
             return self.kept.resume(lease, memory, begin.state)
@@ -82,22 +84,27 @@ class PromptCache:
             counts.misses += 1
             return 0
         lease.take(image.position)
-        try:
-            self.learned.restore(image, lease.row_pages, memory.pieces)
-        except Refused:  # counted and forgotten by the store: recomputed from the start
+        return self.learned.begin_restore(image, lease.row_pages, memory.pieces, self.on_restored)
+
+    def restored(self, restoring: Restoring, prompt: Prefixes, lease: Lease, memory: LaneMemory,
+                 drafts: bool) -> int:
+        """The position a lane goes on from once its learned state's read has ended: the state's, kept
+        in memory too; 0 (a miss, its pieces initialised again) when the store refused its files
+        (counted and forgotten there) or a copy failed (its files may be sound: kept)."""
+        counts = self.kept.counts
+        error = restoring.error()
+        if error is not None:
+            if not isinstance(error, Refused):
+                log.warning("reading learned state %s back failed; the lane starts from the beginning",
+                            restoring.image.key, exc_info=error)
             self.init_state(memory.pieces)
             counts.misses += 1
             return 0
-        except Exception:  # a copy that failed (its files may be sound: kept), drained: recomputed
-            log.warning("reading learned state %s back failed; the lane starts from the beginning",
-                        image.key, exc_info=True)
-            self.init_state(memory.pieces)
-            counts.misses += 1
-            return 0
+        position = restoring.image.position
         counts.hits += 1
-        counts.resumed_tokens += image.position
-        self.kept.keep(prompt, lease, memory, image.position, drafts)
-        return image.position
+        counts.resumed_tokens += position
+        self.kept.keep(prompt, lease, memory, position, drafts)
+        return position
 
     def passed(self, keep_points: tuple[int, ...], position: int) -> tuple[int, ...]:
         """The keep points a lane resumed at ``position`` still keeps at: those closer than the

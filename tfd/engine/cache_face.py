@@ -24,13 +24,15 @@ Ask = Callable[[Callable[[], Any]], Awaitable[Any]]
 
 class CacheFace:
     """``cache`` (None: the engine keeps no prompt states) of an engine on ``pool``, its calls made
-    through ``ask``; a store attached reads states of up to ``context`` rows."""
+    through ``ask``; a store attached reads states of up to ``context`` rows, into as many as
+    ``lanes`` lanes at once."""
 
-    def __init__(self, cache: PromptCache | None, pool: Pool, context: int, ask: Ask) -> None:
+    def __init__(self, cache: PromptCache | None, pool: Pool, context: int, ask: Ask, lanes: int = 1) -> None:
         self._cache = cache
         self._pool = pool
         self._context = context
         self._ask = ask
+        self._lanes = lanes
 
     @property
     def enabled(self) -> bool:
@@ -65,7 +67,8 @@ class CacheFace:
             digest = state_digest(self._pool, state)
             kept.evict(state)
             store = open_store(digest)
-            cache.attach(Learned(store, self._pool, self._pool.buffer.device, context=self._context))
+            cache.attach(Learned(store, self._pool, self._pool.buffer.device, context=self._context,
+                                 lanes=self._lanes))
             return store
 
         found: Store = await self._ask(attach)

@@ -114,12 +114,14 @@ class Engine:
         self.runner = Runner(model, pool, limits.context, limits.max_lanes, config.graphs, config.drafting,
                              kept_bytes=config.kept_bytes, keep_gain=config.keep_gain)
         self.stepper = Stepper(self.scheduler, self.runner)
-        self.cache = CacheFace(self.runner.cache, pool, limits.context, self.ask)
+        self.cache = CacheFace(self.runner.cache, pool, limits.context, self.ask, limits.max_lanes)
         self.stats = StepStats()
         self.failure: BaseException | None = None
         self.last_step_error: Exception | None = None  # what the latest step that failed raised
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._wake = threading.Event()
+        if self.runner.cache is not None:  # a lane's state read back: its next step need not wait a beat
+            self.runner.cache.on_restored = self._wake.set
         self._lanes: dict[str, Lane] = {}  # engine thread
         self._handles: dict[str, Handle] = {}  # trio thread
         self._queued = 0  # trio thread: submitted, not yet admitted

@@ -23,6 +23,7 @@ from tfd.engine.request import FinishReason, Request, Sampling, prompt_seed
 from tfd.engine.sampling import History, barring, drawn_by_step, penalized
 
 if TYPE_CHECKING:
+    from tfd.cache.learned import Restoring
     from tfd.engine.detokenize import Detokenizer
     from tfd.engine.grammar import Matcher
     from tfd.model.memory import LaneMemory
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 class Phase(enum.Enum):
     WAITING = "waiting"  # queued: no pages yet
+    RESTORE = "restoring"  # admitted: its state is being read back from disk; it runs no rows yet
     PREFILL = "prefill"  # admitted: its prompt is going through in chunks
     DECODE = "decode"  # one row a step
     DONE = "done"
@@ -75,6 +77,7 @@ class Lane:
     counts: DraftCounts = attrs.Factory(DraftCounts)
     keep_points: tuple[int, ...] = attrs.Factory(_keep_points, takes_self=True)  # prefill chunks end there
     cached: int = 0  # prompt tokens resumed from a kept state
+    restoring: Restoring | None = None  # its learned state's read back, until it has ended
     offsets: tuple[int, ...] = ()  # its pieces' offset fields in a batched decode step's columns
     verify_offsets: tuple[int, ...] = ()  # a drafting lane's verify buffers' offset fields
     drawn: dict[int, int] = attrs.Factory(dict)  # token: times drawn (what penalties read)
@@ -162,8 +165,8 @@ class Lane:
     # -- transitions ------------------------------------------------------------------------------
 
     def admitted(self) -> None:
-        """Admitted: its prompt goes through in chunks from now on."""
-        self.phase = Phase.PREFILL
+        """Admitted: its prompt goes through in chunks from now on, or once its state is read back."""
+        self.phase = Phase.RESTORE if self.restoring is not None else Phase.PREFILL
 
     def retire(self) -> None:
         """It runs no more (finished, cancelled, dropped)."""
@@ -192,9 +195,12 @@ class Lane:
 
     def resumed(self, position: int, keep_points: tuple[int, ...]) -> None:
         """It goes on from ``position`` (resumed from a kept state; 0: the beginning), keeping
-        states at ``keep_points``."""
+        states at ``keep_points``; a lane whose state was being read back runs again."""
         self.position = self.cached = position
         self.keep_points = keep_points
+        self.restoring = None
+        if self.phase is Phase.RESTORE:
+            self.phase = Phase.PREFILL
 
     def released(self) -> None:
         """Its lease is finished and its views dropped (its pieces' pages may go to another lane)."""

@@ -2,14 +2,16 @@
 
 ``admit`` promises a waiting lane its window when the pool can (after the prompt cache has evicted
 kept states in the way, and found where the lane starts), ``open`` gives it its state pieces,
-initialised, resumes it there and notes where decode steps and verify rounds find its pieces;
-``close`` gives its pages back. Engine thread only.
+initialised, resumes it there (or begins reading its state back from disk: ``settle`` resumes it once
+the read has ended) and notes where decode steps and verify rounds find its pieces; ``close`` gives its
+pages back (a lane whose state is being read, once the read has ended). Engine thread only.
 """
 
 from __future__ import annotations
 
 import logging
 
+from tfd.cache.learned import Restoring
 from tfd.cache.prompt_cache import PromptCache, Start
 from tfd.engine.lane import Lane
 from tfd.engine.scheduler import Admission
@@ -34,6 +36,8 @@ class Opener:
         self.memory = memory
         self.columns = columns
         self.gdn_names = model.gdn_layers().layers
+        self.restoring: list[Lane] = []  # lanes whose state is being read back, in admission order
+        self.closed: list[Lane] = []  # those of them ended meanwhile: pages back once the read ends
 
     def admit(self, lane: Lane, drafts: bool) -> Admission:
         """Admit a waiting lane if the pool can promise its window, resuming it from the longest
@@ -70,15 +74,60 @@ class Opener:
             verify = VerifyLanes.lane_offsets(pieces, self.gdn_names, self.pool.buffer) if drafts else []
             lane.opened(memory, drafts, offsets, verify)
             if self.cache is not None and lane.request.cache:  # a bypass is neither a hit nor a miss
-                at = self.cache.start(begin or Start(), lane.prefixes, lease, memory, drafts)
-                lane.resumed(at, self.cache.passed(lane.keep_points, at))
+                at = self.cache.start(begin or Start(), lease, memory)
+                if isinstance(at, Restoring):  # it waits for its state, off this thread (``settle``)
+                    lane.restoring = at
+                    self.restoring.append(lane)
+                else:
+                    lane.resumed(at, self.cache.passed(lane.keep_points, at))
         except BaseException:
             lease.finish()
             lane.open_failed()
             raise
 
+    def settle(self) -> tuple[list[Lane], list[Lane]]:
+        """The lanes whose state's read back has ended: (those that go on now, from where it left
+        them; those whose going on failed, logged, their pages back). A lane closed while its state
+        was read gives its pages back now, no sooner: the read wrote into them."""
+        started: list[Lane] = []
+        failed: list[Lane] = []
+        for lane in [lane for lane in self.restoring if lane.restoring is None or lane.restoring.done()]:
+            self.restoring.remove(lane)
+            restoring, lease, memory = lane.restoring, lane.lease, lane.memory
+            assert restoring is not None and lease is not None and memory is not None
+            assert self.cache is not None
+            if lane in self.closed:
+                self.closed.remove(lane)
+                lane.restoring = None
+                self.close(lane)
+                continue
+            try:
+                at = self.cache.restored(restoring, lane.prefixes, lease, memory, lane.drafting)
+            except Exception:
+                log.exception("could not resume request %s from its learned state", lane.request.id)
+                lane.restoring = None
+                self.close(lane)
+                lane.open_failed()
+                failed.append(lane)
+                continue
+            lane.resumed(at, self.cache.passed(lane.keep_points, at))
+            started.append(lane)
+        return started, failed
+
+    def drain(self) -> None:
+        """Wait for every read back in flight to end, then ``settle``."""
+        for lane in self.restoring:
+            if lane.restoring is not None:
+                lane.restoring.error()
+        self.settle()
+
     def close(self, lane: Lane) -> None:
-        """Give the lane's pages back (again: nothing)."""
+        """Give the lane's pages back (again: nothing); a lane whose state is being read back gives
+        them at ``settle``, once the read has ended."""
+        if lane.restoring is not None and lane in self.restoring:
+            if lane not in self.closed:
+                self.closed.append(lane)
+            return
         if lane.lease is not None:
             lane.lease.finish()
         lane.released()

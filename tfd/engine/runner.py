@@ -85,8 +85,23 @@ class Runner:
         return not self.drafting.max_lanes or load <= self.drafting.max_lanes
 
     def close(self, lane: Lane) -> None:
-        """Give the lane's pages back (again: nothing)."""
+        """Give the lane's pages back (again: nothing); one whose state is being read back, once the
+        read has ended (``Opener.close``)."""
         self.opener.close(lane)
+
+    def settle_restores(self) -> tuple[list[Lane], list[Lane]]:
+        """Lanes whose state's read back has ended: those that go on now, those that failed
+        (``Opener.settle``)."""
+        return self.opener.settle()
+
+    @property
+    def restoring(self) -> bool:
+        """Whether a lane's state is being read back (its pages held until the read ends)."""
+        return bool(self.opener.restoring)
+
+    def drain_restores(self) -> None:
+        """Wait for every state being read back, then settle them (shutdown, tests)."""
+        self.opener.drain()
 
     @torch.no_grad()
     def run(self, works: Sequence[Work]) -> list[Drawn]:

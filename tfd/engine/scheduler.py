@@ -8,7 +8,8 @@ whose prompt is still going through (``Lane.behind_leader``). A prefill chunk en
 multiple of ``CHUNK`` absolute positions or at the end of the prompt, whatever the budget, so every
 split of a prompt cuts the GDN chunks in the same places; a chunk also ends at the lane's next keep
 point (a multiple of ``CHUNK``: its state is kept there); the oldest prefilling lane always gets at
-least one chunk, so decode rows never starve it. Cancelled lanes leave at the step boundary.
+least one chunk, so decode rows never starve it. A lane whose state is being read back from disk
+runs nothing until the read has ended. Cancelled lanes leave at the step boundary.
 """
 
 from __future__ import annotations
@@ -105,7 +106,8 @@ class Scheduler:
                 continue
             self.running.append(lane)
             lane.admitted()
-            size = self._chunk(lane, budget, first)
+            restoring = lane.phase is not Phase.PREFILL
+            size = 0 if restoring else self._chunk(lane, budget, first)
             if size:
                 works.append(self._prefill(lane, size))
                 budget, first = budget - size, False

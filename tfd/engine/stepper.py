@@ -96,22 +96,25 @@ class Stepper:
 
     @property
     def idle(self) -> bool:
-        return self.scheduler.idle
+        """No lane waits or runs, and no state is being read back into pages a lane held."""
+        return self.scheduler.idle and not self.runner.restoring
 
     def step(self) -> Step:
-        """One step (``Step``); a step with nothing to run still ends cancelled lanes."""
-        admitted: list[Lane] = []
+        """One step (``Step``); a step with nothing to run still ends cancelled lanes. A lane whose
+        state is read back from disk counts as admitted in the step where the read has ended."""
+        started, broken = self.runner.settle_restores()
+        admitted: list[Lane] = list(started)
 
         def admit(lane: Lane) -> Admission:
             outcome = self.runner.admit(lane, self.scheduler.load)
-            if outcome is Admission.ADMITTED:
+            if outcome is Admission.ADMITTED and lane.restoring is None:
                 admitted.append(lane)
             return outcome
 
         plan = self.scheduler.plan(admit)
         ended = [self.end(lane, "cancelled") for lane in plan.cancelled]
         failed = "server error: the lane could not be opened"
-        ended += [self.end(lane, "failed", failed) for lane in plan.dropped]
+        ended += [self.end(lane, "failed", failed) for lane in (*broken, *plan.dropped)]
         if not plan.works:
             return Step(tuple(admitted), (), (), tuple(ended), self.clock())
         began = time.monotonic()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -53,6 +54,13 @@ class Device(Protocol):
 
     def to_device(self, source: torch.Tensor, target: torch.Tensor) -> None:
         """Queue a copy of host bytes ``source`` into device bytes ``target``."""
+
+    def streamed(self) -> contextlib.AbstractContextManager[object]:
+        """Within it, the calling thread's device work goes to this device's stream (a buffer made, a
+        sum, a scatter of what was copied in)."""
+
+    def now(self) -> object:
+        """A mark after the compute stream's work queued so far (``begin``'s ``after``)."""
 
     def begin(self, after: object = None) -> None:
         """The copies queued next see the device's work queued before (the state they read), or
@@ -94,6 +102,16 @@ class TorchDevice:
         with self._on_stream():
             high, low = halves(data, first_word)
         return lambda: joined(high, low)
+
+    def streamed(self) -> contextlib.AbstractContextManager[object]:
+        return self._on_stream()
+
+    def now(self) -> object:
+        if self.stream is None:
+            return None
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record(torch.cuda.current_stream(self.device))
+        return event
 
     def _on_stream(self) -> contextlib.AbstractContextManager[object]:
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
@@ -140,6 +158,31 @@ class TorchDevice:
     def drain(self) -> None:
         if self.stream is not None:
             self.stream.synchronize()
+
+
+class Streams:
+    """Copy devices, each a stream of its own, made once and lent to one lane's copies at a time; a
+    device goes back drained, so the next lane's copies never wait on another's. Thread-safe: lent on
+    the engine thread, given back by whatever ran the copies."""
+
+    def __init__(self, make: Callable[[], Device], count: int) -> None:
+        if count < 1:
+            raise ValueError(f"a lane's copies need a stream: count must be at least 1, not {count}")
+        self.free = [make() for _ in range(count)]
+        self.changed = threading.Condition()
+
+    def lend(self) -> Device:
+        """A free device, once one is (the caller's thread waits)."""
+        with self.changed:
+            self.changed.wait_for(lambda: bool(self.free))
+            return self.free.pop()
+
+    def give_back(self, device: Device) -> None:
+        """``device`` free again, once every copy queued on it is done."""
+        device.drain()
+        with self.changed:
+            self.free.append(device)
+            self.changed.notify()
 
 
 def host_bytes(buffer: torch.Tensor) -> memoryview:
