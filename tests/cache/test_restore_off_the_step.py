@@ -10,6 +10,7 @@ meanwhile is seen step by step.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +19,8 @@ import pytest
 import tiny_models
 import torch
 from fake_device import FakeDevice
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from support import CACHE
 from tfd.bench.workload import drive
@@ -151,5 +154,88 @@ def test_a_lane_that_leaves_while_its_state_is_read_gives_its_pages_back_once_th
     while not stepper.idle:
         stepper.step()
     assert leaving.lease is None and held.pending == 0
+    runner.pool.check_at_load()
+    written(runner)
+
+
+class Gate(FakeDevice):
+    """``Held`` without the wait when open from the start; copy ``refuse`` (from 1, counted over every
+    read back on this device) raises."""
+
+    def __init__(self, refuse: int | None, shut: bool) -> None:
+        super().__init__(refuse)
+        self.open = threading.Event()
+        if not shut:
+            self.open.set()
+
+    def to_device(self, source: torch.Tensor, target: torch.Tensor) -> None:
+        if not self.open.wait(READ_S):
+            raise TimeoutError("the test never let the read go")
+        super().to_device(source, target)
+
+
+@pytest.fixture(scope="module")
+def conversations(model: HybridModel, tmp_path_factory: pytest.TempPathFactory
+                  ) -> tuple[Path, list[Request], list[tuple[int, ...]]]:
+    """A store holding three first turns, the second turns that resume them, and each second turn's
+    tokens from a fresh runner."""
+    root = tmp_path_factory.mktemp("learned")
+    generator = torch.Generator().manual_seed(8)
+    firsts = [Request(f"t1-{i}", tuple(torch.randint(8, tiny_models.VOCAB, (70 + 60 * i,),
+                                                     generator=generator).tolist()), 6, Sampling(0.0))
+              for i in range(3)]
+    before = learning(model, root)
+    replies = drive(model, firsts, STEP_TOKENS, graphs=False, runner=before).tokens
+    written(before)
+    seconds = [attrs.evolve(first, id=f"t2-{i}", prompt=first.prompt + reply + (9, 10, 11),
+                            keep_at=(len(first.prompt + reply),), max_tokens=8)
+               for i, (first, reply) in enumerate(zip(firsts, replies, strict=True))]
+    fresh = [drive(model, [second], STEP_TOKENS, graphs=False).tokens[0] for second in seconds]
+    return root, seconds, fresh
+
+
+@settings(deadline=None, max_examples=12, derandomize=True, database=None)
+@given(cancels=st.lists(st.one_of(st.none(), st.integers(0, 8)), min_size=3, max_size=3),
+       refuse=st.one_of(st.none(), st.integers(1, 7)), release=st.integers(0, 6), shut=st.booleans())
+def test_reads_back_interleaved_with_steps_failures_and_cancels_leave_nothing_behind(
+        model: HybridModel, conversations: tuple[Path, list[Request], list[tuple[int, ...]]],
+        cancels: list[int | None], refuse: int | None, release: int, shut: bool) -> None:
+    # three lanes resume from disk through one copy device (their reads one after another), a
+    # fourth runs beside them; the device may be shut for the first steps and refuse one copy; lanes
+    # leave at random steps. However it goes: a lane that ran to its end drew a fresh lane's tokens,
+    # nothing is pending on the device, and the pool is as at load.
+    root, seconds, fresh = conversations
+    devices: list[FakeDevice] = []
+
+    def make(device: torch.device) -> FakeDevice:
+        devices.append(FakeDevice() if not devices else Gate(refuse, shut))
+        return devices[-1]
+
+    runner = learning(model, root, make)
+    gate = devices[1]
+    assert isinstance(gate, Gate)
+    stepper = Stepper(Scheduler(STEP_TOKENS, 4), runner)
+    lanes = [Lane(i, second) for i, second in enumerate(seconds)]
+    lanes.append(Lane(3, Request("other", tuple(range(10, 40)), 8, Sampling(1.0, seed=2))))
+    for lane in lanes:
+        stepper.add(lane)
+    ended: dict[int, str] = {}
+    deadline, step = time.monotonic() + READ_S, 0
+    while not stepper.idle and time.monotonic() < deadline:
+        if step == release:
+            gate.open.set()
+        for lane, at in zip(lanes[:3], cancels, strict=True):
+            if at == step:
+                lane.cancel()
+        done = stepper.step()
+        ended |= {ending.lane.number: ending.reason for ending in done.ended}
+        step += 1
+        if not done.works and runner.restoring:  # nothing runs until a read ends: give it the time
+            time.sleep(0.001)
+    assert stepper.idle, "the lanes never ended"
+    for lane, expected in zip(lanes[:3], fresh, strict=True):
+        if ended.get(lane.number) == "length":
+            assert tuple(lane.generated) == expected, lane.request.id
+    assert set(ended) == {0, 1, 2, 3} and gate.pending == 0, f"expected 0, found {gate.pending}"
     runner.pool.check_at_load()
     written(runner)
