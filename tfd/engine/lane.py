@@ -193,6 +193,14 @@ class Lane:
         """No state is kept from it: its prompt is chunked as without a prompt cache."""
         self.keep_points = ()
 
+    def reads_back(self, restoring: Restoring) -> None:
+        """Its state is being read back from disk: it runs no rows until the read has ended."""
+        self.restoring = restoring
+
+    def read_ended(self) -> None:
+        """The read of its state has ended without it going on (it left meanwhile, or going on failed)."""
+        self.restoring = None
+
     def resumed(self, position: int, keep_points: tuple[int, ...]) -> None:
         """It goes on from ``position`` (resumed from a kept state; 0: the beginning), keeping
         states at ``keep_points``; a lane whose state was being read back runs again."""

@@ -76,7 +76,7 @@ class Opener:
             if self.cache is not None and lane.request.cache:  # a bypass is neither a hit nor a miss
                 at = self.cache.start(begin or Start(), lease, memory)
                 if isinstance(at, Restoring):  # it waits for its state, off this thread (``settle``)
-                    lane.restoring = at
+                    lane.reads_back(at)
                     self.restoring.append(lane)
                 else:
                     lane.resumed(at, self.cache.passed(lane.keep_points, at))
@@ -98,14 +98,14 @@ class Opener:
             assert self.cache is not None
             if lane in self.closed:
                 self.closed.remove(lane)
-                lane.restoring = None
+                lane.read_ended()
                 self.close(lane)
                 continue
             try:
                 at = self.cache.restored(restoring, lane.prefixes, lease, memory, lane.drafting)
             except Exception:
                 log.exception("could not resume request %s from its learned state", lane.request.id)
-                lane.restoring = None
+                lane.read_ended()
                 self.close(lane)
                 lane.open_failed()
                 failed.append(lane)
