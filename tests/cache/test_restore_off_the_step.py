@@ -239,3 +239,30 @@ def test_reads_back_interleaved_with_steps_failures_and_cancels_leave_nothing_be
     assert set(ended) == {0, 1, 2, 3} and gate.pending == 0, f"expected 0, found {gate.pending}"
     runner.pool.check_at_load()
     written(runner)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_state_read_back_on_its_own_stream_resumes_as_fresh(tmp_path: Path) -> None:
+    # copy streams, the compute stream's mark at admission, the scatter on the lent stream and the
+    # drain before the lane runs, with CUDA graphs: the resumed turn draws a fresh runner's tokens
+    path = tiny_models.save("qwen3_5", CACHE / "tiny-plain", head=True)
+    model = load_model(Checkpoint.open(path), "cuda", torch.bfloat16, progress=False)
+    first, second, other = turns()
+
+    def runner(root: Path | None) -> Runner:
+        made = runner_for(model, 512, 3, graphs=True, kept_pages=64)
+        if root is not None:
+            assert made.cache is not None
+            made.cache.attach(Learned(Store(root, "test", 1 << 30, 1 << 30, 0), made.pool,
+                                      torch.device("cuda"), lanes=3))
+        return made
+
+    before = runner(tmp_path)
+    reply = drive(model, [first], STEP_TOKENS, graphs=True, runner=before).tokens[0]
+    written(before)
+    asked = [second(reply), other]
+    fresh = drive(model, asked, STEP_TOKENS, graphs=True, runner=runner(None)).tokens
+    after = runner(tmp_path)
+    resumed = drive(model, asked, STEP_TOKENS, graphs=True, runner=after)
+    assert resumed.tokens == fresh and resumed.cached[0] == 128
+    written(after)
