@@ -13,8 +13,10 @@ import tiny_models
 import torch
 from reference_loop import LanePool
 
+from support import CACHE
 from tfd.bench.workload import drive
 from tfd.checkpoint import Checkpoint
+from tfd.demo import build_once
 from tfd.engine.request import Request, Sampling
 from tfd.engine.runner import Drafting
 from tfd.families.hybrid import HybridModel, load_model
@@ -30,12 +32,17 @@ PROMPT = tuple(range(3, 43))
 NEAR = 0.05  # RMS of (GPU - CPU) logits over the CPU's: bf16 activations and rounding against fp32
 
 
+def checkpoint_of(family: str) -> Path:
+    """The family's FP8 checkpoint, built once under the tests' cache (the device, which has no
+    transformers, is carried one built here: docs/bench/kit/README.md)."""
+    source = tiny_models.save(family, CACHE / "tiny-plain", head=True, expert_inner=128)
+    return build_once(CACHE / "tiny-fp8" / f"{family}-experts-128-head", "config.json",
+                      lambda staging: tiny_models.fp8_copy(source, staging, None, QUANTIZATION, fuse=False))
+
+
 @pytest.fixture(scope="module", params=tiny_models.FAMILIES)
-def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp(f"fp8-gpu-{request.param}")
-    source = tiny_models.save(request.param, root / "source", head=True, expert_inner=128)
-    tiny_models.fp8_copy(source, root / "fp8", None, QUANTIZATION, fuse=False)
-    return root / "fp8"
+def checkpoint(request: pytest.FixtureRequest) -> Path:
+    return checkpoint_of(request.param)
 
 
 def loaded(path: Path, device: str, dtype: torch.dtype) -> HybridModel:
