@@ -123,6 +123,20 @@ def test_bench_times_a_second_turn_read_back_from_disk(tmp_path: Path) -> None:
     assert "192 read back" in done.stdout and "the host alone reads the files in" in done.stdout
 
 
+def test_bench_times_a_second_turn_read_back_beside_other_streams(tmp_path: Path) -> None:
+    done = run_tfd("bench", "--conversation", "--streams", "3", "--prompt", "200", "--new", "4", "--out",
+                   str(tmp_path), "--commit", "test", timeout=240)
+    assert done.returncode == 0, done.stderr
+    runs = json.loads(next(tmp_path.glob("*-read-beside.json")).read_text())
+    assert [run["page_cache"] for run in runs] == [False, True]
+    for run in runs:
+        assert run["streams"] == 3 and run["tokens_equal"] is True and run["cached_tokens"] == 192
+        assert run["bytes_read"] > 0 and run["ttft_s"] > 0 and run["others_gap_before_ms"] > 0
+        assert run["steps_during"] >= 0 and run["new_tokens_cold_s"] > 0
+    assert "192 read back from disk) beside 2 streams" in done.stdout
+    assert "192 read back from the page cache) beside 2 streams" in done.stdout
+
+
 def test_bench_drafts_and_reports_the_rounds(tmp_path: Path) -> None:
     done = run_tfd("bench", "--prompt", "40", "--new", "12", "--drafts", "0,3", "--temperature", "0",
                    "--rounds", "2", "--out", str(tmp_path), "--commit", "test", timeout=240)

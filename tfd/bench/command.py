@@ -22,6 +22,7 @@ from tfd.bench.gemm import compare as compare_gemm
 from tfd.bench.gemm import weight_shapes
 from tfd.bench.main import bench, compare_hf, measure_ceilings, random_model, run_name, summary, write
 from tfd.bench.profile import profiles
+from tfd.bench.read_beside import read_beside
 from tfd.bench.serve_record import revision
 from tfd.bench.variants import compare as compare_variants
 from tfd.bench.workload import Workload
@@ -106,7 +107,10 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
 
 def conversation_bench(model: Any, name: str, args: argparse.Namespace, keep_gain: int) -> int:
     """``--conversation``: one line and, with ``--out``, ``<name>-conversation.json``; resumed lanes
-    keep states as the daemon would (``keep_gain``: TF_PROMPT_KEEP_GAIN)."""
+    keep states as the daemon would (``keep_gain``: TF_PROMPT_KEEP_GAIN). With ``--streams N`` (N > 1),
+    turn two read back beside N - 1 decoding streams instead (``read_beside_bench``)."""
+    if max(args.streams) > 1:
+        return read_beside_bench(model, name, args, max(args.streams))
     found = conversation(model, args.prompt, args.new, not args.no_graphs, args.step_tokens,
                          keep_gain=keep_gain)
     found = {"shape": name, "commit": args.commit or revision(), **found}
@@ -120,6 +124,30 @@ def conversation_bench(model: Any, name: str, args: argparse.Namespace, keep_gai
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"{name}-conversation.json").write_text(json.dumps(found, indent=2) + "\n")
+    return 0
+
+
+def read_beside_bench(model: Any, name: str, args: argparse.Namespace, streams: int) -> int:
+    """``--conversation --streams N``: turn two read back while ``streams - 1`` others decode, its
+    files dropped from the page cache, then kept there; a line each and, with ``--out``,
+    ``<name>-read-beside.json``."""
+    found = []
+    for page_cache in (False, True):
+        result = read_beside(model, args.prompt, args.new, streams, not args.no_graphs, args.step_tokens,
+                             page_cache)
+        result = {"shape": name, "commit": args.commit or revision(), **result}
+        where = "the page cache" if page_cache else "disk"
+        print(f"{name} turn two ({result['turn2_prompt_tokens']} tokens, {result['cached_tokens']} read back "
+              f"from {where}) beside {streams - 1} streams: first "
+              f"token {result['ttft_s']:.3f} s, {result['ttft_over_read_and_new'] or 0:.2f}x its read "
+              f"({result['read_s']:.3f} s) and new tokens cold ({result['new_tokens_cold_s']:.3f} s); the "
+              f"others' time between tokens {result['others_gap_during_ms'] or 0:.2f} ms during the read, "
+              f"{result['others_gap_before_ms'] or 0:.2f} ms before ({result['others_gap_ratio'] or 0:.2f}x)",
+              flush=True)
+        found.append(result)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"{name}-read-beside.json").write_text(json.dumps(found, indent=2) + "\n")
     return 0
 
 

@@ -78,7 +78,9 @@ def add_bench_parser(commands: Any, table: Table, run: Callable[..., int]) -> ar
     bench.add_argument("--conversation", action="store_true",
                        help="instead of workloads: a conversation's second turn after a restart, its state "
                        "read back from disk (learned), against the same turn prefilled cold: time to first "
-                       "token of each, bytes read and the read bandwidth (--prompt: the first turn's tokens)")
+                       "token of each, bytes read and the read bandwidth (--prompt: the first turn's "
+                       "tokens); with --streams N (N > 1), turn two read back while N - 1 streams decode: "
+                       "their time between tokens during the read against before it, and its first token")
     bench.add_argument("--serve", metavar="URL",
                        help="instead of the engine: load the tfd at URL (http://host:port) through its API, "
                        "streamed /v1/completions of token ids with ignore_eos; one run a --concurrency and "
