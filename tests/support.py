@@ -35,6 +35,25 @@ def clean_environ(**extra: str) -> dict[str, str]:
     return environ
 
 
+def compiled_for_hopper(arguments: Sequence[str], cache: Path, path: Sequence[Path] = ()) -> dict[str, Any]:
+    """The JSON a script that compiles kernels for Hopper prints (``python ARGUMENTS``), run in a process
+    of its own without Triton's interpreter (under it ``@triton.jit`` makes interpreted functions,
+    which do not compile), ``cache`` its Triton cache, ``path`` before its PYTHONPATH. The test is
+    skipped where Triton's ptxas is not installed; a script that fails is a failure."""
+    import pytest
+
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(cache), TRITON_DEFAULT_FP_FUSION="1")
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join([*map(str, path), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, *arguments], capture_output=True, text=True, env=env, check=False)
+    if done.returncode and "ptxas" in done.stderr and "not found" in done.stderr:
+        pytest.skip(f"Triton's ptxas is not installed here: {done.stderr[-300:]}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    found: dict[str, Any] = json.loads(done.stdout)
+    return found
+
+
 def run_tfd(*args: str, env: Mapping[str, str] | None = None, timeout: float = 30,
             user: int | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``python -m tfd ARGS`` to completion."""

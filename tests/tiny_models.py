@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,7 +19,7 @@ import torch
 from tfd.demo import build_once
 
 if TYPE_CHECKING:
-    from tfd.model.fp8 import Fp8Weight
+    from tfd.model.fp8 import Fp8Experts, Fp8Weight
 
 VOCAB = 320
 EOS = 7
@@ -231,25 +231,41 @@ def save_with(model: torch.nn.Module, directory: Path, tensors: dict[str, torch.
 
 
 def save_fp8(model: torch.nn.Module, directory: Path, converted: Callable[[str], bool],
-             quantization: dict[str, object]) -> dict[str, Fp8Weight]:
+             quantization: dict[str, object]) -> dict[str, Fp8Weight | Fp8Experts]:
     """``model`` written as Qwen's -FP8 releases are: each weight ``converted`` names in block-wise
     FP8 (``tfd.model.fp8.quantize_weight``) beside its ``_scale_inv``, the rest as they are, and
     ``quantization`` as config.json's quantization_config. The quantized weights, by name."""
-    import json
+    tensors, quantized = in_fp8(model.state_dict(), lambda name, _: converted(name))
+    save_with(model, directory, tensors)
+    say_quantized(directory, quantization)
+    return quantized
 
-    from tfd.model.fp8 import quantize_weight
 
-    tensors, quantized = {}, {}
-    for name, value in model.state_dict().items():
-        if converted(name):
-            quantized[name] = weight = quantize_weight(value)
+def in_fp8(stored: Mapping[str, torch.Tensor], converted: Callable[[str, torch.Tensor], bool]
+           ) -> tuple[dict[str, torch.Tensor], dict[str, Fp8Weight | Fp8Experts]]:
+    """``stored`` as an -FP8 checkpoint's tensors: each 2- or 3-D one ``converted`` names in
+    block-wise FP8 (``quantize_weight``, ``quantize_experts``) beside its ``_scale_inv``, the rest as
+    they are; and the quantized weights, by name."""
+    from tfd.model.fp8 import quantize_experts, quantize_weight
+
+    tensors: dict[str, torch.Tensor] = {}
+    quantized: dict[str, Fp8Weight | Fp8Experts] = {}
+    for name, value in stored.items():
+        if value.dim() in (2, 3) and converted(name, value):
+            weight = quantize_weight(value) if value.dim() == 2 else quantize_experts(value)
+            quantized[name] = weight
             tensors[name], tensors[name + "_scale_inv"] = weight.data, weight.scale_inv
         else:
             tensors[name] = value.contiguous()
-    save_with(model, directory, tensors)
+    return tensors, quantized
+
+
+def say_quantized(directory: Path, quantization: dict[str, object]) -> None:
+    """``quantization`` as the quantization_config of the checkpoint's config.json."""
+    import json
+
     settings = json.loads((directory / "config.json").read_text())
     (directory / "config.json").write_text(json.dumps({**settings, "quantization_config": quantization}))
-    return quantized
 
 
 _EXPERT = re.compile(r"(.+\.experts)\.(\d+)\.(gate|up|down)_proj\.weight")
@@ -282,27 +298,19 @@ def fp8_copy(source: Path, directory: Path, converted: Callable[[str], bool] | N
     block-wise FP8 beside its ``_scale_inv`` (``tfd.model.fp8``), the rest as stored, ``fuse``: experts
     fused first (``fused_experts``). The tensors as quantized and dequantized, in fp32, by name: a
     float twin of the same weights."""
-    import json
     import shutil
 
     import safetensors.torch
 
-    from tfd.model.fp8 import quantize_experts, quantize_weight
     from tfd.quantization import released_fp8
 
     shutil.copytree(source, directory, dirs_exist_ok=True)
     stored = safetensors.torch.load_file(source / "model.safetensors")
     stored = fused_experts(stored) if fuse else stored
-    tensors, twin = {}, {}
-    for name, value in stored.items():
-        fp8 = released_fp8(name, tuple(value.shape)) if converted is None else converted(name)
-        if value.dim() > 1 and fp8:
-            weight = quantize_weight(value) if value.dim() == 2 else quantize_experts(value)
-            tensors[name], tensors[name + "_scale_inv"] = weight.data, weight.scale_inv
-            twin[name] = weight.dequantized(torch.float32)
-        else:
-            tensors[name] = twin[name] = value.contiguous()
+    rule = (lambda name, value: released_fp8(name, tuple(value.shape))) if converted is None \
+        else (lambda name, _: converted(name))
+    tensors, quantized = in_fp8(stored, rule)
     safetensors.torch.save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
-    settings = json.loads((directory / "config.json").read_text())
-    (directory / "config.json").write_text(json.dumps({**settings, "quantization_config": quantization}))
-    return twin
+    say_quantized(directory, quantization)
+    return {name: quantized[name].dequantized(torch.float32) if name in quantized else tensors[name]
+            for name in stored}

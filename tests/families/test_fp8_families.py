@@ -25,7 +25,7 @@ from tfd.engine.request import Request, Sampling
 from tfd.engine.runner import Drafting
 from tfd.families.hybrid import HybridModel, load_model
 from tfd.model import fp8
-from tfd.model.fp8 import Fp8Experts, Fp8Weight, Joined, Rows
+from tfd.model.fp8 import Fp8Experts, Joined, Rows, holds_fp8
 from tfd.model.memory import Span
 from tfd.model.mlp import MoeWeights
 from tfd.quantization import BlockFp8
@@ -76,26 +76,14 @@ def prompt_logits(model: HybridModel) -> torch.Tensor:
     return model.logits(hidden)
 
 
-def fp8_weights(record: object) -> list[object]:
-    """Every FP8 weight reachable from ``record`` (attrs records, tuples)."""
-    if isinstance(record, (Fp8Weight, Fp8Experts, Rows)):
-        return [record]
-    if isinstance(record, Joined):
-        return [part for part in record.parts if isinstance(part, (Fp8Weight, Rows))]
-    if isinstance(record, tuple):
-        return [found for item in record for found in fp8_weights(item)]
-    fields = getattr(type(record), "__attrs_attrs__", ())
-    return [found for field in fields for found in fp8_weights(getattr(record, field.name))]
-
-
 def test_every_product_but_the_kept_ones_is_fp8(checkpoints: tuple[Path, Path]) -> None:
     model = loaded(checkpoints[0])
     for layer in model.weights.layers:
-        assert fp8_weights(layer.mixer) and fp8_weights(layer.ffn), layer.name
+        assert holds_fp8(layer.mixer) and holds_fp8(layer.ffn), layer.name
         if isinstance(layer.ffn, MoeWeights):
             assert isinstance(layer.ffn.gate_up, Fp8Experts) and isinstance(layer.ffn.down, Fp8Experts)
             assert isinstance(layer.ffn.router, torch.Tensor)  # kept in bf16, as releases keep it
-    assert model.head is not None and fp8_weights(model.head)  # the MTP head's fc and its layer
+    assert model.head is not None and holds_fp8(model.head)  # the MTP head's fc and its layer
     assert model.weights.head.dtype == torch.float32 and model.weights.embed.dtype == torch.float32
     if model.cfg.family == "qwen3_next":  # in_proj_qkvz's rows regrouped after the product
         gdn = next(layer.mixer for layer in model.weights.layers if hasattr(layer.mixer, "proj"))

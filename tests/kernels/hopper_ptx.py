@@ -191,15 +191,23 @@ CASES: dict[str, Case] = {
 INSTRUCTIONS = re.compile(r"\b((?:fma|add|mul)\.rn\.(?:bf16|f32)|(?:fma|add|mul)\.(?:bf16|f32))\b")
 
 
+def counted(source: ASTSource, options: dict[str, Any], instructions: re.Pattern[str]) -> dict[str, Any]:
+    """``source`` compiled for Hopper with ``options``: how often each PTX instruction
+    ``instructions`` finds appears, or ``{"error": ...}`` (reported by name to the test, which fails
+    on it). What the tests' own compile scripts share with this one."""
+    try:
+        kernel = triton.compile(source, target=HOPPER, options=options)
+    except Exception as error:
+        return {"error": f"{type(error).__name__}: {error}"[:2000]}
+    found = instructions.findall(kernel.asm["ptx"])
+    return {op: found.count(op) for op in sorted(set(found))}
+
+
 def compiled(name: str) -> dict[str, Any]:
     fn, pointers, constexprs, scalars, options = CASES[name]
     source = ASTSource(fn=fn, signature=signature(fn, pointers, constexprs, scalars), constexprs=constexprs)
-    try:
-        kernel = triton.compile(source, target=HOPPER, options={"enable_fp_fusion": True, **options})
-    except Exception as error:  # reported by name to the test, which fails on it
-        return {"error": f"{type(error).__name__}: {error}"[:2000]}
-    found = INSTRUCTIONS.findall(kernel.asm["ptx"])
-    return {"instructions": {op: found.count(op) for op in sorted(set(found))}}
+    found = counted(source, {"enable_fp_fusion": True, **options}, INSTRUCTIONS)
+    return found if "error" in found else {"instructions": found}
 
 
 if __name__ == "__main__":

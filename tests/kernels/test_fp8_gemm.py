@@ -3,15 +3,12 @@ rows that never depend on the batch."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from support import compiled_for_hopper
 from tfd.model import fp8
 from tfd_kernels import fp8_gemm, gemm_plan, runtime
 
@@ -260,9 +257,8 @@ def test_arguments_are_checked_by_name() -> None:
 # appears, or its error.
 HOPPER_SCRIPT = r"""
 import json, re, sys
-import triton
 from triton.compiler import ASTSource
-from hopper_ptx import HOPPER, signature
+from hopper_ptx import counted, signature
 from tfd_kernels import fp8_gemm as f
 
 ALIGNED = {"n", "k", "stride_xm", "stride_wn", "stride_om", "stride_pm", "k_per_segment", "stride_qm"}
@@ -288,12 +284,7 @@ for name, (fn, tiles, constexprs) in CASES.items():
     attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(fn.arg_names) if arg in aligned}
     source = ASTSource(fn=fn, signature=signature(fn, pointers, constexprs, {}), constexprs=constexprs,
                        attrs=attrs)
-    try:
-        found = FOUND.findall(triton.compile(source, target=HOPPER, options=options).asm["ptx"])
-    except Exception as error:
-        result[name] = {"error": f"{type(error).__name__}: {error}"[:2000]}
-    else:
-        result[name] = {op: found.count(op) for op in set(found)}
+    result[name] = counted(source, options, FOUND)
 json.dump(result, sys.stdout)
 """
 
@@ -307,15 +298,7 @@ def test_the_kernels_compile_for_hopper_with_the_numerics_they_claim(tmp_path: P
     # instructions for every tile) and no division; the quantization's correctly rounded divisions
     # (never div.full) and the hardware's round-to-nearest e4m3 conversion; nowhere a fused
     # multiply-add (a product rounds before its add).
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1",
-               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, "-c", HOPPER_SCRIPT], capture_output=True, text=True, env=env,
-                          check=False)
-    if done.returncode and "ptxas" in done.stderr and "not found" in done.stderr:
-        pytest.skip(f"Triton's ptxas is not installed here: {done.stderr[-300:]}")
-    assert done.returncode == 0, done.stderr[-3000:]
-    compiled = json.loads(done.stdout)
+    compiled = compiled_for_hopper(["-c", HOPPER_SCRIPT], tmp_path, [Path(__file__).parent])
     assert not [case for case in compiled.values() if "error" in case], compiled
     for name, found in compiled.items():
         products = {op for op in found if "mma" in op}

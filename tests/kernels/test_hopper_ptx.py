@@ -6,14 +6,12 @@ in a kernel the CPU tests interpret would otherwise first show on the device."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from support import compiled_for_hopper
 
 SCRIPT = Path(__file__).with_name("hopper_ptx.py")
 ROUNDED_THEN_ADDED = ("hyper.write", "hyper.write_norm", "sigmoid_gate.base", "moe_sum.combine",
@@ -23,13 +21,7 @@ ROUNDED_THEN_ADDED = ("hyper.write", "hyper.write_norm", "sigmoid_gate.base", "m
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Every case of hopper_ptx.py, compiled in a process without the interpreter (its own cache)."""
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path_factory.mktemp("triton")), TRITON_DEFAULT_FP_FUSION="1")
-    done = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, env=env, check=False)
-    if done.returncode and "ptxas" in done.stderr and "not found" in done.stderr:
-        pytest.skip(f"Triton's ptxas is not installed here: {done.stderr[-300:]}")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+    return compiled_for_hopper([str(SCRIPT)], tmp_path_factory.mktemp("triton"))
 
 
 def test_every_kernel_compiles_for_hopper(compiled: dict[str, Any]) -> None:

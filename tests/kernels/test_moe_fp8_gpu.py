@@ -4,10 +4,6 @@ rows, a prompt's tiles, one launch, a captured step), the reference's bound, the
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +11,7 @@ import torch
 from moe_inputs import REAL, gate_rows, make_real, make_real_shared, residual_of, router_product
 from test_moe_fp8 import floated, reference, shared_alone, stack
 
+from support import compiled_for_hopper
 from tfd_kernels import gemm, moe, moe_one, norm, sigmoid_gate
 
 # Compiles the FP8 kernels for sm_90 as the launchers do (bf16 rows, FP8 experts; the shared expert FP8
@@ -22,9 +19,8 @@ from tfd_kernels import gemm, moe, moe_one, norm, sigmoid_gate
 # appears, or its error.
 HOPPER_SCRIPT = r"""
 import json, re, sys
-import triton
 from triton.compiler import ASTSource
-from hopper_ptx import HOPPER, signature
+from hopper_ptx import counted, signature
 from tfd_kernels import moe, moe_fp8, moe_one
 
 FOUND = re.compile(r"\b(wgmma\.mma_async\S+|mma\.sync\S+|div\.[\w.]*f32|fma\.rn\.f32|mul\.rn\.\S*f32"
@@ -67,12 +63,7 @@ CASES = {
 result = {}
 for name, (fn, pointers, scalars, constexprs, options) in CASES.items():
     source = ASTSource(fn=fn, signature=signature(fn, pointers, constexprs, scalars), constexprs=constexprs)
-    try:
-        found = FOUND.findall(triton.compile(source, target=HOPPER, options=options).asm["ptx"])
-    except Exception as error:
-        result[name] = {"error": f"{type(error).__name__}: {error}"[:2000]}
-    else:
-        result[name] = {op: found.count(op) for op in set(found)}
+    result[name] = counted(source, options, FOUND)
 json.dump(result, sys.stdout)
 """
 
@@ -86,15 +77,7 @@ def test_the_fp8_kernels_compile_for_hopper_with_the_numerics_they_claim(tmp_pat
     # and divide nothing), each block's term rounded by mul.rn (no ftz), and no fma in the expert
     # launches (a product rounds before its add; the one launch's fmas are its norm's, as in the float
     # path). The float shared expert's bf16 products beside FP8 ones are wgmma too.
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1",
-               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, "-c", HOPPER_SCRIPT], capture_output=True, text=True, env=env,
-                          check=False)
-    if done.returncode and "ptxas" in done.stderr and "not found" in done.stderr:
-        pytest.skip(f"Triton's ptxas is not installed here: {done.stderr[-300:]}")
-    assert done.returncode == 0, done.stderr[-3000:]
-    compiled = json.loads(done.stdout)
+    compiled = compiled_for_hopper(["-c", HOPPER_SCRIPT], tmp_path, [Path(__file__).parent])
     assert not [case for case in compiled.values() if "error" in case], compiled
     for name, found in compiled.items():
         quantizes = found.get("div.rn.f32") and found.get("cvt.rn.satfinite.e4m3x2.f32")
