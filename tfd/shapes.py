@@ -92,9 +92,12 @@ class Shape:
     name: str
     family: str
     config: dict[str, Any]
-    weight_bytes: int
     cut: str | None  # what was cut to fit, in words
     sizes: Sizes
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.sizes.bytes
 
 
 def weight_budget(device: torch.device) -> int:
@@ -133,16 +136,17 @@ def fit(name: str, budget: int, fp8: bool = False) -> Shape:
         raise ValueError(f"no shape {name!r}; known: {', '.join(PRESETS)}")
     family, config = PRESETS[name]
     layers = config["num_hidden_layers"]
-    size = weight_bytes(family, config, fp8=fp8)
+    found = sizes(family, config, fp8=fp8)
     cuts = []
-    if size > budget and config.get("ngram_vocab_size_base"):
+    if found.bytes > budget and config.get("ngram_vocab_size_base"):
         base = config["ngram_vocab_size_base"]
         config = {**config, "ngram_vocab_size_base": base // TABLE_CUT}
         cuts.append(f"n-gram table {base:,} -> {base // TABLE_CUT:,} rows a head")
-        size = weight_bytes(family, config, fp8=fp8)
-    while size > budget and layers > len(PATTERN):
+        found = sizes(family, config, fp8=fp8)
+    while found.bytes > budget and layers > len(PATTERN):
         layers -= len(PATTERN)
-        size = weight_bytes(family, {**config, **_layers(layers)}, fp8=fp8)
+        found = sizes(family, {**config, **_layers(layers)}, fp8=fp8)
+    size = found.bytes
     if size > budget:
         raise ValueError(f"shape {name} does not fit {budget / 2**30:.1f} GiB even with {layers} layers")
     if layers != config["num_hidden_layers"]:
@@ -150,7 +154,7 @@ def fit(name: str, budget: int, fp8: bool = False) -> Shape:
         config = {**config, **_layers(layers)}
     cut = f"{name}: {', '.join(cuts)} ({size / 2**30:.1f} GiB of weights fit {budget / 2**30:.1f} GiB)" \
         if cuts else None
-    return Shape(name, family, config, size, cut, sizes(family, config, fp8=fp8))
+    return Shape(name, family, config, cut, found)
 
 
 def write_shape(shape: Shape, cache_dir: Path) -> Path:
