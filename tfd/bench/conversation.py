@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 
 from tfd.bench.defaults import STEP_TOKENS
@@ -79,25 +80,46 @@ def conversation(model: HybridModel, prompt_tokens: int, new_tokens: int, graphs
     return turns(model, prompt_tokens, new_tokens, graphs, step_tokens, seed, keep_gain)
 
 
-def turns(model: HybridModel, prompt_tokens: int, new_tokens: int, graphs: bool, step_tokens: int,
-          seed: int, keep_gain: int) -> dict[str, Any]:
-    """One conversation: turn two read back with the page cache dropped, then again with it kept
-    (a restart on the same machine), then cold."""
+@attrs.frozen
+class FirstTurn:
+    """A conversation's first turn run and its kept states written to a store (``first_turn``): the
+    second turn that follows it, the rows a lane of either holds at most, what the writer did and how
+    long closing it waited for the writes."""
+
+    second: Request
+    window: int
+    written: StoreCounts
+    waited_s: float
+
+
+def first_turn(model: HybridModel, prompt_tokens: int, new_tokens: int, graphs: bool, step_tokens: int,
+               seed: int, root: Path, keep_gain: int) -> FirstTurn:
+    """Turn one (``prompt_tokens`` random tokens, ``new_tokens`` drawn greedily) through a runner
+    whose kept states are written to a store under ``root``, the writes waited for; turn two: turn
+    one, its reply and ``FOLLOW_UP`` tokens more."""
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, model.cfg.vocab, (prompt_tokens,), generator=generator)
     first = Request("turn-1", tuple(ids.tolist()), new_tokens, Sampling(temperature=0.0))
     window = prompt_tokens + 2 * new_tokens + FOLLOW_UP
+    writer = learning(model, window, graphs, root, keep_gain)
+    reply = drive(model, [first], step_tokens, graphs, runner=writer).tokens[0]
+    began = time.perf_counter()
+    written = closed(writer)
+    waited_s = time.perf_counter() - began
+    follow = tuple(torch.randint(0, model.cfg.vocab, (FOLLOW_UP,), generator=generator).tolist())
+    second = Request("turn-2", first.prompt + reply + follow, new_tokens, Sampling(temperature=0.0))
+    return FirstTurn(second, window, written, waited_s)
+
+
+def turns(model: HybridModel, prompt_tokens: int, new_tokens: int, graphs: bool, step_tokens: int,
+          seed: int, keep_gain: int) -> dict[str, Any]:
+    """One conversation: turn two read back with the page cache dropped, then again with it kept
+    (a restart on the same machine), then cold."""
     root = Path(tempfile.mkdtemp(prefix="tfd-bench-learned-"))
     try:
-        writer = learning(model, window, graphs, root, keep_gain)
-        reply = drive(model, [first], step_tokens, graphs, runner=writer).tokens[0]
-        began = time.perf_counter()
-        written = closed(writer)
-        waited_s = time.perf_counter() - began
-        del writer
+        turn = first_turn(model, prompt_tokens, new_tokens, graphs, step_tokens, seed, root, keep_gain)
+        second, window, written, waited_s = turn.second, turn.window, turn.written, turn.waited_s
         drop_page_cache(root)
-        follow = tuple(torch.randint(0, model.cfg.vocab, (FOLLOW_UP,), generator=generator).tolist())
-        second = Request("turn-2", first.prompt + reply + follow, new_tokens, Sampling(temperature=0.0))
         reader = learning(model, window, graphs, root, keep_gain)
         restored = drive(model, [second], step_tokens, graphs, runner=reader)
         read = closed(reader)

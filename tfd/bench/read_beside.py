@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from tfd.bench.conversation import FOLLOW_UP, IDENTITY, closed, drop_page_cache, learning
+from tfd.bench.conversation import IDENTITY, closed, drop_page_cache, first_turn
 from tfd.bench.workload import RESTORE_POLL_S, drive
 from tfd.cache.learned import Learned
 from tfd.engine.lane import Lane, Phase
@@ -41,23 +41,17 @@ AFTER = 16  # steps the others run after turn two's first token, then they are c
 
 def read_beside(model: HybridModel, prompt_tokens: int, new_tokens: int, streams: int, graphs: bool,
                 step_tokens: int, page_cache: bool, seed: int = 0) -> dict[str, Any]:
-    """One measurement (see the module); ``streams`` >= 2. A shorter round first, untimed, compiles."""
+    """One measurement (see the module); ``streams`` >= 2. Nothing is compiled first: the caller warms
+    (``read_beside_bench`` runs a shorter conversation, untimed)."""
     if streams < 2:
         raise ValueError(f"reading back beside other streams needs streams >= 2, not {streams}")
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.cfg.vocab, (prompt_tokens,), generator=generator)
-    first = Request("turn-1", tuple(ids.tolist()), new_tokens, Sampling(temperature=0.0))
-    window = prompt_tokens + 2 * new_tokens + FOLLOW_UP
     root = Path(tempfile.mkdtemp(prefix="tfd-bench-beside-"))
     try:
-        writer = learning(model, window, graphs, root, 0)
-        reply = drive(model, [first], step_tokens, graphs, runner=writer).tokens[0]
-        closed(writer)
-        del writer
+        turn = first_turn(model, prompt_tokens, new_tokens, graphs, step_tokens, seed, root, 0)
+        second, window = turn.second, turn.window
         if not page_cache:
             drop_page_cache(root)
-        follow = tuple(torch.randint(0, model.cfg.vocab, (FOLLOW_UP,), generator=generator).tolist())
-        second = Request("turn-2", first.prompt + reply + follow, new_tokens, Sampling(temperature=0.0))
+        generator = torch.Generator().manual_seed(seed + 1)  # the other streams' prompts
         length = min(OTHER_PROMPT, prompt_tokens)
         others = [Request(f"other-{i}", tuple(torch.randint(0, model.cfg.vocab, (length,),
                                                             generator=generator).tolist()),
