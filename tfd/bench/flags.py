@@ -105,6 +105,16 @@ def add_bench_parser(commands: Any, table: Table, run: Callable[..., int]) -> ar
     serve.add_argument("--api-key", metavar="KEY", help="a key of the server's TF_API_KEYS")
     serve.add_argument("--timeout", type=positive_float, metavar="S",
                        help="seconds a request may take, stream included (600); past it, an error")
+    serve.add_argument("--write-conversation", type=Path, metavar="FILE",
+                       help="instead of runs: a conversation's turn one (--prompt ids, --new tokens, greedy, "
+                       "the prompt cache in play), written to FILE for --resume-conversation after the "
+                       "server restarts (a server with TF_LEARN_CONVERSATIONS=1 keeps its state on disk)")
+    serve.add_argument("--resume-conversation", type=Path, metavar="FILE",
+                       help="instead of runs: FILE's turn two (--write-conversation's) sent while "
+                       "--concurrency C minus one other streams decode: their time a token while it waits "
+                       "for its first token against before and after, its first token against the "
+                       "server's read time plus its new tokens' alone and cold, its tokens against the "
+                       "same turn sent cold")
     serve.add_argument("--compare-engine", action="store_true",
                        help="after the HTTP runs, the engine bench on --shape (TF_SHAPE: the server's shape, "
                        "random weights) in this process at each --concurrency's streams and lengths, and "

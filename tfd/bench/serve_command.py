@@ -25,7 +25,10 @@ ENGINE_ONLY = {"streams": "--streams", "profile": "--profile", "compare_hf": "--
                "variant": "--variant", "conversation": "--conversation"}  # --serve's width: --concurrency
 SERVE_ONLY = {"concurrency": "--concurrency", "rate": "--rate", "requests": "--requests",
               "no_warm": "--no-warm", "seed": "--seed", "api_key": "--api-key", "timeout": "--timeout",
-              "no_drafts": "--no-drafts", "cache": "--cache", "compare_engine": "--compare-engine"}
+              "no_drafts": "--no-drafts", "cache": "--cache", "compare_engine": "--compare-engine",
+              "write_conversation": "--write-conversation", "resume_conversation": "--resume-conversation"}
+CONVERSATION_NOT = {"rate": "--rate", "requests": "--requests", "cache": "--cache", "text": "--text",
+                    "compare_engine": "--compare-engine", "temperature": "--temperature"}  # greedy, cache on
 EXIT_REFUSED = 2
 
 
@@ -44,10 +47,35 @@ def conflicts(args: argparse.Namespace) -> str | None:
     given = [flag for name, flag in ENGINE_ONLY.items() if getattr(args, name) not in (None, False)]
     if given:
         return f"{', '.join(given)}: not with --serve (its runs are --concurrency C or --rate R)"
+    if args.write_conversation is not None or args.resume_conversation is not None:
+        return conversation_conflicts(args)
     if args.compare_engine and args.rate and not args.concurrency:
         return "--compare-engine compares --concurrency runs; give at least one"
     if args.no_drafts and args.drafts is not None:
         return "--no-drafts and --drafts: give one (--drafts 0 is --no-drafts)"
+    return None
+
+
+def conversation_conflicts(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``--write-conversation`` or ``--resume-conversation``'s flags, or None."""
+    if args.write_conversation is not None and args.resume_conversation is not None:
+        return "--write-conversation and --resume-conversation: one a call (the server restarts between them)"
+    given = [flag for name, flag in CONVERSATION_NOT.items() if getattr(args, name) not in (None, False)]
+    if args.write_conversation is not None and args.concurrency:
+        given.append("--concurrency")
+    if given:
+        return f"{', '.join(given)}: not with a conversation (one greedy turn, the prompt cache in play)"
+    if args.resume_conversation is not None and (lengths := [
+            f"--{name}" for name in ("prompt", "new") if getattr(args, name) is not None]):
+        return f"{', '.join(lengths)}: not with --resume-conversation (its file holds the conversation)"
+    for name in ("prompt", "new"):
+        span = getattr(args, name)
+        if span is not None and span[0] != span[1]:
+            return f"--{name} {span[0]}:{span[1]}: a conversation has one length"
+    if args.resume_conversation is not None and (len(args.concurrency or ()) != 1 or args.concurrency[0] < 2):
+        return "--resume-conversation needs one --concurrency C, C >= 2 (turn two beside C - 1 streams)"
+    if args.drafts is not None and len(args.drafts) != 1:
+        return "--drafts: one count with a conversation"
     return None
 
 
@@ -92,6 +120,8 @@ def main(settings: Settings, args: argparse.Namespace) -> int:
                 temperature=0.0 if args.temperature is None else args.temperature, cache=args.cache,
                 text=args.text, seed=args.seed or 0, timeout=args.timeout or 600.0, warm=not args.no_warm)
     commit = args.commit or revision()
+    if args.write_conversation is not None or args.resume_conversation is not None:
+        return conversation(target, load, args, commit)
     try:
         runs = trio.run(serve_runs, target, load, specs(args), args.out, commit)
     except (Unreachable, ValueError) as error:
@@ -104,3 +134,18 @@ def main(settings: Settings, args: argparse.Namespace) -> int:
         status = max(status, compare(runs, shape, args, settings.value("TF_MTP_MAX_LANES", int), args.out,
                                      commit, fp8=settings.value("TF_DTYPE", str) == "fp8"))
     return status
+
+
+def conversation(target: Target, load: Load, args: argparse.Namespace, commit: str) -> int:
+    """``--write-conversation`` or ``--resume-conversation`` (``tfd.bench.serve_conversation``)."""
+    from tfd.bench.serve_conversation import resume_conversation, write_conversation
+
+    try:
+        if args.write_conversation is not None:
+            return write_conversation(target, load, args.write_conversation)
+        draft = False if args.no_drafts else None if args.drafts is None else args.drafts[0] > 0
+        return resume_conversation(target, load, args.concurrency[0], draft, args.resume_conversation,
+                                   args.out, commit)
+    except (Unreachable, ValueError) as error:
+        print(f"tfd bench: {error}", file=sys.stderr)
+        return 1

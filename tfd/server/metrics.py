@@ -148,6 +148,8 @@ LEARNED_FAMILIES: tuple[Family, ...] = (
      tuple((kind, kind) for kind in ("written", "read", "refused", "daily_spent", "no_space", "evicted"))),
     ("tfd_learned_bytes", "Bytes of learned states, by direction", "direction",
      (("written", "bytes_written"), ("read", "bytes_read"))),
+    ("tfd_learned_read_seconds", "Seconds spent reading learned states back: files read, copied to the "
+     "device and checked", None, (("", "read_s"),)),
 )
 
 
