@@ -4,6 +4,7 @@ mark before it, or a drain); copy number ``refuse`` (counting from 1; a gather i
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Sequence
 
 import torch
@@ -20,6 +21,8 @@ class FakeDevice:
         self.done = 0  # queued work run, in queue order
         self.count = 0  # copies asked for
         self.began = self.ended = 0
+        self.joined: list[object] = []  # marks the compute stream was made to wait for
+        self.waiters: list[str] = []  # the threads that waited for this device's work, by name
 
     def pinned(self, nbytes: int) -> torch.Tensor:
         return torch.zeros(nbytes, dtype=torch.uint8)
@@ -32,6 +35,9 @@ class FakeDevice:
 
     def end(self) -> None:
         self.ended += 1
+
+    def join(self, mark: object) -> None:
+        self.joined.append(mark)
 
     def gather(self, sources: Sequence[torch.Tensor], target: torch.Tensor) -> None:
         parts = list(sources)
@@ -74,6 +80,7 @@ class FakeDevice:
 
     def wait(self, mark: object) -> None:
         assert isinstance(mark, int)
+        self.waiters.append(threading.current_thread().name)
         while self.done < mark:
             self.queued[self.done]()
             self.done += 1

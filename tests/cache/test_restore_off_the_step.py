@@ -18,6 +18,7 @@ import attrs
 import pytest
 import tiny_models
 import torch
+import trio
 from fake_device import FakeDevice
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -26,6 +27,7 @@ from support import CACHE
 from tfd.bench.workload import drive
 from tfd.cache.learned import Learned
 from tfd.checkpoint import Checkpoint
+from tfd.engine.drains import CopyStreams
 from tfd.engine.lane import Lane, Phase
 from tfd.engine.local_runner import runner_for
 from tfd.engine.request import Request, Sampling
@@ -75,13 +77,15 @@ def turns() -> tuple[Request, Callable[[tuple[int, ...]], Request], Request]:
     return first, second, other
 
 
-def learning(model: HybridModel, root: Path, device: Callable[[torch.device], FakeDevice] | None = None
-             ) -> Runner:
+def learning(model: HybridModel, root: Path, device: Callable[[torch.device], FakeDevice] | None = None,
+             copies: CopyStreams | None = None) -> Runner:
+    """A runner on the store at ``root``; ``copies``: the trio loop's streams and drains."""
     runner = runner_for(model, 512, 3, graphs=False, kept_pages=64)
     assert runner.cache is not None
     store = Store(root, "test", 1 << 30, 1 << 30, 0)
     learned = Learned(store, runner.pool, torch.device("cpu")) if device is None else \
-        Learned(store, runner.pool, torch.device("cpu"), device)
+        Learned(store, runner.pool, torch.device("cpu"), device) if copies is None else \
+        Learned(store, runner.pool, torch.device("cpu"), device, streams=copies.streams, drains=copies)
     runner.cache.attach(learned)
     return runner
 
@@ -159,14 +163,12 @@ def test_a_lane_that_leaves_while_its_state_is_read_gives_its_pages_back_once_th
 
 
 class Gate(FakeDevice):
-    """``Held`` without the wait when open from the start; copy ``refuse`` (from 1, counted over every
-    read back on this device) raises."""
+    """``Held`` without the wait once ``open`` is set; copy ``refuse`` (from 1, counted over every read
+    back on this device) raises."""
 
-    def __init__(self, refuse: int | None, shut: bool) -> None:
+    def __init__(self, refuse: int | None, open: threading.Event) -> None:
         super().__init__(refuse)
-        self.open = threading.Event()
-        if not shut:
-            self.open.set()
+        self.open = open
 
     def to_device(self, source: torch.Tensor, target: torch.Tensor) -> None:
         if not self.open.wait(READ_S):
@@ -200,45 +202,60 @@ def conversations(model: HybridModel, tmp_path_factory: pytest.TempPathFactory
 def test_reads_back_interleaved_with_steps_failures_and_cancels_leave_nothing_behind(
         model: HybridModel, conversations: tuple[Path, list[Request], list[tuple[int, ...]]],
         cancels: list[int | None], refuse: int | None, release: int, shut: bool) -> None:
-    # three lanes resume from disk through one copy device (their reads one after another), a
-    # fourth runs beside them; the device may be shut for the first steps and refuse one copy; lanes
-    # leave at random steps. However it goes: a lane that ran to its end drew a fresh lane's tokens,
-    # nothing is pending on the device, and the pool is as at load.
+    # three lanes resume from disk, each read on a copy stream lent from the three a trio loop owns
+    # (the first stream refuses its copy ``refuse``), a fourth lane runs beside them; the streams may
+    # be shut for the first steps; lanes leave at random steps; what a read leaves queued is drained
+    # on the loop. However it goes: a lane that ran to its end drew a fresh lane's tokens, the
+    # stepping thread never waited for a copy, nothing is pending on any stream and every stream is
+    # back, and the pool is as at load.
     root, seconds, fresh = conversations
-    devices: list[FakeDevice] = []
+    opened = threading.Event()
+    if not shut:
+        opened.set()
+    gates: list[Gate] = []
 
-    def make(device: torch.device) -> FakeDevice:
-        devices.append(FakeDevice() if not devices else Gate(refuse, shut))
-        return devices[-1]
+    def gate(device: torch.device) -> Gate:
+        gates.append(Gate(refuse if not gates else None, opened))
+        return gates[-1]
 
-    runner = learning(model, root, make)
-    gate = devices[1]
-    assert isinstance(gate, Gate)
-    stepper = Stepper(Scheduler(STEP_TOKENS, 4), runner)
-    lanes = [Lane(i, second) for i, second in enumerate(seconds)]
-    lanes.append(Lane(3, Request("other", tuple(range(10, 40)), 8, Sampling(1.0, seed=2))))
-    for lane in lanes:
-        stepper.add(lane)
-    ended: dict[int, str] = {}
-    deadline, step = time.monotonic() + READ_S, 0
-    while not stepper.idle and time.monotonic() < deadline:
-        if step == release:
-            gate.open.set()
-        for lane, at in zip(lanes[:3], cancels, strict=True):
-            if at == step:
-                lane.cancel()
-        done = stepper.step()
-        ended |= {ending.lane.number: ending.reason for ending in done.ended}
-        step += 1
-        if not done.works and runner.restoring:  # nothing runs until a read ends: give it the time
-            time.sleep(0.001)
-    assert stepper.idle, "the lanes never ended"
+    async def stepped() -> tuple[dict[int, str], list[Lane]]:
+        copies = CopyStreams(torch.device("cpu"), 3, gate)
+        runner = learning(model, root, lambda device: FakeDevice(), copies)
+        stepper = Stepper(Scheduler(STEP_TOKENS, 4), runner)
+        lanes = [Lane(i, second) for i, second in enumerate(seconds)]
+        lanes.append(Lane(3, Request("other", tuple(range(10, 40)), 8, Sampling(1.0, seed=2))))
+        for lane in lanes:
+            stepper.add(lane)
+        ended: dict[int, str] = {}
+        deadline, step = time.monotonic() + READ_S, 0
+        while not stepper.idle and time.monotonic() < deadline:
+            if step == release:
+                opened.set()
+            for lane, at in zip(lanes[:3], cancels, strict=True):
+                if at == step:
+                    lane.cancel()
+            done = stepper.step()
+            ended |= {ending.lane.number: ending.reason for ending in done.ended}
+            step += 1
+            await trio.sleep(0.001 if not done.works and runner.restoring else 0)  # the loop drains
+        assert stepper.idle, "the lanes never ended"
+        with trio.fail_after(READ_S):
+            await copies.wait_idle()
+        assert len(copies.streams.free) == 3, "a stream was not given back"
+        runner.pool.check_at_load()
+        written(runner)
+        return ended, lanes
+
+    ended, lanes = trio.run(stepped)
     for lane, expected in zip(lanes[:3], fresh, strict=True):
         if ended.get(lane.number) == "length":
             assert tuple(lane.generated) == expected, lane.request.id
-    assert set(ended) == {0, 1, 2, 3} and gate.pending == 0, f"expected 0, found {gate.pending}"
-    runner.pool.check_at_load()
-    written(runner)
+    assert set(ended) == {0, 1, 2, 3}
+    for found in gates:
+        assert found.pending == 0, f"expected 0, found {found.pending}"
+        assert threading.main_thread().name not in found.waiters  # the stepping thread waited for no copy
+        if found.waiters:  # lent to a read: the trio loop awaited what it left queued, on a worker thread
+            assert any("wait_and_release" in name for name in found.waiters), found.waiters
 
 
 @pytest.mark.gpu

@@ -14,10 +14,14 @@ Threads and streams: the store and its files are behind one lock (the writer hol
 restore thread for a read back); ``find`` reads the index without it. The engine thread waits for
 neither: ``offer`` and ``begin_restore`` only queue. The writer copies out on a stream of its own
 through its own staging buffers; a read back runs on the restore thread (one at a time: they share
-the pinned buffer), its copies, sums and scatter on a copy stream lent to it from ``streams`` (made
-here once, a lane's worth) after the compute stream's work queued at admission, every one drained
-before the stream goes back and the read ends; its files are read by a pool of reader threads.
-``close`` lets the writer finish what was offered and the reads back end, then stops them.
+the pinned buffer), its copies, sums and scatter on a copy stream lent to it from ``streams`` (the
+daemon's, made by its trio side at start; else made here, a lane's worth) after the compute stream's
+work queued at admission; its files are read by a pool of reader threads. When it ends, what is still
+queued on the stream (the scatter; after a failure, copies out of the pinned buffer) goes to
+``drains`` (the daemon's trio loop awaits it: ``tfd.engine.drains``; else waited for on the restore
+thread), which gives the stream and the buffers back once it is done; the compute stream waits for the
+same mark on the device before it touches the lane (``joined``). ``close`` lets the writer finish what
+was offered and the reads back end, then stops them.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from tfd.cache.kept import KeptState
 from tfd.cache.prefixes import Prefixes
 from tfd.pool.pages import Pool
 from tfd.store.checksum import mismatched
-from tfd.store.copies import Copier, Device, Streams, TorchDevice, host_bytes
+from tfd.store.copies import Copier, Device, Drain, Streams, TorchDevice, host_bytes
 from tfd.store.image import BLOCK_ROWS, Image, state_key
 from tfd.store.sealed import Writer
 from tfd.store.store import Refused, Store
@@ -56,15 +60,17 @@ def reserve(pool: Pool, rows: int) -> int:
     return block_bytes(pool, rows) + pool.layout.state_pages * pool.layout.page_bytes
 
 
-@attrs.frozen
+@attrs.define
 class Restoring:
     """A learned state being read back into a lane (``Learned.begin_restore``)."""
 
     image: Image
-    future: Future[None] = attrs.field(repr=False)
+    future: Future[None] = attrs.field(factory=Future, repr=False)
+    ready: object = None  # the lent stream's mark after the read's last copy, set before the future ends
 
     def done(self) -> bool:
-        """Whether the read has ended, every copy of it drained: the lane's memory is its own again."""
+        """Whether the read has ended: its files read and checked, the scatter into the lane queued on
+        its stream (``ready``: what the compute stream waits for, ``Learned.joined``)."""
         return self.future.done()
 
     def error(self) -> BaseException | None:
@@ -89,17 +95,20 @@ class Learned:
 
     def __init__(self, store: Store, pool: Pool, device: torch.device,
                  make_device: Callable[[torch.device], Device] = TorchDevice, context: int = 0,
-                 lanes: int = 1) -> None:
+                 lanes: int = 1, streams: Streams | None = None,
+                 drains: Callable[[Drain], None] = Drain.wait_and_release) -> None:
         self.store = store
         self.pool = pool
         self.lock = threading.Lock()
         self.writes = Copier(make_device(device))
-        # a copy stream for each lane that may read a state back at once, made here once
-        self.streams = Streams(lambda: make_device(device), lanes)
+        # a copy stream for each lane that may read a state back at once: the daemon's, else made here
+        self.streams = streams if streams is not None else Streams(lambda: make_device(device), lanes)
+        self.drains = drains  # a read back's copies still queued: awaited there, then its buffers go back
         # reads land here, pinned; sized at load for a state of ``context`` rows: pinning a gigabyte
         # takes long enough that the first read after a restart should not wait for it
         empty = torch.empty(0, dtype=torch.uint8)
         self.buffer = self.writes.device.pinned(reserve(pool, context)) if context else empty
+        self.buffer_free = threading.Lock()  # held from a read's start until its drain released it
         self.readers = ThreadPoolExecutor(READ_THREADS, "tfd-learn-read")
         # reads back run here, one at a time (they share the pinned buffer), never on the engine thread
         self.restorer = ThreadPoolExecutor(1, "tfd-learn-restore")
@@ -143,25 +152,34 @@ class Learned:
                       done: Callable[[], None] = lambda: None) -> Restoring:
         """Start reading ``image`` into a lane just opened (``pages``: its row pages, in row order, up
         to the image's position taken; ``pieces``: its state pieces' views) and return at once; the
-        lane's pages and pieces are the read's until ``Restoring.done``. On the restore thread, on a
-        copy stream lent to this read (after the compute stream's work queued now): its files read
-        by ``READ_THREADS`` threads into the pinned buffer, each copied to the device as soon as it is
-        read, their word sums checked there, then scattered into the lane; every copy drained before
-        the read ends, whatever happens, and the stream given back. ``done`` is called once it has
-        ended (from the restore thread). Its error (``Restoring.error``): ``Refused`` (counted,
-        forgotten) when the files cannot be trusted, or what a failed copy raised; the lane's memory
-        then holds nothing to use."""
-        future = self.restorer.submit(self._restore, image, pages, pieces, self.writes.device.now())
-        future.add_done_callback(lambda _: done())
-        return Restoring(image, future)
+        lane's pages and pieces are the read's until ``Restoring.done``, and the compute stream's
+        work on them waits for ``Restoring.ready`` (``joined``). On the restore thread, on a copy
+        stream lent to this read (after the compute stream's work queued now): its files read by
+        ``READ_THREADS`` threads into the pinned buffer, each copied to the device as soon as it is
+        read, their word sums checked there, then scattered into the lane. Whatever happens, what is
+        still queued on the stream then goes to ``drains`` with the stream and the buffers it uses,
+        which go back once it is done. ``done`` is called once the read has ended (from the restore
+        thread). Its error (``Restoring.error``): ``Refused`` (counted, forgotten) when the files
+        cannot be trusted, or what a failed copy raised; the lane's memory then holds nothing to use."""
+        restoring = Restoring(image)
+        restoring.future.add_done_callback(lambda _: done())
+        self.restorer.submit(self._restore, restoring, pages, pieces, self.writes.device.now())
+        return restoring
 
-    def _restore(self, image: Image, pages: Sequence[int], pieces: Mapping[str, torch.Tensor], after: object
-                 ) -> None:
+    def joined(self, restoring: Restoring) -> None:
+        """The compute stream's next work sees what ``restoring`` wrote (engine thread, once it is done):
+        before the lane runs, or its pages go back or its pieces are made again."""
+        self.writes.device.join(restoring.ready)
+
+    def _restore(self, restoring: Restoring, pages: Sequence[int], pieces: Mapping[str, torch.Tensor],
+                 after: object) -> None:
         """``begin_restore``'s work, on the restore thread (``after``: the compute stream's mark then)."""
         device = self.streams.lend()
+        self.buffer_free.acquire()  # the last read's copies out of the pinned buffer are done
+        image, staged = restoring.image, None
         try:
             total = image.bytes
-            if self.buffer.numel() < total:  # no copy is in flight from it: each restore drains its own
+            if self.buffer.numel() < total:
                 self.buffer = device.pinned(total)
             host = self.buffer[:total]
             sizes = [size for _, size in image.blocks] + [image.piece_bytes]
@@ -179,8 +197,25 @@ class Learned:
                 with self.lock:
                     self.store.read(image, host_bytes(host), self.readers, copy, check)
                 scatter(self.pool, image, staged, pages, pieces)
+        except BaseException as caught:  # the lane's (Restoring.error), once what is queued is handed on
+            error: BaseException | None = caught
+        else:
+            error = None
+        restoring.ready = device.mark()
+        held = [staged]  # the staging buffer lives until the copies out of it are done
+
+        def release() -> None:
+            held.clear()
+            self.buffer_free.release()
+            self.streams.give_back(device)
+
+        try:
+            self.drains(Drain(device, restoring.ready, release))
         finally:
-            self.streams.give_back(device)  # drained first: the buffers are free again, error or not
+            if error is not None:
+                restoring.future.set_exception(error)
+            else:
+                restoring.future.set_result(None)
 
     def report(self) -> dict[str, object]:
         with self.lock:

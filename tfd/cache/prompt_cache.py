@@ -86,6 +86,12 @@ class PromptCache:
         lease.take(image.position)
         return self.learned.begin_restore(image, lease.row_pages, memory.pieces, self.on_restored)
 
+    def joined(self, restoring: Restoring) -> None:
+        """The compute stream's next work sees what a read back that has ended wrote into its lane
+        (``Learned.joined``): before the lane runs, its pieces are made again, or its pages go back."""
+        if self.learned is not None:
+            self.learned.joined(restoring)
+
     def restored(self, restoring: Restoring, prompt: Prefixes, lease: Lease, memory: LaneMemory,
                  drafts: bool) -> int:
         """The position a lane goes on from once its learned state's read has ended: the state's, kept

@@ -2,7 +2,9 @@
 the disk store attached once the identity is known.
 
 Every call that touches the cache's states runs on the engine thread between steps (``Engine.ask``);
-the disk's report and eviction run on a worker thread, as they may wait for a write to end.
+the disk's report and eviction run on a worker thread, as they may wait for a write to end. The copy
+streams a store's reads back use are made at ``start``, on the trio thread, which awaits their drains
+(``tfd.engine.drains``).
 """
 
 from __future__ import annotations
@@ -10,13 +12,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+import torch
 import trio
 
 from tfd.cache.kept import KeptCounts
 from tfd.cache.learned import Learned, state_digest
 from tfd.cache.prefixes import Prefixes
 from tfd.cache.prompt_cache import PromptCache
+from tfd.engine.drains import CopyStreams
 from tfd.pool.pages import Pool
+from tfd.store.copies import Device, Drain, TorchDevice
 from tfd.store.store import Store, StoreCounts
 
 Ask = Callable[[Callable[[], Any]], Awaitable[Any]]
@@ -27,12 +32,21 @@ class CacheFace:
     through ``ask``; a store attached reads states of up to ``context`` rows, into as many as
     ``lanes`` lanes at once."""
 
-    def __init__(self, cache: PromptCache | None, pool: Pool, context: int, ask: Ask, lanes: int = 1) -> None:
+    def __init__(self, cache: PromptCache | None, pool: Pool, context: int, ask: Ask, lanes: int = 1,
+                 make_device: Callable[[torch.device], Device] = TorchDevice) -> None:
         self._cache = cache
         self._pool = pool
         self._context = context
         self._ask = ask
         self._lanes = lanes
+        self._make_device = make_device
+        self.copies: CopyStreams | None = None  # the trio loop's copy streams and drains, from ``start``
+
+    def start(self) -> None:
+        """Make the copy streams a store's reads back will use, a lane's worth, owned by the trio loop
+        this is called on for the engine's life (``tfd.engine.drains``)."""
+        if self._cache is not None and self.copies is None:
+            self.copies = CopyStreams(self._pool.buffer.device, self._lanes, self._make_device)
 
     @property
     def enabled(self) -> bool:
@@ -67,8 +81,11 @@ class CacheFace:
             digest = state_digest(self._pool, state)
             kept.evict(state)
             store = open_store(digest)
-            cache.attach(Learned(store, self._pool, self._pool.buffer.device, context=self._context,
-                                 lanes=self._lanes))
+            copies = self.copies
+            cache.attach(Learned(store, self._pool, self._pool.buffer.device, self._make_device,
+                                 context=self._context, lanes=self._lanes,
+                                 streams=None if copies is None else copies.streams,
+                                 drains=Drain.wait_and_release if copies is None else copies))
             return store
 
         found: Store = await self._ask(attach)
@@ -99,8 +116,11 @@ class CacheFace:
         return counts
 
     async def close(self) -> None:
-        """Let the states offered to the disk be written, then stop its writer."""
+        """Let the states offered to the disk be written, then stop its writer; then wait for the
+        reads back's copies to be drained (the engine thread has stopped: no read begins)."""
         learned = None if self._cache is None else self._cache.learned
         if learned is not None:
             await trio.to_thread.run_sync(learned.close)
+        if self.copies is not None:
+            await self.copies.wait_idle()
 

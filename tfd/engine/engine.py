@@ -135,6 +135,7 @@ class Engine:
     def start(self) -> None:
         """Start the engine thread; call from the trio thread that will receive events."""
         self._token = trio.lowlevel.current_trio_token()
+        self.cache.start()
         self._thread = threading.Thread(target=self._main, name="tfd-engine", daemon=True)
         self._thread.start()
 

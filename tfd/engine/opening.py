@@ -96,6 +96,7 @@ class Opener:
             restoring, lease, memory = lane.restoring, lane.lease, lane.memory
             assert restoring is not None and lease is not None and memory is not None
             assert self.cache is not None
+            self.cache.joined(restoring)  # on the device, not the host: the step after waits for its copies
             if lane in self.closed:
                 self.closed.remove(lane)
                 lane.read_ended()

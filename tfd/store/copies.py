@@ -11,8 +11,9 @@ stream, queued without waiting; a buffer is reused only after the work that used
 same ``Device``.)
 
 Error handling: whatever raises (a refused copy, a sink or source that fails, a cancel), everything
-queued is waited for before the call returns or raises, so no copy is left in flight into or out of
-a buffer the caller may then free or reuse. The layer speaks to a ``Device``: ``TorchDevice`` on a
+queued is waited for before the call returns or raises (a ``Copier``), or before the buffers and the
+stream it used are released (a ``Drain``), so no copy is left in flight into or out of a buffer the
+caller may then free or reuse. The layer speaks to a ``Device``: ``TorchDevice`` on a
 real one (a CUDA stream of its own, or plain copies on the CPU), a fake in tests that queues the
 work and refuses the Nth copy.
 """
@@ -25,6 +26,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+import attrs
 import torch
 
 from tfd.store.checksum import halves, joined
@@ -68,6 +70,10 @@ class Device(Protocol):
 
     def end(self) -> None:
         """The device's work queued next sees the copies queued before (the state they wrote)."""
+
+    def join(self, mark: object) -> None:
+        """The compute stream's work queued next sees the copies before ``mark`` (any device's); the
+        host does not wait."""
 
     def mark(self) -> object:
         """A mark after every copy queued so far."""
@@ -131,6 +137,10 @@ class TorchDevice:
         if self.stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self.stream)
 
+    def join(self, mark: object) -> None:
+        if isinstance(mark, torch.cuda.Event):
+            torch.cuda.current_stream(self.device).wait_event(mark)
+
     def to_host(self, source: torch.Tensor, target: torch.Tensor) -> None:
         self._copy(source, target)
 
@@ -160,10 +170,30 @@ class TorchDevice:
             self.stream.synchronize()
 
 
+@attrs.frozen
+class Drain:
+    """Copies still queued on a lent ``device`` up to ``mark``, and ``release``, which gives back what
+    they use (the stream, staging buffers) once they are done. The owner of the copies hands it to
+    whoever awaits it (``Learned``'s ``drains``: the trio loop in the daemon)."""
+
+    device: Device
+    mark: object
+    release: Callable[[], None]
+
+    def wait_and_release(self) -> None:
+        """Wait for the copies (on this thread: never the engine's), then release, even when the wait
+        raised: the device is then broken, and nothing of it may stay held."""
+        try:
+            self.device.wait(self.mark)
+        finally:
+            self.release()
+
+
 class Streams:
-    """Copy devices, each a stream of its own, made once and lent to one lane's copies at a time; a
-    device goes back drained, so the next lane's copies never wait on another's. Thread-safe: lent on
-    the engine thread, given back by whatever ran the copies."""
+    """Copy devices, each a stream of its own, made once (by the daemon's trio side at start, for its
+    life) and lent to one lane's copies at a time; a device goes back drained, so the next lane's
+    copies never wait on another's. Thread-safe: lent on a restore thread, given back by whatever
+    awaited its copies."""
 
     def __init__(self, make: Callable[[], Device], count: int) -> None:
         if count < 1:
@@ -178,11 +208,14 @@ class Streams:
             return self.free.pop()
 
     def give_back(self, device: Device) -> None:
-        """``device`` free again, once every copy queued on it is done."""
-        device.drain()
-        with self.changed:
-            self.free.append(device)
-            self.changed.notify()
+        """``device`` free again, once every copy queued on it is done; free even when that wait raises
+        (the device is broken, and what waits to lend one must not wait forever), which goes through."""
+        try:
+            device.drain()
+        finally:
+            with self.changed:
+                self.free.append(device)
+                self.changed.notify()
 
 
 def host_bytes(buffer: torch.Tensor) -> memoryview:
