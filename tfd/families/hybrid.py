@@ -10,14 +10,16 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from types import ModuleType
 
+import attrs
 import torch
 
-from tfd.checkpoint import Checkpoint, TensorSpec
+from tfd.checkpoint import Checkpoint, CheckpointError, TensorSpec
 from tfd.families import qwen3_5, qwen3_next, qwen4_exp
 from tfd.families.config import LINEAR, HybridConfig, read_config
 from tfd.families.lane_state import AttentionRows, DraftBuffers, GdnLayers, PleState, lane_pieces
 from tfd.families.naming import Get, Named, Naming, Shape
 from tfd.families.random_weights import random_tensors
+from tfd.families.sharding import Sharded, rank_config, refusals
 from tfd.model.decode import (
     DecodeBatch,
     DecodeMemory,
@@ -30,6 +32,7 @@ from tfd.model.decode import (
 from tfd.model.gdn import GdnWeights
 from tfd.model.memory import PageRows, Span
 from tfd.model.mtp import Draft, MtpWeights, draft
+from tfd.model.parallel import Parallel
 from tfd.model.ple import ple_commit
 from tfd.model.stack import StackOutput, StackWeights, logits, run_stack
 from tfd.model.verify import VerifyLanes, commit
@@ -55,7 +58,8 @@ def expected_tensors(family: str, text_config: Mapping[str, object], names: Coll
 
 
 def load_model(checkpoint: Checkpoint, device: torch.device | str = "cpu",
-               dtype: torch.dtype = torch.bfloat16, progress: bool | None = None) -> HybridModel:
+               dtype: torch.dtype = torch.bfloat16, progress: bool | None = None,
+               parallel: Parallel | None = None) -> HybridModel:
     """The checkpoint's model on ``device`` in ``dtype``.
 
     Every tensor the family needs is checked against the headers first (``CheckpointError`` lists
@@ -66,7 +70,7 @@ def load_model(checkpoint: Checkpoint, device: torch.device | str = "cpu",
     # a weight stored in FP8 (the check found its scales beside it) is read with its scales
     scales = [scales_of(name) for name in shapes if checkpoint.tensors[name].dtype == FP8]
     tensors = checkpoint.load([*shapes, *scales], device, dtype, progress, joined=naming.joined())
-    return HybridModel.build(cfg, naming, Named(tensors.__getitem__), dtype)
+    return HybridModel.build(cfg, naming, Named(tensors.__getitem__), dtype, parallel)
 
 
 class HybridModel:
@@ -80,14 +84,25 @@ class HybridModel:
         self.dtype = dtype
 
     @classmethod
-    def build(cls, cfg: HybridConfig, naming: Naming, get: Get, dtype: torch.dtype) -> HybridModel:
+    def build(cls, cfg: HybridConfig, naming: Naming, get: Get, dtype: torch.dtype,
+              parallel: Parallel | None = None) -> HybridModel:
+        """The model from ``get``'s tensors; with ``parallel`` (tensor parallel), this rank's share of
+        them (``tfd.families.sharding``; ``CheckpointError`` naming what does not split), its
+        ``cfg`` the rank's."""
+        if parallel is not None and parallel.size > 1:
+            problems = refusals(cfg, parallel.size)
+            if problems:
+                raise CheckpointError("; ".join(problems))
+            get, cfg = Sharded(get, cfg, parallel), rank_config(cfg, parallel.size)
         stack, head = FAMILIES[cfg.family].build(cfg, naming, get)
+        if parallel is not None and parallel.size > 1:
+            stack = attrs.evolve(stack, parallel=parallel)
         return cls(cfg, stack, head, dtype)
 
     @classmethod
     def from_tensors(cls, family: str, text_config: Mapping[str, object],
                      tensors: Mapping[str, torch.Tensor], dtype: torch.dtype = torch.float32,
-                     device: torch.device | str = "cpu") -> HybridModel:
+                     device: torch.device | str = "cpu", parallel: Parallel | None = None) -> HybridModel:
         """From a state dict already in memory (tests, random weights)."""
         cfg, naming, shapes = expected_tensors(family, text_config, tensors.keys())
         missing = sorted(set(shapes) - set(tensors))
@@ -100,7 +115,7 @@ class HybridModel:
             tensor = tensors[name]
             return tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else tensor.dtype)
 
-        return cls.build(cfg, naming, Named(get), dtype)
+        return cls.build(cfg, naming, Named(get), dtype, parallel)
 
     @classmethod
     def random(cls, family: str, text_config: Mapping[str, object], seed: int = 0,

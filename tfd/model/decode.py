@@ -276,12 +276,11 @@ def run_draft_rows(w: StackWeights, head: MtpWeights, batch: DecodeBatch, memory
     assert layer.input_norm is not None and layer.post_norm is not None
     x = linear(torch.cat((zrms(embedded, head.embed_norm, w.eps), zrms(previous, head.hidden_norm, w.eps)),
                          dim=-1), head.fc)
-    mixed = _mix(w, layer, zrms(x, layer.input_norm, w.eps), 0, step)
-    x, h = add_zrms(x, mixed, layer.post_norm, w.eps)
-    if isinstance(layer.ffn, MoeWeights):
+    x, h = add_zrms(x, _mix(w, layer, zrms(x, layer.input_norm, w.eps), 0, step), layer.post_norm, w.eps)
+    if isinstance(layer.ffn, MoeWeights) and w.parallel is None:
         _, hidden = moe_add_zrms(layer.ffn, h, x, head.final_norm, w.eps)
     else:
-        _, hidden = add_zrms(x, dense(layer.ffn, h), head.final_norm, w.eps)
+        _, hidden = add_zrms(x, _ffn(w, layer, h), head.final_norm, w.eps)
     return Draft(hidden, hidden)
 
 
@@ -322,10 +321,10 @@ def _plain(w: StackWeights, x: torch.Tensor, step: _Step) -> tuple[torch.Tensor,
         if isinstance(layer.mixer, GdnWeights):
             gdn_layer += 1
         x, h = add_zrms(x, mixed, layer.post_norm, w.eps)
-        if isinstance(layer.ffn, MoeWeights):
+        if isinstance(layer.ffn, MoeWeights) and w.parallel is None:
             x, h = moe_add_zrms(layer.ffn, h, x, norm, w.eps)
         else:
-            x, h = add_zrms(x, dense(layer.ffn, h), norm, w.eps)
+            x, h = add_zrms(x, _ffn(w, layer, h), norm, w.eps)
     return h, x
 
 
@@ -365,11 +364,21 @@ def _stream_layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, gdn_lay
     assert weights is not None
     x, h, weights = hyper.read_after(layer.mlp_hyper, x, (_mix(w, layer, h, gdn_layer, step), weights))
     assert weights is not None
-    return x, (moe(layer.ffn, h) if isinstance(layer.ffn, MoeWeights) else dense(layer.ffn, h), weights)
+    return x, (_ffn(w, layer, h), weights)
+
+
+def _ffn(w: StackWeights, layer: LayerWeights, h: torch.Tensor) -> torch.Tensor:
+    """The layer's FFN over every row, summed over the ranks (on one, an MoE's add is fused in ``_plain``)."""
+    return w.reduce(moe(layer.ffn, h) if isinstance(layer.ffn, MoeWeights) else dense(layer.ffn, h))
 
 
 def _mix(w: StackWeights, layer: LayerWeights, h: torch.Tensor, gdn_layer: int, step: _Step) -> torch.Tensor:
-    """The layer's token mixer over every lane's row: GDN, dense attention or QSA."""
+    """The layer's token mixer over every lane's row (GDN, dense attention or QSA), summed over the ranks."""
+    return w.reduce(_mixer(w, layer, h, gdn_layer, step))
+
+
+def _mixer(w: StackWeights, layer: LayerWeights, h: torch.Tensor, gdn_layer: int, step: _Step
+           ) -> torch.Tensor:
     batch, memory = step.batch, step.memory
     if isinstance(layer.mixer, GdnWeights):
         if step.verify is not None:  # a lane's rows share its offsets: its first row's

@@ -20,6 +20,7 @@ from tfd.model.gdn import GdnWeights, gdn, gdn_spans
 from tfd.model.memory import PageRows, PromptLanes, Span
 from tfd.model.mlp import DenseMlp, MoeWeights, dense, moe
 from tfd.model.ops import linear, zrms
+from tfd.model.parallel import Parallel
 from tfd.model.ple import PleWeights, ple
 from tfd.model.rope import Rotary
 
@@ -48,6 +49,11 @@ class StackWeights:
     streams: int = 1  # residual streams: 1, or Flash Next's hc_count
     final_norm: torch.Tensor | None = None
     mixer: hyper.HyperWeights | None = None
+    parallel: Parallel | None = None  # tensor parallel: the blocks' outputs are this rank's partials
+
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """A block's output: its partial summed over the ranks (``Parallel.reduce``), or as it is."""
+        return partial if self.parallel is None else self.parallel.reduce(partial)
 
 
 @attrs.frozen
@@ -113,6 +119,7 @@ def run_layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, spans: Sequ
     else:
         mixed = torch.cat([_mix(w, layer, block_input[a:b], span, rows)
                            for span, (a, b) in zip(spans, bounds, strict=True)])
+    mixed = w.reduce(mixed)
     if layer.mlp_hyper is not None:  # the write and the next read's norm at once (a layer has both or none)
         assert weights is not None
         x, block_input, weights = hyper.read_after(layer.mlp_hyper, x, (mixed, weights))
@@ -120,7 +127,8 @@ def run_layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, spans: Sequ
         x = x + mixed
         assert layer.post_norm is not None
         block_input, weights = zrms(x, layer.post_norm, w.eps), None
-    fed = moe(layer.ffn, block_input) if isinstance(layer.ffn, MoeWeights) else dense(layer.ffn, block_input)
+    fed = w.reduce(moe(layer.ffn, block_input) if isinstance(layer.ffn, MoeWeights)
+                   else dense(layer.ffn, block_input))
     return (x, (fed, weights)) if weights is not None else (x + fed, None)
 
 

@@ -1,0 +1,65 @@
+"""One rank of a tensor-parallel run on the CPU over gloo, for ``test_tensor_parallel``: the tiny
+checkpoint loaded as this rank's share, a prompt's logits, and greedy and sampled lanes run alone and
+side by side through the engine's runner; rank 0 writes what it saw as JSON.
+
+``python parallel_rank.py RANK SIZE RENDEZVOUS CHECKPOINT OUT``: RENDEZVOUS is a file every rank of
+the run names (torch.distributed's ``file://``); a refused split is written as ``{"refused": ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: reference_loop
+
+from reference_loop import LanePool
+
+from tfd.bench.workload import drive
+from tfd.checkpoint import Checkpoint, CheckpointError
+from tfd.engine.request import Request, Sampling
+from tfd.families.hybrid import load_model
+from tfd.model.memory import Span
+from tfd.model.parallel import Parallel
+
+PROMPT = tuple(range(5, 45))
+STEP_TOKENS = 64  # the long prompt is prefilled in two chunks
+
+
+def requests() -> list[Request]:
+    long = tuple((7 * i + 3) % 200 + 8 for i in range(90))
+    return [Request("greedy", PROMPT, 10, Sampling(0.0)),
+            Request("sampled", tuple(range(60, 80)), 10, Sampling(1.0, seed=4)),
+            Request("long", long, 6, Sampling(0.0))]
+
+
+def main(rank: int, size: int, rendezvous: str, checkpoint: str, out: str) -> None:
+    parallel = None
+    if size > 1:
+        dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=size)
+        parallel = Parallel(rank, size)
+    try:
+        model = load_model(Checkpoint.open(Path(checkpoint)), "cpu", torch.float32, progress=False,
+                           parallel=parallel)
+    except CheckpointError as error:
+        if rank == 0:
+            Path(out).write_text(json.dumps({"refused": str(error)}))
+        return
+    lanes = LanePool(model, len(PROMPT))
+    logits = model.logits(lanes.forward([Span(lanes.open(), 0, torch.tensor(PROMPT))]).hidden)
+    asked = requests()
+    alone = [drive(model, [request], STEP_TOKENS, graphs=False).tokens[0] for request in asked]
+    together = drive(model, asked, STEP_TOKENS, graphs=False).tokens
+    if rank == 0:
+        Path(out).write_text(json.dumps({"logits": logits.tolist(), "alone": alone, "together": together,
+                                         "heads": model.cfg.heads, "value_heads": model.cfg.value_heads}))
+    if parallel is not None:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:6])

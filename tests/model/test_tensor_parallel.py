@@ -1,0 +1,64 @@
+"""Tensor parallel on the CPU: two processes over torch.distributed's gloo backend, each loading its
+share of a tiny checkpoint (``tfd.families.sharding``), give one process's logits within float
+tolerance and its greedy tokens, and within the parallel size the contract holds bit for bit (a lane
+alone draws what it draws beside others); a split the heads do not allow is refused by name."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tiny_models
+import torch
+
+from support import CACHE
+
+RANK = Path(__file__).with_name("parallel_rank.py")
+RUN_S = 600  # every rank of a run: start, load a tiny checkpoint, a few short requests, on a busy machine
+NEAR = 1e-4  # the logits' largest difference over their largest magnitude: fp32 sums in another order
+
+
+def ranks(checkpoint: Path, size: int, root: Path) -> dict[str, Any]:
+    """Run ``size`` ranks on ``checkpoint``; what rank 0 wrote."""
+    root.mkdir(parents=True, exist_ok=True)
+    out = root / "out.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    started = [subprocess.Popen([sys.executable, str(RANK), str(rank), str(size), str(root / "rendezvous"),
+                                 str(checkpoint), str(out)], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True) for rank in range(size)]
+    try:
+        said = [process.communicate(timeout=RUN_S)[0] for process in started]
+    finally:
+        for process in started:
+            process.kill()
+    assert all(process.returncode == 0 for process in started), "\n".join(said)[-4000:]
+    found: dict[str, Any] = json.loads(out.read_text())
+    return found
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe", "qwen3_next"])
+def test_two_ranks_give_one_ranks_logits_and_tokens_and_keep_the_contract(family: str,
+                                                                          tmp_path: Path) -> None:
+    checkpoint = tiny_models.save(family, CACHE / "tiny-plain", head=True)
+    one, two = ranks(checkpoint, 1, tmp_path / "one"), ranks(checkpoint, 2, tmp_path / "two")
+    assert (one["heads"], two["heads"]) == (4, 2) and (one["value_heads"], two["value_heads"]) == (4, 2)
+    single, split = torch.tensor(one["logits"]), torch.tensor(two["logits"])
+    assert ((split - single).abs().max() / single.abs().max()).item() < NEAR
+    # greedy tokens equal where the margins allow: the top two logits of the tiny random models'
+    # rows lie far further apart than the sums' reordering moves them (checked: the same tokens)
+    assert two["alone"][0] == one["alone"][0] and two["alone"][2] == one["alone"][2]
+    for run in (one, two):  # within a parallel size, a lane beside others draws what it draws alone
+        assert run["together"] == run["alone"]
+
+
+def test_a_split_the_key_value_heads_do_not_allow_is_refused_by_name(tmp_path: Path) -> None:
+    checkpoint = tiny_models.save("qwen3_5", CACHE / "tiny-plain", head=True)
+    found = ranks(checkpoint, 4, tmp_path)
+    assert "TF_TENSOR_PARALLEL=4: the 2 key-value heads (num_key_value_heads) do not split into 4" \
+        in found["refused"]
+    assert "the 4 attention heads" not in found["refused"]  # 4 heads split into 4: not a reason

@@ -1,0 +1,116 @@
+"""A rank's share of a checkpoint under tensor parallelism (``tfd.model.parallel``): the rows and columns
+of each tensor it holds, and the model's shape as that rank sees it.
+
+Attention is split by heads (q with its gate, k and v by key-value heads, o by the same heads'
+columns), GDN by key and value heads (a rank's value heads read its own key heads: value head j reads
+key head j // ratio, so contiguous shares match), a dense MLP and each expert by inner width (gate and
+up by rows, down by columns), the shared expert likewise. Embeddings, norms, the router, the shared
+expert's gate and the MTP head's joining product are whole on every rank. Each rank's block outputs
+are then partial sums, added across the ranks once a block (``StackWeights.reduce``).
+
+What cannot split is refused by name before any weight is read (``refusals``): a head or inner count
+the parallel size does not divide, and what this version does not split yet (Flash Next's QSA
+indexer, hyper-connections and PLE; FP8 weights, whose 128-row scale blocks a share must not cut).
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from tfd.families.config import HybridConfig
+from tfd.families.naming import Get
+from tfd.model.fp8 import Experts, Fp8Experts, Part
+from tfd.model.parallel import Parallel
+
+ROW = "TF_TENSOR_PARALLEL"
+
+
+def refusals(cfg: HybridConfig, size: int) -> list[str]:
+    """What stops ``cfg``'s model from splitting over ``size`` ranks, each naming the count at fault."""
+    if size == 1:
+        return []
+    counts = {"attention heads (num_attention_heads)": cfg.heads,
+              "key-value heads (num_key_value_heads)": cfg.kv_heads,
+              "GDN key heads (linear_num_key_heads)": cfg.key_heads,
+              "GDN value heads (linear_num_value_heads)": cfg.value_heads}
+    if cfg.intermediate:
+        counts["MLP inner columns (intermediate_size)"] = cfg.intermediate
+    if cfg.experts:
+        counts["experts' inner columns (moe_intermediate_size)"] = cfg.expert_inner
+        counts["shared expert's inner columns (shared_expert_intermediate_size)"] = cfg.shared_inner
+    found = [f"{ROW}={size}: the {count} {what} do not split into {size}"
+             for what, count in counts.items() if count % size]
+    if cfg.streams > 1 or cfg.indexer is not None or cfg.ple is not None:
+        found.append(f"{ROW}={size}: {cfg.family} (hyper-connections, the QSA indexer, PLE) is not split "
+                     "across ranks yet; serve it with 1")
+    return found
+
+
+def rank_config(cfg: HybridConfig, size: int) -> HybridConfig:
+    """``cfg`` as one of ``size`` ranks holds it: its share of every head and inner count."""
+    return attrs.evolve(cfg, heads=cfg.heads // size, kv_heads=cfg.kv_heads // size,
+                        key_heads=cfg.key_heads // size, value_heads=cfg.value_heads // size,
+                        intermediate=None if cfg.intermediate is None else cfg.intermediate // size,
+                        expert_inner=cfg.expert_inner // size, shared_inner=cfg.shared_inner // size)
+
+
+def split(cfg: HybridConfig, name: str, shape: tuple[int, ...]) -> tuple[int, list[int]] | None:
+    """How the tensor ``name`` of ``shape`` splits: (its dimension, the sections along it, each split
+    into equal shares, a rank taking its share of every one); None: whole on every rank."""
+    qk, v = cfg.key_heads * cfg.key_dim, cfg.value_heads * cfg.value_dim
+    if name.endswith(("linear_attn.in_proj_qkv.weight", "linear_attn.conv1d.weight")):
+        return 0, [qk, qk, v]  # [all q | all k | all v]
+    if name.endswith("experts.gate_up_proj"):  # [experts, gate rows | up rows, hidden]
+        return 1, [shape[1] // 2, shape[1] // 2]
+    if name.endswith("experts.down_proj"):
+        return 2, [shape[2]]
+    rows = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+            "linear_attn.in_proj_z.weight", "linear_attn.in_proj_b.weight", "linear_attn.in_proj_a.weight",
+            "linear_attn.A_log", "linear_attn.dt_bias", "linear_attn.in_proj_qkvz.weight",
+            "linear_attn.in_proj_ba.weight", "gate_proj.weight", "up_proj.weight")
+    if name.endswith(rows):  # Qwen3-Next's qkvz and ba are grouped by key head: a share is whole groups
+        return 0, [shape[0]]
+    if name.endswith(("self_attn.o_proj.weight", "linear_attn.out_proj.weight", "down_proj.weight")):
+        return 1, [shape[1]]
+    return None
+
+
+def share(tensor: torch.Tensor, dim: int, sections: list[int], parallel: Parallel) -> torch.Tensor:
+    """``parallel.rank``'s share of each section of ``tensor`` along ``dim``, joined."""
+    pieces, at = [], 0
+    for size in sections:
+        first, last = parallel.share(size)
+        pieces.append(tensor.narrow(dim, at + first, last - first))
+        at += size
+    if at != tensor.shape[dim]:
+        raise ValueError(f"sections of {at} along dimension {dim} of a tensor of shape {tuple(tensor.shape)}")
+    return torch.cat(pieces, dim).contiguous()
+
+
+@attrs.frozen
+class Sharded:
+    """``Get`` over ``get`` giving ``parallel.rank``'s share of each tensor (``cfg``: the whole model's)."""
+
+    get: Get
+    cfg: HybridConfig
+    parallel: Parallel
+
+    def __call__(self, name: str) -> torch.Tensor:
+        return self._share(name, self.get(name))
+
+    def linear(self, name: str) -> Part:
+        found = self.get.linear(name)
+        if not isinstance(found, torch.Tensor):
+            raise ValueError(f"{name}: FP8 weights are not split across ranks yet; serve {ROW}=1")
+        return self._share(name, found)
+
+    def stacked(self, name: str) -> Experts:
+        found = self.get.stacked(name)
+        if isinstance(found, Fp8Experts):
+            raise ValueError(f"{name}: FP8 experts are not split across ranks yet; serve {ROW}=1")
+        return self._share(name, found)
+
+    def _share(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        rule = split(self.cfg, name, tuple(tensor.shape))
+        return tensor if rule is None else share(tensor, *rule, self.parallel)
