@@ -41,7 +41,7 @@ def ranks(checkpoint: Path, size: int, root: Path) -> dict[str, Any]:
     return found
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe", "qwen3_next"])
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp"])
 def test_two_ranks_give_one_ranks_logits_and_tokens_and_keep_the_contract(family: str,
                                                                           tmp_path: Path) -> None:
     checkpoint = tiny_models.save(family, CACHE / "tiny-plain", head=True)

@@ -5,12 +5,14 @@ Attention is split by heads (q with its gate, k and v by key-value heads, o by t
 columns), GDN by key and value heads (a rank's value heads read its own key heads: value head j reads
 key head j // ratio, so contiguous shares match), a dense MLP and each expert by inner width (gate and
 up by rows, down by columns), the shared expert likewise. Embeddings, norms, the router, the shared
-expert's gate and the MTP head's joining product are whole on every rank. Each rank's block outputs
-are then partial sums, added across the ranks once a block (``StackWeights.reduce``).
+expert's gate and the MTP head's joining products are whole on every rank, and so are Flash Next's
+QSA indexer (every rank selects the same positions), hyper-connections and PLE: their work is repeated
+on each. Each rank's block outputs are then partial sums, added across the ranks once a block
+(``StackWeights.reduce``).
 
 What cannot split is refused by name before any weight is read (``refusals``): a head or inner count
-the parallel size does not divide, and what this version does not split yet (Flash Next's QSA
-indexer, hyper-connections and PLE; FP8 weights, whose 128-row scale blocks a share must not cut).
+the parallel size does not divide. FP8 weights, whose 128-row scale blocks a share must not cut, are
+not split yet: refused by name as they are read (``Sharded``).
 """
 
 from __future__ import annotations
@@ -41,9 +43,6 @@ def refusals(cfg: HybridConfig, size: int) -> list[str]:
         counts["shared expert's inner columns (shared_expert_intermediate_size)"] = cfg.shared_inner
     found = [f"{ROW}={size}: the {count} {what} do not split into {size}"
              for what, count in counts.items() if count % size]
-    if cfg.streams > 1 or cfg.indexer is not None or cfg.ple is not None:
-        found.append(f"{ROW}={size}: {cfg.family} (hyper-connections, the QSA indexer, PLE) is not split "
-                     "across ranks yet; serve it with 1")
     return found
 
 
