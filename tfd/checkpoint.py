@@ -15,10 +15,10 @@ Every refusal is a ``CheckpointError`` whose message names the file or tensor at
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -43,6 +43,8 @@ FLOAT_DTYPES = frozenset({"F32", "BF16", "F16"})
 # Only these are cast by load(dtype=...): integers are ids and 8-bit floats need their scales.
 CAST_DTYPES = frozenset({"F32", "BF16", "F16", "F64"})
 LISTED_PROBLEMS = 20
+# what of a tensor to read (its name and stored shape): (dimension, [(first, past last), ...]), None: all
+Take = Callable[[str, tuple[int, ...]], "tuple[int, list[tuple[int, int]]] | None"]
 
 
 def _as_shape(shape: Iterable[int]) -> tuple[int, ...]:
@@ -129,8 +131,11 @@ class Checkpoint:
 
     def load(self, names: Iterable[str], device: torch.device | str = "cpu",
              dtype: torch.dtype | None = None, progress: bool | None = None,
-             joined: Mapping[str, Sequence[str]] | None = None) -> dict[str, torch.Tensor]:
+             joined: Mapping[str, Sequence[str]] | None = None, take: Take | None = None
+             ) -> dict[str, torch.Tensor]:
         """Read the named tensors onto ``device``; floating ones are cast to ``dtype`` when given.
+        ``take`` (a tensor's name and stored shape to the dimension and ranges along it to read, or
+        None for the whole; tensor parallel's share) reads only those ranges, joined in order.
 
         ``joined`` maps a new name to named tensors (shards of one table) that are read into
         consecutive rows of one tensor of that name instead: each is copied in as it is read and
@@ -169,7 +174,9 @@ class Checkpoint:
                 try:
                     with safetensors.safe_open(file, framework="pt", device=str(device)) as handle:
                         for info in sorted(by_file[file], key=lambda info: info.start):
-                            tensor = handle.get_tensor(info.name)
+                            ranges = None if take is None else take(info.name, tuple(info.shape))
+                            tensor = handle.get_tensor(info.name) if ranges is None \
+                                else _read_ranges(handle.get_slice(info.name), *ranges)
                             if dtype is not None and info.dtype in CAST_DTYPES:  # FP8 scales: fp32, exact
                                 tensor = tensor.to(torch.float32 if info.name.endswith(SCALES) else dtype)
                             if info.name in into:
@@ -227,6 +234,14 @@ class Checkpoint:
     def chat_template(self) -> ChatTemplate | None:
         """The checkpoint's chat template (``tfd.chat.find_chat_template``), or None when it has none."""
         return find_chat_template(self.path)
+
+
+def _read_ranges(stored: Any, dim: int, ranges: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """``ranges`` of a safetensors slice along ``dim``, read and joined."""
+    import torch
+
+    lead = (slice(None),) * dim
+    return torch.cat([stored[(*lead, slice(first, past))] for first, past in ranges], dim).contiguous()
 
 
 def read_config(path: Path) -> Config:

@@ -19,7 +19,7 @@ from tfd.families.config import LINEAR, HybridConfig, read_config
 from tfd.families.lane_state import AttentionRows, DraftBuffers, GdnLayers, PleState, lane_pieces
 from tfd.families.naming import Get, Named, Naming, Shape
 from tfd.families.random_weights import random_tensors
-from tfd.families.sharding import Sharded, rank_config, refusals
+from tfd.families.sharding import Sharded, rank_config, refusals, taken
 from tfd.model.decode import (
     DecodeBatch,
     DecodeMemory,
@@ -69,8 +69,23 @@ def load_model(checkpoint: Checkpoint, device: torch.device | str = "cpu",
     checkpoint.check({name: TensorSpec(shape) for name, shape in shapes.items()})
     # a weight stored in FP8 (the check found its scales beside it) is read with its scales
     scales = [scales_of(name) for name in shapes if checkpoint.tensors[name].dtype == FP8]
-    tensors = checkpoint.load([*shapes, *scales], device, dtype, progress, joined=naming.joined())
-    return HybridModel.build(cfg, naming, Named(tensors.__getitem__), dtype, parallel)
+    take = None
+    if parallel is not None and parallel.size > 1:  # a rank reads only its share of each tensor
+        _refuse_split(cfg, parallel)
+        if scales:
+            raise CheckpointError(f"{checkpoint.path}: FP8 weights are not split across ranks yet; serve "
+                                  "them with TF_TENSOR_PARALLEL=1")
+        take = taken(cfg, parallel)
+    tensors = checkpoint.load([*shapes, *scales], device, dtype, progress, joined=naming.joined(), take=take)
+    return HybridModel.build(cfg, naming, Named(tensors.__getitem__), dtype, parallel,
+                             shared=take is not None)
+
+
+def _refuse_split(cfg: HybridConfig, parallel: Parallel) -> None:
+    """``CheckpointError`` naming each count ``parallel.size`` does not divide."""
+    problems = refusals(cfg, parallel.size)
+    if problems:
+        raise CheckpointError("; ".join(problems))
 
 
 class HybridModel:
@@ -85,15 +100,14 @@ class HybridModel:
 
     @classmethod
     def build(cls, cfg: HybridConfig, naming: Naming, get: Get, dtype: torch.dtype,
-              parallel: Parallel | None = None) -> HybridModel:
+              parallel: Parallel | None = None, shared: bool = False) -> HybridModel:
         """The model from ``get``'s tensors; with ``parallel`` (tensor parallel), this rank's share of
         them (``tfd.families.sharding``; ``CheckpointError`` naming what does not split), its
-        ``cfg`` the rank's."""
+        ``cfg`` the rank's; ``shared``: ``get`` gives the shares already (``load_model``)."""
         if parallel is not None and parallel.size > 1:
-            problems = refusals(cfg, parallel.size)
-            if problems:
-                raise CheckpointError("; ".join(problems))
-            get, cfg = Sharded(get, cfg, parallel), rank_config(cfg, parallel.size)
+            _refuse_split(cfg, parallel)
+            get = get if shared else Sharded(get, cfg, parallel)
+            cfg = rank_config(cfg, parallel.size)
         stack, head = FAMILIES[cfg.family].build(cfg, naming, get)
         if parallel is not None and parallel.size > 1:
             stack = attrs.evolve(stack, parallel=parallel)

@@ -17,6 +17,8 @@ not split yet: refused by name as they are read (``Sharded``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 import torch
 
@@ -75,15 +77,34 @@ def split(cfg: HybridConfig, name: str, shape: tuple[int, ...]) -> tuple[int, li
     return None
 
 
-def share(tensor: torch.Tensor, dim: int, sections: list[int], parallel: Parallel) -> torch.Tensor:
-    """``parallel.rank``'s share of each section of ``tensor`` along ``dim``, joined."""
-    pieces, at = [], 0
+def ranges(sections: list[int], parallel: Parallel) -> list[tuple[int, int]]:
+    """``parallel.rank``'s share of each section, as (first, past last) along the sections' dimension."""
+    found, at = [], 0
     for size in sections:
         first, last = parallel.share(size)
-        pieces.append(tensor.narrow(dim, at + first, last - first))
+        found.append((at + first, at + last))
         at += size
-    if at != tensor.shape[dim]:
-        raise ValueError(f"sections of {at} along dimension {dim} of a tensor of shape {tuple(tensor.shape)}")
+    return found
+
+
+Taken = tuple[int, list[tuple[int, int]]] | None  # a dimension and ranges along it; None: the whole
+
+
+def taken(cfg: HybridConfig, parallel: Parallel) -> Callable[[str, tuple[int, ...]], Taken]:
+    """What a rank reads of each stored tensor (``Checkpoint.load``'s ``take``): its share, or all."""
+    def take(name: str, shape: tuple[int, ...]) -> Taken:
+        rule = split(cfg, name, shape)
+        return None if rule is None else (rule[0], ranges(rule[1], parallel))
+
+    return take
+
+
+def share(tensor: torch.Tensor, dim: int, sections: list[int], parallel: Parallel) -> torch.Tensor:
+    """``parallel.rank``'s share of each section of ``tensor`` along ``dim``, joined."""
+    if sum(sections) != tensor.shape[dim]:
+        raise ValueError(f"sections of {sum(sections)} along dimension {dim} of a tensor of shape "
+                         f"{tuple(tensor.shape)}")
+    pieces = [tensor.narrow(dim, first, past - first) for first, past in ranges(sections, parallel)]
     return torch.cat(pieces, dim).contiguous()
 
 
