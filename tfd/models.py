@@ -22,6 +22,7 @@ from tfd.checkpoint import Checkpoint, CheckpointError, read_config
 from tfd.demo import build_demo, default_dtype
 from tfd.env import Settings, SettingsRefused
 from tfd.families.hybrid import HybridModel, load_model
+from tfd.model.parallel import Parallel
 from tfd.quantization import report
 from tfd.shapes import Shape, fit, weight_budget, write_shape
 
@@ -78,9 +79,9 @@ class Loaded:
 
 
 def load(settings: Settings, environ: Mapping[str, str], device: torch.device,
-         random_weights: bool = False) -> Loaded:
+         random_weights: bool = False, parallel: Parallel | None = None) -> Loaded:
     """Open, check and load the model a command asked for; ``random_weights`` takes only the
-    checkpoint's config.json and tokenizer and draws the weights.
+    checkpoint's config.json and tokenizer and draws the weights; ``parallel``: this rank's share.
 
     Raises ``CheckpointError`` for a checkpoint refused before any weight loads, and
     ``SettingsRefused`` for a bad row of the checkpoint's family.
@@ -110,14 +111,15 @@ def load(settings: Settings, environ: Mapping[str, str], device: torch.device,
         check_fp8_device(device, path)
     if random_weights:
         head = int(config.text.get("mtp_num_hidden_layers", 0) or 0) > 0  # type: ignore[call-overload]
-        model = HybridModel.random(config.family, config.text, dtype=dtype, device=device, head=head, fp8=fp8)
+        model = HybridModel.random(config.family, config.text, dtype=dtype, device=device, head=head, fp8=fp8,
+                                   parallel=parallel)
         checkpoint = None
         log.warning("the weights of %s are RANDOM (%s): its replies are noise, for measuring the server",
                     shape.name if shape is not None else path, "TF_SHAPE" if shape is not None
                     else "--random-weights")
     else:
         checkpoint = Checkpoint.open(path)
-        model = load_model(checkpoint, device, dtype)
+        model = load_model(checkpoint, device, dtype, parallel=parallel)
         if config.quantization is not None:
             log.info("block-wise FP8: %s", report(checkpoint.tensors))
     seconds = time.monotonic() - began

@@ -24,7 +24,7 @@ from tfd.pool.pages import Pool
 from tfd.store.copies import Device, Drain, TorchDevice
 from tfd.store.store import Store, StoreCounts
 
-Ask = Callable[[Callable[[], Any]], Awaitable[Any]]
+Ask = Callable[..., Awaitable[Any]]  # Engine.ask: a question, and the name other ranks mirror a change by
 
 
 class CacheFace:
@@ -93,7 +93,7 @@ class CacheFace:
 
     async def clear(self) -> int:
         """Evict every state in memory; how many there were."""
-        return 0 if self._cache is None else int(await self._ask(self._cache.kept.clear))
+        return 0 if self._cache is None else int(await self._ask(self._cache.kept.clear, "clear kept states"))
 
     async def report(self) -> dict[str, object]:
         """What the cache holds and did (admin ``learn``); ``{"enabled": false}`` without one."""

@@ -19,7 +19,7 @@ import math
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import tokenizers
@@ -29,6 +29,7 @@ from tfd.engine.cache_face import CacheFace
 from tfd.engine.config import EngineConfig, Hooks
 from tfd.engine.detokenize import Detokenizer
 from tfd.engine.lane import Lane
+from tfd.engine.lockstep import Cancelled, Follower, Lockstep, Mirrored, Shared, Stopped, Submitted
 from tfd.engine.request import Admitted, Emitted, Event, Finished, Request
 from tfd.engine.runner import Runner
 from tfd.engine.scheduler import Scheduler
@@ -71,10 +72,12 @@ class Cancel:
 
 @attrs.frozen
 class Ask:
-    """Run ``question`` between steps; its value (or what it raised) goes to ``answer`` on the trio thread."""
+    """Run ``question`` between steps; its value (or what it raised) goes to ``answer`` on the trio
+    thread. ``mirror``: the name other ranks make the same change by (``Engine.MIRRORS``)."""
 
     question: Callable[[], Any]
     answer: Callable[[Any], None]
+    mirror: str | None = None
 
 
 @attrs.frozen
@@ -102,8 +105,9 @@ class Engine:
     calls back to the host. Its runner is built here (CUDA graphs captured: seconds)."""
 
     def __init__(self, model: HybridModel, tokenizer: tokenizers.Tokenizer, pool: Pool, config: EngineConfig,
-                 hooks: Hooks | None = None) -> None:
+                 hooks: Hooks | None = None, lockstep: Lockstep | None = None) -> None:
         hooks = hooks or Hooks()
+        self.lockstep = lockstep  # tensor parallel: rank 0 shares each step's messages, the others take them
         self.tokenizer = tokenizer
         self.pool = pool
         self.limits = limits = config.limits
@@ -191,8 +195,9 @@ class Engine:
         """Stop a request at the next step boundary; its ``Finished("cancelled")`` still comes."""
         self._post(Cancel(request_id))
 
-    async def ask(self, question: Callable[[], Any]) -> Any:
-        """Run ``question`` on the engine thread between steps (a consistent view) and return it."""
+    async def ask(self, question: Callable[[], Any], mirror: str | None = None) -> Any:
+        """Run ``question`` on the engine thread between steps (a consistent view) and return it;
+        ``mirror``: it changes what steps do, and the other ranks make the change by that name."""
         done = trio.Event()
         box: list[Any] = []
 
@@ -200,7 +205,7 @@ class Engine:
             box.append(value)
             done.set()
 
-        self._post(Ask(question, answer))
+        self._post(Ask(question, answer, mirror))
         await done.wait()
         if isinstance(box[0], BaseException):
             raise box[0]
@@ -279,27 +284,35 @@ class Engine:
             self.beat()
         if self._stopping and self.stepper.idle and not self._lanes:
             return False
-        if not step.works:
+        if not step.works and not isinstance(self.lockstep, Follower):  # a follower waits in agree
             self._wake.wait(IDLE_WAIT_S)
         return True
 
+    def follow(self) -> None:
+        """Another rank's engine: run the steps rank 0 shares, on this thread, until it stops."""
+        assert isinstance(self.lockstep, Follower)
+        self._main()
+        if self.failure is not None:
+            raise self.failure
+
     def _read_inbox(self) -> None:
+        messages: list[Message] = []
         while True:
             try:
-                message = self._inbox.get_nowait()
+                messages.append(self._inbox.get_nowait())
             except queue.Empty:
-                return
+                break
+        if isinstance(self.lockstep, Follower):
+            for item in self.lockstep.agree([]):
+                self._apply_shared(item)
+            return
+        if self.lockstep is not None:
+            self.lockstep.agree([shared for message in messages if (shared := _shared(message)) is not None])
+        for message in messages:
             if isinstance(message, Submit):
-                request = message.request
-                self._numbers += 1
-                lane = Lane(self._numbers, request, Detokenizer(self.tokenizer, request.stop),
-                            leader=None if request.after is None else self._lanes.get(request.after))
-                self._lanes[request.id] = lane
-                self.stepper.add(lane)
+                self._add(message.request)
             elif isinstance(message, Cancel):
-                found = self._lanes.get(message.request_id)
-                if found is not None:
-                    found.cancel()
+                self._cancel(message.request_id)
             elif isinstance(message, Ask):
                 try:
                     value = message.question()
@@ -308,6 +321,34 @@ class Engine:
                 self._call_trio(message.answer, value)
             else:
                 self._stopping = True
+
+    def _apply_shared(self, item: Shared) -> None:
+        """A message rank 0 shared, made here (another rank's engine)."""
+        if isinstance(item, Submitted):
+            self._add(item.request)
+        elif isinstance(item, Cancelled):
+            self._cancel(item.request_id)
+        elif isinstance(item, Mirrored):
+            self.MIRRORS[item.name](self)
+        else:
+            self._stopping = True
+
+    def _cancel(self, request_id: str) -> None:
+        found = self._lanes.get(request_id)
+        if found is not None:
+            found.cancel()
+
+    # the changes between steps other ranks make by name (``Engine.ask``'s ``mirror``)
+    MIRRORS: ClassVar[dict[str, Callable[[Engine], object]]] = {
+        "clear kept states": lambda engine: engine.runner.cache.kept.clear() if engine.runner.cache else 0,
+    }
+
+    def _add(self, request: Request) -> None:
+        self._numbers += 1
+        lane = Lane(self._numbers, request, Detokenizer(self.tokenizer, request.stop),
+                    leader=None if request.after is None else self._lanes.get(request.after))
+        self._lanes[request.id] = lane
+        self.stepper.add(lane)
 
     def _finished(self, ended: Sequence[Ending]) -> list[tuple[str, Event]]:
         """The ``Finished`` events of lanes the stepper ended, which the engine forgets."""
@@ -332,3 +373,17 @@ class Engine:
             return
         with contextlib.suppress(trio.RunFinishedError):  # trio has exited: nobody listens any more
             self._token.run_sync_soon(fn, *args)
+
+
+def _shared(message: Message) -> Shared | None:
+    """What other ranks must hear of ``message`` (a request without its compiled grammar), or None."""
+    if isinstance(message, Submit):
+        grammar = message.request.grammar
+        if grammar is None:
+            return Submitted(message.request)
+        return Submitted(attrs.evolve(message.request, grammar=None), grammar.text, grammar.lanes)
+    if isinstance(message, Cancel):
+        return Cancelled(message.request_id)
+    if isinstance(message, Ask):
+        return None if message.mirror is None else Mirrored(message.mirror)
+    return Stopped()

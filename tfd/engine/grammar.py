@@ -96,6 +96,21 @@ class Grammar:
     """A compiled grammar (``text``: llguidance's form of it); ``matcher()`` gives a lane its own
     follower: one compiled for it ahead (``prepared``) while there is one, else a copy of the start."""
 
+    @classmethod
+    def of_text(cls, vocabulary: Vocabulary, text: str, lanes: int) -> Grammar:
+        """A grammar ``Grammar.text`` gave (another rank's), compiled against ``vocabulary`` anew."""
+        start = llguidance.LLMatcher(vocabulary.tokenizer, text, log_level=0)
+        return cls(vocabulary, start, text).prepared(lanes)
+
+    @property
+    def text(self) -> str:
+        return self._text
+
+    @property
+    def lanes(self) -> int:
+        """Lanes it has a matcher compiled ahead for."""
+        return max(1, len(self._ready))
+
     def __init__(self, vocabulary: Vocabulary, start: llguidance.LLMatcher, text: str,
                  ready: Sequence[llguidance.LLMatcher] = ()) -> None:
         self.vocabulary = vocabulary

@@ -134,12 +134,12 @@ class HybridModel:
     @classmethod
     def random(cls, family: str, text_config: Mapping[str, object], seed: int = 0,
                dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu",
-               head: bool = False, fp8: bool = False) -> HybridModel:
+               head: bool = False, fp8: bool = False, parallel: Parallel | None = None) -> HybridModel:
         """The config's shapes with random weights (``tfd.families.random_weights``); ``head``
         adds an MTP head; ``fp8``: the weights Qwen's -FP8 releases hold in FP8 drawn, then quantized."""
         cfg, naming, shapes = expected_tensors(family, text_config, {"mtp.head"} if head else set())
         tensors = random_tensors(shapes, seed, dtype, device, fp8)
-        return cls.build(cfg, naming, Named(tensors.__getitem__), dtype)
+        return cls.build(cfg, naming, Named(tensors.__getitem__), dtype, parallel)
 
     def attention_layers(self, head: bool = False) -> list[str]:
         """Layers with rows in the pool; ``head`` adds the MTP head's own."""

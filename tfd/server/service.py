@@ -19,14 +19,17 @@ from pathlib import Path
 
 import attrs
 import torch
+import trio
 
 from tfd.engine.config import EngineConfig, EngineRows, Hooks
 from tfd.engine.engine import Engine
 from tfd.engine.grammar import Vocabulary
+from tfd.engine.lockstep import Leader
 from tfd.engine.request import Finished, Request, Sampling
 from tfd.engine.rounds import drafts_from_head
 from tfd.env import Settings, SettingsRefused
 from tfd.model import GDN_CHUNK as CHUNK
+from tfd.model.parallel import Parallel
 from tfd.models import Loaded, load
 from tfd.pool.config import CPU_POOL_BYTES, GIB, PoolConfig
 from tfd.pool.device_plan import DeviceTooSmall
@@ -42,6 +45,8 @@ from tfd.server.device_memory import (
     host_available,
     plan_device,
 )
+from tfd.server.ranks import Ranks, refusals
+from tfd.server.ranks import start as start_ranks
 from tfd.server.start_refusals import (
     OUT_OF_MEMORY,
     context_refusals,
@@ -67,6 +72,8 @@ class Prepared:
     name: str
     report: LoadReport
     engine: EngineConfig
+    parallel: Parallel | None = None  # tensor parallel: this process's rank
+    ranks: Ranks | None = None  # rank 0's: the other ranks' processes
 
 
 def pick_device(name: str) -> torch.device:
@@ -78,15 +85,33 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def prepare(settings: Settings, environ: Mapping[str, str]) -> Prepared:
+def prepare(settings: Settings, environ: Mapping[str, str], parallel: Parallel | None = None) -> Prepared:
     """Load the model and cut the pool (blocking). Raises ``SettingsRefused`` for a TF_PARALLEL or
     TF_CONTEXT the pool cannot hold, naming what fits, and for a device too small for the weights
-    and what serving needs beside them (out of memory at load included), naming the rows to change."""
+    and what serving needs beside them (out of memory at load included), naming the rows to change.
+    With TF_TENSOR_PARALLEL above 1, rank 0 (``parallel`` None) starts the other ranks first
+    (``tfd.server.ranks``), and each rank loads its share; ``parallel``: another rank's."""
     watch_compiles()  # from the first launch on: the load's, the warm-up's, then any while serving
     device = pick_device(settings.value("TF_DEVICE", str))
+    size, ranks = settings.value("TF_TENSOR_PARALLEL", int), None
+    if size > 1 and parallel is None:
+        problems = refusals(settings, environ, device, size)
+        if problems:
+            raise SettingsRefused(problems)
+        ranks, parallel = start_ranks(settings, environ, size), Parallel(0, size)
+    try:
+        return _prepared(settings, environ, device, parallel, ranks)
+    except BaseException:
+        if ranks is not None:
+            ranks.close()
+        raise
+
+
+def _prepared(settings: Settings, environ: Mapping[str, str], device: torch.device, split: Parallel | None,
+              ranks: Ranks | None) -> Prepared:
     with refusing_oom("loading the weights"):
         free = free_at_load(device)
-        loaded = load(settings, environ, device)
+        loaded = load(settings, environ, device, parallel=split)
     settings = loaded.settings
     config = PoolConfig.from_settings(settings, loaded.family)
     rows = EngineRows.from_settings(settings)
@@ -131,7 +156,7 @@ def prepare(settings: Settings, environ: Mapping[str, str]) -> Prepared:
     report = LoadReport.of(pool, context, plan)
     log.info("%s", report.line())
     engine = rows.config(step_tokens, pool.max_lanes, drafting, pool.pages * layout.page_bytes)
-    return Prepared(loaded, pool, name, report, engine)
+    return Prepared(loaded, pool, name, report, engine, split, ranks)
 
 
 def served_name(settings: Settings, loaded: Loaded) -> str:
@@ -174,7 +199,7 @@ class Service:
         with refusing_oom("capturing the decode graphs"):
             hooks = Hooks(None if heartbeat is None else heartbeat.beat, on_failure, on_step)
             self.engine = Engine(prepared.loaded.model, prepared.loaded.tokenizer, prepared.pool,
-                                 prepared.engine, hooks)
+                                 prepared.engine, hooks, None if prepared.parallel is None else Leader())
         if device.type == "cuda":  # the graphs' private pools and the buffers the engine holds
             built = torch.cuda.memory_reserved(device) - before
             self.report = self.report.measured(engine_bytes_measured=built)
@@ -275,5 +300,7 @@ class Service:
         return await self.engine.lanes()
 
     async def close(self) -> None:
-        """Stop the engine, then let the learned states offered be written."""
+        """Stop the engine, then let the learned states offered be written; the other ranks end then."""
         await self.engine.close()
+        if self.prepared.ranks is not None:
+            await trio.to_thread.run_sync(self.prepared.ranks.close)

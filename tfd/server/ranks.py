@@ -1,0 +1,177 @@
+"""The other ranks of a tensor-parallel daemon (TF_TENSOR_PARALLEL): started by rank 0, each a process
+of its own (``python -m tfd.server.ranks``) that loads its share of the model, builds its engine and
+runs the steps rank 0 shares (``tfd.engine.lockstep``) until rank 0's engine stops.
+
+Rank 0 (``start``) makes a rendezvous file in a fresh directory, starts each process with what it
+needs on its standard input (the settings rank 0 read, the environment, its rank, the size, the
+rendezvous), then joins the process group itself: gloo, on the CPU. Their logs go to rank 0's standard
+error, each line naming its rank.
+
+Signals: a rank ignores SIGTERM and SIGINT, which systemd and a terminal send every process of the
+daemon at once: rank 0 drains, then its engine shares the stop, and the ranks end after their last
+step. Rank 0 gone (killed), a rank's next collective fails and it exits non-zero.
+
+Resource handling: ``Ranks.close`` waits for the processes to end (they end once rank 0's engine has
+stopped and shared its stop) and kills any still running after ``STOP_S``; the rendezvous directory is
+removed once every rank has joined. Error handling: a process that cannot start or exits before the
+group forms makes ``start`` raise ``RuntimeError`` naming its rank and status; a rank whose load fails
+exits non-zero, and rank 0's next collective fails (the engine stops, the daemon drains and exits).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import attrs
+import torch
+import torch.distributed as dist
+
+from tfd.env import Settings
+
+log = logging.getLogger("tfd.ranks")
+JOIN_S = 600.0  # the group forming, and any one collective: a rank loading a large checkpoint meanwhile
+WATCH_S = 0.2  # how often rank 0 looks whether a rank died while the group forms
+STOP_S = 30.0  # the other ranks' end once rank 0's engine stopped: their last step and a group torn down
+
+
+@attrs.frozen
+class Joining:
+    """What a rank process reads on its standard input."""
+
+    settings: Settings
+    environ: dict[str, str]
+    rank: int
+    size: int
+    rendezvous: str
+
+
+class Ranks:
+    """Ranks 1 to size - 1, as processes rank 0 started."""
+
+    def __init__(self, processes: list[subprocess.Popen[bytes]]) -> None:
+        self.processes = processes
+
+    def close(self) -> None:
+        """Wait for every rank to end (``STOP_S`` at most), kill those still running, and leave the group."""
+        deadline = time.monotonic() + STOP_S
+        for rank, process in enumerate(self.processes, 1):
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("rank %d still running %gs after the engine stopped: killed", rank, STOP_S)
+                process.kill()
+                process.wait()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def refusals(settings: Settings, environ: Mapping[str, str], device: torch.device, size: int) -> list[str]:
+    """What TF_TENSOR_PARALLEL=``size`` cannot serve, by name, before any rank starts: the served
+    model's counts that do not split (``tfd.families.sharding``), FP8 weights, learned conversations
+    (not kept per rank yet), a device other than the CPU (not yet)."""
+    from tfd.checkpoint import read_config
+    from tfd.families.config import read_config as hybrid_config
+    from tfd.families.sharding import refusals as split_refusals
+    from tfd.models import model_directory
+
+    row = f"TF_TENSOR_PARALLEL={size}"
+    problems = []
+    if device.type != "cpu":
+        problems.append(f"{row}: splits the model over CPU processes only yet; on {device.type} serve with "
+                        "TF_TENSOR_PARALLEL=1")
+    if settings.value("TF_LEARN_CONVERSATIONS", bool):
+        problems.append(f"{row}: learned conversations are not kept per rank yet; serve with "
+                        "TF_LEARN_CONVERSATIONS=0")
+    config = read_config(model_directory(settings, environ, device)[0])
+    if config.quantization is not None or settings.value("TF_DTYPE", str) == "fp8":
+        problems.append(f"{row}: FP8 weights are not split across ranks yet; serve them with "
+                        "TF_TENSOR_PARALLEL=1")
+    problems += split_refusals(hybrid_config(config.family, config.text), size)
+    return problems
+
+
+def start(settings: Settings, environ: Mapping[str, str], size: int) -> Ranks:
+    """Start ranks 1 to ``size`` - 1 and join the group with them as rank 0 (blocking: seconds, until
+    every process has imported torch and joined)."""
+    folder = Path(tempfile.mkdtemp(prefix="tfd-ranks-"))
+    rendezvous = f"file://{folder / 'rendezvous'}"
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        for rank in range(1, size):
+            process = subprocess.Popen([sys.executable, "-m", "tfd.server.ranks"], stdin=subprocess.PIPE)
+            processes.append(process)
+            assert process.stdin is not None
+            process.stdin.write(pickle.dumps(Joining(settings, dict(environ), rank, size, rendezvous)))
+            process.stdin.close()
+        joined = threading.Thread(target=join, args=(rendezvous, 0, size), name="tfd-ranks-join", daemon=True)
+        joined.start()
+        while joined.is_alive():  # a rank that dies before it joins would leave rank 0 waiting JOIN_S
+            joined.join(WATCH_S)
+            for rank, process in enumerate(processes, 1):
+                if process.poll() is not None:
+                    raise RuntimeError(f"tensor parallel rank {rank} exited with status {process.returncode} "
+                                       "before the group formed (its log is above)")
+        if not dist.is_initialized():
+            raise RuntimeError("the tensor parallel group did not form")
+    except BaseException:
+        Ranks(processes).close()
+        raise
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    for rank, process in enumerate(processes, 1):
+        if process.poll() is not None:
+            raise RuntimeError(f"tensor parallel rank {rank} exited with status {process.returncode}")
+    log.info("tensor parallel: %d ranks joined", size)
+    return Ranks(processes)
+
+
+def join(rendezvous: str, rank: int, size: int) -> None:
+    """Join the process group (gloo) as ``rank`` of ``size``."""
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=JOIN_S))
+
+
+def main() -> int:
+    """A rank process: join, load this rank's share, run the steps rank 0 shares; its exit status."""
+    for signum in (signal.SIGTERM, signal.SIGINT):  # rank 0 drains, then shares the stop (systemd and a
+        signal.signal(signum, signal.SIG_IGN)  # terminal signal every process of the daemon's at once)
+    joining = pickle.load(sys.stdin.buffer)
+    assert isinstance(joining, Joining)
+    logging.basicConfig(level=joining.settings.value("TF_LOG_LEVEL", str).upper(), stream=sys.stderr,
+                        format=f"%(asctime)s %(levelname)s rank {joining.rank} %(name)s: %(message)s")
+    from tfd.engine.engine import Engine
+    from tfd.engine.grammar import Grammar, Vocabulary
+    from tfd.engine.lockstep import Follower
+    from tfd.model.parallel import Parallel
+    from tfd.server.service import prepare
+
+    join(joining.rendezvous, joining.rank, joining.size)
+    try:
+        prepared = prepare(joining.settings, joining.environ, Parallel(joining.rank, joining.size))
+        loaded = prepared.loaded
+        vocabulary = Vocabulary(loaded.tokenizer.to_str(), loaded.model.cfg.vocab, loaded.eos_ids)
+        follower = Follower(lambda text, lanes: Grammar.of_text(vocabulary, text, lanes))
+        Engine(loaded.model, loaded.tokenizer, prepared.pool, prepared.engine, lockstep=follower).follow()
+    except Exception:
+        log.exception("tensor parallel rank %d stopped", joining.rank)
+        return 1
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":  # the module's own names (its Joining), not a copy run as __main__
+    from tfd.server import ranks
+
+    sys.exit(ranks.main())
