@@ -31,20 +31,23 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attenti
                                "mrope_section": [2, 1, 1], "mrope_interleaved": True})
 MOE = dict(moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2)
 FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp")
+# twice the heads of every kind: counts 4 tensor-parallel ranks split (the tiny ones split into 2)
+WIDE = dict(num_attention_heads=8, num_key_value_heads=4, linear_num_key_heads=4, linear_num_value_heads=8)
 
 
 def make_model(family: str, seed: int = 0, vocab: int = VOCAB, eos: int = EOS, budget: int = 16,
                compress: int = 4, hidden: int = 64, flash: dict[str, object] | None = None,
-               expert_inner: int = 32) -> torch.nn.Module:
+               expert_inner: int = 32, wide: bool = False) -> torch.nn.Module:
     """``budget`` and ``compress``: qwen4_exp's QSA indexer budget (positions) and compress ratio;
     ``hidden``: the residual's width (a power of two fills a kernel's block, 80 does not); ``flash``:
     other qwen4_exp config fields over the tiny ones (residual streams, PLE layers, n-gram size...);
     ``expert_inner``: an MoE expert's inner width, and the shared expert's but at 32 (128: whole FP8
-    blocks)."""
+    blocks); ``wide``: ``WIDE``'s head counts."""
     import transformers
     from transformers.models.qwen4_exp import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
 
-    common = {**COMMON, "vocab_size": vocab, "eos_token_id": eos, "hidden_size": hidden}
+    common = {**COMMON, "vocab_size": vocab, "eos_token_id": eos, "hidden_size": hidden,
+              **(WIDE if wide else {})}
     # experts of whole FP8 blocks have a shared expert of whole blocks too (as released shapes do)
     moe = {**MOE, "moe_intermediate_size": expert_inner,
            "shared_expert_intermediate_size": MOE["shared_expert_intermediate_size"] if expert_inner == 32
@@ -100,7 +103,7 @@ def randomise(model: torch.nn.Module, seed: int) -> None:
 
 def save(family: str, directory: Path, seed: int = 0, budget: int = 16, compress: int = 4,
          hidden: int = 64, head: bool = False, flash: dict[str, object] | None = None,
-         expert_inner: int = 32) -> Path:
+         expert_inner: int = 32, wide: bool = False) -> Path:
     """The tiny checkpoint of ``family`` under ``directory`` (``head``: with a random MTP head), built
     once: beside and renamed into place, since test processes running at once share the directory."""
     name = family if (budget, compress) == (16, 4) else f"{family}-qsa-{budget}-{compress}"
@@ -108,10 +111,11 @@ def save(family: str, directory: Path, seed: int = 0, budget: int = 16, compress
     name += "".join(f"-{key}-{value}" for key, value in sorted((flash or {}).items())).replace(" ", "")
     name += "-head" if head else ""
     name += "" if expert_inner == 32 else f"-experts-{expert_inner}"
+    name += "-wide" if wide else ""
 
     def fill(staging: Path) -> None:
         make_model(family, seed, budget=budget, compress=compress, hidden=hidden, flash=flash,
-                   expert_inner=expert_inner).save_pretrained(staging)
+                   expert_inner=expert_inner, wide=wide).save_pretrained(staging)
         if head:
             add_head(staging, family)
 

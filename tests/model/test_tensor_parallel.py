@@ -1,5 +1,5 @@
-"""Tensor parallel on the CPU: two processes over torch.distributed's gloo backend, each loading its
-share of a tiny checkpoint (``tfd.families.sharding``), give one process's logits within float
+"""Tensor parallel on the CPU: two and four processes over torch.distributed's gloo backend, each loading
+its share of a tiny checkpoint (``tfd.families.sharding``), give one process's logits within float
 tolerance and its greedy tokens, and within the parallel size the contract holds bit for bit (a lane
 alone draws what it draws beside others); a split the heads do not allow is refused by name."""
 
@@ -41,18 +41,20 @@ def ranks(checkpoint: Path, size: int, root: Path) -> dict[str, Any]:
     return found
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp"])
-def test_two_ranks_give_one_ranks_logits_and_tokens_and_keep_the_contract(family: str,
-                                                                          tmp_path: Path) -> None:
-    checkpoint = tiny_models.save(family, CACHE / "tiny-plain", head=True)
-    one, two = ranks(checkpoint, 1, tmp_path / "one"), ranks(checkpoint, 2, tmp_path / "two")
-    assert (one["heads"], two["heads"]) == (4, 2) and (one["value_heads"], two["value_heads"]) == (4, 2)
-    single, split = torch.tensor(one["logits"]), torch.tensor(two["logits"])
-    assert ((split - single).abs().max() / single.abs().max()).item() < NEAR
+@pytest.mark.parametrize(("family", "size"), [(family, size) for family in tiny_models.FAMILIES
+                                               for size in (2, 4)])
+def test_ranks_give_one_ranks_logits_and_tokens_and_keep_the_contract(family: str, size: int,
+                                                                      tmp_path: Path) -> None:
+    wide = size == 4  # the tiny models' 2 key-value heads split into 2; their wide twins' 4 into 4
+    checkpoint = tiny_models.save(family, CACHE / "tiny-plain", head=True, wide=wide)
+    one, split = ranks(checkpoint, 1, tmp_path / "one"), ranks(checkpoint, size, tmp_path / "split")
+    assert one["heads"] == split["heads"] * size and one["value_heads"] == split["value_heads"] * size
+    whole, parts = torch.tensor(one["logits"]), torch.tensor(split["logits"])
+    assert ((parts - whole).abs().max() / whole.abs().max()).item() < NEAR
     # greedy tokens equal where the margins allow: the top two logits of the tiny random models'
     # rows lie far further apart than the sums' reordering moves them (checked: the same tokens)
-    assert two["alone"][0] == one["alone"][0] and two["alone"][2] == one["alone"][2]
-    for run in (one, two):  # within a parallel size, a lane beside others draws what it draws alone
+    assert split["alone"][0] == one["alone"][0] and split["alone"][2] == one["alone"][2]
+    for run in (one, split):  # within a parallel size, a lane beside others draws what it draws alone
         assert run["together"] == run["alone"]
 
 
