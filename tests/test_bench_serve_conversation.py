@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_bench_serve import tfd
 
 from support import clean_environ, started_server
 from tfd.bench.latency import Timeline
 from tfd.bench.serve_conversation import READ_SECONDS, Conversation, gaps_per_token, metric
 from tfd.bench.serve_record import Outcome, Planned
-from tfd.cli import main
 
 WAIT_S = 300  # a resume run against the demo on a slow busy machine: warm, others, turn two, two cold turns
 PROMPT = 300  # turn one: kept at 256 (its last row rounded down to 64), read back by turn two
@@ -110,8 +110,3 @@ def test_conversation_flags_that_mean_nothing_together_are_refused(
     assert tfd("bench", *args) == 2
     assert said in capsys.readouterr().err
 
-
-def tfd(*args: str) -> int:
-    with pytest.raises(SystemExit) as ended:
-        main(list(args))
-    return int(ended.value.code or 0)
