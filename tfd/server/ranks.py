@@ -1,15 +1,14 @@
 """The other ranks of a tensor-parallel daemon (TF_TENSOR_PARALLEL): started by rank 0, each a process
-of its own (``python -m tfd.server.ranks``) that loads its share of the model, builds its engine and
-runs the steps rank 0 shares (``tfd.engine.lockstep``) until rank 0's engine stops.
+of its own (``python -m tfd.server.follower``) that loads its share of the model, builds its engine
+and runs the steps rank 0 shares (``tfd.engine.lockstep``) until rank 0's engine stops.
 
 Rank 0 (``start``) makes a rendezvous file in a fresh directory, starts each process with what it
 needs on its standard input (the settings rank 0 read, the environment, its rank, the size, the
 rendezvous), then joins the process group itself: gloo, on the CPU. Their logs go to rank 0's standard
 error, each line naming its rank.
 
-Signals: a rank ignores SIGTERM and SIGINT, which systemd and a terminal send every process of the
-daemon at once: rank 0 drains, then its engine shares the stop, and the ranks end after their last
-step. Rank 0 gone (killed), a rank's next collective fails and it exits non-zero.
+Signals: the other ranks ignore SIGTERM and SIGINT (``tfd.server.follower``); rank 0 drains, its
+engine shares the stop, and they end after their last step.
 
 Resource handling: ``Ranks.close`` waits for the processes to end (they end once rank 0's engine has
 stopped and shared its stop) and kills any still running after ``STOP_S``; the rendezvous directory is
@@ -24,7 +23,6 @@ import datetime
 import logging
 import pickle
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -109,7 +107,7 @@ def start(settings: Settings, environ: Mapping[str, str], size: int) -> Ranks:
     processes: list[subprocess.Popen[bytes]] = []
     try:
         for rank in range(1, size):
-            process = subprocess.Popen([sys.executable, "-m", "tfd.server.ranks"], stdin=subprocess.PIPE)
+            process = subprocess.Popen([sys.executable, "-m", "tfd.server.follower"], stdin=subprocess.PIPE)
             processes.append(process)
             assert process.stdin is not None
             process.stdin.write(pickle.dumps(Joining(settings, dict(environ), rank, size, rendezvous)))
@@ -140,38 +138,3 @@ def join(rendezvous: str, rank: int, size: int) -> None:
     """Join the process group (gloo) as ``rank`` of ``size``."""
     dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=size,
                             timeout=datetime.timedelta(seconds=JOIN_S))
-
-
-def main() -> int:
-    """A rank process: join, load this rank's share, run the steps rank 0 shares; its exit status."""
-    for signum in (signal.SIGTERM, signal.SIGINT):  # rank 0 drains, then shares the stop (systemd and a
-        signal.signal(signum, signal.SIG_IGN)  # terminal signal every process of the daemon's at once)
-    joining = pickle.load(sys.stdin.buffer)
-    assert isinstance(joining, Joining)
-    logging.basicConfig(level=joining.settings.value("TF_LOG_LEVEL", str).upper(), stream=sys.stderr,
-                        format=f"%(asctime)s %(levelname)s rank {joining.rank} %(name)s: %(message)s")
-    from tfd.engine.engine import Engine
-    from tfd.engine.grammar import Grammar, Vocabulary
-    from tfd.engine.lockstep import Follower
-    from tfd.model.parallel import Parallel
-    from tfd.server.service import prepare
-
-    join(joining.rendezvous, joining.rank, joining.size)
-    try:
-        prepared = prepare(joining.settings, joining.environ, Parallel(joining.rank, joining.size))
-        loaded = prepared.loaded
-        vocabulary = Vocabulary(loaded.tokenizer.to_str(), loaded.model.cfg.vocab, loaded.eos_ids)
-        follower = Follower(lambda text, lanes: Grammar.of_text(vocabulary, text, lanes))
-        Engine(loaded.model, loaded.tokenizer, prepared.pool, prepared.engine, lockstep=follower).follow()
-    except Exception:
-        log.exception("tensor parallel rank %d stopped", joining.rank)
-        return 1
-    finally:
-        dist.destroy_process_group()
-    return 0
-
-
-if __name__ == "__main__":  # the module's own names (its Joining), not a copy run as __main__
-    from tfd.server import ranks
-
-    sys.exit(ranks.main())
