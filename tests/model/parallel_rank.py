@@ -1,6 +1,7 @@
 """One rank of a tensor-parallel run on the CPU over gloo, for ``test_tensor_parallel``: the tiny
-checkpoint loaded as this rank's share, a prompt's logits, and greedy and sampled lanes run alone and
-side by side through the engine's runner; rank 0 writes what it saw as JSON.
+checkpoint loaded as this rank's share, a prompt's logits, and greedy and sampled lanes run alone, side
+by side, drafted by the MTP head, and resumed from a kept state, through the engine's runner; rank 0
+writes what it saw as JSON.
 
 ``python parallel_rank.py RANK SIZE RENDEZVOUS CHECKPOINT OUT``: RENDEZVOUS is a file every rank of
 the run names (torch.distributed's ``file://``); a refused split is written as ``{"refused": ...}``.
@@ -21,7 +22,9 @@ from reference_loop import LanePool
 
 from tfd.bench.workload import drive
 from tfd.checkpoint import Checkpoint, CheckpointError
+from tfd.engine.local_runner import runner_for
 from tfd.engine.request import Request, Sampling
+from tfd.engine.runner import Drafting
 from tfd.families.hybrid import load_model
 from tfd.model.memory import Span
 from tfd.model.parallel import Parallel
@@ -54,9 +57,16 @@ def main(rank: int, size: int, rendezvous: str, checkpoint: str, out: str) -> No
     asked = requests()
     alone = [drive(model, [request], STEP_TOKENS, graphs=False).tokens[0] for request in asked]
     together = drive(model, asked, STEP_TOKENS, graphs=False).tokens
+    drafted = drive(model, asked, STEP_TOKENS, graphs=False, drafting=Drafting(2, 0.0))
+    kept = runner_for(model, asked[2].window, 1, graphs=False, kept_states=2)  # the long prompt, kept
+    first = drive(model, [asked[2]], STEP_TOKENS, graphs=False, runner=kept)
+    again = drive(model, [asked[2]], STEP_TOKENS, graphs=False, runner=kept)  # resumed from its state
     if rank == 0:
-        Path(out).write_text(json.dumps({"logits": logits.tolist(), "alone": alone, "together": together,
-                                         "heads": model.cfg.heads, "value_heads": model.cfg.value_heads}))
+        Path(out).write_text(json.dumps({
+            "logits": logits.tolist(), "alone": alone, "together": together, "drafted": drafted.tokens,
+            "verified": drafted.drafts.drafted, "resumed": [first.tokens[0], again.tokens[0]],
+            "cached": [first.cached[0], again.cached[0]], "heads": model.cfg.heads,
+            "value_heads": model.cfg.value_heads}))
     if parallel is not None:
         dist.destroy_process_group()
 

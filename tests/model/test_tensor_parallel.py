@@ -1,7 +1,8 @@
 """Tensor parallel on the CPU: two and four processes over torch.distributed's gloo backend, each loading
 its share of a tiny checkpoint (``tfd.families.sharding``), give one process's logits within float
 tolerance and its greedy tokens, and within the parallel size the contract holds bit for bit (a lane
-alone draws what it draws beside others); a split the heads do not allow is refused by name."""
+alone draws what it draws beside others, drafted by the MTP head what it draws plainly, resumed from a
+kept state what it draws fresh); a split the heads do not allow is refused by name."""
 
 from __future__ import annotations
 
@@ -54,8 +55,9 @@ def test_ranks_give_one_ranks_logits_and_tokens_and_keep_the_contract(family: st
     # greedy tokens equal where the margins allow: the top two logits of the tiny random models'
     # rows lie far further apart than the sums' reordering moves them (checked: the same tokens)
     assert split["alone"][0] == one["alone"][0] and split["alone"][2] == one["alone"][2]
-    for run in (one, split):  # within a parallel size, a lane beside others draws what it draws alone
-        assert run["together"] == run["alone"]
+    for run in (one, split):  # within a parallel size: concurrent == solo == drafted, resumed == fresh
+        assert run["together"] == run["alone"] == run["drafted"] and run["verified"] > 0  # drafts checked
+        assert run["resumed"] == [run["alone"][2]] * 2 and run["cached"][0] == 0 < run["cached"][1]
 
 
 def test_a_split_the_key_value_heads_do_not_allow_is_refused_by_name(tmp_path: Path) -> None:
