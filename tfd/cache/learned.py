@@ -128,13 +128,17 @@ class Learned:
         self.pending += 1
         self.jobs.put(Job(state, image))
 
-    def settle(self) -> None:
-        """Unpin the states written since; release those evicted meanwhile."""
-        while True:
+    def settle(self, least: Callable[[Sequence[int]], list[int]] | None = None) -> None:
+        """Unpin the states written since; release those evicted meanwhile. ``least`` (tensor parallel):
+        only as many as every rank has written (each writes its offers in the same order), so their
+        pages come free at the same step on every rank."""
+        count = None if least is None else least([self.written.qsize()])[0]
+        while count is None or count > 0:
             try:
                 state = self.written.get_nowait()
             except queue.Empty:
                 return
+            count = None if count is None else count - 1
             self.pending -= 1
             state.writing = False
             if state.dropped:

@@ -16,7 +16,7 @@ lease and memory. Engine thread only.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 import torch
@@ -57,6 +57,8 @@ class PromptCache:
         self.init_state = init_state
         self.learned: Learned | None = None
         self.on_restored: Callable[[], None] = lambda: None  # a learned state's read ended (any thread)
+        # tensor parallel: values at their least over the ranks (``Lockstep.least``); None: one rank
+        self.least: Callable[[Sequence[int]], list[int]] | None = None
 
     def attach(self, learned: Learned) -> None:
         """Keep states on disk too from now on, and resume lanes from them."""
@@ -93,14 +95,15 @@ class PromptCache:
             self.learned.joined(restoring)
 
     def restored(self, restoring: Restoring, prompt: Prefixes, lease: Lease, memory: LaneMemory,
-                 drafts: bool) -> int:
+                 drafts: bool, refused_elsewhere: bool = False) -> int:
         """The position a lane goes on from once its learned state's read has ended: the state's, kept
         in memory too; 0 (a miss, its pieces initialised again) when the store refused its files
-        (counted and forgotten there) or a copy failed (its files may be sound: kept)."""
+        (counted and forgotten there), a copy failed (its files may be sound: kept), or, under tensor
+        parallel, another rank's read of the state failed (``refused_elsewhere``)."""
         counts = self.kept.counts
         error = restoring.error()
-        if error is not None:
-            if not isinstance(error, Refused):
+        if error is not None or refused_elsewhere:  # another rank's read failed: its share is not there
+            if error is not None and not isinstance(error, Refused):
                 log.warning("reading learned state %s back failed; the lane starts from the beginning",
                             restoring.image.key, exc_info=error)
             self.init_state(memory.pieces)
@@ -129,6 +132,7 @@ class PromptCache:
             self.learned.offer(state, prompt)
 
     def settle(self) -> None:
-        """Before a step: the disk's writes done since are unpinned (``Learned.settle``)."""
+        """Before a step: the disk's writes done since are unpinned (``Learned.settle``; under tensor
+        parallel, those done on every rank: ``least``)."""
         if self.learned is not None:
-            self.learned.settle()
+            self.learned.settle(self.least)

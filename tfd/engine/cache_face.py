@@ -24,6 +24,8 @@ from tfd.pool.pages import Pool
 from tfd.store.copies import Device, Drain, TorchDevice
 from tfd.store.store import Store, StoreCounts
 
+CLEAR = "clear kept states"  # the mirror other ranks clear theirs by
+ATTACH = "attach learned store"  # the mirror other ranks attach their own store by (``Engine.ask``)
 Ask = Callable[..., Awaitable[Any]]  # Engine.ask: a question, and the name other ranks mirror a change by
 
 
@@ -68,32 +70,33 @@ class CacheFace:
 
     async def attach_store(self, probe: Sequence[int], at: int, open_store: Callable[[str], Store]) -> Store:
         """The disk tier: the state ``probe`` kept at ``at`` digested and forgotten, the store
-        ``open_store`` opens for that digest attached. RuntimeError when no state was kept there."""
+        ``open_store`` opens for that digest attached (``attach_now``, on the engine thread; other
+        ranks attach theirs by the mirror's name). RuntimeError when no state was kept there."""
+        found: Store = await self._ask(lambda: self.attach_now(probe, at, open_store), ATTACH)
+        return found
+
+    def attach_now(self, probe: Sequence[int], at: int, open_store: Callable[[str], Store]) -> Store:
+        """``attach_store``'s work, on the engine thread (this rank's own store under tensor parallel)."""
         cache = self._cache
         if cache is None:
             raise RuntimeError("no prompt cache to attach a store to")
-
-        def attach() -> Store:
-            kept = cache.kept
-            state = kept.states.get(Prefixes(probe).key_at(at))
-            if state is None:
-                raise RuntimeError("the identity probe's state was not kept")
-            digest = state_digest(self._pool, state)
-            kept.evict(state)
-            store = open_store(digest)
-            copies = self.copies
-            cache.attach(Learned(store, self._pool, self._pool.buffer.device, self._make_device,
-                                 context=self._context, lanes=self._lanes,
-                                 streams=None if copies is None else copies.streams,
-                                 drains=Drain.wait_and_release if copies is None else copies))
-            return store
-
-        found: Store = await self._ask(attach)
-        return found
+        kept = cache.kept
+        state = kept.states.get(Prefixes(probe).key_at(at))
+        if state is None:
+            raise RuntimeError("the identity probe's state was not kept")
+        digest = state_digest(self._pool, state)
+        kept.evict(state)
+        store = open_store(digest)
+        copies = self.copies
+        cache.attach(Learned(store, self._pool, self._pool.buffer.device, self._make_device,
+                             context=self._context, lanes=self._lanes,
+                             streams=None if copies is None else copies.streams,
+                             drains=Drain.wait_and_release if copies is None else copies))
+        return store
 
     async def clear(self) -> int:
         """Evict every state in memory; how many there were."""
-        return 0 if self._cache is None else int(await self._ask(self._cache.kept.clear, "clear kept states"))
+        return 0 if self._cache is None else int(await self._ask(self._cache.kept.clear, CLEAR))
 
     async def report(self) -> dict[str, object]:
         """What the cache holds and did (admin ``learn``); ``{"enabled": false}`` without one."""

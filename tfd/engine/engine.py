@@ -19,13 +19,13 @@ import math
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import attrs
 import tokenizers
 import trio
 
-from tfd.engine.cache_face import CacheFace
+from tfd.engine.cache_face import CLEAR, CacheFace
 from tfd.engine.config import EngineConfig, Hooks
 from tfd.engine.detokenize import Detokenizer
 from tfd.engine.lane import Lane
@@ -73,7 +73,7 @@ class Cancel:
 @attrs.frozen
 class Ask:
     """Run ``question`` between steps; its value (or what it raised) goes to ``answer`` on the trio
-    thread. ``mirror``: the name other ranks make the same change by (``Engine.MIRRORS``)."""
+    thread. ``mirror``: the name other ranks make the same change by (``Engine.mirrors``)."""
 
     question: Callable[[], Any]
     answer: Callable[[Any], None]
@@ -108,6 +108,9 @@ class Engine:
                  hooks: Hooks | None = None, lockstep: Lockstep | None = None) -> None:
         hooks = hooks or Hooks()
         self.lockstep = lockstep  # tensor parallel: rank 0 shares each step's messages, the others take them
+        # another rank's changes between steps, by the name rank 0's ``ask`` gave them (more: its owner's)
+        self.mirrors: dict[str, Callable[[Engine], object]] = {
+            CLEAR: lambda engine: engine.runner.cache.kept.clear() if engine.runner.cache else 0}
         self.tokenizer = tokenizer
         self.pool = pool
         self.limits = limits = config.limits
@@ -119,6 +122,10 @@ class Engine:
                              kept_bytes=config.kept_bytes, keep_gain=config.keep_gain)
         self.stepper = Stepper(self.scheduler, self.runner)
         self.cache = CacheFace(self.runner.cache, pool, limits.context, self.ask, limits.max_lanes)
+        if lockstep is not None:  # what each rank does apart (reads back, writes) is taken at its least
+            self.runner.opener.least = lockstep.least
+            if self.runner.cache is not None:
+                self.runner.cache.least = lockstep.least
         self.stats = StepStats()
         self.failure: BaseException | None = None
         self.last_step_error: Exception | None = None  # what the latest step that failed raised
@@ -329,7 +336,7 @@ class Engine:
         elif isinstance(item, Cancelled):
             self._cancel(item.request_id)
         elif isinstance(item, Mirrored):
-            self.MIRRORS[item.name](self)
+            self.mirrors[item.name](self)
         else:
             self._stopping = True
 
@@ -337,11 +344,6 @@ class Engine:
         found = self._lanes.get(request_id)
         if found is not None:
             found.cancel()
-
-    # the changes between steps other ranks make by name (``Engine.ask``'s ``mirror``)
-    MIRRORS: ClassVar[dict[str, Callable[[Engine], object]]] = {
-        "clear kept states": lambda engine: engine.runner.cache.kept.clear() if engine.runner.cache else 0,
-    }
 
     def _add(self, request: Request) -> None:
         self._numbers += 1

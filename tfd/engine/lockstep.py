@@ -9,6 +9,12 @@ draws: logits summed over the ranks are the same bits on each) follows from thos
 state they all hold alike, so the ranks stay in step without a word more; their collectives meet.
 Nothing a client sees comes from the other ranks: they deliver no event.
 
+What each rank does apart (reading a learned state back, writing one out: threads of its own, on its
+files) ends at different moments on each; the steps take such an ending only once every rank has it
+(``least``: the reads back ended and failed, the writes done, at their least over the ranks), so a
+lane resumes, or recomputes after any rank's read failed, at the same step everywhere, and pages come
+free at the same step.
+
 What crosses is plain data (``Shared``): a request without its compiled grammar (a rank compiles the
 grammar's text against its own vocabulary: ``Grammar`` objects hold native matchers), a cancel, a
 named change to the prompt cache (``Mirrored``), the stop. Rank 0 shares at least once a second (an
@@ -24,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import attrs
+import torch
 import torch.distributed as dist
 
 from tfd.engine.grammar import Grammar
@@ -57,11 +64,23 @@ class Stopped:
 Shared = Submitted | Cancelled | Mirrored | Stopped
 
 
+def least(values: Sequence[int], group: dist.ProcessGroup | None) -> list[int]:
+    """Each of ``values`` at its least over the ranks (every rank passes as many, in the same order)."""
+    found = torch.tensor(list(values), dtype=torch.int64)
+    if found.numel():
+        dist.all_reduce(found, op=dist.ReduceOp.MIN, group=group)
+    return [int(value) for value in found.tolist()]
+
+
 class Leader:
     """Rank 0: shares each step's messages over ``group`` (a gloo group: plain objects on the host)."""
 
     def __init__(self, group: dist.ProcessGroup | None = None) -> None:
         self.group = group
+
+    def least(self, values: Sequence[int]) -> list[int]:
+        """``values`` at their least over the ranks (what every rank has done: reads back ended, writes)."""
+        return least(values, self.group)
 
     def agree(self, shared: Sequence[Shared]) -> list[Shared]:
         box: list[object] = [list(shared)]
@@ -77,6 +96,9 @@ class Follower:
                  ) -> None:
         self.compile = compile
         self.group = group
+
+    def least(self, values: Sequence[int]) -> list[int]:
+        return least(values, self.group)
 
     def agree(self, shared: Sequence[Shared]) -> list[Shared]:
         box: list[object] = [None]

@@ -10,6 +10,7 @@ pages back (a lane whose state is being read, once the read has ended). Engine t
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 
 from tfd.cache.learned import Restoring
 from tfd.cache.prompt_cache import PromptCache, Start
@@ -38,6 +39,8 @@ class Opener:
         self.gdn_names = model.gdn_layers().layers
         self.restoring: list[Lane] = []  # lanes whose state is being read back, in admission order
         self.closed: list[Lane] = []  # those of them ended meanwhile: pages back once the read ends
+        # tensor parallel: values at their least over the ranks (``Lockstep.least``); None: one rank
+        self.least: Callable[[Sequence[int]], list[int]] | None = None
 
     def admit(self, lane: Lane, drafts: bool) -> Admission:
         """Admit a waiting lane if the pool can promise its window, resuming it from the longest
@@ -91,7 +94,7 @@ class Opener:
         was read gives its pages back now, no sooner: the read wrote into them."""
         started: list[Lane] = []
         failed: list[Lane] = []
-        for lane in [lane for lane in self.restoring if lane.restoring is None or lane.restoring.done()]:
+        for lane, refused_elsewhere in self._ended_reads():
             self.restoring.remove(lane)
             restoring, lease, memory = lane.restoring, lane.lease, lane.memory
             assert restoring is not None and lease is not None and memory is not None
@@ -103,7 +106,8 @@ class Opener:
                 self.close(lane)
                 continue
             try:
-                at = self.cache.restored(restoring, lane.prefixes, lease, memory, lane.drafting)
+                at = self.cache.restored(restoring, lane.prefixes, lease, memory, lane.drafting,
+                                         refused_elsewhere)
             except Exception:
                 log.exception("could not resume request %s from its learned state", lane.request.id)
                 lane.read_ended()
@@ -114,6 +118,18 @@ class Opener:
             lane.resumed(at, self.cache.passed(lane.keep_points, at))
             started.append(lane)
         return started, failed
+
+    def _ended_reads(self) -> list[tuple[Lane, bool]]:
+        """The restoring lanes whose read has ended (on every rank, under tensor parallel), each with
+        whether another rank's read of its state failed (this rank's then recomputes it too)."""
+        ended = [lane.restoring is None or lane.restoring.done() for lane in self.restoring]
+        if self.least is None:
+            return [(lane, False) for lane, done in zip(self.restoring, ended, strict=True) if done]
+        failed = [done and lane.restoring is not None and lane.restoring.error() is not None
+                  for lane, done in zip(self.restoring, ended, strict=True)]
+        count = len(ended)
+        agreed = self.least([int(done) for done in ended] + [-int(bad) for bad in failed])  # -least: most
+        return [(lane, agreed[count + i] < 0) for i, lane in enumerate(self.restoring) if agreed[i]]
 
     def drain(self) -> None:
         """Wait for every read back in flight to end, then ``settle``."""

@@ -22,7 +22,7 @@ from tfd.engine.grammar import Grammar, Vocabulary
 from tfd.engine.lockstep import Follower
 from tfd.model.parallel import Parallel
 from tfd.server.ranks import Joining, join
-from tfd.server.service import prepare
+from tfd.server.service import attach_mirror, prepare
 
 log = logging.getLogger("tfd.ranks")
 
@@ -41,7 +41,9 @@ def main() -> int:
         loaded = prepared.loaded
         vocabulary = Vocabulary(loaded.tokenizer.to_str(), loaded.model.cfg.vocab, loaded.eos_ids)
         follower = Follower(lambda text, lanes: Grammar.of_text(vocabulary, text, lanes))
-        Engine(loaded.model, loaded.tokenizer, prepared.pool, prepared.engine, lockstep=follower).follow()
+        engine = Engine(loaded.model, loaded.tokenizer, prepared.pool, prepared.engine, lockstep=follower)
+        engine.mirrors.update(attach_mirror(prepared, joining.environ, engine.drafts))  # its own store
+        engine.follow()
     except Exception:
         log.exception("tensor parallel rank %d stopped", joining.rank)
         return 1

@@ -76,8 +76,8 @@ class Ranks:
 
 def refusals(settings: Settings, environ: Mapping[str, str], device: torch.device, size: int) -> list[str]:
     """What TF_TENSOR_PARALLEL=``size`` cannot serve, by name, before any rank starts: the served
-    model's counts that do not split (``tfd.families.sharding``), FP8 weights, learned conversations
-    (not kept per rank yet), a device other than the CPU (not yet)."""
+    model's counts that do not split (``tfd.families.sharding``), FP8 weights, a device other than the
+    CPU (not yet)."""
     from tfd.checkpoint import read_config
     from tfd.families.config import read_config as hybrid_config
     from tfd.families.sharding import refusals as split_refusals
@@ -88,9 +88,6 @@ def refusals(settings: Settings, environ: Mapping[str, str], device: torch.devic
     if device.type != "cpu":
         problems.append(f"{row}: splits the model over CPU processes only yet; on {device.type} serve with "
                         "TF_TENSOR_PARALLEL=1")
-    if settings.value("TF_LEARN_CONVERSATIONS", bool):
-        problems.append(f"{row}: learned conversations are not kept per rank yet; serve with "
-                        "TF_LEARN_CONVERSATIONS=0")
     config = read_config(model_directory(settings, environ, device)[0])
     if config.quantization is not None or settings.value("TF_DTYPE", str) == "fp8":
         problems.append(f"{row}: FP8 weights are not split across ranks yet; serve them with "

@@ -21,6 +21,7 @@ import attrs
 import torch
 import trio
 
+from tfd.engine.cache_face import ATTACH
 from tfd.engine.config import EngineConfig, EngineRows, Hooks
 from tfd.engine.engine import Engine
 from tfd.engine.grammar import Vocabulary
@@ -57,6 +58,7 @@ from tfd.server.systemd import Heartbeat
 from tfd.server.warm_up import by_kernel, short, warm_up, waves
 from tfd.store.config import StoreConfig
 from tfd.store.identity import PROBE_TOKENS, facts, identity, probe_prompt
+from tfd.store.store import Store
 from tfd_kernels.runtime import compiled_variants, watch_compiles
 
 log = logging.getLogger("tfd.service")
@@ -178,6 +180,31 @@ def resident_bytes() -> int:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
+def store_opener(prepared: Prepared, environ: Mapping[str, str], drafts: bool
+                 ) -> Callable[[str], Store] | None:
+    """With TF_LEARN_CONVERSATIONS, what opens the store of a probe digest's identity (the facts it
+    covers: the checkpoint, the code, the device, the dtype, drafting, and a rank of its size under
+    tensor parallel: each rank keeps its own share of every state); None without."""
+    loaded = prepared.loaded
+    learning = StoreConfig.from_settings(loaded.settings, environ)
+    if not learning.enabled:
+        return None
+    found = facts(loaded.path, prepared.pool.buffer.device, loaded.model.dtype, drafts)
+    if prepared.parallel is not None:
+        found["tensor_parallel"] = [prepared.parallel.rank, prepared.parallel.size]
+    return lambda digest: learning.open(identity(found, digest))
+
+
+def attach_mirror(prepared: Prepared, environ: Mapping[str, str], drafts: bool
+                  ) -> dict[str, Callable[[Engine], object]]:
+    """Another rank's mirror of rank 0's ``attach_store`` (``Engine``'s ``mirrors``): its own store."""
+    opener = store_opener(prepared, environ, drafts)
+    if opener is None:
+        return {}
+    prompt = probe_prompt(prepared.loaded.model.cfg.vocab)
+    return {ATTACH: lambda engine: engine.cache.attach_now(prompt, PROBE_AT, opener)}
+
+
 class Service:
     """What the HTTP routes serve: the model's name, tokenizer, template, engine and pool, and the
     vocabulary grammars are compiled against."""
@@ -260,8 +287,8 @@ class Service:
     async def learn(self, environ: Mapping[str, str]) -> str | None:
         """With TF_LEARN_CONVERSATIONS, the identity (a probe prompt's kept state's digest with the
         facts it covers) and the store of its learned states, attached to the engine; its name."""
-        learning = StoreConfig.from_settings(self.loaded.settings, environ)
-        if not learning.enabled or not self.engine.cache.enabled:
+        opener = store_opener(self.prepared, environ, self.engine.drafts)
+        if opener is None or not self.engine.cache.enabled:
             return None
         prompt = probe_prompt(self.loaded.model.cfg.vocab)
         handle = self.engine.submit(Request("identity-probe", prompt, 1, Sampling(temperature=0.0),
@@ -269,9 +296,7 @@ class Service:
         async for event in handle.events:
             if isinstance(event, Finished) and event.reason in ("failed", "cancelled"):
                 raise RuntimeError(f"the identity probe {event.reason}: {event.message}")
-        found = facts(self.loaded.path, self.pool.buffer.device, self.loaded.model.dtype, self.engine.drafts)
-        store = await self.engine.cache.attach_store(
-            prompt, PROBE_AT, lambda digest: learning.open(identity(found, digest)))
+        store = await self.engine.cache.attach_store(prompt, PROBE_AT, opener)
         log.info("learned conversations in %s (%d states)", store.home, len(store.index.entries))
         return store.identity
 
