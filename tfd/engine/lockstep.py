@@ -105,9 +105,14 @@ class Follower:
         dist.broadcast_object_list(box, src=0, group=self.group)
         found = box[0]
         assert isinstance(found, list)
-        return [attrs.evolve(item, request=attrs.evolve(item.request, grammar=self.compile(item.grammar,
-                                                                                             item.lanes)))
-                if isinstance(item, Submitted) and item.grammar is not None else item for item in found]
+        return [self._compiled(item) for item in found]
+
+    def _compiled(self, item: Shared) -> Shared:
+        """A request with its grammar compiled here from the text rank 0 sent; anything else as it came."""
+        if not isinstance(item, Submitted) or item.grammar is None:
+            return item
+        return attrs.evolve(item, request=attrs.evolve(item.request, grammar=self.compile(item.grammar,
+                                                                                           item.lanes)))
 
 
 Lockstep = Leader | Follower
