@@ -98,7 +98,7 @@ def test_odd_values_are_accepted_or_refused_by_name(text: str) -> None:
 def test_env_check_accepts_a_good_environment() -> None:
     done = run_tfd("env", "--check", env=clean_environ(TF_PORT="9000", TF_CLI_CONFIG_FILE="/x"))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("tfd env: 41 settings ok, 2 set in the environment")
+    assert done.stdout.startswith("tfd env: 42 settings ok, 2 set in the environment")
 
 
 def test_env_prints_the_table_with_current_values_and_masks_secrets() -> None:

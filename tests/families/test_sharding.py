@@ -26,7 +26,7 @@ def checkpoint(family: str) -> Path:
     return tiny_models.save(family, CACHE / "tiny-plain", head=True)
 
 
-def whole(path: Path) -> dict[str, torch.Tensor]:
+def whole_tensors(path: Path) -> dict[str, torch.Tensor]:
     return {name: tensor for file in sorted(path.glob("*.safetensors"))
             for name, tensor in safetensors.torch.load_file(file).items()}
 
@@ -57,9 +57,11 @@ def test_a_ranks_reads_are_its_share_of_the_whole_and_the_shares_join_to_it(fami
     ranks = [load_model(opened, "cpu", torch.float32, progress=False, parallel=Parallel(rank, 2))
              for rank in range(2)]
     for rank, model in enumerate(ranks):  # read in slices from the files == cut from the tensors in memory
-        cut = HybridModel.from_tensors(family, opened.text_config, whole(path), parallel=Parallel(rank, 2))
+        cut = HybridModel.from_tensors(family, opened.text_config, whole_tensors(path),
+                                     parallel=Parallel(rank, 2))
         assert all(torch.equal(a, b) for a, b in zip(weights(model), weights(cut), strict=True))
-        assert model.cfg == rank_config(full.cfg, 2) and model.weights.parallel == Parallel(rank, 2)
+        assert model.cfg == rank_config(full.cfg, Parallel(rank, 2))
+        assert model.weights.parallel == Parallel(rank, 2)
     layer = next(i for i, found in enumerate(full.weights.layers)
                  if isinstance(found.mixer, AttentionWeights))
     mixers = [model.weights.layers[layer].mixer for model in (full, *ranks)]
@@ -72,7 +74,7 @@ def test_a_ranks_reads_are_its_share_of_the_whole_and_the_shares_join_to_it(fami
 
 def test_a_ranks_config_is_its_share_of_every_count() -> None:
     full = load_model(Checkpoint.open(checkpoint("qwen3_5_moe")), "cpu", torch.float32, progress=False).cfg
-    half = rank_config(full, 2)
+    half = rank_config(full, Parallel(0, 2))
     assert (half.heads, half.kv_heads, half.key_heads, half.value_heads) == \
         (full.heads // 2, full.kv_heads // 2, full.key_heads // 2, full.value_heads // 2)
     assert (half.expert_inner, half.shared_inner, half.experts) == \
@@ -102,3 +104,26 @@ def test_fp8_weights_are_refused_by_name_when_split_and_read_whole() -> None:
     with pytest.raises(CheckpointError, match="FP8 weights are not split across ranks yet"):
         load_model(opened, "cpu", torch.float32, progress=False, parallel=Parallel(0, 2))
     assert load_model(opened, "cpu", torch.float32, progress=False, parallel=Parallel(0, 1)).cfg.heads == 4
+
+
+def test_under_expert_parallel_a_rank_holds_a_share_of_the_experts_whole() -> None:
+    path = checkpoint("qwen3_5_moe")
+    opened = Checkpoint.open(path)
+    full = load_model(opened, "cpu", torch.float32, progress=False)
+    assert full.cfg.experts == 8 and refusals(full.cfg, 2, experts=True) == []
+    assert refusals(full.cfg, 3, experts=True)[:1] == [
+        "TF_TENSOR_PARALLEL=3: the 4 attention heads (num_attention_heads) do not split into 3"]
+    assert "TF_TENSOR_PARALLEL=3: the 8 routed experts (num_experts) do not split into 3" in \
+        refusals(full.cfg, 3, experts=True)
+    whole = next(layer.ffn for layer in full.weights.layers if isinstance(layer.ffn, MoeWeights))
+    for rank in range(2):
+        parallel = Parallel(rank, 2, experts=True)
+        model = load_model(opened, "cpu", torch.float32, progress=False, parallel=parallel)
+        cut = HybridModel.from_tensors("qwen3_5_moe", opened.text_config, whole_tensors(path),
+                                       parallel=parallel)
+        assert model.cfg.held_experts == (4 * rank, 4 * rank + 4)
+        assert model.cfg.expert_inner == full.cfg.expert_inner  # each expert whole
+        ffn = next(layer.ffn for layer in model.weights.layers if isinstance(layer.ffn, MoeWeights))
+        assert ffn.first_expert == 4 * rank and isinstance(ffn.gate_up, torch.Tensor)
+        assert torch.equal(ffn.gate_up, whole.gate_up[4 * rank:4 * rank + 4])  # type: ignore[index]
+        assert all(torch.equal(a, b) for a, b in zip(weights(model), weights(cut), strict=True))

@@ -3,8 +3,9 @@ checkpoint loaded as this rank's share, a prompt's logits, and greedy and sample
 by side, drafted by the MTP head, and resumed from a kept state, through the engine's runner; rank 0
 writes what it saw as JSON.
 
-``python parallel_rank.py RANK SIZE RENDEZVOUS CHECKPOINT OUT``: RENDEZVOUS is a file every rank of
-the run names (torch.distributed's ``file://``); a refused split is written as ``{"refused": ...}``.
+``python parallel_rank.py RANK SIZE RENDEZVOUS CHECKPOINT OUT [experts]``: RENDEZVOUS is a file every
+rank of the run names (torch.distributed's ``file://``); ``experts``: expert parallel; a refused split
+is written as ``{"refused": ...}``.
 """
 
 from __future__ import annotations
@@ -40,11 +41,11 @@ def requests() -> list[Request]:
             Request("long", long, 6, Sampling(0.0))]
 
 
-def main(rank: int, size: int, rendezvous: str, checkpoint: str, out: str) -> None:
+def main(rank: int, size: int, rendezvous: str, checkpoint: str, out: str, experts: bool) -> None:
     parallel = None
     if size > 1:
         dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=size)
-        parallel = Parallel(rank, size)
+        parallel = Parallel(rank, size, experts=experts)
     try:
         model = load_model(Checkpoint.open(Path(checkpoint)), "cpu", torch.float32, progress=False,
                            parallel=parallel)
@@ -72,4 +73,4 @@ def main(rank: int, size: int, rendezvous: str, checkpoint: str, out: str) -> No
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:6])
+    main(int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:6], experts=sys.argv[6:] == ["experts"])

@@ -24,13 +24,14 @@ RUN_S = 600  # every rank of a run: start, load a tiny checkpoint, a few short r
 NEAR = 1e-4  # the logits' largest difference over their largest magnitude: fp32 sums in another order
 
 
-def ranks(checkpoint: Path, size: int, root: Path) -> dict[str, Any]:
-    """Run ``size`` ranks on ``checkpoint``; what rank 0 wrote."""
+def ranks(checkpoint: Path, size: int, root: Path, experts: bool = False) -> dict[str, Any]:
+    """Run ``size`` ranks on ``checkpoint`` (``experts``: expert parallel); what rank 0 wrote."""
     root.mkdir(parents=True, exist_ok=True)
     out = root / "out.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     started = [subprocess.Popen([sys.executable, str(RANK), str(rank), str(size), str(root / "rendezvous"),
-                                 str(checkpoint), str(out)], env=env, stdout=subprocess.PIPE,
+                                 str(checkpoint), str(out), *(["experts"] if experts else [])], env=env,
+                                stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True) for rank in range(size)]
     try:
         said = [process.communicate(timeout=RUN_S)[0] for process in started]
@@ -42,13 +43,14 @@ def ranks(checkpoint: Path, size: int, root: Path) -> dict[str, Any]:
     return found
 
 
-@pytest.mark.parametrize(("family", "size"), [(family, size) for family in tiny_models.FAMILIES
-                                               for size in (2, 4)])
-def test_ranks_give_one_ranks_logits_and_tokens_and_keep_the_contract(family: str, size: int,
+@pytest.mark.parametrize(("family", "size", "experts"), [
+    *[(family, size, False) for family in tiny_models.FAMILIES for size in (2, 4)],
+    *[(family, 2, True) for family in tiny_models.FAMILIES if family != "qwen3_5"]])  # MoE: experts whole
+def test_ranks_give_one_ranks_logits_and_tokens_and_keep_the_contract(family: str, size: int, experts: bool,
                                                                       tmp_path: Path) -> None:
     wide = size == 4  # the tiny models' 2 key-value heads split into 2; their wide twins' 4 into 4
     checkpoint = tiny_models.save(family, CACHE / "tiny-plain", head=True, wide=wide)
-    one, split = ranks(checkpoint, 1, tmp_path / "one"), ranks(checkpoint, size, tmp_path / "split")
+    one, split = ranks(checkpoint, 1, tmp_path / "one"), ranks(checkpoint, size, tmp_path / "split", experts)
     assert one["heads"] == split["heads"] * size and one["value_heads"] == split["value_heads"] * size
     whole, parts = torch.tensor(one["logits"]), torch.tensor(split["logits"])
     assert ((parts - whole).abs().max() / whole.abs().max()).item() < NEAR

@@ -15,7 +15,7 @@ added later is covered without a line here):
 Then pairs of rows that constrain each other, at their corners: pages with state pages (each family's
 pair), context with parallel, the pool's size and the model's positions, drafts with their count and
 MTP lanes, learning with the prompt cache, its keep gain and the context, the step's rows with the
-context, tensor parallel at a size the demos split into, and with learning.
+context, tensor parallel at a size the demos split into, with learning, and with experts placed.
 
 Left out, and where they are covered: TF_SHAPE (a released model's shape is up to 8 GiB of random
 weights on the CPU: test_shape_serving starts one on a GPU), TF_DEMO (each case names its demo),
@@ -75,6 +75,7 @@ PAIRS: tuple[dict[str, str], ...] = (
     {"TF_PROMPT_CACHE_GIB": "0", "TF_PROMPT_KEEP_GAIN": "1048576"},
     {"TF_TENSOR_PARALLEL": "2"},  # the demos' heads split into 2 (and refuse 4: the edges' cases)
     {"TF_TENSOR_PARALLEL": "2", "TF_LEARN_CONVERSATIONS": "1"},
+    {"TF_TENSOR_PARALLEL": "2", "TF_EXPERT_PARALLEL": "1"},  # Flash Next's experts placed; Qwen3.5's: none
     {"TF_STEP_TOKENS": "64", "TF_CONTEXT": "4194304", "TF_POOL_GIB": "16384"},
     {"TF_STEP_TOKENS": "65536", "TF_CONTEXT": "16"},
 )

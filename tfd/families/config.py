@@ -70,6 +70,7 @@ class HybridConfig:
     indexer: Indexer | None = None
     ple: Ple | None = None
     mtp_layers: int = 0
+    held_experts: tuple[int, int] | None = None  # expert parallel: the routed experts a rank holds whole
 
     @property
     def layers(self) -> int:

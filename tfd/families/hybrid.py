@@ -19,7 +19,7 @@ from tfd.families.config import LINEAR, HybridConfig, read_config
 from tfd.families.lane_state import AttentionRows, DraftBuffers, GdnLayers, PleState, lane_pieces
 from tfd.families.naming import Get, Named, Naming, Shape
 from tfd.families.random_weights import random_tensors
-from tfd.families.sharding import Sharded, rank_config, refusals, taken
+from tfd.families.sharding import Sharded, rank_config, read_by, refusals, taken
 from tfd.model.decode import (
     DecodeBatch,
     DecodeMemory,
@@ -76,6 +76,7 @@ def load_model(checkpoint: Checkpoint, device: torch.device | str = "cpu",
             raise CheckpointError(f"{checkpoint.path}: FP8 weights are not split across ranks yet; serve "
                                   "them with TF_TENSOR_PARALLEL=1")
         take = taken(cfg, parallel)
+        shapes = {name: shape for name, shape in shapes.items() if read_by(cfg, parallel, name)}
     tensors = checkpoint.load([*shapes, *scales], device, dtype, progress, joined=naming.joined(), take=take)
     return HybridModel.build(cfg, naming, Named(tensors.__getitem__), dtype, parallel,
                              shared=take is not None)
@@ -83,7 +84,7 @@ def load_model(checkpoint: Checkpoint, device: torch.device | str = "cpu",
 
 def _refuse_split(cfg: HybridConfig, parallel: Parallel) -> None:
     """``CheckpointError`` naming each count ``parallel.size`` does not divide."""
-    problems = refusals(cfg, parallel.size)
+    problems = refusals(cfg, parallel.size, parallel.experts)
     if problems:
         raise CheckpointError("; ".join(problems))
 
@@ -107,7 +108,7 @@ class HybridModel:
         if parallel is not None and parallel.size > 1:
             _refuse_split(cfg, parallel)
             get = get if shared else Sharded(get, cfg, parallel)
-            cfg = rank_config(cfg, parallel.size)
+            cfg = rank_config(cfg, parallel)
         stack, head = FAMILIES[cfg.family].build(cfg, naming, get)
         if parallel is not None and parallel.size > 1:
             stack = attrs.evolve(stack, parallel=parallel)

@@ -193,12 +193,13 @@ def moe_weights(cfg: HybridConfig, naming: Naming, get: Get, at: str) -> MoeWeig
     if naming.fused_experts(at):
         gate_up, down = get.stacked(f"{at}.experts.gate_up_proj"), get.stacked(f"{at}.experts.down_proj")
     else:
-        experts = [dense_weights(get, f"{at}.experts.{e}") for e in range(cfg.experts)]
+        first, past = cfg.held_experts or (0, cfg.experts)
+        experts = [dense_weights(get, f"{at}.experts.{e}") for e in range(first, past)]
         try:
             gate_up, down = stacked([x.gate_up for x in experts]), stacked([x.down for x in experts])
         except ValueError as error:
             raise CheckpointError(f"{at}.experts: {error}") from None
     router = join((get.linear(f"{at}.gate.weight"), get.linear(f"{at}.shared_expert_gate.weight")))
     shared = dense_weights(get, f"{at}.shared_expert")
-    return MoeWeights(router=router, gate_up=gate_up, down=down, shared=shared,
-                      top_k=cfg.top_k, norm_top_k=cfg.norm_top_k)
+    return MoeWeights(router=router, gate_up=gate_up, down=down, shared=shared, top_k=cfg.top_k,
+                      norm_top_k=cfg.norm_top_k, first_expert=(cfg.held_experts or (0, 0))[0])

@@ -4,7 +4,9 @@ of each tensor it holds, and the model's shape as that rank sees it.
 Attention is split by heads (q with its gate, k and v by key-value heads, o by the same heads'
 columns), GDN by key and value heads (a rank's value heads read its own key heads: value head j reads
 key head j // ratio, so contiguous shares match), a dense MLP and each expert by inner width (gate and
-up by rows, down by columns), the shared expert likewise. Embeddings, norms, the router, the shared
+up by rows, down by columns), the shared expert likewise; under expert parallel the routed experts
+are placed whole instead, a contiguous share of them a rank, each rank adding only its own to a row's
+sum (``MoeWeights.first_expert``). Embeddings, norms, the router, the shared
 expert's gate and the MTP head's joining products are whole on every rank, and so are Flash Next's
 QSA indexer (every rank selects the same positions), hyper-connections and PLE: their work is repeated
 on each. Each rank's block outputs are then partial sums, added across the ranks once a block
@@ -17,6 +19,7 @@ not split yet: refused by name as they are read (``Sharded``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import attrs
@@ -30,8 +33,9 @@ from tfd.model.parallel import Parallel
 ROW = "TF_TENSOR_PARALLEL"
 
 
-def refusals(cfg: HybridConfig, size: int) -> list[str]:
-    """What stops ``cfg``'s model from splitting over ``size`` ranks, each naming the count at fault."""
+def refusals(cfg: HybridConfig, size: int, experts: bool = False) -> list[str]:
+    """What stops ``cfg``'s model from splitting over ``size`` ranks (``experts``: the routed experts
+    placed whole, a share a rank), each naming the count at fault."""
     if size == 1:
         return []
     counts = {"attention heads (num_attention_heads)": cfg.heads,
@@ -40,28 +44,42 @@ def refusals(cfg: HybridConfig, size: int) -> list[str]:
               "GDN value heads (linear_num_value_heads)": cfg.value_heads}
     if cfg.intermediate:
         counts["MLP inner columns (intermediate_size)"] = cfg.intermediate
-    if cfg.experts:
+    if cfg.experts and experts:
+        counts["routed experts (num_experts)"] = cfg.experts
+    elif cfg.experts:
         counts["experts' inner columns (moe_intermediate_size)"] = cfg.expert_inner
+    if cfg.experts:
         counts["shared expert's inner columns (shared_expert_intermediate_size)"] = cfg.shared_inner
     found = [f"{ROW}={size}: the {count} {what} do not split into {size}"
              for what, count in counts.items() if count % size]
     return found
 
 
-def rank_config(cfg: HybridConfig, size: int) -> HybridConfig:
-    """``cfg`` as one of ``size`` ranks holds it: its share of every head and inner count."""
+def rank_config(cfg: HybridConfig, parallel: Parallel) -> HybridConfig:
+    """``cfg`` as ``parallel.rank`` holds it: its share of every head and inner count, and under expert
+    parallel its share of the routed experts, each whole."""
+    size = parallel.size
+    held = parallel.share(cfg.experts) if parallel.experts and cfg.experts else None
     return attrs.evolve(cfg, heads=cfg.heads // size, kv_heads=cfg.kv_heads // size,
                         key_heads=cfg.key_heads // size, value_heads=cfg.value_heads // size,
                         intermediate=None if cfg.intermediate is None else cfg.intermediate // size,
-                        expert_inner=cfg.expert_inner // size, shared_inner=cfg.shared_inner // size)
+                        expert_inner=cfg.expert_inner if held else cfg.expert_inner // size,
+                        shared_inner=cfg.shared_inner // size, held_experts=held)
 
 
-def split(cfg: HybridConfig, name: str, shape: tuple[int, ...]) -> tuple[int, list[int]] | None:
+def split(cfg: HybridConfig, name: str, shape: tuple[int, ...], experts: bool = False
+          ) -> tuple[int, list[int]] | None:
     """How the tensor ``name`` of ``shape`` splits: (its dimension, the sections along it, each split
-    into equal shares, a rank taking its share of every one); None: whole on every rank."""
+    into equal shares, a rank taking its share of every one); None: whole on every rank. ``experts``
+    (expert parallel): fused experts split by expert, experts stored one by one whole (a rank reads
+    only its own)."""
     qk, v = cfg.key_heads * cfg.key_dim, cfg.value_heads * cfg.value_dim
     if name.endswith(("linear_attn.in_proj_qkv.weight", "linear_attn.conv1d.weight")):
         return 0, [qk, qk, v]  # [all q | all k | all v]
+    if experts and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+        return 0, [shape[0]]
+    if experts and ".experts." in name:
+        return None
     if name.endswith("experts.gate_up_proj"):  # [experts, gate rows | up rows, hidden]
         return 1, [shape[1] // 2, shape[1] // 2]
     if name.endswith("experts.down_proj"):
@@ -87,13 +105,26 @@ def ranges(sections: list[int], parallel: Parallel) -> list[tuple[int, int]]:
     return found
 
 
+EXPERT = re.compile(r".*\.experts\.(\d+)\..*")
+
+
+def read_by(cfg: HybridConfig, parallel: Parallel, name: str) -> bool:
+    """Whether ``parallel.rank`` reads tensor ``name`` at all: under expert parallel, an expert stored
+    one by one is read only by the rank that holds it."""
+    found = EXPERT.fullmatch(name)
+    if not parallel.experts or found is None or not cfg.experts:
+        return True
+    first, past = parallel.share(cfg.experts)
+    return first <= int(found[1]) < past
+
+
 Taken = tuple[int, list[tuple[int, int]]] | None  # a dimension and ranges along it; None: the whole
 
 
 def taken(cfg: HybridConfig, parallel: Parallel) -> Callable[[str, tuple[int, ...]], Taken]:
     """What a rank reads of each stored tensor (``Checkpoint.load``'s ``take``): its share, or all."""
     def take(name: str, shape: tuple[int, ...]) -> Taken:
-        rule = split(cfg, name, shape)
+        rule = split(cfg, name, shape, parallel.experts)
         return None if rule is None else (rule[0], ranges(rule[1], parallel))
 
     return take
@@ -132,5 +163,5 @@ class Sharded:
         return self._share(name, found)
 
     def _share(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        rule = split(self.cfg, name, tuple(tensor.shape))
+        rule = split(self.cfg, name, tuple(tensor.shape), self.parallel.experts)
         return tensor if rule is None else share(tensor, *rule, self.parallel)

@@ -44,6 +44,7 @@ class MoeWeights:
     shared: DenseMlp = attrs.field()  # gate rows, then up rows (never paired): tfd_kernels.moe reads them so
     top_k: int
     norm_top_k: bool
+    first_expert: int = 0  # expert parallel: the routed experts held start here (the rest: elsewhere)
 
     @shared.validator
     def _unpaired(self, _: attrs.Attribute[DenseMlp], shared: DenseMlp) -> None:
@@ -62,21 +63,26 @@ def dense(w: DenseMlp, x: torch.Tensor) -> torch.Tensor:
 def moe(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:
     """Each row's ``top_k`` experts (softmax in fp32, renormalised when ``norm_top_k``; among equal
     probabilities the lower expert wins) summed in ascending id, plus the gated shared expert. The
-    router and the shared gate are one product; on CUDA the rest is ``grouped_moe``."""
+    router and the shared gate are one product; on CUDA the rest is ``grouped_moe``. Under expert
+    parallel only the experts held (``first_expert`` on) are added: the others are other ranks'."""
     logits = linear(x, w.router)
+    if x.is_cuda and w.down.shape[0] != logits.shape[1] - 1:
+        raise ValueError("experts held by several ranks (expert parallel) run on the reference path only")
     if x.is_cuda:  # every selected expert and the shared one in the grouped kernels, each read once
         return grouped_moe(w, x, logits)
     count = logits.shape[1] - 1
     choice, gate, shared = logits[:, :count], logits[:, count:], dense(w.shared, x)
     experts, weights = router.reference(choice, w.top_k, w.norm_top_k, x.dtype)
-    inner = w.down.shape[2]
+    inner, held = w.down.shape[2], range(w.first_expert, w.first_expert + w.down.shape[0])
     routed = torch.zeros_like(x)
     for row in range(x.shape[0]):
         ranked = sorted(zip(experts[row].tolist(), weights[row], strict=True))
         for expert, weight in ranked:
-            gate_up = linear(x[row:row + 1], w.gate_up[expert])
+            if expert not in held:  # expert parallel: another rank adds it
+                continue
+            gate_up = linear(x[row:row + 1], w.gate_up[expert - w.first_expert])
             hidden = silu(gate_up[:, :inner]) * gate_up[:, inner:]
-            routed[row] += (linear(hidden, w.down[expert]) * weight)[0]
+            routed[row] += (linear(hidden, w.down[expert - w.first_expert]) * weight)[0]
     return sigmoid_gate(shared, gate, routed)
 
 

@@ -26,6 +26,7 @@ class Parallel:
     rank: int
     size: int
     group: dist.ProcessGroup | None = None
+    experts: bool = False  # expert parallel: routed experts held whole, a share of them a rank
 
     def __attrs_post_init__(self) -> None:
         if not 0 <= self.rank < self.size:

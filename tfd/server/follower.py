@@ -37,7 +37,9 @@ def main() -> int:
                         format=f"%(asctime)s %(levelname)s rank {joining.rank} %(name)s: %(message)s")
     join(joining.rendezvous, joining.rank, joining.size)
     try:
-        prepared = prepare(joining.settings, joining.environ, Parallel(joining.rank, joining.size))
+        experts = joining.settings.value("TF_EXPERT_PARALLEL", bool)
+        parallel = Parallel(joining.rank, joining.size, experts=experts)
+        prepared = prepare(joining.settings, joining.environ, parallel)
         loaded = prepared.loaded
         vocabulary = Vocabulary(loaded.tokenizer.to_str(), loaded.model.cfg.vocab, loaded.eos_ids)
         follower = Follower(lambda text, lanes: Grammar.of_text(vocabulary, text, lanes))

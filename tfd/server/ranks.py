@@ -76,8 +76,8 @@ class Ranks:
 
 def refusals(settings: Settings, environ: Mapping[str, str], device: torch.device, size: int) -> list[str]:
     """What TF_TENSOR_PARALLEL=``size`` cannot serve, by name, before any rank starts: the served
-    model's counts that do not split (``tfd.families.sharding``), FP8 weights, a device other than the
-    CPU (not yet)."""
+    model's counts that do not split (``tfd.families.sharding``), expert parallel for a model without
+    experts, FP8 weights, a device other than the CPU (not yet)."""
     from tfd.checkpoint import read_config
     from tfd.families.config import read_config as hybrid_config
     from tfd.families.sharding import refusals as split_refusals
@@ -92,7 +92,10 @@ def refusals(settings: Settings, environ: Mapping[str, str], device: torch.devic
     if config.quantization is not None or settings.value("TF_DTYPE", str) == "fp8":
         problems.append(f"{row}: FP8 weights are not split across ranks yet; serve them with "
                         "TF_TENSOR_PARALLEL=1")
-    problems += split_refusals(hybrid_config(config.family, config.text), size)
+    cfg, experts = hybrid_config(config.family, config.text), settings.value("TF_EXPERT_PARALLEL", bool)
+    if experts and not cfg.experts:
+        problems.append(f"TF_EXPERT_PARALLEL=1: {config.family} has no routed experts to place on ranks")
+    problems += split_refusals(cfg, size, experts)
     return problems
 
 

@@ -100,7 +100,8 @@ def prepare(settings: Settings, environ: Mapping[str, str], parallel: Parallel |
         problems = refusals(settings, environ, device, size)
         if problems:
             raise SettingsRefused(problems)
-        ranks, parallel = start_ranks(settings, environ, size), Parallel(0, size)
+        experts = settings.value("TF_EXPERT_PARALLEL", bool)
+        ranks, parallel = start_ranks(settings, environ, size), Parallel(0, size, experts=experts)
     try:
         return _prepared(settings, environ, device, parallel, ranks)
     except BaseException:
