@@ -131,13 +131,6 @@ class Opener:
         agreed = self.least([int(done) for done in ended] + [-int(bad) for bad in failed])  # -least: most
         return [(lane, agreed[count + i] < 0) for i, lane in enumerate(self.restoring) if agreed[i]]
 
-    def drain(self) -> None:
-        """Wait for every read back in flight to end, then ``settle``."""
-        for lane in self.restoring:
-            if lane.restoring is not None:
-                lane.restoring.error()
-        self.settle()
-
     def close(self, lane: Lane) -> None:
         """Give the lane's pages back (again: nothing); a lane whose state is being read back gives
         them at ``settle``, once the read has ended."""

@@ -99,10 +99,6 @@ class Runner:
         """Whether a lane's state is being read back (its pages held until the read ends)."""
         return bool(self.opener.restoring)
 
-    def drain_restores(self) -> None:
-        """Wait for every state being read back, then settle them (shutdown, tests)."""
-        self.opener.drain()
-
     @torch.no_grad()
     def run(self, works: Sequence[Work]) -> list[Drawn]:
         """Run every work's rows and draw a token for each work that samples (a verify round: its
