@@ -132,13 +132,9 @@ class Learned:
         """Unpin the states written since; release those evicted meanwhile. ``least`` (tensor parallel):
         only as many as every rank has written (each writes its offers in the same order), so their
         pages come free at the same step on every rank."""
-        count = None if least is None else least([self.written.qsize()])[0]
-        while count is None or count > 0:
-            try:
-                state = self.written.get_nowait()
-            except queue.Empty:
-                return
-            count = None if count is None else count - 1
+        count = self.written.qsize()  # this thread alone takes from it: as many are there to take
+        for _ in range(count if least is None else least([count])[0]):
+            state = self.written.get_nowait()
             self.pending -= 1
             state.writing = False
             if state.dropped:
