@@ -96,7 +96,11 @@ class CacheFace:
 
     async def clear(self) -> int:
         """Evict every state in memory; how many there were."""
-        return 0 if self._cache is None else int(await self._ask(self._cache.kept.clear, CLEAR))
+        return 0 if self._cache is None else int(await self._ask(self.clear_now, CLEAR))
+
+    def clear_now(self) -> int:
+        """``clear``'s work, on the engine thread (another rank's too, by the mirror's name)."""
+        return 0 if self._cache is None else self._cache.kept.clear()
 
     async def report(self) -> dict[str, object]:
         """What the cache holds and did (admin ``learn``); ``{"enabled": false}`` without one."""

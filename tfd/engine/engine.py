@@ -109,8 +109,7 @@ class Engine:
         hooks = hooks or Hooks()
         self.lockstep = lockstep  # tensor parallel: rank 0 shares each step's messages, the others take them
         # another rank's changes between steps, by the name rank 0's ``ask`` gave them (more: its owner's)
-        self.mirrors: dict[str, Callable[[Engine], object]] = {
-            CLEAR: lambda engine: engine.runner.cache.kept.clear() if engine.runner.cache else 0}
+        self.mirrors: dict[str, Callable[[Engine], object]] = {CLEAR: lambda engine: engine.cache.clear_now()}
         self.tokenizer = tokenizer
         self.pool = pool
         self.limits = limits = config.limits

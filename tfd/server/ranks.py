@@ -116,22 +116,25 @@ def start(settings: Settings, environ: Mapping[str, str], size: int) -> Ranks:
         joined.start()
         while joined.is_alive():  # a rank that dies before it joins would leave rank 0 waiting JOIN_S
             joined.join(WATCH_S)
-            for rank, process in enumerate(processes, 1):
-                if process.poll() is not None:
-                    raise RuntimeError(f"tensor parallel rank {rank} exited with status {process.returncode} "
-                                       "before the group formed (its log is above)")
+            _all_running(processes)
         if not dist.is_initialized():
             raise RuntimeError("the tensor parallel group did not form")
+        _all_running(processes)  # one may have died as the group formed
     except BaseException:
         Ranks(processes).close()
         raise
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    for rank, process in enumerate(processes, 1):
-        if process.poll() is not None:
-            raise RuntimeError(f"tensor parallel rank {rank} exited with status {process.returncode}")
     log.info("tensor parallel: %d ranks joined", size)
     return Ranks(processes)
+
+
+def _all_running(processes: list[subprocess.Popen[bytes]]) -> None:
+    """``RuntimeError`` naming the first rank whose process has exited."""
+    for rank, process in enumerate(processes, 1):
+        if process.poll() is not None:
+            raise RuntimeError(f"tensor parallel rank {rank} exited with status {process.returncode} "
+                               "before the group formed (its log is above)")
 
 
 def join(rendezvous: str, rank: int, size: int) -> None:
