@@ -105,6 +105,15 @@ def real(rows: int, experts: int, top_k: int, seed: int
             shared._replace(gate_up=stack(shared.gate_up), down=stack(shared.down)))
 
 
+def rows_alone_are(batch: torch.Tensor, rows: tuple[int, ...], x: torch.Tensor, gate_up: moe.Weights,
+                   down: moe.Weights, ids: torch.Tensor, weights: torch.Tensor, shared: moe.Shared) -> None:
+    """Each of ``rows`` run alone through ``moe.experts`` gives ``batch``'s bits for it."""
+    for row in rows:
+        part = slice(row, row + 1)
+        alone = moe.experts(x[part], gate_up, down, ids[part], weights[part], gate_rows(shared, part))
+        assert torch.equal(alone, batch[part]), row
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(("experts", "top_k"), REAL)
 def test_gpu_rows_1_to_64_are_the_bits_of_the_batch(experts: int, top_k: int) -> None:
@@ -121,10 +130,7 @@ def test_gpu_rows_1_to_64_are_the_bits_of_the_batch(experts: int, top_k: int) ->
         assert torch.equal(got, batch[:rows]), rows
         got = moe.routed(x[:rows], gate_up, down, logits[:rows, :experts], top_k, True, part)
         assert torch.equal(got, routed[:rows]), rows
-    for row in (0, 31, 63):
-        part = slice(row, row + 1)
-        alone = moe.experts(x[part], gate_up, down, ids[part], weights[part], gate_rows(shared, part))
-        assert torch.equal(alone, batch[part])
+    rows_alone_are(batch, (0, 31, 63), x, gate_up, down, ids, weights, shared)
 
 
 @pytest.mark.gpu
@@ -161,10 +167,7 @@ def test_gpu_a_prompts_tiles_give_a_row_the_bits_of_decodes() -> None:
     prompt = moe.experts(x, gate_up, down, ids, weights, shared)
     fewer = moe.experts(x[:1023], gate_up, down, ids[:1023], weights[:1023], gate_rows(shared, slice(1023)))
     assert torch.equal(fewer, prompt[:1023])
-    for row in (0, 511, 1023):
-        part = slice(row, row + 1)
-        alone = moe.experts(x[part], gate_up, down, ids[part], weights[part], gate_rows(shared, part))
-        assert torch.equal(alone, prompt[part])
+    rows_alone_are(prompt, (0, 511, 1023), x, gate_up, down, ids, weights, shared)
 
 
 @pytest.mark.gpu
