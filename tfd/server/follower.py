@@ -20,8 +20,7 @@ import torch.distributed as dist
 from tfd.engine.engine import Engine
 from tfd.engine.grammar import Grammar, Vocabulary
 from tfd.engine.lockstep import Follower
-from tfd.model.parallel import Parallel
-from tfd.server.ranks import Joining, join
+from tfd.server.ranks import Joining, join, rank_of
 from tfd.server.service import attach_mirror, prepare
 
 log = logging.getLogger("tfd.ranks")
@@ -37,9 +36,7 @@ def main() -> int:
                         format=f"%(asctime)s %(levelname)s rank {joining.rank} %(name)s: %(message)s")
     join(joining.rendezvous, joining.rank, joining.size)
     try:
-        experts = joining.settings.value("TF_EXPERT_PARALLEL", bool)
-        parallel = Parallel(joining.rank, joining.size, experts=experts)
-        prepared = prepare(joining.settings, joining.environ, parallel)
+        prepared = prepare(joining.settings, joining.environ, rank_of(joining.settings, joining.rank))
         loaded = prepared.loaded
         vocabulary = Vocabulary(loaded.tokenizer.to_str(), loaded.model.cfg.vocab, loaded.eos_ids)
         follower = Follower(lambda text, lanes: Grammar.of_text(vocabulary, text, lanes))

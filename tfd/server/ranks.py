@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from tfd.env import Settings
+from tfd.model.parallel import Parallel
 
 log = logging.getLogger("tfd.ranks")
 JOIN_S = 600.0  # the group forming, and any one collective: a rank loading a large checkpoint meanwhile
@@ -72,6 +73,12 @@ class Ranks:
                 process.wait()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def rank_of(settings: Settings, number: int) -> Parallel:
+    """Rank ``number`` of TF_TENSOR_PARALLEL's size, its experts placed as TF_EXPERT_PARALLEL says."""
+    return Parallel(number, settings.value("TF_TENSOR_PARALLEL", int),
+                    experts=settings.value("TF_EXPERT_PARALLEL", bool))
 
 
 def refusals(settings: Settings, environ: Mapping[str, str], device: torch.device, size: int) -> list[str]:

@@ -46,7 +46,7 @@ from tfd.server.device_memory import (
     host_available,
     plan_device,
 )
-from tfd.server.ranks import Ranks, refusals
+from tfd.server.ranks import Ranks, rank_of, refusals
 from tfd.server.ranks import start as start_ranks
 from tfd.server.start_refusals import (
     OUT_OF_MEMORY,
@@ -100,8 +100,7 @@ def prepare(settings: Settings, environ: Mapping[str, str], parallel: Parallel |
         problems = refusals(settings, environ, device, size)
         if problems:
             raise SettingsRefused(problems)
-        experts = settings.value("TF_EXPERT_PARALLEL", bool)
-        ranks, parallel = start_ranks(settings, environ, size), Parallel(0, size, experts=experts)
+        ranks, parallel = start_ranks(settings, environ, size), rank_of(settings, 0)
     try:
         return _prepared(settings, environ, device, parallel, ranks)
     except BaseException:
