@@ -9,6 +9,9 @@ the tensor's size and the ring's chunks: so a row's sum depends on that row alon
 at a parallel size do not depend on its batch) and every rank holds the same bits (they take the same
 decisions). Across parallel sizes the bits may differ: the products' sums run over other splits.
 
+The gather is one collective into one buffer (``all_gather_single``), so a decode graph captures it
+as one NCCL launch on CUDA.
+
 Error handling: a collective that fails (a rank gone) raises what torch.distributed raises.
 """
 
@@ -19,14 +22,21 @@ import torch
 import torch.distributed as dist
 
 
+# torch 2.13 renamed all_gather_into_tensor (the old name warns); the device's torch may predate it
+_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 @attrs.frozen
 class Parallel:
-    """This process is ``rank`` of ``size`` in ``group`` (torch.distributed's; None: the default)."""
+    """This process is ``rank`` of ``size`` in ``group`` (torch.distributed's; None: the default), which
+    carries the blocks' sums; ``control`` carries what the hosts agree on (plain objects, counts): a
+    gloo group beside NCCL on CUDA, None where the default group is gloo already (the CPU)."""
 
     rank: int
     size: int
     group: dist.ProcessGroup | None = None
     experts: bool = False  # expert parallel: routed experts held whole, a share of them a rank
+    control: dist.ProcessGroup | None = None
 
     def __attrs_post_init__(self) -> None:
         if not 0 <= self.rank < self.size:
@@ -37,8 +47,8 @@ class Parallel:
         returned in ``partial``'s dtype."""
         if self.size == 1:
             return partial
-        gathered = [torch.empty_like(partial) for _ in range(self.size)]
-        dist.all_gather(gathered, partial.contiguous(), group=self.group)
+        gathered = partial.new_empty((self.size, *partial.shape))
+        _gather(gathered.flatten(0, 1), partial.contiguous(), group=self.group)
         total = gathered[0].float()
         for part in gathered[1:]:
             total = total + part.float()

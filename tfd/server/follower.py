@@ -15,6 +15,7 @@ import pickle
 import signal
 import sys
 
+import torch
 import torch.distributed as dist
 
 from tfd.engine.engine import Engine
@@ -34,12 +35,12 @@ def main() -> int:
     assert isinstance(joining, Joining)
     logging.basicConfig(level=joining.settings.value("TF_LOG_LEVEL", str).upper(), stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s rank {joining.rank} %(name)s: %(message)s")
-    join(joining.rendezvous, joining.rank, joining.size)
+    control = join(joining.rendezvous, joining.rank, joining.size, torch.device(joining.device))
     try:
-        prepared = prepare(joining.settings, joining.environ, rank_of(joining.settings, joining.rank))
+        prepared = prepare(joining.settings, joining.environ, rank_of(joining.settings, joining.rank, control))
         loaded = prepared.loaded
         vocabulary = Vocabulary(loaded.tokenizer.to_str(), loaded.model.cfg.vocab, loaded.eos_ids)
-        follower = Follower(lambda text, lanes: Grammar.of_text(vocabulary, text, lanes))
+        follower = Follower(lambda text, lanes: Grammar.of_text(vocabulary, text, lanes), control)
         engine = Engine(loaded.model, loaded.tokenizer, prepared.pool, prepared.engine, lockstep=follower)
         engine.mirrors.update(attach_mirror(prepared, joining.environ, engine.drafts))  # its own store
         engine.follow()

@@ -3,17 +3,19 @@ of its own (``python -m tfd.server.follower``) that loads its share of the model
 and runs the steps rank 0 shares (``tfd.engine.lockstep``) until rank 0's engine stops.
 
 Rank 0 (``start``) makes a rendezvous file in a fresh directory, starts each process with what it
-needs on its standard input (the settings rank 0 read, the environment, its rank, the size, the
-rendezvous), then joins the process group itself: gloo, on the CPU. Their logs go to rank 0's standard
-error, each line naming its rank.
+needs on its standard input (the settings rank 0 read, the environment, the device, its rank, the
+size, the rendezvous), then joins the process group itself. On the CPU the group is gloo; on CUDA
+rank r runs on card r, the blocks' sums go over NCCL and a gloo group beside it carries what the
+hosts agree on (``Parallel.control``). Their logs go to rank 0's standard error, each line naming
+its rank.
 
 Signals: the other ranks ignore SIGTERM and SIGINT (``tfd.server.follower``); rank 0 drains, its
 engine shares the stop, and they end after their last step.
 
 Resource handling: ``Ranks.close`` waits for the processes to end (they end once rank 0's engine has
-stopped and shared its stop) and kills any still running after ``STOP_S``; the rendezvous directory is
-removed once every rank has joined. Error handling: a process that cannot start or exits before the
-group forms makes ``start`` raise ``RuntimeError`` naming its rank and status; a rank whose load fails
+stopped and shared its stop), kills any still running after ``STOP_S``, leaves the group and removes
+the rendezvous directory. Error handling: a process that cannot start or exits before the group
+forms makes ``start`` raise ``RuntimeError`` naming its rank and status; a rank whose load fails
 exits non-zero, and rank 0's next collective fails (the engine stops, the daemon drains and exits).
 """
 
@@ -50,16 +52,20 @@ class Joining:
 
     settings: Settings
     environ: dict[str, str]
+    device: str  # rank 0's TF_DEVICE, as picked: "cpu" or "cuda"
     rank: int
     size: int
     rendezvous: str
 
 
 class Ranks:
-    """Ranks 1 to size - 1, as processes rank 0 started."""
+    """Ranks 1 to size - 1, as processes rank 0 started; ``control``: ``join``'s."""
 
-    def __init__(self, processes: list[subprocess.Popen[bytes]]) -> None:
+    def __init__(self, processes: list[subprocess.Popen[bytes]], folder: Path,
+                 control: dist.ProcessGroup | None = None) -> None:
         self.processes = processes
+        self.folder = folder
+        self.control = control
 
     def close(self) -> None:
         """Wait for every rank to end (``STOP_S`` at most), kill those still running, and leave the group."""
@@ -73,18 +79,28 @@ class Ranks:
                 process.wait()
         if dist.is_initialized():
             dist.destroy_process_group()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def rank_of(settings: Settings, number: int) -> Parallel:
-    """Rank ``number`` of TF_TENSOR_PARALLEL's size, its experts placed as TF_EXPERT_PARALLEL says."""
+def rank_of(settings: Settings, number: int, control: dist.ProcessGroup | None = None) -> Parallel:
+    """Rank ``number`` of TF_TENSOR_PARALLEL's size, its experts placed as TF_EXPERT_PARALLEL says;
+    ``control``: ``join``'s group for the hosts' agreements."""
     return Parallel(number, settings.value("TF_TENSOR_PARALLEL", int),
-                    experts=settings.value("TF_EXPERT_PARALLEL", bool))
+                    experts=settings.value("TF_EXPERT_PARALLEL", bool), control=control)
+
+
+def device_of(device: torch.device, parallel: Parallel | None) -> torch.device:
+    """The device a rank runs on: card ``rank`` of CUDA's (``join`` made it current), else ``device``."""
+    if parallel is None or device.type != "cuda":
+        return device
+    return torch.device("cuda", parallel.rank)
 
 
 def refusals(settings: Settings, environ: Mapping[str, str], device: torch.device, size: int) -> list[str]:
     """What TF_TENSOR_PARALLEL=``size`` cannot serve, by name, before any rank starts: the served
     model's counts that do not split (``tfd.families.sharding``), expert parallel for a model without
-    experts, FP8 weights, a device other than the CPU (not yet)."""
+    experts (or on CUDA: not yet), FP8 weights (not yet), fewer CUDA cards than ranks, a card named
+    (rank r takes card r)."""
     from tfd.checkpoint import read_config
     from tfd.families.config import read_config as hybrid_config
     from tfd.families.sharding import refusals as split_refusals
@@ -92,9 +108,12 @@ def refusals(settings: Settings, environ: Mapping[str, str], device: torch.devic
 
     row = f"TF_TENSOR_PARALLEL={size}"
     problems = []
-    if device.type != "cpu":
-        problems.append(f"{row}: splits the model over CPU processes only yet; on {device.type} serve with "
-                        "TF_TENSOR_PARALLEL=1")
+    if device.type == "cuda" and device.index is not None:
+        problems.append(f"TF_DEVICE={device}: under {row} rank r runs on card r; set TF_DEVICE=cuda and "
+                        "choose the cards with CUDA_VISIBLE_DEVICES")
+    if device.type == "cuda" and torch.cuda.device_count() < size:
+        problems.append(f"{row}: a rank a card, and torch sees {torch.cuda.device_count()} CUDA devices "
+                        f"here; TF_TENSOR_PARALLEL={torch.cuda.device_count()} is the most")
     config = read_config(model_directory(settings, environ, device)[0])
     if config.quantization is not None or settings.value("TF_DTYPE", str) == "fp8":
         problems.append(f"{row}: FP8 weights are not split across ranks yet; serve them with "
@@ -102,38 +121,42 @@ def refusals(settings: Settings, environ: Mapping[str, str], device: torch.devic
     cfg, experts = hybrid_config(config.family, config.text), settings.value("TF_EXPERT_PARALLEL", bool)
     if experts and not cfg.experts:
         problems.append(f"TF_EXPERT_PARALLEL=1: {config.family} has no routed experts to place on ranks")
+    elif experts and device.type == "cuda":
+        problems.append("TF_EXPERT_PARALLEL=1: experts placed whole run on the CPU's path only yet; on "
+                        "CUDA leave it 0 (each rank holds a share of every expert)")
     problems += split_refusals(cfg, size, experts)
     return problems
 
 
-def start(settings: Settings, environ: Mapping[str, str], size: int) -> Ranks:
+def start(settings: Settings, environ: Mapping[str, str], size: int, device: torch.device) -> Ranks:
     """Start ranks 1 to ``size`` - 1 and join the group with them as rank 0 (blocking: seconds, until
     every process has imported torch and joined)."""
     folder = Path(tempfile.mkdtemp(prefix="tfd-ranks-"))
     rendezvous = f"file://{folder / 'rendezvous'}"
     processes: list[subprocess.Popen[bytes]] = []
+    joined: list[dist.ProcessGroup | None] = []
     try:
         for rank in range(1, size):
             process = subprocess.Popen([sys.executable, "-m", "tfd.server.follower"], stdin=subprocess.PIPE)
             processes.append(process)
             assert process.stdin is not None
-            process.stdin.write(pickle.dumps(Joining(settings, dict(environ), rank, size, rendezvous)))
+            process.stdin.write(pickle.dumps(Joining(settings, dict(environ), device.type, rank, size,
+                                                     rendezvous)))
             process.stdin.close()
-        joined = threading.Thread(target=join, args=(rendezvous, 0, size), name="tfd-ranks-join", daemon=True)
-        joined.start()
-        while joined.is_alive():  # a rank that dies before it joins would leave rank 0 waiting JOIN_S
-            joined.join(WATCH_S)
+        joining = threading.Thread(target=lambda: joined.append(join(rendezvous, 0, size, device)),
+                                   name="tfd-ranks-join", daemon=True)
+        joining.start()
+        while joining.is_alive():  # a rank that dies before it joins would leave rank 0 waiting JOIN_S
+            joining.join(WATCH_S)
             _all_running(processes)
-        if not dist.is_initialized():
+        if not joined:
             raise RuntimeError("the tensor parallel group did not form")
         _all_running(processes)  # one may have died as the group formed
     except BaseException:
-        Ranks(processes).close()
+        Ranks(processes, folder).close()
         raise
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
     log.info("tensor parallel: %d ranks joined", size)
-    return Ranks(processes)
+    return Ranks(processes, folder, joined[0])
 
 
 def _all_running(processes: list[subprocess.Popen[bytes]]) -> None:
@@ -144,7 +167,16 @@ def _all_running(processes: list[subprocess.Popen[bytes]]) -> None:
                                "before the group formed (its log is above)")
 
 
-def join(rendezvous: str, rank: int, size: int) -> None:
-    """Join the process group (gloo) as ``rank`` of ``size``."""
-    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=size,
-                            timeout=datetime.timedelta(seconds=JOIN_S))
+def join(rendezvous: str, rank: int, size: int, device: torch.device) -> dist.ProcessGroup | None:
+    """Join the process group as ``rank`` of ``size``: gloo on the CPU (None: the one group carries
+    everything); on CUDA, card ``rank`` made current and NCCL for the blocks' sums, with the gloo
+    group for the hosts' agreements returned beside it."""
+    timeout = datetime.timedelta(seconds=JOIN_S)
+    if device.type != "cuda":
+        dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=size, timeout=timeout)
+        return None
+    card = torch.device("cuda", rank)
+    torch.cuda.set_device(card)  # kernels launch on the current card, and "cuda" means this rank's
+    dist.init_process_group("nccl", init_method=rendezvous, rank=rank, world_size=size, timeout=timeout,
+                            device_id=card)  # NCCL's communicator made now, before any graph is captured
+    return dist.new_group(backend="gloo", timeout=timeout)

@@ -25,7 +25,7 @@ from tfd.engine.cache_face import ATTACH
 from tfd.engine.config import EngineConfig, EngineRows, Hooks
 from tfd.engine.engine import Engine
 from tfd.engine.grammar import Vocabulary
-from tfd.engine.lockstep import Leader
+from tfd.engine.lockstep import Leader, least
 from tfd.engine.request import Finished, Request, Sampling
 from tfd.engine.rounds import drafts_from_head
 from tfd.env import Settings, SettingsRefused
@@ -46,7 +46,7 @@ from tfd.server.device_memory import (
     host_available,
     plan_device,
 )
-from tfd.server.ranks import Ranks, rank_of, refusals
+from tfd.server.ranks import Ranks, device_of, rank_of, refusals
 from tfd.server.ranks import start as start_ranks
 from tfd.server.start_refusals import (
     OUT_OF_MEMORY,
@@ -100,9 +100,10 @@ def prepare(settings: Settings, environ: Mapping[str, str], parallel: Parallel |
         problems = refusals(settings, environ, device, size)
         if problems:
             raise SettingsRefused(problems)
-        ranks, parallel = start_ranks(settings, environ, size), rank_of(settings, 0)
+        ranks = start_ranks(settings, environ, size, device)
+        parallel = rank_of(settings, 0, ranks.control)
     try:
-        return _prepared(settings, environ, device, parallel, ranks)
+        return _prepared(settings, environ, device_of(device, parallel), parallel, ranks)
     except BaseException:
         if ranks is not None:
             ranks.close()
@@ -140,6 +141,8 @@ def _prepared(settings: Settings, environ: Mapping[str, str], device: torch.devi
             pool_bytes = plan.check(config.size)
         except DeviceTooSmall as small:
             raise SettingsRefused(small.problems) from None
+    if split is not None:  # pieces and pages the same plan on every rank: the least pool any card leaves
+        pool_bytes = least([pool_bytes], split.control)[0]
     gib = pool_bytes / GIB
     problems = context_refusals(settings, layout, pool_bytes, pool_source(config, plan), loaded.path)
     if problems:
@@ -226,7 +229,7 @@ class Service:
         with refusing_oom("capturing the decode graphs"):
             hooks = Hooks(None if heartbeat is None else heartbeat.beat, on_failure, on_step)
             self.engine = Engine(prepared.loaded.model, prepared.loaded.tokenizer, prepared.pool,
-                                 prepared.engine, hooks, None if prepared.parallel is None else Leader())
+                                 prepared.engine, hooks, None if prepared.parallel is None else Leader(prepared.parallel.control))
         if device.type == "cuda":  # the graphs' private pools and the buffers the engine holds
             built = torch.cuda.memory_reserved(device) - before
             self.report = self.report.measured(engine_bytes_measured=built)
