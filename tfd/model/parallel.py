@@ -21,7 +21,6 @@ import attrs
 import torch
 import torch.distributed as dist
 
-
 # torch 2.13 renamed all_gather_into_tensor (the old name warns); the device's torch may predate it
 _gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 

@@ -37,7 +37,8 @@ def main() -> int:
                         format=f"%(asctime)s %(levelname)s rank {joining.rank} %(name)s: %(message)s")
     control = join(joining.rendezvous, joining.rank, joining.size, torch.device(joining.device))
     try:
-        prepared = prepare(joining.settings, joining.environ, rank_of(joining.settings, joining.rank, control))
+        parallel = rank_of(joining.settings, joining.rank, control)
+        prepared = prepare(joining.settings, joining.environ, parallel)
         loaded = prepared.loaded
         vocabulary = Vocabulary(loaded.tokenizer.to_str(), loaded.model.cfg.vocab, loaded.eos_ids)
         follower = Follower(lambda text, lanes: Grammar.of_text(vocabulary, text, lanes), control)

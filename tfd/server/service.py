@@ -228,8 +228,9 @@ class Service:
         before = torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
         with refusing_oom("capturing the decode graphs"):
             hooks = Hooks(None if heartbeat is None else heartbeat.beat, on_failure, on_step)
+            leader = None if prepared.parallel is None else Leader(prepared.parallel.control)
             self.engine = Engine(prepared.loaded.model, prepared.loaded.tokenizer, prepared.pool,
-                                 prepared.engine, hooks, None if prepared.parallel is None else Leader(prepared.parallel.control))
+                                 prepared.engine, hooks, leader)
         if device.type == "cuda":  # the graphs' private pools and the buffers the engine holds
             built = torch.cuda.memory_reserved(device) - before
             self.report = self.report.measured(engine_bytes_measured=built)
