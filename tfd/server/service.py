@@ -9,6 +9,8 @@ at any of these is a configuration refusal naming the rows to change.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import os
@@ -195,7 +197,16 @@ def store_opener(prepared: Prepared, environ: Mapping[str, str], drafts: bool
     found = facts(loaded.path, prepared.pool.buffer.device, loaded.model.dtype, drafts)
     if prepared.parallel is not None:
         found["tensor_parallel"] = [prepared.parallel.rank, prepared.parallel.size]
-    return lambda digest: learning.open(identity(found, digest))
+
+    def open_store(digest: str) -> Store:
+        # each part's own digest, so that two starts with different identities show which part moved
+        parts = {name: hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:8]
+                 for name, value in sorted(found.items())}
+        log.info("identity %s: the probe's state %s; %s", identity(found, digest), digest[:16],
+                 ", ".join(f"{name} {part}" for name, part in parts.items()))
+        return learning.open(identity(found, digest))
+
+    return open_store
 
 
 def attach_mirror(prepared: Prepared, environ: Mapping[str, str], drafts: bool

@@ -42,7 +42,8 @@ for n, k in shapes:
             gemm_plan.TARGET_PROGRAMS = target
             for name, tiles in variants.items():
                 spread = rows <= gemm_plan.SPREAD_ROWS
-                choice = gemm_plan.plan(n, k, spread=tiles, few=tiles, mid=tiles, middle=tiles) if spread \
+                choice = gemm_plan.plan(n, k, spread=tiles, few=tiles, mid=tiles, middle=tiles, whole=fp8_gemm.WHOLE,
+                                        whole_one=fp8_gemm.WHOLE) if spread \
                     else gemm_plan.plan(n, k, whole=tiles, whole_one=tiles, spread=fp8_gemm.SPREAD,
                                         few=fp8_gemm.SPREAD, mid=fp8_gemm.SPREAD, middle=fp8_gemm.MIDDLE)
                 try:

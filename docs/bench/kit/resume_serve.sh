@@ -3,7 +3,9 @@
 # conversation sent and written (tfd bench --serve --write-conversation), the daemon stopped (SIGTERM waits
 # for the state's write), its files dropped from the page cache, the daemon started again and turn two
 # resumed from the disk beside 31 decoding streams (--resume-conversation --concurrency 32); then the same
-# after another restart, the files now in the page cache. Acceptance: the others' time a token while turn
+# after another restart, the files now in the page cache, then from the disk again (2026-12-05: the first
+# restart's identity differed from the writer's and read nothing; each start logs its identity's parts,
+# printed here, to show which part moved). Acceptance: the others' time a token while turn
 # two waits under 1.2x outside it; turn two's first token within 1.3x of (read + its new tokens cold).
 # Carry .whl .dev.
 set -u
@@ -28,11 +30,13 @@ start a || finish
 timeout 120 tfd bench --serve $URL --write-conversation $R/conversation.json --prompt 30000 --new 64
 echo "turn one rc=$? t=$(el)"
 stop a
-python -c "from pathlib import Path; from tfd.bench.conversation import drop_page_cache as d; d(Path('/tmp/learned'))"
 du -sh /tmp/learned
-for run in disk page-cache; do
+for run in disk page-cache disk-again; do
   [ $(el) -lt 400 ] || break
+  case $run in disk*) python -c "from pathlib import Path; from tfd.bench.conversation import drop_page_cache as d
+d(Path('/tmp/learned'))";; esac
   start $run || finish
+  grep -a "identity" $R/serve-$run.log | cut -c1-300
   timeout 150 tfd bench --serve $URL --resume-conversation $R/conversation.json --concurrency 32 --no-drafts \
     --out $R/$run; echo "$run rc=$? t=$(el)"
   stop $run
