@@ -179,4 +179,5 @@ def join(rendezvous: str, rank: int, size: int, device: torch.device) -> dist.Pr
     torch.cuda.set_device(card)  # kernels launch on the current card, and "cuda" means this rank's
     dist.init_process_group("nccl", init_method=rendezvous, rank=rank, world_size=size, timeout=timeout,
                             device_id=card)  # NCCL's communicator made now, before any graph is captured
-    return dist.new_group(backend="gloo", timeout=timeout)
+    control: dist.ProcessGroup = dist.new_group(backend="gloo", timeout=timeout)
+    return control
