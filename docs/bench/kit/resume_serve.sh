@@ -24,7 +24,7 @@ start() {
   done
   echo "server $1 READY t=$(el)"
 }
-stop() { kill -TERM $pid; wait $pid; echo "stopped rc=$? t=$(el)"; grep -av tfd.access $R/serve-$1.log > $R/s; mv $R/s $R/serve-$1.log; }
+stop() { kill -TERM $pid; wait $pid; echo "stopped rc=$? t=$(el)"; grep -av "tfd.access" $R/serve-$1.log > $R/s; grep -a "tfd.access.* prompt=3[0-9][0-9][0-9][0-9] " $R/serve-$1.log >> $R/s; mv $R/s $R/serve-$1.log; }
 finish() { cd $OUT && tar czf r.tgz r && rm -rf r; exit 0; }
 start a || finish
 timeout 120 tfd bench --serve $URL --write-conversation $R/conversation.json --prompt 30000 --new 64
