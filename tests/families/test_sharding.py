@@ -14,7 +14,8 @@ import torch
 
 from support import CACHE
 from tfd.checkpoint import Checkpoint, CheckpointError
-from tfd.families.hybrid import HybridModel, load_model
+from tfd.families.hybrid import HybridModel, expected_tensors, load_model
+from tfd.families.random_weights import random_tensors
 from tfd.families.sharding import rank_config, refusals
 from tfd.model.attention import AttentionWeights
 from tfd.model.gdn import GdnWeights
@@ -70,6 +71,20 @@ def test_a_ranks_reads_are_its_share_of_the_whole_and_the_shares_join_to_it(fami
     assert torch.equal(torch.cat([mixers[1].o, mixers[2].o], dim=1), mixers[0].o)  # type: ignore[union-attr]
     assert mixers[1].qkv.shape[0] * 2 == mixers[0].qkv.shape[0]  # type: ignore[union-attr]
     assert full.weights.parallel is None
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
+def test_a_ranks_random_weights_are_its_share_of_the_whole_draw(family: str) -> None:
+    """A shape drawn by a rank (``tfd bench --tensor-parallel``, ``tfd serve --shape``) is what one
+    process draws, cut: each tensor drawn whole by its name's generator, then shared."""
+    text = Checkpoint.open(checkpoint(family)).text_config
+    _, _, shapes = expected_tensors(family, text, set())
+    whole = random_tensors(shapes, 3, torch.float32)
+    for rank in range(2):
+        drawn = HybridModel.random(family, text, seed=3, dtype=torch.float32, parallel=Parallel(rank, 2))
+        cut = HybridModel.from_tensors(family, text, whole, parallel=Parallel(rank, 2))
+        assert all(torch.equal(a, b) for a, b in zip(weights(drawn), weights(cut), strict=True))
+        assert drawn.cfg.heads * 2 == HybridModel.random(family, text, seed=3).cfg.heads
 
 
 def test_a_ranks_config_is_its_share_of_every_count() -> None:

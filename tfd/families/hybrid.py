@@ -18,7 +18,7 @@ from tfd.families import qwen3_5, qwen3_next, qwen4_exp
 from tfd.families.config import LINEAR, HybridConfig, read_config
 from tfd.families.lane_state import AttentionRows, DraftBuffers, GdnLayers, PleState, lane_pieces
 from tfd.families.naming import Get, Named, Naming, Shape
-from tfd.families.random_weights import random_tensors
+from tfd.families.random_weights import random_tensor, random_tensors
 from tfd.families.sharding import Sharded, rank_config, read_by, refusals, taken
 from tfd.model.decode import (
     DecodeBatch,
@@ -139,6 +139,11 @@ class HybridModel:
         """The config's shapes with random weights (``tfd.families.random_weights``); ``head``
         adds an MTP head; ``fp8``: the weights Qwen's -FP8 releases hold in FP8 drawn, then quantized."""
         cfg, naming, shapes = expected_tensors(family, text_config, {"mtp.head"} if head else set())
+        if parallel is not None and parallel.size > 1 and not fp8:
+            # each tensor drawn as one rank alone would draw it, then cut to this rank's share: the whole
+            # model is never held at once (Qwen3-Next-80B-A3B in bf16 is twice a card)
+            return cls.build(cfg, naming, Named(lambda name: random_tensor(name, shapes[name], seed, device)
+                                                .to(dtype)), dtype, parallel)
         tensors = random_tensors(shapes, seed, dtype, device, fp8)
         return cls.build(cfg, naming, Named(tensors.__getitem__), dtype, parallel)
 
