@@ -56,6 +56,7 @@ class Joining:
     rank: int
     size: int
     rendezvous: str
+    extra: object = None  # what else the rank's module reads (``tfd bench``'s parsed arguments)
 
 
 class Ranks:
@@ -128,20 +129,21 @@ def refusals(settings: Settings, environ: Mapping[str, str], device: torch.devic
     return problems
 
 
-def start(settings: Settings, environ: Mapping[str, str], size: int, device: torch.device) -> Ranks:
-    """Start ranks 1 to ``size`` - 1 and join the group with them as rank 0 (blocking: seconds, until
-    every process has imported torch and joined)."""
+def start(settings: Settings, environ: Mapping[str, str], size: int, device: torch.device,
+          module: str = "tfd.server.follower", extra: object = None) -> Ranks:
+    """Start ranks 1 to ``size`` - 1 (``python -m module``, ``extra`` in what each reads) and join the
+    group with them as rank 0 (blocking: seconds, until every process has imported torch and joined)."""
     folder = Path(tempfile.mkdtemp(prefix="tfd-ranks-"))
     rendezvous = f"file://{folder / 'rendezvous'}"
     processes: list[subprocess.Popen[bytes]] = []
     joined: list[dist.ProcessGroup | None] = []
     try:
         for rank in range(1, size):
-            process = subprocess.Popen([sys.executable, "-m", "tfd.server.follower"], stdin=subprocess.PIPE)
+            process = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE)
             processes.append(process)
             assert process.stdin is not None
             process.stdin.write(pickle.dumps(Joining(settings, dict(environ), device.type, rank, size,
-                                                     rendezvous)))
+                                                     rendezvous, extra)))
             process.stdin.close()
         joining = threading.Thread(target=lambda: joined.append(join(rendezvous, 0, size, device)),
                                    name="tfd-ranks-join", daemon=True)
