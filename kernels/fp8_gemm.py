@@ -58,6 +58,12 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SPREAD = Tiles(64, 64, BLOCK, 4, 4)  # up to gemm_plan.SPREAD_ROWS rows
 MIDDLE = Tiles(128, 64, BLOCK, 8, 3)  # the spread form's 65 to 128 rows
 WHOLE = Tiles(128, 128, BLOCK, 8, 3)  # many rows, one segment or several
+# K segments rounded to one program a multiprocessor, not gemm_plan's two: an FP8 weight tile is half a bf16
+# one's bytes. The 9B's products alone on an H100 (docs/bench/2026-12-05-fp8-resume/h100/fp8-diag-9b.txt,
+# us, 264 -> 132): one row [4096,4096] 10.8 -> 9.6, [4096,12288] 29.7 -> 24.8, [24576,4096] 38.7 -> 39.0,
+# [12352,4096] 22.4 -> 22.9; 32 rows 13.3 -> 11.4, 33.5 -> 27.3; a layer's four 5% (one row) and 9% (32)
+# faster, and 1,024 rows (the H200's sweep) faster or level
+TARGET = 132
 QUANTIZE_ROWS = 32  # rows of a ``quantize`` program
 GROUP_M = 8  # row blocks of the whole form that share weight tiles through L2 (as gemm's)
 COUNTERS = 1 << 16  # output tiles of one spread product at most
@@ -201,9 +207,11 @@ def _quantize(x, q, scales, m, k, stride_xm, stride_qm, stride_sm, BLOCK_M: tl.c
 
 
 def default_plan(n: int, k: int) -> Plan:
-    """The fixed choice for an FP8 weight [n, k]: ``gemm_plan.plan``'s segments over this module's
-    tiles, so the segments follow the weight's shape alone and every K step is ``BLOCK``."""
-    return plan(n, k, spread=SPREAD, whole=WHOLE, few=SPREAD, mid=SPREAD, whole_one=WHOLE, middle=MIDDLE)
+    """The fixed choice for an FP8 weight [n, k]: ``gemm_plan.plan``'s segments for ``TARGET`` programs
+    over this module's tiles, so the segments follow the weight's shape alone and every K step is
+    ``BLOCK``."""
+    return plan(n, k, spread=SPREAD, whole=WHOLE, few=SPREAD, mid=SPREAD, whole_one=WHOLE, middle=MIDDLE,
+                target=TARGET)
 
 
 def _checked_x(x: torch.Tensor) -> torch.Tensor:

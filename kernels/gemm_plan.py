@@ -93,13 +93,13 @@ class Plan:
 
 
 def plan(n: int, k: int, spread: Tiles = SPREAD, whole: Tiles = WHOLE, few: Tiles = FEW, mid: Tiles = MID,
-         whole_one: Tiles = WHOLE_ONE, middle: Tiles = MIDDLE) -> Plan:
+         whole_one: Tiles = WHOLE_ONE, middle: Tiles = MIDDLE, target: int | None = None) -> Plan:
     """K segments for a weight of shape [n, k]; the same for every number of rows. Segments are
-    whole K steps of every tile."""
+    whole K steps of every tile, as many as make about ``target`` programs (``TARGET_PROGRAMS``)."""
     step = max(spread.block_k, whole.block_k, few.block_k, mid.block_k, whole_one.block_k, middle.block_k)
     k_tiles = math.ceil(k / step)
     n_tiles = math.ceil(n / spread.block_n)
-    segments = max(1, min(math.ceil(TARGET_PROGRAMS / n_tiles), k_tiles // SEGMENT_STEPS))
+    segments = max(1, min(math.ceil((target or TARGET_PROGRAMS) / n_tiles), k_tiles // SEGMENT_STEPS))
     per_segment = math.ceil(k_tiles / segments)
     segments = math.ceil(k_tiles / per_segment)  # no segment left empty
     return Plan(segments, per_segment * step, spread, whole, few, mid, whole_one, middle)

@@ -181,7 +181,11 @@ def test_the_plan_follows_the_weight_alone_in_whole_blocks() -> None:
         assert choice.k_per_segment % fp8.BLOCK == 0 and (choice.segments - 1) * choice.k_per_segment < k
         tiles = {choice.spread_tiles(m) for m in (1, 64, 65, 128)} | {choice.whole_tiles(1)}
         assert {t.block_k for t in tiles} == {fp8.BLOCK} and all(t.block_m % 64 == 0 for t in tiles)
-    assert fp8_gemm.default_plan(4096, 12288).segments == gemm_plan.plan(4096, 12288).segments
+    # about one program a multiprocessor (TARGET) where K has the steps: 64 column tiles take 3 segments
+    # (bf16's plan: 5), 2 tiles as many as K's 4-step segments allow, 3,880 tiles one
+    assert [fp8_gemm.default_plan(n, k).segments for n, k in ((4096, 12288), (128, 1024), (248320, 4096))] \
+        == [3, 2, 1]
+    assert gemm_plan.plan(4096, 12288).segments == 5
 
 
 @pytest.mark.parametrize(("n", "k"), [(130, 1100), (64, 300)])  # two segments, then one
