@@ -103,12 +103,17 @@ def quantized(x, rows, m, k, start, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: t
     """x's group at ``start`` for ``rows``, quantized: (q e4m3 [BLOCK_M, BLOCK_K], scales fp32
     [BLOCK_M]). Masked elements read 0, which changes no group's max; a masked row has scale 1."""
     ks = start + tl.arange(0, BLOCK_K)
-    a = tl.load(x + rows[:, None] * stride_xm + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < k),
-                other=0.0).to(tl.float32)
+    valid = (rows[:, None] < m) & (ks[None, :] < k)
+    a = tl.load(x + rows[:, None] * stride_xm + ks[None, :], mask=valid, other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(a), axis=1)
-    scale = tl.math.div_rn(amax, tl.full(amax.shape, E4M3_MAX, tl.float32))
-    scale = tl.where(scale > 0, scale, 1.0)  # zero or underflowed: q = 0 rather than NaN
-    q = tl.math.div_rn(a, tl.broadcast_to(scale[:, None], (BLOCK_M, BLOCK_K)))
+    # A zero dividend takes div.rn's slow path on the GPU: masked rows and columns divide a one instead
+    # (their results are not kept). Unmasked, a row among a tile's 32 padded ones quantized in 6.0 us
+    # against 2.3 for 32 rows, the same grid and work (H100, fp8-diag-9b.txt).
+    positive = amax > 0
+    scale = tl.math.div_rn(tl.where(positive, amax, E4M3_MAX), tl.full(amax.shape, E4M3_MAX, tl.float32))
+    scale = tl.where(positive & (scale > 0), scale, 1.0)  # zero or underflowed: q = 0 rather than NaN
+    q = tl.math.div_rn(tl.where(valid, a, 1.0), tl.broadcast_to(scale[:, None], (BLOCK_M, BLOCK_K)))
+    q = tl.where(valid, q, 0.0)
     # the quotient may land one rounding above 448, which e4m3fn has no value for
     q = tl.clamp(q, -E4M3_MAX, E4M3_MAX)
     return cast(q, tl.float8e4nv, EXACT_CAST), scale
