@@ -279,6 +279,15 @@ def run_bench(table: Table, args: argparse.Namespace) -> int:
 
         return serve(settings, args)
     engine_defaults(args)
+    from tfd.bench.tensor_parallel import conflicts as split_conflicts
+    from tfd.bench.tensor_parallel import run_ranks
+
+    problem = split_conflicts(args)
+    if problem is not None:
+        print(f"tfd bench: {problem}", file=sys.stderr)
+        return EXIT_REFUSED
+    if (args.tensor_parallel or 1) > 1:
+        return run_ranks(settings, args)
     from tfd.bench.command import run
 
     return run(settings, args)

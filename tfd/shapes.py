@@ -31,6 +31,8 @@ from tfd import demo
 if TYPE_CHECKING:  # torch loads only once a shape is sized or drawn
     import torch
 
+    from tfd.model.parallel import Parallel
+
 _ROPE = {"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
          "mrope_section": [11, 11, 10], "mrope_interleaved": True}
 _QWEN3_5: dict[str, Any] = {
@@ -109,13 +111,20 @@ def weight_budget(device: torch.device) -> int:
     return CPU_WEIGHT_BUDGET
 
 
-def sizes(family: str, config: Mapping[str, Any], element: int = 2, fp8: bool = False) -> Sizes:
+def sizes(family: str, config: Mapping[str, Any], element: int = 2, fp8: bool = False,
+          parallel: Parallel | None = None) -> Sizes:
     """The trunk's weights (no MTP head) in elements of ``element`` bytes; ``fp8``: those Qwen's -FP8
-    releases store in FP8 (``tfd.quantization.released_fp8``) at a byte an element, with their scales."""
+    releases store in FP8 (``tfd.quantization.released_fp8``) at a byte an element, with their scales;
+    ``parallel``: those one rank holds (its shares, and what every rank holds whole)."""
     from tfd.families.hybrid import expected_tensors  # torch: only once a shape is sized
+    from tfd.families.sharding import rank_config, rank_shape, read_by
     from tfd.quantization import fp8_bytes, released_fp8
 
     cfg, _, shapes = expected_tensors(family, config, set())
+    if parallel is not None and parallel.size > 1:
+        shapes = {name: rank_shape(cfg, name, shape, parallel) for name, shape in shapes.items()
+                  if read_by(cfg, parallel, name)}
+        cfg = rank_config(cfg, parallel)
     held = sum(fp8_bytes(shape) if fp8 and released_fp8(name, shape) else math.prod(shape) * element
                for name, shape in shapes.items())
     expert = (cfg.expert_inner, cfg.hidden)

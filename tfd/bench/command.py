@@ -32,27 +32,31 @@ from tfd.engine.runner import Drafting
 from tfd.env import Settings
 from tfd.exit_status import EXIT_FAILURE
 from tfd.model.fp8 import holds_fp8
+from tfd.model.parallel import Parallel
 from tfd.models import load
+from tfd.server.ranks import device_of
 from tfd.server.structured import json_rule
 from tfd.shapes import covering_tokenizer, sizes
 from tfd.train.corpus import Corpus
 
 
-def run(settings: Settings, args: argparse.Namespace) -> int:
-    """``tfd bench`` with its parsed ``args`` and the environment's ``settings``: the exit status."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def run(settings: Settings, args: argparse.Namespace, parallel: Parallel | None = None) -> int:
+    """``tfd bench`` with its parsed ``args`` and the environment's ``settings``: the exit status;
+    ``parallel``: this process's rank (``tfd.bench.tensor_parallel``)."""
+    device = device_of(torch.device("cuda" if torch.cuda.is_available() else "cpu"), parallel)
     try:
         preset = settings.optional("TF_SHAPE", str)
         if preset is not None:
             fp8 = settings.value("TF_DTYPE", str) == "fp8"
-            model, shape = random_model(preset, device, head=any(args.drafts), fp8=fp8)
+            model, shape = random_model(preset, device, head=any(args.drafts), fp8=fp8, parallel=parallel)
             name, size, config = shape.name, shape.sizes, shape.config
         else:
-            loaded = load(settings, os.environ, device, args.random_weights)
+            loaded = load(settings, os.environ, device, args.random_weights, parallel=parallel)
             model, name, config = loaded.model, loaded.path.name, model_config(loaded.path)
             loaded_path = loaded.path
-            # a checkpoint's FP8 weights counted as the -FP8 releases hold theirs
-            size = sizes(loaded.family, config, model.dtype.itemsize, fp8=holds_fp8(model.weights))
+            # a checkpoint's FP8 weights counted as the -FP8 releases hold theirs; a rank's share
+            size = sizes(loaded.family, config, model.dtype.itemsize, fp8=holds_fp8(model.weights),
+                         parallel=parallel)
             del loaded
     except (CheckpointError, ValueError) as error:
         print(f"tfd bench: {error}", file=sys.stderr)

@@ -122,6 +122,10 @@ def add_bench_parser(commands: Any, table: Table, run: Callable[..., int]) -> ar
                        "its prefill and decode rates allow (--step-tokens: give the server's TF_STEP_TOKENS "
                        "to compare like with like). It needs room on the device beside the server: start "
                        "the server with TF_CUDA_MEMORY_LIMIT_GB leaving it")
+    bench.add_argument("--tensor-parallel", type=positive, metavar="N",
+                       help="run on N ranks, one process a GPU (CPU processes without one), the model "
+                       "split as tfd serve --tensor-parallel N splits it; each run adds a step's sums over "
+                       "the ranks timed alone and its roofline fraction without them")
     bench.add_argument("--out", type=Path, metavar="DIR", help="write one JSON file per run here")
     bench.add_argument("--commit", help="the revision to record (default: git's HEAD)")
     table.add_flags(bench, scopes=("core",))

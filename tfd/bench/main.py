@@ -23,8 +23,9 @@ from tfd.bench.serve_record import revision as git_revision
 from tfd.bench.workload import Timings, Workload, run
 from tfd.families.hybrid import HybridModel
 from tfd.model.fp8 import holds_fp8
+from tfd.model.parallel import Parallel
 from tfd.models import check_fp8_device
-from tfd.shapes import Shape, Sizes, fit, weight_budget
+from tfd.shapes import Shape, Sizes, fit, sizes, weight_budget
 
 log = logging.getLogger("tfd.bench")
 
@@ -44,23 +45,28 @@ def measure_ceilings(device: torch.device) -> Ceilings:
                     roofline.gpu_name(device))
 
 
-def random_model(name: str, device: torch.device, seed: int = 0, head: bool = False, fp8: bool = False
-                 ) -> tuple[HybridModel, Shape]:
-    """Shape ``name`` cut to fit this device, its weights drawn there; ``head`` adds an MTP head (its
-    drafts are a random head's: they measure a round's cost, not acceptance); ``fp8``: the weights
-    Qwen's -FP8 releases hold in FP8 drawn so."""
+def random_model(name: str, device: torch.device, seed: int = 0, head: bool = False, fp8: bool = False,
+                 parallel: Parallel | None = None) -> tuple[HybridModel, Shape]:
+    """Shape ``name`` cut to fit this device (under tensor parallel, the ranks' devices together), its
+    weights drawn there (``parallel``: this rank's share); ``head`` adds an MTP head (its drafts are a
+    random head's: they measure a round's cost, not acceptance); ``fp8``: the weights Qwen's -FP8
+    releases hold in FP8 drawn so."""
     if fp8:
         check_fp8_device(device, name)
-    shape = fit(name, weight_budget(device), fp8)
+    shape = fit(name, weight_budget(device) * (1 if parallel is None else parallel.size), fp8)
     if shape.cut:
         print(f"tfd bench: cut {shape.cut}")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    return HybridModel.random(shape.family, shape.config, seed, dtype, device, head, fp8), shape
+    model = HybridModel.random(shape.family, shape.config, seed, dtype, device, head, fp8, parallel)
+    if parallel is not None:  # the roofline counts what this rank holds
+        shape = attrs.evolve(shape, sizes=sizes(shape.family, shape.config, fp8=fp8, parallel=parallel))
+    return model, shape
 
 
 def describe(model: HybridModel, shape_name: str, weights: Sizes, workload: Workload, timings: Timings,
-             ceilings: Ceilings, revision: str) -> dict[str, Any]:
-    """One run object of the JSON output."""
+             ceilings: Ceilings, revision: str, reduce_s: float | None = None) -> dict[str, Any]:
+    """One run object of the JSON output; ``reduce_s``: under tensor parallel, a decode step's sums
+    over the ranks timed alone (its roofline fraction is then also given without them)."""
     cfg, streams = model.cfg, workload.streams
     step_s = timings.decode_s / timings.decode_steps if timings.decode_steps else float("nan")
     # a stream's time a token: a step's time when every step gives each stream one (no drafts)
@@ -90,7 +96,19 @@ def describe(model: HybridModel, shape_name: str, weights: Sizes, workload: Work
         "peak_memory_gib": timings.peak_bytes / 2**30, "weight_gib": weights.bytes / 2**30,
         "gpu": ceilings.gpu, "torch": torch.__version__, "commit": revision,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        **_parallel(model, floor_s, token_s, reduce_s),
     }
+
+
+def _parallel(model: HybridModel, floor_s: float, token_s: float, reduce_s: float | None) -> dict[str, Any]:
+    """A run's tensor parallel size and, above one, its step's sums alone and the roofline without them
+    (the roofline: one rank's bytes over one card's copy rate)."""
+    parallel = model.weights.parallel
+    if parallel is None or reduce_s is None:
+        return {"tensor_parallel": 1}
+    return {"tensor_parallel": parallel.size, "reduce_ms": reduce_s * 1e3,
+            "roofline_fraction_without_reduce": floor_s / (token_s - reduce_s) if token_s > reduce_s
+            else float("nan")}
 
 
 def tpot_of(workload: Workload, timings: Timings) -> dict[str, float] | None:
@@ -124,6 +142,8 @@ def line(result: dict[str, Any]) -> str:
             f"step {result['step_ms']:.2f} ms, {result['roofline_fraction']:.1%} of roofline "
             f"{result['roofline_step_ms']:.2f} ms), peak {result['peak_memory_gib']:.1f} GiB"
             + (f", grammar {result['grammar']}" if result.get("grammar", "none") != "none" else "")
+            + (f", tensor parallel {result['tensor_parallel']} (sums {result['reduce_ms']:.2f} ms a step; "
+               f"{result['roofline_fraction_without_reduce']:.1%} without)" if "reduce_ms" in result else "")
             + (f", {result['drafts']} drafts: acceptance {result['acceptance'] or 0:.1%}, "
                f"{result['tokens_per_round'] or 0:.2f} tokens a round" if result["drafts"] else ""))
 
@@ -138,6 +158,7 @@ def bench(model: HybridModel, shape_name: str, weights: Sizes, workloads: list[W
     print(f"tfd bench: {ceilings.gpu}: copy {ceilings.copy_gbps:.0f} GB/s, "
           f"matmul {ceilings.matmul_tflops:.0f} TFLOP/s")
     revision = revision or git_revision()
+    parallel = model.weights.parallel
     results = []
     for round_ in range(rounds):
         for workload in workloads:
@@ -146,7 +167,10 @@ def bench(model: HybridModel, shape_name: str, weights: Sizes, workloads: list[W
             warm = attrs.evolve(workload, new_tokens=2)
             run(model, warm, graphs, seed=rounds + 1)
             timings = run(model, workload, graphs, seed=round_)
-            result = describe(model, shape_name, weights, workload, timings, ceilings, revision)
+            # every rank times the same sums at the same point: collectives meet in order
+            reduce_s = None if parallel is None else roofline.reduce_seconds(
+                parallel, workload.streams, model.cfg.hidden, 2 * model.cfg.layers, model.dtype, device)
+            result = describe(model, shape_name, weights, workload, timings, ceilings, revision, reduce_s)
             result["round"] = round_
             print(line(result), flush=True)
             results.append(result)

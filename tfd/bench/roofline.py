@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 
 from tfd.families.config import LINEAR, HybridConfig
+from tfd.model.parallel import Parallel
 from tfd.shapes import Sizes
 
 
@@ -54,6 +55,14 @@ def matmul_tflops(device: torch.device, size: int = 8192, dtype: torch.dtype = t
     b = torch.randn(size, size, dtype=dtype, device=device)
     seconds = timed(lambda: a @ b, 10, device)
     return 2 * size**3 / seconds / 1e12
+
+
+def reduce_seconds(parallel: Parallel, rows: int, width: int, count: int, dtype: torch.dtype,
+                   device: torch.device) -> float:
+    """Median seconds of ``count`` sums of a [rows, width] partial over ``parallel``'s ranks, one after
+    another (a decode step's: two a layer), timed alone; every rank must call it at the same point."""
+    partial = torch.zeros(rows, width, dtype=dtype, device=device)
+    return timed(lambda: [parallel.reduce(partial) for _ in range(count)], 5, device)
 
 
 def expected_experts(experts: int, top_k: int, rows: int) -> float:

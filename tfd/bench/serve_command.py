@@ -22,7 +22,8 @@ from tfd.env import Settings
 
 ENGINE_ONLY = {"streams": "--streams", "profile": "--profile", "compare_hf": "--compare-hf",
                "rounds": "--rounds", "random_weights": "--random-weights", "gemm": "--gemm",
-               "variant": "--variant", "conversation": "--conversation"}  # --serve's width: --concurrency
+               "variant": "--variant", "conversation": "--conversation",
+               "tensor_parallel": "--tensor-parallel"}  # --serve's width: --concurrency
 SERVE_ONLY = {"concurrency": "--concurrency", "rate": "--rate", "requests": "--requests",
               "no_warm": "--no-warm", "seed": "--seed", "api_key": "--api-key", "timeout": "--timeout",
               "no_drafts": "--no-drafts", "cache": "--cache", "compare_engine": "--compare-engine",

@@ -95,6 +95,16 @@ def split(cfg: HybridConfig, name: str, shape: tuple[int, ...], experts: bool = 
     return None
 
 
+def rank_shape(cfg: HybridConfig, name: str, shape: tuple[int, ...], parallel: Parallel) -> tuple[int, ...]:
+    """The shape of ``parallel.rank``'s share of the tensor ``name`` of ``shape`` (``cfg``: the whole
+    model's)."""
+    rule = split(cfg, name, shape, parallel.experts)
+    if rule is None:
+        return shape
+    dim, sections = rule
+    return (*shape[:dim], sum(past - first for first, past in ranges(sections, parallel)), *shape[dim + 1:])
+
+
 def ranges(sections: list[int], parallel: Parallel) -> list[tuple[int, int]]:
     """``parallel.rank``'s share of each section, as (first, past last) along the sections' dimension."""
     found, at = [], 0
