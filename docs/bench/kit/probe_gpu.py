@@ -2,7 +2,10 @@
 the device (the daemon's starts disagreed on it: docs/bench.md, 2026-12-05): the demo (or TF_SHAPE's
 shape) with drafts and graphs as the daemon runs it, the probe prompt run on a pool zeroed, then filled
 with random bytes (seeds 1, 2), then zeroed again; each part's digest (pieces by name, rows by part and
-page) compared with the first run's, and the parts that differ named. ``python .dev/probe_gpu.py``."""
+page) compared with the first run's, and the parts that differ named. Then the same after the caching
+allocator's free memory is filled with random bytes (scratch a kernel might read unwritten), and after
+other requests ran on the same runner first (as the daemon's warm-up runs before its probe).
+``python .dev/probe_gpu.py``."""
 import hashlib
 import os
 
@@ -27,8 +30,34 @@ drafting = Drafting(2, 0.7, 32) if drafts_from_head(model) else None
 print(f"device {device}, drafts {drafting is not None}", flush=True)
 
 
-def parts(fill: int | None, graphs: bool) -> dict[str, str]:
+def dirty_allocator(seed: int) -> None:
+    """The caching allocator's free blocks full of random bytes: what torch.empty hands out next."""
+    if device.type != "cuda":
+        return
+    generator = torch.Generator(device).manual_seed(seed)
+    free, _ = torch.cuda.mem_get_info(device)
+    blocks = [torch.randint(0, 256, (1 << 28,), generator=generator, dtype=torch.uint8, device=device)
+              for _ in range(min(8, int(free * 0.5) >> 28))]
+    del blocks  # kept by the allocator, contents and all
+
+
+def others(runner, seed: int) -> None:
+    """Requests of other lengths first, several at once, on the same runner; its kept states cleared."""
+    generator = torch.Generator().manual_seed(seed)
+    requests = [Request(f"other-{seed}-{i}", tuple(torch.randint(0, model.cfg.vocab, (int(n),), generator=generator)
+                                                   .tolist()), 5, Sampling(temperature=1.0, seed=seed + i))
+                for i, n in enumerate(torch.randint(3, 300, (4,), generator=generator))]
+    drive(model, requests, 256, True, runner=runner, drafting=drafting)
+    runner.cache.kept.clear()
+
+
+def parts(fill: int | None, graphs: bool, mode: str = "pool") -> dict[str, str]:
+    if mode == "allocator" and fill is not None:
+        dirty_allocator(fill)
     runner = runner_for(model, 512, 4, graphs and device.type == "cuda", drafting, kept_states=4)
+    if mode == "others" and fill is not None:
+        others(runner, fill)
+        fill = None
     pool = runner.pool
     raw = pool.buffer.view(torch.uint8)
     if fill is None:
@@ -55,10 +84,11 @@ def parts(fill: int | None, graphs: bool) -> dict[str, str]:
     return found
 
 
-for graphs in (False, True):
-    first = parts(None, graphs)
-    for fill in (1, 2, None):
-        other = parts(fill, graphs)
-        moved = [name for name in first if first[name] != other.get(name)]
-        print(f"graphs {graphs} fill {fill}: {len(moved)} of {len(first)} parts differ from a zeroed pool's"
-              + (f": {moved[:12]}" if moved else ""), flush=True)
+for mode in ("pool", "allocator", "others"):
+    for graphs in (False, True):
+        first = parts(None, graphs)
+        for fill in (1, 2, None):
+            other = parts(fill, graphs, mode)
+            moved = [name for name in first if first[name] != other.get(name)]
+            print(f"{mode} graphs {graphs} fill {fill}: {len(moved)} of {len(first)} parts differ from a zeroed "
+                  "pool's" + (f": {moved[:12]}" if moved else ""), flush=True)
