@@ -33,33 +33,38 @@ MOE = dict(moe_intermediate_size=32, shared_expert_intermediate_size=48, num_exp
 FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp")
 # twice the heads of every kind: counts 4 tensor-parallel ranks split (the tiny ones split into 2)
 WIDE = dict(num_attention_heads=8, num_key_value_heads=4, linear_num_key_heads=4, linear_num_value_heads=8)
+# heads of 128 and inner widths of 256: every FP8 weight's half is whole 128-wide scale blocks, so FP8
+# checkpoints split over 2 ranks (the rotary part kept at 8 wide, as the tiny ones have it)
+ALIGNED = dict(head_dim=128, linear_key_head_dim=128, linear_value_head_dim=128, intermediate_size=256,
+               rope_parameters={**COMMON["rope_parameters"], "partial_rotary_factor": 0.0625})  # type: ignore[dict-item]
 
 
 def make_model(family: str, seed: int = 0, vocab: int = VOCAB, eos: int = EOS, budget: int = 16,
                compress: int = 4, hidden: int = 64, flash: dict[str, object] | None = None,
-               expert_inner: int = 32, wide: bool = False) -> torch.nn.Module:
+               expert_inner: int = 32, wide: bool = False, dims: dict[str, object] | None = None
+               ) -> torch.nn.Module:
     """``budget`` and ``compress``: qwen4_exp's QSA indexer budget (positions) and compress ratio;
     ``hidden``: the residual's width (a power of two fills a kernel's block, 80 does not); ``flash``:
     other qwen4_exp config fields over the tiny ones (residual streams, PLE layers, n-gram size...);
     ``expert_inner``: an MoE expert's inner width, and the shared expert's but at 32 (128: whole FP8
-    blocks); ``wide``: ``WIDE``'s head counts."""
+    blocks); ``wide``: ``WIDE``'s head counts; ``dims``: any other common config fields (``ALIGNED``)."""
     import transformers
     from transformers.models.qwen4_exp import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
 
     common = {**COMMON, "vocab_size": vocab, "eos_token_id": eos, "hidden_size": hidden,
-              **(WIDE if wide else {})}
+              **(WIDE if wide else {}), **(dims or {})}
     # experts of whole FP8 blocks have a shared expert of whole blocks too (as released shapes do)
     moe = {**MOE, "moe_intermediate_size": expert_inner,
            "shared_expert_intermediate_size": MOE["shared_expert_intermediate_size"] if expert_inner == 32
            else expert_inner}
     if family == "qwen3_5":
-        config = transformers.Qwen3_5TextConfig(intermediate_size=96, **common)
+        config = transformers.Qwen3_5TextConfig(**{"intermediate_size": 96, **common})
         cls = transformers.Qwen3_5ForCausalLM
     elif family == "qwen3_5_moe":
         config = transformers.Qwen3_5MoeTextConfig(**moe, **common)
         cls = transformers.Qwen3_5MoeForCausalLM
     elif family == "qwen3_next":
-        config = transformers.Qwen3NextConfig(intermediate_size=96, **moe, **common)
+        config = transformers.Qwen3NextConfig(**{"intermediate_size": 96, **moe, **common})
         cls = transformers.Qwen3NextForCausalLM
     elif family == "qwen4_exp":
         fields = dict(
@@ -103,7 +108,7 @@ def randomise(model: torch.nn.Module, seed: int) -> None:
 
 def save(family: str, directory: Path, seed: int = 0, budget: int = 16, compress: int = 4,
          hidden: int = 64, head: bool = False, flash: dict[str, object] | None = None,
-         expert_inner: int = 32, wide: bool = False) -> Path:
+         expert_inner: int = 32, wide: bool = False, aligned: bool = False) -> Path:
     """The tiny checkpoint of ``family`` under ``directory`` (``head``: with a random MTP head), built
     once: beside and renamed into place, since test processes running at once share the directory."""
     name = family if (budget, compress) == (16, 4) else f"{family}-qsa-{budget}-{compress}"
@@ -112,10 +117,12 @@ def save(family: str, directory: Path, seed: int = 0, budget: int = 16, compress
     name += "-head" if head else ""
     name += "" if expert_inner == 32 else f"-experts-{expert_inner}"
     name += "-wide" if wide else ""
+    name += "-aligned" if aligned else ""
 
     def fill(staging: Path) -> None:
         make_model(family, seed, budget=budget, compress=compress, hidden=hidden, flash=flash,
-                   expert_inner=expert_inner, wide=wide).save_pretrained(staging)
+                   expert_inner=expert_inner, wide=wide, dims=ALIGNED if aligned else None
+                   ).save_pretrained(staging)
         if head:
             add_head(staging, family)
 

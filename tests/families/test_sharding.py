@@ -18,6 +18,7 @@ from tfd.families.hybrid import HybridModel, expected_tensors, load_model
 from tfd.families.random_weights import random_tensors
 from tfd.families.sharding import rank_config, refusals
 from tfd.model.attention import AttentionWeights
+from tfd.model.fp8 import Fp8Weight
 from tfd.model.gdn import GdnWeights
 from tfd.model.mlp import MoeWeights
 from tfd.model.parallel import Parallel
@@ -109,16 +110,32 @@ def test_only_the_counts_a_size_does_not_divide_are_named() -> None:
     assert len(three) == 4  # 96 inner columns do split into 3
 
 
-def test_fp8_weights_are_refused_by_name_when_split_and_read_whole() -> None:
+def test_an_fp8_weight_splits_with_its_scales_in_whole_blocks_or_is_refused_by_name() -> None:
     import sys
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    import test_fp8_gpu
+    sys.path.insert(0, str(Path(__file__).parents[1] / "model"))
+    from test_tensor_parallel import fp8_checkpoint
 
-    opened = Checkpoint.open(test_fp8_gpu.checkpoint_of("qwen3_5"))
-    with pytest.raises(CheckpointError, match="FP8 weights are not split across ranks yet"):
-        load_model(opened, "cpu", torch.float32, progress=False, parallel=Parallel(0, 2))
-    assert load_model(opened, "cpu", torch.float32, progress=False, parallel=Parallel(0, 1)).cfg.heads == 4
+    unaligned = Checkpoint.open(fp8_checkpoint("qwen3_5", aligned=False))
+    with pytest.raises(CheckpointError, match=r"self_attn\.k_proj\.weight \[64, 64\] is FP8 and splits into "
+                                              r"shares of 32 along dimension 0, not whole 128-wide"):
+        load_model(unaligned, "cpu", torch.float32, progress=False, parallel=Parallel(0, 2))
+    assert load_model(unaligned, "cpu", torch.float32, progress=False, parallel=Parallel(0, 1)).cfg.heads == 4
+    opened = Checkpoint.open(fp8_checkpoint("qwen3_5", aligned=True))
+
+    def o_of(model: HybridModel) -> Fp8Weight:
+        found = next(layer.mixer for layer in model.weights.layers
+                     if isinstance(layer.mixer, AttentionWeights))
+        assert isinstance(found.o, Fp8Weight)
+        return found.o
+
+    whole = o_of(load_model(opened, "cpu", torch.float32, progress=False))
+    assert whole.data.shape == (64, 512) and whole.scale_inv.shape == (1, 4)
+    for rank in range(2):  # the rank's 256 columns of o (its 2 heads of 128) and their 2 scale blocks
+        o = o_of(load_model(opened, "cpu", torch.float32, progress=False, parallel=Parallel(rank, 2)))
+        columns = slice(rank * 256, (rank + 1) * 256)
+        assert torch.equal(o.data.view(torch.uint8), whole.data[:, columns].view(torch.uint8))
+        assert torch.equal(o.scale_inv, whole.scale_inv[:, rank * 2:(rank + 1) * 2])
 
 
 def test_under_expert_parallel_a_rank_holds_a_share_of_the_experts_whole() -> None:

@@ -53,7 +53,7 @@ def main(rank: int, size: int, rendezvous: str, checkpoint: str, out: str, exper
         if rank == 0:
             Path(out).write_text(json.dumps({"refused": str(error)}))
         return
-    lanes = LanePool(model, len(PROMPT))
+    lanes = LanePool(model, len(PROMPT), page_rows=128)  # a GDN state of heads of 128 needs 128-row pages
     logits = model.logits(lanes.forward([Span(lanes.open(), 0, torch.tensor(PROMPT))]).hidden)
     asked = requests()
     alone = [drive(model, [request], STEP_TOKENS, graphs=False).tokens[0] for request in asked]

@@ -7,7 +7,7 @@ differ only in how checkpoint tensors become the shared layer records (``FAMILIE
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from types import ModuleType
 
 import attrs
@@ -18,8 +18,8 @@ from tfd.families import qwen3_5, qwen3_next, qwen4_exp
 from tfd.families.config import LINEAR, HybridConfig, read_config
 from tfd.families.lane_state import AttentionRows, DraftBuffers, GdnLayers, PleState, lane_pieces
 from tfd.families.naming import Get, Named, Naming, Shape
-from tfd.families.random_weights import random_tensor, random_tensors
-from tfd.families.sharding import Sharded, rank_config, read_by, refusals, taken
+from tfd.families.random_weights import random_tensors
+from tfd.families.sharding import Sharded, block_refusals, rank_config, read_by, refusals, taken
 from tfd.model.decode import (
     DecodeBatch,
     DecodeMemory,
@@ -38,7 +38,7 @@ from tfd.model.stack import StackOutput, StackWeights, logits, run_stack
 from tfd.model.verify import VerifyLanes, commit
 from tfd.pool.layout import Layout, RowPart
 from tfd.pool.pieces import Piece
-from tfd.quantization import FP8, scales_of
+from tfd.quantization import FP8, SCALES, released_fp8, scales_of
 
 FAMILIES: Mapping[str, ModuleType] = {
     "qwen3_5": qwen3_5, "qwen3_5_moe": qwen3_5, "qwen3_next": qwen3_next, "qwen4_exp": qwen4_exp,
@@ -71,10 +71,7 @@ def load_model(checkpoint: Checkpoint, device: torch.device | str = "cpu",
     scales = [scales_of(name) for name in shapes if checkpoint.tensors[name].dtype == FP8]
     take = None
     if parallel is not None and parallel.size > 1:  # a rank reads only its share of each tensor
-        _refuse_split(cfg, parallel)
-        if scales:
-            raise CheckpointError(f"{checkpoint.path}: FP8 weights are not split across ranks yet; serve "
-                                  "them with TF_TENSOR_PARALLEL=1")
+        _refuse_split(cfg, parallel, shapes, lambda name, _: checkpoint.tensors[name].dtype == FP8)
         take = taken(cfg, parallel)
         shapes = {name: shape for name, shape in shapes.items() if read_by(cfg, parallel, name)}
     tensors = checkpoint.load([*shapes, *scales], device, dtype, progress, joined=naming.joined(), take=take)
@@ -82,9 +79,12 @@ def load_model(checkpoint: Checkpoint, device: torch.device | str = "cpu",
                              shared=take is not None)
 
 
-def _refuse_split(cfg: HybridConfig, parallel: Parallel) -> None:
-    """``CheckpointError`` naming each count ``parallel.size`` does not divide."""
+def _refuse_split(cfg: HybridConfig, parallel: Parallel, shapes: dict[str, tuple[int, ...]] | None = None,
+                  fp8: Callable[[str, tuple[int, ...]], bool] = lambda name, shape: False) -> None:
+    """``CheckpointError`` naming each count ``parallel.size`` does not divide, and each kind of FP8
+    weight among ``shapes`` (``fp8`` says which are) whose shares would cut a scale block."""
     problems = refusals(cfg, parallel.size, parallel.experts)
+    problems += block_refusals(cfg, shapes or {}, parallel.size, parallel.experts, fp8)
     if problems:
         raise CheckpointError("; ".join(problems))
 
@@ -139,11 +139,21 @@ class HybridModel:
         """The config's shapes with random weights (``tfd.families.random_weights``); ``head``
         adds an MTP head; ``fp8``: the weights Qwen's -FP8 releases hold in FP8 drawn, then quantized."""
         cfg, naming, shapes = expected_tensors(family, text_config, {"mtp.head"} if head else set())
-        if parallel is not None and parallel.size > 1 and not fp8:
-            # each tensor drawn as one rank alone would draw it, then cut to this rank's share: the whole
-            # model is never held at once (Qwen3-Next-80B-A3B in bf16 is twice a card)
-            return cls.build(cfg, naming, Named(lambda name: random_tensor(name, shapes[name], seed, device)
-                                                .to(dtype)), dtype, parallel)
+        if parallel is not None and parallel.size > 1:
+            # each tensor drawn as one rank alone would draw it (an FP8 one quantized with its scales),
+            # then cut to this rank's share: the whole model is never held at once (Qwen3-Next-80B-A3B
+            # in bf16 is twice a card)
+            _refuse_split(cfg, parallel, shapes, lambda name, shape: fp8 and released_fp8(name, shape))
+            drawn: dict[str, torch.Tensor] = {}
+
+            def draw(name: str) -> torch.Tensor:
+                if name not in drawn:  # a weight's scales come from its own draw, asked for next
+                    weight = name.removesuffix(SCALES)
+                    drawn.clear()
+                    drawn.update(random_tensors({weight: shapes[weight]}, seed, dtype, device, fp8))
+                return drawn.pop(name)
+
+            return cls.build(cfg, naming, Named(draw), dtype, parallel)
         tensors = random_tensors(shapes, seed, dtype, device, fp8)
         return cls.build(cfg, naming, Named(tensors.__getitem__), dtype, parallel)
 

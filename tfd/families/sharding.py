@@ -13,8 +13,10 @@ on each. Each rank's block outputs are then partial sums, added across the ranks
 (``StackWeights.reduce``).
 
 What cannot split is refused by name before any weight is read (``refusals``): a head or inner count
-the parallel size does not divide. FP8 weights, whose 128-row scale blocks a share must not cut, are
-not split yet: refused by name as they are read (``Sharded``).
+the parallel size does not divide, and an FP8 weight whose shares would cut one of its 128-wide scale
+blocks (``block_refusals``). An FP8 weight's scales ``X_scale_inv`` split with it, by its weight's rule
+counted in blocks, so a rank's share is an FP8 weight of whole blocks with its own scales: a row's
+quantized groups are the whole model's, and a column share's groups a subset of them.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ import torch
 
 from tfd.families.config import HybridConfig
 from tfd.families.naming import Get
-from tfd.model.fp8 import Experts, Fp8Experts, Part
+from tfd.model.fp8 import BLOCK, Experts, Fp8Experts, Fp8Weight, Part
 from tfd.model.parallel import Parallel
+from tfd.quantization import SCALES
 
 ROW = "TF_TENSOR_PARALLEL"
 
@@ -73,6 +76,8 @@ def split(cfg: HybridConfig, name: str, shape: tuple[int, ...], experts: bool = 
     into equal shares, a rank taking its share of every one); None: whole on every rank. ``experts``
     (expert parallel): fused experts split by expert, experts stored one by one whole (a rank reads
     only its own)."""
+    if name.endswith(SCALES):  # an FP8 weight's block scales: its weight's rule, counted in blocks
+        return _scale_split(cfg, name.removesuffix(SCALES), shape, experts)
     qk, v = cfg.key_heads * cfg.key_dim, cfg.value_heads * cfg.value_dim
     if name.endswith(("linear_attn.in_proj_qkv.weight", "linear_attn.conv1d.weight")):
         return 0, [qk, qk, v]  # [all q | all k | all v]
@@ -93,6 +98,35 @@ def split(cfg: HybridConfig, name: str, shape: tuple[int, ...], experts: bool = 
     if name.endswith(("self_attn.o_proj.weight", "linear_attn.out_proj.weight", "down_proj.weight")):
         return 1, [shape[1]]
     return None
+
+
+def _scale_split(cfg: HybridConfig, weight: str, shape: tuple[int, ...], experts: bool
+                 ) -> tuple[int, list[int]] | None:
+    """The rule of ``weight``'s scales of ``shape`` (its last two dimensions in 128-wide blocks; a
+    3-D one's first, the experts, not): the weight's rule with its sections in blocks. Exact where
+    every share is whole blocks (``block_refusals``)."""
+    blocked = len(shape) - 2
+    rule = split(cfg, weight, tuple(n * BLOCK if d >= blocked else n for d, n in enumerate(shape)), experts)
+    if rule is None or rule[0] < blocked:
+        return rule
+    return rule[0], [section // BLOCK for section in rule[1]]
+
+
+def block_refusals(cfg: HybridConfig, shapes: dict[str, tuple[int, ...]], size: int, experts: bool,
+                   fp8: Callable[[str, tuple[int, ...]], bool]) -> list[str]:
+    """The FP8 weights among ``shapes`` (those ``fp8`` says are) whose shares over ``size`` ranks would
+    cut a 128-wide scale block, each kind named once (its layer number left out)."""
+    found: dict[str, str] = {}
+    for name, shape in shapes.items():
+        rule = split(cfg, name, shape, experts) if size > 1 and fp8(name, shape) else None
+        if rule is None or (len(shape) == 3 and rule[0] == 0):  # whole, or whole experts
+            continue
+        cut = [section // size for section in rule[1] if section % (size * BLOCK)]
+        if cut:
+            kind = re.sub(r"\.(layers|experts)\.\d+\.", r".\1.N.", name)
+            found.setdefault(kind, f"{ROW}={size}: {kind} {list(shape)} is FP8 and splits into shares of "
+                                   f"{cut[0]} along dimension {rule[0]}, not whole {BLOCK}-wide scale blocks")
+    return list(found.values())
 
 
 def rank_shape(cfg: HybridConfig, name: str, shape: tuple[int, ...], parallel: Parallel) -> tuple[int, ...]:
@@ -162,14 +196,16 @@ class Sharded:
 
     def linear(self, name: str) -> Part:
         found = self.get.linear(name)
+        if isinstance(found, Fp8Weight):  # the weight's share and its scales', in whole blocks
+            return Fp8Weight(self._share(name, found.data), self._share(name + SCALES, found.scale_inv))
         if not isinstance(found, torch.Tensor):
-            raise ValueError(f"{name}: FP8 weights are not split across ranks yet; serve {ROW}=1")
+            raise ValueError(f"{name}: a weight of parts cannot be split across ranks; serve {ROW}=1")
         return self._share(name, found)
 
     def stacked(self, name: str) -> Experts:
         found = self.get.stacked(name)
         if isinstance(found, Fp8Experts):
-            raise ValueError(f"{name}: FP8 experts are not split across ranks yet; serve {ROW}=1")
+            return Fp8Experts(self._share(name, found.data), self._share(name + SCALES, found.scale_inv))
         return self._share(name, found)
 
     def _share(self, name: str, tensor: torch.Tensor) -> torch.Tensor:

@@ -99,13 +99,16 @@ def device_of(device: torch.device, parallel: Parallel | None) -> torch.device:
 
 def refusals(settings: Settings, environ: Mapping[str, str], device: torch.device, size: int) -> list[str]:
     """What TF_TENSOR_PARALLEL=``size`` cannot serve, by name, before any rank starts: the served
-    model's counts that do not split (``tfd.families.sharding``), expert parallel for a model without
-    experts (or on CUDA: not yet), FP8 weights (not yet), fewer CUDA cards than ranks, a card named
-    (rank r takes card r)."""
-    from tfd.checkpoint import read_config
+    model's counts that do not split and FP8 weights whose shares would cut a scale block
+    (``tfd.families.sharding``), expert parallel for a model without experts (or on CUDA: not yet),
+    fewer CUDA cards than ranks, a card named (rank r takes card r)."""
+    from tfd.checkpoint import Checkpoint, read_config
     from tfd.families.config import read_config as hybrid_config
+    from tfd.families.hybrid import expected_tensors
+    from tfd.families.sharding import block_refusals
     from tfd.families.sharding import refusals as split_refusals
     from tfd.models import model_directory
+    from tfd.quantization import released_fp8, scales_of
 
     row = f"TF_TENSOR_PARALLEL={size}"
     problems = []
@@ -115,11 +118,16 @@ def refusals(settings: Settings, environ: Mapping[str, str], device: torch.devic
     if device.type == "cuda" and torch.cuda.device_count() < size:
         problems.append(f"{row}: a rank a card, and torch sees {torch.cuda.device_count()} CUDA devices "
                         f"here; TF_TENSOR_PARALLEL={torch.cuda.device_count()} is the most")
-    config = read_config(model_directory(settings, environ, device)[0])
-    if config.quantization is not None or settings.value("TF_DTYPE", str) == "fp8":
-        problems.append(f"{row}: FP8 weights are not split across ranks yet; serve them with "
-                        "TF_TENSOR_PARALLEL=1")
+    path, shape = model_directory(settings, environ, device)
+    config = read_config(path)
     cfg, experts = hybrid_config(config.family, config.text), settings.value("TF_EXPERT_PARALLEL", bool)
+    if config.quantization is not None and shape is None:  # a checkpoint's FP8 weights: those with scales
+        stored = Checkpoint.open(path).tensors
+        _, _, shapes = expected_tensors(config.family, config.text, stored.keys())
+        problems += block_refusals(cfg, shapes, size, experts, lambda name, _: scales_of(name) in stored)
+    elif settings.value("TF_DTYPE", str) == "fp8":  # a shape's, drawn as the -FP8 releases hold them
+        _, _, shapes = expected_tensors(config.family, config.text, set())
+        problems += block_refusals(cfg, shapes, size, experts, released_fp8)
     if experts and not cfg.experts:
         problems.append(f"TF_EXPERT_PARALLEL=1: {config.family} has no routed experts to place on ranks")
     elif experts and device.type == "cuda":
