@@ -37,8 +37,8 @@ def test_on_cuda_a_rank_takes_a_card_of_its_own() -> None:
     assert any(f"a rank a card, and torch sees {cards} CUDA devices" in problem
                for problem in refused({}, "cuda", cards + 1))
     assert not any("a rank a card" in problem for problem in refused({}, "cpu", 2))
-    assert "TF_DEVICE=cuda:1: under TF_TENSOR_PARALLEL=2 rank r runs on card r; set TF_DEVICE=cuda and " \
-        "choose the cards with CUDA_VISIBLE_DEVICES" in refused({}, "cuda:1", 2)
+    assert "TF_DEVICE=cuda:1: under TF_TENSOR_PARALLEL=2 rank r runs on the r-th card; set TF_DEVICE=cuda " \
+        "and choose the cards with CUDA_VISIBLE_DEVICES" in refused({}, "cuda:1", 2)
     experts = {"TF_DEMO": "flashnext", "TF_EXPERT_PARALLEL": "1", "TF_TENSOR_PARALLEL": "2"}
     assert any(problem.startswith("TF_EXPERT_PARALLEL=1: experts placed whole run on the CPU's path only")
                for problem in refused(experts, "cuda", 2))

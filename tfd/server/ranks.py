@@ -5,9 +5,11 @@ and runs the steps rank 0 shares (``tfd.engine.lockstep``) until rank 0's engine
 Rank 0 (``start``) makes a rendezvous file in a fresh directory, starts each process with what it
 needs on its standard input (the settings rank 0 read, the environment, the device, its rank, the
 size, the rendezvous), then joins the process group itself. On the CPU the group is gloo; on CUDA
-rank r runs on card r, the blocks' sums go over NCCL and a gloo group beside it carries what the
-hosts agree on (``Parallel.control``). Their logs go to rank 0's standard error, each line naming
-its rank.
+rank r runs on the r-th card rank 0 sees, the blocks' sums go over NCCL and a gloo group beside it
+carries what the hosts agree on (``Parallel.control``). Each other rank's process sees its card alone
+(``CUDA_VISIBLE_DEVICES``), as its ``cuda:0``: every thread of it, the readers and writers of learned
+states included, then means that card by "cuda" without being told. Their logs go to rank 0's
+standard error, each line naming its rank.
 
 Signals: the other ranks ignore SIGTERM and SIGINT (``tfd.server.follower``); rank 0 drains, its
 engine shares the stop, and they end after their last step.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import pickle
 import shutil
 import subprocess
@@ -91,10 +94,20 @@ def rank_of(settings: Settings, number: int, control: dist.ProcessGroup | None =
 
 
 def device_of(device: torch.device, parallel: Parallel | None) -> torch.device:
-    """The device a rank runs on: card ``rank`` of CUDA's (``join`` made it current), else ``device``."""
+    """The device a rank runs on: on CUDA its card, the first its process sees (``start``), else
+    ``device``."""
     if parallel is None or device.type != "cuda":
         return device
-    return torch.device("cuda", parallel.rank)
+    return torch.device("cuda", 0)
+
+
+def card_environ(rank: int) -> dict[str, str]:
+    """The environment of rank ``rank``'s process on CUDA: this one's, seeing only the ``rank``-th card
+    of those this process sees (CUDA_VISIBLE_DEVICES's list, else all of them)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    cards = [card.strip() for card in visible.split(",")] if visible else \
+        [str(index) for index in range(torch.cuda.device_count())]
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": cards[rank]}
 
 
 def refusals(settings: Settings, environ: Mapping[str, str], device: torch.device, size: int) -> list[str]:
@@ -113,8 +126,8 @@ def refusals(settings: Settings, environ: Mapping[str, str], device: torch.devic
     row = f"TF_TENSOR_PARALLEL={size}"
     problems = []
     if device.type == "cuda" and device.index is not None:
-        problems.append(f"TF_DEVICE={device}: under {row} rank r runs on card r; set TF_DEVICE=cuda and "
-                        "choose the cards with CUDA_VISIBLE_DEVICES")
+        problems.append(f"TF_DEVICE={device}: under {row} rank r runs on the r-th card; set TF_DEVICE=cuda "
+                        "and choose the cards with CUDA_VISIBLE_DEVICES")
     if device.type == "cuda" and torch.cuda.device_count() < size:
         problems.append(f"{row}: a rank a card, and torch sees {torch.cuda.device_count()} CUDA devices "
                         f"here; TF_TENSOR_PARALLEL={torch.cuda.device_count()} is the most")
@@ -147,7 +160,8 @@ def start(settings: Settings, environ: Mapping[str, str], size: int, device: tor
     joined: list[dist.ProcessGroup | None] = []
     try:
         for rank in range(1, size):
-            process = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE)
+            process = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE,
+                                       env=card_environ(rank) if device.type == "cuda" else None)
             processes.append(process)
             assert process.stdin is not None
             process.stdin.write(pickle.dumps(Joining(settings, dict(environ), device.type, rank, size,
@@ -179,14 +193,14 @@ def _all_running(processes: list[subprocess.Popen[bytes]]) -> None:
 
 def join(rendezvous: str, rank: int, size: int, device: torch.device) -> dist.ProcessGroup | None:
     """Join the process group as ``rank`` of ``size``: gloo on the CPU (None: the one group carries
-    everything); on CUDA, card ``rank`` made current and NCCL for the blocks' sums, with the gloo
-    group for the hosts' agreements returned beside it."""
+    everything); on CUDA, the process's first card (its own: ``start``) made current and NCCL for the
+    blocks' sums, with the gloo group for the hosts' agreements returned beside it."""
     timeout = datetime.timedelta(seconds=JOIN_S)
     if device.type != "cuda":
         dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=size, timeout=timeout)
         return None
-    card = torch.device("cuda", rank)
-    torch.cuda.set_device(card)  # kernels launch on the current card, and "cuda" means this rank's
+    card = device_of(device, Parallel(rank, size))
+    torch.cuda.set_device(card)
     dist.init_process_group("nccl", init_method=rendezvous, rank=rank, world_size=size, timeout=timeout,
                             device_id=card)  # NCCL's communicator made now, before any graph is captured
     control: dist.ProcessGroup = dist.new_group(backend="gloo", timeout=timeout)
