@@ -4,13 +4,15 @@ whole blocks; on CUDA, a card named, more ranks than cards, experts placed whole
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from tfd.env import Table
-from tfd.server.ranks import refusals
+from tfd.server.ranks import card_environ, refusals
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "model"))
 from test_tensor_parallel import fp8_checkpoint
@@ -43,3 +45,10 @@ def test_on_cuda_a_rank_takes_a_card_of_its_own() -> None:
     assert any(problem.startswith("TF_EXPERT_PARALLEL=1: experts placed whole run on the CPU's path only")
                for problem in refused(experts, "cuda", 2))
     assert not any(problem.startswith("TF_EXPERT_PARALLEL") for problem in refused(experts, "cpu", 2))
+
+
+def test_each_other_rank_sees_the_card_of_its_number_among_those_rank_0_sees(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, GPU-5e1a")
+    assert [card_environ(rank)["CUDA_VISIBLE_DEVICES"] for rank in (0, 1)] == ["3", "GPU-5e1a"]
+    assert card_environ(1)["PATH"] == os.environ["PATH"]  # the rest of the environment as it is
