@@ -1,11 +1,12 @@
-"""``tfd bench --tensor-parallel N``: the engine bench on N ranks, one process a device (rank r on card r;
-CPU processes over gloo where there is no GPU), as ``tfd serve --tensor-parallel N`` runs them.
+"""``tfd bench --tensor-parallel N``: the engine bench on N ranks, one process a device (rank r on the r-th
+card; CPU processes over gloo where there is no GPU), as ``tfd serve --tensor-parallel N`` runs them.
 
-Rank 0 checks the split (``tfd.server.ranks.refusals``: counts the size does not divide, too few cards,
-FP8 weights), starts the other ranks (``python -m tfd.bench.tensor_parallel``, the parsed flags on
-their standard input) and runs the bench itself. Every rank draws or reads its own share of the model
-and runs the same workloads: the prompts are drawn from the same seeds and the tokens from logits that
-are the same bits on every rank, so their steps and collectives meet without a word between them.
+Rank 0 checks the split (``tfd.server.ranks.refusals``: counts the size does not divide, FP8 shares
+that would cut a scale block, too few cards), starts the other ranks (``python -m
+tfd.bench.tensor_parallel``, the parsed flags on their standard input) and runs the bench itself.
+Every rank draws or reads its own share of the model and runs the same workloads: the prompts are
+drawn from the same seeds and the tokens from logits that are the same bits on every rank, so their
+steps and collectives meet without a word between them.
 Rank 0 alone prints and writes; each run adds its size, a step's sums over the ranks timed alone and
 its roofline fraction without them (a rank's bytes over one card's copy rate).
 
@@ -21,7 +22,6 @@ import logging
 import os
 import pickle
 import sys
-from typing import TextIO
 
 import torch
 import torch.distributed as dist
@@ -69,7 +69,7 @@ def run_ranks(settings: Settings, args: argparse.Namespace) -> int:
         ranks.close()
 
 
-def main(stdout: TextIO | None = None) -> int:
+def main() -> int:
     """Another rank (``python -m tfd.bench.tensor_parallel``): join, run the same bench silently."""
     from tfd.bench.command import run
 
@@ -79,7 +79,7 @@ def main(stdout: TextIO | None = None) -> int:
                         format=f"%(asctime)s %(levelname)s rank {joining.rank} %(name)s: %(message)s")
     control = join(joining.rendezvous, joining.rank, joining.size, torch.device(joining.device))
     args = argparse.Namespace(**{**vars(joining.extra), "out": None})  # rank 0 writes the runs
-    sys.stdout = stdout or open(os.devnull, "w")  # noqa: SIM115 (the process's, until it exits)
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (rank 0 prints; this stays open until the process exits)
     try:
         return run(joining.settings, args, Parallel(joining.rank, joining.size, control=control))
     except Exception:
