@@ -7,19 +7,31 @@
 bash .dev/install.sh > /dev/null 2>&1 || { echo install fails; exit 1; }
 export PATH=/tmp/site/bin:$PATH PYTHONPATH=/tmp/site TRITON_CACHE_DIR=/tmp/triton TF_LEARN_CONVERSATIONS=1 \
   TF_LEARN_DIR=/tmp/l TF_ADMIN_SOCKET=/tmp/a.sock
+KIT=$PWD/.dev
 cd /tmp
 nopdl() { python -c "import sys, tfd_kernels.pdl as p; p.ENABLED = False; from tfd.cli import main; sys.argv[0] = 'tfd'; sys.exit(main())" "$@"; }
 starts() {  # $1: label; the rest: the command
   label=$1; shift; digests=""
   for i in 1 2 3 4; do
-    timeout 60 "$@" serve > /tmp/s.log 2>&1 & p=$!
-    for t in $(seq 1 58); do sleep 1; grep -q "ready:" /tmp/s.log && break; done
+    log=/tmp/s-$label-$i.log
+    timeout 60 "$@" serve > $log 2>&1 & p=$!
+    for t in $(seq 1 58); do sleep 1; grep -q "ready:" $log && break; done
     kill -TERM $p; wait $p
-    digests="$digests $(grep -ao "the probe's state [0-9a-f]*" /tmp/s.log | cut -c19-26)"
+    digests="$digests $(grep -ao "the probe's state [0-9a-f]*" $log | cut -c19-26)"
   done
   echo "$label:$digests"
 }
-starts default tfd
+parts() { python $KIT/probe_parts_serve.py "$@"; }
+starts default parts
+python - <<'PY'  # the parts of the probe's state whose digest is not the same at every start
+import glob, re, collections
+seen = collections.defaultdict(set)
+for log in sorted(glob.glob("/tmp/s-default-*.log")):
+    for name, digest in re.findall(r"probe part (.+) ([0-9a-f]{12})$", open(log).read(), re.M):
+        seen[name].add(digest)
+moved = [name for name, digests in seen.items() if len(digests) > 1]
+print(f"parts that moved: {len(moved)} of {len(seen)}: {moved[:20]}")
+PY
 TF_WARM_UP=short starts warm-up-short tfd
 TF_CUDA_GRAPHS=0 starts no-graphs tfd
 TF_DRAFTS=0 starts no-drafts tfd
