@@ -38,6 +38,9 @@ def dirty_allocator(seed: int) -> None:
     free, _ = torch.cuda.mem_get_info(device)
     blocks = [torch.randint(0, 256, (1 << 28,), generator=generator, dtype=torch.uint8, device=device)
               for _ in range(min(8, int(free * 0.5) >> 28))]
+    # and the small pool's (blocks up to 1 MiB, where a step's scratch lives), in sizes of its own
+    blocks += [torch.randint(0, 256, (size,), generator=generator, dtype=torch.uint8, device=device)
+               for size in (512, 4096, 65536, 1 << 19, 1 << 20) for _ in range(256)]
     del blocks  # kept by the allocator, contents and all
 
 
