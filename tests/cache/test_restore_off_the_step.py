@@ -109,7 +109,8 @@ def held_runner(model: HybridModel, root: Path) -> tuple[Runner, Held]:
     return runner, held
 
 
-def test_other_lanes_step_while_a_lane_reads_its_state_back(model: HybridModel, tmp_path: Path) -> None:
+def test_other_lanes_step_while_a_lane_reads_its_state_back(model: HybridModel, tmp_path: Path,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
     first, second, other = turns()
     before = learning(model, tmp_path)
     reply = drive(model, [first], STEP_TOKENS, graphs=False, runner=before).tokens[0]
@@ -124,14 +125,22 @@ def test_other_lanes_step_while_a_lane_reads_its_state_back(model: HybridModel, 
     step = stepper.step()
     assert [lane.request.id for lane in step.admitted] == ["other"]  # the resuming lane is not admitted yet
     assert resuming.phase is Phase.RESTORE and held.queuing.wait(READ_S)
+    queued = time.monotonic()
     for _ in range(5):  # the read is held: the other lane's prompt goes through and it decodes
         stepper.step()
     assert busy.phase is Phase.DECODE and len(busy.generated) >= 4 and resuming.phase is Phase.RESTORE
+    held_s = time.monotonic() - queued
+    caplog.set_level("INFO", logger="tfd.engine")
     held.open.set()
     admitted: list[Lane] = []
     while not stepper.idle:
         admitted += stepper.step().admitted
     assert admitted == [resuming] and resuming.cached == 128  # admitted once its state was in place
+    # the log places its wait: the read took at least as long as the test held it
+    said = [record.getMessage() for record in caplog.records if "read back:" in record.getMessage()]
+    assert len(said) == 1
+    assert said[0].startswith(f"request {resuming.request.id} resumed 128 tokens read back")
+    assert float(said[0].split("read in ")[1].split(" s")[0]) >= held_s
     assert (tuple(resuming.generated), tuple(busy.generated)) == fresh
     assert held.pending == 0, f"expected 0, found {held.pending}"
     runner.pool.check_at_load()

@@ -31,6 +31,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -67,6 +68,8 @@ class Restoring:
     image: Image
     future: Future[None] = attrs.field(factory=Future, repr=False)
     ready: object = None  # the lent stream's mark after the read's last copy, set before the future ends
+    began: float = attrs.field(factory=time.monotonic)  # when it was asked for (monotonic)
+    ended: float | None = None  # when its read ended (monotonic), set before the future ends
 
     def done(self) -> bool:
         """Whether the read has ended: its files read and checked, the scatter into the lane queued on
@@ -212,6 +215,7 @@ class Learned:
         try:
             self.drains(Drain(device, restoring.ready, release))
         finally:
+            restoring.ended = time.monotonic()
             if error is not None:
                 restoring.future.set_exception(error)
             else:

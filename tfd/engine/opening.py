@@ -10,6 +10,7 @@ pages back (a lane whose state is being read, once the read has ended). Engine t
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 
 from tfd.cache.learned import Restoring
@@ -117,6 +118,11 @@ class Opener:
                 continue
             lane.resumed(at, self.cache.passed(lane.keep_points, at))
             started.append(lane)
+            # where a resumed turn's first token waits: before its read, the read, after it
+            ended, arrived = restoring.ended or restoring.began, lane.request.arrived or restoring.began
+            log.info("request %s resumed %d tokens read back: asked for %.3f s after it arrived, read in "
+                     "%.3f s, in the step %.3f s after", lane.request.id, at, restoring.began - arrived,
+                     ended - restoring.began, time.monotonic() - ended)
         return started, failed
 
     def _ended_reads(self) -> list[tuple[Lane, bool]]:
