@@ -3,9 +3,10 @@ checkpoint loaded as this rank's share, a prompt's logits, and greedy and sample
 by side, drafted by the MTP head, and resumed from a kept state, through the engine's runner; rank 0
 writes what it saw as JSON.
 
-``python parallel_rank.py RANK SIZE RENDEZVOUS CHECKPOINT OUT [experts]``: RENDEZVOUS is a file every
-rank of the run names (torch.distributed's ``file://``); ``experts``: expert parallel; a refused split
-is written as ``{"refused": ...}``.
+``python parallel_rank.py RANK SIZE RENDEZVOUS CHECKPOINT OUT [experts] [cuda]``: RENDEZVOUS is a file
+every rank of the run names (torch.distributed's ``file://``); ``experts``: expert parallel; ``cuda``:
+every rank on the one card in bf16, the kernels' path, the sums through the host (gloo); a refused
+split is written as ``{"refused": ...}``.
 """
 
 from __future__ import annotations
@@ -41,20 +42,23 @@ def requests() -> list[Request]:
             Request("long", long, 6, Sampling(0.0))]
 
 
-def main(rank: int, size: int, rendezvous: str, checkpoint: str, out: str, experts: bool) -> None:
+def main(rank: int, size: int, rendezvous: str, checkpoint: str, out: str, experts: bool, device: str
+         ) -> None:
     parallel = None
     if size > 1:
         dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=size)
         parallel = Parallel(rank, size, experts=experts)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32  # on one card the ranks share (gloo)
     try:
-        model = load_model(Checkpoint.open(Path(checkpoint)), "cpu", torch.float32, progress=False,
+        model = load_model(Checkpoint.open(Path(checkpoint)), device, dtype, progress=False,
                            parallel=parallel)
     except CheckpointError as error:
         if rank == 0:
             Path(out).write_text(json.dumps({"refused": str(error)}))
         return
     lanes = LanePool(model, len(PROMPT), page_rows=128)  # a GDN state of heads of 128 needs 128-row pages
-    logits = model.logits(lanes.forward([Span(lanes.open(), 0, torch.tensor(PROMPT))]).hidden)
+    prompt = torch.tensor(PROMPT, device=device)
+    logits = model.logits(lanes.forward([Span(lanes.open(), 0, prompt)]).hidden)
     asked = requests()
     alone = [drive(model, [request], STEP_TOKENS, graphs=False).tokens[0] for request in asked]
     together = drive(model, asked, STEP_TOKENS, graphs=False).tokens
@@ -64,7 +68,8 @@ def main(rank: int, size: int, rendezvous: str, checkpoint: str, out: str, exper
     again = drive(model, [asked[2]], STEP_TOKENS, graphs=False, runner=kept)  # resumed from its state
     if rank == 0:
         Path(out).write_text(json.dumps({
-            "logits": logits.tolist(), "alone": alone, "together": together, "drafted": drafted.tokens,
+            "logits": logits.float().tolist(), "alone": alone, "together": together,
+            "drafted": drafted.tokens,
             "verified": drafted.drafts.drafted, "resumed": [first.tokens[0], again.tokens[0]],
             "cached": [first.cached[0], again.cached[0]], "heads": model.cfg.heads,
             "value_heads": model.cfg.value_heads}))
@@ -73,4 +78,5 @@ def main(rank: int, size: int, rendezvous: str, checkpoint: str, out: str, exper
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:6], experts=sys.argv[6:] == ["experts"])
+    main(int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:6], experts="experts" in sys.argv[6:],
+         device="cuda" if "cuda" in sys.argv[6:] else "cpu")

@@ -28,13 +28,16 @@ NEAR = 1e-4  # the logits' largest difference over their largest magnitude: fp32
 NEAR_FP8 = 1e-2  # the same for FP8 checkpoints, where a flipped e4m3 rounding moves an input by 1/16
 
 
-def ranks(checkpoint: Path, size: int, root: Path, experts: bool = False) -> dict[str, Any]:
-    """Run ``size`` ranks on ``checkpoint`` (``experts``: expert parallel); what rank 0 wrote."""
+def ranks(checkpoint: Path, size: int, root: Path, experts: bool = False, device: str = "cpu"
+          ) -> dict[str, Any]:
+    """Run ``size`` ranks on ``checkpoint`` (``experts``: expert parallel; ``device`` "cuda": all on the
+    one card, ``parallel_rank.py``'s); what rank 0 wrote."""
     root.mkdir(parents=True, exist_ok=True)
     out = root / "out.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     started = [subprocess.Popen([sys.executable, str(RANK), str(rank), str(size), str(root / "rendezvous"),
-                                 str(checkpoint), str(out), *(["experts"] if experts else [])], env=env,
+                                 str(checkpoint), str(out), *(["experts"] if experts else []), device],
+                                env=env,
                                 stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True) for rank in range(size)]
     try:

@@ -10,7 +10,8 @@ at a parallel size do not depend on its batch) and every rank holds the same bit
 decisions). Across parallel sizes the bits may differ: the products' sums run over other splits.
 
 The gather is one collective into one buffer (``all_gather_single``), so a decode graph captures it
-as one NCCL launch on CUDA.
+as one NCCL launch on CUDA. Over gloo (which gathers no CUDA tensors) a CUDA partial goes through the
+host: ranks sharing one card, as the single-GPU tests run them, eagerly (no graphs: the copy waits).
 
 Error handling: a collective that fails (a rank gone) raises what torch.distributed raises.
 """
@@ -46,6 +47,8 @@ class Parallel:
         returned in ``partial``'s dtype."""
         if self.size == 1:
             return partial
+        if partial.is_cuda and dist.get_backend(self.group) == "gloo":  # ranks sharing one card (tests)
+            return self.reduce(partial.cpu()).to(partial.device)
         gathered = partial.new_empty((self.size, *partial.shape))
         _gather(gathered.flatten(0, 1), partial.contiguous(), group=self.group)
         total = gathered[0].float()
