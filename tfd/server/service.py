@@ -59,7 +59,7 @@ from tfd.server.start_refusals import (
 from tfd.server.systemd import Heartbeat
 from tfd.server.warm_up import by_kernel, short, warm_up, waves
 from tfd.store.config import StoreConfig
-from tfd.store.identity import PROBE_TOKENS, facts, identity, probe_prompt
+from tfd.store.identity import PROBE_TOKENS, beside, facts, identity, probe_prompt
 from tfd.store.store import Store
 from tfd_kernels.runtime import compiled_variants, watch_compiles
 
@@ -204,7 +204,14 @@ def store_opener(prepared: Prepared, environ: Mapping[str, str], drafts: bool
                  for name, value in sorted(found.items())}
         log.info("identity %s: the probe's state %s; %s", identity(found, digest), digest[:16],
                  ", ".join(f"{name} {part}" for name, part in parts.items()))
-        return learning.open(identity(found, digest))
+        store = learning.open(identity(found, digest))
+        others = beside(store.home, found)
+        if others:  # the same facts, another probe state: a start computed the probe in other bits
+            log.warning("%d learned-conversation directories beside %s were written under the same "
+                        "checkpoint, code, device and settings with another probe state (%s): their "
+                        "conversations are not read by this start", len(others), store.home.name,
+                        ", ".join(other.name for other in others))
+        return store
 
     return open_store
 

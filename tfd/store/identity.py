@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 SOURCES = ("tfd_kernels", "tfd.model", "tfd.families")
+FACTS = "facts"  # an identity directory's file: the digest of the facts it covers, the probe's left out
 PROBE_TOKENS = 129  # a state kept at 128: two GDN chunks, and a row left to run
 
 
@@ -83,3 +84,22 @@ def identity(found: Mapping[str, object], probe: str) -> str:
     """The identity's name: 16 hex digits of the facts and the probe's digest."""
     text = json.dumps({**found, "probe": probe}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def facts_digest(found: Mapping[str, object]) -> str:
+    """16 hex digits of the facts alone (``identity``'s without the probe)."""
+    return hashlib.sha256(json.dumps(dict(found), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def beside(home: Path, found: Mapping[str, object]) -> list[Path]:
+    """Mark the identity directory ``home`` with its facts' digest; the other identity directories
+    beside it marked with the same: a server of these very facts wrote them, and its probe's state was
+    other bits (the probe did not compute the same at every start), so their states are not read here."""
+    mine = facts_digest(found)
+    (home / FACTS).write_text(mine + "\n")
+    found_beside = []
+    for other in sorted(home.parent.iterdir()):
+        marker = other / FACTS
+        if other != home and marker.is_file() and marker.read_text().strip() == mine:
+            found_beside.append(other)
+    return found_beside
