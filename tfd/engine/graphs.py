@@ -32,6 +32,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 import torch
+import torch.distributed as dist
 
 from tfd.engine.round_step import RoundInputs, host_inputs
 from tfd.model.decode import Columns, DecodeBatch, fields_major
@@ -57,7 +58,10 @@ def _capture(run: Callable[[], T], pool: Any, device: torch.device) -> tuple[tor
         run()
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    # under tensor parallel NCCL's watchdog thread queries events while this thread captures: in the
+    # default (global) mode a call from any thread would end the capture
+    mode = "thread_local" if dist.is_initialized() else "global"
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode=mode):
         outputs = run()
     return graph, outputs
 
