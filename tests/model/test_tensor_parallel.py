@@ -88,10 +88,14 @@ def fp8_checkpoint(family: str, aligned: bool) -> Path:
     """The family's tiny checkpoint with an MTP head in the -FP8 releases' format: ``aligned``, heads of
     128 and inner widths of 256 (every half whole blocks); else the tiny dims (a key-value head's 32)."""
     inner = 256 if aligned else 128
-    source = tiny_models.save(family, CACHE / "tiny-plain", head=True, expert_inner=inner, aligned=aligned)
     name = f"{family}-experts-{inner}-head" + ("-aligned" if aligned else "")
-    return build_once(CACHE / "tiny-fp8" / name, "config.json",
-                      lambda staging: tiny_models.fp8_copy(source, staging, None, QUANTIZATION, fuse=False))
+
+    def fill(staging: Path) -> None:  # the float source only when the FP8 one is not there (the device)
+        source = tiny_models.save(family, CACHE / "tiny-plain", head=True, expert_inner=inner,
+                                  aligned=aligned)
+        tiny_models.fp8_copy(source, staging, None, QUANTIZATION, fuse=False)
+
+    return build_once(CACHE / "tiny-fp8" / name, "config.json", fill)
 
 
 @pytest.mark.parametrize("family", tiny_models.FAMILIES)
