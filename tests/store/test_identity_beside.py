@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tfd.store.identity import FACTS, beside, facts_digest, identity
+from tfd.store.identity import FACTS, beside, facts_digest, identity, part_digests
 
 FOUND = {"checkpoint": {"config": "c0", "weights": []}, "sources": "s0", "device": "cuda", "dtype": "bf16",
          "drafts": True}
@@ -32,3 +32,10 @@ def test_a_directory_of_the_same_facts_and_another_probe_is_found_beside(tmp_pat
     unmarked = tmp_path / "written-before-markers"
     unmarked.mkdir()
     assert beside(moved, FOUND) == [first]  # a directory without a marker is not counted
+
+
+def test_each_fact_has_a_digest_of_its_own() -> None:
+    parts = part_digests(FOUND)
+    assert list(parts) == sorted(FOUND) and all(len(digest) == 8 for digest in parts.values())
+    moved = part_digests({**FOUND, "sources": "s1"})
+    assert [name for name in parts if parts[name] != moved[name]] == ["sources"]

@@ -9,8 +9,6 @@ at any of these is a configuration refusal naming the rows to change.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 import os
@@ -59,7 +57,7 @@ from tfd.server.start_refusals import (
 from tfd.server.systemd import Heartbeat
 from tfd.server.warm_up import by_kernel, short, warm_up, waves
 from tfd.store.config import StoreConfig
-from tfd.store.identity import PROBE_TOKENS, beside, facts, identity, probe_prompt
+from tfd.store.identity import PROBE_TOKENS, beside, facts, identity, part_digests, probe_prompt
 from tfd.store.store import Store
 from tfd_kernels.runtime import compiled_variants, watch_compiles
 
@@ -199,11 +197,8 @@ def store_opener(prepared: Prepared, environ: Mapping[str, str], drafts: bool
         found["tensor_parallel"] = [prepared.parallel.rank, prepared.parallel.size]
 
     def open_store(digest: str) -> Store:
-        # each part's own digest, so that two starts with different identities show which part moved
-        parts = {name: hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:8]
-                 for name, value in sorted(found.items())}
         log.info("identity %s: the probe's state %s; %s", identity(found, digest), digest[:16],
-                 ", ".join(f"{name} {part}" for name, part in parts.items()))
+                 ", ".join(f"{name} {part}" for name, part in part_digests(found).items()))
         store = learning.open(identity(found, digest))
         others = beside(store.home, found)
         if others:  # the same facts, another probe state: a start computed the probe in other bits

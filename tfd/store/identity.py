@@ -86,9 +86,14 @@ def identity(found: Mapping[str, object], probe: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def facts_digest(found: Mapping[str, object]) -> str:
-    """16 hex digits of the facts alone (``identity``'s without the probe)."""
-    return hashlib.sha256(json.dumps(dict(found), sort_keys=True, default=str).encode()).hexdigest()[:16]
+def facts_digest(found: Mapping[str, object], digits: int = 16) -> str:
+    """``digits`` hex digits of the facts alone (``identity``'s without the probe)."""
+    return hashlib.sha256(json.dumps(dict(found), sort_keys=True, default=str).encode()).hexdigest()[:digits]
+
+
+def part_digests(found: Mapping[str, object]) -> dict[str, str]:
+    """Each fact's own digest (8 hex digits), by name: two starts' logs show which fact moved."""
+    return {name: facts_digest({name: value}, 8) for name, value in sorted(found.items())}
 
 
 def beside(home: Path, found: Mapping[str, object]) -> list[Path]:
