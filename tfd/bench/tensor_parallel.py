@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import pickle
 import sys
 
 import torch
@@ -29,7 +28,7 @@ import torch.distributed as dist
 from tfd.env import Settings
 from tfd.exit_status import EXIT_FAILURE
 from tfd.model.parallel import Parallel
-from tfd.server.ranks import Joining, join, refusals, start
+from tfd.server.ranks import joined_rank, refusals, start
 
 log = logging.getLogger("tfd.bench")
 # what one rank's bench does alone, or measures apart from the ranks' steps
@@ -73,11 +72,8 @@ def main() -> int:
     """Another rank (``python -m tfd.bench.tensor_parallel``): join, run the same bench silently."""
     from tfd.bench.command import run
 
-    joining = pickle.load(sys.stdin.buffer)
-    assert isinstance(joining, Joining) and isinstance(joining.extra, argparse.Namespace)
-    logging.basicConfig(level=joining.settings.value("TF_LOG_LEVEL", str).upper(), stream=sys.stderr,
-                        format=f"%(asctime)s %(levelname)s rank {joining.rank} %(name)s: %(message)s")
-    control = join(joining.rendezvous, joining.rank, joining.size, torch.device(joining.device))
+    joining, control = joined_rank()
+    assert isinstance(joining.extra, argparse.Namespace)
     args = argparse.Namespace(**{**vars(joining.extra), "out": None})  # rank 0 writes the runs
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (rank 0 prints; this stays open until the process exits)
     try:

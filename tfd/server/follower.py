@@ -11,17 +11,15 @@ step. Rank 0 gone (killed), the next collective fails and this process exits 1.
 from __future__ import annotations
 
 import logging
-import pickle
 import signal
 import sys
 
-import torch
 import torch.distributed as dist
 
 from tfd.engine.engine import Engine
 from tfd.engine.grammar import Grammar, Vocabulary
 from tfd.engine.lockstep import Follower
-from tfd.server.ranks import Joining, join, rank_of
+from tfd.server.ranks import joined_rank, rank_of
 from tfd.server.service import attach_mirror, prepare
 
 log = logging.getLogger("tfd.ranks")
@@ -31,11 +29,7 @@ def main() -> int:
     """A rank process: join, load this rank's share, run the steps rank 0 shares; its exit status."""
     for signum in (signal.SIGTERM, signal.SIGINT):  # rank 0 drains, then shares the stop
         signal.signal(signum, signal.SIG_IGN)
-    joining = pickle.load(sys.stdin.buffer)
-    assert isinstance(joining, Joining)
-    logging.basicConfig(level=joining.settings.value("TF_LOG_LEVEL", str).upper(), stream=sys.stderr,
-                        format=f"%(asctime)s %(levelname)s rank {joining.rank} %(name)s: %(message)s")
-    control = join(joining.rendezvous, joining.rank, joining.size, torch.device(joining.device))
+    joining, control = joined_rank()
     try:
         parallel = rank_of(joining.settings, joining.rank, control)
         prepared = prepare(joining.settings, joining.environ, parallel)

@@ -93,12 +93,12 @@ def rank_of(settings: Settings, number: int, control: dist.ProcessGroup | None =
                     experts=settings.value("TF_EXPERT_PARALLEL", bool), control=control)
 
 
+OWN_CARD = torch.device("cuda", 0)  # a rank's card on CUDA: the only one its process sees (``start``)
+
+
 def device_of(device: torch.device, parallel: Parallel | None) -> torch.device:
-    """The device a rank runs on: on CUDA its card, the first its process sees (``start``), else
-    ``device``."""
-    if parallel is None or device.type != "cuda":
-        return device
-    return torch.device("cuda", 0)
+    """The device a rank runs on: on CUDA its card (``OWN_CARD``), else ``device``."""
+    return OWN_CARD if parallel is not None and device.type == "cuda" else device
 
 
 def card_environ(rank: int) -> dict[str, str]:
@@ -183,6 +183,16 @@ def start(settings: Settings, environ: Mapping[str, str], size: int, device: tor
     return Ranks(processes, folder, joined[0])
 
 
+def joined_rank() -> tuple[Joining, dist.ProcessGroup | None]:
+    """In a process ``start`` started: what rank 0 sent on its standard input, logging set up with each
+    line naming the rank, the group joined; and ``join``'s control group."""
+    joining = pickle.load(sys.stdin.buffer)
+    assert isinstance(joining, Joining)
+    logging.basicConfig(level=joining.settings.value("TF_LOG_LEVEL", str).upper(), stream=sys.stderr,
+                        format=f"%(asctime)s %(levelname)s rank {joining.rank} %(name)s: %(message)s")
+    return joining, join(joining.rendezvous, joining.rank, joining.size, torch.device(joining.device))
+
+
 def _all_running(processes: list[subprocess.Popen[bytes]]) -> None:
     """``RuntimeError`` naming the first rank whose process has exited."""
     for rank, process in enumerate(processes, 1):
@@ -199,9 +209,8 @@ def join(rendezvous: str, rank: int, size: int, device: torch.device) -> dist.Pr
     if device.type != "cuda":
         dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=size, timeout=timeout)
         return None
-    card = device_of(device, Parallel(rank, size))
-    torch.cuda.set_device(card)
+    torch.cuda.set_device(OWN_CARD)
     dist.init_process_group("nccl", init_method=rendezvous, rank=rank, world_size=size, timeout=timeout,
-                            device_id=card)  # NCCL's communicator made now, before any graph is captured
+                            device_id=OWN_CARD)  # NCCL's communicator made now, before any graph is captured
     control: dist.ProcessGroup = dist.new_group(backend="gloo", timeout=timeout)
     return control
