@@ -72,8 +72,8 @@ def least(values: Sequence[int], group: dist.ProcessGroup | None) -> list[int]:
     return [int(value) for value in found.tolist()]
 
 
-class Leader:
-    """Rank 0: shares each step's messages over ``group`` (a gloo group: plain objects on the host)."""
+class _Rank:
+    """A rank's side of the lockstep over ``group`` (a gloo group: plain objects on the host)."""
 
     def __init__(self, group: dist.ProcessGroup | None = None) -> None:
         self.group = group
@@ -82,23 +82,24 @@ class Leader:
         """``values`` at their least over the ranks (what every rank has done: reads back ended, writes)."""
         return least(values, self.group)
 
+
+class Leader(_Rank):
+    """Rank 0: shares each step's messages."""
+
     def agree(self, shared: Sequence[Shared]) -> list[Shared]:
         box: list[object] = [list(shared)]
         dist.broadcast_object_list(box, src=0, group=self.group)
         return list(shared)
 
 
-class Follower:
+class Follower(_Rank):
     """Another rank: each step's messages, as rank 0 shared them; ``compile`` makes a grammar of a
     request's text (its vocabulary's)."""
 
     def __init__(self, compile: Callable[[str, int], Grammar], group: dist.ProcessGroup | None = None
                  ) -> None:
+        super().__init__(group)
         self.compile = compile
-        self.group = group
-
-    def least(self, values: Sequence[int]) -> list[int]:
-        return least(values, self.group)
 
     def agree(self, shared: Sequence[Shared]) -> list[Shared]:
         box: list[object] = [None]
