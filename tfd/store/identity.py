@@ -82,8 +82,7 @@ def facts(checkpoint: Path, device: torch.device, dtype: torch.dtype, drafts: bo
 
 def identity(found: Mapping[str, object], probe: str) -> str:
     """The identity's name: 16 hex digits of the facts and the probe's digest."""
-    text = json.dumps({**found, "probe": probe}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return facts_digest({**found, "probe": probe})
 
 
 def facts_digest(found: Mapping[str, object], digits: int = 16) -> str:
