@@ -56,7 +56,8 @@ def main(rank: int, size: int, rendezvous: str, checkpoint: str, out: str, exper
         if rank == 0:
             Path(out).write_text(json.dumps({"refused": str(error)}))
         return
-    lanes = LanePool(model, len(PROMPT), page_rows=128)  # a GDN state of heads of 128 needs 128-row pages
+    # a GDN state of heads of 128 (fp32 on both paths) needs 128 rows of fp32 activations a page, 256 of bf16
+    lanes = LanePool(model, len(PROMPT), page_rows=128 if dtype == torch.float32 else 256)
     prompt = torch.tensor(PROMPT, device=device)
     logits = model.logits(lanes.forward([Span(lanes.open(), 0, prompt)]).hidden)
     asked = requests()
