@@ -46,12 +46,11 @@ import triton
 import triton.language as tl
 
 from tfd_kernels import pdl, runtime
+from tfd_kernels.fp8_rows import BLOCK, cast, quantize_tile
 from tfd_kernels.gemm import grouped, summed, weight_tile
 from tfd_kernels.gemm_plan import Plan, Tiles, plan
 from tfd_kernels.runtime import INTERPRETED
 
-BLOCK = 128  # the activation group, the weight's scale block and every tile's K step
-E4M3_MAX = tl.constexpr(448.0)  # e4m3's largest finite value (a constexpr: the kernels read it)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Tiles: 64 rows a warp group throughout (see the module's device notes); the K step fixed at BLOCK.
 # Not swept on a GPU: shapes of gemm_plan's bf16 sweep where they fit that rule.
@@ -73,31 +72,6 @@ OPTIONS = {"enable_fp_fusion": False}
 
 
 @triton.jit
-def cast(v, dtype: tl.constexpr, EXACT_CAST: tl.constexpr):
-    """``v`` (fp32) cast to ``dtype`` rounding to nearest, ties to even. With ``EXACT_CAST`` (the
-    interpreter, whose casts get that wrong) the rounding is done here: bf16 is fp32's top half, its
-    low half rounded away in the bits; e4m3 and fp16 values are rounded to their grid in fp32 (the
-    low bits rounded away where dtype is normal, a carry moving into the exponent as it should; below
-    that, adding and subtracting 1.5 times a power of two rounds to dtype's subnormal step), and the
-    cast then only changes the type."""
-    if EXACT_CAST and dtype != tl.float32:
-        bits = v.to(tl.int32, bitcast=True)
-        magnitude = bits & 0x7FFFFFFF
-        if dtype == tl.bfloat16:
-            top = ((magnitude + 0x7FFF + ((magnitude >> 16) & 1)) >> 16) | ((bits >> 16) & 0x8000)
-            v = top.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-        else:
-            drop: tl.constexpr = 23 - dtype.fp_mantissa_width
-            low: tl.constexpr = 1 - dtype.exponent_bias  # dtype's smallest normal exponent
-            magic: tl.constexpr = 1.5 * 2.0 ** (low - dtype.fp_mantissa_width + 23)
-            normal = (magnitude + ((1 << (drop - 1)) - 1) + ((magnitude >> drop) & 1)) & -(1 << drop)
-            rounded = tl.where((magnitude >> 23) - 127 >= low, normal.to(tl.float32, bitcast=True),
-                               (tl.abs(v) + magic) - magic)
-            v = tl.where(bits < 0, -rounded, rounded)  # the sign kept, -0 included
-    return v.to(dtype)
-
-
-@triton.jit
 def quantized(x, rows, m, k, start, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
               EXACT_CAST: tl.constexpr):
     """x's group at ``start`` for ``rows``, quantized: (q e4m3 [BLOCK_M, BLOCK_K], scales fp32
@@ -105,18 +79,7 @@ def quantized(x, rows, m, k, start, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: t
     ks = start + tl.arange(0, BLOCK_K)
     valid = (rows[:, None] < m) & (ks[None, :] < k)
     a = tl.load(x + rows[:, None] * stride_xm + ks[None, :], mask=valid, other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(a), axis=1)
-    # A zero dividend takes div.rn's slow path on the GPU: masked rows and columns divide a one instead
-    # (their results are not kept). Unmasked, a row among a tile's 32 padded ones quantized in 6.0 us
-    # against 2.3 for 32 rows, the same grid and work (H100, fp8-diag-9b.txt).
-    positive = amax > 0
-    scale = tl.math.div_rn(tl.where(positive, amax, E4M3_MAX), tl.full(amax.shape, E4M3_MAX, tl.float32))
-    scale = tl.where(positive & (scale > 0), scale, 1.0)  # zero or underflowed: q = 0 rather than NaN
-    q = tl.math.div_rn(tl.where(valid, a, 1.0), tl.broadcast_to(scale[:, None], (BLOCK_M, BLOCK_K)))
-    q = tl.where(valid, q, 0.0)
-    # the quotient may land one rounding above 448, which e4m3fn has no value for
-    q = tl.clamp(q, -E4M3_MAX, E4M3_MAX)
-    return cast(q, tl.float8e4nv, EXACT_CAST), scale
+    return quantize_tile(a, valid, EXACT_CAST)
 
 
 @triton.jit
@@ -267,7 +230,8 @@ def matmul(x: torch.Tensor, data: torch.Tensor, scale_inv: torch.Tensor, spread:
            choice: Plan | None = None) -> torch.Tensor:
     """``x`` [rows, in] (bf16, fp16 or fp32) times the block-wise FP8 weight (``data`` float8_e4m3fn
     [out, in], contiguous along in; ``scale_inv`` float32 [ceil(out/128), ceil(in/128)]), transposed:
-    [rows, out] in x's dtype, by ``tfd.model.fp8``'s math, each row's bits the same in any batch.
+    [rows, out] in x's dtype, by ``tfd.model.fp8``'s math, each row's bits the same in any batch:
+    ``quantize`` then ``product``.
 
     ``spread`` forces a launch form and ``choice`` a plan (tests, benchmarks; every tile's K step must
     be 128); by default the form follows the number of rows and the plan the weight's shape
@@ -279,21 +243,40 @@ def matmul(x: torch.Tensor, data: torch.Tensor, scale_inv: torch.Tensor, spread:
     """
     x = _checked_x(x)
     _check_weight(x, data, scale_inv)
-    m, k = x.shape
-    n = data.shape[0]
     q, q_scales = quantize(x)  # once a row and group, not again in every column tile that reads them
+    return product(q, q_scales, data, scale_inv, x.dtype, spread, choice)
+
+
+def product(q: torch.Tensor, q_scales: torch.Tensor, data: torch.Tensor, scale_inv: torch.Tensor,
+            dtype: torch.dtype, spread: bool | None = None, choice: Plan | None = None) -> torch.Tensor:
+    """``matmul``'s product from rows quantized already (``quantize``'s q and scales, or a kernel's that
+    quantized the rows it made, ``tfd_kernels.fp8_rows``): [rows, out] in ``dtype``. ValueError as
+    ``matmul``'s, naming q or q_scales where they are not quantized rows."""
+    if q.dtype != torch.float8_e4m3fn or q.dim() != 2 or q.stride(1) != 1:
+        raise ValueError(f"q must be float8_e4m3fn [rows, in] with unit column stride, not {q.dtype} "
+                         f"{tuple(q.shape)}")
+    groups = triton.cdiv(q.shape[1], BLOCK)
+    if q_scales.dtype != torch.float32 or tuple(q_scales.shape) != (q.shape[0], groups) \
+            or q_scales.stride(1) != 1:
+        raise ValueError(f"q_scales must be float32 [{q.shape[0]}, {groups}] with unit column stride, not "
+                         f"{q_scales.dtype} {tuple(q_scales.shape)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be bfloat16, float16 or float32, not {dtype}")
+    _check_weight(q, data, scale_inv)
+    m, k = q.shape
+    n = data.shape[0]
     choice = choice or default_plan(n, k)
     if choice.k_per_segment % BLOCK or any(t.block_k != BLOCK for t in attrs.astuple(choice, recurse=False)
                                            if isinstance(t, Tiles)):
         raise ValueError(f"choice must take K steps and segments of whole {BLOCK}-wide blocks: {choice}")
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    out = torch.empty(m, n, dtype=dtype, device=q.device)
     if m == 0:
         return out
     if spread is None:
         spread = choice.spreads(m, n, 1)  # the K step never shrinks here: the fp8 operands' size
     common = (m, n, k, q.stride(0), q_scales.stride(0), data.stride(0), scale_inv.stride(0),
               scale_inv.stride(1))
-    options = {"EXACT_CAST": INTERPRETED, **OPTIONS, **pdl.options(x.device)}
+    options = {"EXACT_CAST": INTERPRETED, **OPTIONS, **pdl.options(q.device)}
     if not spread:
         t = choice.whole_tiles(1)
         n_tiles, m_tiles = triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m)
@@ -309,8 +292,8 @@ def matmul(x: torch.Tensor, data: torch.Tensor, scale_inv: torch.Tensor, spread:
         raise ValueError(f"x and data make a spread product of {grid[0] * grid[1]} output tiles, more than "
                          f"the {COUNTERS} counted")
     one = choice.segments == 1
-    partials = out if one else torch.empty(choice.segments, m, n, dtype=torch.float32, device=x.device)
-    counters = runtime.counters("fp8_gemm.spread", COUNTERS, x.device)
+    partials = out if one else torch.empty(choice.segments, m, n, dtype=torch.float32, device=q.device)
+    counters = runtime.counters("fp8_gemm.spread", COUNTERS, q.device)
     _spread[(*grid, choice.segments)](q, q_scales, data, scale_inv, partials, out, counters, *common,
                                       0 if one else partials.stride(0), 0 if one else partials.stride(1),
                                       out.stride(0), choice.k_per_segment, SEGMENTS=choice.segments,

@@ -14,7 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tfd_kernels import pdl
+from tfd_kernels import fp8_rows, pdl
+from tfd_kernels.runtime import INTERPRETED
 
 BLOCK = 1024
 PAIR = 32  # columns of a paired block: PAIR gate columns, then their PAIR up columns
@@ -29,8 +30,9 @@ def silu_mul(gate, up, dtype: tl.constexpr):
 
 
 @triton.jit
-def _swiglu(h, out, inner, stride_h, stride_o, BLOCK: tl.constexpr, PAIRED: tl.constexpr,
-            PAIR: tl.constexpr, PDL: tl.constexpr):
+def _swiglu(h, out, q, scales, inner, stride_h, stride_o, stride_q, stride_s, BLOCK: tl.constexpr,
+            PAIRED: tl.constexpr, PAIR: tl.constexpr, QUANTIZE: tl.constexpr, EXACT_CAST: tl.constexpr,
+            PDL: tl.constexpr):
     pdl.wait(PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -43,21 +45,33 @@ def _swiglu(h, out, inner, stride_h, stride_o, BLOCK: tl.constexpr, PAIRED: tl.c
         up_cols = inner + cols
     gate = tl.load(h + row * stride_h + gate_cols, mask=mask, other=0.0)
     up = tl.load(h + row * stride_h + up_cols, mask=mask, other=0.0)
-    tl.store(out + row * stride_o + cols, silu_mul(gate, up, out.dtype.element_ty), mask=mask)
+    middle = silu_mul(gate, up, out.dtype.element_ty)
+    tl.store(out + row * stride_o + cols, middle, mask=mask)
+    if QUANTIZE:  # BLOCK columns from a multiple of BLOCK: whole 128-wide groups
+        fp8_rows.store_groups(middle.to(tl.float32), mask, q, scales, row * stride_q + cols,
+                              row * stride_s + tl.program_id(1) * (BLOCK // 128), BLOCK // 128, EXACT_CAST)
 
 
-def swiglu(h: torch.Tensor, paired: bool = False) -> torch.Tensor:
+def swiglu(h: torch.Tensor, paired: bool = False, rows: tuple[torch.Tensor, torch.Tensor] | None = None
+           ) -> torch.Tensor:
     """silu(h[:, :inner]) * h[:, inner:] for ``h`` [rows, 2 * inner], contiguous along columns; with
-    ``paired``, gate and up alternate in blocks of ``PAIR`` columns instead."""
+    ``paired``, gate and up alternate in blocks of ``PAIR`` columns instead. ``rows``
+    (``fp8_rows.empty_rows`` of [rows, inner]): the result quantized there too, as
+    ``fp8_gemm.quantize`` would."""
     if h.dim() != 2 or h.shape[1] % (2 * PAIR if paired else 2) or h.stride(1) != 1:
         want = f"a multiple of {2 * PAIR} " if paired else ""
         raise ValueError(f"h must be [rows, 2 * inner] with unit column stride and {want}columns, "
                          f"got {list(h.shape)}")
-    rows, inner = h.shape[0], h.shape[1] // 2
-    out = torch.empty(rows, inner, dtype=h.dtype, device=h.device)
-    if rows:
-        _swiglu[(rows, triton.cdiv(inner, BLOCK))](h, out, inner, h.stride(0), out.stride(0), BLOCK=BLOCK,
-                                                   PAIRED=paired, PAIR=PAIR, **pdl.options(h.device))
+    count, inner = h.shape[0], h.shape[1] // 2
+    if rows is not None:
+        fp8_rows.check_rows(rows, count, inner, h.device)
+    out = torch.empty(count, inner, dtype=h.dtype, device=h.device)
+    q, scales = rows if rows is not None else (out, out)
+    if count:
+        _swiglu[(count, triton.cdiv(inner, BLOCK))](
+            h, out, q, scales, inner, h.stride(0), out.stride(0), q.stride(0), scales.stride(0), BLOCK=BLOCK,
+            PAIRED=paired, PAIR=PAIR, QUANTIZE=rows is not None, EXACT_CAST=INTERPRETED,
+            **pdl.options(h.device))
     return out
 
 

@@ -1,0 +1,105 @@
+"""Rows quantized where they are made (``tfd_kernels.fp8_rows``): a norm, the GDN output norm and SwiGLU's
+middle, asked for their result's FP8 rows too, store the same values as without, and rows with the bits
+``fp8_gemm.quantize`` gives those values; a product from them is ``matmul``'s. Each producer on both sides
+of where its programs stop holding whole 128-wide groups, which it refuses by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tfd_kernels import fp8_gemm, fp8_rows, norm, swiglu
+
+
+def rand(*shape: int, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def rows_for(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    flat = values.reshape(values.shape[0], -1)
+    return fp8_rows.empty_rows(flat.shape[0], flat.shape[1], flat.device)
+
+
+def assert_quantized(rows: tuple[torch.Tensor, torch.Tensor], values: torch.Tensor) -> None:
+    """``rows`` hold ``quantize``'s bits of ``values`` (flattened to [rows, width])."""
+    q, scales = fp8_gemm.quantize(values.reshape(values.shape[0], -1))
+    assert torch.equal(rows[0].view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(rows[1], scales)
+
+
+# one group, a power of two of them, three in a block of 512
+@pytest.mark.parametrize("width", [128, 256, 384])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_norms_write_the_rows_quantize_gives_their_result(width: int, dtype: torch.dtype) -> None:
+    x, w = rand(4, width, dtype=dtype), rand(width, seed=1, dtype=dtype) * 0.1
+    delta = rand(4, width, seed=2, dtype=dtype)
+    x[1] = 0  # an all-zero row: scale 1, codes 0
+    x[2, :128] *= 300  # a group whose max is far over e4m3's 448
+    rows = rows_for(x)
+    out = norm.zrms(x, w, 1e-6, rows=rows)
+    assert torch.equal(out, norm.zrms(x, w, 1e-6))
+    assert_quantized(rows, out)
+    rows = rows_for(x)
+    total, out = norm.add_zrms(x, delta, w, 1e-6, rows=rows)
+    want_total, want_out = norm.add_zrms(x, delta, w, 1e-6)
+    assert torch.equal(total, want_total) and torch.equal(out, want_out)
+    assert_quantized(rows, out)
+
+
+def test_norms_refuse_rows_of_part_groups_by_name() -> None:
+    x, w = rand(2, 192), rand(192, seed=1)
+    assert norm.quantizes(128) and norm.quantizes(384) and not norm.quantizes(192)
+    with pytest.raises(ValueError, match="a norm quantizes whole rows of a multiple of 128 columns, not 192"):
+        norm.zrms(x, w, 1e-6, rows=rows_for(x))
+    with pytest.raises(ValueError, match="not 192"):
+        norm.add_zrms(x, x, w, 1e-6, rows=rows_for(x))
+    x, w = rand(2, 256), rand(128, seed=1)
+    with pytest.raises(ValueError, match="in groups of 128"):
+        norm.zrms(x, w, 1e-6, group=128, rows=rows_for(x))
+    with pytest.raises(ValueError, match=r"rows must be float8_e4m3fn \[2, 256\]"):
+        norm.zrms(x, torch.cat([w, w]), 1e-6, rows=fp8_rows.empty_rows(2, 128, x.device))
+
+
+# heads of 32 make a program's four heads one group; of 256, each head two; 3 and 6 heads leave a program's
+# last heads (and groups) outside the row
+@pytest.mark.parametrize(("heads", "width"), [(4, 32), (3, 32), (6, 64), (3, 128), (2, 256)])
+def test_the_gated_norm_writes_the_rows_quantize_gives_its_result(heads: int, width: int) -> None:
+    x, gate, w = rand(3, heads, width), rand(3, heads, width, seed=1), 1 + rand(width, seed=2) * 0.1
+    x[0, 0] *= 1000
+    rows = rows_for(x)
+    out = norm.gated_rms(x, gate, w, 1e-6, "silu", rows=rows)
+    assert torch.equal(out, norm.gated_rms(x, gate, w, 1e-6, "silu"))
+    assert_quantized(rows, out)
+
+
+def test_the_gated_norm_refuses_heads_that_cut_groups_by_name() -> None:
+    assert norm.gated_quantizes(32) and norm.gated_quantizes(128) and not norm.gated_quantizes(16)
+    assert not norm.gated_quantizes(96)  # whole groups a program, but not a power of two: padded blocks
+    for width in (16, 96):
+        x = rand(2, 4, width)
+        with pytest.raises(ValueError, match=f"not {width}"):
+            norm.gated_rms(x, x, torch.ones(width, dtype=x.dtype), 1e-6, "silu", rows=rows_for(x))
+
+
+# a block of 1,024 columns: one group, exactly one block, a block and a part group after it; paired layouts
+@pytest.mark.parametrize(("inner", "paired"), [(128, False), (1024, False), (1100, False), (1056, True)])
+def test_swiglu_writes_the_rows_quantize_gives_its_middle(inner: int, paired: bool) -> None:
+    h = rand(3, 2 * inner) * 4
+    h[1] = 0
+    rows = fp8_rows.empty_rows(3, inner, h.device)
+    out = swiglu.swiglu(h, paired=paired, rows=rows)
+    assert torch.equal(out, swiglu.swiglu(h, paired=paired))
+    assert_quantized(rows, out)
+
+
+def test_a_product_of_quantized_rows_is_matmuls() -> None:
+    x = rand(5, 384)
+    data = rand(256, 384, seed=1).to(torch.float8_e4m3fn)
+    scale_inv = rand(2, 3, seed=2, dtype=torch.float32).abs()
+    q, scales = fp8_gemm.quantize(x)
+    want = fp8_gemm.matmul(x, data, scale_inv)
+    assert torch.equal(fp8_gemm.product(q, scales, data, scale_inv, x.dtype), want)
+    with pytest.raises(ValueError, match="q must be float8_e4m3fn"):
+        fp8_gemm.product(x, scales, data, scale_inv, x.dtype)
+    with pytest.raises(ValueError, match=r"q_scales must be float32 \[5, 3\]"):
+        fp8_gemm.product(q, scales[:, :2], data, scale_inv, x.dtype)
