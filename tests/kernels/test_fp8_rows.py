@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tfd.model import ops
+from tfd.model.fp8 import Fp8Weight, Joined, Rows
 from tfd_kernels import fp8_gemm, fp8_rows, norm, swiglu
 
 
@@ -103,3 +105,21 @@ def test_a_product_of_quantized_rows_is_matmuls() -> None:
         fp8_gemm.product(x, scales, data, scale_inv, x.dtype)
     with pytest.raises(ValueError, match=r"q_scales must be float32 \[5, 3\]"):
         fp8_gemm.product(q, scales[:, :2], data, scale_inv, x.dtype)
+
+
+def test_linear_reads_fp8_rows_for_fp8_weights_and_their_values_for_the_rest() -> None:
+    x = rand(3, 256)
+    rows = ops.Fp8Rows(x, *fp8_gemm.quantize(x))
+    fp8 = Fp8Weight(rand(256, 256, seed=1).to(torch.float8_e4m3fn),
+                    rand(2, 2, seed=2, dtype=torch.float32).abs())
+    plain = rand(64, 256, seed=3)
+    want = fp8_gemm.matmul(x, fp8.data, fp8.scale_inv)
+    assert torch.equal(ops.linear(rows, fp8), want)
+    assert torch.equal(ops.linear(rows, plain), ops.linear(x, plain))
+    joined = torch.cat([want, ops.linear(x, plain)], dim=-1)
+    assert torch.equal(ops.linear(rows, Joined((fp8, plain))), joined)
+    picked = torch.tensor([5, 0, 130])
+    assert torch.equal(ops.linear(rows, Rows(fp8, picked)), want[:, picked])
+    assert ops.reads_fp8(fp8) and ops.reads_fp8(Joined((plain, fp8))) and ops.reads_fp8(Rows(fp8, picked))
+    assert not ops.reads_fp8(plain) and not ops.reads_fp8(None)
+    assert ops.values_of(rows) is x and ops.values_of(x) is x

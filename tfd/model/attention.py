@@ -12,7 +12,7 @@ import torch
 
 from tfd.model.fp8 import Weight
 from tfd.model.memory import PageRows, PromptLanes, Span
-from tfd.model.ops import linear, sigmoid_gate, zrms
+from tfd.model.ops import Input, linear, sigmoid_gate, values_of, zrms
 from tfd.model.qsa import DecodeRows, IndexerWeights, select_positions, select_rows
 from tfd.model.rope import Rotary
 from tfd_kernels import cache_write, paged_attention, paged_prefill, sparse_attention
@@ -72,9 +72,9 @@ def project(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.
     return Projected(query, gate, key, value)
 
 
-def _split(w: AttentionWeights, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _split(w: AttentionWeights, x: Input) -> tuple[torch.Tensor, ...]:
     """The projection of ``x`` as views: raw queries, gates, raw keys [rows, heads, d], values."""
-    count, d = x.shape[0], w.head_dim
+    count, d = values_of(x).shape[0], w.head_dim
     both = linear(x, w.qkv, early=True)  # at decode it follows the MoE block, whose end reads little
     query_gate, key, value = torch.split(both, [w.heads * 2 * d, w.kv_heads * d, w.kv_heads * d], dim=-1)
     query_gate = query_gate.view(count, w.heads, 2 * d)
@@ -87,24 +87,25 @@ def finish(w: AttentionWeights, out: torch.Tensor, gate: torch.Tensor) -> torch.
     return linear(sigmoid_gate(out.reshape(out.shape[0], -1), gate), w.o)
 
 
-def attention_rows(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+def attention_rows(w: AttentionWeights, x: Input, cos: torch.Tensor, sin: torch.Tensor,
                    rotary: Rotary, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                    lengths: torch.Tensor) -> torch.Tensor:
     """One decode row per lane, batched: ``x`` [lanes, hidden] at positions ``lengths - 1``
     (``cos``/``sin`` their angles). Stores each row's K and V through ``page_table`` [lanes,
     pages] (int32) into the layer's caches, then attends the lane's first ``lengths`` rows; a
-    padding lane (length 0) stores nothing. Triton kernels on CUDA, torch references elsewhere."""
-    if x.is_cuda:  # q normed and rotated, k too and stored with v, in one launch; the merge applies the gate
+    padding lane (length 0) stores nothing. Triton kernels on CUDA, torch references elsewhere. ``x`` may
+    come with its FP8 form (``Fp8Rows``): an FP8 projection's."""
+    if values_of(x).is_cuda:  # q normed and rotated, k too, stored with v, in one launch; the merge gates
         query, gate, key, value = _split(w, x)
         query = rope_kernel.norm_rope_store(query, w.q_norm, key, w.k_norm, value, cos, sin, w.eps, k_cache,
                                             v_cache, page_table, lengths)
         out = torch.empty_like(query)
-        partials = paged_attention.partials_for(x.shape[0], w.heads, w.head_dim,
-                                                page_table.shape[1] * k_cache.shape[1], x.device)
+        partials = paged_attention.partials_for(query.shape[0], w.heads, w.head_dim,
+                                                page_table.shape[1] * k_cache.shape[1], query.device)
         paged_attention.decode(query, k_cache, v_cache, page_table, lengths, w.head_dim ** -0.5, out,
                                partials, gate=gate)
         return linear(out.reshape(out.shape[0], -1), w.o, early=OUT_EARLY)
-    p = project(w, x, cos, sin, rotary)
+    p = project(w, values_of(x), cos, sin, rotary)
     cache_write.reference(p.key, p.value, k_cache, v_cache, page_table, lengths)
     out = torch.empty_like(p.query)
     paged_attention.reference_decode(p.query, k_cache, v_cache, page_table, lengths, w.head_dim ** -0.5, out,

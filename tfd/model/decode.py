@@ -30,11 +30,11 @@ from tfd.model.gdn import GdnWeights, gdn_rows
 from tfd.model.memory import element_offset, to_device
 from tfd.model.mlp import MoeWeights, dense, moe, moe_add_zrms
 from tfd.model.mtp import Draft, MtpWeights
-from tfd.model.ops import add_zrms, linear, zrms
+from tfd.model.ops import Input, add_zrms, add_zrms_into, linear, values_of, zrms, zrms_into
 from tfd.model.ple import ple_rows, ple_window
 from tfd.model.qsa import DecodeRows, decode_rows
 from tfd.model.rope import Rotary
-from tfd.model.stack import LayerWeights, StackOutput, StackWeights
+from tfd.model.stack import LayerWeights, StackOutput, StackWeights, first_product
 from tfd.model.verify import VerifyLanes, gdn_window
 from tfd.pool.pages import Pool
 from tfd_kernels import step_inputs
@@ -313,19 +313,23 @@ def _plain(w: StackWeights, x: torch.Tensor, step: _Step) -> tuple[torch.Tensor,
     first = w.layers[0].input_norm
     assert first is not None
     following = [layer.input_norm for layer in w.layers[1:]] + [w.final_norm]
+    # each norm's rows made with their FP8 form where the product reading them is FP8 (not the final
+    # norm's: the hidden rows go on to the logits, the drafts and the kept states)
+    reading = [first_product(layer.mixer) for layer in w.layers[1:]] + [None]
     gdn_layer = 0
-    h = zrms(x, first, w.eps)
-    for layer, norm in zip(w.layers, following, strict=True):
+    h: Input = zrms_into(x, first, w.eps, first_product(w.layers[0].mixer))
+    for layer, norm, into in zip(w.layers, following, reading, strict=True):
         assert layer.post_norm is not None and norm is not None
         mixed = _mix(w, layer, h, gdn_layer, step)
         if isinstance(layer.mixer, GdnWeights):
             gdn_layer += 1
-        x, h = add_zrms(x, mixed, layer.post_norm, w.eps)
         if isinstance(layer.ffn, MoeWeights) and w.parallel is None:
-            x, h = moe_add_zrms(layer.ffn, h, x, norm, w.eps)
+            x, normed = add_zrms(x, mixed, layer.post_norm, w.eps)
+            x, h = moe_add_zrms(layer.ffn, normed, x, norm, w.eps)
         else:
-            x, h = add_zrms(x, _ffn(w, layer, h), norm, w.eps)
-    return h, x
+            x, h = add_zrms_into(x, mixed, layer.post_norm, w.eps, first_product(layer.ffn))
+            x, h = add_zrms_into(x, _ffn(w, layer, h), norm, w.eps, into)
+    return values_of(h), x
 
 
 def _streams(w: StackWeights, x: torch.Tensor, step: _Step) -> tuple[torch.Tensor, torch.Tensor]:
@@ -367,17 +371,18 @@ def _stream_layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, gdn_lay
     return x, (_ffn(w, layer, h), weights)
 
 
-def _ffn(w: StackWeights, layer: LayerWeights, h: torch.Tensor) -> torch.Tensor:
+def _ffn(w: StackWeights, layer: LayerWeights, h: Input) -> torch.Tensor:
     """The layer's FFN over every row, summed over the ranks (on one, an MoE's add is fused in ``_plain``)."""
-    return w.reduce(moe(layer.ffn, h) if isinstance(layer.ffn, MoeWeights) else dense(layer.ffn, h))
+    ffn = layer.ffn
+    return w.reduce(moe(ffn, values_of(h)) if isinstance(ffn, MoeWeights) else dense(ffn, h))
 
 
-def _mix(w: StackWeights, layer: LayerWeights, h: torch.Tensor, gdn_layer: int, step: _Step) -> torch.Tensor:
+def _mix(w: StackWeights, layer: LayerWeights, h: Input, gdn_layer: int, step: _Step) -> torch.Tensor:
     """The layer's token mixer over every lane's row (GDN, dense attention or QSA), summed over the ranks."""
     return w.reduce(_mixer(w, layer, h, gdn_layer, step))
 
 
-def _mixer(w: StackWeights, layer: LayerWeights, h: torch.Tensor, gdn_layer: int, step: _Step
+def _mixer(w: StackWeights, layer: LayerWeights, h: Input, gdn_layer: int, step: _Step
            ) -> torch.Tensor:
     batch, memory = step.batch, step.memory
     if isinstance(layer.mixer, GdnWeights):
@@ -395,7 +400,7 @@ def _mixer(w: StackWeights, layer: LayerWeights, h: torch.Tensor, gdn_layer: int
                               step.lengths)
     qsa = QsaCaches(keys, values, caches[f"{layer.name}.index"], caches[f"{layer.name}.pooled"])
     assert step.qsa_rows is not None
-    return sparse_rows(layer.mixer, h, step.cos, step.sin, w.rotary, qsa, step.table, step.lengths,
+    return sparse_rows(layer.mixer, values_of(h), step.cos, step.sin, w.rotary, qsa, step.table, step.lengths,
                        step.qsa_rows, step.tables)
 
 

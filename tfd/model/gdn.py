@@ -15,7 +15,7 @@ import torch
 from tfd.model import GDN_CHUNK
 from tfd.model.fp8 import Weight
 from tfd.model.memory import PromptLanes
-from tfd.model.ops import gated_rms, l2norm, linear, sigmoid, softplus
+from tfd.model.ops import Input, gated_rms_into, l2norm, linear, sigmoid, softplus, values_of
 from tfd_kernels import conv1d, gdn_decode, gdn_gates, gdn_prefill, gdn_reference, gemm
 
 CHUNK = GDN_CHUNK
@@ -83,7 +83,7 @@ def split_heads(w: GdnWeights, mixed: torch.Tensor) -> tuple[torch.Tensor, torch
 
 def finish(w: GdnWeights, out: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     """The gated norm of the rule's output [rows, value_heads, value_dim], then the out projection."""
-    return linear(gated_rms(out, z, w.norm, w.eps, w.activation).reshape(out.shape[0], -1), w.out)
+    return linear(gated_rms_into(out, z, w.norm, w.eps, w.activation, w.out), w.out)
 
 
 def gdn(w: GdnWeights, x: torch.Tensor, state: torch.Tensor, tail: torch.Tensor, start: int,
@@ -138,17 +138,17 @@ def _prompt(w: GdnWeights, x: torch.Tensor, states: torch.Tensor, state_at: torc
     return finish(w, out, p.z)
 
 
-def gdn_rows(w: GdnWeights, x: torch.Tensor, states: torch.Tensor, state_at: torch.Tensor,
+def gdn_rows(w: GdnWeights, x: Input, states: torch.Tensor, state_at: torch.Tensor,
              tails: torch.Tensor, tail_at: torch.Tensor) -> torch.Tensor:
     """One decode row per lane, batched: ``x`` [lanes, hidden]; each lane's state and conv tail sit
     in the pool views ``states`` (fp32) and ``tails`` (model dtype) at element offsets
     ``state_at`` / ``tail_at`` [lanes] (-1: a padding lane, whose memory is not touched). Triton
     kernels on CUDA, their torch references elsewhere; either updates states and tails in place.
     On CUDA the projection's product applies the conv as it stores, and the rule's kernel forms the
-    gates from the projection itself."""
-    if x.is_cuda:  # the conv in the projection's last step (tfd_kernels.gemm.Conv): conv1d.decode's bits
+    gates from the projection itself. ``x`` may come with its FP8 form (``Fp8Rows``): an FP8 projection's."""
+    if values_of(x).is_cuda:  # the conv in the projection's last step (gemm.Conv): conv1d.decode's bits
         if isinstance(w.proj, torch.Tensor):
-            projected = gemm.matmul(x, w.proj, conv=gemm.Conv(w.conv, tails, tail_at), early=True)
+            projected = gemm.matmul(values_of(x), w.proj, conv=gemm.Conv(w.conv, tails, tail_at), early=True)
         else:  # FP8 (or joined) products have no conv of their own: conv1d.decode after, the same bits
             projected = linear(x, w.proj)
             channels = w.conv.shape[0]
@@ -157,7 +157,7 @@ def gdn_rows(w: GdnWeights, x: torch.Tensor, states: torch.Tensor, state_at: tor
         q, k, v = split_heads(w, mixed)
         out = gdn_decode.decode_gated(q, k, v, b, a, w.a_log, w.dt_bias, states, state_at, w.key_dim ** -0.5)
         return finish(w, out, z)
-    p = project(w, x)
+    p = project(w, values_of(x))
     q, k, v = split_heads(w, conv1d.reference(p.mixed, w.conv, tails, tail_at))
     out = gdn_reference.reference(q, k, v, p.g, p.beta, states, state_at, w.key_dim ** -0.5)
     return finish(w, out, p.z)

@@ -14,7 +14,7 @@ import attrs
 import torch
 
 from tfd.model.fp8 import Experts, Fp8Experts, Fp8Weight, Weight
-from tfd.model.ops import add_zrms, linear, sigmoid_gate, silu, swiglu, swiglu_product
+from tfd.model.ops import Input, add_zrms, linear, sigmoid_gate, silu, swiglu_into, swiglu_product, values_of
 from tfd_kernels import moe as kernels_moe
 from tfd_kernels import router
 from tfd_kernels import swiglu as swiglu_kernel
@@ -53,11 +53,13 @@ class MoeWeights:
                              "not paired")
 
 
-def dense(w: DenseMlp, x: torch.Tensor) -> torch.Tensor:
+def dense(w: DenseMlp, x: Input) -> torch.Tensor:
+    """The MLP of rows ``x`` (with their FP8 form, ``Fp8Rows``, for an FP8 gate|up); SwiGLU's middle made
+    with its FP8 form where the down product is FP8."""
     if w.paired:
         assert isinstance(w.gate_up, torch.Tensor), "paired rows are a tensor's (mlp.paired)"
-        return linear(swiglu_product(x, w.gate_up), w.down)
-    return linear(swiglu(linear(x, w.gate_up)), w.down)
+        return linear(swiglu_product(values_of(x), w.gate_up), w.down)
+    return linear(swiglu_into(linear(x, w.gate_up), w.down), w.down)
 
 
 def moe(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:

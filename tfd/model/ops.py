@@ -16,12 +16,13 @@ Elementwise CUDA kernels apply the same function to every element, so the others
 
 from __future__ import annotations
 
+import attrs
 import torch
 import torch.nn.functional as F
 
 from tfd.model import fp8
 from tfd.model.fp8 import Fp8Weight, Joined, Rows, Weight
-from tfd_kernels import fp8_gemm, gemm, norm
+from tfd_kernels import fp8_gemm, fp8_rows, gemm, norm
 from tfd_kernels import sigmoid_gate as sigmoid_gate_kernel
 from tfd_kernels import swiglu as swiglu_kernel
 
@@ -30,17 +31,50 @@ SOFTPLUS_THRESHOLD = 20.0
 _NARROW = (torch.bfloat16, torch.float16)
 
 
-def linear(x: torch.Tensor, weight: Weight, early: bool = False) -> torch.Tensor:
+@attrs.frozen
+class Fp8Rows:
+    """Rows made with their FP8 form beside them by the kernel that made them (``tfd_kernels.fp8_rows``,
+    CUDA): what a block-wise FP8 product reads, quantized once where they were written rather than in a
+    launch of their own before each product (``fp8_gemm.quantize``'s bits either way)."""
+
+    values: torch.Tensor  # [rows, width] in the model dtype
+    q: torch.Tensor  # float8_e4m3fn [rows, width]
+    scales: torch.Tensor  # float32 [rows, ceil(width / 128)]
+
+
+Input = torch.Tensor | Fp8Rows  # what a product reads: rows, or rows with their FP8 form
+
+
+def values_of(x: Input) -> torch.Tensor:
+    """The rows themselves, in the model dtype."""
+    return x.values if isinstance(x, Fp8Rows) else x
+
+
+def reads_fp8(weight: Weight | None) -> bool:
+    """Whether ``weight``'s product reads its rows quantized: a block-wise FP8 weight, picked rows of one,
+    or joined parts of which one is."""
+    if isinstance(weight, Joined):
+        return any(reads_fp8(part) for part in weight.parts)
+    return isinstance(weight, (Fp8Weight, Rows))
+
+
+def linear(x: Input, weight: Weight, early: bool = False) -> torch.Tensor:
     """``x @ weight.T`` for ``x`` of shape [rows, in]; every row is a product of its own. ``early``:
     ``tfd_kernels.gemm.matmul``'s (timing only). A block-wise FP8 weight by ``fp8.linear`` on the
-    CPU, ``tfd_kernels.fp8_gemm`` on CUDA (the same math, its own order of additions); joined parts
-    each alone; ``Rows`` of a stored weight by its product."""
+    CPU, ``tfd_kernels.fp8_gemm`` on CUDA (the same math, its own order of additions; from ``Fp8Rows``
+    without quantizing again); joined parts each alone; ``Rows`` of a stored weight by its product."""
     if isinstance(weight, Joined):
         return torch.cat([linear(x, part, early) for part in weight.parts], dim=-1)
-    if isinstance(weight, Fp8Weight):
-        return fp8_gemm.matmul(x, weight.data, weight.scale_inv) if x.is_cuda else fp8.linear(x, weight)
     if isinstance(weight, Rows):  # the stored weight's product, its columns picked after (same bits a row)
         return linear(x, weight.weight)[:, weight.rows]
+    if isinstance(x, Fp8Rows):
+        if isinstance(weight, Fp8Weight):
+            made: torch.Tensor = fp8_gemm.product(x.q, x.scales, weight.data, weight.scale_inv,
+                                                  x.values.dtype)
+            return made
+        x = x.values
+    if isinstance(weight, Fp8Weight):
+        return fp8_gemm.matmul(x, weight.data, weight.scale_inv) if x.is_cuda else fp8.linear(x, weight)
     if x.is_cuda:
         return gemm.matmul(x, weight, early=early)
     if x.shape[0] == 1:
@@ -152,3 +186,51 @@ def activate(x: torch.Tensor, name: str) -> torch.Tensor:
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """x / sqrt(sum(x^2) + eps) along the last axis (eps inside the sum, as FLA)."""
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def _fp8_room(x: torch.Tensor, width: int, into: Weight | None, fits: bool
+              ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Room for rows of ``width`` that the kernel making them writes quantized too: on CUDA, where the
+    product ``into`` that reads them next is FP8's and the kernel's programs hold whole groups (``fits``)."""
+    if not (x.is_cuda and fits and reads_fp8(into)):
+        return None
+    room: tuple[torch.Tensor, torch.Tensor] = fp8_rows.empty_rows(x.shape[0], width, x.device)
+    return room
+
+
+def zrms_into(x: torch.Tensor, weight: torch.Tensor, eps: float, into: Weight | None) -> Input:
+    """``zrms`` of ``x`` [rows, width] for the product ``into``: with the rows' FP8 form where that
+    product reads it (``Fp8Rows``), else the rows."""
+    room = _fp8_room(x, x.shape[-1], into, norm.quantizes(x.shape[-1]))
+    if room is None:
+        return zrms(x, weight, eps)
+    return Fp8Rows(norm.zrms(x, weight, eps, rows=room), *room)
+
+
+def add_zrms_into(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, into: Weight | None
+                  ) -> tuple[torch.Tensor, Input]:
+    """``add_zrms`` with the norm's rows for the product ``into`` (as ``zrms_into``'s)."""
+    room = _fp8_room(x, x.shape[-1], into, norm.quantizes(x.shape[-1]))
+    if room is None:
+        return add_zrms(x, delta, weight, eps)
+    total, out = norm.add_zrms(x, delta, weight, eps, rows=room)
+    return total, Fp8Rows(out, *room)
+
+
+def gated_rms_into(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, activation: str,
+                   into: Weight | None) -> Input:
+    """``gated_rms`` of ``x`` [rows, heads, width] as rows [rows, heads * width] for the product ``into``
+    (as ``zrms_into``'s)."""
+    count, heads, width = x.shape
+    room = _fp8_room(gate, heads * width, into, norm.gated_quantizes(width))
+    if room is None:
+        return gated_rms(x, gate, weight, eps, activation).reshape(count, -1)
+    return Fp8Rows(norm.gated_rms(x, gate, weight, eps, activation, rows=room).reshape(count, -1), *room)
+
+
+def swiglu_into(h: torch.Tensor, into: Weight | None) -> Input:
+    """``swiglu`` of ``h`` [rows, 2 * inner] for the product ``into`` (as ``zrms_into``'s)."""
+    room = _fp8_room(h, h.shape[-1] // 2, into, True)
+    if room is None:
+        return swiglu(h)
+    return Fp8Rows(swiglu_kernel.swiglu(h, rows=room), *room)

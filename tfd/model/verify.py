@@ -25,7 +25,7 @@ import torch
 
 from tfd.model.gdn import GdnWeights, finish, project, split_heads, split_projection
 from tfd.model.memory import element_offset, to_device
-from tfd.model.ops import linear
+from tfd.model.ops import Input, linear, values_of
 from tfd_kernels import conv1d, gdn_decode, gdn_reference
 
 FIELDS = 3  # offsets a lane has per GDN layer: spare state, replay log, conv rows
@@ -92,31 +92,34 @@ class VerifyLanes:
         return int(self.packed.shape[0]) // FIELDS
 
 
-def gdn_window(w: GdnWeights, x: torch.Tensor, lanes: VerifyLanes, layer: int, states: torch.Tensor,
+def gdn_window(w: GdnWeights, x: Input, lanes: VerifyLanes, layer: int, states: torch.Tensor,
                state_at: torch.Tensor, tails: torch.Tensor, tail_at: torch.Tensor) -> torch.Tensor:
-    """A GDN layer over verify windows: ``x`` [lanes * rows, hidden], a lane's rows together;
-    ``state_at``/``tail_at`` [lanes] its committed state and conv tail, which stay as they are."""
+    """A GDN layer over verify windows: ``x`` [lanes * rows, hidden], a lane's rows together (with their
+    FP8 form, ``Fp8Rows``, for an FP8 projection); ``state_at``/``tail_at`` [lanes] its committed state
+    and conv tail, which stay as they are."""
     rows = lanes.rows
-    count = x.shape[0] // rows
+    values = values_of(x)
+    count = values.shape[0] // rows
 
     def windows(t: torch.Tensor) -> torch.Tensor:
         return t.reshape(count, rows, *t.shape[1:])
 
     memory = (states, state_at, lanes.spare_at(layer), states, lanes.log_at(layer), w.key_dim ** -0.5)
-    if x.is_cuda:  # decode's product bits (decode applies the conv in its epilogue; here after), the
+    if values.is_cuda:  # decode's product bits (decode applies the conv in its epilogue; here after), the
         # gates formed in the rule's kernel as decode forms them
         mixed, z, b, a = split_projection(w, linear(x, w.proj))
         q, k, v = split_heads(w, conv1d.verify(mixed, w.conv, tails, tail_at, lanes.rows_at(layer)))
         out = gdn_decode.verify_gated(windows(q), windows(k), windows(v), windows(b), windows(a), w.a_log,
                                       w.dt_bias, *memory)
     else:
-        p = project(w, x)
+        p = project(w, values)
         z = p.z
         mixed = conv1d.reference_verify(p.mixed, w.conv, tails, tail_at, lanes.rows_at(layer))
         q, k, v = split_heads(w, mixed)
         out = gdn_reference.reference_verify(windows(q), windows(k), windows(v), windows(p.g),
                                              windows(p.beta), *memory)
-    return finish(w, out.reshape(x.shape[0], w.value_heads, w.value_dim), z)  # fp32, as gdn_rows passes it
+    # fp32, as gdn_rows passes it
+    return finish(w, out.reshape(values.shape[0], w.value_heads, w.value_dim), z)
 
 
 def commit(weights: Sequence[GdnWeights], lanes: VerifyLanes, keep: torch.Tensor, states: torch.Tensor,
