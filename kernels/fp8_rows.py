@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 BLOCK = 128  # the activation group, the weight's scale block and every FP8 tile's K step
+GROUP = tl.constexpr(BLOCK)  # the same, as the kernels read it
 E4M3_MAX = tl.constexpr(448.0)  # e4m3's largest finite value (a constexpr: the kernels read it)
 
 
@@ -71,8 +72,8 @@ def store_groups(values, valid, q, scales, at, first_group, GROUPS: tl.constexpr
     ``valid``), consecutive 128-wide groups in row-major order, quantized: the codes stored at ``q + at``
     (``at`` shaped as ``values``), the groups' scales at ``scales + first_group`` onwards. A group with no
     valid element stores no scale."""
-    a = tl.reshape(values, (GROUPS, BLOCK))
-    live = tl.reshape(valid, (GROUPS, BLOCK))
+    a = tl.reshape(values, (GROUPS, GROUP))
+    live = tl.reshape(valid, (GROUPS, GROUP))
     codes, scale = quantize_tile(a, live, EXACT_CAST)
     tl.store(q + at, tl.reshape(codes, values.shape), mask=valid)
     touched = tl.max(live.to(tl.int32), axis=1) > 0

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 34 with little device time left: the 9B shape in FP8 then bf16 at 1 and 32 streams, 1,024-token
 # prompts, 256 new tokens, one round each (the acceptance's workload: FP8 >= 80% of its roofline at one
-# stream and >= 1.6x bf16's tok/s, >= 70% at 32), then the FP8 GEMM's GPU tests while time remains.
+# stream and >= 1.6x bf16's tok/s, >= 70% at 32), then the GPU tests of the rows quantized where made
+# (tests/model/test_fp8_rows_gpu.py) and of the FP8 GEMM while time remains.
 # Carry .whl .whl-test .dev .devcache.
 set -u
 T0=$(date +%s)
@@ -18,7 +19,7 @@ done
 left=$(( ${LIMIT:-480} - 20 - $(el) ))
 if [ $left -gt 60 ]; then
   TMPDIR=$PWD/.devcache timeout $left python -m pytest -q -m gpu -n 4 -p no:cacheprovider -p no:benchmark \
-    -W ignore::DeprecationWarning tests/kernels/test_fp8_gemm.py > $R/gpu-tests.txt 2>&1
+    -W ignore::DeprecationWarning tests/model/test_fp8_rows_gpu.py tests/kernels/test_fp8_gemm.py > $R/gpu-tests.txt 2>&1
   echo "gpu tests rc=$? t=$(el)"; tail -3 $R/gpu-tests.txt | cut -c1-200
 fi
 cd $OUT && tar czf r.tgz r && rm -rf r

@@ -9,19 +9,20 @@ export PATH=/tmp/site/bin:$PATH PYTHONPATH=/tmp/site TRITON_CACHE_DIR=/tmp/trito
   TF_LEARN_DIR=/tmp/l TF_ADMIN_SOCKET=/tmp/a.sock
 KIT=$PWD/.dev
 cd /tmp
-nopdl() { python -c "import sys, tfd_kernels.pdl as p; p.ENABLED = False; from tfd.cli import main; sys.argv[0] = 'tfd'; sys.exit(main())" "$@"; }
+nopdl() { exec python -c "import sys, tfd_kernels.pdl as p; p.ENABLED = False; from tfd.cli import main; sys.argv[0] = 'tfd'; sys.exit(main())" "$@"; }
 starts() {  # $1: label; the rest: the command
   label=$1; shift; digests=""
   for i in 1 2 3 4; do
     log=/tmp/s-$label-$i.log
-    timeout 60 "$@" serve > $log 2>&1 & p=$!
+    timeout 60 bash -c '"$@" serve' _ "$@" > $log 2>&1 & p=$!  # bash -c: the command may be a function
     for t in $(seq 1 58); do sleep 1; grep -q "ready:" $log && break; done
     kill -TERM $p; wait $p
     digests="$digests $(grep -ao "the probe's state [0-9a-f]*" $log | cut -c19-26)"
   done
   echo "$label:$digests"
 }
-parts() { python $KIT/probe_parts_serve.py "$@"; }
+parts() { exec python $KIT/probe_parts_serve.py "$@"; }
+export -f nopdl parts; export KIT
 starts default parts
 python - <<'PY'  # the parts of the probe's state whose digest is not the same at every start
 import glob, re, collections
