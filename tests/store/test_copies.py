@@ -8,12 +8,14 @@ reused too early would copy the wrong bytes; it refuses the Nth copy (a gather o
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from fake_device import FakeDevice
 
 from tfd.store.checksum import word_sum
-from tfd.store.copies import Copier, TorchDevice
+from tfd.store.copies import Copier, TorchDevice, host_bytes
 
 
 def ranges() -> list[torch.Tensor]:
@@ -90,3 +92,12 @@ def test_the_gpu_gathers_sums_and_copies_out_what_the_host_would() -> None:
              for size in (3 << 20, 7, 0, 5 << 20 | 2, 1 << 20)]
     got = saved(Copier(TorchDevice(torch.device("cuda")), chunk=2 << 20), [part.cuda() for part in parts])
     assert got == b"".join(part.numpy().tobytes() for part in parts)
+
+
+def test_host_bytes_keep_their_tensor_alive() -> None:
+    # the view is the only reference to a temporary (as a digest of ``part.cpu()`` had it): its bytes must
+    # stay the tensor's while host memory is freed and handed out again around it
+    view = host_bytes(torch.full((65536,), 7, dtype=torch.uint8).clone())
+    gc.collect()
+    churn = [torch.full((65536,), 1, dtype=torch.uint8) for _ in range(32)]
+    assert bytes(view) == b"\x07" * 65536 and len(churn) == 32

@@ -219,11 +219,16 @@ class Streams:
 
 
 def host_bytes(buffer: torch.Tensor) -> memoryview:
-    """A writable view of a contiguous host byte tensor's memory (no numpy needed)."""
+    """A writable view of a contiguous host byte tensor's memory (no numpy needed), which keeps the
+    tensor alive as long as the view is: a view of a temporary (``part.cpu()``) read freed memory, which
+    the allocator had handed out again or written its own pointers into (the identity probe's digest
+    moved from one daemon start to the next on the GPU)."""
     if buffer.device.type != "cpu" or buffer.dtype != torch.uint8 or not buffer.is_contiguous():
         raise TypeError(f"host_bytes takes contiguous uint8 host bytes, not {buffer.dtype} on "
                         f"{buffer.device}")
-    return memoryview((ctypes.c_char * buffer.numel()).from_address(buffer.data_ptr())).cast("B")
+    memory = (ctypes.c_char * buffer.numel()).from_address(buffer.data_ptr())
+    memory.owner = buffer  # type: ignore[attr-defined]  # the view holds the array, the array the tensor
+    return memoryview(memory).cast("B")
 
 
 def windows(ranges: Sequence[torch.Tensor], chunk: int) -> list[list[torch.Tensor]]:
