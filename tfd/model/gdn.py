@@ -149,11 +149,11 @@ def gdn_rows(w: GdnWeights, x: Input, states: torch.Tensor, state_at: torch.Tens
     if values_of(x).is_cuda:  # the conv in the projection's last step (gemm.Conv): conv1d.decode's bits
         if isinstance(w.proj, torch.Tensor):
             projected = gemm.matmul(values_of(x), w.proj, conv=gemm.Conv(w.conv, tails, tail_at), early=True)
-        else:  # FP8 (or joined) products have no conv of their own: conv1d.decode after, the same bits
-            projected = linear(x, w.proj)
-            channels = w.conv.shape[0]
-            projected[:, :channels] = conv1d.decode(projected[:, :channels], w.conv, tails, tail_at)
-        mixed, z, b, a = split_projection(w, projected)
+            mixed, z, b, a = split_projection(w, projected)
+        else:  # FP8 (or joined) products have no conv of their own: conv1d.decode after (the same bits),
+            # its output the rule's input as it is rather than copied back into the projection
+            mixed, z, b, a = split_projection(w, linear(x, w.proj))
+            mixed = conv1d.decode(mixed, w.conv, tails, tail_at)
         q, k, v = split_heads(w, mixed)
         out = gdn_decode.decode_gated(q, k, v, b, a, w.a_log, w.dt_bias, states, state_at, w.key_dim ** -0.5)
         return finish(w, out, z)
