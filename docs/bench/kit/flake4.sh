@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# Issue 36's identity probe, the next bisection step (2026-12-05, H100: with graphs 5 of 20 starts computed
-# another probe state; without graphs 0 of 16; drafts do not matter; the engine alone, graphs on, 4 lanes
-# and a small pool, never moved). Every arm keeps graphs on and changes one thing the engine-alone probe had:
-# a small pool (TF_POOL_GIB=1), few lanes (TF_PARALLEL=4: graphs for 1, 2, 4 lanes only), then the default
-# again as the control. Six starts each; a start's log kept where its digest is not the arm's first.
+# Issue 36's identity probe after its cause was found (2026-12-05, thirtieth session: the digest hashed a
+# temporary `part.cpu()` through a view that did not keep it alive, so a start read freed host memory; with
+# graphs 5 of 20 starts on the H100 gave another digest, without 0 of 16). The check: the demo daemon
+# started 10 times with graphs through probe_parts_serve.py (the digest part by part), then 4 times
+# without graphs: one probe state at all 14 starts. A start's log kept where its digest is not the arm's first.
 # Carry .whl .dev.
 [ -x /tmp/site/bin/tfd ] || bash .dev/install.sh > /dev/null 2>&1 || { echo install fails; exit 1; }
 export PATH=/tmp/site/bin:$PATH PYTHONPATH=/tmp/site TRITON_CACHE_DIR=/tmp/triton TF_LEARN_CONVERSATIONS=1 \
   TF_LEARN_DIR=/tmp/l TF_ADMIN_SOCKET=/tmp/a.sock
 R=$OUT/r; mkdir -p $R
 cd /tmp
-starts() {  # $1: label; TF_ settings come from the environment of the call
-  label=$1; digests=""; first=""
-  for i in 1 2 3 4 5 6; do
+KIT=$OLDPWD/.dev
+starts() {  # $1: label, $2: starts; the command after; TF_ settings come from the environment of the call
+  label=$1; count=$2; shift 2; digests=""; first=""
+  for i in $(seq 1 $count); do
     log=/tmp/s-$label-$i.log
-    timeout 90 tfd serve > $log 2>&1 & p=$!
+    timeout 90 "$@" serve > $log 2>&1 & p=$!
     for t in $(seq 1 88); do sleep 1; grep -q "ready:" $log && break; done
     kill -TERM $p 2>/dev/null; wait $p
     digest=$(grep -ao "the probe's state [0-9a-f]*" $log | cut -c19-26)
@@ -24,7 +25,15 @@ starts() {  # $1: label; TF_ settings come from the environment of the call
   done
   echo "$label:$digests"
 }
-TF_POOL_GIB=1 starts pool-1gib
-TF_PARALLEL=4 starts lanes-4
-starts default
+starts default 10 python $KIT/probe_parts_serve.py
+python - <<'PY'  # the parts of the probe's state whose digest is not the same at every start
+import glob, re, collections
+seen = collections.defaultdict(set)
+for log in sorted(glob.glob("/tmp/s-default-*.log")):
+    for name, digest in re.findall(r"probe part (.+) ([0-9a-f]{12})$", open(log).read(), re.M):
+        seen[name].add(digest)
+moved = [name for name, digests in seen.items() if len(digests) > 1]
+print(f"parts that moved: {len(moved)} of {len(seen)}: {moved[:40]}")
+PY
+TF_CUDA_GRAPHS=0 starts no-graphs 4 tfd
 cd $OUT && tar czf r.tgz r && rm -rf r
