@@ -55,7 +55,19 @@ import torch
 import triton
 import triton.language as tl
 
-from tfd_kernels import fp8_gemm, gemm, moe_fp8, moe_one, moe_plan, moe_sum, norm, pdl, router, runtime
+from tfd_kernels import (
+    fp8_gemm,
+    fp8_rows,
+    gemm,
+    moe_fp8,
+    moe_one,
+    moe_plan,
+    moe_sum,
+    norm,
+    pdl,
+    router,
+    runtime,
+)
 from tfd_kernels.moe_args import Fp8Stack as Fp8Stack  # the launchers' FP8 weights, named here too
 from tfd_kernels.moe_args import Residual, Shared, Weights, check, check_residual, operand
 from tfd_kernels.runtime import INTERPRETED
@@ -198,11 +210,13 @@ def routed_add_zrms(x: torch.Tensor, gate_up: Weights, down: Weights, logits: to
 
 def block_add_zrms(x: torch.Tensor, router_weight: torch.Tensor, gate_up: Weights, down: Weights,
                    top_k: int, normalise: bool, shared: tuple[Weights, Weights] | None,
-                   residual: Residual) -> tuple[torch.Tensor, torch.Tensor]:
+                   residual: Residual, x_rows: tuple[torch.Tensor, torch.Tensor] | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """``routed_add_zrms`` from the block's input: the router's product ``tfd_kernels.gemm.matmul(x,
     router_weight)`` first (``router_weight`` [experts, hidden], with a shared expert one row more
     for its gate, last), and the shared expert's (gate_up, down); the same bits. At one row the
-    router's product runs in the experts' one launch (``tfd_kernels.moe_one``)."""
+    router's product runs in the experts' one launch (``tfd_kernels.moe_one``). ``x_rows``: x quantized
+    already by the kernel that made it (``tfd_kernels.fp8_rows``), for FP8 gate/up experts."""
     rows, hidden = x.shape
     experts = down.shape[0]
     if router_weight.shape != (experts + (shared is not None), hidden) or router_weight.dtype != x.dtype:
@@ -210,18 +224,22 @@ def block_add_zrms(x: torch.Tensor, router_weight: torch.Tensor, gate_up: Weight
                          f"[{experts + (shared is not None)}, {hidden}] {x.dtype}")
     logits = torch.empty(rows, router_weight.shape[0], dtype=x.dtype, device=x.device)
     whole = None if shared is None else Shared(shared[0], shared[1], logits[:, experts:])
+    if x_rows is not None:
+        fp8_rows.check_rows(x_rows, rows, hidden, x.device)
     total, normed = _routed(x, gate_up, down, logits[:, :experts], top_k, normalise, whole, residual,
-                            (router_weight, logits))
+                            (router_weight, logits), x_rows)
     assert normed is not None
     return total, normed
 
 
 def _routed(x: torch.Tensor, gate_up: Weights, down: Weights, logits: torch.Tensor, top_k: int,
             normalise: bool, shared: Shared | None, residual: Residual | None,
-            product: tuple[torch.Tensor, torch.Tensor] | None = None
+            product: tuple[torch.Tensor, torch.Tensor] | None = None,
+            x_rows: tuple[torch.Tensor, torch.Tensor] | None = None
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``routed``; with ``product`` (the router's weight, the whole logits buffer ``logits`` views) the
-    logits are that product's, made here: in the experts' launch where it takes them, else first."""
+    logits are that product's, made here: in the experts' launch where it takes them, else first.
+    ``x_rows``: ``_experts``'."""
     rows = x.shape[0]
     if not 1 <= top_k <= down.shape[0]:
         raise ValueError(f"top_k is {top_k}, expected 1 to {down.shape[0]} (the experts)")
@@ -234,10 +252,10 @@ def _routed(x: torch.Tensor, gate_up: Weights, down: Weights, logits: torch.Tens
         product = None
     if rows == 0 or rows * top_k > moe_plan.CHOICE_PAIRS or logits.stride(1) != 1:
         ids, weights = router.top_k(logits, top_k, normalise, x.dtype)
-        return _experts(x, gate_up, down, ids, weights, shared, None, residual)
+        return _experts(x, gate_up, down, ids, weights, shared, None, residual, x_rows=x_rows)
     ids = torch.empty(rows, top_k, dtype=torch.int64, device=x.device)
     weights = torch.empty(rows, top_k, dtype=x.dtype, device=x.device)
-    return _experts(x, gate_up, down, ids, weights, shared, (logits, normalise), residual, product)
+    return _experts(x, gate_up, down, ids, weights, shared, (logits, normalise), residual, product, x_rows)
 
 
 def _one_launch(rows: int, hidden: int, per_row: int, chosen: bool) -> bool:
@@ -262,10 +280,13 @@ def experts(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tensor,
 
 def _experts(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tensor,
              weights: torch.Tensor, shared: Shared | None, choice: tuple[torch.Tensor, bool] | None,
-             residual: Residual | None, product: tuple[torch.Tensor, torch.Tensor] | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+             residual: Residual | None, product: tuple[torch.Tensor, torch.Tensor] | None = None,
+             x_rows: tuple[torch.Tensor, torch.Tensor] | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``experts``' output, or with ``residual`` the residual stream plus it and their norm. With
-    ``product`` (``_routed``'s, only where the one launch runs), the launch makes the logits too."""
+    ``product`` (``_routed``'s, only where the one launch runs), the launch makes the logits too.
+    ``x_rows``: x quantized already (``tfd_kernels.fp8_rows.empty_rows``' pair, made by the kernel that
+    made x), read by FP8 gate/up tiles instead of quantizing x here."""
     check(x, gate_up, down, ids, weights, shared)
     if residual is not None:
         check_residual(x, residual)
@@ -307,7 +328,7 @@ def _experts(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tensor
                        (residual.x.contiguous(), residual.weight, residual.eps, normed),
                        {"block_m": FP8_M if fp8 else BLOCK_M, "gate_n": GATE_N, "gate_k": GATE_K,
                         "down_n": DOWN_N, "down_k": DOWN_K, "stages": GATE_STAGES},
-                       None if product is None else product[0])
+                       None if product is None else product[0], x_rows)
         return out, normed
     prompt = chunk * top_k >= PROMPT_PAIRS * n_experts
     block_m = FP8_M if fp8 else PROMPT_M if prompt else BLOCK_M
@@ -329,8 +350,10 @@ def _experts(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tensor
             tiles += 0 if shared is None else triton.cdiv(count, block_m)
         logits, normalise = choice if one_row and choice is not None else (x, False)  # read at one row only
         rows_x = x[first:first + count]
-        # FP8 gate/up tiles read x's rows quantized once, here (stand-ins where float: never read)
-        xq, x_scales = fp8_gemm.quantize(rows_x) if routed_gate_up.fp8 or own_gate_up.fp8 else (x, x)
+        # FP8 gate/up tiles read x's rows quantized once: by the kernel that made them, or here (stand-ins
+        # where float: never read)
+        xq, x_scales = (x, x) if not (routed_gate_up.fp8 or own_gate_up.fp8) else fp8_gemm.quantize(rows_x) \
+            if x_rows is None else (x_rows[0][first:first + count], x_rows[1][first:first + count])
         _gate_up[_grid(tiles, triton.cdiv(width, gate_n), group)](
             rows_x, xq, x_scales, *routed_gate_up[:2], *own_gate_up[:2], h, tables.layout, tables.pair_at,
             pairs, top_k, n_experts, hidden, inner, shared_inner, width, x.stride(0),

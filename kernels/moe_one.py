@@ -348,7 +348,8 @@ def launch(x: torch.Tensor, gate_up: Operand, shared_gate_up: Operand, h: torch.
            normalise: bool, ids: torch.Tensor, weights: torch.Tensor, tables: moe_plan.Tables,
            tile_expert: torch.Tensor, gate: torch.Tensor, shared: bool, total: torch.Tensor,
            residual: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None,
-           tiles: dict[str, int], router_weight: torch.Tensor | None = None) -> None:
+           tiles: dict[str, int], router_weight: torch.Tensor | None = None,
+           x_rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """One row's block into ``total`` (the residual stream at decode, with ``residual`` = (the
     stream before, the norm's weight, eps, where the normed row goes)); the other arguments are
     ``tfd_kernels.moe._experts``' (checked there; the four weights float or FP8 each, ``tiles``' block_m
@@ -357,7 +358,8 @@ def launch(x: torch.Tensor, gate_up: Operand, shared_gate_up: Operand, h: torch.
     the launch first makes ``tfd_kernels.gemm.matmul(x, router_weight)`` and writes its experts' columns
     into ``logits`` (and, with ``FROM_PARTIALS`` off, the shared expert's gate after them, where
     ``gate`` views it; on, the finish sums the gate from the partials and ``gate`` is not read);
-    scratch: its fp32 partials."""
+    scratch: its fp32 partials. ``x_rows``: x's row quantized already (``tfd_kernels.fp8_rows``), which
+    FP8 gate/up tiles read instead of quantizing it in a launch before."""
     experts, hidden, inner = down.data.shape
     top_k = ids.shape[1]
     count = top_k + shared
@@ -385,8 +387,9 @@ def launch(x: torch.Tensor, gate_up: Operand, shared_gate_up: Operand, h: torch.
     early = 0 if router_weight is None else min(ROUTER_EARLY, plan.k_per_segment // plan.few.block_k)
     if from_partials and shared:  # the finish sums the gate's column of the partials, a segment apart
         gate = partials[:, experts:experts + 1]
-    # FP8 gate/up tiles read x's row quantized once, a launch before (stand-ins where float: never read)
-    xq, x_scales = quantize(x) if gate_up.fp8 or shared_gate_up.fp8 else (x, x)
+    # FP8 gate/up tiles read x's row quantized once: by the kernel that made it (``x_rows``) or a launch
+    # before (stand-ins where float: never read)
+    xq, x_scales = (x, x) if not (gate_up.fp8 or shared_gate_up.fp8) else x_rows or quantize(x)
     # FP8 down tiles read the middles quantized once, by each tile's last gate/up program
     hq, h_scales = (h, h) if not (down.fp8 or shared_down.fp8) else (
         torch.empty(h.shape, dtype=torch.float8_e4m3fn, device=x.device),

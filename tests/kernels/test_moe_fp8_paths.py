@@ -10,7 +10,7 @@ import torch
 from moe_inputs import gate_rows, make_shared, residual_of, router_product
 from test_moe_fp8 import floated, fp8_inputs, generator, stack
 
-from tfd_kernels import gemm, moe, moe_one, norm
+from tfd_kernels import fp8_gemm, gemm, moe, moe_one, norm
 
 
 @pytest.mark.parametrize(("shared_kind", "inner"), [("fp8", 192), ("float", 64), (None, 64)])
@@ -86,6 +86,35 @@ def test_the_block_from_its_input_takes_fp8_experts_beside_the_float_router() ->
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     with pytest.raises(ValueError, match="router_weight"):  # the router stays a float product
         moe.block_add_zrms(x, stack(router_weight).data, gate_up, down, 3, True, parts, stream)
+
+
+def test_the_block_reads_x_quantized_by_its_maker_instead_of_quantizing_it(monkeypatch: pytest.MonkeyPatch
+                                                                          ) -> None:
+    # one row (the one launch), three (the grouped launches), three in passes of two rows (row chunks)
+    x, gate_up, down, _, _, shared = fp8_inputs(3, 3, seed=21)
+    router_weight = (torch.randn(9, 64, generator=generator(21)) / 8).to(x.dtype)
+    parts = (shared.gate_up, shared.down)
+
+    def block(rows: int, x_rows: tuple[torch.Tensor, torch.Tensor] | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        return moe.block_add_zrms(x[:rows], router_weight, gate_up, down, 3, True, parts,
+                                  residual_of(rows, x.dtype, seed=21), x_rows)
+
+    wants = {rows: block(rows) for rows in (1, 3)}
+    made = {rows: fp8_gemm.quantize(x[:rows]) for rows in (1, 3)}
+
+    def refused(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise AssertionError("x quantized again")
+
+    monkeypatch.setattr(fp8_gemm, "quantize", refused)
+    monkeypatch.setattr(moe_one, "quantize", refused)
+    for chunk in (moe.ROW_CHUNK, 2):
+        monkeypatch.setattr(moe, "ROW_CHUNK", chunk)
+        for rows in (1, 3):
+            got, want = block(rows, made[rows]), wants[rows]
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with pytest.raises(ValueError, match=r"rows must be float8_e4m3fn \[1, 64\]"):
+        block(1, made[3])
 
 
 def test_prompt_tiles_and_chunks_give_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -324,10 +324,11 @@ def _plain(w: StackWeights, x: torch.Tensor, step: _Step) -> tuple[torch.Tensor,
         if isinstance(layer.mixer, GdnWeights):
             gdn_layer += 1
         if isinstance(layer.ffn, MoeWeights) and w.parallel is None:
-            x, normed = add_zrms(x, mixed, layer.post_norm, w.eps)
+            x, normed = add_zrms_into(x, mixed, layer.post_norm, w.eps, first_product(layer.ffn))
             x, h = moe_add_zrms(layer.ffn, normed, x, norm, w.eps)
-        else:
-            x, h = add_zrms_into(x, mixed, layer.post_norm, w.eps, first_product(layer.ffn))
+        else:  # under tensor parallel the MoE's grouped launches read its rows unquantized (no FP8 rows)
+            ffn = None if isinstance(layer.ffn, MoeWeights) else first_product(layer.ffn)
+            x, h = add_zrms_into(x, mixed, layer.post_norm, w.eps, ffn)
             x, h = add_zrms_into(x, _ffn(w, layer, h), norm, w.eps, into)
     return values_of(h), x
 

@@ -14,7 +14,17 @@ import attrs
 import torch
 
 from tfd.model.fp8 import Experts, Fp8Experts, Fp8Weight, Weight
-from tfd.model.ops import Input, add_zrms, linear, sigmoid_gate, silu, swiglu_into, swiglu_product, values_of
+from tfd.model.ops import (
+    Fp8Rows,
+    Input,
+    add_zrms,
+    linear,
+    sigmoid_gate,
+    silu,
+    swiglu_into,
+    swiglu_product,
+    values_of,
+)
 from tfd_kernels import moe as kernels_moe
 from tfd_kernels import router
 from tfd_kernels import swiglu as swiglu_kernel
@@ -88,16 +98,19 @@ def moe(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:
     return sigmoid_gate(shared, gate, routed)
 
 
-def moe_add_zrms(w: MoeWeights, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+def moe_add_zrms(w: MoeWeights, x: Input, residual: torch.Tensor, weight: torch.Tensor, eps: float
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """``add_zrms(residual, moe(w, x), weight, eps)``, the same bits; on CUDA the addition and the
     norm run in the grouped kernels' last launch (decode: one launch fewer a layer), and at one row
-    the router's product, the choice and both expert products in one launch."""
-    if not x.is_cuda:
-        return add_zrms(residual, moe(w, x), weight, eps)
+    the router's product, the choice and both expert products in one launch. ``x`` may come with its
+    FP8 form (``Fp8Rows``), which FP8 experts read instead of quantizing it."""
+    values = values_of(x)
+    if not values.is_cuda:
+        return add_zrms(residual, moe(w, values), weight, eps)
     router, gate_up, down, shared = _tensors(w)
-    return kernels_moe.block_add_zrms(x, router, gate_up, down, w.top_k, w.norm_top_k, shared,
-                                      kernels_moe.Residual(residual, weight, eps))
+    rows = (x.q, x.scales) if isinstance(x, Fp8Rows) else None
+    return kernels_moe.block_add_zrms(values, router, gate_up, down, w.top_k, w.norm_top_k, shared,
+                                      kernels_moe.Residual(residual, weight, eps), rows)
 
 
 def grouped_moe(w: MoeWeights, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:

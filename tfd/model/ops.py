@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from tfd.model import fp8
-from tfd.model.fp8 import Fp8Weight, Joined, Rows, Weight
+from tfd.model.fp8 import Experts, Fp8Experts, Fp8Weight, Joined, Rows, Weight
 from tfd_kernels import fp8_gemm, fp8_rows, gemm, norm
 from tfd_kernels import sigmoid_gate as sigmoid_gate_kernel
 from tfd_kernels import swiglu as swiglu_kernel
@@ -50,12 +50,12 @@ def values_of(x: Input) -> torch.Tensor:
     return x.values if isinstance(x, Fp8Rows) else x
 
 
-def reads_fp8(weight: Weight | None) -> bool:
+def reads_fp8(weight: Weight | Experts | None) -> bool:
     """Whether ``weight``'s product reads its rows quantized: a block-wise FP8 weight, picked rows of one,
-    or joined parts of which one is."""
+    joined parts of which one is, or FP8 experts (an MoE block's gate|up)."""
     if isinstance(weight, Joined):
         return any(reads_fp8(part) for part in weight.parts)
-    return isinstance(weight, (Fp8Weight, Rows))
+    return isinstance(weight, (Fp8Weight, Rows, Fp8Experts))
 
 
 def linear(x: Input, weight: Weight, early: bool = False) -> torch.Tensor:
@@ -188,7 +188,7 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
-def _fp8_room(x: torch.Tensor, width: int, into: Weight | None, fits: bool
+def _fp8_room(x: torch.Tensor, width: int, into: Weight | Experts | None, fits: bool
               ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Room for rows of ``width`` that the kernel making them writes quantized too: on CUDA, where the
     product ``into`` that reads them next is FP8's and the kernel's programs hold whole groups (``fits``)."""
@@ -198,7 +198,7 @@ def _fp8_room(x: torch.Tensor, width: int, into: Weight | None, fits: bool
     return room
 
 
-def zrms_into(x: torch.Tensor, weight: torch.Tensor, eps: float, into: Weight | None) -> Input:
+def zrms_into(x: torch.Tensor, weight: torch.Tensor, eps: float, into: Weight | Experts | None) -> Input:
     """``zrms`` of ``x`` [rows, width] for the product ``into``: with the rows' FP8 form where that
     product reads it (``Fp8Rows``), else the rows."""
     room = _fp8_room(x, x.shape[-1], into, norm.quantizes(x.shape[-1]))
@@ -207,8 +207,8 @@ def zrms_into(x: torch.Tensor, weight: torch.Tensor, eps: float, into: Weight | 
     return Fp8Rows(norm.zrms(x, weight, eps, rows=room), *room)
 
 
-def add_zrms_into(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, into: Weight | None
-                  ) -> tuple[torch.Tensor, Input]:
+def add_zrms_into(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
+                  into: Weight | Experts | None) -> tuple[torch.Tensor, Input]:
     """``add_zrms`` with the norm's rows for the product ``into`` (as ``zrms_into``'s)."""
     room = _fp8_room(x, x.shape[-1], into, norm.quantizes(x.shape[-1]))
     if room is None:

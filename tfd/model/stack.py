@@ -16,7 +16,7 @@ import torch
 
 from tfd.model import hyper
 from tfd.model.attention import AttentionWeights, attention, attention_spans
-from tfd.model.fp8 import Weight
+from tfd.model.fp8 import Experts, Weight
 from tfd.model.gdn import GdnWeights, gdn, gdn_spans
 from tfd.model.memory import PageRows, PromptLanes, Span
 from tfd.model.mlp import DenseMlp, MoeWeights, dense, moe
@@ -149,13 +149,14 @@ def _bounds(spans: Sequence[Span]) -> list[tuple[int, int]]:
     return bounds
 
 
-def first_product(block: GdnWeights | AttentionWeights | DenseMlp | MoeWeights) -> Weight | None:
+def first_product(block: GdnWeights | AttentionWeights | DenseMlp | MoeWeights) -> Weight | Experts | None:
     """The weight of the first product a decode row's block runs on its input, where its input reaches
-    it as one product's rows (GDN, dense attention, a dense MLP's gate|up); else None."""
+    it as one product's rows (GDN, dense attention, a dense MLP's gate|up, an MoE block's experts'
+    gate|up); else None."""
     if isinstance(block, GdnWeights):
         return block.proj
     if isinstance(block, AttentionWeights):
         return block.qkv if block.indexer is None else None
     if isinstance(block, DenseMlp):
         return None if block.paired else block.gate_up
-    return None
+    return block.gate_up
