@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tfd_kernels import pdl
+from tfd_kernels import fp8_rows, pdl
 from tfd_kernels.runtime import INTERPRETED
 from tfd_kernels.sigmoid_gate import gated
 
@@ -200,10 +200,11 @@ def _decode_segment(q, k_cache, v_cache, page_table, lengths, partials, scale_lo
 
 
 @triton.jit
-def _decode_merge(partials, lengths, out, gate, max_keys, stride_pb, stride_ps, stride_ph,
-                  stride_ob, stride_oh, stride_od, stride_gb, stride_gh,
+def _decode_merge(partials, lengths, out, gate, q, scales, max_keys, stride_pb, stride_ps, stride_ph,
+                  stride_ob, stride_oh, stride_od, stride_gb, stride_gh, stride_q, stride_s,
                   HEAD_DIM: tl.constexpr, SHORT: tl.constexpr, SHORT_KEYS: tl.constexpr, SEG: tl.constexpr,
-                  BLOCK_S: tl.constexpr, GATED: tl.constexpr, FIRST: tl.constexpr, PDL: tl.constexpr):
+                  BLOCK_S: tl.constexpr, GATED: tl.constexpr, FIRST: tl.constexpr, QUANTIZE: tl.constexpr,
+                  EXACT_CAST: tl.constexpr, PDL: tl.constexpr):
     lane = tl.program_id(0)
     head = tl.program_id(1)
     dims = tl.arange(0, HEAD_DIM)
@@ -250,6 +251,11 @@ def _decode_merge(partials, lengths, out, gate, max_keys, stride_pb, stride_ps, 
             gates = tl.load(gate + lane * stride_gb + head * stride_gh + dims)
         result = gated(result, gates, dtype)
     tl.store(out + lane * stride_ob + head * stride_oh + dims * stride_od, result)  # padding lanes: zeros
+    if QUANTIZE:  # the lane's row of heads, quantized for the FP8 out projection: a head is whole groups
+        groups: tl.constexpr = HEAD_DIM // 128
+        fp8_rows.store_groups(result.to(tl.float32), dims < HEAD_DIM, q, scales,
+                              lane * stride_q + head * HEAD_DIM + dims, lane * stride_s + head * groups,
+                              groups, EXACT_CAST)
 
 
 def checked_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
@@ -299,11 +305,14 @@ def partials_for(lanes: int, heads: int, head_dim: int, max_keys: int, device: t
 
 def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
            lengths: torch.Tensor, scale: float, out: torch.Tensor, partials: torch.Tensor, *,
-           segment: int = SEGMENT, gate: torch.Tensor | None = None) -> torch.Tensor:
+           segment: int = SEGMENT, gate: torch.Tensor | None = None,
+           rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Attention of ``q`` [lanes, heads, head_dim] over each lane's first ``lengths[lane]`` keys, into
     ``out``; a lane of length 0 gets zeros. ``partials`` comes from ``partials_for``. With ``gate``
     (like q, unit last stride: attention's output gate), ``out`` is the gated output, the bits of
-    ``tfd_kernels.sigmoid_gate`` on the plain one. Returns ``out``."""
+    ``tfd_kernels.sigmoid_gate`` on the plain one. With ``rows`` (``fp8_rows.empty_rows`` of [lanes,
+    heads * head_dim]; ``quantizes``), ``out``'s rows quantized there too, as ``fp8_gemm.quantize``
+    would. Returns ``out``."""
     if gate is not None and (gate.shape != q.shape or gate.stride(2) != 1 or gate.dtype != out.dtype):
         raise ValueError(f"gate is {list(gate.shape)} {gate.dtype}: want q's shape {list(q.shape)} in "
                          f"{out.dtype}, unit last stride")
@@ -331,12 +340,24 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_t
         SHORT_KEYS=SHORT_KEYS, SEG=segment, WIDEN=INTERPRETED, FIRST=LOADS_FIRST,
         **_decode_config(head_dim, short), **pdl.options(q.device))
     gates = out if gate is None else gate  # not read without GATED
-    _decode_merge[(lanes, heads)](partials, lengths, out, gates, max_keys, *partials.stride()[:3],
-                                  *out.stride(), gates.stride(0), gates.stride(1), HEAD_DIM=head_dim,
-                                  SHORT=short, SHORT_KEYS=SHORT_KEYS, SEG=segment, BLOCK_S=MERGE_BLOCK,
-                                  GATED=gate is not None, FIRST=LOADS_FIRST, num_warps=4,
+    if rows is not None:
+        if not quantizes(head_dim):
+            raise ValueError(f"rows: heads of {head_dim} are not whole 128-wide groups")
+        fp8_rows.check_rows(rows, lanes, heads * head_dim, out.device)
+    codes, scales = rows if rows is not None else (out, out)
+    _decode_merge[(lanes, heads)](partials, lengths, out, gates, codes, scales, max_keys,
+                                  *partials.stride()[:3], *out.stride(), gates.stride(0), gates.stride(1),
+                                  codes.stride(0), scales.stride(0), HEAD_DIM=head_dim, SHORT=short,
+                                  SHORT_KEYS=SHORT_KEYS, SEG=segment, BLOCK_S=MERGE_BLOCK,
+                                  GATED=gate is not None, FIRST=LOADS_FIRST, QUANTIZE=rows is not None,
+                                  EXACT_CAST=INTERPRETED, num_warps=4,
                                   **pdl.options(out.device))
     return out
+
+
+def quantizes(head_dim: int) -> bool:
+    """Whether ``decode`` can write its output quantized too: each head whole 128-wide groups."""
+    return head_dim % 128 == 0
 
 
 def attend_rows(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, last: torch.Tensor,

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_paged_attention import paged, queries
 
 from tfd.model import ops
 from tfd.model.fp8 import Fp8Weight, Joined, Rows
-from tfd_kernels import fp8_gemm, fp8_rows, norm, swiglu
+from tfd_kernels import fp8_gemm, fp8_rows, norm, paged_attention, swiglu
+from tfd_kernels.paged_attention import partials_for
 
 
 def rand(*shape: int, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -123,3 +125,35 @@ def test_linear_reads_fp8_rows_for_fp8_weights_and_their_values_for_the_rest() -
     assert ops.reads_fp8(fp8) and ops.reads_fp8(Joined((plain, fp8))) and ops.reads_fp8(Rows(fp8, picked))
     assert not ops.reads_fp8(plain) and not ops.reads_fp8(None)
     assert ops.values_of(rows) is x and ops.values_of(x) is x
+
+
+# heads of 128 (one group each) and 256 (two), a lane of no keys among them (zeros: scale 1), gated or not
+@pytest.mark.parametrize(("head_dim", "gated"), [(128, True), (256, False)])
+def test_attention_decode_writes_the_rows_quantize_gives_its_output(head_dim: int, gated: bool) -> None:
+    lengths = [5, 0, 19]
+    c = paged(lengths, kv_heads=1, dtype=torch.bfloat16, heads=2, head_dim=head_dim)
+    q_gate = queries(3, torch.bfloat16, heads=2, head_dim=2 * head_dim, seed=5)
+    q, gate = q_gate[..., :head_dim], q_gate[..., head_dim:]
+    partials = partials_for(3, 2, head_dim, c.table.shape[1] * c.k.shape[1], q.device)
+    length = torch.tensor(lengths, dtype=torch.int32)
+
+    def run(rows: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        empty = torch.empty(q.shape, dtype=q.dtype)
+        return paged_attention.decode(q, c.k, c.v, c.table, length, c.scale, empty, partials,
+                                      gate=gate if gated else None, rows=rows)
+
+    rows = fp8_rows.empty_rows(3, 2 * head_dim, q.device)
+    out = run(rows)
+    assert torch.equal(out, run(None))
+    assert_quantized(rows, out)
+
+
+def test_attention_decode_refuses_heads_that_cut_groups_by_name() -> None:
+    assert paged_attention.quantizes(256) and not paged_attention.quantizes(64)
+    c = paged([3], kv_heads=1, dtype=torch.bfloat16, heads=2, head_dim=64)
+    q = queries(1, torch.bfloat16, heads=2, head_dim=64)
+    partials = partials_for(1, 2, 64, c.table.shape[1] * c.k.shape[1], q.device)
+    with pytest.raises(ValueError, match="rows: heads of 64 are not whole 128-wide groups"):
+        paged_attention.decode(q, c.k, c.v, c.table, torch.tensor([3], dtype=torch.int32), c.scale,
+                               torch.empty(q.shape, dtype=q.dtype), partials,
+                               rows=fp8_rows.empty_rows(1, 128, q.device))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from tfd.model import ops
 from tfd.model.fp8 import Weight
 from tfd.model.memory import PageRows, PromptLanes, Span
 from tfd.model.ops import Input, linear, sigmoid_gate, values_of, zrms
@@ -100,11 +101,15 @@ def attention_rows(w: AttentionWeights, x: Input, cos: torch.Tensor, sin: torch.
         query = rope_kernel.norm_rope_store(query, w.q_norm, key, w.k_norm, value, cos, sin, w.eps, k_cache,
                                             v_cache, page_table, lengths)
         out = torch.empty_like(query)
-        partials = paged_attention.partials_for(query.shape[0], w.heads, w.head_dim,
+        count = query.shape[0]
+        partials = paged_attention.partials_for(count, w.heads, w.head_dim,
                                                 page_table.shape[1] * k_cache.shape[1], query.device)
+        # the merge writes its rows quantized too where the out projection is FP8
+        room = ops.fp8_room(query, w.heads * w.head_dim, w.o, paged_attention.quantizes(w.head_dim))
         paged_attention.decode(query, k_cache, v_cache, page_table, lengths, w.head_dim ** -0.5, out,
-                               partials, gate=gate)
-        return linear(out.reshape(out.shape[0], -1), w.o, early=OUT_EARLY)
+                               partials, gate=gate, rows=room)
+        rows = out.reshape(count, -1)
+        return linear(rows if room is None else ops.Fp8Rows(rows, *room), w.o, early=OUT_EARLY)
     p = project(w, values_of(x), cos, sin, rotary)
     cache_write.reference(p.key, p.value, k_cache, v_cache, page_table, lengths)
     out = torch.empty_like(p.query)

@@ -188,10 +188,11 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
-def _fp8_room(x: torch.Tensor, width: int, into: Weight | Experts | None, fits: bool
-              ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Room for rows of ``width`` that the kernel making them writes quantized too: on CUDA, where the
-    product ``into`` that reads them next is FP8's and the kernel's programs hold whole groups (``fits``)."""
+def fp8_room(x: torch.Tensor, width: int, into: Weight | Experts | None, fits: bool
+             ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Room for ``x``'s count of rows of ``width`` that the kernel making them writes quantized too
+    (``Fp8Rows``): on CUDA, where the product ``into`` that reads them next is FP8's and the kernel's
+    programs hold whole groups (``fits``); else None."""
     if not (x.is_cuda and fits and reads_fp8(into)):
         return None
     room: tuple[torch.Tensor, torch.Tensor] = fp8_rows.empty_rows(x.shape[0], width, x.device)
@@ -201,7 +202,7 @@ def _fp8_room(x: torch.Tensor, width: int, into: Weight | Experts | None, fits: 
 def zrms_into(x: torch.Tensor, weight: torch.Tensor, eps: float, into: Weight | Experts | None) -> Input:
     """``zrms`` of ``x`` [rows, width] for the product ``into``: with the rows' FP8 form where that
     product reads it (``Fp8Rows``), else the rows."""
-    room = _fp8_room(x, x.shape[-1], into, norm.quantizes(x.shape[-1]))
+    room = fp8_room(x, x.shape[-1], into, norm.quantizes(x.shape[-1]))
     if room is None:
         return zrms(x, weight, eps)
     return Fp8Rows(norm.zrms(x, weight, eps, rows=room), *room)
@@ -210,7 +211,7 @@ def zrms_into(x: torch.Tensor, weight: torch.Tensor, eps: float, into: Weight | 
 def add_zrms_into(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
                   into: Weight | Experts | None) -> tuple[torch.Tensor, Input]:
     """``add_zrms`` with the norm's rows for the product ``into`` (as ``zrms_into``'s)."""
-    room = _fp8_room(x, x.shape[-1], into, norm.quantizes(x.shape[-1]))
+    room = fp8_room(x, x.shape[-1], into, norm.quantizes(x.shape[-1]))
     if room is None:
         return add_zrms(x, delta, weight, eps)
     total, out = norm.add_zrms(x, delta, weight, eps, rows=room)
@@ -222,7 +223,7 @@ def gated_rms_into(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     """``gated_rms`` of ``x`` [rows, heads, width] as rows [rows, heads * width] for the product ``into``
     (as ``zrms_into``'s)."""
     count, heads, width = x.shape
-    room = _fp8_room(gate, heads * width, into, norm.gated_quantizes(width))
+    room = fp8_room(gate, heads * width, into, norm.gated_quantizes(width))
     if room is None:
         return gated_rms(x, gate, weight, eps, activation).reshape(count, -1)
     return Fp8Rows(norm.gated_rms(x, gate, weight, eps, activation, rows=room).reshape(count, -1), *room)
@@ -230,7 +231,7 @@ def gated_rms_into(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
 
 def swiglu_into(h: torch.Tensor, into: Weight | None) -> Input:
     """``swiglu`` of ``h`` [rows, 2 * inner] for the product ``into`` (as ``zrms_into``'s)."""
-    room = _fp8_room(h, h.shape[-1] // 2, into, True)
+    room = fp8_room(h, h.shape[-1] // 2, into, True)
     if room is None:
         return swiglu(h)
     return Fp8Rows(swiglu_kernel.swiglu(h, rows=room), *room)
