@@ -1,7 +1,8 @@
-"""Rows quantized where they are made (``tfd_kernels.fp8_rows``): a norm, the GDN output norm and SwiGLU's
-middle, asked for their result's FP8 rows too, store the same values as without, and rows with the bits
-``fp8_gemm.quantize`` gives those values; a product from them is ``matmul``'s. Each producer on both sides
-of where its programs stop holding whole 128-wide groups, which it refuses by name."""
+"""Rows quantized where they are made (``tfd_kernels.fp8_rows``): a norm, the GDN output norm, SwiGLU's
+middle and attention decode's merge, asked for their result's FP8 rows too, store the same values as
+without, and rows with the bits ``fp8_gemm.quantize`` gives those values; a product from them is
+``matmul``'s. Each producer on both sides of where its programs stop holding whole 128-wide groups, which
+it refuses by name."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def test_norms_write_the_rows_quantize_gives_their_result(width: int, dtype: tor
     x, w = rand(4, width, dtype=dtype), rand(width, seed=1, dtype=dtype) * 0.1
     delta = rand(4, width, seed=2, dtype=dtype)
     x[1] = 0  # an all-zero row: scale 1, codes 0
-    x[2, :128] *= 300  # a group whose max is far over e4m3's 448
+    x[2, :128] *= 300  # a row whose first group dominates its norm: the others' scales far smaller
     rows = rows_for(x)
     out = norm.zrms(x, w, 1e-6, rows=rows)
     assert torch.equal(out, norm.zrms(x, w, 1e-6))
