@@ -58,17 +58,27 @@ def conv_loads(tail, row_live, cs, weight, tails, channels, WIDTH: tl.constexpr)
 
 
 @triton.jit
-def conv_apply(new, tail, live, o0, o1, o2, w0, w1, w2, w_new, cs, tails, channels, WIDTH: tl.constexpr):
+def _tap(acc, value, weight, FMA: tl.constexpr):
+    """acc + value * weight in fp32; with ``FMA`` one fused multiply-add, which is what a launch that
+    contracts (every launch here, on the GPU) makes of the plain form: for a launch compiled not to."""
+    wide = value.to(tl.float32)
+    return tl.fma(wide, weight, acc) if FMA else acc + wide * weight
+
+
+@triton.jit
+def conv_apply(new, tail, live, o0, o1, o2, w0, w1, w2, w_new, cs, tails, channels, WIDTH: tl.constexpr,
+               FMA: tl.constexpr = False):
     """One new row per lane (``new`` [rows, cs] in the model dtype; lane = row) through its tail,
     from ``conv_loads``' values: the arithmetic of ``_conv``, each lane's tail moved forward one row
-    in place; rows not ``live`` give zeros and touch no tail."""
-    acc = tl.zeros(new.shape, tl.float32)
-    acc = acc + o0.to(tl.float32) * w0[None, :]  # taps in order, as the reference sums them
+    in place; rows not ``live`` give zeros and touch no tail. ``FMA``: the taps as explicit fused
+    multiply-adds, the bits ``_conv`` has on the GPU, from a launch compiled without contraction
+    (``tfd_kernels.fp8_gemm``'s; ``_conv``'s own PTX holds its taps as ``fma.rn.f32``)."""
+    acc = _tap(tl.zeros(new.shape, tl.float32), o0, w0[None, :], FMA)  # taps in order, as the reference
     if WIDTH > 2:
-        acc = acc + o1.to(tl.float32) * w1[None, :]
+        acc = _tap(acc, o1, w1[None, :], FMA)
     if WIDTH > 3:
-        acc = acc + o2.to(tl.float32) * w2[None, :]
-    acc = acc + new.to(tl.float32) * w_new[None, :]
+        acc = _tap(acc, o2, w2[None, :], FMA)
+    acc = _tap(acc, new, w_new[None, :], FMA)
     result = tl.where(live, silu_out(acc, new.dtype), 0.0).to(new.dtype)
     tl.debug_barrier()  # every thread's reads of the tails are done before they move
     if WIDTH > 2:

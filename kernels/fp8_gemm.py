@@ -45,9 +45,9 @@ import torch
 import triton
 import triton.language as tl
 
-from tfd_kernels import pdl, runtime
+from tfd_kernels import conv1d, pdl, runtime
 from tfd_kernels.fp8_rows import BLOCK, cast, quantize_tile
-from tfd_kernels.gemm import grouped, summed, weight_tile
+from tfd_kernels.gemm import CONV_WIDTH, Conv, conv_after, grouped, summed, weight_tile
 from tfd_kernels.gemm_plan import Plan, Tiles, plan
 from tfd_kernels.runtime import INTERPRETED
 
@@ -112,22 +112,45 @@ def segment_sum(x, x_scales, w, w_scales, rows, cols, m, n, k, start, length, st
     return total
 
 
+@triton.jit
+def _conv_tile(total, tail, rows, cols, m, conv_weight, tails, channels, BLOCK_N: tl.constexpr,
+               WIDTH: tl.constexpr, EXACT_CAST: tl.constexpr):
+    """A stored tile of the product with the conv applied where its columns are the conv's (whole tiles of
+    them): each row its lane's new input, ``tfd_kernels.conv1d.decode``'s bits, the tails moved on. The
+    taps are explicit fused multiply-adds on the GPU (this launch does not contract; conv1d's does) and
+    plain under the interpreter, as conv1d's are there."""
+    if tl.program_id(0) * BLOCK_N < channels:
+        live, o0, o1, o2, w0, w1, w2, w_new = conv1d.conv_loads(tail, rows < m, cols, conv_weight, tails,
+                                                                channels, WIDTH)
+        total = conv1d.conv_apply(total, tail, live, o0, o1, o2, w0, w1, w2, w_new, cols, tails, channels,
+                                  WIDTH, not EXACT_CAST)
+    return total
+
+
 # the rows (and a one-column product's partial stride, rows x 1) vary call by call: one variant for all
 @triton.jit(do_not_specialize=["m", "stride_ps"])
 def _spread(x, x_scales, w, w_scales, partials, out, counters, m, n, k, stride_xm, stride_xs, stride_wn,
-            stride_sn, stride_sk, stride_ps, stride_pm, stride_om, k_per_segment, SEGMENTS: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_CAST: tl.constexpr,
+            stride_sn, stride_sk, stride_ps, stride_pm, stride_om, k_per_segment, conv_weight, tails, tail_at,
+            channels, SEGMENTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_K: tl.constexpr, CONV: tl.constexpr, WIDTH: tl.constexpr, EXACT_CAST: tl.constexpr,
             PDL: tl.constexpr):
     pdl.wait(PDL)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     segment = tl.program_id(2)
+    tail = rows  # unread without CONV
+    if CONV:  # the lanes' tail offsets, an input no kernel writes, before the product
+        tail = tl.load(tail_at + rows, mask=rows < m, other=-1)
     acc = segment_sum(x, x_scales, w, w_scales, rows, cols, m, n, k, segment * k_per_segment, k_per_segment,
                       stride_xm, stride_xs, stride_wn, stride_sn, stride_sk, BLOCK_M, BLOCK_K)
     mask = (rows[:, None] < m) & (cols[None, :] < n)
     dtype = out.dtype.element_ty
     if SEGMENTS == 1:  # nothing to add: the sum goes straight out
-        tl.store(out + rows[:, None] * stride_om + cols[None, :], cast(acc, dtype, EXACT_CAST), mask=mask)
+        total = cast(acc, dtype, EXACT_CAST)
+        if CONV:
+            total = _conv_tile(total, tail, rows, cols, m, conv_weight, tails, channels, BLOCK_N, WIDTH,
+                               EXACT_CAST)
+        tl.store(out + rows[:, None] * stride_om + cols[None, :], total, mask=mask)
     else:
         where = rows[:, None] * stride_pm + cols[None, :]
         tl.store(partials + segment * stride_ps + where, acc, mask=mask)
@@ -136,6 +159,9 @@ def _spread(x, x_scales, w, w_scales, partials, out, counters, m, n, k, stride_x
         if tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu") == SEGMENTS - 1:
             # the tile's last program adds all partials, always in segment order, and rearms its counter
             total = cast(summed(partials, stride_ps, where, mask, SEGMENTS), dtype, EXACT_CAST)
+            if CONV:
+                total = _conv_tile(total, tail, rows, cols, m, conv_weight, tails, channels, BLOCK_N, WIDTH,
+                                   EXACT_CAST)
             tl.store(out + rows[:, None] * stride_om + cols[None, :], total, mask=mask)
             tl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")
 
@@ -227,11 +253,11 @@ def _check_weight(x: torch.Tensor, data: torch.Tensor, scale_inv: torch.Tensor) 
 
 
 def matmul(x: torch.Tensor, data: torch.Tensor, scale_inv: torch.Tensor, spread: bool | None = None,
-           choice: Plan | None = None) -> torch.Tensor:
+           choice: Plan | None = None, conv: Conv | None = None) -> torch.Tensor:
     """``x`` [rows, in] (bf16, fp16 or fp32) times the block-wise FP8 weight (``data`` float8_e4m3fn
     [out, in], contiguous along in; ``scale_inv`` float32 [ceil(out/128), ceil(in/128)]), transposed:
     [rows, out] in x's dtype, by ``tfd.model.fp8``'s math, each row's bits the same in any batch:
-    ``quantize`` then ``product``.
+    ``quantize`` then ``product`` (``conv``: ``product``'s).
 
     ``spread`` forces a launch form and ``choice`` a plan (tests, benchmarks; every tile's K step must
     be 128); by default the form follows the number of rows and the plan the weight's shape
@@ -244,14 +270,19 @@ def matmul(x: torch.Tensor, data: torch.Tensor, scale_inv: torch.Tensor, spread:
     x = _checked_x(x)
     _check_weight(x, data, scale_inv)
     q, q_scales = quantize(x)  # once a row and group, not again in every column tile that reads them
-    return product(q, q_scales, data, scale_inv, x.dtype, spread, choice)
+    return product(q, q_scales, data, scale_inv, x.dtype, spread, choice, conv)
 
 
 def product(q: torch.Tensor, q_scales: torch.Tensor, data: torch.Tensor, scale_inv: torch.Tensor,
-            dtype: torch.dtype, spread: bool | None = None, choice: Plan | None = None) -> torch.Tensor:
+            dtype: torch.dtype, spread: bool | None = None, choice: Plan | None = None,
+            conv: Conv | None = None) -> torch.Tensor:
     """``matmul``'s product from rows quantized already (``quantize``'s q and scales, or a kernel's that
-    quantized the rows it made, ``tfd_kernels.fp8_rows``): [rows, out] in ``dtype``. ValueError as
-    ``matmul``'s, naming q or q_scales where they are not quantized rows."""
+    quantized the rows it made, ``tfd_kernels.fp8_rows``): [rows, out] in ``dtype``. With ``conv``
+    (``tfd_kernels.gemm.Conv``: the GDN projection's), the result's first ``conv.weight.shape[0]``
+    columns are that conv's output instead, ``tfd_kernels.conv1d.decode``'s bits with its tails moved
+    on: the spread form applies it as it stores where those columns are whole tiles (``takes_conv``),
+    else it runs after the product. ValueError as ``matmul``'s, naming q or q_scales where they are not
+    quantized rows, and conv's parts as ``conv1d.decode`` names them."""
     if q.dtype != torch.float8_e4m3fn or q.dim() != 2 or q.stride(1) != 1:
         raise ValueError(f"q must be float8_e4m3fn [rows, in] with unit column stride, not {q.dtype} "
                          f"{tuple(q.shape)}")
@@ -274,6 +305,8 @@ def product(q: torch.Tensor, q_scales: torch.Tensor, data: torch.Tensor, scale_i
         return out
     if spread is None:
         spread = choice.spreads(m, n, 1)  # the K step never shrinks here: the fp8 operands' size
+    if conv is not None and not (spread and takes_conv(conv, n, choice.spread_tiles(m))):
+        return conv_after(product(q, q_scales, data, scale_inv, dtype, spread, choice), conv)
     common = (m, n, k, q.stride(0), q_scales.stride(0), data.stride(0), scale_inv.stride(0),
               scale_inv.stride(1))
     options = {"EXACT_CAST": INTERPRETED, **OPTIONS, **pdl.options(q.device)}
@@ -294,9 +327,21 @@ def product(q: torch.Tensor, q_scales: torch.Tensor, data: torch.Tensor, scale_i
     one = choice.segments == 1
     partials = out if one else torch.empty(choice.segments, m, n, dtype=torch.float32, device=q.device)
     counters = runtime.counters("fp8_gemm.spread", COUNTERS, q.device)
+    width, convolved = 2, (data, out, out, 0)  # stand-ins without a conv, never read
+    if conv is not None:
+        width = conv1d.checked_width(conv.weight.shape[0], dtype, conv.weight, conv.tails, conv.tail_at, m)
+        convolved = (conv.weight.contiguous(), conv.tails, conv.tail_at, conv.weight.shape[0])
     _spread[(*grid, choice.segments)](q, q_scales, data, scale_inv, partials, out, counters, *common,
                                       0 if one else partials.stride(0), 0 if one else partials.stride(1),
-                                      out.stride(0), choice.k_per_segment, SEGMENTS=choice.segments,
-                                      BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=BLOCK, num_warps=t.warps,
+                                      out.stride(0), choice.k_per_segment, *convolved,
+                                      SEGMENTS=choice.segments, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+                                      BLOCK_K=BLOCK, CONV=conv is not None, WIDTH=width, num_warps=t.warps,
                                       num_stages=t.stages, **options)
     return out
+
+
+def takes_conv(conv: Conv, n: int, tiles: Tiles) -> bool:
+    """Whether the spread form applies ``conv`` as it stores: its columns whole ``tiles``' column tiles
+    of the ``n`` columns, a width the epilogue reads at once (``gemm.CONV_WIDTH``)."""
+    channels = conv.weight.shape[0]
+    return channels <= n and channels % tiles.block_n == 0 and conv.weight.shape[-1] <= CONV_WIDTH

@@ -304,16 +304,16 @@ def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice:
                 TMA=described is not None, GROUP=GROUP_M, SWIGLU=forms_middle, PAIR=PAIR,
                 num_warps=whole.warps, num_stages=whole.stages, **pdl.options(x.device))
         out = swiglu_rows(out, paired=True) if swiglu and not forms_middle else out
-        return out if conv is None else _conv_after(out, conv)
+        return out if conv is None else conv_after(out, conv)
     if m == 0:
-        return out if conv is None else _conv_after(out, conv)
+        return out if conv is None else conv_after(out, conv)
     t = choice.spread_tiles(m)
     if swiglu and t.block_n % (2 * PAIR):
         raise ValueError(f"a {t.block_n}-column tile holds no whole gate|up pairs of {PAIR}")
     channels = 0 if conv is None else conv.weight.shape[0]
     if conv is not None and (swiglu or channels > n or channels % t.block_n or t.block_m > CONV_ROWS
                              or conv.weight.shape[-1] > CONV_WIDTH):
-        return _conv_after(_spread_product(x, w, out, choice, t, swiglu, None, early), conv)
+        return conv_after(_spread_product(x, w, out, choice, t, swiglu, None, early), conv)
     return _spread_product(x, w, out, choice, t, swiglu, conv, early)
 
 
@@ -342,7 +342,7 @@ def _spread_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, choice:
     return out
 
 
-def _conv_after(out: torch.Tensor, conv: Conv) -> torch.Tensor:
+def conv_after(out: torch.Tensor, conv: Conv) -> torch.Tensor:
     """``out`` with ``conv`` run over its first columns by ``tfd_kernels.conv1d.decode`` (same bits)."""
     channels = conv.weight.shape[0]
     out[:, :channels] = conv1d.decode(out[:, :channels], conv.weight, conv.tails, conv.tail_at)

@@ -269,9 +269,13 @@ ALIGNED = {"n", "k", "stride_xm", "stride_wn", "stride_om", "stride_pm", "k_per_
 FOUND = re.compile(r"\b(wgmma\.mma_async\S+|mma\.sync\S+|div\.[\w.]*f32|fma\.rn\.f32"
                    r"|cvt\.rn\.satfinite\.e4m3x2\.f32)")
 POINTERS = dict(w="*fp8e4nv", w_scales="*fp32", x_scales="*fp32", partials="*fp32", out="*bf16",
-                counters="*i32", q="*fp8e4nv", scales="*fp32")
-PRODUCTS = {"spread", "middle", "whole"}  # the products read e4m3 rows; quantize makes them from bf16 ones
-CASES = {"spread": (f._spread, f.SPREAD, dict(SEGMENTS=2)), "middle": (f._spread, f.MIDDLE, dict(SEGMENTS=1)),
+                counters="*i32", q="*fp8e4nv", scales="*fp32", conv_weight="*bf16", tails="*bf16",
+                tail_at="*i64")
+PRODUCTS = {"spread", "middle", "whole", "spread.conv"}  # they read e4m3 rows; quantize makes them
+PLAIN = dict(CONV=False, WIDTH=2)
+CASES = {"spread": (f._spread, f.SPREAD, dict(SEGMENTS=2, **PLAIN)),
+         "middle": (f._spread, f.MIDDLE, dict(SEGMENTS=1, **PLAIN)),
+         "spread.conv": (f._spread, f.SPREAD, dict(SEGMENTS=2, CONV=True, WIDTH=4)),
          "whole": (f._whole, f.WHOLE, dict(ONE_SEGMENT=False, GROUP=f.GROUP_M)),
          "quantize": (f._quantize, None, dict(BLOCK_M=f.QUANTIZE_ROWS))}
 result = {}
@@ -293,7 +297,7 @@ json.dump(result, sys.stdout)
 """
 
 
-PRODUCTS = {"spread", "middle", "whole"}  # as HOPPER_SCRIPT's
+PRODUCTS = {"spread", "middle", "whole", "spread.conv"}  # as HOPPER_SCRIPT's
 
 
 def test_the_kernels_compile_for_hopper_with_the_numerics_they_claim(tmp_path: Path) -> None:
@@ -301,7 +305,8 @@ def test_the_kernels_compile_for_hopper_with_the_numerics_they_claim(tmp_path: P
     # and where the device's numerics are read: every product a warp group's fp8 wgmma (the same
     # instructions for every tile) and no division; the quantization's correctly rounded divisions
     # (never div.full) and the hardware's round-to-nearest e4m3 conversion; nowhere a fused
-    # multiply-add (a product rounds before its add).
+    # multiply-add (a product rounds before its add) but the GDN conv's taps in the projection's epilogue,
+    # explicit there as conv1d's contracted ones are.
     compiled = compiled_for_hopper(["-c", HOPPER_SCRIPT], tmp_path, [Path(__file__).parent])
     assert not [case for case in compiled.values() if "error" in case], compiled
     for name, found in compiled.items():
@@ -309,11 +314,14 @@ def test_the_kernels_compile_for_hopper_with_the_numerics_they_claim(tmp_path: P
         if name in PRODUCTS:  # wgmma.mma_async...e4m3.e4m3 alone, never mma.sync, and nothing divided
             assert products, found
             assert all(op.startswith("wgmma") and op.endswith("e4m3.e4m3") for op in products), found
-            assert not [op for op in found if op.startswith("div.")], (name, found)
+            # but the conv's SiLU, a division as conv1d's own (div.full.f32 in both)
+            divisions = {op for op in found if op.startswith("div.")}
+            assert divisions == ({"div.full.f32"} if name == "spread.conv" else set()), (name, found)
         else:
             assert found.get("div.rn.f32") and found.get("cvt.rn.satfinite.e4m3x2.f32"), (name, found)
             assert not [op for op in found if op.startswith("div.") and op != "div.rn.f32"], (name, found)
-        assert "fma.rn.f32" not in found, (name, found)
+        # a 64 x 64 tile over 128 threads: 32 elements a thread, four taps each
+        assert found.get("fma.rn.f32", 0) == (128 if name == "spread.conv" else 0), (name, found)
 
 
 @pytest.mark.gpu

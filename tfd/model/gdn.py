@@ -13,9 +13,9 @@ import attrs
 import torch
 
 from tfd.model import GDN_CHUNK
-from tfd.model.fp8 import Weight
+from tfd.model.fp8 import Fp8Weight, Joined, Weight
 from tfd.model.memory import PromptLanes
-from tfd.model.ops import Input, gated_rms_into, l2norm, linear, sigmoid, softplus, values_of
+from tfd.model.ops import Input, fp8_linear, gated_rms_into, l2norm, linear, sigmoid, softplus, values_of
 from tfd_kernels import conv1d, gdn_decode, gdn_gates, gdn_prefill, gdn_reference, gemm
 
 CHUNK = GDN_CHUNK
@@ -150,10 +150,8 @@ def gdn_rows(w: GdnWeights, x: Input, states: torch.Tensor, state_at: torch.Tens
         if isinstance(w.proj, torch.Tensor):
             projected = gemm.matmul(values_of(x), w.proj, conv=gemm.Conv(w.conv, tails, tail_at), early=True)
             mixed, z, b, a = split_projection(w, projected)
-        else:  # FP8 (or joined) products have no conv of their own: conv1d.decode after (the same bits),
-            # its output the rule's input as it is rather than copied back into the projection
-            mixed, z, b, a = split_projection(w, linear(x, w.proj))
-            mixed = conv1d.decode(mixed, w.conv, tails, tail_at)
+        else:
+            mixed, z, b, a = _fp8_projected(w, x, tails, tail_at)
         q, k, v = split_heads(w, mixed)
         out = gdn_decode.decode_gated(q, k, v, b, a, w.a_log, w.dt_bias, states, state_at, w.key_dim ** -0.5)
         return finish(w, out, z)
@@ -161,6 +159,22 @@ def gdn_rows(w: GdnWeights, x: Input, states: torch.Tensor, state_at: torch.Tens
     q, k, v = split_heads(w, conv1d.reference(p.mixed, w.conv, tails, tail_at))
     out = gdn_reference.reference(q, k, v, p.g, p.beta, states, state_at, w.key_dim ** -0.5)
     return finish(w, out, p.z)
+
+
+def _fp8_projected(w: GdnWeights, x: Input, tails: torch.Tensor, tail_at: torch.Tensor
+                   ) -> tuple[torch.Tensor, ...]:
+    """An FP8 (or joined) GDN projection of decode rows, split, its conv columns convolved
+    (``conv1d.decode``'s bits): in the FP8 product's store where its first part holds them (Qwen3.5's
+    qkv|z beside the float b|a), else after the product, on the conv columns as they are."""
+    channels = w.conv.shape[0]
+    parts = w.proj.parts if isinstance(w.proj, Joined) else (w.proj,)
+    first = parts[0]
+    if isinstance(first, Fp8Weight) and first.shape[0] >= channels:
+        head = fp8_linear(x, first, gemm.Conv(w.conv, tails, tail_at))
+        rest = [linear(x, part) for part in parts[1:]]
+        return split_projection(w, torch.cat([head, *rest], dim=-1) if rest else head)
+    mixed, z, b, a = split_projection(w, linear(x, w.proj))  # picked rows: the conv's columns come after
+    return conv1d.decode(mixed, w.conv, tails, tail_at), z, b, a
 
 
 def recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

@@ -67,19 +67,25 @@ def linear(x: Input, weight: Weight, early: bool = False) -> torch.Tensor:
         return torch.cat([linear(x, part, early) for part in weight.parts], dim=-1)
     if isinstance(weight, Rows):  # the stored weight's product, its columns picked after (same bits a row)
         return linear(x, weight.weight)[:, weight.rows]
-    if isinstance(x, Fp8Rows):
-        if isinstance(weight, Fp8Weight):
-            made: torch.Tensor = fp8_gemm.product(x.q, x.scales, weight.data, weight.scale_inv,
-                                                  x.values.dtype)
-            return made
-        x = x.values
     if isinstance(weight, Fp8Weight):
-        return fp8_gemm.matmul(x, weight.data, weight.scale_inv) if x.is_cuda else fp8.linear(x, weight)
+        return fp8_linear(x, weight) if values_of(x).is_cuda else fp8.linear(values_of(x), weight)
+    x = values_of(x)
     if x.is_cuda:
         return gemm.matmul(x, weight, early=early)
     if x.shape[0] == 1:
         return F.linear(x, weight)
     return torch.cat([F.linear(row, weight) for row in torch.split(x, 1)])
+
+
+def fp8_linear(x: Input, weight: Fp8Weight, conv: gemm.Conv | None = None) -> torch.Tensor:
+    """``linear`` of a block-wise FP8 weight on CUDA (``tfd_kernels.fp8_gemm``), from ``Fp8Rows`` without
+    quantizing again; ``conv``: the GDN projection's conv over the first columns (``fp8_gemm.product``'s)."""
+    if isinstance(x, Fp8Rows):
+        made: torch.Tensor = fp8_gemm.product(x.q, x.scales, weight.data, weight.scale_inv, x.values.dtype,
+                                              conv=conv)
+        return made
+    found: torch.Tensor = fp8_gemm.matmul(x, weight.data, weight.scale_inv, conv=conv)
+    return found
 
 
 def row_sums(x: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,8 @@ done
 left=$(( ${LIMIT:-480} - 20 - $(el) ))
 if [ $left -gt 60 ]; then
   TMPDIR=$PWD/.devcache timeout $left python -m pytest -q -m gpu -n 4 -p no:cacheprovider -p no:benchmark \
-    -W ignore::DeprecationWarning tests/model/test_fp8_rows_gpu.py tests/kernels/test_fp8_gemm.py > $R/gpu-tests.txt 2>&1
+    -W ignore::DeprecationWarning tests/model/test_fp8_rows_gpu.py tests/kernels/test_fp8_conv.py \
+    tests/kernels/test_fp8_gemm.py > $R/gpu-tests.txt 2>&1
   echo "gpu tests rc=$? t=$(el)"; tail -3 $R/gpu-tests.txt | cut -c1-200
 fi
 cd $OUT && tar czf r.tgz r && rm -rf r
