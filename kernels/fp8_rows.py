@@ -1,7 +1,7 @@
 """Rows quantized where they are made: a kernel that writes a block of rows a block-wise FP8 product reads
-next (a norm, SwiGLU's middle, the GDN output norm) writes them a second time as that product reads them,
-so the product skips ``tfd_kernels.fp8_gemm.quantize``'s launch (a decode step of the 9B ran 132 of them,
-2-6 us each on the H100, beside products of 10-40 us).
+next (a norm, SwiGLU's middle, the GDN output norm, attention decode's merge) writes them a second time as
+that product reads them, so the product skips ``tfd_kernels.fp8_gemm.quantize``'s launch (a decode step
+of the 9B ran 132 of them, 2-6 us each on the H100, beside products of 10-40 us).
 
 The bits are ``quantize``'s: the values are the ones the kernel stores in the model dtype, widened back
 to fp32, and quantized in 128-wide groups by the same code (``quantize_tile``, which
