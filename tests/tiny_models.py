@@ -325,3 +325,25 @@ def fp8_copy(source: Path, directory: Path, converted: Callable[[str], bool] | N
     say_quantized(directory, quantization)
     return {name: quantized[name].dequantized(torch.float32) if name in quantized else tensors[name]
             for name in stored}
+
+
+# transformers' quantization_config as Qwen's -FP8 releases write it (what they keep in bf16 named)
+RELEASED_FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                "weight_block_size": [128, 128],
+                "modules_to_not_convert": ["lm_head", "embed_tokens", "ngram_embedding", "mlp.gate",
+                                           "mlp.shared_expert_gate", "in_proj_b", "in_proj_a", "in_proj_ba"]}
+
+
+def save_released_fp8(family: str, root: Path, aligned: bool = False) -> Path:
+    """The family's tiny checkpoint with an MTP head in the -FP8 releases' format, built once under
+    ``root``'s ``tiny-fp8`` (its float source under ``tiny-plain``, made only when the FP8 one is not
+    there: the device, which has no transformers, is carried the FP8 ones). ``aligned``: heads of 128 and
+    inner widths of 256 (every half whole blocks); else the tiny dims, experts of 128."""
+    inner = 256 if aligned else 128
+    name = f"{family}-experts-{inner}-head" + ("-aligned" if aligned else "")
+
+    def fill(staging: Path) -> None:
+        source = save(family, root / "tiny-plain", head=True, expert_inner=inner, aligned=aligned)
+        fp8_copy(source, staging, None, RELEASED_FP8, fuse=False)
+
+    return build_once(root / "tiny-fp8" / name, "config.json", fill)

@@ -16,7 +16,6 @@ from reference_loop import LanePool
 from support import CACHE
 from tfd.bench.workload import drive
 from tfd.checkpoint import Checkpoint
-from tfd.demo import build_once
 from tfd.engine.request import Request, Sampling
 from tfd.engine.runner import Drafting
 from tfd.families.hybrid import HybridModel, load_model
@@ -24,25 +23,13 @@ from tfd.model.fp8 import holds_fp8
 from tfd.model.memory import Span
 
 pytestmark = pytest.mark.gpu
-QUANTIZATION = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                "weight_block_size": [128, 128],
-                "modules_to_not_convert": ["lm_head", "embed_tokens", "ngram_embedding", "mlp.gate",
-                                           "mlp.shared_expert_gate", "in_proj_b", "in_proj_a", "in_proj_ba"]}
 PROMPT = tuple(range(3, 43))
 NEAR = 0.05  # RMS of (GPU - CPU) logits over the CPU's: bf16 activations and rounding against fp32
 
 
-def checkpoint_of(family: str) -> Path:
-    """The family's FP8 checkpoint, built once under the tests' cache (the device, which has no
-    transformers, is carried one built here: docs/bench/kit/README.md)."""
-    source = tiny_models.save(family, CACHE / "tiny-plain", head=True, expert_inner=128)
-    return build_once(CACHE / "tiny-fp8" / f"{family}-experts-128-head", "config.json",
-                      lambda staging: tiny_models.fp8_copy(source, staging, None, QUANTIZATION, fuse=False))
-
-
 @pytest.fixture(scope="module", params=tiny_models.FAMILIES)
 def checkpoint(request: pytest.FixtureRequest) -> Path:
-    return checkpoint_of(request.param)
+    return tiny_models.save_released_fp8(request.param, CACHE)
 
 
 def loaded(path: Path, device: str, dtype: torch.dtype) -> HybridModel:

@@ -111,17 +111,12 @@ def test_only_the_counts_a_size_does_not_divide_are_named() -> None:
 
 
 def test_an_fp8_weight_splits_with_its_scales_in_whole_blocks_or_is_refused_by_name() -> None:
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "model"))
-    from test_tensor_parallel import fp8_checkpoint
-
-    unaligned = Checkpoint.open(fp8_checkpoint("qwen3_5", aligned=False))
+    unaligned = Checkpoint.open(tiny_models.save_released_fp8("qwen3_5", CACHE))
     with pytest.raises(CheckpointError, match=r"self_attn\.k_proj\.weight \[64, 64\] is FP8 and splits into "
                                               r"shares of 32 along dimension 0, not whole 128-wide"):
         load_model(unaligned, "cpu", torch.float32, progress=False, parallel=Parallel(0, 2))
     assert load_model(unaligned, "cpu", torch.float32, progress=False, parallel=Parallel(0, 1)).cfg.heads == 4
-    opened = Checkpoint.open(fp8_checkpoint("qwen3_5", aligned=True))
+    opened = Checkpoint.open(tiny_models.save_released_fp8("qwen3_5", CACHE, aligned=True))
 
     def o_of(model: HybridModel) -> Fp8Weight:
         found = next(layer.mixer for layer in model.weights.layers

@@ -20,7 +20,6 @@ import tiny_models
 import torch
 
 from support import CACHE
-from tfd.demo import build_once
 
 RANK = Path(__file__).with_name("parallel_rank.py")
 RUN_S = 600  # every rank of a run: start, load a tiny checkpoint, a few short requests, on a busy machine
@@ -77,30 +76,9 @@ def test_a_split_the_key_value_heads_do_not_allow_is_refused_by_name(tmp_path: P
     assert "the 4 attention heads" not in found["refused"]  # 4 heads split into 4: not a reason
 
 
-# transformers' quantization_config for the -FP8 releases (as tests/families/test_fp8_gpu.py writes it)
-QUANTIZATION = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                "weight_block_size": [128, 128],
-                "modules_to_not_convert": ["lm_head", "embed_tokens", "ngram_embedding", "mlp.gate",
-                                           "mlp.shared_expert_gate", "in_proj_b", "in_proj_a", "in_proj_ba"]}
-
-
-def fp8_checkpoint(family: str, aligned: bool) -> Path:
-    """The family's tiny checkpoint with an MTP head in the -FP8 releases' format: ``aligned``, heads of
-    128 and inner widths of 256 (every half whole blocks); else the tiny dims (a key-value head's 32)."""
-    inner = 256 if aligned else 128
-    name = f"{family}-experts-{inner}-head" + ("-aligned" if aligned else "")
-
-    def fill(staging: Path) -> None:  # the float source only when the FP8 one is not there (the device)
-        source = tiny_models.save(family, CACHE / "tiny-plain", head=True, expert_inner=inner,
-                                  aligned=aligned)
-        tiny_models.fp8_copy(source, staging, None, QUANTIZATION, fuse=False)
-
-    return build_once(CACHE / "tiny-fp8" / name, "config.json", fill)
-
-
 @pytest.mark.parametrize("family", tiny_models.FAMILIES)
 def test_fp8_ranks_give_one_ranks_logits_and_keep_the_contract(family: str, tmp_path: Path) -> None:
-    checkpoint = fp8_checkpoint(family, aligned=True)
+    checkpoint = tiny_models.save_released_fp8(family, CACHE, aligned=True)
     one, split = ranks(checkpoint, 1, tmp_path / "one"), ranks(checkpoint, 2, tmp_path / "split")
     assert "refused" not in split and one["heads"] == split["heads"] * 2
     whole, parts = torch.tensor(one["logits"]), torch.tensor(split["logits"])
@@ -115,7 +93,7 @@ def test_fp8_ranks_give_one_ranks_logits_and_keep_the_contract(family: str, tmp_
 
 
 def test_an_fp8_split_that_cuts_a_scale_block_is_refused_naming_the_weight(tmp_path: Path) -> None:
-    found = ranks(fp8_checkpoint("qwen3_5", aligned=False), 2, tmp_path)
+    found = ranks(tiny_models.save_released_fp8("qwen3_5", CACHE), 2, tmp_path)
     assert "TF_TENSOR_PARALLEL=2: model.layers.N.self_attn.k_proj.weight [64, 64] is FP8 and splits into " \
         "shares of 32 along dimension 0, not whole 128-wide scale blocks" in found["refused"]
     assert "q_proj" not in found["refused"]  # 4 heads of 32 with their gates: 256 rows, halves of 128

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import tiny_models
 import torch
-from test_tensor_parallel import fp8_checkpoint, ranks
+from test_tensor_parallel import ranks
 
 from support import CACHE
 
@@ -30,7 +30,7 @@ def test_on_one_card_two_ranks_give_one_ranks_tokens_and_keep_the_contract(famil
                                                                            tmp_path: Path) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    checkpoint = fp8_checkpoint(family, aligned=True) if fp8 else \
+    checkpoint = tiny_models.save_released_fp8(family, CACHE, aligned=True) if fp8 else \
         tiny_models.save(family, CACHE / "tiny-plain", head=True, expert_inner=128)  # carried
     one = ranks(checkpoint, 1, tmp_path / "one", device="cuda")
     split = ranks(checkpoint, 2, tmp_path / "split", device="cuda")

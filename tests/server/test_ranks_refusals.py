@@ -5,17 +5,14 @@ whole blocks; on CUDA, a card named, more ranks than cards, experts placed whole
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
+import tiny_models
 import torch
 
+from support import CACHE
 from tfd.env import Table
 from tfd.server.ranks import card_environ, refusals
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "model"))
-from test_tensor_parallel import fp8_checkpoint
 
 TABLE = Table.load()
 
@@ -25,13 +22,14 @@ def refused(environ: dict[str, str], device: str, size: int) -> list[str]:
 
 
 def test_an_fp8_checkpoint_splits_where_its_shares_are_whole_scale_blocks() -> None:
-    unaligned = {"TF_MODEL": str(fp8_checkpoint("qwen3_5", aligned=False))}
+    unaligned = {"TF_MODEL": str(tiny_models.save_released_fp8("qwen3_5", CACHE))}
     assert refused(unaligned, "cpu", 1) == []
     found = refused(unaligned, "cpu", 2)
     assert "TF_TENSOR_PARALLEL=2: model.layers.N.self_attn.k_proj.weight [64, 64] is FP8 and splits into " \
         "shares of 32 along dimension 0, not whole 128-wide scale blocks" in found
     assert not any("q_proj" in problem for problem in found)  # its 256 rows halve into whole blocks
-    assert refused({"TF_MODEL": str(fp8_checkpoint("qwen3_5", aligned=True))}, "cpu", 2) == []
+    aligned = {"TF_MODEL": str(tiny_models.save_released_fp8("qwen3_5", CACHE, aligned=True))}
+    assert refused(aligned, "cpu", 2) == []
 
 
 def test_on_cuda_a_rank_takes_a_card_of_its_own() -> None:
