@@ -87,6 +87,16 @@ def empty_rows(rows: int, width: int, device: torch.device) -> tuple[torch.Tenso
             torch.empty(rows, triton.cdiv(width, BLOCK), dtype=torch.float32, device=device))
 
 
+def targets(rows: tuple[torch.Tensor, torch.Tensor] | None, count: int, width: int, stand_in: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where a producer writes its rows quantized: ``rows`` checked (``check_rows``, on ``stand_in``'s
+    device), or ``stand_in`` twice where it is asked for none (pointers its launch never reads)."""
+    if rows is None:
+        return stand_in, stand_in
+    check_rows(rows, count, width, stand_in.device)
+    return rows
+
+
 def check_rows(rows: tuple[torch.Tensor, torch.Tensor], count: int, width: int, device: torch.device) -> None:
     """ValueError naming ``rows`` unless it is ``empty_rows(count, width, device)``'s kind of pair."""
     q, scales = rows

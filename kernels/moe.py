@@ -350,10 +350,10 @@ def _experts(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tensor
             tiles += 0 if shared is None else triton.cdiv(count, block_m)
         logits, normalise = choice if one_row and choice is not None else (x, False)  # read at one row only
         rows_x = x[first:first + count]
-        # FP8 gate/up tiles read x's rows quantized once: by the kernel that made them, or here (stand-ins
-        # where float: never read)
-        xq, x_scales = (x, x) if not (routed_gate_up.fp8 or own_gate_up.fp8) else fp8_gemm.quantize(rows_x) \
-            if x_rows is None else (x_rows[0][first:first + count], x_rows[1][first:first + count])
+        xq, x_scales = x, x  # stand-ins where float: never read
+        if routed_gate_up.fp8 or own_gate_up.fp8:  # quantized once: by the kernel that made them, or here
+            xq, x_scales = fp8_gemm.quantize(rows_x) if x_rows is None else \
+                (x_rows[0][first:first + count], x_rows[1][first:first + count])
         _gate_up[_grid(tiles, triton.cdiv(width, gate_n), group)](
             rows_x, xq, x_scales, *routed_gate_up[:2], *own_gate_up[:2], h, tables.layout, tables.pair_at,
             pairs, top_k, n_experts, hidden, inner, shared_inner, width, x.stride(0),

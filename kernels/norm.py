@@ -71,12 +71,10 @@ def zrms(x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = 
     if rows is not None and (group is not None or not quantizes(x.shape[1])):
         raise ValueError(f"rows: a norm quantizes whole rows of a multiple of 128 columns, not {x.shape[1]}"
                          + (f" in groups of {group}" if group is not None else ""))
-    if rows is not None:
-        fp8_rows.check_rows(rows, x.shape[0], x.shape[1], x.device)
     out = torch.empty_like(x)
     block = triton.next_power_of_2(width)
     stride_wg = width if weight.shape[0] == x.shape[1] and group else 0
-    q, scales = rows if rows is not None else (out, out)
+    q, scales = fp8_rows.targets(rows, x.shape[0], x.shape[1], out)
     if x.shape[0]:
         _zrms[(x.shape[0], x.shape[1] // width)](
             x, weight, out, q, scales, width, x.stride(0), out.stride(0), stride_wg, q.stride(0),
@@ -158,11 +156,9 @@ def add_zrms(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: fl
                          "must be [rows, width], [rows, width] and [width]")
     if rows is not None and not quantizes(x.shape[1]):
         raise ValueError(f"rows: a norm quantizes whole rows of a multiple of 128 columns, not {x.shape[1]}")
-    if rows is not None:
-        fp8_rows.check_rows(rows, x.shape[0], x.shape[1], x.device)
     x, delta = x.contiguous(), delta.contiguous()
     total, out = torch.empty_like(x), torch.empty_like(x)
-    q, scales = rows if rows is not None else (out, out)
+    q, scales = fp8_rows.targets(rows, x.shape[0], x.shape[1], out)
     if x.shape[0]:
         block = triton.next_power_of_2(x.shape[1])
         _add_zrms[(x.shape[0],)](x, delta, total, out, weight, q, scales, x.shape[1], q.stride(0),
@@ -223,10 +219,8 @@ def gated_rms(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: fl
                          f"columns, not {x.shape[2]}")
     x, gate = _heads_packed(x), _heads_packed(gate)
     count, heads, width = x.shape
-    if rows is not None:
-        fp8_rows.check_rows(rows, count, heads * width, gate.device)
     out = torch.empty(count, heads, width, dtype=gate.dtype, device=gate.device)
-    q, scales = rows if rows is not None else (out, out)
+    q, scales = fp8_rows.targets(rows, count, heads * width, out)
     if count:
         _gated[(count, triton.cdiv(heads, GATED_HEADS))](
             x, gate, weight, out, q, scales, width, heads, x.stride(0), gate.stride(0), q.stride(0),

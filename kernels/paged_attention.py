@@ -340,11 +340,9 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_t
         SHORT_KEYS=SHORT_KEYS, SEG=segment, WIDEN=INTERPRETED, FIRST=LOADS_FIRST,
         **_decode_config(head_dim, short), **pdl.options(q.device))
     gates = out if gate is None else gate  # not read without GATED
-    if rows is not None:
-        if not quantizes(head_dim):
-            raise ValueError(f"rows: heads of {head_dim} are not whole 128-wide groups")
-        fp8_rows.check_rows(rows, lanes, heads * head_dim, out.device)
-    codes, scales = rows if rows is not None else (out, out)
+    if rows is not None and not quantizes(head_dim):
+        raise ValueError(f"rows: heads of {head_dim} are not whole 128-wide groups")
+    codes, scales = fp8_rows.targets(rows, lanes, heads * head_dim, out)
     _decode_merge[(lanes, heads)](partials, lengths, out, gates, codes, scales, max_keys,
                                   *partials.stride()[:3], *out.stride(), gates.stride(0), gates.stride(1),
                                   codes.stride(0), scales.stride(0), HEAD_DIM=head_dim, SHORT=short,

@@ -63,10 +63,8 @@ def swiglu(h: torch.Tensor, paired: bool = False, rows: tuple[torch.Tensor, torc
         raise ValueError(f"h must be [rows, 2 * inner] with unit column stride and {want}columns, "
                          f"got {list(h.shape)}")
     count, inner = h.shape[0], h.shape[1] // 2
-    if rows is not None:
-        fp8_rows.check_rows(rows, count, inner, h.device)
     out = torch.empty(count, inner, dtype=h.dtype, device=h.device)
-    q, scales = rows if rows is not None else (out, out)
+    q, scales = fp8_rows.targets(rows, count, inner, out)
     if count:
         _swiglu[(count, triton.cdiv(inner, BLOCK))](
             h, out, q, scales, inner, h.stride(0), out.stride(0), q.stride(0), scales.stride(0), BLOCK=BLOCK,
