@@ -26,14 +26,6 @@ starts() {  # $1: label, $2: starts; the command after; TF_ settings come from t
   echo "$label:$digests"
 }
 starts default 10 python $KIT/probe_parts_serve.py
-python - <<'PY'  # the parts of the probe's state whose digest is not the same at every start
-import glob, re, collections
-seen = collections.defaultdict(set)
-for log in sorted(glob.glob("/tmp/s-default-*.log")):
-    for name, digest in re.findall(r"probe part (.+) ([0-9a-f]{12})$", open(log).read(), re.M):
-        seen[name].add(digest)
-moved = [name for name, digests in seen.items() if len(digests) > 1]
-print(f"parts that moved: {len(moved)} of {len(seen)}: {moved[:40]}")
-PY
+python $KIT/parts_moved.py /tmp/s-default-*.log  # the probe state's parts that moved between starts
 TF_CUDA_GRAPHS=0 starts no-graphs 4 tfd
 cd $OUT && tar czf r.tgz r && rm -rf r

@@ -24,15 +24,7 @@ starts() {  # $1: label; the rest: the command
 parts() { exec python $KIT/probe_parts_serve.py "$@"; }
 export -f nopdl parts; export KIT
 starts default parts
-python - <<'PY'  # the parts of the probe's state whose digest is not the same at every start
-import glob, re, collections
-seen = collections.defaultdict(set)
-for log in sorted(glob.glob("/tmp/s-default-*.log")):
-    for name, digest in re.findall(r"probe part (.+) ([0-9a-f]{12})$", open(log).read(), re.M):
-        seen[name].add(digest)
-moved = [name for name, digests in seen.items() if len(digests) > 1]
-print(f"parts that moved: {len(moved)} of {len(seen)}: {moved[:20]}")
-PY
+python $KIT/parts_moved.py /tmp/s-default-*.log  # the probe state's parts that moved between starts
 TF_WARM_UP=short starts warm-up-short tfd
 TF_CUDA_GRAPHS=0 starts no-graphs tfd
 TF_DRAFTS=0 starts no-drafts tfd
