@@ -118,8 +118,10 @@ def _span(query, k_cache, v_cache, page_table, lane, kv_head, dims, limit, first
     return m_i, l_i, acc
 
 
-# counts that vary call by call are not specialized on (1, multiples of 16): one variant meets them all
-@triton.jit(do_not_specialize=["max_keys", "spans"])
+# counts that vary call by call are not specialized on (1, multiples of 16): one variant meets them all; so
+# the page table's row stride (its width follows the step's longest lane) and the partials' span stride (the
+# step's rows): the H100's demo compiled a variant of an odd width while serving (2026-12-05)
+@triton.jit(do_not_specialize=["max_keys", "spans", "stride_tb", "stride_ps"])
 def _prefill_tile(q, k_cache, v_cache, page_table, starts, cu_seqlens, out, partials, scale_log2, max_keys,
                   spans,
                   stride_qt, stride_qh, stride_qd, stride_kp, stride_ks, stride_kh, stride_kd,
@@ -167,7 +169,7 @@ def _prefill_tile(q, k_cache, v_cache, page_table, starts, cu_seqlens, out, part
 
 
 # counts that vary call by call are not specialized on (1, multiples of 16): one variant meets them all
-@triton.jit(do_not_specialize=["max_keys"])
+@triton.jit(do_not_specialize=["max_keys", "stride_ps"])
 def _prefill_merge(starts, cu_seqlens, out, partials, max_keys, stride_ot, stride_oh, stride_od,
                    stride_ps, stride_pt, stride_ph, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                    HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, SPAN: tl.constexpr, M: tl.constexpr,

@@ -37,8 +37,11 @@ BLOCK = 2048  # tokens a step of a program's loop
 SLICE = 2048
 
 
-# counts that vary call by call are not specialized on (1, multiples of 16): one variant meets them all
-@triton.jit(do_not_specialize=["offset"])
+# counts that vary call by call are not specialized on (1, multiples of 16): one variant meets them all; nor
+# is the 16-byte alignment of the per-row fields, rows of a packed [fields, rows] tensor (aligned as the rows
+# are even or odd: the H100's demo compiled two variants while serving, 2026-12-05)
+@triton.jit(do_not_specialize=["offset"],
+            do_not_specialize_on_alignment=["temperature", "seeds", "positions"])
 def _slice_best(logits, temperature, seeds, positions, offset, best_score, best_id, vocab, row_stride, slices,
                 allowed, words, SEED_MIX: tl.constexpr, POSITION_MIX: tl.constexpr, TOKEN_MIX: tl.constexpr,
                 M1: tl.constexpr, M2: tl.constexpr, BLOCK: tl.constexpr, SLICE: tl.constexpr,
@@ -77,7 +80,7 @@ def _slice_best(logits, temperature, seeds, positions, offset, best_score, best_
     tl.store(best_id + row * slices + part, best_at)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["out", "out_rows"])  # a row of a feed, or of a packed field
 def _row_best(best_score, best_id, out, out_rows, slices, BLOCK: tl.constexpr, ROWS: tl.constexpr,
               PDL: tl.constexpr):
     pdl.wait(PDL)

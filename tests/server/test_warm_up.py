@@ -10,6 +10,7 @@ from tfd.engine.config import Limits
 from tfd.engine.request import Request
 from tfd.engine.sampling import drawn_by_step
 from tfd.server.warm_up import GEMM_CLASSES, LONG, NEW, RESUMED, TOGETHER, by_kernel, short, waves
+from tfd_kernels.block_choice import MOST_BLOCKS
 
 VOCAB = 4096
 
@@ -51,10 +52,28 @@ def test_with_pooled_keys_prompts_alone_meet_each_class_in_pooled_rows_too(ratio
     assert not all(classes_met(pooled_rows(1)))  # the prompts alone, unscaled, leave classes unmet
 
 
+@pytest.mark.parametrize("ratio", [2, 4])
+def test_with_pooled_keys_prompts_alone_meet_every_sorted_count_of_blocks(ratio: int) -> None:
+    """Sparse attention's choice sorts a prompt's complete blocks (its rows over the ratio) padded to
+    the next power of two, a variant each up to MOST_BLOCKS: a prompt ends in each, 512 among them
+    (the H100's Flash Next demo compiled that one while serving)."""
+    def sorted_counts(pooled: int, context: int = 1 << 20) -> set[int]:
+        rows = prompt_rows(waves(limits(context=context, step=32768), VOCAB, False, True, pooled))
+        return {1 << (r // ratio - 1).bit_length() for r in rows if r >= 2 * ratio}
+
+    every = {1 << k for k in range(1, MOST_BLOCKS.bit_length())}
+    assert MOST_BLOCKS == 8192 and 512 in every
+    assert every <= sorted_counts(ratio)
+    assert not every <= sorted_counts(1)  # without an indexer's prompts the counts are left unmet
+    # as far as the context allows: the first power of two past it is not sent
+    short_of = sorted_counts(ratio, context=1024 * ratio + NEW)
+    assert 1024 in short_of and 2048 not in short_of
+
+
 def test_every_request_fits_the_context_and_no_wave_outnumbers_the_lanes() -> None:
     for context in (16, 64, 300, LONG + NEW - 1, LONG + NEW, LONG + RESUMED + NEW, 1 << 20):
-        for lanes in (1, 2, 16, 17, 256):
-            plan = waves(limits(context=context, lanes=lanes), VOCAB, drafting=True, cache=True)
+        for lanes, pooled in ((1, 1), (2, 4), (16, 1), (17, 4), (256, 1)):
+            plan = waves(limits(context=context, lanes=lanes), VOCAB, True, True, pooled)
             for wave in plan:
                 assert 1 <= len(wave) <= lanes
                 for request in wave:

@@ -11,7 +11,9 @@ rest (``waves``):
 1. prompts alone, one a step, whose rows are 1, a multiple of 16 and neither, in each of the GEMM's
    row classes (``GEMM_CLASSES``, its tiles' rows: the GEMM specializes on its rows), and a whole
    step of TF_STEP_TOKENS rows and past it; with sparse attention's pooled keys (Flash Next), whose
-   products take a prompt's rows over the compress ratio, those rows times the ratio too;
+   products take a prompt's rows over the compress ratio, those rows times the ratio too, and prompts
+   of every power of two of blocks up to ``block_choice.MOST_BLOCKS`` (its choice sorts a row's blocks
+   padded to the next power of two: a variant each);
 2. lanes together of different lengths, so steps mix prompt chunks with decode rows: as many lanes
    as the prompts alone have rows (the rows that draw a token are the lanes'), 3, and all the pool has;
 3. sampling with cuts (top-k, top-p, min-p), seeded temperature and logprobs, and under a grammar
@@ -37,6 +39,7 @@ from tfd.engine.config import Limits
 from tfd.engine.engine import Engine
 from tfd.engine.grammar import Grammar
 from tfd.engine.request import Finished, Request, Sampling
+from tfd_kernels.block_choice import MOST_BLOCKS
 from tfd_kernels.gemm_plan import FEW, MID, MIDDLE, SPREAD_ROWS
 
 log = logging.getLogger("tfd.warm_up")
@@ -80,8 +83,11 @@ def waves(limits: Limits, vocab: int, drafting: bool, cache: bool, pooled: int =
                        draft=draft, cache=cache, grammar=follows)
 
     scaled = {pooled * rows for rows in ALONE} if pooled > 1 else set()
-    alone = sorted({rows for rows in (*ALONE, *scaled, limits.step_tokens, limits.step_tokens + 17)
-                    if rows <= room})
+    # the choice of blocks sorts 2, 4, ... MOST_BLOCKS: a prompt of each many blocks (the H100's Flash Next
+    # demo compiled the 512's while serving, 2026-12-05: its prompts alone had ended at 64 and 2,048)
+    sorted_by = {pooled << k for k in range(1, MOST_BLOCKS.bit_length())} if pooled > 1 else set()
+    every = (*ALONE, *scaled, *sorted_by, limits.step_tokens, limits.step_tokens + 17)
+    alone = sorted({rows for rows in every if rows <= room})
     made += [[request(rows, start=rows)] for rows in alone]
     most = limits.max_lanes  # and every lane the pool has, and its largest multiple of 16
     for lanes in sorted({n for n in TOGETHER if n <= most} | {most, most // 16 * 16} - {0, 1}):
