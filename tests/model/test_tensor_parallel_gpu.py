@@ -1,9 +1,10 @@
 """Tensor parallel on one card: two ranks in processes of their own, both on the GPU over gloo (their sums
 through the host: NCCL takes no two ranks on one card), run the kernels' path on their shares, bf16,
 eagerly. What a machine of several GPUs adds (NCCL, its sums in the decode graphs) is not here; what
-the shares do to the kernels (half the heads, half of every inner width) is: one rank's logits within
-bf16's tolerance and its greedy tokens, and within the two ranks a lane alone draws what it draws
-beside others, drafted, and resumed from a kept state. FP8 checkpoints too (heads of 128, every share
+the shares do to the kernels (half the heads, half of every inner width) is: the two ranks' logits as
+near one rank's fp32 logits (on the CPU) as one rank's in bf16 are, one rank's greedy tokens, and
+within the two ranks a lane alone draws what it draws beside others, drafted, and resumed from a kept
+state. FP8 checkpoints too (heads of 128, every share
 whole scale blocks). Three families: the device has no transformers to write the tiny checkpoints, and
 what it is carried is bounded (``docs/bench/kit/tp_one_card.sh``); qwen3_5_moe's layers are qwen3_next's
 and qwen3_5's."""
@@ -20,8 +21,19 @@ from test_tensor_parallel import ranks
 from support import CACHE
 
 pytestmark = pytest.mark.gpu
-NEAR = 0.02  # the logits' largest difference over their largest magnitude: bf16 partials summed in fp32
+# the two ranks' error against fp32 at most this many times one rank's in bf16: their partials are rounded to
+# bf16 once more before the fp32 sum. Their largest difference from one rank's bf16 logits passed 2% of the
+# largest logit on the H100 (2026-12-05); the CPU in bf16 gives 2.3%, 11.8% and 1.5% (qwen3_5, qwen3_next,
+# qwen4_exp) where the mean error against fp32 is 2.1% for two ranks, 1.9% for one; 2.7%, 3.2%; 1.1%, 1.0%
+AS_NEAR = 1.5
+FLOOR = 0.01  # an error under 1% passes whatever one rank's was
 ON_CARD = ("qwen3_5", "qwen3_next", "qwen4_exp")
+
+
+def relative_error(got: list[list[float]], want: torch.Tensor) -> float:
+    """Mean over rows of |got - want| / |want| (L2 over the vocabulary)."""
+    rows = torch.tensor(got)
+    return float(((rows - want).norm(dim=-1) / want.norm(dim=-1)).mean())
 
 
 @pytest.mark.parametrize("fp8", [False, True])
@@ -32,11 +44,13 @@ def test_on_one_card_two_ranks_give_one_ranks_tokens_and_keep_the_contract(famil
         pytest.skip("needs a CUDA device")
     checkpoint = tiny_models.save_released_fp8(family, CACHE, aligned=True) if fp8 else \
         tiny_models.save(family, CACHE / "tiny-plain", head=True, expert_inner=128)  # carried
+    exact = torch.tensor(ranks(checkpoint, 1, tmp_path / "fp32")["logits"])  # one rank on the CPU, fp32
     one = ranks(checkpoint, 1, tmp_path / "one", device="cuda")
     split = ranks(checkpoint, 2, tmp_path / "split", device="cuda")
     assert one["heads"] == split["heads"] * 2
-    whole, parts = torch.tensor(one["logits"]), torch.tensor(split["logits"])
-    assert ((parts - whole).abs().max() / whole.abs().max()).item() < NEAR
+    whole, parts = relative_error(one["logits"], exact), relative_error(split["logits"], exact)
+    assert parts <= max(AS_NEAR * whole, FLOOR), \
+        f"two ranks err {parts:.4f} against fp32, one rank {whole:.4f}"
     assert split["alone"][0] == one["alone"][0]  # greedy, where the tiny models' margins are wide
     assert split["together"] == split["alone"] == split["drafted"] and split["verified"] > 0
     assert split["resumed"] == [split["alone"][2]] * 2 and split["cached"][0] == 0 < split["cached"][1]
