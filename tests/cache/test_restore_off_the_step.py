@@ -141,6 +141,10 @@ def test_other_lanes_step_while_a_lane_reads_its_state_back(model: HybridModel, 
     assert len(said) == 1
     assert said[0].startswith(f"request {resuming.request.id} resumed 128 tokens read back")
     assert float(said[0].split("read in ")[1].split(" s")[0]) >= held_s
+    # and before the read: queued for the engine, then taken in by its thread
+    queued_at, taken_at = (float(said[0].split(word)[1].split(" s")[0])
+                           for word in ("engine at ", "taken at "))
+    assert queued_at <= taken_at
     assert (tuple(resuming.generated), tuple(busy.generated)) == fresh
     assert held.pending == 0, f"expected 0, found {held.pending}"
     runner.pool.check_at_load()

@@ -18,6 +18,7 @@ import logging
 import math
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -63,6 +64,7 @@ class StepStats:
 @attrs.frozen
 class Submit:
     request: Request
+    posted: float = attrs.Factory(time.monotonic)  # when the trio side queued it
 
 
 @attrs.frozen
@@ -316,7 +318,7 @@ class Engine:
             self.lockstep.agree([shared for message in messages if (shared := _shared(message)) is not None])
         for message in messages:
             if isinstance(message, Submit):
-                self._add(message.request)
+                self._add(message.request, message.posted)
             elif isinstance(message, Cancel):
                 self._cancel(message.request_id)
             elif isinstance(message, Ask):
@@ -344,10 +346,12 @@ class Engine:
         if found is not None:
             found.cancel()
 
-    def _add(self, request: Request) -> None:
+    def _add(self, request: Request, posted: float | None = None) -> None:
         self._numbers += 1
         lane = Lane(self._numbers, request, Detokenizer(self.tokenizer, request.stop),
                     leader=None if request.after is None else self._lanes.get(request.after))
+        if posted is not None:  # a follower's lanes come through agree, not the inbox
+            lane.posted = posted
         self._lanes[request.id] = lane
         self.stepper.add(lane)
 

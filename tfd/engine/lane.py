@@ -12,6 +12,7 @@ the engine thread alone.
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -85,6 +86,8 @@ class Lane:
     prefixes: Prefixes = attrs.Factory(_prefixes, takes_self=True)  # the prompt as the cache names it
     leader: Lane | None = None  # the lane of ``request.after``, while it is the engine's
     grammar: Matcher | None = attrs.Factory(_matcher, takes_self=True)  # its place in its grammar
+    taken: float = attrs.Factory(time.monotonic)  # when the engine thread took it in (monotonic)
+    posted: float = attrs.Factory(time.monotonic)  # when the trio side queued it for the engine
 
     # -- what the lane is --------------------------------------------------------------------------
 

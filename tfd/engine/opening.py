@@ -120,9 +120,10 @@ class Opener:
             started.append(lane)
             # where a resumed turn's first token waits: before its read, the read, after it
             ended, arrived = restoring.ended or restoring.began, lane.request.arrived or restoring.began
-            log.info("request %s resumed %d tokens read back: asked for %.3f s after it arrived, read in "
-                     "%.3f s, in the step %.3f s after", lane.request.id, at, restoring.began - arrived,
-                     ended - restoring.began, time.monotonic() - ended)
+            log.info("request %s resumed %d tokens read back: asked for %.3f s after it arrived (queued for "
+                     "the engine at %.3f s, taken at %.3f s), read in %.3f s, in the step %.3f s after",
+                     lane.request.id, at, restoring.began - arrived, lane.posted - arrived,
+                     lane.taken - arrived, ended - restoring.began, time.monotonic() - ended)
         return started, failed
 
     def _ended_reads(self) -> list[tuple[Lane, bool]]:
