@@ -81,6 +81,12 @@ FP8_M = 64
 # rows 234.5 against 235.7 us, a 230.7 us weight floor); the same bits for every pair tried.
 GATE_N, GATE_K, GATE_STAGES = 32, 128, 4
 DOWN_N, DOWN_K, DOWN_STAGES = 64, 128, 3
+# The same where any expert weights are FP8 (the K steps stay 128, a scale block: the same bits). An FP8 K
+# step moves half a bf16 step's bytes, and a step's time is mostly its wait: on the H100 the 35B-A3B's one-row
+# launch took 29.7 us a layer in FP8 against 30.7 in bf16 (2026-12-05). Unswept: bf16's until the device says
+# (tfd bench --dtype fp8 --variant s8=tfd_kernels.moe.FP8_GATE_STAGES=8 ..., docs/bench/kit/fp8_moe_sweep.sh).
+FP8_GATE_N, FP8_GATE_STAGES = GATE_N, GATE_STAGES
+FP8_DOWN_N, FP8_DOWN_STAGES = DOWN_N, DOWN_STAGES
 # Rows a pass takes at most: bounds the fp32 buffer (rows never interact). 8,192 rows of a prompt in one
 # pass read each expert's weights once for all of them: on the H200 8 x 1,024-token prefill took 226 ms
 # against 266 in passes of 2,048 (35B-A3B), 183 against 235 (Qwen3-Next-80B-A3B); 0.6 to 0.9 GB more buffer.
@@ -326,14 +332,18 @@ def _experts(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tensor
                        ids, weights, tables, tile_expert, gate, shared is not None, out,
                        None if residual is None or normed is None else
                        (residual.x.contiguous(), residual.weight, residual.eps, normed),
-                       {"block_m": FP8_M if fp8 else BLOCK_M, "gate_n": GATE_N, "gate_k": GATE_K,
-                        "down_n": DOWN_N, "down_k": DOWN_K, "stages": GATE_STAGES},
+                       {"block_m": FP8_M, "gate_n": FP8_GATE_N, "gate_k": GATE_K, "down_n": FP8_DOWN_N,
+                        "down_k": DOWN_K, "stages": FP8_GATE_STAGES} if fp8 else
+                       {"block_m": BLOCK_M, "gate_n": GATE_N, "gate_k": GATE_K, "down_n": DOWN_N,
+                        "down_k": DOWN_K, "stages": GATE_STAGES},
                        None if product is None else product[0], x_rows)
         return out, normed
     prompt = chunk * top_k >= PROMPT_PAIRS * n_experts
     block_m = FP8_M if fp8 else PROMPT_M if prompt else BLOCK_M
-    gate_n, gate_stages = (PROMPT_GATE_N, PROMPT_GATE_STAGES) if prompt else (GATE_N, GATE_STAGES)
-    down_n, down_stages = (PROMPT_DOWN_N, PROMPT_DOWN_STAGES) if prompt else (DOWN_N, DOWN_STAGES)
+    gate_n, gate_stages = (PROMPT_GATE_N, PROMPT_GATE_STAGES) if prompt else \
+        (FP8_GATE_N, FP8_GATE_STAGES) if fp8 else (GATE_N, GATE_STAGES)
+    down_n, down_stages = (PROMPT_DOWN_N, PROMPT_DOWN_STAGES) if prompt else \
+        (FP8_DOWN_N, FP8_DOWN_STAGES) if fp8 else (DOWN_N, DOWN_STAGES)
     group = PROMPT_GROUP if prompt else 0
     for first in range(0, rows, ROW_CHUNK):
         count = min(ROW_CHUNK, rows - first)

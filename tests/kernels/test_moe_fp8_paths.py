@@ -173,3 +173,27 @@ def test_wrong_fp8_weights_name_the_argument_and_field() -> None:
         moe.experts(x, (gate_up.data, gate_up.scale_inv), down, ids, weights)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"^gate_up must be \[8, 384, 64\] in torch\.bfloat16"):
         moe.experts(x, gate_up.data, down, ids, weights)  # fp8 data without its scales
+
+
+@pytest.mark.parametrize(("gate_n", "down_n"), [(64, 128), (16, 32)])
+def test_fp8_decode_tiles_of_other_widths_give_the_same_bits(monkeypatch: pytest.MonkeyPatch, gate_n: int,
+                                                           down_n: int) -> None:
+    """The FP8 decode and one-row column tiles (``moe.FP8_GATE_N``, ``FP8_DOWN_N``: what a sweep on the
+    device may choose) change no bits, in one launch and through the plan; the float tiles' constants
+    stay bf16's."""
+    x, gate_up, down, ids, weights, shared = fp8_inputs(5, 2, seed=21)
+    logits = router_product(5, 8, x.dtype, seed=21)
+    stream = residual_of(1, x.dtype, seed=21)
+
+    def both() -> tuple[torch.Tensor, ...]:
+        return (moe.experts(x, gate_up, down, ids, weights, shared),
+                *moe.routed_add_zrms(x[:1], gate_up, down, logits[:1, :8], 2, True,
+                                     gate_rows(shared, slice(1)), stream))
+
+    want = both()
+    monkeypatch.setattr(moe, "FP8_GATE_N", gate_n)
+    monkeypatch.setattr(moe, "FP8_DOWN_N", down_n)
+    monkeypatch.setattr(moe, "FP8_GATE_STAGES", 8)
+    got = both()
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert (moe.GATE_N, moe.DOWN_N) == (32, 64)
