@@ -2,7 +2,7 @@
 through the host: NCCL takes no two ranks on one card), run the kernels' path on their shares, bf16,
 eagerly. What a machine of several GPUs adds (NCCL, its sums in the decode graphs) is not here; what
 the shares do to the kernels (half the heads, half of every inner width) is: the two ranks' logits as
-near one rank's fp32 logits (on the CPU) as one rank's in bf16 are, one rank's greedy tokens, and
+near one rank's fp32 logits (on the CPU) as one rank's in bf16 are, one rank's first greedy tokens, and
 within the two ranks a lane alone draws what it draws beside others, drafted, and resumed from a kept
 state. FP8 checkpoints too (heads of 128, every share
 whole scale blocks). Three families: the device has no transformers to write the tiny checkpoints, and
@@ -51,6 +51,8 @@ def test_on_one_card_two_ranks_give_one_ranks_tokens_and_keep_the_contract(famil
     whole, parts = relative_error(one["logits"], exact), relative_error(split["logits"], exact)
     assert parts <= max(AS_NEAR * whole, FLOOR), \
         f"two ranks err {parts:.4f} against fp32, one rank {whole:.4f}"
-    assert split["alone"][0] == one["alone"][0]  # greedy, where the tiny models' margins are wide
+    # the greedy requests' first tokens, drawn from logits held near above: later ones may part where a step's
+    # top two are within bf16's reach of each other (the CPU in bf16 parts qwen3_5's at the seventh token)
+    assert [split["alone"][i][0] for i in (0, 2)] == [one["alone"][i][0] for i in (0, 2)]
     assert split["together"] == split["alone"] == split["drafted"] and split["verified"] > 0
     assert split["resumed"] == [split["alone"][2]] * 2 and split["cached"][0] == 0 < split["cached"][1]
