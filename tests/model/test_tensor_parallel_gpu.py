@@ -4,9 +4,8 @@ eagerly. What a machine of several GPUs adds (NCCL, its sums in the decode graph
 the shares do to the kernels (half the heads, half of every inner width) is: the two ranks' logits as
 near one rank's fp32 logits (on the CPU) as one rank's in bf16 are, one rank's first greedy tokens, and
 within the two ranks a lane alone draws what it draws beside others, drafted, and resumed from a kept
-state. FP8 checkpoints too (heads of 128, every share
-whole scale blocks). Three families: the device has no transformers to write the tiny checkpoints, and
-what it is carried is bounded (``docs/bench/kit/tp_one_card.sh``); qwen3_5_moe's layers are qwen3_next's
+state. FP8 checkpoints too (heads of 128, every share whole scale blocks). Three families: the device has
+no transformers to write the tiny checkpoints, and what it is carried is bounded (``docs/bench/kit/tp_one_card.sh``); qwen3_5_moe's layers are qwen3_next's
 and qwen3_5's."""
 
 from __future__ import annotations
