@@ -18,7 +18,8 @@ byte an element, fp32 scales a 128-wide block), and the plan's int32 tables (``t
 sized by shapes alone and for at most ``ROW_CHUNK`` rows (more rows take several passes).
 
 Launches: the plan (``tfd_kernels.moe_plan``: one launch at decode sizes, the router's choice included
-when called through ``routed``); ``_gate_up`` computes h for a tile of pairs sharing an expert; at
+when called through ``routed``); ``_gate_up`` (``tfd_kernels.moe_pairs``, as ``_down``) computes h for a
+tile of pairs sharing an expert; at
 one row through ``routed`` there is no plan launch: each ``_gate_up`` program makes the router's
 choice itself (``tfd_kernels.router.choice``, in the same warps as every other choice), takes the
 chosen expert of its tile's rank by id (the shared expert last) and writes what ``_down`` reads;
@@ -53,7 +54,6 @@ from __future__ import annotations
 
 import torch
 import triton
-import triton.language as tl
 
 from tfd_kernels import (
     fp8_gemm,
@@ -61,12 +61,12 @@ from tfd_kernels import (
     gemm,
     moe_fp8,
     moe_one,
+    moe_pairs,
     moe_plan,
     moe_sum,
     norm,
     pdl,
     router,
-    runtime,
 )
 from tfd_kernels.moe_args import Fp8Stack as Fp8Stack  # the launchers' FP8 weights, named here too
 from tfd_kernels.moe_args import Residual, Shared, Weights, check, check_residual, operand
@@ -114,84 +114,6 @@ ONE_ROW = True
 ONE_LAUNCH = True
 # One row through ``block_add_zrms``: the router's product in that launch too; off, a launch before.
 ROUTER_IN_LAUNCH = True
-
-
-@triton.jit
-def _tile_and_column(tiles, GROUP: tl.constexpr):
-    """This program's tile of pairs and column tile: the grid's two axes, or with ``GROUP`` one axis
-    in which GROUP tiles walk the columns together (their rows and their experts' weight tiles shared
-    through L2, as ``tfd_kernels.gemm``'s whole form groups row blocks)."""
-    if GROUP == 0:
-        return tl.program_id(0), tl.program_id(1)
-    return gemm.grouped(tl.program_id(0), tiles, tl.num_programs(0) // tiles, GROUP)
-
-
-# the grid's tiles follow the pairs of a call: one variant meets them all
-@triton.jit(do_not_specialize=["tiles", "count"])
-def _gate_up(x, xq, x_scales, gate_up, gate_scales, shared_gate_up, shared_scales, h, layout, pair_at, pairs,
-             top_k, experts, hidden, inner, shared_inner, width, stride_x, stride_ge, stride_gn, stride_sn,
-             logits, ids, weights, dest_at, tile_expert, tiles, count, BINS: tl.constexpr,
-             PRECISION: tl.constexpr, WIDEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             BLOCK_K: tl.constexpr, ONE_ROW: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr,
-             BLOCK_E: tl.constexpr, SLOTS: tl.constexpr, FP8: tl.constexpr, SHARED_FP8: tl.constexpr,
-             GROUP: tl.constexpr, PDL: tl.constexpr):
-    pdl.wait(PDL)
-    tile, column = _tile_and_column(tiles, GROUP)
-    if ONE_ROW:  # the choice made here, no plan launch before
-        expert, _ = moe_plan.chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts,
-                                         tile, column == 0, K, NORM, BLOCK_E, SLOTS, "")
-        first, stop = tile, tile + 1
-    else:
-        expert, first, stop = moe_plan.tile_of(layout, tile, BINS, BLOCK_M)
-    size = tl.where(expert == experts, shared_inner, inner)  # the expert's inner size
-    if (first >= stop) | (column * BLOCK_N >= size):  # past the last tile, or the expert's columns
-        return
-    q = first + tl.arange(0, BLOCK_M)
-    live = q < stop
-    # A routed pair's row from its pair index; the shared group holds one pair a row, in row order.
-    if ONE_ROW:
-        token = tl.zeros([BLOCK_M], tl.int32)
-    else:
-        at = tl.load(pair_at + q, mask=live & (q < pairs), other=0)
-        token = tl.where(q < pairs, at // top_k, q - pairs)
-    moe_fp8.gate_up_of(x, xq, x_scales, gate_up, gate_scales, shared_gate_up, shared_scales, expert, experts,
-                       stride_ge, stride_gn, stride_sn, inner, shared_inner, h, q, live, token, count, hidden,
-                       width, stride_x, column, PRECISION, WIDEN, BLOCK_M, BLOCK_N, BLOCK_K, FP8, SHARED_FP8)
-
-
-@triton.jit(do_not_specialize=["tiles"])
-def _down(h, hq, h_scales, down, down_scales, shared_down, shared_scales, buf, weights, layout, pair_at,
-          dest_at, pairs, experts, hidden, inner, shared_inner, width, stride_de, stride_dn, stride_sn,
-          tile_expert, gate, residual, total, normed, norm_weight, stride_g, eps, arrivals, tiles,
-          BINS: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr, BLOCK_M: tl.constexpr,
-          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_ROW: tl.constexpr, FINISH: tl.constexpr,
-          TOP_K: tl.constexpr, SHARED: tl.constexpr, HIDDEN_BLOCK: tl.constexpr, FP8: tl.constexpr,
-          SHARED_FP8: tl.constexpr, GROUP: tl.constexpr, PDL: tl.constexpr):
-    pdl.wait(PDL)
-    tile, column = _tile_and_column(tiles, GROUP)
-    if ONE_ROW:  # tile t is pair t, of the expert the first launch wrote
-        expert, first, stop = tl.load(tile_expert + tile), tile, tile + 1
-    else:
-        expert, first, stop = moe_plan.tile_of(layout, tile, BINS, BLOCK_M)
-    if first >= stop:
-        return
-    q = first + tl.arange(0, BLOCK_M)
-    live = q < stop
-    routed = live & (q < pairs)
-    # A shared pair weighs 1, and its buffer row is its grouped position: after every routed pair's.
-    weight = tl.load(weights + tl.load(pair_at + q, mask=routed, other=0), mask=routed, other=0.0)
-    weight = tl.where(q < pairs, weight.to(tl.float32), 1.0)
-    dest = tl.where(q < pairs, tl.load(dest_at + q, mask=routed, other=0), q)
-    moe_fp8.down_of(h, hq, h_scales, down, down_scales, shared_down, shared_scales, expert, experts,
-                    stride_de, stride_dn, stride_sn, inner, shared_inner, buf, q, live, stop, weight, dest,
-                    hidden, width, column, PRECISION, WIDEN, BLOCK_M, BLOCK_N, BLOCK_K, "", FP8, SHARED_FP8)
-    if FINISH:  # one row: the last program to finish does _combine_add_zrms' work, in its warps
-        tl.debug_barrier()  # every thread's part of the tile is written before it is counted
-        programs = tl.num_programs(0) * tl.num_programs(1)
-        if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == programs - 1:
-            moe_sum.combined_add_zrms(buf, gate, residual, total, normed, norm_weight, 0, pairs, hidden,
-                                      stride_g, eps, TOP_K, SHARED, HIDDEN_BLOCK, 0)
-            tl.atomic_xchg(arrivals, 0, sem="relaxed", scope="gpu")  # rearmed for the next call
 
 
 def routed(x: torch.Tensor, gate_up: Weights, down: Weights, logits: torch.Tensor, top_k: int,
@@ -364,7 +286,7 @@ def _experts(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tensor
         if routed_gate_up.fp8 or own_gate_up.fp8:  # quantized once: by the kernel that made them, or here
             xq, x_scales = fp8_gemm.quantize(rows_x) if x_rows is None else \
                 (x_rows[0][first:first + count], x_rows[1][first:first + count])
-        _gate_up[_grid(tiles, triton.cdiv(width, gate_n), group)](
+        moe_pairs._gate_up[moe_pairs.grid(tiles, triton.cdiv(width, gate_n), group)](
             rows_x, xq, x_scales, *routed_gate_up[:2], *own_gate_up[:2], h, tables.layout, tables.pair_at,
             pairs, top_k, n_experts, hidden, inner, shared_inner, width, x.stride(0),
             *routed_gate_up.data.stride()[:2], own_gate_up.data.stride(0), logits, chunk_ids, chunk_weights,
@@ -382,14 +304,14 @@ def _experts(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tensor
         held = residual if residual is not None else Residual(out, out[0], 0.0)  # not read unless finishing
         if quantize_h:  # routed pairs' middles (inner wide), then the shared pairs' (shared_inner)
             moe_fp8.quantize_middles(h, hq, h_scales, count * per_row, pairs, inner, shared_inner)
-        _down[_grid(tiles, triton.cdiv(hidden, down_n), group)](
+        moe_pairs._down[moe_pairs.grid(tiles, triton.cdiv(hidden, down_n), group)](
             h, hq, h_scales, *routed_down[:2], *own_down[:2], buf, chunk_weights, tables.layout,
             tables.pair_at, tables.dest_at, pairs, n_experts, hidden, inner, shared_inner, width,
             *routed_down.data.stride()[:2], own_down.data.stride(0), tile_expert, gate, held.x.contiguous(),
-            out, normed, held.weight, gate.stride(0), held.eps, _arrivals(x.device), tiles, BINS=bins,
-            PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=block_m, BLOCK_N=down_n, BLOCK_K=DOWN_K,
-            ONE_ROW=one_row, FINISH=finish, TOP_K=top_k, SHARED=shared is not None, HIDDEN_BLOCK=block,
-            FP8=routed_down.fp8, SHARED_FP8=own_down.fp8, GROUP=group,
+            out, normed, held.weight, gate.stride(0), held.eps, moe_pairs.arrivals(x.device), tiles,
+            BINS=bins, PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=block_m, BLOCK_N=down_n,
+            BLOCK_K=DOWN_K, ONE_ROW=one_row, FINISH=finish, TOP_K=top_k, SHARED=shared is not None,
+            HIDDEN_BLOCK=block, FP8=routed_down.fp8, SHARED_FP8=own_down.fp8, GROUP=group,
             num_warps=norm.warps(block) if finish else PROMPT_WARPS if prompt else 4,
             num_stages=down_stages, **pdl.options(x.device))
         if finish:
@@ -402,16 +324,6 @@ def _experts(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tensor
     if residual is not None:
         return norm.add_zrms(residual.x, out, residual.weight, residual.eps)
     return out, None
-
-
-def _grid(tiles: int, columns: int, group: int) -> tuple[int, ...]:
-    """An expert launch's grid: tiles by column tiles, or with ``group`` both on one axis."""
-    return (tiles * columns,) if group else (tiles, columns)
-
-
-def _arrivals(device: torch.device) -> torch.Tensor:
-    """The device's arrival counter of ``_down`` at one row (its last program rearms it)."""
-    return runtime.counters("moe.down", 1, device)
 
 
 def _expert(gate_up: torch.Tensor, down: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from moe_inputs import REAL, make, make_real, make_real_shared, make_shared, residual_of, router_product
 
-from tfd_kernels import gemm, moe, moe_one, norm, router
+from tfd_kernels import gemm, moe, moe_one, moe_pairs, norm, router
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -26,7 +26,7 @@ def test_the_block_added_to_the_residual_and_normalised_is_add_zrms_of_it(rows: 
     want = norm.add_zrms(residual.x, block, residual.weight, residual.eps)
     got = moe.routed_add_zrms(x, gate_up, down, logits[:, :8], top_k, True, shared, residual)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert not moe._arrivals(x.device).any()  # one row's last program rearmed the counter it finished on
+    assert not moe_pairs.arrivals(x.device).any()  # one row's last program rearmed the counter it finished on
 
 
 def test_one_row_gives_the_same_bits_in_its_own_launches_as_through_the_plans(

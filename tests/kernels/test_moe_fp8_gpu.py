@@ -21,7 +21,7 @@ HOPPER_SCRIPT = r"""
 import json, re, sys
 from triton.compiler import ASTSource
 from hopper_ptx import counted, signature
-from tfd_kernels import moe, moe_fp8, moe_one
+from tfd_kernels import moe, moe_fp8, moe_one, moe_pairs
 
 FOUND = re.compile(r"\b(wgmma\.mma_async\S+|mma\.sync\S+|div\.[\w.]*f32|fma\.rn\.f32|mul\.rn\.\S*f32"
                    r"|cvt\.rn\.satfinite\.e4m3x2\.f32)")
@@ -42,15 +42,15 @@ ONE = {**dict.fromkeys(("x", "h", "logits", "weights", "gate", "residual", "tota
        **dict.fromkeys(("x_scales", "h_scales"), F32),
        **dict.fromkeys(("xq", "hq", "gate_up", "down", "shared_gate_up", "shared_down"), FP8), "ids": "*i64"}
 CASES = {
-    "gate_up": (moe._gate_up, GATE_UP, {}, dict(COMMON, BLOCK_N=moe.GATE_N, BLOCK_K=moe.GATE_K,
+    "gate_up": (moe_pairs._gate_up, GATE_UP, {}, dict(COMMON, BLOCK_N=moe.FP8_GATE_N, BLOCK_K=moe.GATE_K,
                 ONE_ROW=False, K=8, NORM=True, BLOCK_E=256, SLOTS=8, SHARED_FP8=False),
                 dict(num_warps=4, num_stages=4)),
-    "down": (moe._down, DOWN, {"eps": "fp32"}, dict(COMMON, BLOCK_N=moe.DOWN_N, BLOCK_K=moe.DOWN_K,
+    "down": (moe_pairs._down, DOWN, {"eps": "fp32"}, dict(COMMON, BLOCK_N=moe.FP8_DOWN_N, BLOCK_K=moe.DOWN_K,
              ONE_ROW=False, FINISH=False, TOP_K=8, SHARED=True, HIDDEN_BLOCK=2048, SHARED_FP8=True),
              dict(num_warps=4, num_stages=3)),
     "one_row": (moe_one._one_row, ONE, {"eps": "fp32"}, dict(
         K=8, NORM=True, BLOCK_E=256, SLOTS=8, TILES=9, GATE_COLS=16, DOWN_COLS=32, PRECISION="tf32",
-        WIDEN=False, BLOCK_M=moe.FP8_M, GATE_N=moe.GATE_N, GATE_K=moe.GATE_K, DOWN_N=moe.DOWN_N,
+        WIDEN=False, BLOCK_M=moe.FP8_M, GATE_N=moe.FP8_GATE_N, GATE_K=moe.GATE_K, DOWN_N=moe.FP8_DOWN_N,
         DOWN_K=moe.DOWN_K, SHARED=True, ADD_NORM=True, HIDDEN_BLOCK=2048, COUNTERS=moe_one.READY,
         ROUTER_TILES=9, ROUTER_SEGMENTS=4, ROUTER_M=16, ROUTER_N=32, ROUTER_K=128, LOGITS_CACHE=".cg",
         SHARED_FIRST=True, DOWN_SHARED_FIRST=True, TAKE_CHOICE=True, PRELOAD=4, SPREAD=True,

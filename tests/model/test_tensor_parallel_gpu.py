@@ -5,8 +5,8 @@ the shares do to the kernels (half the heads, half of every inner width) is: the
 near one rank's fp32 logits (on the CPU) as one rank's in bf16 are, one rank's first greedy tokens, and
 within the two ranks a lane alone draws what it draws beside others, drafted, and resumed from a kept
 state. FP8 checkpoints too (heads of 128, every share whole scale blocks). Three families: the device has
-no transformers to write the tiny checkpoints, and what it is carried is bounded (``docs/bench/kit/tp_one_card.sh``); qwen3_5_moe's layers are qwen3_next's
-and qwen3_5's."""
+no transformers to write the tiny checkpoints, and what it is carried is bounded
+(``docs/bench/kit/tp_one_card.sh``); qwen3_5_moe's layers are qwen3_next's and qwen3_5's."""
 
 from __future__ import annotations
 
