@@ -20,8 +20,9 @@ sized by shapes alone and for at most ``ROW_CHUNK`` rows (more rows take several
 Launches: the plan (``tfd_kernels.moe_plan``: one launch at decode sizes, the router's choice included
 when called through ``routed``); ``_gate_up`` (``tfd_kernels.moe_pairs``, as ``_down``) computes h for a
 tile of pairs sharing an expert; at one row through ``routed`` there is no plan launch: each ``_gate_up``
-program makes the router's choice itself (``tfd_kernels.router.choice``, in the same warps as every other choice), takes the
-chosen expert of its tile's rank by id (the shared expert last) and writes what ``_down`` reads;
+program makes the router's choice itself (``tfd_kernels.router.choice``, in the same warps as every other
+choice), takes the chosen expert of its tile's rank by id (the shared expert last) and writes what
+``_down`` reads;
 ``_down`` multiplies h by the expert's down weight and the routing weight into the pair's buffer
 row, ranked by expert id within its row (the shared pairs' rows after all routed ones);
 ``tfd_kernels.moe_sum`` sums a row's ranks in order and adds the gated shared expert, or
