@@ -49,6 +49,14 @@ class Span:
         return self.start + self.length
 
 
+def even_columns(held: torch.Tensor) -> torch.Tensor:
+    """``held`` [fields, n] (8-byte elements) with a zero column more where n is odd: each field, a row
+    of it, then starts 16 bytes after the last one, so on the device every field is 16-byte aligned
+    whatever n is (Triton compiles a kernel for a pointer that is so and again for one that is not:
+    the step's row or lane count would pick between them while serving)."""
+    return torch.nn.functional.pad(held, (0, held.shape[1] % 2))
+
+
 def to_device(held: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host tensor on ``device``; on CUDA copied from pinned memory without waiting for the queued
     work (the caching host allocator keeps the pinned block until the copy is done)."""
@@ -146,9 +154,12 @@ class PromptLanes:
                 at = [element_offset(buffer, span.lane.pieces[f"{name}.{piece}"]) for span in spans]
                 per_lane.append([*at, 0])
         count = len(positions)
-        held = torch.cat([per_row.flatten(), torch.tensor(per_lane, dtype=torch.int64).flatten()])
-        packed = to_device(held, buffer.device)
-        rowwise, lanewise = packed[:4 * count].view(4, count), packed[4 * count:].view(-1, lanes + 1)
+        rows_held = even_columns(per_row)
+        lanes_held = even_columns(torch.tensor(per_lane, dtype=torch.int64))
+        packed = to_device(torch.cat([rows_held.flatten(), lanes_held.flatten()]), buffer.device)
+        row_width, lane_width = rows_held.shape[1], lanes_held.shape[1]
+        rowwise = packed[:4 * row_width].view(4, row_width)[:, :count]
+        lanewise = packed[4 * row_width:].view(-1, lane_width)[:, :lanes + 1]
         width = max(span.lane.page_table.shape[0] for span in spans)
         page_table = torch.stack([
             torch.nn.functional.pad(span.lane.page_table, (0, width - len(span.lane.page_table)),
