@@ -332,8 +332,8 @@ class Engine:
 
     def _apply_shared(self, item: Shared) -> None:
         """A message rank 0 shared, made here (another rank's engine)."""
-        if isinstance(item, Submitted):
-            self._add(item.request)
+        if isinstance(item, Submitted):  # shared through agree, not queued: taken as it is made
+            self._add(item.request, time.monotonic())
         elif isinstance(item, Cancelled):
             self._cancel(item.request_id)
         elif isinstance(item, Mirrored):
@@ -346,12 +346,11 @@ class Engine:
         if found is not None:
             found.cancel()
 
-    def _add(self, request: Request, posted: float | None = None) -> None:
+    def _add(self, request: Request, posted: float) -> None:
+        """A lane for ``request``, queued for this thread at ``posted`` (monotonic)."""
         self._numbers += 1
         lane = Lane(self._numbers, request, Detokenizer(self.tokenizer, request.stop),
-                    leader=None if request.after is None else self._lanes.get(request.after))
-        if posted is not None:  # a follower's lanes come through agree, not the inbox
-            lane.posted = posted
+                    leader=None if request.after is None else self._lanes.get(request.after), posted=posted)
         self._lanes[request.id] = lane
         self.stepper.add(lane)
 
