@@ -114,8 +114,9 @@ def product_only(q, scales, weight, out, choice, tiles):
                                q.stride(0), scales.stride(0), weight.data.stride(0), weight.scale_inv.stride(0),
                                weight.scale_inv.stride(1), 0 if one else partials.stride(0),
                                0 if one else partials.stride(1), out.stride(0), choice.k_per_segment,
+                               weight.data, out, out, 0,  # the conv's arguments: stand-ins, never read
                                SEGMENTS=choice.segments, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-                               BLOCK_K=128, num_warps=tiles.warps, num_stages=tiles.stages,
+                               BLOCK_K=128, CONV=False, WIDTH=2, num_warps=tiles.warps, num_stages=tiles.stages,
                                EXACT_CAST=INTERPRETED, **fp8_gemm.OPTIONS, **pdl.options(dev))
         return out
     return run
