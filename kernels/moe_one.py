@@ -46,9 +46,10 @@ import torch
 import triton
 import triton.language as tl
 
-from tfd_kernels import gemm, gemm_plan, moe_fp8, moe_plan, moe_sum, moe_tiles, norm, pdl, router, runtime
+from tfd_kernels import gemm_plan, moe_fp8, moe_plan, moe_sum, moe_tiles, norm, pdl, router, runtime
 from tfd_kernels.fp8_gemm import quantize
 from tfd_kernels.moe_args import Operand
+from tfd_kernels.moe_one_router import choice_of, logits_wait, router_early, router_tile
 from tfd_kernels.runtime import INTERPRETED
 
 READY = 64  # tiles of one launch at most: top_k routed experts and the shared one
@@ -89,82 +90,6 @@ QUANTIZE_M = 16
 
 
 @triton.jit
-def _router_early(w, program, n, k, k_per_segment, stride_w, live, TILES: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, STEP: tl.constexpr):
-    """K step ``STEP`` of a router program's weights (``tfd_kernels.gemm.weight_tile``), nothing read
-    unless ``live`` (a router program)."""
-    column, segment = program % TILES, program // TILES
-    cols = column * BLOCK_N + tl.arange(0, BLOCK_N)
-    start = segment * k_per_segment + STEP * BLOCK_K
-    return gemm.weight_tile(w, cols, tl.where(live, n, 0), k, start, stride_w, BLOCK_K)
-
-
-@triton.jit
-def _router_tile(x, w, partials, logits, counters, program, n, k, k_per_segment, stride_w, b0, b1,
-                 TILES: tl.constexpr, SEGMENTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, WIDEN: tl.constexpr, FROM_PARTIALS: tl.constexpr,
-                 EARLY: tl.constexpr):
-    """One program of the router's product at one row, as ``tfd_kernels.gemm``'s spread form computes
-    it (the same segments, tiles and order), its first ``EARLY`` K steps' weights ``b0``, ``b1``
-    loaded already: it stores its fp32 partial; with ``FROM_PARTIALS`` it counts it
-    (``counters[TILES + 1]``), else the last program of a tile stores the tile's logits and counts
-    the tile ready (``counters[TILES]``)."""
-    column, segment = program % TILES, program // TILES
-    rows = tl.arange(0, BLOCK_M)
-    cols = column * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = gemm.segment_sum_early(x, w, b0, b1, rows, cols, 1, n, k, segment * k_per_segment, k_per_segment,
-                                 0, stride_w, BLOCK_M, BLOCK_N, BLOCK_K, WIDEN, EARLY)
-    mask = (rows[:, None] < 1) & (cols[None, :] < n)
-    where = rows[:, None] * n + cols[None, :]
-    tl.store(partials + segment * n + where, acc, mask=mask)
-    tl.debug_barrier()  # every thread's part of the partial is written before it is counted
-    if FROM_PARTIALS:  # the choosing programs sum the partials: count them stored, nothing more
-        tl.atomic_add(counters + TILES + 1, 1, sem="release", scope="gpu")
-    elif tl.atomic_add(counters + column, 1, sem="acq_rel", scope="gpu") == SEGMENTS - 1:
-        total = gemm.summed(partials, n, where, mask, SEGMENTS).to(logits.dtype.element_ty)
-        tl.store(logits + where, total, mask=mask)
-        tl.debug_barrier()  # the tile's logits are stored before it counts ready
-        tl.atomic_xchg(counters + column, 0, sem="relaxed", scope="gpu")
-        tl.atomic_add(counters + TILES, 1, sem="release", scope="gpu")
-
-
-@triton.jit
-def _logits_wait(router_counters, ROUTER_TILES: tl.constexpr, SEGMENTS: tl.constexpr,
-                 FROM_PARTIALS: tl.constexpr):
-    """With the router's product in the launch, wait until every tile of the logits is stored (with
-    ``FROM_PARTIALS``, every partial)."""
-    if ROUTER_TILES > 0:
-        if FROM_PARTIALS:
-            while tl.atomic_add(router_counters + ROUTER_TILES + 1, 0, sem="acquire", scope="gpu") \
-                    < ROUTER_TILES * SEGMENTS:
-                pass
-        else:
-            while tl.atomic_add(router_counters + ROUTER_TILES, 0, sem="acquire", scope="gpu") < ROUTER_TILES:
-                pass
-
-
-@triton.jit
-def _chosen(logits, partials, n, ids, weights, pair_at, dest_at, tile_expert, experts, tile, writes,
-            K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, SLOTS: tl.constexpr,
-            CACHE: tl.constexpr, SEGMENTS: tl.constexpr, FROM_PARTIALS: tl.constexpr):
-    """``tfd_kernels.moe_plan.chosen_tile``, its logits read or (``FROM_PARTIALS``) summed from the
-    router's partials as the tile's last program would sum them; a writing program of tile 0 then
-    stores them, as the logits the launch promises."""
-    if FROM_PARTIALS:
-        e = tl.arange(0, BLOCK_E)
-        summed = gemm.summed(partials, n, e, e < experts, SEGMENTS).to(logits.dtype.element_ty)
-        if writes and tile == 0:
-            tl.store(logits + e, summed, mask=e < experts)
-        x = tl.where(e < experts, summed.to(tl.float32), float("-inf"))
-        chosen = moe_plan.chosen_tile_of(x, ids, weights, pair_at, dest_at, tile_expert, experts, tile,
-                                         writes, K, NORM, BLOCK_E, SLOTS)
-    else:
-        chosen = moe_plan.chosen_tile(logits, ids, weights, pair_at, dest_at, tile_expert, experts, tile,
-                                      writes, K, NORM, BLOCK_E, SLOTS, CACHE)
-    return chosen
-
-
-@triton.jit
 def _tile_first(index, K: tl.constexpr, TILES: tl.constexpr, SHARED_FIRST: tl.constexpr):
     """The tile of a program's place among the tiles: with ``SHARED_FIRST`` the shared expert's
     (tile K) first, so its programs start while the router's choice is still being made."""
@@ -195,18 +120,18 @@ def _one_row(x, xq, x_scales, gate_up, gate_scales, shared_gate_up, shared_gate_
     program = tl.program_id(0) - ROUTER_TILES * ROUTER_SEGMENTS  # the router's programs first, if here
     rb0, rb1 = router_w, router_w  # unread unless asked for below
     if ROUTER_EARLY:  # a router program's first weights asked for before the wait
-        rb0 = _router_early(router_w, tl.program_id(0), router_n, hidden, router_k_per_segment, hidden,
-                           program < 0, ROUTER_TILES, ROUTER_N, ROUTER_K, 0)
+        rb0 = router_early(router_w, tl.program_id(0), router_n, hidden, router_k_per_segment, hidden,
+                          program < 0, ROUTER_TILES, ROUTER_N, ROUTER_K, 0)
         if ROUTER_EARLY > 1:
-            rb1 = _router_early(router_w, tl.program_id(0), router_n, hidden, router_k_per_segment, hidden,
-                               program < 0, ROUTER_TILES, ROUTER_N, ROUTER_K, 1)
+            rb1 = router_early(router_w, tl.program_id(0), router_n, hidden, router_k_per_segment, hidden,
+                              program < 0, ROUTER_TILES, ROUTER_N, ROUTER_K, 1)
     pdl.wait(PDL)
     q = tl.arange(0, BLOCK_M)
     live = q < 1  # a tile is one pair at one row
     if program < 0:
-        _router_tile(x, router_w, partials, logits, router_counters, tl.program_id(0), router_n, hidden,
-                     router_k_per_segment, hidden, rb0, rb1, ROUTER_TILES, ROUTER_SEGMENTS, ROUTER_M,
-                     ROUTER_N, ROUTER_K, WIDEN, FROM_PARTIALS, ROUTER_EARLY)
+        router_tile(x, router_w, partials, logits, router_counters, tl.program_id(0), router_n, hidden,
+                    router_k_per_segment, hidden, rb0, rb1, ROUTER_TILES, ROUTER_SEGMENTS, ROUTER_M,
+                    ROUTER_N, ROUTER_K, WIDEN, FROM_PARTIALS, ROUTER_EARLY)
         return
     if program < TILES * GATE_COLS:
         tile, column = _tile_first(program // GATE_COLS, K, TILES, SHARED_FIRST), program % GATE_COLS
@@ -217,10 +142,10 @@ def _one_row(x, xq, x_scales, gate_up, gate_scales, shared_gate_up, shared_gate_
             if column == 0:
                 tl.store(tile_expert + tile, expert)
         else:
-            _logits_wait(router_counters, ROUTER_TILES, ROUTER_SEGMENTS, FROM_PARTIALS)
-            expert, weight = _chosen(logits, partials, router_n, ids, weights, pair_at, dest_at, tile_expert,
-                                     experts, tile, column == 0, K, NORM, BLOCK_E, SLOTS, LOGITS_CACHE,
-                                     ROUTER_SEGMENTS, FROM_PARTIALS)
+            logits_wait(router_counters, ROUTER_TILES, ROUTER_SEGMENTS, FROM_PARTIALS)
+            expert, weight = choice_of(logits, partials, router_n, ids, weights, pair_at, dest_at,
+                                       tile_expert, experts, tile, column == 0, K, NORM, BLOCK_E, SLOTS,
+                                       LOGITS_CACHE, ROUTER_SEGMENTS, FROM_PARTIALS)
             if TAKE_CHOICE and column == 0:  # published for the tile's down programs (tile_expert: stored)
                 tl.store(tile_weight + tile, weight)
                 tl.debug_barrier()  # every thread's stores are done before the flag shows them
@@ -254,10 +179,10 @@ def _one_row(x, xq, x_scales, gate_up, gate_scales, shared_gate_up, shared_gate_
             expert = tl.load(tile_expert + tile, cache_modifier=".cg")
             weight = tl.load(tile_weight + tile, cache_modifier=".cg")
         else:
-            _logits_wait(router_counters, ROUTER_TILES, ROUTER_SEGMENTS, FROM_PARTIALS)
-            expert, weight = _chosen(logits, partials, router_n, ids, weights, pair_at, dest_at, tile_expert,
-                                     experts, tile, False, K, NORM, BLOCK_E, SLOTS, LOGITS_CACHE,
-                                     ROUTER_SEGMENTS, FROM_PARTIALS)
+            logits_wait(router_counters, ROUTER_TILES, ROUTER_SEGMENTS, FROM_PARTIALS)
+            expert, weight = choice_of(logits, partials, router_n, ids, weights, pair_at, dest_at,
+                                       tile_expert, experts, tile, False, K, NORM, BLOCK_E, SLOTS,
+                                       LOGITS_CACHE, ROUTER_SEGMENTS, FROM_PARTIALS)
         size = tl.where(expert == experts, shared_inner, inner)  # the expert's inner size
         pair_weight = tl.full([BLOCK_M], 1.0, tl.float32) * weight
         if PRELOAD == 4:  # the weights asked for before the wait: they arrive while gate/up runs
