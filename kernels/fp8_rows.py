@@ -64,8 +64,6 @@ def quantize_tile(a, valid, EXACT_CAST: tl.constexpr):
     return cast(q, tl.float8e4nv, EXACT_CAST), scale
 
 
-
-
 @triton.jit
 def store_groups(values, valid, q, scales, at, first_group, GROUPS: tl.constexpr, EXACT_CAST: tl.constexpr):
     """``values`` (fp32 of the stored values, any shape of ``GROUPS`` x 128 elements, zeros where not

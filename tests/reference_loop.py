@@ -88,3 +88,9 @@ def greedy(model: HybridModel, prompt: Sequence[int], max_tokens: int, stop: Seq
         return Generated(out, prefilled - began, time.monotonic() - prefilled)
     finally:
         lanes.close()
+
+
+def row_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """How far logits ``got`` are from the reference's ``want`` [rows, vocab]: the mean over rows of
+    |got - want| / |want| (L2 over the vocabulary)."""
+    return float(((got - want).norm(dim=-1) / want.norm(dim=-1)).mean())

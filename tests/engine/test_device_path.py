@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 import tiny_models
 import torch
-from reference_loop import LanePool, greedy
+from reference_loop import LanePool, greedy, row_error
 
 from support import CACHE
 from tfd.bench.workload import drive
@@ -119,20 +119,15 @@ def prompt_logits(model: HybridModel, prompt: list[int]) -> torch.Tensor:
         lanes.close()
 
 
-def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    """Mean over rows of |got - want| / |want| (L2 over the vocabulary)."""
-    return float(((got - want).norm(dim=-1) / want.norm(dim=-1)).mean())
-
-
 @pytest.mark.gpu
 def test_gpu_logits_are_within_bf16_of_the_cpu_reference(family: str, gpu_model: HybridModel) -> None:
     """The bound is bf16's own: the CPU reference path run in bf16 errs by 2-3% (mean row relative
     L2) on these tiny random models; the GPU path may err at most 1.5 times that, and under 5%."""
     prompt = list(requests(4)[3].prompt)
     want = prompt_logits(load_model(checkpoint(family), "cpu", torch.float32, progress=False), prompt)
-    bf16 = relative_error(prompt_logits(load_model(checkpoint(family), "cpu", torch.bfloat16, progress=False),
+    bf16 = row_error(prompt_logits(load_model(checkpoint(family), "cpu", torch.bfloat16, progress=False),
                                         prompt), want)
-    got = relative_error(prompt_logits(gpu_model, prompt), want)
+    got = row_error(prompt_logits(gpu_model, prompt), want)
     assert got <= min(0.05, 1.5 * bf16), f"GPU bf16 logits err {got:.4f}, CPU bf16 {bf16:.4f}"
 
 

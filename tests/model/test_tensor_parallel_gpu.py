@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import tiny_models
 import torch
+from reference_loop import row_error
 from test_tensor_parallel import ranks
 
 from support import CACHE
@@ -29,12 +30,6 @@ FLOOR = 0.01  # an error under 1% passes whatever one rank's was
 ON_CARD = ("qwen3_5", "qwen3_next", "qwen4_exp")
 
 
-def relative_error(got: list[list[float]], want: torch.Tensor) -> float:
-    """Mean over rows of |got - want| / |want| (L2 over the vocabulary)."""
-    rows = torch.tensor(got)
-    return float(((rows - want).norm(dim=-1) / want.norm(dim=-1)).mean())
-
-
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("family", ON_CARD)
 def test_on_one_card_two_ranks_give_one_ranks_tokens_and_keep_the_contract(family: str, fp8: bool,
@@ -47,7 +42,7 @@ def test_on_one_card_two_ranks_give_one_ranks_tokens_and_keep_the_contract(famil
     one = ranks(checkpoint, 1, tmp_path / "one", device="cuda")
     split = ranks(checkpoint, 2, tmp_path / "split", device="cuda")
     assert one["heads"] == split["heads"] * 2
-    whole, parts = relative_error(one["logits"], exact), relative_error(split["logits"], exact)
+    whole, parts = (row_error(torch.tensor(run["logits"]), exact) for run in (one, split))
     assert parts <= max(AS_NEAR * whole, FLOOR), \
         f"two ranks err {parts:.4f} against fp32, one rank {whole:.4f}"
     # the greedy requests' first tokens, drawn from logits held near above: later ones may part where a step's
