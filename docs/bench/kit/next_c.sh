@@ -7,19 +7,8 @@ T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
 bash .dev/install.sh || { echo install fails; exit 1; }
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton
-R=$OUT/r; mkdir -p $R; ROOT=$PWD
-cd /tmp
-TF_DEMO=flashnext TF_ADMIN_SOCKET=/tmp/tfd-admin.sock tfd serve > $R/serve.log 2>&1 &
-pid=$!
-until python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null; do
-  sleep 1; kill -0 $pid 2>/dev/null || { echo "server died"; tail -20 $R/serve.log; break; }
-done
-echo "READY t=$(el)"
-timeout 150 tfd conformance --url http://127.0.0.1:8000 --admin /tmp/tfd-admin.sock --profile full \
-  --json $R/conformance.json > $R/conformance.txt 2>&1; echo "conformance rc=$?"; tail -10 $R/conformance.txt
-kill -TERM $pid; wait $pid; grep -av tfd.access $R/serve.log > $R/s && mv $R/s $R/serve.log
-grep -a "warm-up\|compiled while" $R/serve.log | cut -c1-200; echo "t=$(el)"
-cd $ROOT
+R=$OUT/r; mkdir -p $R
+bash .dev/demo_conformance.sh flashnext full flashnext; echo "t=$(el)"
 [ $(el) -lt 330 ] && timeout 110 tfd bench --shape qwen3_8-flash-next --streams 1,8,32 --prompt 1024 --new 256 \
   --out $R/fn > $R/fn.txt 2>&1; echo "fn rc=$? t=$(el)"; grep -a "qwen3_8\|rror" $R/fn.txt | cut -c1-300
 for shape in qwen3_5-35b-a3b qwen3_next-80b-a3b; do
