@@ -280,7 +280,11 @@ def _mix(projected, up, normed, out, weights, rows_n, rank, width, stride_p, str
 # columns, each walking the streams in turn, took 12.6 us on the H200), a prompt's many rows reading each
 # weight tile for 64 of them. An element's sum over K is in the same order whatever its tile.
 MIX_TILES = ((16, 16, 16), (64, 32, 16))
-MIX_PROMPT_TILE = (64, 32)
+# A prompt's tile (rows, columns a stream) and its launch's warps and pipeline depth: ints, so that tfd bench
+# --variant can sweep them (Flash Next's 1,024-row prefill: 17 mixes of 85 us on the H100, its product's
+# 6.7 GFLOP worth 9 us at the matmul rate; unswept).
+MIX_PROMPT_ROWS, MIX_PROMPT_COLUMNS = 64, 32
+MIX_PROMPT_WARPS, MIX_PROMPT_STAGES = 4, 3
 MIX_K = 64
 # The mix's first K tile of up weights asked for before it waits on the down product (dependent launch):
 # timing alone, the same bits. Off until the H200 says (tfd bench --variant, tfd_kernels.hyper.MIX_EARLY=1).
@@ -289,7 +293,14 @@ MIX_EARLY = False
 
 def mix_tile(rows: int) -> tuple[int, int]:
     """The (row tile, columns a stream) of a mix over ``rows`` rows."""
-    return next(((r, c) for most, r, c in MIX_TILES if rows <= most), MIX_PROMPT_TILE)
+    return next(((r, c) for most, r, c in MIX_TILES if rows <= most), (MIX_PROMPT_ROWS, MIX_PROMPT_COLUMNS))
+
+
+def _mix_launch(rows: int) -> dict[str, int]:
+    """A mix's warps and pipeline depth over ``rows`` rows: a prompt's its own, else Triton's defaults."""
+    if rows <= MIX_TILES[-1][0]:
+        return {}
+    return {"num_warps": MIX_PROMPT_WARPS, "num_stages": MIX_PROMPT_STAGES}
 
 
 def mix(projected: torch.Tensor, up: torch.Tensor, normed: torch.Tensor, streams: int, width: int
@@ -316,5 +327,5 @@ def mix(projected: torch.Tensor, up: torch.Tensor, normed: torch.Tensor, streams
             projected, up, normed, out, out if weights is None else weights, rows, rank, width,
             projected.stride(0), up.stride(0), normed.stride(0), float(streams), STREAMS=streams,
             INJECTS=injects, BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_K=MIX_K, WIDEN=INTERPRETED,
-            EARLY=MIX_EARLY, **pdl.options(normed.device))
+            EARLY=MIX_EARLY, **_mix_launch(rows), **pdl.options(normed.device))
     return out, weights

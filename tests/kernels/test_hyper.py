@@ -200,7 +200,23 @@ def test_the_mix_asking_for_its_first_weights_early_changes_no_bits(rows: int,
 
 def test_the_mix_rows_tried_cross_each_row_tile_bound() -> None:
     tiles = [hyper_kernels.mix_tile(rows) for rows in (16, 17, 64, 65)]
-    assert tiles[0] != tiles[1] == tiles[2] != tiles[3] == hyper_kernels.MIX_PROMPT_TILE
+    prompt = (hyper_kernels.MIX_PROMPT_ROWS, hyper_kernels.MIX_PROMPT_COLUMNS)
+    assert tiles[0] != tiles[1] == tiles[2] != tiles[3] == prompt
+
+
+@pytest.mark.parametrize("rows", [65, 130])  # one prompt tile and a part, past the first of the other tiles
+def test_a_prompt_mixs_tile_and_launch_change_no_bits(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(11)
+    projected = torch.randn(rows, 80 + STREAMS, generator=g)
+    up = torch.randn(STREAMS * 72, 80, generator=g) * 80 ** -0.5
+    normed = torch.randn(rows, STREAMS * 72, generator=g)
+    plain = hyper_kernels.mix(projected, up, normed, STREAMS, 72)
+    for name, value in (("MIX_PROMPT_ROWS", 128), ("MIX_PROMPT_COLUMNS", 16), ("MIX_PROMPT_WARPS", 8),
+                        ("MIX_PROMPT_STAGES", 2)):
+        monkeypatch.setattr(hyper_kernels, name, value)
+    other = hyper_kernels.mix(projected, up, normed, STREAMS, 72)
+    assert torch.equal(other[0], plain[0]) and other[1] is not None and plain[1] is not None
+    assert torch.equal(other[1], plain[1])
 
 
 def test_a_mix_of_streams_not_a_power_of_two_is_refused_by_name() -> None:
@@ -227,4 +243,7 @@ def test_on_the_gpu_the_mix_is_within_a_unit_and_a_rows_bits_stay_its_own(
         assert torch.equal(hyper_kernels.mix(projected[row:row + 1], up, normed[row:row + 1], 4, 2560)[0][0],
                            got[row])
     monkeypatch.setattr(hyper_kernels, "MIX_EARLY", not hyper_kernels.MIX_EARLY)  # weights early, or not
+    assert torch.equal(hyper_kernels.mix(projected, up, normed, 4, 2560)[0], got)
+    for name, value in (("MIX_PROMPT_ROWS", 128), ("MIX_PROMPT_COLUMNS", 64), ("MIX_PROMPT_WARPS", 8)):
+        monkeypatch.setattr(hyper_kernels, name, value)  # a prompt's other tile: the same bits (a sweep's)
     assert torch.equal(hyper_kernels.mix(projected, up, normed, 4, 2560)[0], got)

@@ -21,12 +21,15 @@ done
 # at one stream's decode: the mix's K step (7.2 us a launch, 34 a step; its weights' copy floor 1.4 us); the mix
 # and the down product before it asking for their first weights before they wait; the experts' column tiles (two
 # launches, 21.8 + 11.5 us a layer, their weights' floor about 22 us: 220 gate-up programs of 32 columns leave
-# the second wave two thirds full); and its 1,024-row prefill in 32-pair tiles (20 pairs an expert)
+# the second wave two thirds full); and its 1,024-row prefill in 32-pair tiles (20 pairs an expert) and the hyper
+# mix's prompt tile (17 launches of 85 us in that prefill on the H100, its product worth 9 us at the matmul rate)
 H=tfd_kernels.hyper
 timeout $(( 560 - $(el) )) tfd bench --shape qwen3_8-flash-next --streams 1 --prompt 1024 --new 64 --rounds 2 \
   --variant base= --variant k128=$H.MIX_K=128 --variant k32=$H.MIX_K=32 \
   --variant early=$H.MIX_EARLY=1,tfd.model.hyper.DOWN_EARLY=1 --variant g16=$M.GATE_N=16 --variant g64=$M.GATE_N=64 \
-  --variant d32=$M.DOWN_N=32 --variant m32=$M.PROMPT_PAIRS=16,$M.PROMPT_M=32 --out $R/var 2>&1 \
+  --variant d32=$M.DOWN_N=32 --variant m32=$M.PROMPT_PAIRS=16,$M.PROMPT_M=32 \
+  --variant mixr128=$H.MIX_PROMPT_ROWS=128,$H.MIX_PROMPT_WARPS=8 --variant mixc64=$H.MIX_PROMPT_COLUMNS=64,$H.MIX_PROMPT_WARPS=8 \
+  --variant mixs4=$H.MIX_PROMPT_STAGES=4 --out $R/var 2>&1 \
   | grep -a "best of\|rror" | cut -c1-300
 echo "t=$(el)"
 cd $OUT && tar czf r.tgz r && rm -rf r
