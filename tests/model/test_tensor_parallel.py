@@ -18,13 +18,16 @@ from typing import Any
 import pytest
 import tiny_models
 import torch
+from reference_loop import row_error
 
 from support import CACHE
 
 RANK = Path(__file__).with_name("parallel_rank.py")
 RUN_S = 600  # every rank of a run: start, load a tiny checkpoint, a few short requests, on a busy machine
 NEAR = 1e-4  # the logits' largest difference over their largest magnitude: fp32 sums in another order
-NEAR_FP8 = 1e-2  # the same for FP8 checkpoints, where a flipped e4m3 rounding moves an input by 1/16
+# an FP8 split's logits (mean row error against one rank's) within this share of how far FP8 moves one rank's
+# from its float source: a flipped e4m3 rounding is one of the many roundings FP8 makes
+FP8_DRIFT = 0.1
 
 
 def ranks(checkpoint: Path, size: int, root: Path, experts: bool = False, device: str = "cpu"
@@ -79,14 +82,18 @@ def test_a_split_the_key_value_heads_do_not_allow_is_refused_by_name(tmp_path: P
 @pytest.mark.parametrize("family", tiny_models.FAMILIES)
 def test_fp8_ranks_give_one_ranks_logits_and_keep_the_contract(family: str, tmp_path: Path) -> None:
     checkpoint = tiny_models.save_released_fp8(family, CACHE, aligned=True)
+    source = tiny_models.save(family, CACHE / "tiny-plain", head=True, expert_inner=256, aligned=True)
     one, split = ranks(checkpoint, 1, tmp_path / "one"), ranks(checkpoint, 2, tmp_path / "split")
     assert "refused" not in split and one["heads"] == split["heads"] * 2
     whole, parts = torch.tensor(one["logits"]), torch.tensor(split["logits"])
+    unquantized = torch.tensor(ranks(source, 1, tmp_path / "source")["logits"])
     # a row's quantized groups are the whole model's (a column share's a subset), and the products
     # differ in the order of their fp32 sums, as float splits do; but an activation within an fp32
-    # rounding of an e4m3 rounding edge then quantizes one e4m3 step (1/16) apart in the next layer, so
-    # the logits drift further than NEAR (measured: 2.6e-3 on qwen3_next's)
-    assert ((parts - whole).abs().max() / whole.abs().max()).item() < NEAR_FP8
+    # rounding of an e4m3 rounding edge then quantizes one e4m3 step (1/16) apart in the next layer, and
+    # the logits drift on from there (2026-12-05: qwen3_5_moe's mean row error 3.4e-3, its largest 1.3e-2,
+    # FP8's own 7.8e-2 from the source; the other families' 1e-7, no flip); a split's error in splitting
+    # scales or quantized groups would be FP8's own size or more
+    assert row_error(parts, whole) <= FP8_DRIFT * row_error(whole, unquantized)
     assert split["alone"][0] == one["alone"][0] and split["alone"][2] == one["alone"][2]
     assert split["together"] == split["alone"] == split["drafted"] and split["verified"] > 0
     assert split["resumed"] == [split["alone"][2]] * 2 and split["cached"][0] == 0 < split["cached"][1]
