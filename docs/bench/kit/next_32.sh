@@ -7,6 +7,8 @@
 set -u
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 bash .dev/install.sh > /dev/null 2>&1 || { echo install fails; exit 1; }
+# the host's CPU alone (about 30 s): does llguidance's 32-lane fill spread over this host's cores (issue 33)?
+PYTHONPATH=/tmp/site timeout 90 python .dev/grammar_threads.py 2>&1 | head -12; echo "t=$(el)"
 bash .dev/demo_conformance.sh "" quick demo; echo "t=$(el)"
 bash .dev/demo_conformance.sh flashnext full flashnext; echo "t=$(el)"
 LIMIT=$(( 560 - $(el) )) bash .dev/tp_one_card.sh 2>&1 | tail -8 | cut -c1-300; echo "tp t=$(el)"
