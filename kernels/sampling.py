@@ -3,8 +3,9 @@
 Row r draws argmax over tokens t of ``logits[r, t] / temperature[r] + G(seed[r], position[r], t)``
 (``tfd.engine.sampling`` states the key and why); temperature <= 0 is greedy, the argmax of the
 logits. Ties go to the lower token id. Tokens cut by top-k/top-p/min-p arrive as -inf logits. The
-noise is splitmix64's finaliser of the mixed key in wrapping uint64 arithmetic, 24 bits of it made
-a uniform in (0, 1), then -log(-log(u)), as ``tfd.engine.sampling.gumbel`` does in torch.
+noise is splitmix64's finaliser of the mixed key in wrapping uint64 arithmetic, its top 23 bits made
+a uniform in (0, 1) exactly (k + 1/2 over 2^23), then -log(-log(u)), always finite, as
+``tfd.engine.sampling.gumbel`` does in torch.
 
 A row may come with a grammar's bitmask (``allowed``: int32 words, token t allowed when bit t % 32
 of word t // 32 is set): a token it bars draws as a -inf logit, as ``tfd.engine.grammar.apply``
@@ -66,7 +67,7 @@ def _slice_best(logits, temperature, seeds, positions, offset, best_score, best_
         x = (x ^ (x >> 30)) * M1
         x = (x ^ (x >> 27)) * M2
         x = x ^ (x >> 31)
-        uniform = ((x >> 40).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+        uniform = ((x >> 41).to(tl.float32) + 0.5) * (1.0 / 8388608.0)  # never 1.0 (tfd.engine.sampling)
         score = tl.where(noisy, score - tl.log(-tl.log(uniform)), score)
         if MASKED:  # the grammar's bit for each token: 32 neighbours share a word (one load, cached)
             word = tl.load(allowed + row * words + ids // 32, mask=live, other=0)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 
 import torch
+from keyed_noise import seed_hashing_to
 
 from tfd.engine.request import Sampling
-from tfd.engine.sampling import History, Rows, _penalize, gumbel, logprobs, sample
+from tfd.engine.sampling import History, Rows, _penalize, draw, gumbel, logprobs, sample
 
 VOCAB = 50
 
@@ -22,6 +23,19 @@ def test_noise_is_a_function_of_seed_position_and_token() -> None:
     assert torch.equal(a[0], b[1]) and torch.equal(a[2], b[0])
     assert not torch.equal(a[0], a[1]) and not torch.equal(a[0], a[2])
     assert torch.isfinite(a).all()
+
+
+def test_the_noise_is_finite_at_both_ends_of_the_hash_and_a_barred_token_never_draws() -> None:
+    # the hash's top bits all ones once made the uniform 1.0 and its noise +inf (NaN beside a barred -inf)
+    ends = [seed_hashing_to(0), seed_hashing_to((1 << 64) - 1)]
+    noise = gumbel(torch.tensor(ends), torch.tensor([0, 0]), 1)
+    assert torch.isfinite(noise).all() and noise[0, 0] < noise[1, 0]
+    only_one = torch.tensor([[0b10]], dtype=torch.int32)  # token 1 allowed, token 0 (the top noise) barred
+    logits = torch.tensor([[0.0, -3.0]])
+    for allowed in (only_one, None):
+        drawn = draw(logits, torch.ones(1), torch.tensor(ends[1:]), torch.zeros(1, dtype=torch.int64),
+                     allowed=allowed)
+        assert drawn.tolist() == ([1] if allowed is not None else [0])
 
 
 def test_a_row_draws_the_same_alone_and_in_any_batch() -> None:

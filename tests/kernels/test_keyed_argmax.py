@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from keyed_noise import seed_hashing_to
 
 from tfd.engine import grammar
 from tfd.engine.sampling import draw
@@ -133,3 +134,16 @@ def test_a_grammar_mask_bars_as_minus_infinity_logits(vocab: int, dtype: torch.d
     assert keyed_argmax(*moved, allowed=wide.to(DEVICE)).cpu().tolist() == expected.tolist()
     with pytest.raises(ValueError, match="allowed"):
         keyed_argmax(*moved, allowed=allowed[:, :-1].to(DEVICE))
+
+
+def test_the_kernel_draws_as_torch_where_the_hash_is_at_its_top() -> None:
+    # a seed whose token 0 at position 0 hashes to all ones (keyed_noise): its noise is
+    # the largest there is, finite; barred, the next best allowed token draws, as torch's form draws
+    seed = torch.tensor([seed_hashing_to((1 << 64) - 1)] * 2)
+    logits, temperature = torch.tensor([[0.0, -3.0, -4.0]] * 2), torch.ones(2)
+    positions = torch.zeros(2, dtype=torch.int64)
+    allowed = torch.tensor([[0b111], [0b110]], dtype=torch.int32)
+    expected = draw(logits, temperature, seed, positions, allowed=allowed)
+    assert expected[0].item() == 0 and expected[1].item() in (1, 2)
+    moved = [x.to(DEVICE) for x in (logits, temperature, seed, positions)]
+    assert keyed_argmax(*moved, allowed=allowed.to(DEVICE)).cpu().tolist() == expected.tolist()

@@ -44,7 +44,9 @@ def gumbel(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Te
     x = (x ^ _shift(x, 30)) * _M1  # splitmix64's finaliser, wrapping in int64
     x = (x ^ _shift(x, 27)) * _M2
     x = x ^ _shift(x, 31)
-    uniform = (_shift(x, 40).float() + 0.5) * (1.0 / (1 << 24))  # 24 bits: exact in fp32, never 0 or 1
+    # 23 bits and a half: exact in fp32, 2^-24 to 1 - 2^-24. Of 24 bits the top one rounded to 1.0, whose
+    # noise is +inf: a token certain to win at 1.5% of a 248k vocabulary's rows, NaN where it was barred
+    uniform = (_shift(x, 41).float() + 0.5) * (1.0 / (1 << 23))
     return -torch.log(-torch.log(uniform))
 
 
