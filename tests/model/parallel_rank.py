@@ -27,7 +27,7 @@ from tfd.checkpoint import Checkpoint, CheckpointError
 from tfd.engine.local_runner import runner_for
 from tfd.engine.request import Request, Sampling
 from tfd.engine.runner import Drafting
-from tfd.families.hybrid import load_model
+from tfd.families.hybrid import HybridModel, load_model
 from tfd.model.memory import Span
 from tfd.model.parallel import Parallel
 
@@ -40,6 +40,14 @@ def requests() -> list[Request]:
     return [Request("greedy", PROMPT, 10, Sampling(0.0)),
             Request("sampled", tuple(range(60, 80)), 10, Sampling(1.0, seed=4)),
             Request("long", long, 6, Sampling(0.0))]
+
+
+def prompt_logits(model: HybridModel, device: str, dtype: torch.dtype) -> torch.Tensor:
+    """PROMPT's logits, a row a position, from one lane's prefill."""
+    # a GDN state of heads of 128 (fp32 on both paths) needs 128 rows of fp32 activations a page, 256 of bf16
+    lanes = LanePool(model, len(PROMPT), page_rows=128 if dtype == torch.float32 else 256)
+    prompt = torch.tensor(PROMPT, device=device)
+    return model.logits(lanes.forward([Span(lanes.open(), 0, prompt)]).hidden)
 
 
 def main(rank: int, size: int, rendezvous: str, checkpoint: str, out: str, experts: bool, device: str
@@ -56,10 +64,7 @@ def main(rank: int, size: int, rendezvous: str, checkpoint: str, out: str, exper
         if rank == 0:
             Path(out).write_text(json.dumps({"refused": str(error)}))
         return
-    # a GDN state of heads of 128 (fp32 on both paths) needs 128 rows of fp32 activations a page, 256 of bf16
-    lanes = LanePool(model, len(PROMPT), page_rows=128 if dtype == torch.float32 else 256)
-    prompt = torch.tensor(PROMPT, device=device)
-    logits = model.logits(lanes.forward([Span(lanes.open(), 0, prompt)]).hidden)
+    logits = prompt_logits(model, device, dtype)
     asked = requests()
     alone = [drive(model, [request], STEP_TOKENS, graphs=False).tokens[0] for request in asked]
     together = drive(model, asked, STEP_TOKENS, graphs=False).tokens

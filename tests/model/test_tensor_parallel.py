@@ -18,9 +18,12 @@ from typing import Any
 import pytest
 import tiny_models
 import torch
+from parallel_rank import prompt_logits
 from reference_loop import row_error
 
 from support import CACHE
+from tfd.checkpoint import Checkpoint
+from tfd.families.hybrid import load_model
 
 RANK = Path(__file__).with_name("parallel_rank.py")
 RUN_S = 600  # every rank of a run: start, load a tiny checkpoint, a few short requests, on a busy machine
@@ -86,7 +89,8 @@ def test_fp8_ranks_give_one_ranks_logits_and_keep_the_contract(family: str, tmp_
     one, split = ranks(checkpoint, 1, tmp_path / "one"), ranks(checkpoint, 2, tmp_path / "split")
     assert "refused" not in split and one["heads"] == split["heads"] * 2
     whole, parts = torch.tensor(one["logits"]), torch.tensor(split["logits"])
-    unquantized = torch.tensor(ranks(source, 1, tmp_path / "source")["logits"])
+    float32 = load_model(Checkpoint.open(source), "cpu", torch.float32, progress=False)
+    unquantized = prompt_logits(float32, "cpu", torch.float32)
     # a row's quantized groups are the whole model's (a column share's a subset), and the products
     # differ in the order of their fp32 sums, as float splits do; but an activation within an fp32
     # rounding of an e4m3 rounding edge then quantizes one e4m3 step (1/16) apart in the next layer, and
