@@ -126,7 +126,7 @@ def test_gpu_logits_are_within_bf16_of_the_cpu_reference(family: str, gpu_model:
     prompt = list(requests(4)[3].prompt)
     want = prompt_logits(load_model(checkpoint(family), "cpu", torch.float32, progress=False), prompt)
     bf16 = row_error(prompt_logits(load_model(checkpoint(family), "cpu", torch.bfloat16, progress=False),
-                                        prompt), want)
+                                   prompt), want)
     got = row_error(prompt_logits(gpu_model, prompt), want)
     assert got <= min(0.05, 1.5 * bf16), f"GPU bf16 logits err {got:.4f}, CPU bf16 {bf16:.4f}"
 

@@ -33,6 +33,12 @@ NEAR = 1e-4  # the logits' largest difference over their largest magnitude: fp32
 FP8_DRIFT = 0.1
 
 
+def fp32_logits(checkpoint: Path) -> torch.Tensor:
+    """The prompt's logits that one rank on the CPU gives (``parallel_rank``'s), made in this process."""
+    model = load_model(Checkpoint.open(checkpoint), "cpu", torch.float32, progress=False)
+    return prompt_logits(model, "cpu", torch.float32)
+
+
 def ranks(checkpoint: Path, size: int, root: Path, experts: bool = False, device: str = "cpu"
           ) -> dict[str, Any]:
     """Run ``size`` ranks on ``checkpoint`` (``experts``: expert parallel; ``device`` "cuda": all on the
@@ -89,8 +95,7 @@ def test_fp8_ranks_give_one_ranks_logits_and_keep_the_contract(family: str, tmp_
     one, split = ranks(checkpoint, 1, tmp_path / "one"), ranks(checkpoint, 2, tmp_path / "split")
     assert "refused" not in split and one["heads"] == split["heads"] * 2
     whole, parts = torch.tensor(one["logits"]), torch.tensor(split["logits"])
-    float32 = load_model(Checkpoint.open(source), "cpu", torch.float32, progress=False)
-    unquantized = prompt_logits(float32, "cpu", torch.float32)
+    unquantized = fp32_logits(source)
     # a row's quantized groups are the whole model's (a column share's a subset), and the products
     # differ in the order of their fp32 sums, as float splits do; but an activation within an fp32
     # rounding of an e4m3 rounding edge then quantizes one e4m3 step (1/16) apart in the next layer, and

@@ -16,7 +16,7 @@ import pytest
 import tiny_models
 import torch
 from reference_loop import row_error
-from test_tensor_parallel import ranks
+from test_tensor_parallel import fp32_logits, ranks
 
 from support import CACHE
 
@@ -38,7 +38,7 @@ def test_on_one_card_two_ranks_give_one_ranks_tokens_and_keep_the_contract(famil
         pytest.skip("needs a CUDA device")
     checkpoint = tiny_models.save_released_fp8(family, CACHE, aligned=True) if fp8 else \
         tiny_models.save(family, CACHE / "tiny-plain", head=True, expert_inner=128)  # carried
-    exact = torch.tensor(ranks(checkpoint, 1, tmp_path / "fp32")["logits"])  # one rank on the CPU, fp32
+    exact = fp32_logits(checkpoint)  # one rank on the CPU, fp32
     one = ranks(checkpoint, 1, tmp_path / "one", device="cuda")
     split = ranks(checkpoint, 2, tmp_path / "split", device="cuda")
     assert one["heads"] == split["heads"] * 2
