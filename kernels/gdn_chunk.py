@@ -19,10 +19,11 @@ Registers: products are tf32x3 on tensor cores, which hold a register operand tw
 and the rest), so each product's register operand is one [CHUNK, PIECE] piece or T; a is parked in
 ``tri`` and its blocks read back rather than held; the roles split what one program would hold; and a
 barrier ends each stage, so the compiler neither holds a stage's loads into the next nor hoists the
-next stage's. Even so ptxas (offline, sm_90a, the real dims, bf16 inputs; Triton 3.6 and 3.9, 2026-12-05)
-gives role 0's path 255 registers and about 2 KB of spills a thread, role 1's alone about 0.9 KB; with
-``DIAGONAL`` 16 or 32 the products fall from 368 wgmma to 224 or 176 and the shared memory from 96 to 64
-or 48 KB, the spills rise (``docs/bench/kit/gdn_sweep.py`` times them).
+next stage's. ptxas (offline, sm_90a, the real dims, bf16 inputs, the pointers and row strides
+divisible by 16 as the launcher's are) then spills nothing (Triton 3.9, 2026-12-05; without those hints
+the loads go element by element and it spills 2 KB a thread). ``DIAGONAL`` 16 or 32 takes the products
+from 368 wgmma to 224 or 176 and the shared memory from 96 to 64 or 48 KB, but spills 3.5 or 1.6 KB
+(``docs/bench/kit/gdn_sweep.py`` times it).
 
 Rounding: T is the diagonal blocks' inverse doubled up to CHUNK rows, X <- X - X a' X with a' the
 lower left blocks. Each step is block substitution's T_21 = -T_22 A_21 T_11 on blocks already
