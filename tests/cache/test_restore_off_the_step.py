@@ -145,6 +145,11 @@ def test_other_lanes_step_while_a_lane_reads_its_state_back(model: HybridModel, 
     queued_at, taken_at = (float(said[0].split(word)[1].split(" s")[0])
                            for word in ("engine at ", "taken at "))
     assert queued_at <= taken_at
+    # and after it: its first token, in the step it went on in (its new rows beside the other's one)
+    first = [record.getMessage() for record in caplog.records if "first token, its state read back" in
+             record.getMessage()]
+    assert len(first) == 1 and first[0].startswith(f"request {resuming.request.id}'s first token")
+    assert first[0].endswith(f" and {resuming.prompt_length - 128 + 1} rows"), first[0]
     assert (tuple(resuming.generated), tuple(busy.generated)) == fresh
     assert held.pending == 0, f"expected 0, found {held.pending}"
     runner.pool.check_at_load()

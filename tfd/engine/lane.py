@@ -88,6 +88,7 @@ class Lane:
     grammar: Matcher | None = attrs.Factory(_matcher, takes_self=True)  # its place in its grammar
     taken: float = attrs.Factory(time.monotonic)  # when the engine thread took it in (monotonic)
     posted: float = attrs.Factory(time.monotonic)  # when the trio side queued it for the engine
+    joined_at: float | None = None  # when it went on after its state's read back, until its first token
 
     # -- what the lane is --------------------------------------------------------------------------
 
@@ -212,6 +213,15 @@ class Lane:
         self.restoring = None
         if self.phase is Phase.RESTORE:
             self.phase = Phase.PREFILL
+
+    def joined_after_read(self, now: float) -> None:
+        """It goes on at ``now`` (monotonic) after its state's read back: its first token's wait from
+        here is logged."""
+        self.joined_at = now
+
+    def first_token_told(self) -> None:
+        """Its first token after a read back was logged."""
+        self.joined_at = None
 
     def released(self) -> None:
         """Its lease is finished and its views dropped (its pieces' pages may go to another lane)."""

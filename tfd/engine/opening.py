@@ -117,6 +117,7 @@ class Opener:
                 failed.append(lane)
                 continue
             lane.resumed(at, self.cache.passed(lane.keep_points, at))
+            lane.joined_after_read(time.monotonic())
             started.append(lane)
             # where a resumed turn's first token waits: before its read, the read, after it
             ended, arrived = restoring.ended or restoring.began, lane.request.arrived or restoring.began

@@ -14,6 +14,7 @@ lane, for an engine that cannot go on. Synchronous; the thread that calls it own
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -26,6 +27,7 @@ from tfd.engine.request import FinishReason, TokenLogprob
 from tfd.engine.runner import Runner
 from tfd.engine.scheduler import Admission, Scheduler, Work
 
+log = logging.getLogger("tfd.engine")
 
 @attrs.frozen
 class Emission:
@@ -129,6 +131,13 @@ class Stepper:
         emitted = self._take(drawn, ran_at, ended)
         self.runner.took()
         run_s = time.monotonic() - began
+        for emission in emitted:  # where a resumed turn's first token waits: its last part
+            lane = emission.lane
+            if lane.joined_at is not None and emission.tokens:
+                log.info("request %s's first token, its state read back, came %.3f s after it went on, in a "
+                         "step of %.3f s and %d rows", lane.request.id, time.monotonic() - lane.joined_at,
+                         run_s, sum(work.length for work in plan.works))
+                lane.first_token_told()
         return Step(tuple(admitted), plan.works, tuple(emitted), tuple(ended), ran_at, run_s)
 
     def _take(self, drawn: Sequence[Drawn], now: float, ended: list[Ending]) -> list[Emission]:

@@ -40,6 +40,6 @@ d(Path('/tmp/learned'))";; esac
   timeout 150 tfd bench --serve $URL --resume-conversation $R/conversation.json --concurrency 32 --no-drafts \
     --out $R/$run; echo "$run rc=$? t=$(el)"
   stop $run
-  grep -a "read back:" $R/serve-$run.log | cut -c1-250  # where turn two's first token waited
+  grep -a "read back" $R/serve-$run.log | cut -c1-250  # where turn two's first token waited
 done
 finish
