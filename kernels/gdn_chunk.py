@@ -20,10 +20,9 @@ and the rest), so each product's register operand is one [CHUNK, PIECE] piece or
 ``tri`` and its blocks read back rather than held; the roles split what one program would hold; and a
 barrier ends each stage, so the compiler neither holds a stage's loads into the next nor hoists the
 next stage's. ptxas (offline, sm_90a, the real dims, bf16 inputs, the pointers and row strides
-divisible by 16 as the launcher's are) then spills nothing (Triton 3.9, 2026-12-05; without those hints
-the loads go element by element and it spills 2 KB a thread). ``DIAGONAL`` 16 or 32 takes the products
-from 368 wgmma to 224 or 176 and the shared memory from 96 to 64 or 48 KB, but spills 3.5 or 1.6 KB
-(``docs/bench/kit/gdn_sweep.py`` times it).
+divisible by 16 as the launcher's are) then spills nothing. Tried and dropped (H100, 2026-12-05): the
+doubling's levels inside 16- or 32-row diagonal blocks run on those blocks alone, batched (fewer wgmma,
+the same bits, but 3.5 or 1.6 KB of spills: 1.89 or 2.34 ms for 8 x 1,024 rows of 32 heads against 1.58).
 
 Rounding: T is the diagonal blocks' inverse doubled up to CHUNK rows, X <- X - X a' X with a' the
 lower left blocks. Each step is block substitution's T_21 = -T_22 A_21 T_11 on blocks already
@@ -45,9 +44,6 @@ PRECISION = tl.constexpr("tf32x3")
 PIECE = 64
 LANES_BLOCK = 128  # lanes' chunk offsets read at a time when a program looks for its lane
 NUM_WARPS = 4  # one warpgroup: at 8, Triton splits tf32x3 products over two mma layouts and spills
-# Rows of T's diagonal blocks inverted on their own, batched, before the doubling goes on at the full
-# chunk (a power of two, 16 to CHUNK / 2; 0: every level at the full chunk, its products mostly zeros)
-DIAGONAL = 0
 
 
 @triton.jit
@@ -119,37 +115,12 @@ def lane_of(chunk_at, slot, lanes, LANES_BLOCK: tl.constexpr):
     return lane
 
 
-@triton.jit
-def _diagonal(tri, first, base, rows, VALUE_HEADS: tl.constexpr, head, CHUNK: tl.constexpr,
-              SIZE: tl.constexpr, LOG_SIZE: tl.constexpr):
-    """T's diagonal blocks of SIZE rows, (I + a_bb)^-1 by the doubling's first LOG_SIZE levels run on
-    the blocks alone (a [CHUNK / SIZE, SIZE, SIZE] batch), set into a [CHUNK, CHUNK] block diagonal.
-    Tile row t is lane row ``base + t`` (live in [0, rows)), row ``first + base + t``; a read from tri."""
-    blocks = tl.arange(0, CHUNK // SIZE)
-    s = tl.arange(0, SIZE)
-    i = base + blocks[:, None] * SIZE + s[None, :]  # [blocks, SIZE]: the tile rows' lane rows
-    live = (i >= 0) & (i < rows)
-    at = (first + i) * VALUE_HEADS + head
-    x = tl.where(s[:, None] == s[None, :], 1.0, 0.0)[None, :, :] + tl.zeros([CHUNK // SIZE, SIZE, SIZE],
-                                                                            tl.float32)
-    for level in tl.static_range(0, LOG_SIZE):
-        tl.debug_barrier()
-        left = (s[:, None] >> level + 1 == s[None, :] >> level + 1) & \
-            (s[:, None] >> level != s[None, :] >> level)
-        off = tl.load(tri + at[:, :, None] * CHUNK + (blocks[:, None, None] * SIZE + s[None, None, :]),
-                      mask=live[:, :, None] & left[None, :, :], other=0.0)
-        x = x - off if level == 0 else x - dot(dot(x, off), x)
-    same = blocks[:, None, None, None] == blocks[None, None, :, None]  # [blocks, 1, blocks, 1]
-    return tl.reshape(tl.where(same, x[:, :, None, :], 0.0), [CHUNK, CHUNK])
-
-
 # counts that vary call by call are not specialized on (1, multiples of 16): one variant meets them all
 @triton.jit(do_not_specialize=["lanes", "rows_all"])
 def _chunks(q, k, v, g, beta, cu_seqlens, starts, chunk_at, w, u, p, f, tri, scale, q_row, k_row, v_row,
             lanes, rows_all, KEY_HEADS: tl.constexpr, VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr,
             VALUE_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, PIECE: tl.constexpr,
-            LANES_BLOCK: tl.constexpr, CHUNK: tl.constexpr, LOG_CHUNK: tl.constexpr, DIAGONAL: tl.constexpr,
-            LOG_DIAGONAL: tl.constexpr):
+            LANES_BLOCK: tl.constexpr, CHUNK: tl.constexpr, LOG_CHUNK: tl.constexpr):
     """Role ``role`` of chunk slot ``slot`` for value head ``head``, as the module docstring lays out."""
     slot, head, role = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     lane = lane_of(chunk_at, slot, lanes, LANES_BLOCK)
@@ -185,14 +156,9 @@ def _chunks(q, k, v, g, beta, cu_seqlens, starts, chunk_at, w, u, p, f, tri, sca
     _store(tri, at, CHUNK, live, t, t < CHUNK, (bt * rk)[:, None] * kk * rk[None, :] * _decay(total, t, True))
     # Doubling from X = I: level 0 inverts the 2-row blocks (I - a'), level l > 0 those of 2^(l + 1)
     # rows. a's rows and columns outside the lane are zero, so the masked reads give it exactly, and
-    # the barrier before each read orders the block's writes of tri before it. With DIAGONAL, the
-    # levels inside DIAGONAL-row blocks run on those blocks alone, batched: their full-width products
-    # were mostly zeros.
-    if DIAGONAL:
-        x = _diagonal(tri, first, base, rows, VALUE_HEADS, head, CHUNK, DIAGONAL, LOG_DIAGONAL)
-    else:
-        x = tl.where(t[:, None] == t[None, :], 1.0, 0.0)
-    for level in tl.static_range(LOG_DIAGONAL, LOG_CHUNK):
+    # the barrier before each read orders the block's writes of tri before it.
+    x = tl.where(t[:, None] == t[None, :], 1.0, 0.0)
+    for level in tl.static_range(0, LOG_CHUNK):
         tl.debug_barrier()
         left = (t[:, None] >> level + 1 == t[None, :] >> level + 1) & \
             (t[:, None] >> level != t[None, :] >> level)

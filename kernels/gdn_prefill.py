@@ -246,7 +246,6 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
             lanes, rows, KEY_HEADS=key_heads, VALUE_HEADS=value_heads, KEY_DIM=key_dim, VALUE_DIM=value_dim,
             BLOCK_K=block_k, BLOCK_D=block_d, PIECE=min(gdn_chunk.PIECE, block_k, block_d),
             LANES_BLOCK=gdn_chunk.LANES_BLOCK, CHUNK=CHUNK, LOG_CHUNK=CHUNK.bit_length() - 1,
-            DIAGONAL=gdn_chunk.DIAGONAL, LOG_DIAGONAL=max(gdn_chunk.DIAGONAL.bit_length() - 1, 0),
             num_warps=gdn_chunk.NUM_WARPS)
     h = torch.empty(slots, value_heads, key_dim, value_dim, dtype=torch.float32, device=q.device)
     _scan[(triton.cdiv(value_dim, block_v), value_heads, lanes)](

@@ -12,7 +12,7 @@ from gdn_shapes import ALIGN, TOL, Dims
 
 from tfd.model import GDN_CHUNK
 from tfd.model.gdn import chunked
-from tfd_kernels import gdn_chunk, gdn_prefill
+from tfd_kernels import gdn_prefill
 
 # 1500 rows of carried state, tf32x3 products and the GPU's approximate exp; the interpreter was within
 # 2e-7 on outputs and 1e-6 on states at these sizes (bf16)
@@ -251,14 +251,3 @@ def test_real_sizes_on_gpu(dtype: torch.dtype) -> None:
     check_values(REAL, REAL_LANES, dtype, "cuda", REAL_TOL)
     check_split(REAL, REAL_LANES, dtype, "cuda")
     check_alone(REAL, REAL_LANES, dtype, "cuda")
-
-
-@pytest.mark.parametrize("diagonal", [16, 32])
-def test_diagonal_blocks_inverted_first_give_the_values_split_and_alone(
-        diagonal: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    # lanes starting on and off a block of DIAGONAL rows, one within a block, one row alone
-    monkeypatch.setattr(gdn_chunk, "DIAGONAL", diagonal)
-    lanes = [Lane(0, 150), Lane(37, 100), Lane(70, 20), Lane(5, 1), Lane(3, 30, padding=True)]
-    check_values(TINY, lanes, torch.float32, "cpu", TOL)
-    check_split(TINY, lanes[:3], torch.bfloat16, "cpu")
-    check_alone(TINY, lanes, torch.bfloat16, "cpu")

@@ -18,11 +18,8 @@ import sys
 
 VARIANTS: dict[str, dict[str, object]] = {
     "base": {},
-    "diag16": {"gdn_chunk.DIAGONAL": 16},
-    "diag32": {"gdn_chunk.DIAGONAL": 32},
     "chunks_w8": {"gdn_chunk.NUM_WARPS": 8},
     "piece32": {"gdn_chunk.PIECE": 32},
-    "piece32_diag32": {"gdn_chunk.PIECE": 32, "gdn_chunk.DIAGONAL": 32},
     "scan_bv64": {"gdn_prefill.BLOCK_V": 64},
     "scan_bv16": {"gdn_prefill.BLOCK_V": 16},
     "scan_st3": {"gdn_prefill.NUM_STAGES": 3},
