@@ -42,12 +42,19 @@ def requests() -> list[Request]:
             Request("long", long, 6, Sampling(0.0))]
 
 
-def prompt_logits(model: HybridModel, device: str, dtype: torch.dtype) -> torch.Tensor:
-    """PROMPT's logits, a row a position, from one lane's prefill."""
+def prompt_logits(model: HybridModel, device: str, dtype: torch.dtype, prompt: tuple[int, ...] = PROMPT
+                  ) -> torch.Tensor:
+    """``prompt``'s logits, a row a position, from one lane's prefill."""
     # a GDN state of heads of 128 (fp32 on both paths) needs 128 rows of fp32 activations a page, 256 of bf16
-    lanes = LanePool(model, len(PROMPT), page_rows=128 if dtype == torch.float32 else 256)
-    prompt = torch.tensor(PROMPT, device=device)
-    return model.logits(lanes.forward([Span(lanes.open(), 0, prompt)]).hidden)
+    lanes = LanePool(model, len(prompt), page_rows=128 if dtype == torch.float32 else 256)
+    ids = torch.tensor(prompt, device=device)
+    return model.logits(lanes.forward([Span(lanes.open(), 0, ids)]).hidden)
+
+
+def first_rows(model: HybridModel, device: str, dtype: torch.dtype) -> list[torch.Tensor]:
+    """The logits the greedy requests' first tokens are drawn from (their prompts' last rows), in order."""
+    return [prompt_logits(model, device, dtype, request.prompt)[-1] for request in requests()
+            if request.sampling.temperature == 0.0]
 
 
 def main(rank: int, size: int, rendezvous: str, checkpoint: str, out: str, experts: bool, device: str
@@ -72,9 +79,11 @@ def main(rank: int, size: int, rendezvous: str, checkpoint: str, out: str, exper
     kept = runner_for(model, asked[2].window, 1, graphs=False, kept_states=2)  # the long prompt, kept
     first = drive(model, [asked[2]], STEP_TOKENS, graphs=False, runner=kept)
     again = drive(model, [asked[2]], STEP_TOKENS, graphs=False, runner=kept)  # resumed from its state
+    firsts = first_rows(model, device, dtype)  # every rank: the forward's sums take them all
     if rank == 0:
         Path(out).write_text(json.dumps({
             "logits": logits.float().tolist(), "alone": alone, "together": together,
+            "firsts": [row.float().tolist() for row in firsts],
             "drafted": drafted.tokens,
             "verified": drafted.drafts.drafted, "resumed": [first.tokens[0], again.tokens[0]],
             "cached": [first.cached[0], again.cached[0]], "heads": model.cfg.heads,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import tiny_models
 import torch
-from parallel_rank import prompt_logits
+from parallel_rank import first_rows, prompt_logits
 from reference_loop import row_error
 
 from support import CACHE
@@ -37,6 +37,13 @@ def fp32_logits(checkpoint: Path) -> torch.Tensor:
     """The prompt's logits that one rank on the CPU gives (``parallel_rank``'s), made in this process."""
     model = load_model(Checkpoint.open(checkpoint), "cpu", torch.float32, progress=False)
     return prompt_logits(model, "cpu", torch.float32)
+
+
+def fp32_firsts(checkpoint: Path) -> list[torch.Tensor]:
+    """The rows the greedy requests' first tokens come from, one rank on the CPU in fp32
+    (``parallel_rank.first_rows``), made in this process."""
+    model = load_model(Checkpoint.open(checkpoint), "cpu", torch.float32, progress=False)
+    return first_rows(model, "cpu", torch.float32)
 
 
 def ranks(checkpoint: Path, size: int, root: Path, experts: bool = False, device: str = "cpu"

@@ -16,7 +16,7 @@ import pytest
 import tiny_models
 import torch
 from reference_loop import row_error
-from test_tensor_parallel import fp32_logits, ranks
+from test_tensor_parallel import fp32_firsts, fp32_logits, ranks
 
 from support import CACHE
 
@@ -28,6 +28,10 @@ pytestmark = pytest.mark.gpu
 AS_NEAR = 1.5
 FLOOR = 0.01  # an error under 1% passes whatever one rank's was
 ON_CARD = ("qwen3_5", "qwen3_next", "qwen4_exp")
+# the row a run draws its first token from lies within two of its errors of fp32's (the logits' own, and as
+# much again for the engine's prefill of the same rows in another batch layout), so its token's fp32 logit
+# within four of the best, and a margin wider than that leaves it only fp32's best
+ERRORS = 4
 
 
 @pytest.mark.parametrize("fp8", [False, True])
@@ -45,8 +49,17 @@ def test_on_one_card_two_ranks_give_one_ranks_tokens_and_keep_the_contract(famil
     whole, parts = (row_error(torch.tensor(run["logits"]), exact) for run in (one, split))
     assert parts <= max(AS_NEAR * whole, FLOOR), \
         f"two ranks err {parts:.4f} against fp32, one rank {whole:.4f}"
-    # the greedy requests' first tokens, drawn from logits held near above: later ones may part where a step's
-    # top two are within bf16's reach of each other (the CPU in bf16 parts qwen3_5's at the seventh token)
-    assert [split["alone"][i][0] for i in (0, 2)] == [one["alone"][i][0] for i in (0, 2)]
+    # the greedy requests' first tokens: fp32's best where its top two lie further apart than the runs' error
+    # on that row allows; in a nearer tie, which bf16 may break either way, each within that reach of the
+    # best (2026-12-05, H100: qwen3_next's and FP8 qwen4_exp's first tokens parted, the logits within bound)
+    for greedy, best in zip((0, 2), fp32_firsts(checkpoint), strict=True):
+        reach = ERRORS * max((torch.tensor(run["firsts"][greedy // 2]) - best).abs().max().item()
+                             for run in (one, split))
+        top = best.topk(2).values.tolist()
+        tokens = [run["alone"][greedy][0] for run in (one, split)]
+        if top[0] - top[1] > reach:
+            assert tokens == [int(best.argmax())] * 2
+        else:
+            assert all(best[token] >= top[0] - reach for token in tokens), (tokens, top, reach)
     assert split["together"] == split["alone"] == split["drafted"] and split["verified"] > 0
     assert split["resumed"] == [split["alone"][2]] * 2 and split["cached"][0] == 0 < split["cached"][1]
