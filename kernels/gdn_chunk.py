@@ -44,11 +44,40 @@ PRECISION = tl.constexpr("tf32x3")
 PIECE = 64
 LANES_BLOCK = 128  # lanes' chunk offsets read at a time when a program looks for its lane
 NUM_WARPS = 4  # one warpgroup: at 8, Triton splits tf32x3 products over two mma layouts and spills
+# T by the doubling in one tf32 pass, then one Newton step (X + X E, E = I - X - a X, X cut to tf32 bits so
+# that a X takes two passes, X E one), and W, U as T's columns scaled times the raw 16-bit rows in two
+# passes: 23 tensor-core passes a chunk against tf32x3's 44, within a few times tf32x3's error (emulated,
+# docs/bench/kit/gdn_precision.py: 2.9e-7 and 1.1e-6 of the output against 8e-8 and 1.6e-7; one pass
+# everywhere, 5.6e-4 and 1.2e-3). Off until the device times it (the same values, other bits).
+REFINED = False
 
 
 @triton.jit
 def dot(a, b, acc=None):
     return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+@triton.jit
+def _cut(x):
+    """``x`` (fp32) cut to tf32's bits, exact in one tf32 pass."""
+    return (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _two_pass(a, b):
+    """a @ b for ``b`` exact in tf32: a's tf32 bits, then the rest, a tf32 pass each (tf32x3 less its
+    pass of b's rest, which is zero)."""
+    high = _cut(a)
+    return tl.dot(a - high, b, tl.dot(high, b, input_precision="tf32"), input_precision="tf32")
+
+
+@triton.jit
+def _scaled_dot(x, scale, y, like):
+    """``x @ (scale[:, None] * y)`` for raw rows ``y`` of a tensor like ``like``: as ``x``'s columns scaled
+    times y in two passes where y is 16-bit (exact in tf32), else at PRECISION."""
+    if like.dtype.element_ty == tl.float32:
+        return dot(x, scale[:, None] * y)
+    return _two_pass(x * scale[None, :], y)
 
 
 @triton.jit
@@ -120,7 +149,7 @@ def lane_of(chunk_at, slot, lanes, LANES_BLOCK: tl.constexpr):
 def _chunks(q, k, v, g, beta, cu_seqlens, starts, chunk_at, w, u, p, f, tri, scale, q_row, k_row, v_row,
             lanes, rows_all, KEY_HEADS: tl.constexpr, VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr,
             VALUE_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, PIECE: tl.constexpr,
-            LANES_BLOCK: tl.constexpr, CHUNK: tl.constexpr, LOG_CHUNK: tl.constexpr):
+            LANES_BLOCK: tl.constexpr, CHUNK: tl.constexpr, LOG_CHUNK: tl.constexpr, REFINED: tl.constexpr):
     """Role ``role`` of chunk slot ``slot`` for value head ``head``, as the module docstring lays out."""
     slot, head, role = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     lane = lane_of(chunk_at, slot, lanes, LANES_BLOCK)
@@ -163,14 +192,27 @@ def _chunks(q, k, v, g, beta, cu_seqlens, starts, chunk_at, w, u, p, f, tri, sca
         left = (t[:, None] >> level + 1 == t[None, :] >> level + 1) & \
             (t[:, None] >> level != t[None, :] >> level)
         off = tl.load(tri + at[:, None] * CHUNK + t[None, :], mask=live[:, None] & left, other=0.0)
-        x = x - off if level == 0 else x - dot(dot(x, off), x)
+        if level == 0:
+            x = x - off
+        elif REFINED:
+            x = x - tl.dot(tl.dot(x, off, input_precision="tf32"), x, input_precision="tf32")
+        else:
+            x = x - dot(dot(x, off), x)
+    if REFINED:  # one Newton step from the one-pass T: X + X (I - X - a X)
+        x = _cut(x)
+        tl.debug_barrier()
+        a = tl.load(tri + at[:, None] * CHUNK + t[None, :], mask=live[:, None], other=0.0)
+        residual = tl.where(t[:, None] == t[None, :], 1.0, 0.0) - x - _two_pass(a, x)
+        x = x + tl.dot(x, residual, input_precision="tf32")
     ps = tl.arange(0, PIECE)
     grown = bt * tl.exp(total) * rk
     for n in tl.static_range(BLOCK_K // PIECE):
         tl.debug_barrier()
         y = _load(kh + n * PIECE, r, k_row, live, ps, n * PIECE + ps < KEY_DIM)
-        _store(w + n * PIECE, at, KEY_DIM, live, ps, n * PIECE + ps < KEY_DIM, dot(x, grown[:, None] * y))
+        w_piece = _scaled_dot(x, grown, y, k) if REFINED else dot(x, grown[:, None] * y)
+        _store(w + n * PIECE, at, KEY_DIM, live, ps, n * PIECE + ps < KEY_DIM, w_piece)
     for n in tl.static_range(BLOCK_D // PIECE):
         tl.debug_barrier()
         y = _load(v + head * VALUE_DIM + n * PIECE, r, v_row, live, ps, n * PIECE + ps < VALUE_DIM)
-        _store(u + n * PIECE, at, VALUE_DIM, live, ps, n * PIECE + ps < VALUE_DIM, dot(x, bt[:, None] * y))
+        u_piece = _scaled_dot(x, bt, y, v) if REFINED else dot(x, bt[:, None] * y)
+        _store(u + n * PIECE, at, VALUE_DIM, live, ps, n * PIECE + ps < VALUE_DIM, u_piece)

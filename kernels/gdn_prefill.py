@@ -33,7 +33,7 @@ for 8192 rows of 32 heads), written by phase one and read by phases two and thre
 (key_dim x value_dim) per chunk and value head (268 MB for 8192 rows of 32 heads), written by phase
 two and read by phase three; nothing else. A lane whose offset is -1 is padding: it has no chunks,
 none of the pool is read or written for it and its output rows are zeros. Products are fp32 by
-``tl.dot`` at ``gdn_chunk.PRECISION`` (tf32x3).
+``tl.dot`` at ``gdn_chunk.PRECISION`` (tf32x3); with ``gdn_chunk.REFINED`` phase one's fewer passes.
 
 Exact across splits: every phase places lane row i at tile row (starts[b] + i) % CHUNK, so a chunk's
 arithmetic depends only on its own rows and the state entering it, and every block shape follows the
@@ -246,7 +246,7 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
             lanes, rows, KEY_HEADS=key_heads, VALUE_HEADS=value_heads, KEY_DIM=key_dim, VALUE_DIM=value_dim,
             BLOCK_K=block_k, BLOCK_D=block_d, PIECE=min(gdn_chunk.PIECE, block_k, block_d),
             LANES_BLOCK=gdn_chunk.LANES_BLOCK, CHUNK=CHUNK, LOG_CHUNK=CHUNK.bit_length() - 1,
-            num_warps=gdn_chunk.NUM_WARPS)
+            REFINED=gdn_chunk.REFINED, num_warps=gdn_chunk.NUM_WARPS)
     h = torch.empty(slots, value_heads, key_dim, value_dim, dtype=torch.float32, device=q.device)
     _scan[(triton.cdiv(value_dim, block_v), value_heads, lanes)](
         k, w, u, f, h, states, state_at, cu_seqlens, starts, chunk_at, out, k_row, rows, KEY_HEADS=key_heads,

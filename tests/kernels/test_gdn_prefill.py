@@ -5,14 +5,17 @@ masked, as at the real dims), and for batches of more chunks than cdiv(rows, CHU
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
+import numpy as np
 import pytest
 import torch
 from gdn_shapes import ALIGN, TOL, Dims
 
 from tfd.model import GDN_CHUNK
 from tfd.model.gdn import chunked
-from tfd_kernels import gdn_prefill
+from tfd_kernels import gdn_chunk, gdn_prefill
 
 # 1500 rows of carried state, tf32x3 products and the GPU's approximate exp; the interpreter was within
 # 2e-7 on outputs and 1e-6 on states at these sizes (bf16)
@@ -246,8 +249,41 @@ def test_launcher_names_the_bad_argument() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("refined", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_real_sizes_on_gpu(dtype: torch.dtype) -> None:
+def test_real_sizes_on_gpu(dtype: torch.dtype, refined: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gdn_chunk, "REFINED", refined)
     check_values(REAL, REAL_LANES, dtype, "cuda", REAL_TOL)
     check_split(REAL, REAL_LANES, dtype, "cuda")
     check_alone(REAL, REAL_LANES, dtype, "cuda")
+
+
+@pytest.fixture
+def tf32_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interpreter's products as the tensor cores make them in one tf32 pass: fp32 operands rounded
+    to 10 mantissa bits (the interpreter multiplies every dot in fp32 whatever its precision; tf32x3's
+    products stay so)."""
+    from triton._C.libtriton import ir
+    from triton.runtime import interpreter
+
+    exact = interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(builder: Any, a: Any, b: Any, d: Any, precision: Any, imprecise: Any) -> Any:
+        if precision == ir.INPUT_PRECISION.TF32:
+            a, b = (interpreter.TensorHandle(interpreter._round_f32_to_tf32(x.data), x.dtype)
+                    if x.data.dtype == np.float32 else x for x in (a, b))
+        return exact(builder, a, b, d, precision, imprecise)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_refined_inverse_gives_the_values_split_and_alone(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch,
+                                                          tf32_passes: None) -> None:
+    # one-pass T and a Newton step, W and U in two passes from the raw 16-bit rows (fp32 rows: at PRECISION),
+    # its products rounded as the GPU's: the one-pass T alone errs ~5e-4, past TOL
+    monkeypatch.setattr(gdn_chunk, "REFINED", True)
+    lanes = [Lane(0, 150), Lane(37, 100), Lane(70, 20), Lane(5, 1), Lane(3, 30, padding=True)]
+    check_values(TINY, lanes, dtype, "cpu", TOL)
+    check_split(TINY, lanes[:3], dtype, "cpu")
+    check_alone(TINY, lanes, dtype, "cpu")
