@@ -46,7 +46,8 @@ LANES_BLOCK = 128  # lanes' chunk offsets read at a time when a program looks fo
 NUM_WARPS = 4  # one warpgroup: at 8, Triton splits tf32x3 products over two mma layouts and spills
 # T by the doubling in one tf32 pass, then one Newton step (X + X E, E = I - X - a X, X cut to tf32 bits so
 # that a X takes two passes, X E one), and W, U as T's columns scaled times the raw 16-bit rows in two
-# passes: 23 tensor-core passes a chunk against tf32x3's 44, within a few times tf32x3's error (emulated,
+# passes: 23 tensor-core passes a chunk against tf32x3's 44; phases two and three's products of raw rows
+# (K^T V', Q S) in two passes too; within a few times tf32x3's error (emulated,
 # docs/bench/kit/gdn_precision.py: 2.9e-7 and 1.1e-6 of the output against 8e-8 and 1.6e-7; one pass
 # everywhere, 5.6e-4 and 1.2e-3). Off until the device times it (the same values, other bits).
 REFINED = False
@@ -69,6 +70,16 @@ def _two_pass(a, b):
     pass of b's rest, which is zero)."""
     high = _cut(a)
     return tl.dot(a - high, b, tl.dot(high, b, input_precision="tf32"), input_precision="tf32")
+
+
+@triton.jit
+def exact_left_dot(a, b, acc, like, SPLIT: tl.constexpr):
+    """``acc + a @ b`` for raw rows ``a`` of a tensor like ``like``: with ``SPLIT`` and 16-bit rows (exact
+    in tf32), b's tf32 bits and the rest a tf32 pass each, else at PRECISION."""
+    if SPLIT and like.dtype.element_ty != tl.float32:
+        high = _cut(b)
+        return tl.dot(a, b - high, tl.dot(a, high, acc, input_precision="tf32"), input_precision="tf32")
+    return dot(a, b, acc)
 
 
 @triton.jit

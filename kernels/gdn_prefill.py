@@ -50,7 +50,7 @@ import triton
 import triton.language as tl
 
 from tfd_kernels import gdn_chunk
-from tfd_kernels.gdn_chunk import dot
+from tfd_kernels.gdn_chunk import dot, exact_left_dot
 
 CHUNK = 64  # rows a chunk: tfd.model.GDN_CHUNK (the tests check), restated as kernels do not import tfd
 # Value columns a phase-two program: 128 programs for one lane of 32 heads about fill an H200's 132
@@ -83,7 +83,8 @@ def _lane_tile(cu_seqlens, lane, block, VALUE_DIM: tl.constexpr, BLOCK_V: tl.con
 @triton.jit(do_not_specialize=["rows_all"])
 def _scan(k, w, u, f, h, states, state_at, cu_seqlens, starts, chunk_at, out, k_row, rows_all,
           KEY_HEADS: tl.constexpr, VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr, VALUE_DIM: tl.constexpr,
-          BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PIECE: tl.constexpr, CHUNK: tl.constexpr):
+          BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PIECE: tl.constexpr, CHUNK: tl.constexpr,
+          SPLIT: tl.constexpr):
     """Phase two: value columns ``block`` of head ``head``'s S for lane ``lane``, through its chunks;
     keeps the S entering each chunk in ``h`` and its V' in place of U, for phase three."""
     block, head, lane = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -132,7 +133,7 @@ def _scan(k, w, u, f, h, states, state_at, cu_seqlens, starts, chunk_at, out, k_
             ks = n * PIECE + ps
             kn = tl.load(k + r[None, :] * k_row + key_head * KEY_DIM + ks[:, None],
                          mask=(ks < KEY_DIM)[:, None] & live[None, :], other=0.0)
-            step += (dot(kn.to(tl.float32), fresh, s[n] * g_last),)  # type: ignore[assignment]
+            step += (exact_left_dot(kn.to(tl.float32), fresh, s[n] * g_last, k, SPLIT),)  # type: ignore[assignment]
         s = step
     for n in tl.static_range(BLOCK_K // PIECE):
         ks = n * PIECE + ps
@@ -145,7 +146,7 @@ def _scan(k, w, u, f, h, states, state_at, cu_seqlens, starts, chunk_at, out, k_
 def _output(q, u, p, f, h, cu_seqlens, starts, chunk_at, out, q_row, lanes, KEY_HEADS: tl.constexpr,
             VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr, VALUE_DIM: tl.constexpr, BLOCK_K: tl.constexpr,
             BLOCK_V: tl.constexpr, PIECE: tl.constexpr, CHUNK: tl.constexpr,
-            LANES_BLOCK: tl.constexpr):
+            LANES_BLOCK: tl.constexpr, SPLIT: tl.constexpr):
     """Phase three: chunk slot ``slot``'s output rows for value columns ``block`` of head ``head``,
     O = f_q o (Q S) + P V', from the S that entered the chunk and its V' (phase two's)."""
     block, head, slot = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -167,7 +168,7 @@ def _output(q, u, p, f, h, cu_seqlens, starts, chunk_at, out, q_row, lanes, KEY_
                      mask=live[:, None] & (ks < KEY_DIM)[None, :], other=0.0)
         sn = tl.load(entering + ks[:, None] * VALUE_DIM + vs[None, :],
                      mask=(ks < KEY_DIM)[:, None] & v_live[None, :], other=0.0)
-        qs = dot(qn.to(tl.float32), sn, qs)
+        qs = exact_left_dot(qn.to(tl.float32), sn, qs, q, SPLIT)
     qs *= tl.load(f + at_r, mask=live, other=0.0)[:, None]
     pc = tl.load(p + at_r[:, None] * CHUNK + t[None, :], mask=live[:, None], other=0.0)
     fresh = tl.load(u + at_r[:, None] * VALUE_DIM + vs[None, :], mask=rv, other=0.0)
@@ -251,13 +252,14 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
     _scan[(triton.cdiv(value_dim, block_v), value_heads, lanes)](
         k, w, u, f, h, states, state_at, cu_seqlens, starts, chunk_at, out, k_row, rows, KEY_HEADS=key_heads,
         VALUE_HEADS=value_heads, KEY_DIM=key_dim, VALUE_DIM=value_dim, BLOCK_K=block_k, BLOCK_V=block_v,
-        PIECE=min(gdn_chunk.PIECE, block_k), CHUNK=CHUNK, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        PIECE=min(gdn_chunk.PIECE, block_k), CHUNK=CHUNK, SPLIT=gdn_chunk.REFINED, num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES)
     if slots:
         _output[(triton.cdiv(value_dim, block_v), value_heads, slots)](
             q, u, p, f, h, cu_seqlens, starts, chunk_at, out, q_row, lanes, KEY_HEADS=key_heads,
             VALUE_HEADS=value_heads, KEY_DIM=key_dim, VALUE_DIM=value_dim, BLOCK_K=block_k, BLOCK_V=block_v,
             PIECE=min(gdn_chunk.PIECE, block_k), CHUNK=CHUNK, LANES_BLOCK=gdn_chunk.LANES_BLOCK,
-            num_warps=NUM_WARPS)
+            SPLIT=gdn_chunk.REFINED, num_warps=NUM_WARPS)
     return out
 
 
