@@ -18,7 +18,7 @@ import sys
 
 VARIANTS: dict[str, dict[str, object]] = {
     "base": {},
-    "refined": {"gdn_chunk.REFINED": True},  # one-pass T, a Newton step, two-pass W and U: 23 passes of 44
+    "refined": {"gdn_chunk.REFINED": True},  # one-pass T and a Newton step; raw-row products in two passes
     "chunks_w8": {"gdn_chunk.NUM_WARPS": 8},
     "piece32": {"gdn_chunk.PIECE": 32},
     "scan_bv64": {"gdn_prefill.BLOCK_V": 64},
