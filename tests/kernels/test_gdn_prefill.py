@@ -268,10 +268,15 @@ def tf32_passes(monkeypatch: pytest.MonkeyPatch) -> None:
 
     exact = interpreter.InterpreterBuilder.create_dot
 
+    def rounded(x: Any) -> Any:  # to nearest, ties away from zero, as cvt.rna.tf32.f32 rounds
+        if x.data.dtype != np.float32:
+            return x
+        bits = (x.data.view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xFFFFE000)
+        return interpreter.TensorHandle(bits.view(np.float32), x.dtype)
+
     def create_dot(builder: Any, a: Any, b: Any, d: Any, precision: Any, imprecise: Any) -> Any:
         if precision == ir.INPUT_PRECISION.TF32:
-            a, b = (interpreter.TensorHandle(interpreter._round_f32_to_tf32(x.data), x.dtype)
-                    if x.data.dtype == np.float32 else x for x in (a, b))
+            a, b = rounded(a), rounded(b)
         return exact(builder, a, b, d, precision, imprecise)
 
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
