@@ -105,7 +105,8 @@ PROMPT_WARPS = 8
 # A prompt pass's programs in groups of PROMPT_GROUP tiles that walk their columns together (0: every tile
 # at a column, then the next column): their rows stay in L2 while their experts' weight tiles stream. The
 # 35B-A3B's down launch at 8,192 rows re-read its 75 MB of middles once a column block in that order.
-# Scheduling alone, the same bits; 0 until the H200 says (tfd bench --variant tfd_kernels.moe.PROMPT_GROUP=8).
+# Scheduling alone, the same bits. H100, 35B-A3B 8 x 1,024 prefill, one round (2026-12-05): 0 195.6 ms,
+# 8 280.3, 32 186.2; 0 until two rounds agree (docs/bench/kit/s34a.sh).
 PROMPT_GROUP = 0
 # One row through ``routed``: the choice in the experts' first launch and the combine in the last
 # program of their second; off, the plan's launch and the combining launch (comparisons: same bits).
