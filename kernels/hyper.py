@@ -291,16 +291,21 @@ MIX_K = 64
 MIX_EARLY = False
 
 
+def _prompt(rows: int) -> bool:
+    """Whether a mix over ``rows`` rows takes the prompt's tile and launch: more rows than other tiles'."""
+    return rows > MIX_TILES[-1][0]
+
+
 def mix_tile(rows: int) -> tuple[int, int]:
     """The (row tile, columns a stream) of a mix over ``rows`` rows."""
-    return next(((r, c) for most, r, c in MIX_TILES if rows <= most), (MIX_PROMPT_ROWS, MIX_PROMPT_COLUMNS))
+    if _prompt(rows):
+        return MIX_PROMPT_ROWS, MIX_PROMPT_COLUMNS
+    return next((r, c) for most, r, c in MIX_TILES if rows <= most)
 
 
 def _mix_launch(rows: int) -> dict[str, int]:
     """A mix's warps and pipeline depth over ``rows`` rows: a prompt's its own, else Triton's defaults."""
-    if rows <= MIX_TILES[-1][0]:
-        return {}
-    return {"num_warps": MIX_PROMPT_WARPS, "num_stages": MIX_PROMPT_STAGES}
+    return {"num_warps": MIX_PROMPT_WARPS, "num_stages": MIX_PROMPT_STAGES} if _prompt(rows) else {}
 
 
 def mix(projected: torch.Tensor, up: torch.Tensor, normed: torch.Tensor, streams: int, width: int

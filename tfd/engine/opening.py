@@ -117,14 +117,15 @@ class Opener:
                 failed.append(lane)
                 continue
             lane.resumed(at, self.cache.passed(lane.keep_points, at))
-            lane.joined_after_read(time.monotonic())
+            now = time.monotonic()
+            lane.joined_after_read(now)
             started.append(lane)
             # where a resumed turn's first token waits: before its read, the read, after it
             ended, arrived = restoring.ended or restoring.began, lane.request.arrived or restoring.began
             log.info("request %s resumed %d tokens read back: asked for %.3f s after it arrived (queued for "
                      "the engine at %.3f s, taken at %.3f s), read in %.3f s, in the step %.3f s after",
                      lane.request.id, at, restoring.began - arrived, lane.posted - arrived,
-                     lane.taken - arrived, ended - restoring.began, time.monotonic() - ended)
+                     lane.taken - arrived, ended - restoring.began, now - ended)
         return started, failed
 
     def _ended_reads(self) -> list[tuple[Lane, bool]]:

@@ -29,6 +29,7 @@ from tfd.engine.scheduler import Admission, Scheduler, Work
 
 log = logging.getLogger("tfd.engine")
 
+
 @attrs.frozen
 class Emission:
     """The tokens a lane took this step (a verify round's may be several), the text they settled,
@@ -131,14 +132,15 @@ class Stepper:
         emitted = self._take(drawn, ran_at, ended)
         self.runner.took()
         run_s = time.monotonic() - began
+        step = Step(tuple(admitted), plan.works, tuple(emitted), tuple(ended), ran_at, run_s)
         for emission in emitted:  # where a resumed turn's first token waits: its last part
             lane = emission.lane
             if lane.joined_at is not None and emission.tokens:
                 log.info("request %s's first token, its state read back, came %.3f s after it went on, in a "
                          "step of %.3f s and %d rows", lane.request.id, time.monotonic() - lane.joined_at,
-                         run_s, sum(work.length for work in plan.works))
+                         run_s, step.rows)
                 lane.first_token_told()
-        return Step(tuple(admitted), plan.works, tuple(emitted), tuple(ended), ran_at, run_s)
+        return step
 
     def _take(self, drawn: Sequence[Drawn], now: float, ended: list[Ending]) -> list[Emission]:
         """Each lane's drawn tokens taken one at a time (a round's later tokens may come after its
