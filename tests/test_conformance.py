@@ -1,10 +1,13 @@
 """``tfd conformance`` against a real daemon (the demo model, its trained head drafting): every gate
 holds through the HTTP API and the admin socket, the JSON report keeps every row's key and value,
 two runs compare equal key by key, and so do runs with drafts on and off; without the admin socket
-the run does not pass. Every family's tiny checkpoint passes too."""
+the run does not pass. Every family's tiny checkpoint passes too, Flash Next's with every prompt past its
+sparse attention budget."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,10 +29,25 @@ def server() -> Iterator[ServedDaemon]:
 
 @pytest.fixture(scope="module")
 def first_run(server: ServedDaemon, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The quick profile's report of the demo server (drafting), once for the module."""
+    """The quick profile's report of the demo server (drafting), once for the module; what it
+    printed beside it (``a.txt``)."""
     out = tmp_path_factory.mktemp("kit") / "a.json"
-    assert kit("--url", server.url(), "--admin", str(server.admin), "--json", str(out)) == 0
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        status = kit("--url", server.url(), "--admin", str(server.admin), "--json", str(out))
+    assert status == 0, printed.getvalue()
+    out.with_suffix(".txt").write_text(printed.getvalue())
     return out
+
+
+@pytest.fixture(scope="module")
+def second_run(server: ServedDaemon, first_run: Path, tmp_path_factory: pytest.TempPathFactory
+               ) -> tuple[int, str, Path]:
+    """The quick profile again on the same server, now warm (its prompt cache holds the first run's
+    turns), without the admin socket: its exit status, what it printed and its report."""
+    out = tmp_path_factory.mktemp("kit") / "b.json"
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        status = kit("--url", server.url(), "--json", str(out))
+    return status, printed.getvalue(), out
 
 
 def told(daemon: ServedDaemon, capsys: pytest.CaptureFixture[str]) -> str:
@@ -46,28 +64,29 @@ def kit(*args: str) -> int:
     return int(ended.value.code or 0)
 
 
-def test_every_gate_holds_and_two_runs_agree(server: ServedDaemon, first_run: Path, tmp_path: Path,
+def test_every_gate_holds_and_two_runs_agree(server: ServedDaemon, first_run: Path,
+                                             second_run: tuple[int, str, Path],
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    first, second = first_run, tmp_path / "b.json"
-    capsys.readouterr()
-    assert kit("--url", server.url(), "--admin", str(server.admin), "--json", str(second)) == 0, \
-        told(server, capsys)
-    printed = capsys.readouterr().out
+    words = json.loads(first_run.read_text())
+    assert words["ok"] is True and words["skipped"] == {}, told(server, capsys)
+    printed = first_run.with_suffix(".txt").read_text()
     assert "every gate holds" in printed
     for gate in report.GATES:
         assert f"\n{gate}" in printed
-    words = json.loads(first.read_text())
-    assert words["ok"] is True and words["skipped"] == {}
     gates = {row["gate"] for row in words["rows"]}
     assert gates == set(report.GATES)
     concurrent = [row for row in words["rows"] if row["gate"] == "concurrent"]
     assert {row["key"]["concurrency"] for row in concurrent} == {1, 2, 4}
     assert all(len(row["value"]) == 64 for row in concurrent)  # token shas
-    assert kit("--compare", str(first), str(second)) == 0
+    assert (words["budget"], words["lead"]) == (None, 0)  # the Qwen3.5 demo attends every position
+    # the second run, warm and without the admin socket: every row it has is the first run's
+    second = json.loads(second_run[2].read_text())["rows"]
+    alone = {Row(**row).name for row in words["rows"] if row["gate"] in ("cancel", "evict")}
+    keys = len({Row(**row).name for row in words["rows"]}) - len(alone)
+    assert kit("--compare", str(first_run), str(second_run[2])) == 0
     compared = capsys.readouterr().out
-    keys = len({Row(**row).name for row in words["rows"]})
-    rows = len(json.loads(second.read_text())["rows"])
-    assert f"{len(words['rows'])} and {rows} rows, {keys} keys in both, 0 differ" in compared
+    assert f"{len(words['rows'])} and {len(second)} rows, {keys} keys in both, 0 differ; " \
+        f"{len(alone)} and 0 keys in one alone" in compared, compared
 
 
 def test_runs_with_drafts_on_and_off_agree(first_run: Path, served: type[ServedDaemon], tmp_path: Path,
@@ -81,12 +100,13 @@ def test_runs_with_drafts_on_and_off_agree(first_run: Path, served: type[ServedD
     assert " 0 differ; 0 and 0 keys in one alone" in capsys.readouterr().out
 
 
-def test_a_run_without_the_admin_socket_does_not_pass(server: ServedDaemon,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    assert kit("--url", server.url()) == 1
-    printed = capsys.readouterr().out
+def test_a_run_without_the_admin_socket_does_not_pass(second_run: tuple[int, str, Path]) -> None:
+    status, printed, out = second_run
+    assert status == 1
     assert "cancel" in printed and "skipped: no --admin socket" in printed
     assert "the contract does NOT hold" in printed
+    assert json.loads(out.read_text())["skipped"] == {"cancel": "no --admin socket",
+                                                      "evict": "no --admin socket"}
 
 
 def test_compare_names_the_keys_that_differ(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -107,10 +127,22 @@ def test_an_unreachable_server_is_named(capsys: pytest.CaptureFixture[str]) -> N
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_every_family_passes(family: str, capsys: pytest.CaptureFixture[str]) -> None:
-    # each family's tiny checkpoint with a drafting head, so every gate has drafts to check
+def test_every_family_passes(family: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each family's tiny checkpoint with a drafting head, so every gate has drafts to check. Flash
+    Next's attends its best 16 positions past a budget of 16: every prompt begins with a lead past
+    it; the other families have no such budget, and their prompts no lead."""
+    out = tmp_path / "kit.json"
     with tiny_server(family, head=True, TF_DRAFTS="1", TF_MTP_DRAFTS="2", TF_MTP_CONFIDENCE="0") as daemon:
-        assert kit("--url", daemon.url(), "--admin", str(daemon.admin)) == 0, told(daemon, capsys)
+        budget = daemon.get("/v1/models").json()["data"][0].get("sparse_attention_budget")
+        ran = kit("--url", daemon.url(), "--admin", str(daemon.admin), "--json", str(out))
+        assert ran == 0, told(daemon, capsys)
+    found = report.read(out)
+    if family != "qwen4_exp":
+        assert budget is None and (found.budget, found.lead) == (None, 0)
+        return
+    assert budget == found.budget == 16 and 16 + 16 <= found.lead < 2 * (16 + 16)
+    assert f"prompts begin with {found.lead} tokens: past the model's sparse attention budget of 16" in \
+        capsys.readouterr().out
 
 
 def test_a_soak_of_random_requests_and_cancels_holds(server: ServedDaemon, tmp_path: Path,
@@ -145,25 +177,8 @@ def test_a_soak_needs_the_admin_socket(server: ServedDaemon) -> None:
     assert kit("--url", server.url(), "--soak", "1") == 2
 
 
-def test_a_model_with_sparse_attention_is_checked_past_its_budget(
-        server: ServedDaemon, first_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Flash Next's demo attends its best 64 positions past a budget of 64: every prompt begins with
-    a lead past it. The Qwen3.5 demo has no such budget, and its prompts no lead."""
-    assert "sparse_attention_budget" not in server.get("/v1/models").json()["data"][0]
-    plain = report.read(first_run)
-    assert (plain.budget, plain.lead) == (None, 0)
-    with started_server(TF_DEMO="flashnext") as daemon:
-        assert daemon.get("/v1/models").json()["data"][0]["sparse_attention_budget"] == 64
-        out = tmp_path / "flashnext.json"
-        ran = kit("--url", daemon.url(), "--admin", str(daemon.admin), "--json", str(out))
-        assert ran == 0, told(daemon, capsys)
-        found = report.read(out)
-        assert found.budget == 64 and 64 + 16 <= found.lead < 2 * (64 + 16)
-        assert f"prompts begin with {found.lead} tokens: past the model's sparse attention budget of 64" in \
-            capsys.readouterr().out
-
-
 def test_a_context_too_short_to_pass_the_budget_is_named(capsys: pytest.CaptureFixture[str]) -> None:
     with started_server(TF_DEMO="flashnext", TF_CONTEXT="192") as daemon:
+        assert daemon.get("/v1/models").json()["data"][0]["sparse_attention_budget"] == 64
         assert kit("--url", daemon.url(), "--admin", str(daemon.admin)) == 1
         assert "holds no conversation past its sparse attention budget of 64" in capsys.readouterr().err

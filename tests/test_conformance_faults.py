@@ -17,6 +17,7 @@ from support import InProcessDaemon
 from tfd.cache.kept import KeptState, KeptStates
 from tfd.conformance import soak as soak_module
 from tfd.conformance.client import Client
+from tfd.conformance.gates import PROFILES, Profile
 from tfd.conformance.kit import check
 from tfd.conformance.report import Report
 from tfd.conformance.soak import soak
@@ -27,15 +28,24 @@ from tfd.model.memory import LaneMemory
 from tfd.pool.pages import Lease
 from tfd_kernels import conv1d
 
+# The quick profile cut to what each planted fault needs to show: two prompts, lanes side by side in
+# twos, one conversation (each gate's code the same; three fifths of the quick profile's requests)
+FAULTS = Profile("faults", prompts=2, levels=(1, 2), drafts=(True, False), conversations=1, new_tokens=12)
+
+
+@pytest.fixture(autouse=True)
+def faults_profile(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(PROFILES, FAULTS.name, FAULTS)
+
 
 async def checked(workdir: Path) -> Report:
-    """The quick profile against a daemon of the demo model (trained: its tokens follow its state
+    """The faults profile against a daemon of the demo model (trained: its tokens follow its state
     closely, where a tiny random checkpoint's barely move), in this process."""
     async with trio.open_nursery() as nursery:
         served = InProcessDaemon(workdir)
         await nursery.start(served.run)
         client = Client(served.url, None, served.daemon.admin_path)
-        found = await trio.to_thread.run_sync(check, client, served.url, "quick")
+        found = await trio.to_thread.run_sync(check, client, served.url, FAULTS.name)
         served.daemon.lifecycle.request_drain("test over")
     return found
 

@@ -12,9 +12,11 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import parallel_rank
 import pytest
 import tiny_models
 import torch
@@ -68,14 +70,31 @@ def ranks(checkpoint: Path, size: int, root: Path, experts: bool = False, device
     return found
 
 
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path], dict[str, Any]]:
+    """What one rank writes for a checkpoint (``parallel_rank.main`` without a group), run in this
+    process once a checkpoint: the reference of every split of it."""
+    seen: dict[Path, dict[str, Any]] = {}
+
+    def run(checkpoint: Path) -> dict[str, Any]:
+        if checkpoint not in seen:
+            out = tmp_path_factory.mktemp("one") / "out.json"
+            parallel_rank.main(0, 1, "", str(checkpoint), str(out), experts=False, device="cpu")
+            seen[checkpoint] = json.loads(out.read_text())
+        return seen[checkpoint]
+
+    return run
+
+
 @pytest.mark.parametrize(("family", "size", "experts"), [
     *[(family, size, False) for family in tiny_models.FAMILIES for size in (2, 4)],
     *[(family, 2, True) for family in tiny_models.FAMILIES if family != "qwen3_5"]])  # MoE: experts whole
-def test_ranks_give_one_ranks_logits_and_tokens_and_keep_the_contract(family: str, size: int, experts: bool,
-                                                                      tmp_path: Path) -> None:
+def test_ranks_give_one_ranks_logits_and_tokens_and_keep_the_contract(
+        family: str, size: int, experts: bool, one_rank: Callable[[Path], dict[str, Any]],
+        tmp_path: Path) -> None:
     wide = size == 4  # the tiny models' 2 key-value heads split into 2; their wide twins' 4 into 4
     checkpoint = tiny_models.save(family, CACHE / "tiny-plain", head=True, wide=wide)
-    one, split = ranks(checkpoint, 1, tmp_path / "one"), ranks(checkpoint, size, tmp_path / "split", experts)
+    one, split = one_rank(checkpoint), ranks(checkpoint, size, tmp_path / "split", experts)
     assert one["heads"] == split["heads"] * size and one["value_heads"] == split["value_heads"] * size
     whole, parts = torch.tensor(one["logits"]), torch.tensor(split["logits"])
     assert ((parts - whole).abs().max() / whole.abs().max()).item() < NEAR
@@ -96,10 +115,11 @@ def test_a_split_the_key_value_heads_do_not_allow_is_refused_by_name(tmp_path: P
 
 
 @pytest.mark.parametrize("family", tiny_models.FAMILIES)
-def test_fp8_ranks_give_one_ranks_logits_and_keep_the_contract(family: str, tmp_path: Path) -> None:
+def test_fp8_ranks_give_one_ranks_logits_and_keep_the_contract(
+        family: str, one_rank: Callable[[Path], dict[str, Any]], tmp_path: Path) -> None:
     checkpoint = tiny_models.save_released_fp8(family, CACHE, aligned=True)
     source = tiny_models.save(family, CACHE / "tiny-plain", head=True, expert_inner=256, aligned=True)
-    one, split = ranks(checkpoint, 1, tmp_path / "one"), ranks(checkpoint, 2, tmp_path / "split")
+    one, split = one_rank(checkpoint), ranks(checkpoint, 2, tmp_path / "split")
     assert "refused" not in split and one["heads"] == split["heads"] * 2
     whole, parts = torch.tensor(one["logits"]), torch.tensor(split["logits"])
     unquantized = fp32_logits(source)
