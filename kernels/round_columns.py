@@ -3,7 +3,7 @@ count with the columns the head's cells read, and the next round's columns with 
 
 A round (``tfd.engine.round_step``) works on its packed columns ([fields, lanes * rows] int64, a
 lane's ``rows`` window rows side by side: token, position, visible keys, sampling key, temperature,
-draw row, offsets, page table; ``tfd.model.decode.Columns``). Around the layers it needs small integer
+draw row, offsets, page table; ``tfd.model.decode_batch.Columns``). Around the layers it needs small integer
 work a lane: its page table copied into its live rows, how many rows it keeps (its first, and each
 draft while it equals the token drawn before it), the columns fed the drawn tokens, the next round's
 window. torch took about 40 launches a round for these, ~1 us each and as long again between them in a

@@ -1,7 +1,7 @@
 """A decode step's inputs in one launch: each lane's embedding row, its rotary angles, and the page
 table and visible keys as int32, gathered from the step's packed batch.
 
-A decode step starts from ``tfd.model.decode.DecodeBatch.packed`` ([fields, lanes] int64: token,
+A decode step starts from ``tfd.model.decode_batch.DecodeBatch.packed`` ([fields, lanes] int64: token,
 position, visible keys, ..., page table). torch takes ten small launches to turn it into what the
 layers read (the embedding gather, the angles' product, concatenation, cos, sin and casts, two
 int32 copies), about 20 us a step on the H200 at one lane; this takes one. The angles come from

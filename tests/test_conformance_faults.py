@@ -23,7 +23,7 @@ from tfd.conformance.report import Report
 from tfd.conformance.soak import soak
 from tfd.engine.lane import Lane
 from tfd.engine.runner import Runner
-from tfd.model.decode import Columns, DecodeBatch
+from tfd.model.decode_batch import Columns, DecodeBatch
 from tfd.model.memory import LaneMemory
 from tfd.pool.pages import Lease
 from tfd_kernels import conv1d

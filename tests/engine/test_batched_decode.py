@@ -19,7 +19,8 @@ from tfd.checkpoint import Checkpoint
 from tfd.engine import runner
 from tfd.engine.request import Request, Sampling
 from tfd.families.hybrid import HybridModel, load_model
-from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
+from tfd.model.decode import DecodeMemory
+from tfd.model.decode_batch import Columns, DecodeBatch
 from tfd.model.memory import LaneMemory, PageRows, Span
 from tfd.pool.pages import Lease, Pool
 

@@ -14,7 +14,8 @@ from support import CACHE
 from tfd.checkpoint import Checkpoint
 from tfd.engine.proposer import Absorb, HeadProposer
 from tfd.families.hybrid import HybridModel, load_model
-from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
+from tfd.model.decode import DecodeMemory
+from tfd.model.decode_batch import Columns, DecodeBatch
 from tfd.model.memory import LaneMemory, Span
 
 PROMPT = 40

@@ -18,7 +18,8 @@ import torch
 from support import CACHE
 from tfd.checkpoint import Checkpoint
 from tfd.families.hybrid import HybridModel, load_model
-from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
+from tfd.model.decode import DecodeMemory
+from tfd.model.decode_batch import Columns, DecodeBatch
 from tfd.model.memory import LaneMemory, PageRows, Span
 from tfd.model.verify import VerifyLanes
 from tfd.pool.pages import Lease, Pool

@@ -34,7 +34,8 @@ from tfd.engine.lane import Lane
 from tfd.engine.sampling import draw
 from tfd.engine.scheduler import Work
 from tfd.families.hybrid import HybridModel
-from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
+from tfd.model.decode import DecodeMemory
+from tfd.model.decode_batch import Columns, DecodeBatch
 from tfd.model.memory import ints_on, to_device, to_host
 
 

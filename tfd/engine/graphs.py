@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from tfd.engine.round_step import RoundInputs, host_inputs
-from tfd.model.decode import Columns, DecodeBatch, fields_major
+from tfd.model.decode_batch import Columns, DecodeBatch, fields_major
 
 log = logging.getLogger("tfd.graphs")
 Step = Callable[[DecodeBatch], tuple[torch.Tensor, ...]]  # a batch's outputs, each with a row a lane

@@ -18,7 +18,8 @@ from tfd.cache.prompt_cache import PromptCache, Start
 from tfd.engine.lane import Lane
 from tfd.engine.scheduler import Admission
 from tfd.families.hybrid import HybridModel
-from tfd.model.decode import Columns, DecodeMemory
+from tfd.model.decode import DecodeMemory
+from tfd.model.decode_batch import Columns
 from tfd.model.memory import LaneMemory
 from tfd.model.verify import VerifyLanes
 from tfd.pool.pages import Pool

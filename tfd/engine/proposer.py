@@ -28,7 +28,8 @@ import torch
 
 from tfd.engine.sampling import draw
 from tfd.families.hybrid import HybridModel
-from tfd.model.decode import FIXED, Columns, DecodeBatch, DecodeMemory, fields_major, temperature_bits
+from tfd.model.decode import DecodeMemory
+from tfd.model.decode_batch import FIXED, Columns, DecodeBatch, fields_major, temperature_bits
 from tfd.model.memory import LaneMemory, PageRows, Span, ints_on, to_device
 
 

@@ -25,7 +25,8 @@ import torch
 from tfd.engine.proposer import Chained, chain
 from tfd.engine.sampling import draw
 from tfd.families.hybrid import HybridModel
-from tfd.model.decode import Columns, DecodeBatch, DecodeMemory, fields_major
+from tfd.model.decode import DecodeMemory
+from tfd.model.decode_batch import Columns, DecodeBatch, fields_major
 from tfd.model.memory import to_device
 from tfd.model.verify import VerifyLanes
 from tfd_kernels import round_columns

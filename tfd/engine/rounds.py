@@ -38,7 +38,8 @@ from tfd.engine.round_step import RoundInputs, RoundStep, host_inputs
 from tfd.engine.sampling import Rows, logprobs, sample
 from tfd.engine.scheduler import Work
 from tfd.families.hybrid import HybridModel
-from tfd.model.decode import Columns, DecodeBatch, DecodeMemory
+from tfd.model.decode import DecodeMemory
+from tfd.model.decode_batch import Columns, DecodeBatch
 from tfd.model.memory import PageRows, to_host
 from tfd.model.verify import VerifyLanes
 from tfd_kernels import round_columns

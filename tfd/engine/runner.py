@@ -27,7 +27,8 @@ from tfd.engine.prefill_pass import PrefillPass
 from tfd.engine.rounds import Propose, Rounds, drafts_from_head
 from tfd.engine.scheduler import Admission, Work
 from tfd.families.hybrid import HybridModel
-from tfd.model.decode import Columns, DecodeMemory
+from tfd.model.decode import DecodeMemory
+from tfd.model.decode_batch import Columns
 from tfd.model.memory import PageRows
 from tfd.pool.pages import Pool
 

@@ -20,15 +20,8 @@ from tfd.families.lane_state import AttentionRows, DraftBuffers, GdnLayers, PleS
 from tfd.families.naming import Get, Named, Naming, Shape
 from tfd.families.random_weights import random_tensors
 from tfd.families.sharding import Sharded, block_refusals, rank_config, read_by, refusals, taken
-from tfd.model.decode import (
-    DecodeBatch,
-    DecodeMemory,
-    batches,
-    lane_fields,
-    run_decode,
-    run_draft_rows,
-    run_rows,
-)
+from tfd.model.decode import DecodeMemory, batches, run_decode, run_draft_rows, run_rows
+from tfd.model.decode_batch import DecodeBatch, lane_fields
 from tfd.model.gdn import GdnWeights
 from tfd.model.memory import PageRows, Span
 from tfd.model.mtp import Draft, MtpWeights, draft
