@@ -141,7 +141,6 @@ class DecodeBatch:
         return self.packed[self.columns.table_field:].T
 
 
-
 def lane_fields(batch: DecodeBatch) -> torch.Tensor:
     """Every row's offset fields, [columns.offsets, rows]: the GDN states', their conv tails', then
     (with PLE) the PLE tail's and the n-gram history's."""
