@@ -1,5 +1,6 @@
 """The MoE block: CUDA's path (``grouped_moe``, the grouped kernels, run here in Triton's interpreter)
-against the CPU reference path ``moe`` takes here, and a row's bits whatever the batch."""
+against the CPU reference path ``moe`` takes here, and a row's bits whatever the batch; the CPU path's
+experts taken together against the same products a (row, expert) pair at a time."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import pytest
 import torch
 
 from tfd.model.fp8 import Joined, quantize_experts, quantize_weight
-from tfd.model.mlp import DenseMlp, MoeWeights, grouped_moe, moe
-from tfd.model.ops import linear
+from tfd.model.mlp import DenseMlp, MoeWeights, grouped_moe, moe, routed_reference
+from tfd.model.ops import linear, silu
+from tfd_kernels import router
 
 EXPERTS, TOP_K, HIDDEN, INNER = 8, 4, 64, 32
 # The CPU path sums the routed experts in the model dtype and rounds each SwiGLU step; the kernels
@@ -17,15 +19,15 @@ EXPERTS, TOP_K, HIDDEN, INNER = 8, 4, 64, 32
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
 
 
-def weights(shared_inner: int, dtype: torch.dtype, seed: int = 0) -> MoeWeights:
+def weights(shared_inner: int, dtype: torch.dtype, seed: int = 0, inner: int = INNER) -> MoeWeights:
     generator = torch.Generator().manual_seed(seed)
 
     def randn(*shape: int) -> torch.Tensor:
         return (torch.randn(*shape, generator=generator) / shape[-1] ** 0.5).to(dtype)
 
     shared = DenseMlp(randn(2 * shared_inner, HIDDEN), randn(HIDDEN, shared_inner))
-    return MoeWeights(router=randn(EXPERTS + 1, HIDDEN) * 4, gate_up=randn(EXPERTS, 2 * INNER, HIDDEN),
-                      down=randn(EXPERTS, HIDDEN, INNER), shared=shared, top_k=TOP_K, norm_top_k=True)
+    return MoeWeights(router=randn(EXPERTS + 1, HIDDEN) * 4, gate_up=randn(EXPERTS, 2 * inner, HIDDEN),
+                      down=randn(EXPERTS, HIDDEN, inner), shared=shared, top_k=TOP_K, norm_top_k=True)
 
 
 def rows(count: int, dtype: torch.dtype, seed: int = 1) -> torch.Tensor:
@@ -92,3 +94,42 @@ def test_a_shared_expert_whose_gate_and_up_stay_apart_in_fp8_is_refused_by_the_k
     apart = attrs.evolve(w, shared=DenseMlp(joined, w.shared.down))
     with pytest.raises(ValueError, match=r"one float or FP8 weight a product, not Joined"):
         grouped(apart, rows(2, torch.float32))
+
+
+def pair_by_pair(w: MoeWeights, x: torch.Tensor, experts: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """The routed sum one (row, expert) pair at a time, each row's experts in ascending id, skipping the
+    experts not held: what ``routed_reference`` must equal bit for bit."""
+    routed, inner = torch.zeros_like(x), w.down.shape[2]
+    for row in range(x.shape[0]):
+        for expert, weight in sorted(zip(experts[row].tolist(), chosen[row], strict=True)):
+            if not w.first_expert <= expert < w.first_expert + w.down.shape[0]:
+                continue
+            gate_up = linear(x[row:row + 1], w.gate_up[expert - w.first_expert])
+            hidden = silu(gate_up[:, :inner]) * gate_up[:, inner:]
+            routed[row] += (linear(hidden, w.down[expert - w.first_expert]) * weight)[0]
+    return routed
+
+
+@pytest.mark.parametrize("held", ["all", "upper half"])  # upper half: expert parallel's second rank
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("inner", [32, 40])  # rows of whole AVX-512 vectors of floats, and with a tail of 8
+@pytest.mark.parametrize("count", [1, 6, 40])
+def test_the_cpu_paths_experts_taken_together_are_the_products_a_pair_at_a_time(
+        count: int, inner: int, dtype: torch.dtype, held: str) -> None:
+    w, x = weights(48, dtype, inner=inner), rows(count, dtype)
+    if held == "upper half":
+        half = EXPERTS // 2
+        w = attrs.evolve(w, gate_up=w.gate_up[half:], down=w.down[half:], first_expert=half)
+    experts, chosen = router.reference(linear(x, w.router)[:, :EXPERTS], TOP_K, True, dtype)
+    assert len(set(experts.flatten().tolist())) > 1  # several experts, each with its own rows
+    want = pair_by_pair(w, x, experts, chosen)
+    assert torch.equal(routed_reference(w, x, experts, chosen), want)
+    took = ((experts >= w.first_expert) & (experts < w.first_expert + w.down.shape[0])).any(dim=1)
+    assert torch.equal(want.abs().sum(dim=1) > 0, took)  # a row that took no expert held adds nothing
+    assert torch.equal(moe(w, x)[count // 2:count // 2 + 1], moe(w, x[count // 2:count // 2 + 1]))
+
+
+def test_the_cpu_paths_fp8_experts_taken_together_are_the_products_a_pair_at_a_time() -> None:
+    w, x = fp8_weights(48, torch.float32), rows(40, torch.float32)
+    experts, chosen = router.reference(linear(x, w.router)[:, :EXPERTS], TOP_K, True, torch.float32)
+    assert torch.equal(routed_reference(w, x, experts, chosen), pair_by_pair(w, x, experts, chosen))

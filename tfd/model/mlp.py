@@ -1,7 +1,8 @@
 """Feed-forward blocks: dense SwiGLU, and the sparse MoE with its shared expert (model.md 2.6).
 
 The router runs its softmax in fp32; each row's routed experts are summed in ascending expert
-order, one row at a time, so a row's output never depends on which other rows chose the expert.
+order, every product a row of its own, so a row's output never depends on which other rows chose
+the expert.
 On CUDA the block after the router's product is ``grouped_moe``: the grouped kernels of
 ``tfd_kernels.moe`` run the routed experts in the same order, their sum in fp32 rather than the model
 dtype and each expert's SwiGLU middle rounded once rather than after each step, and the shared
@@ -85,17 +86,26 @@ def moe(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:
     count = logits.shape[1] - 1
     choice, gate, shared = logits[:, :count], logits[:, count:], dense(w.shared, x)
     experts, weights = router.reference(choice, w.top_k, w.norm_top_k, x.dtype)
+    return sigmoid_gate(shared, gate, routed_reference(w, x, experts, weights))
+
+
+def routed_reference(w: MoeWeights, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
+                     ) -> torch.Tensor:
+    """The routed experts' sum for rows ``x`` that chose ``experts`` [rows, top_k] with ``weights``, in
+    the model dtype: expert by expert in ascending id, each expert's rows together but every product a
+    row of its own (``linear``), so each row's sum takes its experts in ascending id whatever its batch.
+    Under expert parallel the experts not held are skipped: another rank adds them."""
     inner, held = w.down.shape[2], range(w.first_expert, w.first_expert + w.down.shape[0])
     routed = torch.zeros_like(x)
-    for row in range(x.shape[0]):
-        ranked = sorted(zip(experts[row].tolist(), weights[row], strict=True))
-        for expert, weight in ranked:
-            if expert not in held:  # expert parallel: another rank adds it
-                continue
-            gate_up = linear(x[row:row + 1], w.gate_up[expert - w.first_expert])
-            hidden = silu(gate_up[:, :inner]) * gate_up[:, inner:]
-            routed[row] += (linear(hidden, w.down[expert - w.first_expert]) * weight)[0]
-    return sigmoid_gate(shared, gate, routed)
+    for expert in torch.unique(experts).tolist():  # ascending
+        if expert not in held:
+            continue
+        rows, slot = (experts == expert).nonzero(as_tuple=True)
+        gate_up = linear(x[rows], w.gate_up[expert - w.first_expert])
+        hidden = silu(gate_up[:, :inner]) * gate_up[:, inner:]
+        made = linear(hidden, w.down[expert - w.first_expert]) * weights[rows, slot, None]
+        routed.index_add_(0, rows, made)  # one addition an element: the rows are distinct
+    return routed
 
 
 def moe_add_zrms(w: MoeWeights, x: Input, residual: torch.Tensor, weight: torch.Tensor, eps: float
