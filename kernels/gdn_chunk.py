@@ -49,8 +49,10 @@ NUM_WARPS = 4  # one warpgroup: at 8, Triton splits tf32x3 products over two mma
 # passes: 23 tensor-core passes a chunk against tf32x3's 44; phases two and three's products of raw rows
 # (K^T V', Q S) in two passes too; within a few times tf32x3's error (emulated,
 # docs/bench/kit/gdn_precision.py: 2.9e-7 and 1.1e-6 of the output against 8e-8 and 1.6e-7; one pass
-# everywhere, 5.6e-4 and 1.2e-3). Off until the device times it (the same values, other bits).
-REFINED = False
+# everywhere, 5.6e-4 and 1.2e-3). On: H100, 8 x 1,024 rows of the MoE shapes' heads, the three launches
+# 2.43 -> 1.37 ms; Flash Next's 1 x 1,024 prefill no slower (2026-12-06, docs/bench.md). The same values as
+# tf32x3's within REAL_TOL, other bits: False gives those.
+REFINED = True
 
 
 @triton.jit

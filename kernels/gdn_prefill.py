@@ -33,8 +33,8 @@ for 8192 rows of 32 heads), written by phase one and read by phases two and thre
 (key_dim x value_dim) per chunk and value head (268 MB for 8192 rows of 32 heads), written by phase
 two and read by phase three; nothing else. A lane whose offset is -1 is padding: it has no chunks,
 none of the pool is read or written for it and its output rows are zeros. Products are fp32 by
-``tl.dot`` at ``gdn_chunk.PRECISION`` (tf32x3); with ``gdn_chunk.REFINED`` in fewer passes to about the
-same accuracy (phase one's inverse refined, the products of raw 16-bit rows in two).
+``tl.dot`` at ``gdn_chunk.PRECISION`` (tf32x3), or with ``gdn_chunk.REFINED`` (the default) in fewer
+passes to about the same accuracy (phase one's inverse refined, the products of raw 16-bit rows in two).
 
 Exact across splits: every phase places lane row i at tile row (starts[b] + i) % CHUNK, so a chunk's
 arithmetic depends only on its own rows and the state entering it, and every block shape follows the

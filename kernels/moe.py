@@ -105,9 +105,9 @@ PROMPT_WARPS = 8
 # A prompt pass's programs in groups of PROMPT_GROUP tiles that walk their columns together (0: every tile
 # at a column, then the next column): their rows stay in L2 while their experts' weight tiles stream. The
 # 35B-A3B's down launch at 8,192 rows re-read its 75 MB of middles once a column block in that order.
-# Scheduling alone, the same bits. H100, 35B-A3B 8 x 1,024 prefill, one round (2026-12-05): 0 195.6 ms,
-# 8 280.3, 32 186.2; 0 until two rounds agree (docs/bench/kit/s34a.sh).
-PROMPT_GROUP = 0
+# Scheduling alone, the same bits. H100, 8 x 1,024 prefill, best of 3 (2026-12-06): 35B-A3B 0 202.7 ms,
+# 32 187.9; Qwen3-Next-80B-A3B 0 133.2, 32 111.2 (2026-12-05: 8 280.3, 32 186.2 against 0 195.6).
+PROMPT_GROUP = 32
 # One row through ``routed``: the choice in the experts' first launch and the combine in the last
 # program of their second; off, the plan's launch and the combining launch (comparisons: same bits).
 ONE_ROW = True

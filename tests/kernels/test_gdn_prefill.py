@@ -282,12 +282,15 @@ def tf32_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
 
 
+@pytest.mark.parametrize("refined", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_refined_inverse_gives_the_values_split_and_alone(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch,
-                                                          tf32_passes: None) -> None:
-    # one-pass T and a Newton step, W and U in two passes from the raw 16-bit rows (fp32 rows: at PRECISION),
-    # its products rounded as the GPU's: the one-pass T alone errs ~5e-4, past TOL
-    monkeypatch.setattr(gdn_chunk, "REFINED", True)
+def test_either_inverse_gives_the_values_split_and_alone(dtype: torch.dtype, refined: bool,
+                                                         monkeypatch: pytest.MonkeyPatch, tf32_passes: None
+                                                         ) -> None:
+    # refined (the default): one-pass T and a Newton step, W and U in two passes from the raw 16-bit rows
+    # (fp32 rows: at PRECISION), its products rounded as the GPU's: the one-pass T alone errs ~5e-4, past
+    # TOL; not refined: every product at PRECISION (tf32x3)
+    monkeypatch.setattr(gdn_chunk, "REFINED", refined)
     lanes = [Lane(0, 150), Lane(37, 100), Lane(70, 20), Lane(5, 1), Lane(3, 30, padding=True)]
     check_values(TINY, lanes, dtype, "cpu", TOL)
     check_split(TINY, lanes[:3], dtype, "cpu")
