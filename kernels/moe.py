@@ -93,11 +93,13 @@ FP8_DOWN_N, FP8_DOWN_STAGES = DOWN_N, DOWN_STAGES
 ROW_CHUNK = 8192
 # A pass whose routed pairs average PROMPT_PAIRS an expert or more (a prompt's) takes tiles of PROMPT_M
 # pairs: an expert's weights are read once a tile, and 16-pair tiles read them several times over at m16
-# tensor-core rows (8 x 1,024 rows of the 35B-A3B: 266 ms against 325 with 16-pair tiles; Flash Next's
-# 1,024 rows, 20 pairs an expert: 56.2 against 54.8, too few to fill the tile). Then its column tiles,
-# pipeline and warps. The K steps stay GATE_K and DOWN_K: the same sums in the same order, so the same
-# bits (tfd_kernels.gemm: any tile on the H200, mma or wgmma, as long as the K steps are the same).
-PROMPT_PAIRS = 32
+# tensor-core rows (8 x 1,024 rows of the 35B-A3B: 266 ms against 325 with 16-pair tiles). Flash Next's
+# 1,024 rows take 20 pairs an expert: at 16, one 64-row tile an expert (its weights read once), H100
+# 33.4 -> 29.3 and 37.3 -> 33.4 ms, two calls (2026-12-06; the 35B-A3B at 600 rows, 18.75 pairs, 46.2 ->
+# 45.3). Then its column tiles, pipeline and warps. The K steps stay GATE_K and DOWN_K: the same sums in
+# the same order, so the same bits (tfd_kernels.gemm: any tile on the H200, mma or wgmma, as long as the
+# K steps are the same).
+PROMPT_PAIRS = 16
 PROMPT_M = 64
 PROMPT_GATE_N, PROMPT_GATE_STAGES = 64, 3
 PROMPT_DOWN_N, PROMPT_DOWN_STAGES = 128, 3

@@ -106,16 +106,16 @@ def test_gpu_routing_is_the_same_on_both_sides_of_one_planning_block() -> None:
 
 @pytest.mark.gpu
 def test_gpu_a_prompts_tiles_give_a_row_the_bits_of_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """256 experts of top-8: 1,024 rows average 32 pairs an expert (the prompt's 64-pair tiles), 1,023 fewer
-    (decode's 16-pair tiles); with the shared expert too."""
-    assert moe.PROMPT_PAIRS == 32
-    x, gate_up, down, ids, weights = make_real(1024, 256, 8, seed=19)
-    shared = make_real_shared(1024, 256, seed=19)
-    for whole, part in ((None, None), (shared, gate_rows(shared, slice(1023)))):
+    """256 experts of top-8: rows averaging PROMPT_PAIRS pairs an expert take the prompt's 64-pair tiles,
+    one row fewer decode's 16-pair tiles; with the shared expert too."""
+    rows = moe.PROMPT_PAIRS * 256 // 8  # 512 at 16 pairs
+    x, gate_up, down, ids, weights = make_real(rows, 256, 8, seed=19)
+    shared = make_real_shared(rows, 256, seed=19)
+    for whole, part in ((None, None), (shared, gate_rows(shared, slice(rows - 1)))):
         prompt = moe.experts(x, gate_up, down, ids, weights, whole)
-        fewer = moe.experts(x[:1023], gate_up, down, ids[:1023], weights[:1023], part)
-        assert torch.equal(fewer, prompt[:1023])
-    picked = torch.tensor([0, 511, 1023], device="cuda")
+        fewer = moe.experts(x[:rows - 1], gate_up, down, ids[:rows - 1], weights[:rows - 1], part)
+        assert torch.equal(fewer, prompt[:rows - 1])
+    picked = torch.tensor([0, rows // 2, rows - 1], device="cuda")
     assert torch.equal(rows_alone(x[picked], gate_up, down, ids[picked], weights[picked]),
                        moe.experts(x, gate_up, down, ids, weights)[picked])
     for group in (8, 0 if moe.PROMPT_GROUP else 5):  # the programs' order changes no bits

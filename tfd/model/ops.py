@@ -3,10 +3,11 @@
 The contract (concurrent == solo, chunked == one pass) needs every token row to come out with the
 same bits whether it is computed alone or beside others. CPU BLAS picks its kernel by the number
 of rows (we measured products of one row differing from the same row inside a batch), so
-``linear`` multiplies one row at a time there. torch's CPU ``sigmoid``, ``silu`` and ``softplus``
-give an element different bits depending on where it falls in the tensor (vector body or scalar
-tail), so they are written out here from ``exp``, ``log1p`` and exact arithmetic, which we
-measured to be position-invariant, as are reductions along the last axis. Model code takes these
+``linear`` multiplies rows there in blocks of one size (``ROW_BLOCK``), padded with zero rows.
+torch's CPU ``sigmoid``, ``silu`` and ``softplus`` give an element different bits depending on
+where it falls in the tensor (vector body or scalar tail), so they are written out here from
+``exp``, ``log1p`` and exact arithmetic, which we measured to be position-invariant, as are
+reductions along the last axis. Model code takes these
 functions from here, never from torch directly.
 
 On CUDA the products and norms go to batch-invariant Triton kernels (``tfd_kernels.gemm``,
@@ -28,6 +29,11 @@ from tfd_kernels import swiglu as swiglu_kernel
 
 # softplus(x) == x to float precision past this, as torch's own threshold.
 SOFTPLUS_THRESHOLD = 20.0
+# The CPU's products take rows in blocks of this many, the last padded with zero rows: every call of
+# torch's product has the same shape, whose row results depend on neither the row's place in the block
+# nor the rows beside it (checked on the torch in use: tests/model/test_ops.py); 4 rows cost a lone row
+# what torch's one-row product did and a batch's rows a third to a sixth of it (2026-12-06, AVX-512).
+ROW_BLOCK = 4
 _NARROW = (torch.bfloat16, torch.float16)
 
 
@@ -59,7 +65,8 @@ def reads_fp8(weight: Weight | Experts | None) -> bool:
 
 
 def linear(x: Input, weight: Weight, early: bool = False) -> torch.Tensor:
-    """``x @ weight.T`` for ``x`` of shape [rows, in]; every row is a product of its own. ``early``:
+    """``x @ weight.T`` for ``x`` of shape [rows, in]; a row's bits never depend on the rows beside it
+    (CUDA: ``tfd_kernels.gemm``'s fixed K split; the CPU: blocks of ``ROW_BLOCK`` rows). ``early``:
     ``tfd_kernels.gemm.matmul``'s (timing only). A block-wise FP8 weight by ``fp8.linear`` on the
     CPU, ``tfd_kernels.fp8_gemm`` on CUDA (the same math, its own order of additions; from ``Fp8Rows``
     without quantizing again); joined parts each alone; ``Rows`` of a stored weight by its product."""
@@ -72,9 +79,12 @@ def linear(x: Input, weight: Weight, early: bool = False) -> torch.Tensor:
     x = values_of(x)
     if x.is_cuda:
         return gemm.matmul(x, weight, early=early)
-    if x.shape[0] == 1:
+    rows = x.shape[0]
+    if rows == 0:
         return F.linear(x, weight)
-    return torch.cat([F.linear(row, weight) for row in torch.split(x, 1)])
+    pad = -rows % ROW_BLOCK
+    padded = torch.cat([x, x.new_zeros(pad, x.shape[1])]) if pad else x.contiguous()
+    return torch.cat([F.linear(block, weight) for block in torch.split(padded, ROW_BLOCK)])[:rows]
 
 
 def fp8_linear(x: Input, weight: Fp8Weight, conv: gemm.Conv | None = None) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 Training needs gradients through batches of whole sequences from position 0, with no cache. The
 serving forward (``tfd.model``) is written for the other case: rows of several lanes flattened,
-state and K/V rows written in place into the pool, products one row at a time on the CPU and
+state and K/V rows written in place into the pool, products in fixed blocks of rows on the CPU and
 Triton kernels without autograd on CUDA. So the layers are written again here from
 reference/model.md 2.1-2.8 in plain torch, batched ``[batch, time, ...]``, with no in-place write
 into a tensor that needs grad; what of ``tfd.model`` is pure and autograd-safe is reused (the
