@@ -1,8 +1,8 @@
 """Feed-forward blocks: dense SwiGLU, and the sparse MoE with its shared expert (model.md 2.6).
 
 The router runs its softmax in fp32; each row's routed experts are summed in ascending expert
-order, every product a row of its own, so a row's output never depends on which other rows chose
-the expert.
+order, each product's rows independent of one another (``linear``), so a row's output never
+depends on which other rows chose the expert.
 On CUDA the block after the router's product is ``grouped_moe``: the grouped kernels of
 ``tfd_kernels.moe`` run the routed experts in the same order, their sum in fp32 rather than the model
 dtype and each expert's SwiGLU middle rounded once rather than after each step, and the shared
@@ -92,8 +92,9 @@ def moe(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:
 def routed_reference(w: MoeWeights, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
                      ) -> torch.Tensor:
     """The routed experts' sum for rows ``x`` that chose ``experts`` [rows, top_k] with ``weights``, in
-    the model dtype: expert by expert in ascending id, each expert's rows together but every product a
-    row of its own (``linear``), so each row's sum takes its experts in ascending id whatever its batch.
+    the model dtype: expert by expert in ascending id, each expert's rows in one product whose rows are
+    independent of one another (``linear``), so each row's sum takes its experts in ascending id and the
+    same bits whatever its batch.
     Under expert parallel the experts not held are skipped: another rank adds them."""
     inner, held = w.down.shape[2], range(w.first_expert, w.first_expert + w.down.shape[0])
     routed = torch.zeros_like(x)

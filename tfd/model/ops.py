@@ -7,8 +7,8 @@ of rows (we measured products of one row differing from the same row inside a ba
 torch's CPU ``sigmoid``, ``silu`` and ``softplus`` give an element different bits depending on
 where it falls in the tensor (vector body or scalar tail), so they are written out here from
 ``exp``, ``log1p`` and exact arithmetic, which we measured to be position-invariant, as are
-reductions along the last axis. Model code takes these
-functions from here, never from torch directly.
+reductions along the last axis. Model code takes these functions from here, never from torch
+directly.
 
 On CUDA the products and norms go to batch-invariant Triton kernels (``tfd_kernels.gemm``,
 ``tfd_kernels.norm``): cuBLAS and torch's reductions choose their split by the number of rows there.
