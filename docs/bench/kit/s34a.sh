@@ -8,15 +8,7 @@
 # SHORT=1 (a budget mostly spent on refused starts, under ~800 s left): the GPU tests only while the
 # first 330 s last, and no 35B-A3B or Flash Next bench; ends by 500 s.
 # Carry .whl .whl-test .dev .devcache-tp.
-set -u
-T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
-bash .dev/install.sh .whl-test > /dev/null 2>&1 || { echo install fails; exit 1; }
-export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton
-R=$OUT/r; mkdir -p $R
-CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$CARD"
-# issue 36's acceptance names the H200: on one, its page-cache point first (about 120 s)
-case "$CARD" in *H200*) mkdir -p $OUT/rs; OUT=$OUT/rs bash .dev/resume_serve.sh 2>&1 | grep -a "resume c32\|read back\|rc=" \
-  | cut -c1-300; echo "resume t=$(el)";; esac
+. .dev/start.sh
 timeout 120 python .dev/gdn_sweep.py base refined tf32 2>&1 | tee $R/gdn_sweep.txt | cut -c1-300; echo "sweep t=$(el)"
 LAST=$([ -n "${SHORT:-}" ] && echo 500 || echo $(( $(el) + 200 )))
 [ -z "${SHORT:-}" ] || [ $(el) -lt 330 ] && TMPDIR=$PWD/.devcache-tp timeout $(( LAST - $(el) )) \

@@ -3,14 +3,7 @@
 # names; skipped elsewhere), then issue 31's prefill with the new defaults (gdn_chunk.REFINED,
 # moe.PROMPT_GROUP=32) on the card at hand: 35B-A3B and Qwen3-Next-80B-A3B 8 x 1,024, Flash Next 1 x 1,024,
 # two rounds each, the JSON under $OUT. ~420 s after the start. Carry .whl .whl-test .dev.
-set -u
-T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
-bash .dev/install.sh .whl-test > /dev/null 2>&1 || { echo install fails; exit 1; }
-export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton
-R=$OUT/r; mkdir -p $R
-CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$CARD"
-case "$CARD" in *H200*) mkdir -p $OUT/rs; OUT=$OUT/rs bash .dev/resume_serve.sh 2>&1 | grep -a "resume c32\|read back\|rc=" \
-  | cut -c1-300; echo "resume t=$(el)";; esac
+. .dev/start.sh
 for s in qwen3_5-35b-a3b:8 qwen3_next-80b-a3b:8 qwen3_8-flash-next:1; do
   [ $(el) -lt 480 ] || break
   timeout $(( 570 - $(el) )) tfd bench --shape ${s%:*} --streams ${s#*:} --prompt 1024 --new 8 --rounds 2 \

@@ -4,14 +4,7 @@
 # each, under PROMPT_PAIRS, so 16-row tiles, two an expert, each reading the expert's weights): 32-row
 # prompt tiles from 16 pairs an expert (one tile an expert), and 64-row ones; two rounds, tokens compared
 # (tile rows change no bits). ~200 s after the start on an H100. Carry .whl .whl-test .dev.
-set -u
-T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
-bash .dev/install.sh .whl-test > /dev/null 2>&1 || { echo install fails; exit 1; }
-export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton
-R=$OUT/r; mkdir -p $R
-CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$CARD"
-case "$CARD" in *H200*) mkdir -p $OUT/rs; OUT=$OUT/rs bash .dev/resume_serve.sh 2>&1 | grep -a "resume c32\|read back\|rc=" \
-  | cut -c1-300; echo "resume t=$(el)";; esac
+. .dev/start.sh
 M=tfd_kernels.moe
 timeout $(( 560 - $(el) )) tfd bench --shape qwen3_8-flash-next --streams 1 --prompt 1024 --new 8 --rounds 2 \
   --variant base= --variant m32=$M.PROMPT_PAIRS=16,$M.PROMPT_M=32 --variant m64=$M.PROMPT_PAIRS=16 \

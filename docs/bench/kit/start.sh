@@ -1,0 +1,12 @@
+# Sourced by a call's script (`. .dev/start.sh`): the clock (`el`, seconds since the start), the serving stack
+# installed from .whl and .whl-test, the environment that finds it, $R (results, tarred by the caller) and the
+# card's name printed; on an H200, issue 36's page-cache point first (resume_serve.sh, about 120 s), since
+# its acceptance names that card and an H200 is the rarer lend.
+set -u
+T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+bash .dev/install.sh .whl-test > /dev/null 2>&1 || { echo install fails; exit 1; }
+export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton
+R=$OUT/r; mkdir -p $R
+CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$CARD"
+case "$CARD" in *H200*) mkdir -p $OUT/rs; OUT=$OUT/rs bash .dev/resume_serve.sh 2>&1 \
+  | grep -a "resume c32\|read back\|rc=\|READY" | cut -c1-300; echo "resume t=$(el)";; esac
