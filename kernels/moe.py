@@ -94,16 +94,24 @@ ROW_CHUNK = 8192
 # A pass whose routed pairs average PROMPT_PAIRS an expert or more (a prompt's) takes tiles of PROMPT_M
 # pairs: an expert's weights are read once a tile, and 16-pair tiles read them several times over at m16
 # tensor-core rows (8 x 1,024 rows of the 35B-A3B: 266 ms against 325 with 16-pair tiles). Flash Next's
-# 1,024 rows take 20 pairs an expert: at 16, one 64-row tile an expert (its weights read once), H100
+# 1,024 rows take 20 pairs an expert: at 16, one prompt tile an expert (its weights read once), H100
 # 33.4 -> 29.3 and 37.3 -> 33.4 ms, two calls (2026-12-06; the 35B-A3B at 600 rows, 18.75 pairs, 46.2 ->
-# 45.3). Then its column tiles, pipeline and warps. The K steps stay GATE_K and DOWN_K: the same sums in
-# the same order, so the same bits (tfd_kernels.gemm: any tile on the H200, mma or wgmma, as long as the
-# K steps are the same).
+# 45.3). Then its column tiles, K steps, pipeline and warps: 128 x 128 gate|up tiles and 128 x 256 down
+# tiles in K steps of 64, four stages (docs/bench/kit/moe_sweep.py, H100, 8,192 rows: the 35B-A3B's two
+# launches 1,106 + 887 -> 694 + 579 us, Qwen3-Next-80B-A3B's 1,556 + 1,203 -> 1,132 + 857; 64 x 64 and
+# 64 x 128 tiles in K steps of 128 before, two rounds of 20 and 14 variants, every one the same bits).
+# The K step changes no bits on the device: the tensor cores add a K step's products 16 at a time into
+# the running sum whatever the step (mma or wgmma; the sweep's every variant and tests/kernels/
+# test_moe_gpu.py hold a prompt tile's row to decode's 128-wide steps). Interpreted, numpy sums each step
+# apart, so there the prompt takes decode's steps (GATE_K, DOWN_K).
 PROMPT_PAIRS = 16
-PROMPT_M = 64
-PROMPT_GATE_N, PROMPT_GATE_STAGES = 64, 3
-PROMPT_DOWN_N, PROMPT_DOWN_STAGES = 128, 3
-PROMPT_WARPS = 8
+PROMPT_M = 128
+PROMPT_GATE_N, PROMPT_GATE_K, PROMPT_GATE_STAGES = 128, 64, 4
+PROMPT_DOWN_N, PROMPT_DOWN_K, PROMPT_DOWN_STAGES = 256, 64, 4
+PROMPT_WARPS = PROMPT_DOWN_WARPS = 8
+# An FP8 prompt pass (FP8_M pairs, K steps of a scale block): the float prompt's tiles before the sweep.
+FP8_PROMPT_GATE_N, FP8_PROMPT_GATE_STAGES = 64, 3
+FP8_PROMPT_DOWN_N, FP8_PROMPT_DOWN_STAGES = 128, 3
 # A prompt pass's programs in groups of PROMPT_GROUP tiles that walk their columns together (0: every tile
 # at a column, then the next column): their rows stay in L2 while their experts' weight tiles stream. The
 # 35B-A3B's down launch at 8,192 rows re-read its 75 MB of middles once a column block in that order.
@@ -265,11 +273,18 @@ def _experts(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tensor
         return out, normed
     prompt = chunk * top_k >= PROMPT_PAIRS * n_experts
     block_m = FP8_M if fp8 else PROMPT_M if prompt else BLOCK_M
-    gate_n, gate_stages = (PROMPT_GATE_N, PROMPT_GATE_STAGES) if prompt else \
-        (FP8_GATE_N, FP8_GATE_STAGES) if fp8 else (GATE_N, GATE_STAGES)
-    down_n, down_stages = (PROMPT_DOWN_N, PROMPT_DOWN_STAGES) if prompt else \
-        (FP8_DOWN_N, FP8_DOWN_STAGES) if fp8 else (DOWN_N, DOWN_STAGES)
+    if prompt:
+        gate_n, gate_stages, down_n, down_stages = (
+            (FP8_PROMPT_GATE_N, FP8_PROMPT_GATE_STAGES, FP8_PROMPT_DOWN_N, FP8_PROMPT_DOWN_STAGES) if fp8
+            else (PROMPT_GATE_N, PROMPT_GATE_STAGES, PROMPT_DOWN_N, PROMPT_DOWN_STAGES))
+    else:
+        gate_n, gate_stages, down_n, down_stages = (
+            (FP8_GATE_N, FP8_GATE_STAGES, FP8_DOWN_N, FP8_DOWN_STAGES) if fp8
+            else (GATE_N, GATE_STAGES, DOWN_N, DOWN_STAGES))
     group = PROMPT_GROUP if prompt else 0
+    # a float prompt's K steps: any on the tensor cores gives decode's bits, numpy's only decode's own
+    wide = prompt and not fp8 and not INTERPRETED
+    gate_k, down_k = (PROMPT_GATE_K, PROMPT_DOWN_K) if wide else (GATE_K, DOWN_K)
     for first in range(0, rows, ROW_CHUNK):
         count = min(ROW_CHUNK, rows - first)
         pairs = count * top_k
@@ -294,7 +309,7 @@ def _experts(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tensor
             pairs, top_k, n_experts, hidden, inner, shared_inner, width, x.stride(0),
             *routed_gate_up.data.stride()[:2], own_gate_up.data.stride(0), logits, chunk_ids, chunk_weights,
             tables.dest_at, tile_expert, tiles, count, BINS=bins, PRECISION=precision, WIDEN=INTERPRETED,
-            BLOCK_M=block_m, BLOCK_N=gate_n, BLOCK_K=GATE_K, ONE_ROW=one_row, K=top_k, NORM=normalise,
+            BLOCK_M=block_m, BLOCK_N=gate_n, BLOCK_K=gate_k, ONE_ROW=one_row, K=top_k, NORM=normalise,
             BLOCK_E=triton.next_power_of_2(n_experts), SLOTS=triton.next_power_of_2(top_k),
             FP8=routed_gate_up.fp8, SHARED_FP8=own_gate_up.fp8, GROUP=group,
             num_warps=PROMPT_WARPS if prompt else router.ROUTE_WARPS, num_stages=gate_stages,
@@ -313,9 +328,9 @@ def _experts(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tensor
             *routed_down.data.stride()[:2], own_down.data.stride(0), tile_expert, gate, held.x.contiguous(),
             out, normed, held.weight, gate.stride(0), held.eps, moe_pairs.arrivals(x.device), tiles,
             BINS=bins, PRECISION=precision, WIDEN=INTERPRETED, BLOCK_M=block_m, BLOCK_N=down_n,
-            BLOCK_K=DOWN_K, ONE_ROW=one_row, FINISH=finish, TOP_K=top_k, SHARED=shared is not None,
+            BLOCK_K=down_k, ONE_ROW=one_row, FINISH=finish, TOP_K=top_k, SHARED=shared is not None,
             HIDDEN_BLOCK=block, FP8=routed_down.fp8, SHARED_FP8=own_down.fp8, GROUP=group,
-            num_warps=norm.warps(block) if finish else PROMPT_WARPS if prompt else 4,
+            num_warps=norm.warps(block) if finish else PROMPT_DOWN_WARPS if prompt else 4,
             num_stages=down_stages, **pdl.options(x.device))
         if finish:
             return out, normed

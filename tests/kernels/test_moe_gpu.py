@@ -106,8 +106,9 @@ def test_gpu_routing_is_the_same_on_both_sides_of_one_planning_block() -> None:
 
 @pytest.mark.gpu
 def test_gpu_a_prompts_tiles_give_a_row_the_bits_of_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """256 experts of top-8: rows averaging PROMPT_PAIRS pairs an expert take the prompt's 64-pair tiles,
-    one row fewer decode's 16-pair tiles; with the shared expert too."""
+    """256 experts of top-8: rows averaging PROMPT_PAIRS pairs an expert take the prompt's tiles (PROMPT_M
+    pairs, K steps of PROMPT_GATE_K and PROMPT_DOWN_K), one row fewer decode's 16-pair tiles in steps of
+    GATE_K and DOWN_K; with the shared expert too."""
     rows = moe.PROMPT_PAIRS * 256 // 8  # 512 at 16 pairs
     x, gate_up, down, ids, weights = make_real(rows, 256, 8, seed=19)
     shared = make_real_shared(rows, 256, seed=19)
