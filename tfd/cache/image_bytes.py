@@ -18,7 +18,8 @@ from tfd.cache.kept import KeptState
 from tfd.cache.prefixes import Prefixes
 from tfd.model import GDN_CHUNK as CHUNK
 from tfd.pool.layout import RowPart
-from tfd.pool.pages import TORCH_DTYPES, Pool
+from tfd.pool.pages import Pool
+from tfd.pool.views import TORCH_DTYPES
 from tfd.store.image import BLOCK_ROWS, Image, block_name, state_key
 
 

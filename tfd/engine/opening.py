@@ -72,7 +72,7 @@ class Opener:
         lease = lane.lease
         assert lease is not None
         try:
-            pieces = lease.open(self.model.init_state)
+            pieces = lease.open(self.model.nonzero_state)
             memory = LaneMemory(pieces, lease.page_table)
             offsets = [] if self.memory is None else \
                 self.memory.lane_offsets(pieces, self.gdn_names, self.columns.ple)

@@ -53,7 +53,7 @@ class PrefillPass:
             where = {id(work): i for i, work in enumerate(batched)}
         output = None
         if spanned:
-            output = self.model.forward([self._span(work) for work in spanned], self.rows)
+            output = self.model.forward(self._spans(spanned), self.rows)
             ends: list[int] = []
             at = -1
             for work in spanned:
@@ -101,9 +101,24 @@ class PrefillPass:
         found = self.rounds.absorb(absorbs) if absorbs else []
         return {id(work): tuple(more) for work, more in zip(owners, found, strict=True)}
 
-    def _span(self, work: Work) -> Span:
-        lane = work.lane
-        assert lane.memory is not None
-        ids = [lane.generated[-1]] if work.decode else \
-            lane.request.prompt[work.start:work.start + work.length]
-        return Span(lane.memory, work.start, ints_on(ids, self.device), decode=work.decode)
+    def _spans(self, works: Sequence[Work]) -> list[Span]:
+        """The works' spans, their token ids in one host-to-device copy (a pinned block and a copy
+        for the step, not for each lane), each span's ids a view of it starting 16 bytes aligned
+        (a kernel reading them compiles once, whatever the lengths before)."""
+        parts = []
+        for work in works:
+            lane = work.lane
+            parts.append([lane.generated[-1]] if work.decode else
+                         lane.request.prompt[work.start:work.start + work.length])
+        starts, flat = [], []
+        for part in parts:
+            starts.append(len(flat))
+            flat.extend(part)
+            flat.extend([0] * (len(flat) % 2))  # int64: the next part starts on 16 bytes
+        held = ints_on(flat, self.device)
+        spans = []
+        for work, part, start in zip(works, parts, starts, strict=True):
+            assert work.lane.memory is not None
+            ids = held[start:start + len(part)]
+            spans.append(Span(work.lane.memory, work.start, ids, decode=work.decode))
+        return spans

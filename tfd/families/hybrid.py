@@ -194,6 +194,11 @@ class HybridModel:
         """A fresh lane: zero states and tails, and an n-gram history of EOS."""
         for view in pieces.values():
             view.zero_()
+        self.nonzero_state(pieces)
+
+    def nonzero_state(self, pieces: Mapping[str, torch.Tensor]) -> None:
+        """What of a fresh lane's state is not zero, written into pieces that are (a lane's state
+        pages as the pool opens them): an n-gram history of EOS."""
         if "ple.history" in pieces:
             pieces["ple.history"].fill_(self.cfg.eos[0])
 

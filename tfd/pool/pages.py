@@ -22,19 +22,15 @@ import torch
 from tfd.pool.errors import Leak, LeaseFinished, OverPromise, PoolError, PoolShort
 from tfd.pool.free import FreePages
 from tfd.pool.layout import Layout, Mode
-from tfd.pool.pieces import Piece, PieceMap, check
+from tfd.pool.pieces import Piece, PieceMap, Placement, check
+from tfd.pool.views import TORCH_DTYPES, TypedBytes, zero_pages
+from tfd.pool.views import place as place_on
 
 # --parallel auto's most lanes: the largest decode graph (tfd.engine.graphs.BUCKETS); more lanes
 # would wait on each other's rows in every step for little more throughput.
 AUTO_LANES_MOST = 256
 
-TORCH_DTYPES: Mapping[str, torch.dtype] = {
-    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-    "float8_e4m3fn": torch.float8_e4m3fn, "int64": torch.int64, "int32": torch.int32,
-    "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
-}
-
-StateInit = Callable[[Mapping[str, torch.Tensor]], None]
+StateInit = Callable[[Mapping[str, torch.Tensor]], None]  # writes a fresh lane's nonzero state
 
 
 @attrs.frozen
@@ -87,6 +83,8 @@ class Pool:
         self.max_lanes = max_lanes
         self.null_page = pages
         self.buffer = torch.zeros((pages + 1) * layout.page_bytes, dtype=torch.uint8, device=device)
+        self.typed = TypedBytes(self.buffer)
+        self._placements: dict[int, tuple[PieceMap, Mapping[str, Placement]]] = {}
         self._pages = FreePages(pages)
         self._promised = 0
         self._leases: dict[int, Lease] = {}
@@ -192,6 +190,13 @@ class Pool:
         if now != self.at_load:
             raise Leak(f"LEAK: census {now.as_dict()} differs from the census at load "
                        f"{self.at_load.as_dict()}")
+
+    def placements(self, piece_map: PieceMap) -> Mapping[str, Placement]:
+        """``piece_map``'s placements by name, made once a map (a pool sees two: lanes', kept states')."""
+        held = self._placements.get(id(piece_map))
+        if held is None or held[0] is not piece_map:
+            held = self._placements[id(piece_map)] = (piece_map, piece_map.by_name())
+        return held[1]
 
     def page_bytes_view(self, page: int) -> torch.Tensor:
         size = self.layout.page_bytes
@@ -302,8 +307,9 @@ class Lease:
     def take_state(self, init: StateInit | None = None) -> Mapping[str, torch.Tensor]:
         """Take the state pages (any free pages, lowest first) and place the pieces on them.
 
-        ``init`` writes the initial state into the views; without it they are zeroed. Whatever
-        raises, the pages go back and the lease stays as before.
+        The pages are zeroed (a fill a run of consecutive pages: ``tfd.pool.views``), then ``init``
+        writes what of the initial state is not zero. Whatever raises, the pages go back and the
+        lease stays as before.
         """
         return self._open_state(self.pool._pages.take_lowest, init)
 
@@ -342,10 +348,8 @@ class Lease:
         try:
             state, row = pages[:layout.state_pages], pages[layout.state_pages:]
             views = place(self.pool, layout.piece_map, layout.pieces, state)
-            if init is None:
-                for page in state:
-                    self.pool.page_bytes_view(page).zero_()
-            else:
+            zero_pages(self.pool.buffer, layout.page_bytes, state)
+            if init is not None:
                 init(views)
         except BaseException:
             self.pool._pages.give(pages)
@@ -380,11 +384,4 @@ class Lease:
 def place(pool: Pool, piece_map: PieceMap, pieces: Iterable[Piece], pages: list[int]
           ) -> dict[str, torch.Tensor]:
     """Typed views of ``pieces`` at their map's places on the pool pages ``pages``."""
-    placements = piece_map.by_name()
-    views = {}
-    for piece in pieces:
-        placement = placements[piece.name]
-        start = pages[placement.page] * pool.layout.page_bytes + placement.offset
-        raw = pool.buffer[start:start + piece.nbytes]
-        views[piece.name] = raw.view(TORCH_DTYPES[piece.dtype]).view(piece.shape)
-    return views
+    return place_on(pool.typed, pool.layout.page_bytes, pool.placements(piece_map), pieces, pages)

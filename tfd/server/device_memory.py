@@ -91,7 +91,7 @@ def measure_step(model: HybridModel, layout: Layout, step_tokens: int, device: t
     pool = Pool(layout, layout.need(step_tokens), device=device)
     lease = pool.promise(step_tokens)
     try:
-        lease.take_state(init=model.init_state)
+        lease.take_state(init=model.nonzero_state)
         lease.take(step_tokens)
         lane = LaneMemory(lease.pieces, lease.page_table)
         ids = torch.arange(step_tokens, device=device) % model.cfg.vocab

@@ -5,11 +5,13 @@ and whether the block's output and norm have the base's bits. On the H100 at 628
 1.11 + 0.89 ms of the 35B-A3B's 2.2 ms MoE a layer (36% and 22% of the matmul rate).
 
     PYTHONPATH=/tmp/site python .dev/moe_sweep.py compile N I [VARIANT ...]  (I, I+N, ..: cache warmed)
-    PYTHONPATH=/tmp/site python .dev/moe_sweep.py time [VARIANT ...]
+    PYTHONPATH=/tmp/site python .dev/moe_sweep.py time [VARIANT ...]   (bits against the first named)
+    MOE_SHAPES=flash,35b-1 ...: other shapes (SHAPES)
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 
@@ -61,21 +63,43 @@ OLD = {"PROMPT_M": 64, "PROMPT_GATE_N": 64, "PROMPT_GATE_K": 128, "PROMPT_GATE_S
        "PROMPT_DOWN_WARPS": 8, "PROMPT_GROUP": 32}
 VARIANTS = {name: {**OLD, **change} for name, change in VARIANTS.items()}
 VARIANTS["defaults"] = {}
-SHAPES = {"35b-a3b": (256, 8), "80b-a3b": (512, 10)}  # experts, top k
-ROWS, HIDDEN, INNER = 8192, 2048, 512
+# Few pairs an expert (one prompt of 1,024 rows: Flash Next 20, the 35B-A3B 32), where the weights' reading
+# is the launches' time: the defaults' tiles against thinner ones (from the defaults; MOE_SHAPES=flash,35b-1).
+THIN: dict[str, dict[str, int]] = {
+    "t_m64": {"PROMPT_M": 64},
+    "t_m64k128": {"PROMPT_M": 64, "PROMPT_GATE_N": 64, "PROMPT_GATE_K": 128, "PROMPT_DOWN_N": 128,
+                  "PROMPT_DOWN_K": 128},
+    "t_m64k128s5": {"PROMPT_M": 64, "PROMPT_GATE_N": 64, "PROMPT_GATE_K": 128, "PROMPT_GATE_STAGES": 4,
+                    "PROMPT_DOWN_N": 128, "PROMPT_DOWN_K": 128, "PROMPT_DOWN_STAGES": 5},
+    "t_m32": {"PROMPT_M": 32, "PROMPT_GATE_N": 64, "PROMPT_GATE_K": 128, "PROMPT_GATE_STAGES": 5,
+              "PROMPT_DOWN_N": 128, "PROMPT_DOWN_K": 128, "PROMPT_DOWN_STAGES": 4, "PROMPT_WARPS": 4,
+              "PROMPT_DOWN_WARPS": 4},
+    "t_m32w8": {"PROMPT_M": 32, "PROMPT_GATE_N": 64, "PROMPT_GATE_K": 128, "PROMPT_GATE_STAGES": 5,
+                "PROMPT_DOWN_N": 128, "PROMPT_DOWN_K": 128, "PROMPT_DOWN_STAGES": 4},
+    "t_m32n128": {"PROMPT_M": 32, "PROMPT_GATE_N": 128, "PROMPT_GATE_K": 64, "PROMPT_GATE_STAGES": 6,
+                  "PROMPT_DOWN_N": 256, "PROMPT_DOWN_K": 64, "PROMPT_DOWN_STAGES": 6, "PROMPT_WARPS": 4,
+                  "PROMPT_DOWN_WARPS": 4},
+    "t_m64s6": {"PROMPT_M": 64, "PROMPT_GATE_STAGES": 6, "PROMPT_DOWN_STAGES": 6},
+    "t_group8": {"PROMPT_GROUP": 8},
+    "t_group0": {"PROMPT_GROUP": 0},
+}
+VARIANTS.update(THIN)
+# experts, top k, rows, hidden, inner (the shared expert's too)
+SHAPES = {"35b-a3b": (256, 8, 8192, 2048, 512), "80b-a3b": (512, 10, 8192, 2048, 512),
+          "flash": (512, 10, 1024, 2560, 640), "35b-1": (256, 8, 1024, 2048, 512)}
 REPEATS = 10
 
 
-def inputs(experts: int):  # type: ignore[no-untyped-def]
+def inputs(experts: int, rows: int, hidden: int, inner: int):  # type: ignore[no-untyped-def]
     import torch
 
     gen = torch.Generator(device="cuda").manual_seed(0)
 
     def rand(*shape: int, scale: float = 0.02) -> torch.Tensor:
         return (torch.randn(*shape, device="cuda", generator=gen) * scale).bfloat16()
-    return (rand(ROWS, HIDDEN, scale=1.0), rand(experts + 1, HIDDEN), rand(experts, 2 * INNER, HIDDEN),
-            rand(experts, HIDDEN, INNER), rand(2 * INNER, HIDDEN), rand(HIDDEN, INNER),
-            rand(ROWS, HIDDEN, scale=1.0), rand(HIDDEN, scale=1.0))
+    return (rand(rows, hidden, scale=1.0), rand(experts + 1, hidden), rand(experts, 2 * inner, hidden),
+            rand(experts, hidden, inner), rand(2 * inner, hidden), rand(hidden, inner),
+            rand(rows, hidden, scale=1.0), rand(hidden, scale=1.0))
 
 
 def call(args, top_k: int):  # type: ignore[no-untyped-def]
@@ -104,11 +128,13 @@ def main() -> None:
         names = (sys.argv[4:] or list(VARIANTS))[first::step]
     else:
         names = sys.argv[2:] or list(VARIANTS)
-    for shape, (experts, top_k) in SHAPES.items():
-        args = inputs(experts)
+    chosen = os.environ.get("MOE_SHAPES", "35b-a3b,80b-a3b").split(",")
+    for shape in chosen:
+        experts, top_k, rows, hidden, inner = SHAPES[shape]
+        args = inputs(experts, rows, hidden, inner)
         want = None
         if mode == "time":
-            before = applied("base")
+            before = applied(names[0])  # the first variant named: the bits the others are held to
             want = [t.clone() for t in call(args, top_k)]
             for key, value in before.items():
                 setattr(moe, key, value)
