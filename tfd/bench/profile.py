@@ -8,9 +8,10 @@ kernel's time a step is its total over the steps. On a GPU a second table splits
 their launch grid, which tells apart the launches of one kernel on different shapes (the products of
 every weight are one Triton kernel; its grid is [column tiles, row tiles, K segments]), with each
 kernel's own share of the timeline (from the end of the kernels before it to its end), which adds up
-to the run's device time however launches overlap; a third lists the host's operations by their own
-time (where a step whose kernels leave the device idle spends it). A profiled run is slower than the
-timed one.
+to the run's device time however launches overlap, then the device's idle time inside the engine
+steps (``tfd.bench.idle``: before a step's first launch, after its last, in gaps between launches, by
+the kernels either side); a third lists the host's operations by their own time (where a step whose
+kernels leave the device idle spends it). A profiled run is slower than the timed one.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ import attrs
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from tfd.bench.idle import idle_report
 from tfd.bench.workload import Workload, run
 from tfd.families.hybrid import HybridModel
 from tfd_kernels import pdl
 
 ROWS = 40  # kernels a table shows
 HOST_ROWS = 15  # host operations the third table shows
+IDLE_ROWS = 8  # kinds of idle gaps the idle report shows
 DECODE_PROMPT, DECODE_NEW = 16, 33
 
 
@@ -58,7 +61,8 @@ def kernel_table(model: HybridModel, workload: Workload, graphs: bool) -> str:
         with tempfile.TemporaryDirectory() as folder:
             trace = Path(folder) / "trace.json"
             profiled.export_chrome_trace(str(trace))
-            table += "\n" + by_grid(json.loads(trace.read_text()), ROWS)
+            events = json.loads(trace.read_text())
+            table += "\n" + by_grid(events, ROWS) + "\n" + idle_report(events, IDLE_ROWS)
         table += "\n" + profiled.key_averages().table(sort_by="self_cpu_time_total", row_limit=HOST_ROWS)
     return head + table
 

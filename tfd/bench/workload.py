@@ -11,13 +11,16 @@ out device time).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
 
 import attrs
 import torch
+from torch.profiler import record_function
 
 from tfd.bench.defaults import STEP_TOKENS
+from tfd.bench.idle import STEP
 from tfd.engine.drafts import DraftCounts
 from tfd.engine.grammar import Grammar
 from tfd.engine.lane import Lane
@@ -88,6 +91,13 @@ def prompt_of(workload: Workload, vocab: int, generator: torch.Generator) -> tup
     return tuple(ids[start:start + length])
 
 
+def marked() -> contextlib.AbstractContextManager[object]:
+    """A profiled run's range around an engine step (``tfd.bench.idle``); nothing otherwise."""
+    if torch.autograd.profiler._is_profiler_enabled:
+        return record_function(STEP)
+    return contextlib.nullcontext()
+
+
 def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, graphs: bool,
           leaves: Mapping[str, int] | None = None, drafting: Drafting | None = None,
           propose: Propose | None = None, runner: Runner | None = None) -> Timings:
@@ -115,7 +125,8 @@ def drive(model: HybridModel, requests: Sequence[Request], step_tokens: int, gra
     last_token: dict[int, float] = {}  # a lane's number: when it drew its latest token
     last: float | None = None  # the end of the previous step, when every stream decoded in it
     while not stepper.idle:
-        step = stepper.step()  # its run ends in the step's one host sync
+        with marked():
+            step = stepper.step()  # its run ends in the step's one host sync
         step.raise_failures()
         if not step.works and runner.restoring:  # nothing to run until a state is read back
             time.sleep(RESTORE_POLL_S)
