@@ -4,10 +4,6 @@
 # moe.PROMPT_GROUP=32) on the card at hand: 35B-A3B and Qwen3-Next-80B-A3B 8 x 1,024, Flash Next 1 x 1,024,
 # two rounds each, the JSON under $OUT. ~420 s after the start. Carry .whl .whl-test .dev.
 . .dev/start.sh
-for s in qwen3_5-35b-a3b:8 qwen3_next-80b-a3b:8 qwen3_8-flash-next:1; do
-  [ $(el) -lt 480 ] || break
-  timeout $(( 570 - $(el) )) tfd bench --shape ${s%:*} --streams ${s#*:} --prompt 1024 --new 8 --rounds 2 \
-    --out $R/${s%:*} 2>&1 | grep -a "prefill\|rror" | cut -c1-300
-done
+prefill_benches 480 570
 echo "t=$(el)"
 cd $OUT && tar czf r.tgz r && rm -rf r

@@ -6,10 +6,6 @@
 GAPS_STACKS=0 timeout 100 python .dev/prefill_gaps.py qwen3_5-35b-a3b 8 1024 $R 2>&1 | grep -v "arn\|^ *_warn" \
   | tee $R/gaps-after.txt | head -12 | cut -c1-200
 echo "gaps t=$(el)"
-for s in qwen3_5-35b-a3b:8 qwen3_next-80b-a3b:8 qwen3_8-flash-next:1; do
-  [ $(el) -lt 150 ] || break
-  timeout $(( 215 - $(el) )) tfd bench --shape ${s%:*} --streams ${s#*:} --prompt 1024 --new 8 --rounds 2 \
-    --out $R/${s%:*} 2>&1 | grep -a "prefill\|rror" | cut -c1-250
-done
+prefill_benches 150 215
 echo "t=$(el)"
 cd $OUT && tar czf r.tgz r && rm -rf r
