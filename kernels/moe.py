@@ -109,9 +109,12 @@ PROMPT_M = 128
 PROMPT_GATE_N, PROMPT_GATE_K, PROMPT_GATE_STAGES = 128, 64, 4
 PROMPT_DOWN_N, PROMPT_DOWN_K, PROMPT_DOWN_STAGES = 256, 64, 4
 PROMPT_WARPS = PROMPT_DOWN_WARPS = 8
-# An FP8 prompt pass (FP8_M pairs, K steps of a scale block): the float prompt's tiles before the sweep.
+# An FP8 prompt pass (FP8_M pairs, K steps of a scale block) and a 4-byte one (an fp32 model's, FP32_PROMPT_M
+# pairs, decode's K steps): the float prompt's tiles before the sweep. At four bytes an element the sweep's
+# four stages need 256 KB (gate|up) and 384 KB (down) of shared memory, past a Hopper SM's 228 KB.
 FP8_PROMPT_GATE_N, FP8_PROMPT_GATE_STAGES = 64, 3
 FP8_PROMPT_DOWN_N, FP8_PROMPT_DOWN_STAGES = 128, 3
+FP32_PROMPT_M = 64
 # A prompt pass's programs in groups of PROMPT_GROUP tiles that walk their columns together (0: every tile
 # at a column, then the next column): their rows stay in L2 while their experts' weight tiles stream. The
 # 35B-A3B's down launch at 8,192 rows re-read its 75 MB of middles once a column block in that order.
@@ -272,18 +275,19 @@ def _experts(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tensor
                        None if product is None else product[0], x_rows)
         return out, normed
     prompt = chunk * top_k >= PROMPT_PAIRS * n_experts
-    block_m = FP8_M if fp8 else PROMPT_M if prompt else BLOCK_M
+    four_bytes = x.element_size() == 4
+    block_m = FP8_M if fp8 else (FP32_PROMPT_M if four_bytes else PROMPT_M) if prompt else BLOCK_M
     if prompt:
         gate_n, gate_stages, down_n, down_stages = (
-            (FP8_PROMPT_GATE_N, FP8_PROMPT_GATE_STAGES, FP8_PROMPT_DOWN_N, FP8_PROMPT_DOWN_STAGES) if fp8
-            else (PROMPT_GATE_N, PROMPT_GATE_STAGES, PROMPT_DOWN_N, PROMPT_DOWN_STAGES))
+            (FP8_PROMPT_GATE_N, FP8_PROMPT_GATE_STAGES, FP8_PROMPT_DOWN_N, FP8_PROMPT_DOWN_STAGES)
+            if fp8 or four_bytes else (PROMPT_GATE_N, PROMPT_GATE_STAGES, PROMPT_DOWN_N, PROMPT_DOWN_STAGES))
     else:
         gate_n, gate_stages, down_n, down_stages = (
             (FP8_GATE_N, FP8_GATE_STAGES, FP8_DOWN_N, FP8_DOWN_STAGES) if fp8
             else (GATE_N, GATE_STAGES, DOWN_N, DOWN_STAGES))
     group = PROMPT_GROUP if prompt else 0
     # a float prompt's K steps: any on the tensor cores gives decode's bits, numpy's only decode's own
-    wide = prompt and not fp8 and not INTERPRETED
+    wide = prompt and not fp8 and not four_bytes and not INTERPRETED
     gate_k, down_k = (PROMPT_GATE_K, PROMPT_DOWN_K) if wide else (GATE_K, DOWN_K)
     for first in range(0, rows, ROW_CHUNK):
         count = min(ROW_CHUNK, rows - first)

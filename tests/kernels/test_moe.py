@@ -120,7 +120,8 @@ def test_a_prompts_rows_take_wider_tiles_and_the_same_results(rows: int, dtype: 
     inputs = make(rows, 3, dtype, seed=30 + rows)
     shared = make_shared(rows, dtype, seed=30, inner=48)
     out, with_shared = moe.experts(*inputs), moe.experts(*inputs, shared)
-    assert planned == [moe.PROMPT_M if rows == 40 else moe.BLOCK_M] * 2
+    prompt_m = moe.FP32_PROMPT_M if dtype == torch.float32 else moe.PROMPT_M  # 4-byte tiles fit shared memory
+    assert planned == [prompt_m if rows == 40 else moe.BLOCK_M] * 2
     assert_near(out, moe.reference(*inputs))
     assert_near(with_shared, moe.reference(*inputs, shared))
     x, gate_up, down, ids, weights = inputs
@@ -155,7 +156,7 @@ def test_a_prompt_past_a_chunk_plans_each_chunk_in_the_wider_tiles(monkeypatch: 
     planned = _tiles_planned(monkeypatch)
     assert torch.equal(moe.experts(*inputs), whole[0])
     assert torch.equal(moe.experts(*inputs, shared), whole[1])
-    assert planned == [moe.PROMPT_M] * 4
+    assert planned == [moe.FP32_PROMPT_M] * 4  # an fp32 prompt's tiles
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
