@@ -25,6 +25,7 @@ from tfd.checkpoint import Checkpoint
 from tfd.demo import ASSETS, ENDOFTEXT, IM_END
 from tfd.engine import decode_pipeline
 from tfd.engine import grammar as grammar_module
+from tfd.engine import graphs as graphs_module
 from tfd.engine.drawn import Drawn
 from tfd.engine.grammar import Grammar, GrammarRefused, Vocabulary, allowed
 from tfd.engine.lane import Lane
@@ -230,3 +231,25 @@ def test_a_run_ahead_steps_masks_fill_once_on_the_grammar_thread_while_the_host_
     # on the host's path: a step's until its lanes' steps run ahead, and the refill
     assert len(fills) - len(ahead) <= 2 * len(requests) + (beside is not None)
     assert len(ahead) >= min(len(tokens) for tokens in together[:2]) - 4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lanes", [1, 3, 4, 5])  # a bucket's only lane; a bucket of 4 short and full; 8 short
+def test_a_grammar_steps_redraw_graph_draws_what_the_eager_draw_does(
+        vocabulary: Vocabulary, tokenizer: tokenizers.Tokenizer, lanes: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # captured decode steps redraw their grammar rows by a graph a bucket reading the step's outputs;
+    # its tokens are the eager step's, beside plain lanes and lanes of another grammar
+    path = tiny_models.save_served("qwen3_5", CACHE / "tiny-head", head=True)
+    gpu = load_model(Checkpoint.open(path), "cuda", torch.bfloat16, progress=False)
+    choice = vocabulary.compile(grammar(Constraint('"yes" | "no"', "test"), False, vocabulary.special))
+    requests = [asked(f"r{i}", [schema_grammar(vocabulary), None, choice][i % 3], i or None)
+                for i in range(lanes)]
+    redrawn = []
+    real = graphs_module.DecodeGraphs.redraw
+    monkeypatch.setattr(graphs_module.DecodeGraphs, "redraw", lambda *a: redrawn.append(1) or real(*a))
+    captured = drive(gpu, requests, STEP_TOKENS, graphs=True).tokens
+    assert redrawn
+    assert captured == drive(gpu, requests, STEP_TOKENS, graphs=False).tokens
+    assert captured[0][-1] in STOPS
+    jsonschema.validate(json.loads(tokenizer.decode(list(captured[0][:-1]))), SCHEMA)

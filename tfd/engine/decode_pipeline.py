@@ -42,12 +42,13 @@ from tfd.model.memory import ints_on, to_device, to_host
 @attrs.frozen
 class _Ready:
     """A decode step made ready on the host, not launched: its lanes, their rows, their columns
-    (``Columns.column``) and the feed half it draws into."""
+    (``Columns.column``), the feed half it draws into, and with graphs its replay's inputs packed."""
 
     lanes: tuple[Lane, ...]
     starts: tuple[int, ...]
     columns: list[list[int]]
     parity: int
+    packed: torch.Tensor | None  # ``DecodeGraphs.pack``'s
 
 
 @attrs.frozen
@@ -97,7 +98,9 @@ class DecodePipeline:
         self.device = memory.pool.buffer.device
         self.graphs: DecodeGraphs | None = None
         if graphs and self.device.type == "cuda":
-            self.graphs = DecodeGraphs(self.step, columns, null_page, max_lanes, self.device)
+            words = (model.cfg.vocab + grammar.WORD_BITS - 1) // grammar.WORD_BITS
+            self.graphs = DecodeGraphs(self.step, columns, null_page, max_lanes, self.device, self._redraw,
+                                       words)
         self.ahead: Launched | None = None  # the step launched before its plan
         self.parity = 0  # the feed half the next step draws into
         self.copies: list[torch.cuda.Event | None] = [None, None]  # each half's last copy to the host
@@ -112,6 +115,12 @@ class DecodePipeline:
         draw(logits, batch.temperature_bits, batch.seeds, batch.positions, 1, self.memory.feed,
              batch.draw_rows)
         return hidden, logits
+
+    def _redraw(self, batch: DecodeBatch, outputs: tuple[torch.Tensor, ...], masks: torch.Tensor) -> None:
+        """``step``'s keyed draw of ``batch`` again, its logits (``outputs``' second) masked by
+        ``masks``, into the same feed rows: what a redraw graph captures."""
+        draw(outputs[1], batch.temperature_bits, batch.seeds, batch.positions, 1, self.memory.feed,
+             batch.draw_rows, allowed=masks)
 
     def plain(self, works: Sequence[Work]) -> bool:
         """Whether ``works`` are decode rows whose draws the step itself makes."""
@@ -151,10 +160,13 @@ class DecodePipeline:
             # draws what the step drew), with the keys and feed rows of the step's own inputs
             follows = [(lane.grammar, row, ()) for lane, row in zip(lanes, rows, strict=True)
                        if lane.grammar is not None]
-            masks = to_device(grammar.allowed(len(step.lanes), follows), self.device) if follows else None
-            batch = step.batch
-            draw(step.logits, batch.temperature_bits, batch.seeds, batch.positions, 1, self.memory.feed,
-                 batch.draw_rows, allowed=masks)
+            if follows and self.graphs is not None:  # the step was the last replay: its redraw graph
+                self.graphs.redraw(grammar.allowed(len(step.lanes), follows))
+            elif follows:  # without masks the draw again would be the step's own
+                batch = step.batch
+                masks = to_device(grammar.allowed(len(step.lanes), follows), self.device)
+                draw(step.logits, batch.temperature_bits, batch.seeds, batch.positions, 1, self.memory.feed,
+                     batch.draw_rows, allowed=masks)
         else:
             where = ints_on(rows, self.device)
             self.memory.feed.index_copy_(0, where + step.first_row,
@@ -194,7 +206,8 @@ class DecodePipeline:
             assert lane.lease is not None
             columns.append(self.columns.column(token, start, lane.seed, lane.request.sampling.temperature,
                                                row, lane.offsets, lane.lease.row_pages, self.null_page))
-        return _Ready(tuple(lanes), tuple(starts), columns, parity)
+        packed = None if self.graphs is None else self.graphs.pack(columns)
+        return _Ready(tuple(lanes), tuple(starts), columns, parity, packed)
 
     def _launch_step(self, ready: _Ready) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, DecodeBatch]:
         """``step`` for a step made ready (the next one: ``_ready`` since the last launch): its
@@ -207,7 +220,8 @@ class DecodePipeline:
         if copied is not None:  # the half's last copy to the host is done before this step draws over it
             torch.cuda.current_stream(self.device).wait_event(copied)
         if self.graphs is not None:
-            outputs, batch = self.graphs.run(ready.columns)
+            assert ready.packed is not None
+            outputs, batch = self.graphs.run(len(ready.lanes), ready.packed)
         else:
             batch = DecodeBatch.of(ready.columns, self.columns, self.device)
             outputs = self.step(batch)

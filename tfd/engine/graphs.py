@@ -14,6 +14,12 @@ replays; the output rows of padding lanes are dropped. Because every kernel is b
 a padding lane touches no memory, a replay gives the same bits as the eager step over the live lanes
 alone.
 
+A step whose lanes draw on the host's path but for a grammar's mask is drawn again over the same
+rows with the masks (``DecodePipeline.drawn_on_host``): with ``redraw`` given, that draw is captured
+too, a graph a bucket reading the bucket's step outputs and inputs and one mask buffer, so the draw
+costs the host one copy of the masks and one replay, not the launches of an eager draw (~300 us a
+step on the H100's host, more than the demo's whole step).
+
 A verify round (``tfd.engine.rounds``) is captured the same way, a graph per bucket with every
 lane's window ``width`` rows wide: its inputs are the rows' columns and the lanes' verify offsets,
 its output the round's draws, kept counts and next drafts; narrower windows are padded with padding
@@ -39,6 +45,8 @@ from tfd.model.decode_batch import Columns, DecodeBatch, fields_major
 
 log = logging.getLogger("tfd.graphs")
 Step = Callable[[DecodeBatch], tuple[torch.Tensor, ...]]  # a batch's outputs, each with a row a lane
+# a batch, the outputs its step gave and each row's mask: the step's draw again, masked
+Redraw = Callable[[DecodeBatch, tuple[torch.Tensor, ...], torch.Tensor], object]
 T = TypeVar("T")
 RoundStep = Callable[[RoundInputs], torch.Tensor]  # a round's output, a row a lane
 BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
@@ -67,8 +75,11 @@ def _capture(run: Callable[[], T], pool: Any, device: torch.device) -> tuple[tor
 
 
 class DecodeGraphs:
-    def __init__(self, step: Step, columns: Columns, null_page: int,
-                 max_lanes: int, device: torch.device) -> None:
+    """Decode steps of ``step`` for up to ``max_lanes`` lanes; with ``redraw``, its masked draw
+    again, reading masks of ``words`` int32 words a row (``grammar.allowed``'s)."""
+
+    def __init__(self, step: Step, columns: Columns, null_page: int, max_lanes: int, device: torch.device,
+                 redraw: Redraw | None = None, words: int = 0) -> None:
         self.columns = columns
         self.buckets = buckets_for(max_lanes)
         self.padding = columns.padding(null_page)
@@ -76,24 +87,49 @@ class DecodeGraphs:
         self.inputs = {bucket: padding.repeat(1, bucket) for bucket in self.buckets}  # each contiguous
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, tuple[torch.Tensor, ...]] = {}
+        self.redraws: dict[int, torch.cuda.CUDAGraph] = {}
+        # a bucket's redraw reads its first rows; a padding lane's row draws nowhere, whatever its mask
+        self.masks = torch.full((self.buckets[-1], words), -1, dtype=torch.int32, device=device)
         pool = torch.cuda.graph_pool_handle()
         for bucket in reversed(self.buckets):
             batch = DecodeBatch(self.inputs[bucket], columns)
             self.graphs[bucket], self.outputs[bucket] = _capture(partial(step, batch), pool, device)
+            if redraw is not None:
+                masks = self.masks[:bucket]
+                self.redraws[bucket], _ = _capture(partial(redraw, batch, self.outputs[bucket], masks), pool,
+                                                   device)
         torch.cuda.synchronize(device)
-        log.info("captured decode graphs for %s lanes", ", ".join(map(str, self.buckets)))
+        log.info("captured decode graphs for %s lanes%s", ", ".join(map(str, self.buckets)),
+                 " and their masked draws" if redraw is not None else "")
 
-    def run(self, columns: Sequence[Sequence[int]]) -> tuple[tuple[torch.Tensor, ...], DecodeBatch]:
-        """The step's outputs (each with a row a lane) for each lane's ``Columns.column``, and its
-        live lanes' inputs on the device (both valid until the bucket's next replay)."""
-        lanes = len(columns)
-        bucket = self.buckets[bisect.bisect_left(self.buckets, lanes)]
-        # pinned, so the copy does not wait (the caching host allocator keeps it until the copy is done)
-        self.inputs[bucket].copy_(fields_major([*columns, *[self.padding] * (bucket - lanes)]).pin_memory(),
-                                  non_blocking=True)
+    def bucket(self, lanes: int) -> int:
+        return self.buckets[bisect.bisect_left(self.buckets, lanes)]
+
+    def pack(self, columns: Sequence[Sequence[int]]) -> torch.Tensor:
+        """A replay's inputs for each lane's ``Columns.column``, its bucket's padding lanes after them,
+        in pinned host memory (the caching host allocator keeps it until the copy that reads it is
+        done, so the copy does not wait): made on the host ahead of the replay."""
+        spare = self.bucket(len(columns)) - len(columns)
+        return fields_major([*columns, *[self.padding] * spare], pinned=True)
+
+    def run(self, lanes: int, packed: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], DecodeBatch]:
+        """The step's outputs (each with a row a lane) for ``lanes`` lanes' inputs ``packed``
+        (``pack``'s), and its live lanes' inputs on the device (both valid until the bucket's next
+        replay)."""
+        bucket = self.bucket(lanes)
+        self.inputs[bucket].copy_(packed, non_blocking=True)
         self.graphs[bucket].replay()
         return (tuple(output[:lanes] for output in self.outputs[bucket]),
                 DecodeBatch(self.inputs[bucket][:, :lanes], self.columns))
+
+    def redraw(self, masks: torch.Tensor) -> None:
+        """The last replay's draw again over its ``masks.shape[0]`` live lanes with ``masks`` (pinned
+        host [lanes, words], copied without waiting: the caller keeps them until the step's tokens
+        are back), into the feed rows the step drew into. Only right after that replay: the graph
+        reads the bucket's outputs and inputs, which the bucket's next replay overwrites."""
+        lanes = masks.shape[0]
+        self.masks[:lanes].copy_(masks, non_blocking=True)
+        self.redraws[self.bucket(lanes)].replay()
 
 
 class RoundGraphs:
