@@ -112,3 +112,24 @@ def test_columns_refuse_offsets_that_do_not_fit() -> None:
     batch = DecodeBatch.of([plain.padding(9)], plain, torch.device("cpu"))
     with pytest.raises(ValueError, match="PLE"):
         _ = batch.ple_tail_at
+
+
+@pytest.mark.parametrize("held", [0, 2, 3])  # no row page, some, every one the columns hold
+def test_a_steps_inputs_packed_from_heads_and_kept_tails_are_its_columns(held: int) -> None:
+    columns = Columns(gdn_layers=2, pages=3, ple=True)
+    offsets, lanes = [11, 12, 13, 14, 15, 16], 4
+    rows = [columns.column(7 + lane, 30 + lane, 5, 0.5 * lane, lane, offsets, list(range(20, 20 + held)), 9)
+            for lane in range(lanes)]
+    heads = [columns.head(7 + lane, 30 + lane, 5, 0.5 * lane, lane) for lane in range(lanes)]
+    tails = [columns.tail(offsets, list(range(20, 20 + held)), 9)] * lanes
+    packed = columns.pack(heads, tails)
+    assert packed.shape == (columns.width, lanes) and packed.is_contiguous()
+    assert torch.equal(packed, DecodeBatch.of(rows, columns, torch.device("cpu")).packed)
+    with pytest.raises(ValueError, match="at most 3 pages"):
+        columns.tail(offsets, [20, 21, 22, 23], 9)
+    assert columns.pack([], []).shape == (columns.width, 0)
+    # a graph's bucket: padding lanes after the live ones, as many as its lanes short of the bucket
+    for bucket in (lanes, lanes + 1, 8):
+        padded = [*rows, *[columns.padding(9)] * (bucket - lanes)]
+        assert torch.equal(columns.pack(heads, tails, padded_to=bucket, null_page=9),
+                           DecodeBatch.of(padded, columns, torch.device("cpu")).packed)

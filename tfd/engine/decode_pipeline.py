@@ -22,9 +22,11 @@ rows are what the next plan asks for, the same bits as run then. Engine thread o
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import attrs
+import numpy as np
 import torch
 
 from tfd.engine import grammar
@@ -37,18 +39,18 @@ from tfd.families.hybrid import HybridModel
 from tfd.model.decode import DecodeMemory
 from tfd.model.decode_batch import Columns, DecodeBatch
 from tfd.model.memory import ints_on, to_device, to_host
+from tfd.pool.pages import Lease
 
 
 @attrs.frozen
 class _Ready:
-    """A decode step made ready on the host, not launched: its lanes, their rows, their columns
-    (``Columns.column``), the feed half it draws into, and with graphs its replay's inputs packed."""
+    """A decode step made ready on the host, not launched: its lanes, their rows, the feed half it
+    draws into, and its inputs packed (each lane's ``Columns.column``, a column a lane)."""
 
     lanes: tuple[Lane, ...]
     starts: tuple[int, ...]
-    columns: list[list[int]]
     parity: int
-    packed: torch.Tensor | None  # ``DecodeGraphs.pack``'s
+    packed: torch.Tensor  # host int64 [fields, lanes]: ``Columns.pack``'s, or ``DecodeGraphs.pack``'s
 
 
 @attrs.frozen
@@ -104,6 +106,9 @@ class DecodePipeline:
         self.ahead: Launched | None = None  # the step launched before its plan
         self.parity = 0  # the feed half the next step draws into
         self.copies: list[torch.cuda.Event | None] = [None, None]  # each half's last copy to the host
+        # each lane's ``Columns.tail`` and what it was made of (``_tail``), dropped with the lane
+        self.tails: weakref.WeakKeyDictionary[Lane, tuple[tuple[Lease, int, tuple[int, ...]], np.ndarray]] = \
+            weakref.WeakKeyDictionary()
         self.side = None if self.device.type != "cuda" else torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
 
     def step(self, batch: DecodeBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,14 +205,23 @@ class DecodePipeline:
         the token a step drew into that feed row, read on the device), made ready on the host: its
         columns, drawing into the feed half the next launch draws into."""
         parity = self.parity
-        columns = []
-        for token, lane, start, row in zip(tokens, lanes, starts, self.memory.half(parity)[:len(lanes)],
-                                           strict=True):
-            assert lane.lease is not None
-            columns.append(self.columns.column(token, start, lane.seed, lane.request.sampling.temperature,
-                                               row, lane.offsets, lane.lease.row_pages, self.null_page))
-        packed = None if self.graphs is None else self.graphs.pack(columns)
-        return _Ready(tuple(lanes), tuple(starts), columns, parity, packed)
+        rows = self.memory.half(parity)[:len(lanes)]
+        heads = [self.columns.head(token, start, lane.seed, lane.request.sampling.temperature, row)
+                 for token, lane, start, row in zip(tokens, lanes, starts, rows, strict=True)]
+        tails = [self._tail(lane) for lane in lanes]
+        packed = self.columns.pack(heads, tails) if self.graphs is None else self.graphs.pack(heads, tails)
+        return _Ready(tuple(lanes), tuple(starts), parity, packed)
+
+    def _tail(self, lane: Lane) -> np.ndarray:
+        """``lane``'s ``Columns.tail`` (its offsets and page table), made again only when its pages or
+        offsets moved: every ``page_rows`` steps, not every step."""
+        lease = lane.lease
+        assert lease is not None
+        key = (lease, len(lease.row_pages), lane.offsets)
+        held = self.tails.get(lane)
+        if held is None or held[0] != key:
+            held = self.tails[lane] = (key, self.columns.tail(lane.offsets, lease.row_pages, self.null_page))
+        return held[1]
 
     def _launch_step(self, ready: _Ready) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, DecodeBatch]:
         """``step`` for a step made ready (the next one: ``_ready`` since the last launch): its
@@ -223,7 +237,7 @@ class DecodePipeline:
             assert ready.packed is not None
             outputs, batch = self.graphs.run(len(ready.lanes), ready.packed)
         else:
-            batch = DecodeBatch.of(ready.columns, self.columns, self.device)
+            batch = DecodeBatch(to_device(ready.packed, self.device), self.columns)
             outputs = self.step(batch)
         return outputs, self.memory.feed[rows.start:rows.start + len(ready.lanes)], batch
 

@@ -37,11 +37,12 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from tfd.engine.round_step import RoundInputs, host_inputs
-from tfd.model.decode_batch import Columns, DecodeBatch, fields_major
+from tfd.model.decode_batch import Columns, DecodeBatch
 
 log = logging.getLogger("tfd.graphs")
 Step = Callable[[DecodeBatch], tuple[torch.Tensor, ...]]  # a batch's outputs, each with a row a lane
@@ -82,6 +83,7 @@ class DecodeGraphs:
                  redraw: Redraw | None = None, words: int = 0) -> None:
         self.columns = columns
         self.buckets = buckets_for(max_lanes)
+        self.null_page = null_page
         self.padding = columns.padding(null_page)
         padding = torch.tensor(self.padding, dtype=torch.int64, device=device)[:, None]
         self.inputs = {bucket: padding.repeat(1, bucket) for bucket in self.buckets}  # each contiguous
@@ -105,12 +107,12 @@ class DecodeGraphs:
     def bucket(self, lanes: int) -> int:
         return self.buckets[bisect.bisect_left(self.buckets, lanes)]
 
-    def pack(self, columns: Sequence[Sequence[int]]) -> torch.Tensor:
-        """A replay's inputs for each lane's ``Columns.column``, its bucket's padding lanes after them,
-        in pinned host memory (the caching host allocator keeps it until the copy that reads it is
-        done, so the copy does not wait): made on the host ahead of the replay."""
-        spare = self.bucket(len(columns)) - len(columns)
-        return fields_major([*columns, *[self.padding] * spare], pinned=True)
+    def pack(self, heads: Sequence[Sequence[int]], tails: Sequence[np.ndarray]) -> torch.Tensor:
+        """A replay's inputs for each lane's ``Columns.head`` and ``Columns.tail``, its bucket's padding
+        lanes after them, in pinned host memory (the caching host allocator keeps it until the copy
+        that reads it is done, so the copy does not wait): made on the host ahead of the replay."""
+        return self.columns.pack(heads, tails, pinned=True, padded_to=self.bucket(len(heads)),
+                                 null_page=self.null_page)
 
     def run(self, lanes: int, packed: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], DecodeBatch]:
         """The step's outputs (each with a row a lane) for ``lanes`` lanes' inputs ``packed``

@@ -53,11 +53,42 @@ class Columns:
         the feed row its own draw goes to, its offsets (``DecodeMemory.lane_offsets``), page table
         padded with the null page. Raises ValueError for offsets or pages that do not fit the
         columns."""
+        self._check(offsets, pages)
+        return [*self.head(token, position, seed, temperature, draw_row), *offsets, *pages,
+                *[null_page] * (self.pages - len(pages))]
+
+    def head(self, token: int, position: int, seed: int, temperature: float, draw_row: int) -> list[int]:
+        """A live lane's fixed fields, as ``column`` begins (they change every step)."""
+        return [token, position, position + 1, seed, temperature_bits(temperature), draw_row]
+
+    def tail(self, offsets: Sequence[int], pages: Sequence[int], null_page: int) -> np.ndarray:
+        """A live lane's fields after ``head``, as ``column`` ends them (they change when its pages do,
+        a step in ``page_rows``: a decode step packs them from an array kept between steps)."""
+        self._check(offsets, pages)
+        tail = np.full(self.width - FIXED, null_page, dtype=np.int64)
+        tail[:self.offsets] = offsets
+        tail[self.offsets:self.offsets + len(pages)] = pages
+        return tail
+
+    def pack(self, heads: Sequence[Sequence[int]], tails: Sequence[np.ndarray], pinned: bool = False,
+             padded_to: int = 0, null_page: int = 0) -> torch.Tensor:
+        """Host int64 [width, lanes] of each lane's ``head`` and ``tail`` (``fields_major`` of their
+        ``column``s), then padding lanes (``padding(null_page)``) up to ``padded_to`` lanes; in pinned
+        memory with ``pinned``."""
+        live = len(heads)
+        packed = torch.empty((self.width, max(live, padded_to)), dtype=torch.int64, pin_memory=pinned)
+        fields = packed.numpy()
+        if live:
+            fields[:FIXED, :live] = np.array(heads, dtype=np.int64).T
+            np.stack(tails, axis=1, out=fields[FIXED:, :live])
+        if padded_to > live:
+            fields[:, live:] = np.array(self.padding(null_page), dtype=np.int64)[:, None]
+        return packed
+
+    def _check(self, offsets: Sequence[int], pages: Sequence[int]) -> None:
         if len(offsets) != self.offsets or len(pages) > self.pages:
             raise ValueError(f"a lane has {self.offsets} offsets and at most {self.pages} pages, got "
                              f"{len(offsets)} offsets and {len(pages)} pages")
-        return [token, position, position + 1, seed, temperature_bits(temperature), draw_row, *offsets,
-                *pages, *[null_page] * (self.pages - len(pages))]
 
     def padding(self, null_page: int) -> list[int]:
         """A padding lane's fields: no keys, greedy, no draw kept, offsets -1, every page the null
