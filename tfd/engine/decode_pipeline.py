@@ -234,7 +234,6 @@ class DecodePipeline:
         if copied is not None:  # the half's last copy to the host is done before this step draws over it
             torch.cuda.current_stream(self.device).wait_event(copied)
         if self.graphs is not None:
-            assert ready.packed is not None
             outputs, batch = self.graphs.run(len(ready.lanes), ready.packed)
         else:
             batch = DecodeBatch(to_device(ready.packed, self.device), self.columns)
