@@ -6,12 +6,14 @@ writes what it saw as JSON.
 ``python parallel_rank.py RANK SIZE RENDEZVOUS CHECKPOINT OUT [experts] [cuda]``: RENDEZVOUS is a file
 every rank of the run names (torch.distributed's ``file://``); ``experts``: expert parallel; ``cuda``:
 every rank on the one card in bf16, the kernels' path, the sums through the host (gloo); a refused
-split is written as ``{"refused": ...}``.
+split is written as ``{"refused": ...}``. The test forks its ranks from a server that has imported this
+module (``logged``), rather than paying a fresh interpreter's imports a rank.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -90,6 +92,16 @@ def main(rank: int, size: int, rendezvous: str, checkpoint: str, out: str, exper
             "value_heads": model.cfg.value_heads}))
     if parallel is not None:
         dist.destroy_process_group()
+
+
+def logged(log: str, rank: int, size: int, rendezvous: str, checkpoint: str, out: str, experts: bool,
+           device: str) -> None:
+    """``main`` with this process's stdout and stderr (a traceback included) going to ``log``."""
+    with open(log, "wb") as file:
+        os.dup2(file.fileno(), 1)
+        os.dup2(file.fileno(), 2)
+    torch.set_num_threads(1)  # as OMP_NUM_THREADS=1 would: the ranks share the machine's cores
+    main(rank, size, rendezvous, checkpoint, out, experts, device)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,7 @@ refused by name, the weight's kind said, where a share would cut a block."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+import multiprocessing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,7 +25,10 @@ from support import CACHE
 from tfd.checkpoint import Checkpoint
 from tfd.families.hybrid import load_model
 
-RANK = Path(__file__).with_name("parallel_rank.py")
+# Ranks forked from a server that imported parallel_rank (torch, tfd) once: a fresh interpreter's imports
+# cost about 2.5 s of CPU a rank, most of a small run's time; each rank is still a process of its own.
+RANKS = multiprocessing.get_context("forkserver")
+RANKS.set_forkserver_preload(["parallel_rank"])
 RUN_S = 600  # every rank of a run: start, load a tiny checkpoint, a few short requests, on a busy machine
 NEAR = 1e-4  # the logits' largest difference over their largest magnitude: fp32 sums in another order
 # an FP8 split's logits (mean row error against one rank's) within this share of how far FP8 moves one rank's
@@ -51,21 +52,26 @@ def fp32_firsts(checkpoint: Path) -> list[torch.Tensor]:
 def ranks(checkpoint: Path, size: int, root: Path, experts: bool = False, device: str = "cpu"
           ) -> dict[str, Any]:
     """Run ``size`` ranks on ``checkpoint`` (``experts``: expert parallel; ``device`` "cuda": all on the
-    one card, ``parallel_rank.py``'s); what rank 0 wrote."""
+    one card, ``parallel_rank.py``'s), each a process of its own; what rank 0 wrote."""
     root.mkdir(parents=True, exist_ok=True)
     out = root / "out.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    started = [subprocess.Popen([sys.executable, str(RANK), str(rank), str(size), str(root / "rendezvous"),
-                                 str(checkpoint), str(out), *(["experts"] if experts else []), device],
-                                env=env,
-                                stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True) for rank in range(size)]
+    logs = [root / f"rank{rank}.log" for rank in range(size)]
+    started = [RANKS.Process(target=parallel_rank.logged, args=(
+        str(logs[rank]), rank, size, str(root / "rendezvous"), str(checkpoint), str(out), experts, device))
+        for rank in range(size)]
+    for process in started:
+        process.start()
     try:
-        said = [process.communicate(timeout=RUN_S)[0] for process in started]
+        for process in started:
+            process.join(RUN_S)
     finally:
         for process in started:
-            process.kill()
-    assert all(process.returncode == 0 for process in started), "\n".join(said)[-4000:]
+            if process.exitcode is None:
+                process.kill()
+                process.join()
+    said = [log.read_text(errors="replace") if log.exists() else "" for log in logs]
+    assert all(process.exitcode == 0 for process in started), \
+        f"exit codes {[process.exitcode for process in started]}\n" + "\n".join(said)[-4000:]
     found: dict[str, Any] = json.loads(out.read_text())
     return found
 
