@@ -28,6 +28,12 @@ if not torch.cuda.is_available():
 
 from support import ServedDaemon
 
+if os.environ.get("TRITON_INTERPRET") == "1":
+    # a jit helper's call patches triton.language anew in every program: a third of a kernel test's time
+    import interpreted_calls
+
+    interpreted_calls.install()
+
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``--numprocesses=auto`` (addopts): a worker per core, at most 8 (past that the longest file
