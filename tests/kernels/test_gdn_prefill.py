@@ -124,13 +124,32 @@ def lane_rows(lanes: list[Lane], device: str) -> torch.Tensor:
     return torch.cat([torch.full((lane.rows,), not lane.padding) for lane in lanes]).to(device)
 
 
-def check_values(dims: Dims, lanes: list[Lane], dtype: torch.dtype, device: str,
-                 tol: dict[str, float]) -> None:
+@attrs.frozen
+class Launch:
+    """One prefill of a batch on a fresh pool: what each check begins with, made once a test where a test
+    makes several checks of one batch (the same inputs give the same bits)."""
+
+    batch: Batch
+    pool: torch.Tensor  # as made, before the launch: each check clones it
+    state_at: torch.Tensor
+    out: torch.Tensor
+    after: torch.Tensor  # the pool the launch left
+
+
+def launched(dims: Dims, lanes: list[Lane], dtype: torch.dtype, device: str) -> Launch:
     batch = make_batch(dims, lanes, dtype, device)
     pool, state_at = make_pool(dims, lanes, device)
-    expected = pool.clone()
+    after = pool.clone()
+    out = batch.run("prefill", dims, after, state_at)
+    return Launch(batch, pool, state_at, out, after)
+
+
+def check_values(dims: Dims, lanes: list[Lane], dtype: torch.dtype, device: str,
+                 tol: dict[str, float], launch: Launch | None = None) -> None:
+    launch = launch or launched(dims, lanes, dtype, device)
+    batch, state_at, out, pool = launch.batch, launch.state_at, launch.out, launch.after
+    expected = launch.pool.clone()
     ref = batch.run("reference", dims, expected, state_at)
-    out = batch.run("prefill", dims, pool, state_at)
     live = lane_rows(lanes, device)
     torch.testing.assert_close(out[live], ref[live], **tol)
     assert not out[~live].any()
@@ -140,14 +159,14 @@ def check_values(dims: Dims, lanes: list[Lane], dtype: torch.dtype, device: str,
     assert torch.equal(states(pool, empty, dims), states(expected, empty, dims))  # no rows: the same bits
 
 
-def check_split(dims: Dims, lanes: list[Lane], dtype: torch.dtype, device: str) -> None:
+def check_split(dims: Dims, lanes: list[Lane], dtype: torch.dtype, device: str,
+                launch: Launch | None = None) -> None:
     """Each lane in two launches, cut at the last multiple of the chunk within its rows."""
-    batch = make_batch(dims, lanes, dtype, device)
-    pool, state_at = make_pool(dims, lanes, device)
+    launch = launch or launched(dims, lanes, dtype, device)
+    batch, state_at, out, whole = launch.batch, launch.state_at, launch.out, launch.after
+    pool = launch.pool.clone()
     cuts = [max(0, (lane.start + lane.rows - 1) // GDN_CHUNK * GDN_CHUNK - lane.start) for lane in lanes]
     assert any(0 < cut < lane.rows for cut, lane in zip(cuts, lanes, strict=True))
-    whole = pool.clone()
-    out = batch.run("prefill", dims, whole, state_at)
     head = batch.part([(0, cut) for cut in cuts])
     tail = batch.part([(cut, lane.rows) for cut, lane in zip(cuts, lanes, strict=True)])
     first = head.run("prefill", dims, pool, state_at)
@@ -159,12 +178,12 @@ def check_split(dims: Dims, lanes: list[Lane], dtype: torch.dtype, device: str) 
     assert torch.equal(pool, whole)
 
 
-def check_alone(dims: Dims, lanes: list[Lane], dtype: torch.dtype, device: str) -> None:
+def check_alone(dims: Dims, lanes: list[Lane], dtype: torch.dtype, device: str,
+                launch: Launch | None = None) -> None:
     """Each lane launched by itself gives the bits it had in the batch: outputs and state."""
-    batch = make_batch(dims, lanes, dtype, device)
-    pool, state_at = make_pool(dims, lanes, device)
-    together = pool.clone()
-    out = batch.run("prefill", dims, together, state_at)
+    launch = launch or launched(dims, lanes, dtype, device)
+    batch, pool, state_at = launch.batch, launch.pool, launch.state_at
+    out, together = launch.out, launch.after
     bounds = batch.cu_seqlens.tolist()
     for b, lane in enumerate(lanes):
         alone = pool.clone()
@@ -187,17 +206,19 @@ def test_grouped_heads_odd_dims_and_an_empty_lane() -> None:
 
 def test_wide_heads_in_pieces() -> None:
     lanes = [Lane(0, 130), Lane(37, 90), Lane(64, 1), Lane(3, 20, padding=True)]
-    check_values(WIDE, lanes, torch.bfloat16, "cpu", TOL)
-    check_split(WIDE, lanes, torch.bfloat16, "cpu")
-    check_alone(WIDE, lanes, torch.bfloat16, "cpu")
+    launch = launched(WIDE, lanes, torch.bfloat16, "cpu")  # the whole batch's pass, once for the three
+    check_values(WIDE, lanes, torch.bfloat16, "cpu", TOL, launch)
+    check_split(WIDE, lanes, torch.bfloat16, "cpu", launch)
+    check_alone(WIDE, lanes, torch.bfloat16, "cpu", launch)
 
 
 def test_more_chunks_than_rows_over_the_chunk_plus_lanes() -> None:
     rows = sum(lane.rows for lane in STRADDLING)
     assert -(-rows // GDN_CHUNK) + len(STRADDLING) < 14  # phase one's grid must bound the chunks otherwise
     check_values(TINY, STRADDLING, torch.float32, "cpu", TOL)
-    check_split(TINY, STRADDLING, torch.bfloat16, "cpu")
-    check_alone(TINY, STRADDLING, torch.bfloat16, "cpu")
+    launch = launched(TINY, STRADDLING, torch.bfloat16, "cpu")  # the whole batch's pass, once for both
+    check_split(TINY, STRADDLING, torch.bfloat16, "cpu", launch)
+    check_alone(TINY, STRADDLING, torch.bfloat16, "cpu", launch)
 
 
 def test_reference_is_the_model_chunked_rule() -> None:
@@ -292,6 +313,7 @@ def test_either_inverse_gives_the_values_split_and_alone(dtype: torch.dtype, ref
     # TOL; not refined: every product at PRECISION (tf32x3)
     monkeypatch.setattr(gdn_chunk, "REFINED", refined)
     lanes = [Lane(0, 150), Lane(37, 100), Lane(70, 20), Lane(5, 1), Lane(3, 30, padding=True)]
-    check_values(TINY, lanes, dtype, "cpu", TOL)
+    launch = launched(TINY, lanes, dtype, "cpu")  # the whole batch's pass, once for values and alone
+    check_values(TINY, lanes, dtype, "cpu", TOL, launch)
     check_split(TINY, lanes[:3], dtype, "cpu")
-    check_alone(TINY, lanes, dtype, "cpu")
+    check_alone(TINY, lanes, dtype, "cpu", launch)
