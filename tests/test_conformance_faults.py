@@ -9,6 +9,7 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import trio
@@ -23,7 +24,7 @@ from tfd.conformance.report import Report
 from tfd.conformance.soak import soak
 from tfd.engine.lane import Lane
 from tfd.engine.runner import Runner
-from tfd.model.decode_batch import Columns, DecodeBatch
+from tfd.model.decode_batch import Columns
 from tfd.model.memory import LaneMemory
 from tfd.pool.pages import Lease
 from tfd_kernels import conv1d
@@ -69,16 +70,16 @@ async def test_a_state_read_one_token_early_fails_resumed(short_tmp: Path, monke
 
 async def test_a_lane_whose_batch_slot_moves_its_position_fails_concurrent(
         short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = DecodeBatch.of
+    real = Columns.pack
 
-    def shifted(columns: list[list[int]], layout: Columns, device: torch.device) -> DecodeBatch:
-        # every row of a lane after the batch's first (a lane: its offsets and pages) one position on
-        first = next((tuple(column[6:]) for column in columns if column[5] >= 0), None)
-        moved = [column if column[5] < 0 or tuple(column[6:]) == first
-                 else [column[0], column[1] + 1, column[2] + 1, *column[3:]] for column in columns]
-        return real(moved, layout, device)
+    def shifted(self: Columns, heads: list[list[int]], tails: list[np.ndarray], pinned: bool = False,
+                padded_to: int = 0, null_page: int = 0) -> torch.Tensor:
+        # a decode step's every lane after its first one position on (a lane's head: token, position, keys)
+        moved = [head if i == 0 else [head[0], head[1] + 1, head[2] + 1, *head[3:]]
+                 for i, head in enumerate(heads)]
+        return real(self, moved, tails, pinned, padded_to, null_page)
 
-    monkeypatch.setattr(DecodeBatch, "of", staticmethod(shifted))
+    monkeypatch.setattr(Columns, "pack", shifted)
     found = await checked(short_tmp)
     assert "concurrent" in failing(found) and not found.ok
     assert {"repeat", "resumed", "refusals", "cancel"}.isdisjoint(failing(found))

@@ -72,6 +72,9 @@ def main(rank: int, size: int, rendezvous: str, checkpoint: str, out: str, exper
     except CheckpointError as error:
         if rank == 0:
             Path(out).write_text(json.dumps({"refused": str(error)}))
+        if parallel is not None:  # every rank refuses: none leaves while another still connects
+            dist.barrier()
+            dist.destroy_process_group()
         return
     logits = prompt_logits(model, device, dtype)
     asked = requests()
