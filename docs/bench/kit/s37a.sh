@@ -3,9 +3,7 @@
 # opening (s36i.sh's body), then issue 33's demo half: the demo x32 and x1 with and without the JSON grammar
 # (tfd bench) and the demo x32/x1 json step's parts (grammar_timeline.py). ~330 s. Carry .whl .whl-test .dev.
 . .dev/start.sh
-GAPS_STACKS=0 timeout 100 python .dev/prefill_gaps.py qwen3_5-35b-a3b 8 1024 $R 2>&1 | grep -v "arn\|^ *_warn" \
-  | tee $R/gaps-after.txt | head -12 | cut -c1-200
-echo "gaps t=$(el)"
+prefill_idle
 prefill_benches 300 400
 echo "prefill t=$(el)"
 timeout 120 tfd bench --streams 32,1 --prompt 1024 --new 256 --grammar none,json --out $R/demo > $R/demo.txt 2>&1

@@ -1,7 +1,7 @@
 # Sourced by a call's script (`. .dev/start.sh`): the clock (`el`, seconds since the start), the serving stack
 # installed from .whl and .whl-test, the environment that finds it, $R (results, tarred by the caller) and the
 # card's name printed; on an H200, issue 36's page-cache point first (resume_serve.sh, about 120 s), since
-# its acceptance names that card and an H200 is the rarer lend. Defines `prefill_benches` (below) for the calls.
+# its acceptance names that card and an H200 is the rarer lend. Defines `prefill_benches` and `prefill_idle` (below) for the calls.
 set -u
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 bash .dev/install.sh .whl-test > /dev/null 2>&1 || { echo install fails; exit 1; }
@@ -18,4 +18,11 @@ prefill_benches() {
     timeout $(( $2 - $(el) )) tfd bench --shape ${s%:*} --streams ${s#*:} --prompt 1024 --new 8 --rounds 2 \
       --out $R/${s%:*} 2>&1 | grep -a "prefill\|rror" | cut -c1-300
   done
+}
+# Issue 31's 35B-A3B 8 x 1,024 prefill step's idle device time (prefill_gaps.py without stacks), the report
+# under $R/gaps-after.txt and its head printed.
+prefill_idle() {
+  GAPS_STACKS=0 timeout 100 python .dev/prefill_gaps.py qwen3_5-35b-a3b 8 1024 $R 2>&1 | grep -v "arn\|^ *_warn" \
+    | tee $R/gaps-after.txt | head -12 | cut -c1-200
+  echo "gaps t=$(el)"
 }
