@@ -100,9 +100,8 @@ class DecodePipeline:
         self.device = memory.pool.buffer.device
         self.graphs: DecodeGraphs | None = None
         if graphs and self.device.type == "cuda":
-            words = (model.cfg.vocab + grammar.WORD_BITS - 1) // grammar.WORD_BITS
             self.graphs = DecodeGraphs(self.step, columns, null_page, max_lanes, self.device, self._redraw,
-                                       words)
+                                       grammar.mask_words(model.cfg.vocab))
         self.ahead: Launched | None = None  # the step launched before its plan
         self.parity = 0  # the feed half the next step draws into
         self.copies: list[torch.cuda.Event | None] = [None, None]  # each half's last copy to the host

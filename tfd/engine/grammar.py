@@ -34,6 +34,11 @@ _TEXT = '[^"\\\\\\x00-\\x1F\\x7F]'  # a character a JSON string holds unescaped
 SLICES = (*llguidance.LLTokenizer.general_slices(), *(f"{_TEXT}{{1,{n}}}" for n in range(1, 10)))
 
 
+def mask_words(vocab: int) -> int:
+    """The int32 words of a mask row over ``vocab`` tokens (a bit a token)."""
+    return (vocab + WORD_BITS - 1) // WORD_BITS
+
+
 class GrammarError(Exception):
     """A grammar llguidance cannot compile; the message is llguidance's."""
 
@@ -50,7 +55,7 @@ class Vocabulary:
     def __init__(self, tokenizer_json: str, vocab: int, eos: Sequence[int]) -> None:
         self.tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab, eos_token=list(eos),
                                                 slices=list(SLICES))
-        self.words = (vocab + WORD_BITS - 1) // WORD_BITS
+        self.words = mask_words(vocab)
         self.executor = llguidance.LLExecutor()
         self._masks: torch.Tensor | None = None  # the host buffer masks are filled into (``allowed``)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="tfd-grammar")  # calls the executor
