@@ -116,15 +116,19 @@ class DecodePipeline:
         fields may name: what a decode graph captures."""
         hidden = self.model.decode(batch, self.memory)
         logits = self.model.logits(hidden)
-        draw(logits, batch.temperature_bits, batch.seeds, batch.positions, 1, self.memory.feed,
-             batch.draw_rows)
+        self._draw(batch, logits)
         return hidden, logits
+
+    def _draw(self, batch: DecodeBatch, logits: torch.Tensor, masks: torch.Tensor | None = None) -> None:
+        """``batch``'s keyed draw of ``logits`` (each row at its next position; ``masks``: grammars')
+        into the feed row each column names."""
+        draw(logits, batch.temperature_bits, batch.seeds, batch.positions, 1, self.memory.feed,
+             batch.draw_rows, allowed=masks)
 
     def _redraw(self, batch: DecodeBatch, outputs: tuple[torch.Tensor, ...], masks: torch.Tensor) -> None:
         """``step``'s keyed draw of ``batch`` again, its logits (``outputs``' second) masked by
         ``masks``, into the same feed rows: what a redraw graph captures."""
-        draw(outputs[1], batch.temperature_bits, batch.seeds, batch.positions, 1, self.memory.feed,
-             batch.draw_rows, allowed=masks)
+        self._draw(batch, outputs[1], masks)
 
     def plain(self, works: Sequence[Work]) -> bool:
         """Whether ``works`` are decode rows whose draws the step itself makes."""
@@ -167,10 +171,8 @@ class DecodePipeline:
             if follows and self.graphs is not None:  # the step was the last replay: its redraw graph
                 self.graphs.redraw(grammar.allowed(len(step.lanes), follows))
             elif follows:  # without masks the draw again would be the step's own
-                batch = step.batch
-                masks = to_device(grammar.allowed(len(step.lanes), follows), self.device)
-                draw(step.logits, batch.temperature_bits, batch.seeds, batch.positions, 1, self.memory.feed,
-                     batch.draw_rows, allowed=masks)
+                self._draw(step.batch, step.logits, to_device(grammar.allowed(len(step.lanes), follows),
+                                                              self.device))
         else:
             where = ints_on(rows, self.device)
             self.memory.feed.index_copy_(0, where + step.first_row,
