@@ -11,7 +11,7 @@ the UT transform of tfd.model.gdn.chunk::
     T = (I + strict_lower(beta K K^T o D))^-1;  W = T (beta e^G K);  U = T (beta V)
     V' = U - W S;  O = (e^G Q) S + (Q K^T o D) V';  S <- e^G_last S + (e^(G_last - G) K)^T V'
 
-Three launches. Phase one (``_chunks``, kernels/gdn_chunk.py) runs every chunk of every live lane at
+Two launches. Phase one (``_chunks``, kernels/gdn_chunk.py) runs every chunk of every live lane at
 once, one program per (chunk slot, value head, role), and writes all that does not depend on S:
 W, U, P = Q K^T o D and three per-row factors, with a as scratch. Its grid is a bound on the chunks,
 cdiv-free and fixed without a host sync: the lanes' chunk offsets are a cumsum on the device and
@@ -21,16 +21,17 @@ walking the lane's chunks in order with S [key_dim, BLOCK_V] in registers:
     keep S;  V' = U - W S;  S <- e^G_last S + K^T (f_k o V')
 
 on the raw k rows (f_k = e^(G_last - G) |k|^-1 scales the product's rows), loading each step's
-operands a key piece at a time so nothing spills; it keeps the S entering each chunk and writes V'
-over U. Phase three (``_output``) runs every chunk at once again, one program per (value block, value
-head, chunk slot): O = f_q o (Q S) + P V' on the raw q rows (f_q = scale e^G |q|^-1), so the
-sequential walk does two products a chunk instead of four.
+operands a key piece at a time so nothing spills, and forms the chunk's output rows from the S entering
+it and V', both in its registers: O = f_q o (Q S) + P V' on the raw q rows (f_q = scale e^G |q|^-1).
+With ``FUSED`` off, phase two keeps each entering S and writes V' over U instead, and a third launch
+(``_output``) forms O for every chunk at once, one program per (value block, value head, chunk slot),
+with the same bits: a shorter walk for few lanes, S and V' written and read back.
 
 Memory: besides the new fp32 output, the kernels read the inputs and each live lane's state at
 element offset ``state_at[b]`` of the pool's fp32 view, write that state back, and use fp32 scratch of
 (key_dim + value_dim + 2 CHUNK + 3) values per row and value head (1.5 KB at the real dims, 406 MB
-for 8192 rows of 32 heads), written by phase one and read by phases two and three, and one S
-(key_dim x value_dim) per chunk and value head (268 MB for 8192 rows of 32 heads), written by phase
+for 8192 rows of 32 heads), written by phase one and read by phase two; with ``FUSED`` off, one S
+(key_dim x value_dim) per chunk and value head too (268 MB for 8192 rows of 32 heads), written by phase
 two and read by phase three; nothing else. A lane whose offset is -1 is padding: it has no chunks,
 none of the pool is read or written for it and its output rows are zeros. Products are fp32 by
 ``tl.dot`` at ``gdn_chunk.PRECISION`` (tf32x3), or with ``gdn_chunk.REFINED`` (the default) in fewer
@@ -62,6 +63,10 @@ NUM_WARPS = 4  # phase two: one warpgroup; ptxas spills at 8
 # while this one multiplies (8192 rows of 32 heads: 3.01 ms with phase one against 3.19-3.50 unpipelined,
 # the same bits; 16 or 64 columns, or 8 warps, were slower).
 NUM_STAGES = 2
+# Phase two forms each chunk's output rows as it walks (phase three's arithmetic on the values in its
+# registers), so the S entering each chunk (268 MB for 8192 rows of 32 heads) and V' are never written
+# and read back; False runs phase three as its own launch, every chunk in parallel, with the same bits.
+FUSED = True
 
 
 def _blocks(key_dim: int, value_dim: int) -> tuple[int, int]:
@@ -82,12 +87,13 @@ def _lane_tile(cu_seqlens, lane, block, VALUE_DIM: tl.constexpr, BLOCK_V: tl.con
 
 # counts that vary call by call are not specialized on (1, multiples of 16): one variant meets them all
 @triton.jit(do_not_specialize=["rows_all"])
-def _scan(k, w, u, f, h, states, state_at, cu_seqlens, starts, chunk_at, out, k_row, rows_all,
+def _scan(q, k, w, u, p, f, h, states, state_at, cu_seqlens, starts, chunk_at, out, q_row, k_row, rows_all,
           KEY_HEADS: tl.constexpr, VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr, VALUE_DIM: tl.constexpr,
           BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PIECE: tl.constexpr, CHUNK: tl.constexpr,
-          SPLIT: tl.constexpr):
-    """Phase two: value columns ``block`` of head ``head``'s S for lane ``lane``, through its chunks;
-    keeps the S entering each chunk in ``h`` and its V' in place of U, for phase three."""
+          SPLIT: tl.constexpr, FUSED: tl.constexpr):
+    """Phase two: value columns ``block`` of head ``head``'s S for lane ``lane``, through its chunks.
+    ``FUSED``: each chunk's output rows too, O = f_q o (Q S) + P V' from the S entering it and its V',
+    as phase three forms them; else keeps that S in ``h`` and V' in place of U, for phase three."""
     block, head, lane = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     key_head = head // (VALUE_HEADS // KEY_HEADS)
     first, rows, t, ps, vs, v_live = _lane_tile(cu_seqlens, lane, block, VALUE_DIM, BLOCK_V, PIECE, CHUNK)
@@ -118,14 +124,27 @@ def _scan(k, w, u, f, h, states, state_at, cu_seqlens, starts, chunk_at, out, k_
         rv = live[:, None] & v_live[None, :]
         entering = slots + c * VALUE_HEADS * KEY_DIM * VALUE_DIM
         ws = tl.zeros([CHUNK, BLOCK_V], tl.float32)
+        qs = tl.zeros([CHUNK, BLOCK_V], tl.float32)
         for n in tl.static_range(BLOCK_K // PIECE):
             ks = n * PIECE + ps
-            tl.store(entering + ks[:, None] * VALUE_DIM + vs[None, :], s[n],
-                     mask=(ks < KEY_DIM)[:, None] & v_live[None, :])
+            if FUSED:
+                qn = tl.load(q + r[:, None] * q_row + key_head * KEY_DIM + ks[None, :],
+                             mask=live[:, None] & (ks < KEY_DIM)[None, :], other=0.0)
+                qs = exact_left_dot(qn.to(tl.float32), s[n], qs, q, SPLIT)
+            else:
+                tl.store(entering + ks[:, None] * VALUE_DIM + vs[None, :], s[n],
+                         mask=(ks < KEY_DIM)[:, None] & v_live[None, :])
             ws = dot(tl.load(w + at_r[:, None] * KEY_DIM + ks[None, :],
                              mask=live[:, None] & (ks < KEY_DIM)[None, :], other=0.0), s[n], ws)
         fresh = tl.load(u + at_r[:, None] * VALUE_DIM + vs[None, :], mask=rv, other=0.0) - ws
-        tl.store(u + at_r[:, None] * VALUE_DIM + vs[None, :], fresh, mask=rv)  # only this program reads it
+        if FUSED:  # phase three's arithmetic on the values it would read back
+            qs *= tl.load(f + at_r, mask=live, other=0.0)[:, None]
+            pc = tl.load(p + at_r[:, None] * CHUNK + t[None, :], mask=live[:, None], other=0.0)
+            tl.store(out + r[:, None] * (VALUE_HEADS * VALUE_DIM) + head * VALUE_DIM + vs[None, :],
+                     dot(pc, fresh, qs), mask=rv)
+        else:
+            # only this program reads it
+            tl.store(u + at_r[:, None] * VALUE_DIM + vs[None, :], fresh, mask=rv)
         end = first + tl.minimum(rows - 1, c * CHUNK - lead + CHUNK - 1)  # the chunk's last row
         g_last = tl.exp(tl.load(f + (2 * rows_all + end) * VALUE_HEADS + head))
         fresh *= tl.load(f + rows_all * VALUE_HEADS + at_r, mask=live, other=0.0)[:, None]
@@ -249,13 +268,15 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
             BLOCK_K=block_k, BLOCK_D=block_d, PIECE=min(gdn_chunk.PIECE, block_k, block_d),
             LANES_BLOCK=gdn_chunk.LANES_BLOCK, CHUNK=CHUNK, LOG_CHUNK=CHUNK.bit_length() - 1,
             REFINED=gdn_chunk.REFINED, num_warps=gdn_chunk.NUM_WARPS)
-    h = torch.empty(slots, value_heads, key_dim, value_dim, dtype=torch.float32, device=q.device)
+    # the S entering each chunk, for phase three: none where phase two forms the output itself
+    h = torch.empty(0 if FUSED else slots, value_heads, key_dim, value_dim, dtype=torch.float32,
+                    device=q.device)
     _scan[(triton.cdiv(value_dim, block_v), value_heads, lanes)](
-        k, w, u, f, h, states, state_at, cu_seqlens, starts, chunk_at, out, k_row, rows, KEY_HEADS=key_heads,
-        VALUE_HEADS=value_heads, KEY_DIM=key_dim, VALUE_DIM=value_dim, BLOCK_K=block_k, BLOCK_V=block_v,
-        PIECE=min(gdn_chunk.PIECE, block_k), CHUNK=CHUNK, SPLIT=gdn_chunk.REFINED, num_warps=NUM_WARPS,
-        num_stages=NUM_STAGES)
-    if slots:
+        q, k, w, u, p, f, h, states, state_at, cu_seqlens, starts, chunk_at, out, q_row, k_row, rows,
+        KEY_HEADS=key_heads, VALUE_HEADS=value_heads, KEY_DIM=key_dim, VALUE_DIM=value_dim, BLOCK_K=block_k,
+        BLOCK_V=block_v, PIECE=min(gdn_chunk.PIECE, block_k), CHUNK=CHUNK, SPLIT=gdn_chunk.REFINED,
+        FUSED=FUSED, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    if slots and not FUSED:
         _output[(triton.cdiv(value_dim, block_v), value_heads, slots)](
             q, u, p, f, h, cu_seqlens, starts, chunk_at, out, q_row, lanes, KEY_HEADS=key_heads,
             VALUE_HEADS=value_heads, KEY_DIM=key_dim, VALUE_DIM=value_dim, BLOCK_K=block_k, BLOCK_V=block_v,

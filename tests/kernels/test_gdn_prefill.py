@@ -279,6 +279,20 @@ def test_real_sizes_on_gpu(dtype: torch.dtype, refined: bool, monkeypatch: pytes
     check_alone(REAL, REAL_LANES, dtype, "cuda")
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_output_formed_in_the_walk_has_the_bits_of_its_own_launch(
+        device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # FUSED (the default) forms each chunk's output in phase two; off, phase three's launch reads the
+    # entering S and V' back: the same products on the same values
+    dims, lanes = (WIDE, MIXED) if device == "cpu" else (REAL, REAL_LANES)
+    fused = launched(dims, lanes, torch.bfloat16, device)
+    monkeypatch.setattr(gdn_prefill, "FUSED", False)
+    apart = launched(dims, lanes, torch.bfloat16, device)
+    assert fused.out.any()
+    assert torch.equal(fused.out, apart.out)
+    assert torch.equal(fused.after, apart.after)
+
+
 @pytest.fixture
 def tf32_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     """The interpreter's products as the tensor cores make them in one tf32 pass: fp32 operands rounded
