@@ -1,4 +1,4 @@
-"""Issue 31: the GDN prefill's three launches (tfd_kernels.gdn_prefill) at the MoE shapes' prompt, 8 lanes
+"""Issue 31: the GDN prefill's launches (tfd_kernels.gdn_prefill) at the MoE shapes' prompt, 8 lanes
 x 1,024 rows of 16 key and 32 value heads (35B-A3B, 80B-A3B), and Flash Next's one lane of 1,024 rows of 48
 value heads, under variants of their constants: each launch's device us (torch.profiler) and the output's
 and states' digest against the first variant's. In the 35B-A3B's 8 x 1,024 prefill (H200, a5e6ce4) the
@@ -17,15 +17,13 @@ import subprocess
 import sys
 
 VARIANTS: dict[str, dict[str, object]] = {
-    "base": {},
-    "refined": {"gdn_chunk.REFINED": True},  # one-pass T and a Newton step; raw-row products in two passes
-    "chunks_w8": {"gdn_chunk.NUM_WARPS": 8},
-    "piece32": {"gdn_chunk.PIECE": 32},
-    "scan_bv64": {"gdn_prefill.BLOCK_V": 64},
-    "scan_bv16": {"gdn_prefill.BLOCK_V": 16},
-    "scan_st3": {"gdn_prefill.NUM_STAGES": 3},
-    "scan_w8": {"gdn_prefill.NUM_WARPS": 8},
-    "tf32": {"gdn_chunk.PRECISION": "tf32"},  # not exact enough to ship: what tf32x3 costs
+    "base": {},  # REFINED, the output formed in phase two's walk (FUSED)
+    "apart": {"gdn_prefill.FUSED": False},  # phase three's own launch, as before df21f56
+    "bv16": {"gdn_prefill.BLOCK_V": 16},  # twice the walks, fewer registers (223 against 254, offline ptxas)
+    "st1": {"gdn_prefill.NUM_STAGES": 1},
+    "st3": {"gdn_prefill.NUM_STAGES": 3},
+    "apart_bv16": {"gdn_prefill.FUSED": False, "gdn_prefill.BLOCK_V": 16},
+    "not_refined": {"gdn_chunk.REFINED": False},  # tf32x3 everywhere: other bits
 }
 SHAPES = {"moe-8x1024": (8, 1024, 16, 32), "flashnext-1x1024": (1, 1024, 16, 48)}
 DIM = 128
