@@ -20,7 +20,7 @@ from tfd.model.fp8 import Experts, Weight
 from tfd.model.gdn import GdnWeights, gdn, gdn_spans
 from tfd.model.memory import PageRows, PromptLanes, Span
 from tfd.model.mlp import DenseMlp, MoeWeights, dense, moe
-from tfd.model.ops import linear, zrms
+from tfd.model.ops import add_zrms, linear, zrms
 from tfd.model.parallel import Parallel
 from tfd.model.ple import PleWeights, ple
 from tfd.model.rope import Rotary
@@ -75,11 +75,15 @@ def run_stack(w: StackWeights, spans: Sequence[Span], rows: PageRows) -> StackOu
     if x.is_cuda and not any(span.decode for span in spans):  # prompt rows: layers take all lanes at once
         names = [layer.name for layer in w.layers if isinstance(layer.mixer, GdnWeights)]
         lanes = PromptLanes.of(spans, names, rows.buffer, rows.page_rows, rows.null_page, x.dtype)
-    pending = None
+    pending: hyper.Pending | Fed | None = None
     for layer in w.layers:
-        x, pending = run_layer(w, layer, x, spans, rows, lanes, pending)
+        x, pending = run_layer(w, layer, x, spans, rows, lanes, pending, defer=True)
     if w.mixer is not None:
+        assert not isinstance(pending, Fed)
         x, hidden, _ = hyper.read_after(w.mixer, x, pending)
+    elif isinstance(pending, Fed):
+        assert w.final_norm is not None
+        x, hidden = add_zrms(x, pending.values, w.final_norm, w.eps)
     else:
         assert w.final_norm is not None
         hidden = zrms(x, w.final_norm, w.eps)
@@ -90,17 +94,30 @@ def logits(w: StackWeights, hidden: torch.Tensor) -> torch.Tensor:
     return linear(hidden, w.head)
 
 
+@attrs.frozen
+class Fed:
+    """A layer's FFN output not yet added to the residual (no hyper-connections): the next layer adds
+    it as it norms its input, or the stack as it norms its output, in one launch (``add_zrms``)."""
+
+    values: torch.Tensor
+
+
 def run_layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, spans: Sequence[Span],
-              rows: PageRows, lanes: PromptLanes | None = None, pending: hyper.Pending | None = None
-              ) -> tuple[torch.Tensor, hyper.Pending | None]:
+              rows: PageRows, lanes: PromptLanes | None = None, pending: hyper.Pending | Fed | None = None,
+              defer: bool = False) -> tuple[torch.Tensor, hyper.Pending | Fed | None]:
     """One decoder layer over the residual ``x`` of every span's rows, in span order; with
     ``lanes`` (prompt spans on CUDA) a GDN or dense attention layer runs every span in one pass.
 
     With hyper-connections a block's output is written into the streams with the next read
     (``hyper.read_after``): ``pending`` is the layer before's FFN output, and this layer's is
-    returned for the next read; without them, None in and out, ``x`` the residual with the FFN's."""
+    returned for the next read. Without them, ``x`` the residual with the FFN's and None, or with
+    ``defer`` the residual without it and the FFN's output as ``Fed``, which the next call takes as
+    ``pending`` (the same bits: ``add_zrms`` is the addition then the norm)."""
     bounds = _bounds(spans)
+    if isinstance(pending, Fed) and (layer.ple is not None or layer.attn_hyper is not None):
+        x, pending = x + pending.values, None  # a layer of another kind: added as it stands
     if layer.ple is not None and pending is not None:  # PLE reads the streams written
+        assert not isinstance(pending, Fed)
         x, pending = hyper.write(x, *pending), None
     if layer.ple is not None:
         x = x + torch.cat([
@@ -108,7 +125,11 @@ def run_layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, spans: Sequ
                 span.lane.pieces["ple.history"])
             for span, (a, b) in zip(spans, bounds, strict=True)])
     if layer.attn_hyper is not None:
+        assert not isinstance(pending, Fed)
         x, block_input, weights = hyper.read_after(layer.attn_hyper, x, pending)
+    elif isinstance(pending, Fed):
+        assert layer.input_norm is not None
+        (x, block_input), weights = add_zrms(x, pending.values, layer.input_norm, w.eps), None
     else:
         assert layer.input_norm is not None
         block_input, weights = zrms(x, layer.input_norm, w.eps), None
@@ -125,12 +146,13 @@ def run_layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, spans: Sequ
         assert weights is not None
         x, block_input, weights = hyper.read_after(layer.mlp_hyper, x, (mixed, weights))
     else:
-        x = x + mixed
         assert layer.post_norm is not None
-        block_input, weights = zrms(x, layer.post_norm, w.eps), None
+        (x, block_input), weights = add_zrms(x, mixed, layer.post_norm, w.eps), None  # one launch on CUDA
     fed = w.reduce(moe(layer.ffn, block_input) if isinstance(layer.ffn, MoeWeights)
                    else dense(layer.ffn, block_input))
-    return (x, (fed, weights)) if weights is not None else (x + fed, None)
+    if weights is not None:
+        return x, (fed, weights)
+    return (x, Fed(fed)) if defer else (x + fed, None)
 
 
 def _mix(w: StackWeights, layer: LayerWeights, x: torch.Tensor, span: Span, rows: PageRows) -> torch.Tensor:
