@@ -6,7 +6,7 @@
 # Carry .whl .whl-test .dev .devcache.
 . .dev/start.sh
 TMPDIR=$PWD/.devcache timeout 230 python -m pytest -q -m gpu -n 4 -p no:cacheprovider -p no:benchmark \
-  -W ignore::DeprecationWarning tests/kernels/test_gdn_prefill.py tests/engine/test_device_path.py \
+  -W ignore::DeprecationWarning tests/kernels/test_gdn_prefill.py tests/pool/test_staging.py tests/engine/test_device_path.py \
   tests/kernels/test_moe_gpu.py tests/engine/test_drafting.py tests/engine/test_grammar_lanes.py \
   -k "not wide and not two-streams" 2>&1 | tee $R/gpu-tests.txt | grep -a "passed\|failed\|FAILED\|Error" \
   | cut -c1-250 | tail -12
