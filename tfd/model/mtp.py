@@ -22,7 +22,7 @@ from tfd.model import hyper
 from tfd.model.fp8 import Weight
 from tfd.model.memory import PageRows, Span
 from tfd.model.ops import linear, zrms
-from tfd.model.stack import Fed, LayerWeights, StackWeights, run_layer
+from tfd.model.stack import Fed, LayerWeights, Normed, StackWeights, run_layer
 
 
 @attrs.frozen
@@ -60,7 +60,7 @@ def draft(w: StackWeights, head: MtpWeights, spans: Sequence[Span], previous: to
         streams = linear(normed.reshape(-1, width), head.fc_hidden).view(normed.shape[0], -1, width)
         x = (streams + linear(embedded, head.fc_embed)[:, None, :]).flatten(-2)
     x, pending = run_layer(w, head.layer, x, spans, rows)
-    assert not isinstance(pending, Fed)  # not deferred
+    assert not isinstance(pending, Fed | Normed)  # no norm after it given: none deferred
     if head.mixer is not None:
         x, hidden, _ = hyper.read_after(head.mixer, x, pending)
         return Draft(hidden, x)

@@ -19,7 +19,7 @@ from tfd.model.attention import AttentionWeights, attention, attention_spans
 from tfd.model.fp8 import Experts, Weight
 from tfd.model.gdn import GdnWeights, gdn, gdn_spans
 from tfd.model.memory import PageRows, PromptLanes, Span
-from tfd.model.mlp import DenseMlp, MoeWeights, dense, moe
+from tfd.model.mlp import DenseMlp, MoeWeights, dense, moe, moe_add_zrms
 from tfd.model.ops import add_zrms, linear, zrms
 from tfd.model.parallel import Parallel
 from tfd.model.ple import PleWeights, ple
@@ -75,12 +75,16 @@ def run_stack(w: StackWeights, spans: Sequence[Span], rows: PageRows) -> StackOu
     if x.is_cuda and not any(span.decode for span in spans):  # prompt rows: layers take all lanes at once
         names = [layer.name for layer in w.layers if isinstance(layer.mixer, GdnWeights)]
         lanes = PromptLanes.of(spans, names, rows.buffer, rows.page_rows, rows.null_page, x.dtype)
-    pending: hyper.Pending | Fed | None = None
-    for layer in w.layers:
-        x, pending = run_layer(w, layer, x, spans, rows, lanes, pending, defer=True)
+    pending: Carried | None = None
+    # each layer's FFN output added in the launch that makes the norm after it (none: streams)
+    norms = [layer.input_norm for layer in w.layers[1:]] + [w.final_norm]
+    for layer, then in zip(w.layers, norms, strict=True):
+        x, pending = run_layer(w, layer, x, spans, rows, lanes, pending, then)
     if w.mixer is not None:
-        assert not isinstance(pending, Fed)
+        assert not isinstance(pending, Fed | Normed)
         x, hidden, _ = hyper.read_after(w.mixer, x, pending)
+    elif isinstance(pending, Normed):
+        hidden = pending.values
     elif isinstance(pending, Fed):
         assert w.final_norm is not None
         x, hidden = add_zrms(x, pending.values, w.final_norm, w.eps)
@@ -102,22 +106,35 @@ class Fed:
     values: torch.Tensor
 
 
+@attrs.frozen
+class Normed:
+    """The residual's norm for what comes after a layer (the next layer's input, or the stack's
+    output), made in the layer's own last launch: an MoE block's (``moe_add_zrms``)."""
+
+    values: torch.Tensor
+
+
+Carried = hyper.Pending | Fed | Normed  # what one layer hands the next (``run_layer``)
+
+
 def run_layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, spans: Sequence[Span],
-              rows: PageRows, lanes: PromptLanes | None = None, pending: hyper.Pending | Fed | None = None,
-              defer: bool = False) -> tuple[torch.Tensor, hyper.Pending | Fed | None]:
+              rows: PageRows, lanes: PromptLanes | None = None, pending: Carried | None = None,
+              then: torch.Tensor | None = None) -> tuple[torch.Tensor, Carried | None]:
     """One decoder layer over the residual ``x`` of every span's rows, in span order; with
     ``lanes`` (prompt spans on CUDA) a GDN or dense attention layer runs every span in one pass.
 
     With hyper-connections a block's output is written into the streams with the next read
     (``hyper.read_after``): ``pending`` is the layer before's FFN output, and this layer's is
-    returned for the next read. Without them, ``x`` the residual with the FFN's and None, or with
-    ``defer`` the residual without it and the FFN's output as ``Fed``, which the next call takes as
-    ``pending`` (the same bits: ``add_zrms`` is the addition then the norm)."""
+    returned for the next read. Without them, ``x`` the residual with the FFN's and None; or, given
+    ``then`` (the weight of the norm after the layer), the FFN's output added in the launch that makes
+    that norm, which the next call takes as ``pending``: the residual without it and the output
+    (``Fed``), or an MoE block's residual with it and the norm (``Normed``, in the block's last launch).
+    The same bits: ``add_zrms`` is the addition then the norm, ``moe_add_zrms`` is ``add_zrms``."""
     bounds = _bounds(spans)
-    if isinstance(pending, Fed) and (layer.ple is not None or layer.attn_hyper is not None):
-        x, pending = x + pending.values, None  # a layer of another kind: added as it stands
+    if isinstance(pending, Normed | Fed) and (layer.ple is not None or layer.attn_hyper is not None):
+        raise ValueError(f"layer {layer.name} reads streams: the layer before must hand on its FFN's output")
     if layer.ple is not None and pending is not None:  # PLE reads the streams written
-        assert not isinstance(pending, Fed)
+        assert isinstance(pending, tuple)
         x, pending = hyper.write(x, *pending), None
     if layer.ple is not None:
         x = x + torch.cat([
@@ -125,8 +142,10 @@ def run_layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, spans: Sequ
                 span.lane.pieces["ple.history"])
             for span, (a, b) in zip(spans, bounds, strict=True)])
     if layer.attn_hyper is not None:
-        assert not isinstance(pending, Fed)
+        assert not isinstance(pending, Fed | Normed)
         x, block_input, weights = hyper.read_after(layer.attn_hyper, x, pending)
+    elif isinstance(pending, Normed):
+        block_input, weights = pending.values, None
     elif isinstance(pending, Fed):
         assert layer.input_norm is not None
         (x, block_input), weights = add_zrms(x, pending.values, layer.input_norm, w.eps), None
@@ -148,11 +167,14 @@ def run_layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, spans: Sequ
     else:
         assert layer.post_norm is not None
         (x, block_input), weights = add_zrms(x, mixed, layer.post_norm, w.eps), None  # one launch on CUDA
+    if then is not None and weights is None and isinstance(layer.ffn, MoeWeights) and w.parallel is None:
+        x, normed = moe_add_zrms(layer.ffn, block_input, x, then, w.eps)  # the combine adds and norms
+        return x, Normed(normed)
     fed = w.reduce(moe(layer.ffn, block_input) if isinstance(layer.ffn, MoeWeights)
                    else dense(layer.ffn, block_input))
     if weights is not None:
         return x, (fed, weights)
-    return (x, Fed(fed)) if defer else (x + fed, None)
+    return (x, Fed(fed)) if then is not None else (x + fed, None)
 
 
 def _mix(w: StackWeights, layer: LayerWeights, x: torch.Tensor, span: Span, rows: PageRows) -> torch.Tensor:
