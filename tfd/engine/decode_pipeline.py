@@ -155,8 +155,8 @@ class DecodePipeline:
 
     def take_ahead(self, step: Launched, works: Sequence[Work], tokens: Sequence[int]) -> None:
         """``step``'s tokens (in its column order) are on the host: the grammar lanes of ``works``
-        take them on the grammar thread, and the masks of the step run ahead of it fill there after
-        them (``grammar.take_ahead``), while the host does the lanes' other bookkeeping."""
+        take them now and the masks of the step run ahead of it start filling on the grammar thread
+        (``grammar.take_ahead``), while the host does the lanes' other bookkeeping."""
         ran = {id(work.lane) for work in works}
         takes = [(lane.grammar, token) for lane, token in zip(step.lanes, tokens, strict=True)
                  if lane.grammar is not None and id(lane) in ran and not lane.cancelled]

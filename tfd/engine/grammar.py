@@ -13,13 +13,13 @@ before each held: llguidance's executor fills them on its own threads without th
 follow no grammar are left all ones. ``fill_ahead`` starts the same fill on the vocabulary's own
 thread and returns at once, so the host goes on with its bookkeeping while the masks fill; the
 ``allowed`` call that asks for the same rows of matchers in the same places (or some of them: the
-others' rows are then set to all ones) takes them when done. ``take_ahead`` goes one further: the
-lanes' matchers take a step's tokens on that thread too, before the fill, as soon as the tokens are
-on the host, so the fill no longer waits for the host's bookkeeping of the lanes; each lane's
-``Matcher.take`` of that token later waits for the takes alone (not the fill) and raises what its
-take found. At most one job is in flight a vocabulary, and whatever else reads or moves a matcher
-(``allowed``, ``Matcher.take`` of another token) waits for it first, so no matcher is touched by two
-threads at once. Engine thread only, but for ``Vocabulary.compile`` (any).
+others' rows are then set to all ones) takes them when done. ``take_ahead`` starts that fill sooner:
+the lanes' matchers take a step's tokens as soon as the tokens are on the host and the fill starts
+right after, so it no longer waits for the host's bookkeeping of the lanes (detokenizing, stop
+checks); each lane's ``Matcher.take`` of that token later only says what its take found. At most one
+fill is in flight a vocabulary, and whatever else reads or moves a matcher (``allowed``,
+``Matcher.take`` of another token) waits for it first, so no matcher is touched by two threads at
+once. Engine thread only, but for ``Vocabulary.compile`` (any).
 """
 
 from __future__ import annotations
@@ -63,21 +63,13 @@ class Vocabulary:
         self.executor = llguidance.LLExecutor()
         self._masks: torch.Tensor | None = None  # the host buffer masks are filled into (``allowed``)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="tfd-grammar")  # calls the executor
-        # the job in flight (``fill_ahead``, ``take_ahead``) and the rows it fills (None: it fills none)
-        self._pending: tuple[_Key | None, Future[torch.Tensor | None]] | None = None
-        self._taken: Future[set[int]] | None = None  # the ids of the matchers ``take_ahead`` found refusing
+        self._pending: tuple[_Key, Future[torch.Tensor]] | None = None  # the fill in flight and its rows
 
     def settle(self) -> None:
         """Wait for the fill in flight (``fill_ahead``), if any; its error, if it failed, raised here."""
         pending, self._pending = self._pending, None
         if pending is not None:
             pending[1].result()
-
-    def taken_ahead(self) -> set[int]:
-        """The ids of the matchers whose token of the last ``take_ahead`` their grammar refused, once
-        those takes are done (not its fill); their error, if they failed, raised here."""
-        assert self._taken is not None, "no takes ahead"
-        return self._taken.result()
 
     def masks(self, rows: int) -> torch.Tensor:
         """A host buffer of ``rows`` masks, pinned where CUDA is: the same memory step after step (a
@@ -157,16 +149,17 @@ class Matcher:
         self.vocabulary = vocabulary
         self.inner = matcher
         self.taken = 0  # tokens taken: its place, for telling a fill made ahead is still its own
-        self.ahead: int | None = None  # a token ``take_ahead`` takes for it on the grammar thread
+        # a token ``take_ahead`` took for the lane before the lane took it, and whether the grammar allowed it
+        self.ahead: tuple[int, bool] | None = None
 
     def take(self, token: int) -> None:
-        """The lane took ``token`` (once a job in flight is done; a token taken ahead, once the takes
-        are done). ``GrammarRefused`` for a token its grammar does not allow."""
+        """The lane took ``token`` (once a fill in flight is done, unless ``take_ahead`` took it
+        already). ``GrammarRefused`` for a token its grammar does not allow."""
         if self.ahead is not None:
-            ahead, self.ahead = self.ahead, None
+            (ahead, kept), self.ahead = self.ahead, None
             if ahead != token:  # the lane takes what its step drew: a bug otherwise
                 raise RuntimeError(f"token {token} taken where {ahead} was taken ahead")
-            if id(self) in self.vocabulary.taken_ahead():
+            if not kept:
                 raise GrammarRefused(f"token {token} is not allowed by the reply's grammar")
             return
         self.vocabulary.settle()
@@ -201,11 +194,9 @@ def allowed(rows: int, follows: Sequence[Follow]) -> torch.Tensor:
     vocabulary = follows[0][0].vocabulary
     pending = vocabulary._pending
     asked = _key(rows, follows)
-    if pending is not None and pending[0] is not None and pending[0][0] == rows \
-            and set(asked[1]) <= set(pending[0][1]):
+    if pending is not None and pending[0][0] == rows and set(asked[1]) <= set(pending[0][1]):
         vocabulary._pending = None
         mask = pending[1].result()
-        assert mask is not None
         others = {row for row, *_ in pending[0][1]} - {row for row, *_ in asked[1]}
         if others:  # filled ahead for matchers not asked for now (their lanes ended): all ones
             mask[sorted(others)] = -1
@@ -224,30 +215,16 @@ def fill_ahead(rows: int, follows: Sequence[Follow]) -> None:
 
 
 def take_ahead(takes: Sequence[tuple[Matcher, int]], rows: int, follows: Sequence[Follow]) -> None:
-    """Each ``(matcher, token)`` of ``takes`` taken on the vocabulary's thread (after any job in
-    flight), then ``allowed(rows, follows)`` filled there, ``follows`` at their places after those
-    takes (none: no fill); returns at once. Each matcher's ``take`` of its token then waits for the
-    takes and raises what its take found."""
-    vocabulary = takes[0][0].vocabulary
-    vocabulary.settle()
+    """Each ``(matcher, token)`` of ``takes`` taken now (after any fill in flight), what each take
+    found kept for the matcher's own ``take`` of that token, then ``fill_ahead(rows, follows)``,
+    ``follows`` at their places after those takes (none: no fill)."""
+    takes[0][0].vocabulary.settle()
     for matcher, token in takes:
         assert matcher.ahead is None, "a token taken ahead was never taken"
-        matcher.ahead = token
-        matcher.taken += 1  # its place once the job has taken it: the fill's key
-    mask = _ones_elsewhere(rows, follows) if follows else None
-    taken: Future[set[int]] = Future()
-
-    def job() -> torch.Tensor | None:
-        try:
-            taken.set_result({id(matcher) for matcher, token in takes
-                              if not matcher.inner.consume_token(token)})
-        except BaseException as error:
-            taken.set_exception(error)
-            raise
-        return None if mask is None else _fill(mask, follows)  # a refused matcher's row: its end alone
-
-    vocabulary._taken = taken
-    vocabulary._pending = (_key(rows, follows) if follows else None, vocabulary._thread.submit(job))
+        matcher.taken += 1
+        matcher.ahead = (token, matcher.inner.consume_token(token))
+    if follows:
+        fill_ahead(rows, follows)  # a refused matcher's row: its grammar's end alone
 
 
 def _ones_elsewhere(rows: int, follows: Sequence[Follow]) -> torch.Tensor:

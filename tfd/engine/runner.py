@@ -153,7 +153,8 @@ class Runner:
 
     def _tokens(self, step: Launched, works: Sequence[Work]) -> list[Drawn]:
         """``works``' tokens from ``step`` (the decode step that ran their rows), waited for; their
-        grammars take them on the grammar thread as soon as they are here (``take_ahead``)."""
+        grammars take them as soon as they are here, and the next step's masks start filling
+        (``take_ahead``)."""
         assert self.pipeline is not None
         tokens = step.tokens()
         self.pipeline.take_ahead(step, works, tokens)
