@@ -23,14 +23,15 @@ walking the lane's chunks in order with S [key_dim, BLOCK_V] in registers:
 on the raw k rows (f_k = e^(G_last - G) |k|^-1 scales the product's rows), loading each step's
 operands a key piece at a time so nothing spills, and forms the chunk's output rows from the S entering
 it and V', both in its registers: O = f_q o (Q S) + P V' on the raw q rows (f_q = scale e^G |q|^-1).
-With ``FUSED`` off, phase two keeps each entering S and writes V' over U instead, and a third launch
-(``_output``) forms O for every chunk at once, one program per (value block, value head, chunk slot),
-with the same bits: a shorter walk for few lanes, S and V' written and read back.
+Where the walk has too few programs to fill the device (``FUSE_PROGRAMS``: one lane), phase two keeps
+each entering S and writes V' over U instead, and a third launch (``_output``) forms O for every chunk
+at once, one program per (value block, value head, chunk slot), with the same bits: a shorter walk, S
+and V' written and read back.
 
 Memory: besides the new fp32 output, the kernels read the inputs and each live lane's state at
 element offset ``state_at[b]`` of the pool's fp32 view, write that state back, and use fp32 scratch of
 (key_dim + value_dim + 2 CHUNK + 3) values per row and value head (1.5 KB at the real dims, 406 MB
-for 8192 rows of 32 heads), written by phase one and read by phase two; with ``FUSED`` off, one S
+for 8192 rows of 32 heads), written by phase one and read by phase two; with phase three, one S
 (key_dim x value_dim) per chunk and value head too (268 MB for 8192 rows of 32 heads), written by phase
 two and read by phase three; nothing else. A lane whose offset is -1 is padding: it has no chunks,
 none of the pool is read or written for it and its output rows are zeros. Products are fp32 by
@@ -64,9 +65,18 @@ NUM_WARPS = 4  # phase two: one warpgroup; ptxas spills at 8
 # the same bits; 16 or 64 columns, or 8 warps, were slower).
 NUM_STAGES = 2
 # Phase two forms each chunk's output rows as it walks (phase three's arithmetic on the values in its
-# registers), so the S entering each chunk (268 MB for 8192 rows of 32 heads) and V' are never written
-# and read back; False runs phase three as its own launch, every chunk in parallel, with the same bits.
-FUSED = True
+# registers, the same bits) where its programs (value blocks x value heads x lanes) number at least this
+# many: two an SM of an H100's or H200's 132, what the walk's 254 registers a thread let run at once.
+# Then the S entering each chunk (268 MB for 8192 rows of 32 heads) and V' are never written and read back
+# (H100, 8 x 1,024 rows of 32 heads, 1,024 programs: 1.165 ms a layer against 1.384). Fewer programs leave
+# SMs idle through the walk, and phase three's own launch, every chunk at once, is the shorter way
+# (Flash Next's one lane of 48 heads, 192 programs: 0.520 ms against 0.740 fused).
+FUSE_PROGRAMS = 264
+
+
+def fuses(value_dim: int, value_heads: int, lanes: int) -> bool:
+    """Whether phase two forms the output itself (``FUSE_PROGRAMS``): by the walk's programs."""
+    return triton.cdiv(value_dim, _blocks(1, value_dim)[1]) * value_heads * lanes >= FUSE_PROGRAMS
 
 
 def _blocks(key_dim: int, value_dim: int) -> tuple[int, int]:
@@ -268,15 +278,16 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
             BLOCK_K=block_k, BLOCK_D=block_d, PIECE=min(gdn_chunk.PIECE, block_k, block_d),
             LANES_BLOCK=gdn_chunk.LANES_BLOCK, CHUNK=CHUNK, LOG_CHUNK=CHUNK.bit_length() - 1,
             REFINED=gdn_chunk.REFINED, num_warps=gdn_chunk.NUM_WARPS)
+    fused = fuses(value_dim, value_heads, lanes)
     # the S entering each chunk, for phase three: none where phase two forms the output itself
-    h = torch.empty(0 if FUSED else slots, value_heads, key_dim, value_dim, dtype=torch.float32,
+    h = torch.empty(0 if fused else slots, value_heads, key_dim, value_dim, dtype=torch.float32,
                     device=q.device)
     _scan[(triton.cdiv(value_dim, block_v), value_heads, lanes)](
         q, k, w, u, p, f, h, states, state_at, cu_seqlens, starts, chunk_at, out, q_row, k_row, rows,
         KEY_HEADS=key_heads, VALUE_HEADS=value_heads, KEY_DIM=key_dim, VALUE_DIM=value_dim, BLOCK_K=block_k,
         BLOCK_V=block_v, PIECE=min(gdn_chunk.PIECE, block_k), CHUNK=CHUNK, SPLIT=gdn_chunk.REFINED,
-        FUSED=FUSED, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
-    if slots and not FUSED:
+        FUSED=fused, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    if slots and not fused:
         _output[(triton.cdiv(value_dim, block_v), value_heads, slots)](
             q, u, p, f, h, cu_seqlens, starts, chunk_at, out, q_row, lanes, KEY_HEADS=key_heads,
             VALUE_HEADS=value_heads, KEY_DIM=key_dim, VALUE_DIM=value_dim, BLOCK_K=block_k, BLOCK_V=block_v,

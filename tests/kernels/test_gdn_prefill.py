@@ -282,15 +282,25 @@ def test_real_sizes_on_gpu(dtype: torch.dtype, refined: bool, monkeypatch: pytes
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_the_output_formed_in_the_walk_has_the_bits_of_its_own_launch(
         device: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # FUSED (the default) forms each chunk's output in phase two; off, phase three's launch reads the
-    # entering S and V' back: the same products on the same values
+    # fused, phase two forms each chunk's output; apart, phase three's launch reads the entering S and
+    # V' back: the same products on the same values
     dims, lanes = (WIDE, MIXED) if device == "cpu" else (REAL, REAL_LANES)
+    monkeypatch.setattr(gdn_prefill, "FUSE_PROGRAMS", 0)
     fused = launched(dims, lanes, torch.bfloat16, device)
-    monkeypatch.setattr(gdn_prefill, "FUSED", False)
+    monkeypatch.setattr(gdn_prefill, "FUSE_PROGRAMS", 1 << 30)
     apart = launched(dims, lanes, torch.bfloat16, device)
     assert fused.out.any()
     assert torch.equal(fused.out, apart.out)
     assert torch.equal(fused.after, apart.after)
+
+
+def test_the_walk_forms_the_output_from_two_programs_an_sm() -> None:
+    # the walk's programs: value blocks (of BLOCK_V columns) x value heads x lanes, against 264
+    assert gdn_prefill.FUSE_PROGRAMS == 264 and gdn_prefill.BLOCK_V == 32
+    assert not gdn_prefill.fuses(128, 48, 1)  # Flash Next's one lane: 192
+    assert gdn_prefill.fuses(128, 32, 8)  # the MoE shapes' eight: 1,024
+    assert not gdn_prefill.fuses(128, 65, 1) and gdn_prefill.fuses(128, 66, 1)  # 260, 264
+    assert not gdn_prefill.fuses(80, 21, 4) and gdn_prefill.fuses(80, 22, 4)  # 3 blocks of 80: 252, 264
 
 
 @pytest.fixture

@@ -103,7 +103,6 @@ class DecodePipeline:
             self.graphs = DecodeGraphs(self.step, columns, null_page, max_lanes, self.device, self._redraw,
                                        grammar.mask_words(model.cfg.vocab))
         self.ahead: Launched | None = None  # the step launched before its plan
-        self.filling: Launched | None = None  # the step whose masks ``take_ahead`` started filling
         self.parity = 0  # the feed half the next step draws into
         self.copies: list[torch.cuda.Event | None] = [None, None]  # each half's last copy to the host
         # each lane's ``Columns.tail`` and what it was made of (``_tail``), dropped with the lane
@@ -145,33 +144,14 @@ class DecodePipeline:
     def fill_ahead(self) -> None:
         """The lanes took the tokens before the step run ahead: start filling the masks of its
         grammar lanes still open, rows as ``drawn_on_host`` asks for them, while the host goes on
-        (``grammar.fill_ahead``), unless ``take_ahead`` started them already."""
+        (``grammar.fill_ahead``)."""
         step = self.ahead
-        if step is None or not step.on_host or step is self.filling:
+        if step is None or not step.on_host:
             return
-        follows = self._follows(step)
+        follows = [(lane.grammar, row, ()) for row, lane in enumerate(step.lanes)
+                   if lane.grammar is not None and lane.lease is not None and not lane.cancelled]
         if follows:
             grammar.fill_ahead(len(step.lanes), follows)
-
-    def take_ahead(self, step: Launched, works: Sequence[Work], tokens: Sequence[int]) -> None:
-        """``step``'s tokens (in its column order) are on the host: the grammar lanes of ``works``
-        take them now and the masks of the step run ahead of it start filling on the grammar thread
-        (``grammar.take_ahead``), while the host does the lanes' other bookkeeping."""
-        ran = {id(work.lane) for work in works}
-        takes = [(lane.grammar, token) for lane, token in zip(step.lanes, tokens, strict=True)
-                 if lane.grammar is not None and id(lane) in ran and not lane.cancelled]
-        if not takes:
-            return
-        following = self.ahead if self.ahead is not None and self.ahead.on_host else None
-        follows = [] if following is None else self._follows(following)
-        grammar.take_ahead(takes, 0 if following is None else len(following.lanes), follows)
-        self.filling = following if follows else None
-
-    @staticmethod
-    def _follows(step: Launched) -> list[grammar.Follow]:
-        """The step's grammar lanes still open, at their rows, as ``drawn_on_host`` asks for them."""
-        return [(lane.grammar, row, ()) for row, lane in enumerate(step.lanes)
-                if lane.grammar is not None and lane.lease is not None and not lane.cancelled]
 
     def drawn_on_host(self, step: Launched, works: Sequence[Work]) -> Launched:
         """``step``'s draws for ``works``' lanes made on the host's path (the lanes took the tokens

@@ -12,14 +12,10 @@ may draw (a row a token, 32 tokens an int32 word), for a verify window's rows as
 before each held: llguidance's executor fills them on its own threads without the GIL. Rows that
 follow no grammar are left all ones. ``fill_ahead`` starts the same fill on the vocabulary's own
 thread and returns at once, so the host goes on with its bookkeeping while the masks fill; the
-``allowed`` call that asks for the same rows of matchers in the same places (or some of them: the
-others' rows are then set to all ones) takes them when done. ``take_ahead`` starts that fill sooner:
-the lanes' matchers take a step's tokens as soon as the tokens are on the host and the fill starts
-right after, so it no longer waits for the host's bookkeeping of the lanes (detokenizing, stop
-checks); each lane's ``Matcher.take`` of that token later only says what its take found. At most one
-fill is in flight a vocabulary, and whatever else reads or moves a matcher (``allowed``,
-``Matcher.take`` of another token) waits for it first, so no matcher is touched by two threads at
-once. Engine thread only, but for ``Vocabulary.compile`` (any).
+``allowed`` call that asks for the same rows of matchers in the same places takes them when done.
+At most one fill is in flight a vocabulary, and whatever reads or moves a matcher (``allowed``,
+``Matcher.take``) waits for it first, so no matcher is touched by two threads at once. Engine
+thread only, but for ``Vocabulary.compile`` (any).
 """
 
 from __future__ import annotations
@@ -149,19 +145,10 @@ class Matcher:
         self.vocabulary = vocabulary
         self.inner = matcher
         self.taken = 0  # tokens taken: its place, for telling a fill made ahead is still its own
-        # a token ``take_ahead`` took for the lane before the lane took it, and whether the grammar allowed it
-        self.ahead: tuple[int, bool] | None = None
 
     def take(self, token: int) -> None:
-        """The lane took ``token`` (once a fill in flight is done, unless ``take_ahead`` took it
-        already). ``GrammarRefused`` for a token its grammar does not allow."""
-        if self.ahead is not None:
-            (ahead, kept), self.ahead = self.ahead, None
-            if ahead != token:  # the lane takes what its step drew: a bug otherwise
-                raise RuntimeError(f"token {token} taken where {ahead} was taken ahead")
-            if not kept:
-                raise GrammarRefused(f"token {token} is not allowed by the reply's grammar")
-            return
+        """The lane took ``token`` (once a fill in flight is done). ``GrammarRefused`` for a token
+        its grammar does not allow."""
         self.vocabulary.settle()
         self.taken += 1
         if not self.inner.consume_token(token):
@@ -193,14 +180,9 @@ def allowed(rows: int, follows: Sequence[Follow]) -> torch.Tensor:
     Valid until the next fill."""
     vocabulary = follows[0][0].vocabulary
     pending = vocabulary._pending
-    asked = _key(rows, follows)
-    if pending is not None and pending[0][0] == rows and set(asked[1]) <= set(pending[0][1]):
+    if pending is not None and pending[0] == _key(rows, follows):
         vocabulary._pending = None
-        mask = pending[1].result()
-        others = {row for row, *_ in pending[0][1]} - {row for row, *_ in asked[1]}
-        if others:  # filled ahead for matchers not asked for now (their lanes ended): all ones
-            mask[sorted(others)] = -1
-        return mask
+        return pending[1].result()
     vocabulary.settle()
     return _fill(_ones_elsewhere(rows, follows), follows)
 
@@ -212,19 +194,6 @@ def fill_ahead(rows: int, follows: Sequence[Follow]) -> None:
     vocabulary.settle()
     mask = _ones_elsewhere(rows, follows)
     vocabulary._pending = (_key(rows, follows), vocabulary._thread.submit(_fill, mask, follows))
-
-
-def take_ahead(takes: Sequence[tuple[Matcher, int]], rows: int, follows: Sequence[Follow]) -> None:
-    """Each ``(matcher, token)`` of ``takes`` taken now (after any fill in flight), what each take
-    found kept for the matcher's own ``take`` of that token, then ``fill_ahead(rows, follows)``,
-    ``follows`` at their places after those takes (none: no fill)."""
-    takes[0][0].vocabulary.settle()
-    for matcher, token in takes:
-        assert matcher.ahead is None, "a token taken ahead was never taken"
-        matcher.taken += 1
-        matcher.ahead = (token, matcher.inner.consume_token(token))
-    if follows:
-        fill_ahead(rows, follows)  # a refused matcher's row: its grammar's end alone
 
 
 def _ones_elsewhere(rows: int, follows: Sequence[Follow]) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch
 
 from tfd.cache.kept import KeptStates
 from tfd.cache.prompt_cache import PromptCache
-from tfd.engine.decode_pipeline import DecodePipeline, Launched
+from tfd.engine.decode_pipeline import DecodePipeline
 from tfd.engine.drawn import Drawn
 from tfd.engine.lane import Lane
 from tfd.engine.opening import Opener
@@ -140,25 +140,17 @@ class Runner:
             pipeline.ahead = None
             if ahead is not None and not rest:  # the whole step ran ahead: launch the next, then wait
                 ahead = pipeline.go_on(ahead, covered, further=pipeline.ahead_able(covered))
-                return self._tokens(ahead, covered)
+                return _drawn(covered, ahead.tokens(), ahead.lanes)
             if ahead is not None and covered and ahead.on_host:  # its draws now: its lanes took the last
                 ahead = pipeline.drawn_on_host(ahead, covered)
             if not covered and works and pipeline.ahead_able(works):
-                return self._tokens(pipeline.launch(works), works)
+                step = pipeline.launch(works)
+                return _drawn(works, step.tokens(), step.lanes)
         drawn = self.prefill.run(rest)
         self._keep(rest)
         if ahead is None or not covered:
             return drawn
         return _drawn(covered, ahead.tokens(), ahead.lanes) + drawn
-
-    def _tokens(self, step: Launched, works: Sequence[Work]) -> list[Drawn]:
-        """``works``' tokens from ``step`` (the decode step that ran their rows), waited for; their
-        grammars take them as soon as they are here, and the next step's masks start filling
-        (``take_ahead``)."""
-        assert self.pipeline is not None
-        tokens = step.tokens()
-        self.pipeline.take_ahead(step, works, tokens)
-        return _drawn(works, tokens, step.lanes)
 
     def _keep(self, works: Sequence[Work]) -> None:
         """Keep the state of each lane whose prompt chunk just ended at one of its keep points."""

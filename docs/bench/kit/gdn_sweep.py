@@ -17,12 +17,13 @@ import subprocess
 import sys
 
 VARIANTS: dict[str, dict[str, object]] = {
-    "base": {},  # REFINED, the output formed in phase two's walk (FUSED)
-    "apart": {"gdn_prefill.FUSED": False},  # phase three's own launch, as before df21f56
+    "base": {},  # REFINED; the output formed in phase two's walk from 264 programs (FUSE_PROGRAMS)
+    # (s38a.sh ran this sweep at df21f56, where FUSED=True/False chose the walk's output or phase three)
+    "fused": {"gdn_prefill.FUSE_PROGRAMS": 0},
+    "apart": {"gdn_prefill.FUSE_PROGRAMS": 1 << 30},  # phase three's own launch, as before df21f56
     "bv16": {"gdn_prefill.BLOCK_V": 16},  # twice the walks, fewer registers (223 against 254, offline ptxas)
     "st1": {"gdn_prefill.NUM_STAGES": 1},
     "st3": {"gdn_prefill.NUM_STAGES": 3},
-    "apart_bv16": {"gdn_prefill.FUSED": False, "gdn_prefill.BLOCK_V": 16},
     "not_refined": {"gdn_chunk.REFINED": False},  # tf32x3 everywhere: other bits
 }
 SHAPES = {"moe-8x1024": (8, 1024, 16, 32), "flashnext-1x1024": (1, 1024, 16, 48)}

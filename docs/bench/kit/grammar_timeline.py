@@ -38,8 +38,6 @@ if torch.cuda.is_available():
 wrap(grammar, "allowed", "allowed")
 wrap(grammar, "_fill", "fill_work")
 wrap(grammar, "fill_ahead", "fill_ahead_start")
-if hasattr(grammar, "take_ahead"):  # since the thirty-eighth session
-    wrap(grammar, "take_ahead", "take_ahead_start")
 wrap(sampling.Rows, "of", "rows_of", static=True)
 wrap(drawn, "sample", "sample_launch")
 wrap(decode_pipeline, "host_draw", "host_draw")

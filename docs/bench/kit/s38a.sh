@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Thirty-eighth session, first call: the GPU tests (the GDN prefill's real sizes, its output formed in phase
+# Thirty-eighth session, first call (ran at 202ec9a, where gdn_prefill.FUSED chose the walk's output; FUSE_PROGRAMS since): the GPU tests (the GDN prefill's real sizes, its output formed in phase
 # two's walk with the bits of its own launch; the device path, the MoE, drafting, the grammar lanes: the steps'
 # inputs packed from kept tails, b0588e4, not yet on a GPU), then the GDN prefill's launches alone under
 # gdn_sweep.py's variants, then the 35B-A3B's 8 x 1,024 prefill with the output fused and apart. ~570 s.
