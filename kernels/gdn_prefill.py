@@ -11,8 +11,9 @@ the UT transform of tfd.model.gdn.chunk::
     T = (I + strict_lower(beta K K^T o D))^-1;  W = T (beta e^G K);  U = T (beta V)
     V' = U - W S;  O = (e^G Q) S + (Q K^T o D) V';  S <- e^G_last S + (e^(G_last - G) K)^T V'
 
-Two launches. Phase one (``_chunks``, kernels/gdn_chunk.py) runs every chunk of every live lane at
-once, one program per (chunk slot, value head, role), and writes all that does not depend on S:
+Two launches, or three for a lane or two (``FUSE_PROGRAMS``). Phase one (``_chunks``,
+kernels/gdn_chunk.py) runs every chunk of every live lane at once, one program per (chunk slot, value
+head, role), and writes all that does not depend on S:
 W, U, P = Q K^T o D and three per-row factors, with a as scratch. Its grid is a bound on the chunks,
 cdiv-free and fixed without a host sync: the lanes' chunk offsets are a cumsum on the device and
 surplus slots return. Phase two (``_scan``) runs one program per (value block, value head, lane),
