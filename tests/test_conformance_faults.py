@@ -73,11 +73,11 @@ async def test_a_lane_whose_batch_slot_moves_its_position_fails_concurrent(
     real = Columns.pack
 
     def shifted(self: Columns, heads: list[list[int]], tails: list[np.ndarray], pinned: bool = False,
-                padded_to: int = 0, null_page: int = 0) -> torch.Tensor:
+                padded_to: int = 0, padding: np.ndarray | None = None) -> torch.Tensor:
         # a decode step's every lane after its first one position on (a lane's head: token, position, keys)
         moved = [head if i == 0 else [head[0], head[1] + 1, head[2] + 1, *head[3:]]
                  for i, head in enumerate(heads)]
-        return real(self, moved, tails, pinned, padded_to, null_page)
+        return real(self, moved, tails, pinned, padded_to, padding)
 
     monkeypatch.setattr(Columns, "pack", shifted)
     found = await checked(short_tmp)

@@ -9,6 +9,7 @@ decode spans. Then the engine's runner: the same requests with the batched path 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import tiny_models
 import torch
@@ -131,5 +132,6 @@ def test_a_steps_inputs_packed_from_heads_and_kept_tails_are_its_columns(held: i
     # a graph's bucket: padding lanes after the live ones, as many as its lanes short of the bucket
     for bucket in (lanes, lanes + 1, 8):
         padded = [*rows, *[columns.padding(9)] * (bucket - lanes)]
-        assert torch.equal(columns.pack(heads, tails, padded_to=bucket, null_page=9),
+        assert torch.equal(columns.pack(heads, tails, padded_to=bucket,
+                                        padding=np.array(columns.padding(9), dtype=np.int64)),
                            DecodeBatch.of(padded, columns, torch.device("cpu")).packed)

@@ -83,9 +83,8 @@ class DecodeGraphs:
                  redraw: Redraw | None = None, words: int = 0) -> None:
         self.columns = columns
         self.buckets = buckets_for(max_lanes)
-        self.null_page = null_page
-        self.padding = columns.padding(null_page)
-        padding = torch.tensor(self.padding, dtype=torch.int64, device=device)[:, None]
+        self.padding = np.array(columns.padding(null_page), dtype=np.int64)  # a padding lane's fields
+        padding = torch.from_numpy(self.padding).to(device)[:, None]
         self.inputs = {bucket: padding.repeat(1, bucket) for bucket in self.buckets}  # each contiguous
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, tuple[torch.Tensor, ...]] = {}
@@ -112,7 +111,7 @@ class DecodeGraphs:
         lanes after them, in pinned host memory (the caching host allocator keeps it until the copy
         that reads it is done, so the copy does not wait): made on the host ahead of the replay."""
         return self.columns.pack(heads, tails, pinned=True, padded_to=self.bucket(len(heads)),
-                                 null_page=self.null_page)
+                                 padding=self.padding)
 
     def run(self, lanes: int, packed: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], DecodeBatch]:
         """The step's outputs (each with a row a lane) for ``lanes`` lanes' inputs ``packed``

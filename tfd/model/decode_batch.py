@@ -71,10 +71,10 @@ class Columns:
         return tail
 
     def pack(self, heads: Sequence[Sequence[int]], tails: Sequence[np.ndarray], pinned: bool = False,
-             padded_to: int = 0, null_page: int = 0) -> torch.Tensor:
+             padded_to: int = 0, padding: np.ndarray | None = None) -> torch.Tensor:
         """Host int64 [width, lanes] of each lane's ``head`` and ``tail`` (``fields_major`` of their
-        ``column``s), then padding lanes (``padding(null_page)``) up to ``padded_to`` lanes; in pinned
-        memory with ``pinned``."""
+        ``column``s), then lanes of ``padding`` (``padding``'s fields as an int64 array, made once by
+        the caller) up to ``padded_to`` lanes; in pinned memory with ``pinned``."""
         live = len(heads)
         packed = torch.empty((self.width, max(live, padded_to)), dtype=torch.int64, pin_memory=pinned)
         fields = packed.numpy()
@@ -82,7 +82,9 @@ class Columns:
             fields[:FIXED, :live] = np.array(heads, dtype=np.int64).T
             np.stack(tails, axis=1, out=fields[FIXED:, :live])
         if padded_to > live:
-            fields[:, live:] = np.array(self.padding(null_page), dtype=np.int64)[:, None]
+            if padding is None:
+                raise ValueError(f"{padded_to - live} padding lanes asked for without their fields")
+            fields[:, live:] = padding[:, None]
         return packed
 
     def _check(self, offsets: Sequence[int], pages: Sequence[int]) -> None:
