@@ -16,6 +16,7 @@ import attrs
 import torch
 
 from tfd.pool.pages import Pool
+from tfd.pool.staging import ring_for
 
 
 @attrs.frozen
@@ -59,8 +60,15 @@ def even_columns(held: torch.Tensor) -> torch.Tensor:
 
 def to_device(held: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host tensor on ``device``; on CUDA copied from pinned memory without waiting for the queued
-    work (the caching host allocator keeps the pinned block until the copy is done)."""
-    return held.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else held.to(device)
+    work: ``held`` itself where it is pinned (the caller keeps it until the copy has run), else through
+    the device's pinned ring (``tfd.pool.staging``), so ``held`` may change as soon as this returns."""
+    if device.type != "cuda":
+        return held.to(device)
+    if held.is_pinned():
+        return held.to(device, non_blocking=True)
+    dest = torch.empty(held.shape, dtype=held.dtype, device=device)
+    ring_for(dest.device).put(held, dest)
+    return dest
 
 
 def to_host(held: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:

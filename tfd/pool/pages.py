@@ -23,7 +23,7 @@ from tfd.pool.errors import Leak, LeaseFinished, OverPromise, PoolError, PoolSho
 from tfd.pool.free import FreePages
 from tfd.pool.layout import Layout, Mode
 from tfd.pool.pieces import Piece, PieceMap, Placement, check
-from tfd.pool.staging import HostStaging
+from tfd.pool.staging import ring_for
 from tfd.pool.views import TORCH_DTYPES, TypedBytes, zero_pages
 from tfd.pool.views import place as place_on
 
@@ -85,7 +85,7 @@ class Pool:
         self.null_page = pages
         self.buffer = torch.zeros((pages + 1) * layout.page_bytes, dtype=torch.uint8, device=device)
         self.typed = TypedBytes(self.buffer)
-        self.staging = HostStaging() if self.buffer.is_cuda else None  # lanes' page ids to the device
+        self.staging = ring_for(self.buffer.device) if self.buffer.is_cuda else None  # page ids to the device
         self._placements: dict[int, tuple[PieceMap, Mapping[str, Placement]]] = {}
         self._pages = FreePages(pages)
         self._promised = 0
@@ -366,7 +366,7 @@ class Lease:
 
     def _write_table(self, start: int, pages: list[int]) -> None:
         """Page ids into the device table from ``start``, queued behind the device's work: from
-        the pool's pinned ring on CUDA (``HostStaging``), so the host does not wait for the steps in
+        the device's pinned ring on CUDA (``tfd.pool.staging``), so the host does not wait for the steps in
         flight."""
         into = self._table[start:start + len(pages)]
         if self.pool.staging is not None:
