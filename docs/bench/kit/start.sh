@@ -1,15 +1,13 @@
 # Sourced by a call's script (`. .dev/start.sh`): the clock (`el`, seconds since the start), the serving stack
 # installed from .whl and .whl-test, the environment that finds it, $R (results, tarred by the caller) and the
-# card's name printed; on an H200, issue 36's page-cache point first (resume_serve.sh, about 120 s), since
-# its acceptance names that card and an H200 is the rarer lend. Defines `prefill_benches` and `prefill_idle` (below) for the calls.
+# card's name printed. Defines `prefill_benches` and `prefill_idle` (below) for the calls. (Until issue 36
+# closed it also ran resume_serve.sh first on an H200.)
 set -u
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 bash .dev/install.sh .whl-test > /dev/null 2>&1 || { echo install fails; exit 1; }
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton
 R=$OUT/r; mkdir -p $R
 CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$CARD"
-case "$CARD" in *H200*) mkdir -p $OUT/rs; OUT=$OUT/rs bash .dev/resume_serve.sh 2>&1 \
-  | grep -a "resume c32\|read back\|rc=\|READY" | cut -c1-300; echo "resume t=$(el)";; esac
 # Issue 31's three prefill benches (the MoE shapes' 8 x 1,024, Flash Next's 1 x 1,024), two rounds each, the
 # JSON under $R/SHAPE: none started $1 s or more after the start, each stopped $2 s after it.
 prefill_benches() {
