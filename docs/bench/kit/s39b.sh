@@ -5,7 +5,7 @@
 # the 35B-A3B in FP8 at one stream (1,024-token prompts, 256 new). ~570 s. Carry .whl .whl-test .dev.
 . .dev/start.sh
 timeout 120 python -m pytest -q -m gpu -n 4 -p no:cacheprovider -p no:benchmark -W ignore::DeprecationWarning \
-  tests/kernels/test_fp8_gemm.py tests/kernels/test_moe_fp8_gpu.py 2>&1 | tee $R/gpu-tests.txt \
+  tests/kernels/test_fp8_gemm.py tests/kernels/test_moe_fp8_gpu.py tests/pool/test_staging.py 2>&1 | tee $R/gpu-tests.txt \
   | grep -a "passed\|failed\|FAILED\|Error" | cut -c1-250 | tail -8
 echo "tests t=$(el)"
 timeout $(( 250 - $(el) )) tfd bench --shape qwen3_5-9b --dtype fp8 --streams 1 --prompt 1024 --new 128 --rounds 2 \
