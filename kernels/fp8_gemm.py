@@ -64,12 +64,6 @@ WHOLE = Tiles(128, 128, BLOCK, 8, 3)  # many rows, one segment or several
 # faster, and 1,024 rows (the H200's sweep) faster or level
 TARGET = 132
 QUANTIZE_ROWS = 32  # rows of a ``quantize`` program
-# A K block's scales asked for with the block before it (off: with its own product). Triton pipelines the
-# loads that feed a dot, not the scales': loaded with their block, their latency (a dependent load from L2
-# at best) stood between each block's dot and its add, block after block (offline sm_90a code: the scales'
-# synchronous ld.global in every iteration of the K loop). Two blocks ahead, Triton stopped pipelining the
-# weights' loads (no cp.async left in the loop), so one. The same values either way: the same bits.
-SCALES_AHEAD = True
 GROUP_M = 8  # row blocks of the whole form that share weight tiles through L2 (as gemm's)
 COUNTERS = 1 << 16  # output tiles of one spread product at most
 # Compile options of every launch: a product rounds before the add that follows it, as the reference's
@@ -89,63 +83,32 @@ def quantized(x, rows, m, k, start, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: t
 
 
 @triton.jit
-def within(start, k, like):
-    """Whether K block ``start`` is below ``k``, a boolean of ``like``'s shape (the interpreter takes no
-    Python bool, nor a scalar tensor's, into a mask)."""
-    return like * 0 + start < k
-
-
-@triton.jit
-def block_scales(x_scales, w_scales, rows, cols, m, n, k, start, stride_xs, stride_sn, stride_sk,
-                 BLOCK_K: tl.constexpr):
-    """K block ``start``'s row scales [BLOCK_M] (x's) and column scales [BLOCK_N] (the weight's: each
-    column's 128-row block of out); zeros at or past ``k`` (a block asked for ahead that never comes)."""
-    x_scale = tl.load(x_scales + rows * stride_xs + start // BLOCK_K,
-                      mask=(rows < m) & within(start, k, rows), other=0.0)
-    w_scale = tl.load(w_scales + (cols // BLOCK_K) * stride_sn + (start // BLOCK_K) * stride_sk,
-                      mask=(cols < n) & within(start, k, cols), other=0.0)
-    return x_scale, w_scale
-
-
-@triton.jit
-def block_term(x, w, rows, cols, m, n, k, start, stride_xm, stride_wn, x_scale, w_scale,
-               BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+def block_term(x, x_scales, w, w_scales, rows, cols, m, n, k, start, stride_xm, stride_xs, stride_wn,
+               stride_sn, stride_sk, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """The K block at ``start``: its fp32 dot from zero times (x's scale * the weight's scale), x the
-    quantized rows (``quantize``'s q), the scales ``block_scales``'."""
+    quantized rows (``quantize``'s q and scales)."""
     ks = start + tl.arange(0, BLOCK_K)
     q = tl.load(x + rows[:, None] * stride_xm + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < k),
                 other=0.0)
+    x_scale = tl.load(x_scales + rows * stride_xs + start // BLOCK_K, mask=rows < m, other=0.0)
     b = weight_tile(w, cols, n, k, start, stride_wn, BLOCK_K)
+    # the weight's scale for each column's 128-row block of out, at this K block
+    w_scale = tl.load(w_scales + (cols // BLOCK_K) * stride_sn + (start // BLOCK_K) * stride_sk,
+                      mask=cols < n, other=0.0)
     dot = tl.dot(q, tl.trans(b), out_dtype=tl.float32)
     return dot * (x_scale[:, None] * w_scale[None, :])
 
 
 @triton.jit
 def segment_sum(x, x_scales, w, w_scales, rows, cols, m, n, k, start, length, stride_xm, stride_xs, stride_wn,
-                stride_sn, stride_sk, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD: tl.constexpr):
+                stride_sn, stride_sk, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """One segment's fp32 sum of its K blocks start .. start + length (none past k), from its first
-    block's term, in ascending order: the reference's chain of additions. With ``AHEAD``
-    (``SCALES_AHEAD``) each block's scales are asked for one block before its product; without, with it,
-    where their latency stands between the block's dot and its add."""
-    x_scale, w_scale = block_scales(x_scales, w_scales, rows, cols, m, n, k, start, stride_xs, stride_sn,
-                                    stride_sk, BLOCK_K)
-    total = block_term(x, w, rows, cols, m, n, k, start, stride_xm, stride_wn, x_scale, w_scale, BLOCK_M,
-                       BLOCK_K)
-    if AHEAD:
-        x_scale, w_scale = block_scales(x_scales, w_scales, rows, cols, m, n, k, start + BLOCK_K, stride_xs,
-                                        stride_sn, stride_sk, BLOCK_K)
+    block's term, in ascending order: the reference's chain of additions."""
+    total = block_term(x, x_scales, w, w_scales, rows, cols, m, n, k, start, stride_xm, stride_xs, stride_wn,
+                       stride_sn, stride_sk, BLOCK_M, BLOCK_K)
     for offset in range(BLOCK_K, tl.minimum(length, k - start), BLOCK_K):
-        if AHEAD:  # this block's scales came with the last block's product; the next block's are asked for
-            x_next, w_next = block_scales(x_scales, w_scales, rows, cols, m, n, k, start + offset + BLOCK_K,
-                                          stride_xs, stride_sn, stride_sk, BLOCK_K)
-            total += block_term(x, w, rows, cols, m, n, k, start + offset, stride_xm, stride_wn, x_scale,
-                                w_scale, BLOCK_M, BLOCK_K)
-            x_scale, w_scale = x_next, w_next
-        else:
-            x_scale, w_scale = block_scales(x_scales, w_scales, rows, cols, m, n, k, start + offset,
-                                            stride_xs, stride_sn, stride_sk, BLOCK_K)
-            total += block_term(x, w, rows, cols, m, n, k, start + offset, stride_xm, stride_wn, x_scale,
-                                w_scale, BLOCK_M, BLOCK_K)
+        total += block_term(x, x_scales, w, w_scales, rows, cols, m, n, k, start + offset, stride_xm,
+                            stride_xs, stride_wn, stride_sn, stride_sk, BLOCK_M, BLOCK_K)
     return total
 
 
@@ -170,7 +133,7 @@ def _spread(x, x_scales, w, w_scales, partials, out, counters, m, n, k, stride_x
             stride_sn, stride_sk, stride_ps, stride_pm, stride_om, k_per_segment, conv_weight, tails, tail_at,
             channels, SEGMENTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_K: tl.constexpr, CONV: tl.constexpr, WIDTH: tl.constexpr, EXACT_CAST: tl.constexpr,
-            AHEAD: tl.constexpr, PDL: tl.constexpr):
+            PDL: tl.constexpr):
     pdl.wait(PDL)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -179,7 +142,7 @@ def _spread(x, x_scales, w, w_scales, partials, out, counters, m, n, k, stride_x
     if CONV:  # the lanes' tail offsets, an input no kernel writes, before the product
         tail = tl.load(tail_at + rows, mask=rows < m, other=-1)
     acc = segment_sum(x, x_scales, w, w_scales, rows, cols, m, n, k, segment * k_per_segment, k_per_segment,
-                      stride_xm, stride_xs, stride_wn, stride_sn, stride_sk, BLOCK_M, BLOCK_K, AHEAD)
+                      stride_xm, stride_xs, stride_wn, stride_sn, stride_sk, BLOCK_M, BLOCK_K)
     mask = (rows[:, None] < m) & (cols[None, :] < n)
     dtype = out.dtype.element_ty
     if SEGMENTS == 1:  # nothing to add: the sum goes straight out
@@ -208,18 +171,18 @@ def _spread(x, x_scales, w, w_scales, partials, out, counters, m, n, k, stride_x
 def _whole(x, x_scales, w, w_scales, out, m, n, k, stride_xm, stride_xs, stride_wn, stride_sn, stride_sk,
            stride_om, segments, k_per_segment, n_tiles, m_tiles, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
            BLOCK_K: tl.constexpr, ONE_SEGMENT: tl.constexpr, GROUP: tl.constexpr, EXACT_CAST: tl.constexpr,
-           AHEAD: tl.constexpr, PDL: tl.constexpr):
+           PDL: tl.constexpr):
     pdl.wait(PDL)
     tile_m, tile_n = grouped(tl.program_id(0), m_tiles, n_tiles, GROUP)
     rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     total = segment_sum(x, x_scales, w, w_scales, rows, cols, m, n, k, 0, k_per_segment, stride_xm, stride_xs,
-                        stride_wn, stride_sn, stride_sk, BLOCK_M, BLOCK_K, AHEAD)
+                        stride_wn, stride_sn, stride_sk, BLOCK_M, BLOCK_K)
     if not ONE_SEGMENT:  # one accumulator alone when there is one segment (registers)
         for segment in range(1, segments):  # the same in-order sum as _spread's last program, in registers
             total += segment_sum(x, x_scales, w, w_scales, rows, cols, m, n, k, segment * k_per_segment,
                                  k_per_segment, stride_xm, stride_xs, stride_wn, stride_sn, stride_sk,
-                                 BLOCK_M, BLOCK_K, AHEAD)
+                                 BLOCK_M, BLOCK_K)
     tl.store(out + rows[:, None] * stride_om + cols[None, :], cast(total, out.dtype.element_ty, EXACT_CAST),
              mask=(rows[:, None] < m) & (cols[None, :] < n))
 
@@ -346,7 +309,7 @@ def product(q: torch.Tensor, q_scales: torch.Tensor, data: torch.Tensor, scale_i
         return conv_after(product(q, q_scales, data, scale_inv, dtype, spread, choice), conv)
     common = (m, n, k, q.stride(0), q_scales.stride(0), data.stride(0), scale_inv.stride(0),
               scale_inv.stride(1))
-    options = {"EXACT_CAST": INTERPRETED, "AHEAD": SCALES_AHEAD, **OPTIONS, **pdl.options(q.device)}
+    options = {"EXACT_CAST": INTERPRETED, **OPTIONS, **pdl.options(q.device)}
     if not spread:
         t = choice.whole_tiles(1)
         n_tiles, m_tiles = triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m)

@@ -39,7 +39,6 @@ import triton
 import triton.language as tl
 
 from tfd_kernels import fp8_gemm, moe_tiles, pdl
-from tfd_kernels.fp8_gemm import within
 from tfd_kernels.gemm import weight_tile
 from tfd_kernels.runtime import INTERPRETED
 
@@ -73,28 +72,14 @@ def _term(q, b, q_scale, w_scale, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
-def row_scales(scales, rows, m, k, start, width):
-    """K block ``start``'s fp32 scales of quantized rows ``rows`` (those below ``m``; ``rows_block``'s
-    layout); 1 for a masked row, as its quantization gave, or at or past ``k`` (a block asked for ahead
-    that never comes)."""
-    return tl.load(scales + rows * blocks(width) + start // STEP, mask=(rows < m) & within(start, k, rows),
-                   other=1.0)
-
-
-@triton.jit
 def rows_block(q, scales, rows, m, k, start, width):
     """K block ``start`` of quantized rows ``rows`` (those below ``m``, columns below ``k``): their e4m3
     values from ``q`` [.., width] and fp32 scales from ``scales`` [.., blocks(width)], both contiguous
     (``fp8_gemm.quantize``'s layout). A masked row reads zeros and scale 1, as its quantization gave."""
-    return rows_values(q, rows, m, k, start, width), row_scales(scales, rows, m, k, start, width)
-
-
-@triton.jit
-def rows_values(q, rows, m, k, start, width):
-    """``rows_block``'s e4m3 values alone."""
     ks = start + tl.arange(0, STEP)
-    return tl.load(q + rows[:, None] * width + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < k),
-                   other=0.0)
+    values = tl.load(q + rows[:, None] * width + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < k),
+                     other=0.0)
+    return values, tl.load(scales + rows * blocks(width) + start // STEP, mask=rows < m, other=1.0)
 
 
 @triton.jit
@@ -132,23 +117,14 @@ def quantize_middles(h: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, m: 
 
 
 @triton.jit
-def _gate_up_scales(x_scales, scales, rows, count, cols, size, hidden, start):
-    """K block ``start``'s scales for a tile's gate and up terms: x's rows', the gate columns', the up
-    columns' (zeros at or past ``hidden``: a block asked for ahead that never comes)."""
-    at = start // STEP
-    inside = (cols < size) & within(start, hidden, cols)
-    gate_scale = tl.load(scales + (cols // STEP) * blocks(hidden) + at, mask=inside, other=0.0)
-    up_scale = tl.load(scales + ((size + cols) // STEP) * blocks(hidden) + at, mask=inside, other=0.0)
-    return row_scales(x_scales, rows, count, hidden, start, hidden), gate_scale, up_scale
-
-
-@triton.jit
-def _gate_up_terms(xq, gate, rows, count, cols, size, hidden, stride_n, start, x_scale, gate_scale, up_scale,
+def _gate_up_terms(xq, x_scales, gate, scales, rows, count, cols, size, hidden, stride_n, start,
                    INTERPRETED: tl.constexpr):
-    """K block ``start`` of a tile's gate and up terms, x's quantized rows loaded once for both, the
-    scales ``_gate_up_scales``'."""
-    q = rows_values(xq, rows, count, hidden, start, hidden)
-    ups = size + cols  # the up rows' places among the fused rows
+    """K block ``start`` of a tile's gate and up terms, x's quantized rows loaded once for both."""
+    q, x_scale = rows_block(xq, x_scales, rows, count, hidden, start, hidden)
+    ups = size + cols  # the up rows' places among the fused rows: their scale blocks
+    at = start // STEP
+    gate_scale = tl.load(scales + (cols // STEP) * blocks(hidden) + at, mask=cols < size, other=0.0)
+    up_scale = tl.load(scales + (ups // STEP) * blocks(hidden) + at, mask=cols < size, other=0.0)
     gate_term = _term(q, weight_tile(gate, cols, size, hidden, start, stride_n, STEP), x_scale, gate_scale,
                       INTERPRETED)
     up_term = _term(q, weight_tile(gate, ups, 2 * size, hidden, start, stride_n, STEP), x_scale, up_scale,
@@ -161,23 +137,16 @@ def gate_up_tile(xq, x_scales, gate, scales, stride_n, size, h, q, live, token, 
                  column_tile, BLOCK_N: tl.constexpr, INTERPRETED: tl.constexpr):
     """``moe_tiles.gate_up_tile`` with FP8 weights: ``gate`` [2 * size, hidden] float8 (gate rows, then
     up rows), ``scales`` its [blocks(2 * size), blocks(hidden)], contiguous; x's rows quantized
-    (``fp8_gemm.quantize``: ``xq``, ``x_scales``), ``count`` of them. Each K block's scales are asked
-    for with the block before it (``fp8_gemm.SCALES_AHEAD``'s reason: loaded with their block, their
-    latency stood between its dots and its adds)."""
+    (``fp8_gemm.quantize``: ``xq``, ``x_scales``), ``count`` of them."""
     cols = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.where(live, token, count)  # a pair past the tile's end reads no row
-    x_scale, gate_scale, up_scale = _gate_up_scales(x_scales, scales, rows, count, cols, size, hidden, 0)
-    acc_gate, acc_up = _gate_up_terms(xq, gate, rows, count, cols, size, hidden, stride_n, 0, x_scale,
-                                      gate_scale, up_scale, INTERPRETED)
-    x_scale, gate_scale, up_scale = _gate_up_scales(x_scales, scales, rows, count, cols, size, hidden, STEP)
+    acc_gate, acc_up = _gate_up_terms(xq, x_scales, gate, scales, rows, count, cols, size, hidden, stride_n,
+                                      0, INTERPRETED)
     for start in range(STEP, hidden, STEP):
-        x_next, gate_next, up_next = _gate_up_scales(x_scales, scales, rows, count, cols, size, hidden,
-                                                     start + STEP)
-        gate_term, up_term = _gate_up_terms(xq, gate, rows, count, cols, size, hidden, stride_n, start,
-                                            x_scale, gate_scale, up_scale, INTERPRETED)
+        gate_term, up_term = _gate_up_terms(xq, x_scales, gate, scales, rows, count, cols, size, hidden,
+                                            stride_n, start, INTERPRETED)
         acc_gate += gate_term
         acc_up += up_term
-        x_scale, gate_scale, up_scale = x_next, gate_next, up_next
     moe_tiles.store_middle(acc_gate, acc_up, h, q, live, cols, size, width)
 
 
@@ -186,16 +155,8 @@ def down_weights(w, scales, stride_n, size, hidden, column_tile, start, BLOCK_N:
     """K block ``start`` of a down tile's FP8 weights (zeros past inner ``size``) and their scales."""
     cols = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     b = weight_tile(w, cols, hidden, size, start, stride_n, STEP)
-    return b, down_scales(scales, size, hidden, column_tile, start, BLOCK_N)
-
-
-@triton.jit
-def down_scales(scales, size, hidden, column_tile, start, BLOCK_N: tl.constexpr):
-    """K block ``start``'s weight scales of a down tile's columns (zeros at or past inner ``size``: a
-    block asked for ahead that never comes)."""
-    cols = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    return tl.load(scales + (cols // STEP) * blocks(size) + start // STEP,
-                   mask=(cols < hidden) & within(start, size, cols), other=0.0)
+    scale = tl.load(scales + (cols // STEP) * blocks(size) + start // STEP, mask=cols < hidden, other=0.0)
+    return b, scale
 
 
 @triton.jit
@@ -222,21 +183,12 @@ def down_step(hq, h_scales, b, scale, q, stop, width, size, start, INTERPRETED: 
 def down_tile(hq, h_scales, w, scales, stride_n, size, buf, q, live, stop, weight, dest, hidden, width,
               column_tile, BLOCK_N: tl.constexpr, INTERPRETED: tl.constexpr):
     """``moe_tiles.down_tile`` with FP8 weights: ``w`` [hidden, size] float8, ``scales`` its
-    [blocks(hidden), blocks(size)], contiguous; ``stop``: the pair past the tile's last. Each K block's
-    scales (the middles' and the weights') are asked for with the block before it, as ``gate_up_tile``'s."""
-    cols = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    h_scale = row_scales(h_scales, q, stop, size, 0, width)
-    scale = down_scales(scales, size, hidden, column_tile, 0, BLOCK_N)
-    acc = _term(rows_values(hq, q, stop, size, 0, width),
-                weight_tile(w, cols, hidden, size, 0, stride_n, STEP), h_scale, scale, INTERPRETED)
-    h_scale = row_scales(h_scales, q, stop, size, STEP, width)
-    scale = down_scales(scales, size, hidden, column_tile, STEP, BLOCK_N)
+    [blocks(hidden), blocks(size)], contiguous; ``stop``: the pair past the tile's last."""
+    b, scale = down_weights(w, scales, stride_n, size, hidden, column_tile, 0, BLOCK_N)
+    acc = down_step(hq, h_scales, b, scale, q, stop, width, size, 0, INTERPRETED)
     for start in range(STEP, size, STEP):
-        h_next = row_scales(h_scales, q, stop, size, start + STEP, width)
-        scale_next = down_scales(scales, size, hidden, column_tile, start + STEP, BLOCK_N)
-        acc += _term(rows_values(hq, q, stop, size, start, width),
-                     weight_tile(w, cols, hidden, size, start, stride_n, STEP), h_scale, scale, INTERPRETED)
-        h_scale, scale = h_next, scale_next
+        b, scale = down_weights(w, scales, stride_n, size, hidden, column_tile, start, BLOCK_N)
+        acc += down_step(hq, h_scales, b, scale, q, stop, width, size, start, INTERPRETED)
     moe_tiles.down_store(buf, acc, live, weight, dest, hidden, column_tile, BLOCK_N)
 
 
