@@ -267,7 +267,7 @@ from tfd_kernels import fp8_gemm as f
 
 ALIGNED = {"n", "k", "stride_xm", "stride_wn", "stride_om", "stride_pm", "k_per_segment", "stride_qm"}
 FOUND = re.compile(r"\b(wgmma\.mma_async\S+|mma\.sync\S+|div\.[\w.]*f32|fma\.rn\.f32"
-                   r"|cvt\.rn\.satfinite\.e4m3x2\.f32)")
+                   r"|cvt\.rn\.satfinite\.e4m3x2\.f32|cp\.async\.cg\.shared\.global)")
 POINTERS = dict(w="*fp8e4nv", w_scales="*fp32", x_scales="*fp32", partials="*fp32", out="*bf16",
                 counters="*i32", q="*fp8e4nv", scales="*fp32", conv_weight="*bf16", tails="*bf16",
                 tail_at="*i64")
@@ -306,7 +306,8 @@ def test_the_kernels_compile_for_hopper_with_the_numerics_they_claim(tmp_path: P
     # instructions for every tile) and no division; the quantization's correctly rounded divisions
     # (never div.full) and the hardware's round-to-nearest e4m3 conversion; nowhere a fused
     # multiply-add (a product rounds before its add) but the GDN conv's taps in the projection's epilogue,
-    # explicit there as conv1d's contracted ones are.
+    # explicit there as conv1d's contracted ones are. The weights and rows reach shared memory by cp.async:
+    # Triton's pipeline of the K loop holds.
     compiled = compiled_for_hopper(["-c", HOPPER_SCRIPT], tmp_path, [Path(__file__).parent])
     assert not [case for case in compiled.values() if "error" in case], compiled
     for name, found in compiled.items():
@@ -317,6 +318,7 @@ def test_the_kernels_compile_for_hopper_with_the_numerics_they_claim(tmp_path: P
             # but the conv's SiLU, a division as conv1d's own (div.full.f32 in both)
             divisions = {op for op in found if op.startswith("div.")}
             assert divisions == ({"div.full.f32"} if name == "spread.conv" else set()), (name, found)
+            assert found.get("cp.async.cg.shared.global"), (name, found)
         else:
             assert found.get("div.rn.f32") and found.get("cvt.rn.satfinite.e4m3x2.f32"), (name, found)
             assert not [op for op in found if op.startswith("div.") and op != "div.rn.f32"], (name, found)

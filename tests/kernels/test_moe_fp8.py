@@ -268,8 +268,8 @@ def shared_alone(x: torch.Tensor, shared: moe.Shared) -> torch.Tensor:
         return moe.Fp8Stack(w.data[None], w.scale_inv[None]) if isinstance(w, moe.Fp8Stack) else w[None]
 
     rows = x.shape[0]
-    return moe.experts(x, one(shared.gate_up), one(shared.down), torch.zeros(rows, 1, dtype=torch.int64),
-                       torch.ones(rows, 1))
+    ids = torch.zeros(rows, 1, dtype=torch.int64, device=x.device)
+    return moe.experts(x, one(shared.gate_up), one(shared.down), ids, torch.ones(rows, 1, device=x.device))
 
 
 @pytest.mark.parametrize(("routed_fp8", "shared_fp8"), [(True, False), (False, True), (True, True)])

@@ -1,0 +1,36 @@
+"""Issue 34: the FP8 GEMM's one-row products of the 9B (the decode step's) under deeper pipelines and more
+programs: each variant's median microseconds under a CUDA graph (the product alone, rows quantized first),
+its share of the weight's copy floor, DIFF where its bits differ from the default plan's. Run on the device
+after install.sh: ``PYTHONPATH=/tmp/site python .dev/fp8_stages.py``."""
+import torch
+
+from tfd.bench.gemm import graphed
+from tfd.bench.roofline import copy_gbps, timed
+from tfd.model.fp8 import quantize_weight
+from tfd_kernels import fp8_gemm, gemm_plan
+
+dev = torch.device("cuda")
+gbps = copy_gbps(dev)
+print(f"copy {gbps:.0f} GB/s")
+SHAPES = [(4096, 4096), (4096, 12288), (12352, 4096), (24576, 4096)]
+VARIANTS = {f"t{t}s{s}": (t, gemm_plan.Tiles(64, 64, 128, 4, s)) for t in (132, 264) for s in (4, 6, 8)}
+for n, k in SHAPES:
+    weight = quantize_weight(torch.randn(n, k, device=dev) * 0.02)
+    floor = (n * k + weight.scale_inv.numel() * 4) / (gbps * 1e3)
+    x = torch.randn(1, k, dtype=torch.bfloat16, device=dev)
+    q, scales = fp8_gemm.quantize(x)
+    want = fp8_gemm.product(q, scales, weight.data, weight.scale_inv, x.dtype)
+    line = []
+    for name, (target, tiles) in VARIANTS.items():
+        choice = gemm_plan.plan(n, k, spread=tiles, few=tiles, mid=tiles, middle=tiles, whole=fp8_gemm.WHOLE,
+                                whole_one=fp8_gemm.WHOLE, target=target)
+        try:
+            got = fp8_gemm.product(q, scales, weight.data, weight.scale_inv, x.dtype, spread=True, choice=choice)
+            t = timed(graphed(lambda c=choice: fp8_gemm.product(q, scales, weight.data, weight.scale_inv,
+                                                                 torch.bfloat16, spread=True, choice=c)), 30, dev) * 1e6
+        except Exception as error:  # a variant that does not build: say so, go on
+            line.append(f"{name} {type(error).__name__}")
+            continue
+        same = "" if torch.equal(got, want) else " DIFF"
+        line.append(f"{name}/{choice.segments} {t:.1f} ({100 * floor / t:.0f}%){same}")
+    print(f"[{n},{k}] floor {floor:.1f} us: " + "; ".join(line), flush=True)
