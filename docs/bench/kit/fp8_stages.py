@@ -1,5 +1,5 @@
-"""Issue 34: the FP8 GEMM's one-row products of the 9B (the decode step's) under deeper pipelines and more
-programs: each variant's median microseconds under a CUDA graph (the product alone, rows quantized first),
+"""Issue 34: the FP8 GEMM's one-row products of the 9B (the decode step's) under deeper pipelines, more
+programs, narrower column tiles and fewer segments: each variant's median microseconds under a CUDA graph (the product alone, rows quantized first),
 its share of the weight's copy floor, DIFF where its bits differ from the default plan's. Run on the device
 after install.sh: ``PYTHONPATH=/tmp/site python .dev/fp8_stages.py``."""
 import torch
@@ -13,7 +13,12 @@ dev = torch.device("cuda")
 gbps = copy_gbps(dev)
 print(f"copy {gbps:.0f} GB/s")
 SHAPES = [(4096, 4096), (4096, 12288), (12352, 4096), (24576, 4096)]
+# the pipeline's depth and the programs' count (thirty-ninth session: neither helped), then narrower column
+# tiles with fewer segments: a program's fixed costs (filling its pipeline, the last program's sum of the
+# segments' partials) weigh twice as much against FP8's half bytes as against bf16's
 VARIANTS = {f"t{t}s{s}": (t, gemm_plan.Tiles(64, 64, 128, 4, s)) for t in (132, 264) for s in (4, 6, 8)}
+VARIANTS.update({f"n32t{t}": (t, gemm_plan.Tiles(64, 32, 128, 4, 4)) for t in (64, 128, 132, 264)})
+VARIANTS.update({f"n64t{t}": (t, gemm_plan.Tiles(64, 64, 128, 4, 4)) for t in (32, 64)})
 for n, k in SHAPES:
     weight = quantize_weight(torch.randn(n, k, device=dev) * 0.02)
     floor = (n * k + weight.scale_inv.numel() * 4) / (gbps * 1e3)
