@@ -1,15 +1,27 @@
 """Issue 34: the FP8 GEMM's one-row products of the 9B (the decode step's) under deeper pipelines, more
-programs, narrower column tiles and fewer segments: each variant's median microseconds under a CUDA graph (the product alone, rows quantized first),
+programs, narrower column tiles and fewer segments: each variant's median microseconds a product, 20 back to back
+in a CUDA graph (the product alone, rows quantized first; thirty-ninth session's numbers: one a graph, a launch in each),
 its share of the weight's copy floor, DIFF where its bits differ from the default plan's. Run on the device
 after install.sh: ``PYTHONPATH=/tmp/site python .dev/fp8_stages.py``."""
 import torch
 
-from tfd.bench.gemm import graphed
 from tfd.bench.roofline import copy_gbps, timed
 from tfd.model.fp8 import quantize_weight
 from tfd_kernels import fp8_gemm, gemm_plan
 
 dev = torch.device("cuda")
+REPEATS = 20  # products a graph replay runs back to back: the time is a replay's over them, no launch in it
+
+
+def graphed(fn):
+    """``fn`` REPEATS times in one CUDA graph (compiled before the capture): its replay."""
+    fn()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(REPEATS):
+            fn()
+    return graph.replay
+
 gbps = copy_gbps(dev)
 print(f"copy {gbps:.0f} GB/s")
 SHAPES = [(4096, 4096), (4096, 12288), (12352, 4096), (24576, 4096)]
@@ -32,7 +44,7 @@ for n, k in SHAPES:
         try:
             got = fp8_gemm.product(q, scales, weight.data, weight.scale_inv, x.dtype, spread=True, choice=choice)
             t = timed(graphed(lambda c=choice: fp8_gemm.product(q, scales, weight.data, weight.scale_inv,
-                                                                 torch.bfloat16, spread=True, choice=c)), 30, dev) * 1e6
+                                                                 torch.bfloat16, spread=True, choice=c)), 30, dev) * 1e6 / REPEATS
         except Exception as error:  # a variant that does not build: say so, go on
             line.append(f"{name} {type(error).__name__}")
             continue
