@@ -55,6 +55,12 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Tiles: 64 rows a warp group throughout (see the module's device notes); the K step fixed at BLOCK.
 # Not swept on a GPU: shapes of gemm_plan's bf16 sweep where they fit that rule.
 SPREAD = Tiles(64, 64, BLOCK, 4, 4)  # up to gemm_plan.SPREAD_ROWS rows
+# Columns of the few-row tile (an int for tfd bench --variant). 32 halves a program's bytes so that with
+# TARGET 128 a [4,096, 4,096] product is 128 programs of one segment, none summing others' partials: a
+# program's fixed costs (its pipeline's fill, the last program's sum) weigh against half a bf16 program's
+# bytes (H100, each product alone, the launch included: [4,096, 4,096] 13.4 us for a 5.6 us floor, the gate|up
+# product at 79%). The segments follow the column tiles, so 32 is other bits; unswept (fp8_stages.py).
+SPREAD_N = 64
 MIDDLE = Tiles(128, 64, BLOCK, 8, 3)  # the spread form's 65 to 128 rows
 WHOLE = Tiles(128, 128, BLOCK, 8, 3)  # many rows, one segment or several
 # K segments rounded to one program a multiprocessor, not gemm_plan's two: an FP8 weight tile is half a bf16
@@ -202,9 +208,10 @@ def _quantize(x, q, scales, m, k, stride_xm, stride_qm, stride_sm, BLOCK_M: tl.c
 
 def default_plan(n: int, k: int) -> Plan:
     """The fixed choice for an FP8 weight [n, k]: ``gemm_plan.plan``'s segments for ``TARGET`` programs
-    over this module's tiles, so the segments follow the weight's shape alone and every K step is
-    ``BLOCK``."""
-    return plan(n, k, spread=SPREAD, whole=WHOLE, few=SPREAD, mid=SPREAD, whole_one=WHOLE, middle=MIDDLE,
+    over this module's tiles (the few-row tile ``SPREAD_N`` columns wide), so the segments follow the
+    weight's shape alone and every K step is ``BLOCK``."""
+    spread = SPREAD if SPREAD.block_n == SPREAD_N else attrs.evolve(SPREAD, block_n=SPREAD_N)
+    return plan(n, k, spread=spread, whole=WHOLE, few=spread, mid=spread, whole_one=WHOLE, middle=MIDDLE,
                 target=TARGET)
 
 

@@ -204,6 +204,26 @@ def test_a_row_alone_equals_the_row_in_batches_in_both_forms(n: int, k: int) -> 
             assert torch.equal(batch[rows], alone[:len(rows)]), f"rows differ at m={m}, spread={spread}"
 
 
+def test_narrower_few_row_tiles_take_fewer_segments_and_keep_a_rows_bits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # SPREAD_N (a tfd bench --variant switch): 32-column few-row tiles make twice the column tiles, so
+    # TARGET 128 leaves a [4,096, 4,096] product one segment (64 columns: two; 32 at TARGET 132: two)
+    monkeypatch.setattr(fp8_gemm, "TARGET", 128)
+    assert fp8_gemm.default_plan(4096, 4096).segments == 2
+    monkeypatch.setattr(fp8_gemm, "SPREAD_N", 32)
+    choice = fp8_gemm.default_plan(4096, 4096)
+    assert choice.segments == 1 and choice.spread_tiles(1).block_n == 32
+    assert choice.spread_tiles(65) == fp8_gemm.MIDDLE and choice.whole_tiles(1) == fp8_gemm.WHOLE
+    monkeypatch.setattr(fp8_gemm, "TARGET", 132)
+    assert fp8_gemm.default_plan(4096, 4096).segments == 2
+    x = random_rows(70, 1100, seed=8)
+    w = random_weight(130, 1100, seed=9)
+    alone = torch.stack([product(x[row:row + 1], w)[0] for row in (0, 33, 69)])
+    for m in (34, 70):
+        rows = [row for row in (0, 33, 69) if row < m]
+        assert torch.equal(product(x[:m], w)[rows], alone[:len(rows)]), m
+
+
 @pytest.mark.parametrize(("k", "one_segment"), [(1100, False), (256, True)])
 def test_both_launch_forms_give_the_same_bits(k: int, one_segment: bool) -> None:
     x = random_rows(20, k, seed=k)
@@ -271,9 +291,11 @@ FOUND = re.compile(r"\b(wgmma\.mma_async\S+|mma\.sync\S+|div\.[\w.]*f32|fma\.rn\
 POINTERS = dict(w="*fp8e4nv", w_scales="*fp32", x_scales="*fp32", partials="*fp32", out="*bf16",
                 counters="*i32", q="*fp8e4nv", scales="*fp32", conv_weight="*bf16", tails="*bf16",
                 tail_at="*i64")
-PRODUCTS = {"spread", "middle", "whole", "spread.conv"}  # they read e4m3 rows; quantize makes them
+PRODUCTS = {"spread", "spread.n32", "middle", "whole", "spread.conv"}  # e4m3 rows, which quantize makes
 PLAIN = dict(CONV=False, WIDTH=2)
+N32 = type(f.SPREAD)(f.SPREAD.block_m, 32, f.SPREAD.block_k, f.SPREAD.warps, f.SPREAD.stages)  # SPREAD_N 32
 CASES = {"spread": (f._spread, f.SPREAD, dict(SEGMENTS=2, **PLAIN)),
+         "spread.n32": (f._spread, N32, dict(SEGMENTS=1, **PLAIN)),
          "middle": (f._spread, f.MIDDLE, dict(SEGMENTS=1, **PLAIN)),
          "spread.conv": (f._spread, f.SPREAD, dict(SEGMENTS=2, CONV=True, WIDTH=4)),
          "whole": (f._whole, f.WHOLE, dict(ONE_SEGMENT=False, GROUP=f.GROUP_M)),
@@ -297,7 +319,7 @@ json.dump(result, sys.stdout)
 """
 
 
-PRODUCTS = {"spread", "middle", "whole", "spread.conv"}  # as HOPPER_SCRIPT's
+PRODUCTS = {"spread", "spread.n32", "middle", "whole", "spread.conv"}  # as HOPPER_SCRIPT's
 
 
 def test_the_kernels_compile_for_hopper_with_the_numerics_they_claim(tmp_path: Path) -> None:
