@@ -68,17 +68,7 @@ class HostStaging:
         if dest.shape != (count,) or dest.dtype != torch.int32 or not dest.is_cuda:
             raise ValueError(f"dest is {dest.dtype} {list(dest.shape)} on {dest.device}, expected "
                              f"int32 [{count}] on a CUDA device")
-        if count == 0:
-            return
-        size = 4 * count
-        _not_captured()
-        if size > self.host.numel():
-            dest.copy_(torch.tensor(values, dtype=torch.int32).pin_memory(), non_blocking=True)
-            return
-        with self.lock:
-            start = self._take(size)
-            self.host[start:start + size].numpy().view(np.int32)[:] = values
-            self._copy(dest, start, size)
+        self.put(torch.from_numpy(np.asarray(values, dtype=np.int32)), dest)
 
     def put(self, held: torch.Tensor, dest: torch.Tensor) -> None:
         """Host tensor ``held`` into ``dest`` (a contiguous CUDA tensor of its dtype and shape), the copy
