@@ -28,9 +28,12 @@ SHAPES = [(4096, 4096), (4096, 12288), (12352, 4096), (24576, 4096)]
 # the pipeline's depth and the programs' count (thirty-ninth session: neither helped), then narrower column
 # tiles with fewer segments: a program's fixed costs (filling its pipeline, the last program's sum of the
 # segments' partials) weigh twice as much against FP8's half bytes as against bf16's
-VARIANTS = {f"t{t}s{s}": (t, gemm_plan.Tiles(64, 64, 128, 4, s)) for t in (132, 264) for s in (4, 6, 8)}
-VARIANTS.update({f"n32t{t}": (t, gemm_plan.Tiles(64, 32, 128, 4, 4)) for t in (64, 128, 132, 264)})
-VARIANTS.update({f"n64t{t}": (t, gemm_plan.Tiles(64, 64, 128, 4, 4)) for t in (32, 64)})
+# fortieth session: the defaults (TARGET 132, 64 columns: 4,096-column products 3 segments, 192 programs),
+# TARGET 128 (2 segments, 128 programs), 32-column tiles at TARGET 128, and fp8_gemm.BALANCED's segments
+# (whole waves of 132 programs) with 64- and 32-column tiles ("bal": the target is the shape's own)
+VARIANTS = {"t132": (132, gemm_plan.Tiles(64, 64, 128, 4, 4)), "t128": (128, gemm_plan.Tiles(64, 64, 128, 4, 4)),
+            "n32t128": (128, gemm_plan.Tiles(64, 32, 128, 4, 4)), "bal64": ("bal", gemm_plan.Tiles(64, 64, 128, 4, 4)),
+            "bal32": ("bal", gemm_plan.Tiles(64, 32, 128, 4, 4))}
 for n, k in SHAPES:
     weight = quantize_weight(torch.randn(n, k, device=dev) * 0.02)
     floor = (n * k + weight.scale_inv.numel() * 4) / (gbps * 1e3)
@@ -39,6 +42,7 @@ for n, k in SHAPES:
     want = fp8_gemm.product(q, scales, weight.data, weight.scale_inv, x.dtype)
     line = []
     for name, (target, tiles) in VARIANTS.items():
+        target = fp8_gemm.balanced_programs(n, k, tiles.block_n) if target == "bal" else target
         choice = gemm_plan.plan(n, k, spread=tiles, few=tiles, mid=tiles, middle=tiles, whole=fp8_gemm.WHOLE,
                                 whole_one=fp8_gemm.WHOLE, target=target)
         try:

@@ -9,6 +9,7 @@ timeout 150 python .dev/fp8_stages.py 2>&1 | grep -v "arn" | tee $R/fp8-stages.t
 echo "stages t=$(el)"
 timeout $(( 260 - $(el) )) tfd bench --shape qwen3_5-9b --dtype fp8 --streams 1 --prompt 1024 --new 128 --rounds 2 \
   --variant base= --variant n32=tfd_kernels.fp8_gemm.SPREAD_N=32,tfd_kernels.fp8_gemm.TARGET=128 \
+  --variant bal=tfd_kernels.fp8_gemm.BALANCED=1 \
   --out $R/9b-fp8-n32 > $R/9b-fp8-n32.txt 2>&1; echo "n32 rc=$? t=$(el)"; grep -a "variant\|x1:" $R/9b-fp8-n32.txt | cut -c1-300
 for d in fp8 bfloat16; do
   [ $(el) -lt 400 ] || break
