@@ -40,8 +40,6 @@ instructions need no help).
 
 from __future__ import annotations
 
-from fractions import Fraction
-
 import attrs
 import torch
 import triton
@@ -50,7 +48,7 @@ import triton.language as tl
 from tfd_kernels import conv1d, pdl, runtime
 from tfd_kernels.fp8_rows import BLOCK, cast, quantize_tile
 from tfd_kernels.gemm import CONV_WIDTH, Conv, conv_after, grouped, summed, weight_tile
-from tfd_kernels.gemm_plan import SEGMENT_STEPS, Plan, Tiles, plan
+from tfd_kernels.gemm_plan import Plan, Tiles, plan
 from tfd_kernels.runtime import INTERPRETED
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -61,7 +59,8 @@ SPREAD = Tiles(64, 64, BLOCK, 4, 4)  # up to gemm_plan.SPREAD_ROWS rows
 # TARGET 128 a [4,096, 4,096] product is 128 programs of one segment, none summing others' partials: a
 # program's fixed costs (its pipeline's fill, the last program's sum) weigh against half a bf16 program's
 # bytes (H100, each product alone, the launch included: [4,096, 4,096] 13.4 us for a 5.6 us floor, the gate|up
-# product at 79%). The segments follow the column tiles, so 32 is other bits; unswept (fp8_stages.py).
+# product at 79%). The segments follow the column tiles, so 32 is other bits. Measured (H100, 9B FP8 one
+# stream, fortieth session): 32 with TARGET 128 5.21 ms a step against 4.47; 64 stays.
 SPREAD_N = 64
 MIDDLE = Tiles(128, 64, BLOCK, 8, 3)  # the spread form's 65 to 128 rows
 WHOLE = Tiles(128, 128, BLOCK, 8, 3)  # many rows, one segment or several
@@ -71,14 +70,6 @@ WHOLE = Tiles(128, 128, BLOCK, 8, 3)  # many rows, one segment or several
 # [12352,4096] 22.4 -> 22.9; 32 rows 13.3 -> 11.4, 33.5 -> 27.3; a layer's four 5% (one row) and 9% (32)
 # faster, and 1,024 rows (the H200's sweep) faster or level
 TARGET = 132
-# Segments chosen so the few-row programs fill whole waves of WAVE (an H100's or H200's multiprocessors): the
-# least segments whose programs keep WAVE_FILL of the last wave's places busy, instead of TARGET's rounding up
-# (64 column tiles at TARGET 132 make 3 segments, 192 programs: a wave and a half; 2 make 128). The products
-# whose programs came to ~1.5 waves ran at 42-63% of the copy floor on the H100, [24,576, 4,096]'s 2.9 waves
-# at 79% (fp8_stages.py). A --variant switch (1: on) until the device compares it; segments follow the shape.
-BALANCED = 0
-WAVE = 132
-WAVE_FILL = 0.9
 QUANTIZE_ROWS = 32  # rows of a ``quantize`` program
 GROUP_M = 8  # row blocks of the whole form that share weight tiles through L2 (as gemm's)
 COUNTERS = 1 << 16  # output tiles of one spread product at most
@@ -221,20 +212,8 @@ def default_plan(n: int, k: int) -> Plan:
     over this module's tiles (the few-row tile ``SPREAD_N`` columns wide), so the segments follow the
     weight's shape alone and every K step is ``BLOCK``."""
     spread = SPREAD if SPREAD.block_n == SPREAD_N else attrs.evolve(SPREAD, block_n=SPREAD_N)
-    target = balanced_programs(n, k, spread.block_n) if BALANCED else TARGET
     return plan(n, k, spread=spread, whole=WHOLE, few=spread, mid=spread, whole_one=WHOLE, middle=MIDDLE,
-                target=target)
-
-
-def balanced_programs(n: int, k: int, block_n: int) -> int:
-    """The few-row programs of an [n, k] weight in ``block_n``-column tiles at the least segments (each at
-    least ``gemm_plan.SEGMENT_STEPS`` K steps) whose programs fill ``WAVE_FILL`` of their last ``WAVE``; where
-    none does, the segments that fill it most. A count of the shape alone, as ``plan``'s target."""
-    tiles = triton.cdiv(n, block_n)
-    most = max(1, triton.cdiv(k, BLOCK) // SEGMENT_STEPS)
-    filled = [(Fraction(tiles * s, triton.cdiv(tiles * s, WAVE) * WAVE), -s) for s in range(1, most + 1)]
-    enough = [-s for fill, s in filled if fill >= Fraction(WAVE_FILL).limit_denominator(1000)]
-    return tiles * (enough[0] if enough else -max(filled)[1])  # ties: the fewer segments
+                target=TARGET)
 
 
 def _checked_x(x: torch.Tensor) -> torch.Tensor:

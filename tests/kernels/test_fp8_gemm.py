@@ -204,27 +204,6 @@ def test_a_row_alone_equals_the_row_in_batches_in_both_forms(n: int, k: int) -> 
             assert torch.equal(batch[rows], alone[:len(rows)]), f"rows differ at m={m}, spread={spread}"
 
 
-def test_balanced_segments_fill_the_last_wave_of_programs(monkeypatch: pytest.MonkeyPatch) -> None:
-    # BALANCED (a tfd bench --variant switch): the least segments whose few-row programs fill WAVE_FILL (0.9)
-    # of their last wave of 132; TARGET's rounding up leaves 64 column tiles 3 segments, 192 programs
-    assert [fp8_gemm.default_plan(n, 4096).segments for n in (4096, 12352)] == [3, 1]
-    monkeypatch.setattr(fp8_gemm, "BALANCED", 1)
-    # 128, 386 and 384 programs
-    assert [fp8_gemm.default_plan(n, 4096).segments for n in (4096, 12352, 24576)] == [2, 2, 1]
-    # both sides of the fill: 119 tiles fill 119/132 of a wave, one segment; 118 fill 0.894 at every count
-    # K's 8 four-step segments allow (118 s of 132 ceil(118 s / 132)), so the fewest; 10 allowed: 1,180/1,188
-    assert fp8_gemm.balanced_programs(119 * 64, 4096, 64) == 119
-    assert fp8_gemm.balanced_programs(118 * 64, 4096, 64) == 118
-    assert fp8_gemm.balanced_programs(118 * 64, 5120, 64) == 1180
-    assert fp8_gemm.default_plan(118 * 64, 5120).segments == 10
-    # the segments follow the shape: a row alone equals the row in a batch under the balanced plan
-    x = random_rows(70, 1100, seed=3)
-    w = random_weight(130, 1100, seed=4)
-    assert fp8_gemm.default_plan(130, 1100).segments == 2
-    alone = torch.stack([product(x[row:row + 1], w)[0] for row in (0, 69)])
-    assert torch.equal(product(x, w)[[0, 69]], alone)
-
-
 def test_narrower_few_row_tiles_take_fewer_segments_and_keep_a_rows_bits(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # SPREAD_N (a tfd bench --variant switch): 32-column few-row tiles make twice the column tiles, so

@@ -34,6 +34,17 @@ SHAPES = [(4096, 4096), (4096, 12288), (12352, 4096), (24576, 4096)]
 VARIANTS = {"t132": (132, gemm_plan.Tiles(64, 64, 128, 4, 4)), "t128": (128, gemm_plan.Tiles(64, 64, 128, 4, 4)),
             "n32t128": (128, gemm_plan.Tiles(64, 32, 128, 4, 4)), "bal64": ("bal", gemm_plan.Tiles(64, 64, 128, 4, 4)),
             "bal32": ("bal", gemm_plan.Tiles(64, 32, 128, 4, 4))}
+
+
+def balanced(n, k, block_n, wave=132):
+    """Programs at the least segments (each at least 4 K steps) whose last wave of ``wave`` is 90% full, else
+    the fullest (the fortieth session's BALANCED arm, taken out of fp8_gemm after it lost: 4.68 ms against 4.47)."""
+    tiles, most = -(-n // block_n), max(1, -(-k // 128) // 4)
+    fills = [(tiles * s / (-(-tiles * s // wave) * wave), -s) for s in range(1, most + 1)]
+    enough = [-s for fill, s in fills if fill >= 0.9]
+    return tiles * (enough[0] if enough else -max(fills)[1])
+
+
 for n, k in SHAPES:
     weight = quantize_weight(torch.randn(n, k, device=dev) * 0.02)
     floor = (n * k + weight.scale_inv.numel() * 4) / (gbps * 1e3)
@@ -42,7 +53,7 @@ for n, k in SHAPES:
     want = fp8_gemm.product(q, scales, weight.data, weight.scale_inv, x.dtype)
     line = []
     for name, (target, tiles) in VARIANTS.items():
-        target = fp8_gemm.balanced_programs(n, k, tiles.block_n) if target == "bal" else target
+        target = balanced(n, k, tiles.block_n) if target == "bal" else target
         choice = gemm_plan.plan(n, k, spread=tiles, few=tiles, mid=tiles, middle=tiles, whole=fp8_gemm.WHOLE,
                                 whole_one=fp8_gemm.WHOLE, target=target)
         try:
