@@ -9,11 +9,12 @@ from collections.abc import Mapping
 import pytest
 import torch
 
+from tfd.model.memory import element_offset, piece_offsets
 from tfd.pool import pages as pool_pages
 from tfd.pool.layout import Layout, RowPart
 from tfd.pool.pages import Pool
 from tfd.pool.pieces import Piece
-from tfd.pool.views import TypedBytes, page_runs, zero_pages
+from tfd.pool.views import PieceViews, TypedBytes, page_runs, place, zero_pages
 
 ROWS = 16  # a page is 1 KiB (one row of "k" is 64 bytes)
 
@@ -112,4 +113,37 @@ def test_views_are_the_bytes_the_map_places_them_at() -> None:
         assert view.nbytes == placement.nbytes
     assert pool.placements(pool.layout.piece_map) is pool.placements(pool.layout.piece_map)  # made once
     lease.finish()
+    pool.check_at_load()
+
+
+@pytest.mark.parametrize("fragmented", [False, True])
+def test_a_lanes_views_made_when_asked_are_the_views_and_offsets_place_gives(fragmented: bool) -> None:
+    pool = Pool(layout(), 8)
+    held = None
+    if fragmented:  # page 1 held: the lane's state pages are 0 and 2
+        first = pool.promise(ROWS)
+        first.take_state()
+        first.take(ROWS)
+        held = pool.hold([1])
+        first.finish()
+    lease = pool.promise(ROWS)
+    pieces = lease.take_state()
+    assert isinstance(pieces, PieceViews)
+    assert lease.state_pages == ([0, 2] if fragmented else [0, 1])
+    layout_ = pool.layout
+    eager = place(pool.typed, layout_.page_bytes, pool.placements(layout_.piece_map), layout_.pieces,
+                  lease.state_pages)
+    assert list(pieces) == list(eager) and len(pieces) == len(eager) and "c" in pieces and "d" not in pieces
+    names = list(eager)
+    assert piece_offsets(pool.buffer, pieces, names) == [element_offset(pool.buffer, eager[n]) for n in names]
+    for name, view in eager.items():
+        lazy = pieces[name]
+        assert lazy is pieces[name]  # made once
+        assert (lazy.data_ptr(), lazy.shape, lazy.stride(), lazy.dtype) == \
+            (view.data_ptr(), view.shape, view.stride(), view.dtype), name
+    with pytest.raises(KeyError):
+        pieces["d"]
+    lease.finish()
+    if held is not None:
+        held.release()
     pool.check_at_load()

@@ -23,7 +23,7 @@ engine thread, like the pool.
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 import torch
@@ -62,7 +62,7 @@ class KeptState:
         return self.key[0]
 
     @property
-    def pieces(self) -> dict[str, torch.Tensor]:
+    def pieces(self) -> Mapping[str, torch.Tensor]:
         """The state pieces, viewed when asked: kept, a state's dozens of tensor views took ~42 KiB
         (the 9B shape's), and the H200's 8-minute soak grew 62 MiB resident as its cache filled."""
         own = list(self.hold.own[:self.places.map.pages])

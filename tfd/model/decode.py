@@ -26,7 +26,7 @@ from tfd.model import hyper
 from tfd.model.attention import QsaCaches, attention_rows, sparse_rows
 from tfd.model.decode_batch import DecodeBatch, lane_fields
 from tfd.model.gdn import GdnWeights, gdn_rows
-from tfd.model.memory import element_offset
+from tfd.model.memory import element_offset, piece_offsets
 from tfd.model.mlp import MoeWeights, dense, moe, moe_add_zrms
 from tfd.model.mtp import Draft, MtpWeights
 from tfd.model.ops import Input, add_zrms, add_zrms_into, linear, values_of, zrms, zrms_into
@@ -79,11 +79,8 @@ class DecodeMemory:
                      ) -> list[int]:
         """A lane's offset fields in ``Columns`` order, from its piece views: each GDN layer's state,
         each one's conv tail, then (``ple``) the PLE tail and n-gram history."""
-        offsets = [self.offset(pieces[f"{name}.state"]) for name in gdn_layers]
-        offsets += [self.offset(pieces[f"{name}.conv_tail"]) for name in gdn_layers]
-        if ple:
-            offsets += [self.offset(pieces["ple.tail"]), self.offset(pieces["ple.history"])]
-        return offsets
+        names = [f"{name}.state" for name in gdn_layers] + [f"{name}.conv_tail" for name in gdn_layers]
+        return piece_offsets(self.pool.buffer, pieces, names + (["ple.tail", "ple.history"] if ple else []))
 
 
 @attrs.frozen

@@ -91,8 +91,8 @@ class Layout:
             at += part.region_bytes(self.page_rows)
         return offsets
 
-    @property
-    def page_bytes(self) -> int:
+    @functools.cached_property
+    def page_bytes(self) -> int:  # made once: lanes' openings ask for it, a sum over every row part
         return self.page_bytes_at(self.page_rows)
 
     def page_bytes_at(self, page_rows: int) -> int:

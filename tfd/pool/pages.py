@@ -24,7 +24,7 @@ from tfd.pool.free import FreePages
 from tfd.pool.layout import Layout, Mode
 from tfd.pool.pieces import Piece, PieceMap, Placement, check
 from tfd.pool.staging import ring_for
-from tfd.pool.views import TORCH_DTYPES, TypedBytes, zero_pages
+from tfd.pool.views import TORCH_DTYPES, Stamp, TypedBytes, zero_pages
 from tfd.pool.views import place as place_on
 
 # --parallel auto's most lanes: the largest decode graph (tfd.engine.graphs.BUCKETS); more lanes
@@ -87,6 +87,7 @@ class Pool:
         self.typed = TypedBytes(self.buffer)
         self.staging = ring_for(self.buffer.device) if self.buffer.is_cuda else None  # page ids to the device
         self._placements: dict[int, tuple[PieceMap, Mapping[str, Placement]]] = {}
+        self._stamps: dict[int, tuple[PieceMap, tuple[Piece, ...], Stamp]] = {}
         self._pages = FreePages(pages)
         self._promised = 0
         self._leases: dict[int, Lease] = {}
@@ -200,6 +201,15 @@ class Pool:
             held = self._placements[id(piece_map)] = (piece_map, piece_map.by_name())
         return held[1]
 
+    def stamp(self, piece_map: PieceMap, pieces: tuple[Piece, ...]) -> Stamp:
+        """``pieces``' views at ``piece_map``'s places worked out once (``tfd.pool.views.Stamp``), made once
+        a map and piece tuple."""
+        held = self._stamps.get(id(piece_map))
+        if held is None or held[0] is not piece_map or held[1] is not pieces:
+            stamp = Stamp(self.typed, self.layout.page_bytes, self.placements(piece_map), pieces)
+            held = self._stamps[id(piece_map)] = (piece_map, pieces, stamp)
+        return held[2]
+
     def page_bytes_view(self, page: int) -> torch.Tensor:
         size = self.layout.page_bytes
         return self.buffer[page * size:(page + 1) * size]
@@ -244,7 +254,7 @@ class Lease:
         self.row_pages: list[int] = []
         self.state_pages: list[int] = []
         self.finished = False
-        self._pieces: dict[str, torch.Tensor] | None = None
+        self._pieces: Mapping[str, torch.Tensor] | None = None
         layout = pool.layout
         self._table = torch.full((layout.row_pages(window),), pool.null_page, dtype=torch.int32,
                                  device=pool.buffer.device)
@@ -386,6 +396,10 @@ class Lease:
 
 
 def place(pool: Pool, piece_map: PieceMap, pieces: Iterable[Piece], pages: list[int]
-          ) -> dict[str, torch.Tensor]:
-    """Typed views of ``pieces`` at their map's places on the pool pages ``pages``."""
+          ) -> Mapping[str, torch.Tensor]:
+    """Typed views of ``pieces`` at their map's places on the pool pages ``pages``: for a tuple of pieces
+    (a layout's, a kept state's: the same tuple each time) by the pool's ``Stamp``, each view made when
+    first asked for (``tfd.pool.views.PieceViews``)."""
+    if isinstance(pieces, tuple):
+        return pool.stamp(piece_map, pieces).views(pages)
     return place_on(pool.typed, pool.layout.page_bytes, pool.placements(piece_map), pieces, pages)

@@ -10,7 +10,7 @@ pieces), while the device waited (docs/bench.md, 2026-12-06).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -68,6 +68,80 @@ def place(typed: TypedBytes, page_bytes: int, placements: Mapping[str, Placement
         placement = placements[piece.name]
         views[piece.name] = typed.piece(piece, pages[placement.page] * page_bytes + placement.offset)
     return views
+
+
+class Stamp:
+    """``pieces`` at their ``placements`` on pages of ``page_bytes`` in ``typed``'s buffer, worked out once
+    (each piece's dtype view, shape, strides, page and element offset on it), for ``views``."""
+
+    def __init__(self, typed: TypedBytes, page_bytes: int, placements: Mapping[str, Placement],
+                 pieces: Sequence[Piece]) -> None:
+        self.typed = typed
+        self.page_bytes = page_bytes
+        self.placements = placements
+        self.pieces = pieces
+        self.whole = True  # every piece's place is a multiple of its dtype's size on any page
+        self.reach = 0  # bytes past a page's start that some piece reaches
+        self.pages = 0  # state pages the pieces lie on
+        # name: (the buffer as its dtype, shape, strides, its page, its first element on page 0 of the
+        # buffer, elements a page)
+        self.made: dict[str, tuple[torch.Tensor, tuple[int, ...], tuple[int, ...], int, int, int]] = {}
+        for piece in pieces:
+            placement = placements[piece.name]
+            view = typed.of(TORCH_DTYPES[piece.dtype])
+            size = view.element_size()
+            self.whole = self.whole and not page_bytes % size and not placement.offset % size
+            self.reach = max(self.reach, placement.offset + piece.nbytes)
+            self.pages = max(self.pages, placement.page + 1)
+            self.made[piece.name] = (view, piece.shape, _contiguous(piece.shape), placement.page,
+                                     view.storage_offset() + placement.offset // size, page_bytes // size)
+
+    def views(self, pages: Sequence[int]) -> Mapping[str, torch.Tensor]:
+        """``place(typed, page_bytes, placements, pieces, pages)``: the same views, each made when first
+        asked for (``PieceViews``); pages it cannot vouch for at once (too few, past the buffer, a piece
+        off its dtype's alignment) go to ``place``, which raises as before."""
+        if not self.whole or len(pages) < self.pages or (pages and min(pages) < 0) \
+                or (pages and max(pages) * self.page_bytes + self.reach > self.typed.buffer.numel()):
+            return place(self.typed, self.page_bytes, self.placements, self.pieces, pages)
+        return PieceViews(self, tuple(pages))
+
+
+class PieceViews(Mapping[str, torch.Tensor]):
+    """A lane's piece views on its state ``pages`` by ``stamp`` (``place``'s, in its order), each made when
+    first asked for: a lane of the 35B-A3B has 48 pieces, and an ``as_strided`` a piece at its opening
+    was most of the host time the lane's admission took, while a step of prompts on CUDA and a decode
+    step read pieces only as offsets (``offset``, no view made). Views made on any thread are the same."""
+
+    def __init__(self, stamp: Stamp, pages: tuple[int, ...]) -> None:
+        self.stamp = stamp
+        self.pages = pages
+        self._views: dict[str, torch.Tensor] = {}
+
+    @property
+    def buffer(self) -> torch.Tensor:
+        """The byte buffer the pieces lie in."""
+        return self.stamp.typed.buffer
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        view = self._views.get(name)
+        if view is None:
+            typed, shape, strides, page, start, elements = self.stamp.made[name]
+            view = self._views[name] = typed.as_strided(shape, strides, start + self.pages[page] * elements)
+        return view
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.stamp.made
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.stamp.made)
+
+    def __len__(self) -> int:
+        return len(self.stamp.made)
+
+    def offset(self, name: str) -> int:
+        """Piece ``name``'s element offset in the buffer seen as its dtype (its view's ``element_offset``)."""
+        typed, _, _, page, start, page_elements = self.stamp.made[name]
+        return start - typed.storage_offset() + self.pages[page] * page_elements
 
 
 def page_runs(pages: Iterable[int]) -> list[tuple[int, int]]:
