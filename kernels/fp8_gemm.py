@@ -26,11 +26,24 @@ Device notes. Triton's plain fp32 ``/`` may lower to an approximate division on 
 (``div.full.f32``), so divisions use ``tl.math.div_rn`` (``div.rn.f32``; numpy's division when
 interpreted). Kernels launch with ``enable_fp_fusion=False`` so that ``acc + dot * factor`` rounds the
 product before the add, as the reference does, rather than fusing an FMA. Every tile has 64 rows a
-warp group, so on sm_90 every form multiplies with the same wgmma fp8 instructions (mma.sync fp8
-on smaller tiles was never compared with it), each 128-K block's dot from zero in four k32 steps.
+warp group (the swapped form's, below: 64 columns), so on sm_90 every form multiplies with wgmma fp8
+(mma.sync fp8 on smaller tiles was never compared with it), each 128-K block's dot from zero in four
+k32 steps.
 Triton lets those steps accumulate at the tensor cores' own precision (``max_num_imprecise_acc``), so
 on the GPU a block's dot is not fp32's correctly rounded sum, but it is the same for every tile and
 row count. The tests compile the kernels for sm_90 and read these instructions in the PTX.
+
+The swapped form (issue 34; ``SWAP_ROWS``, off). At one row the 64-row tile is padding but for a row,
+and its x tile (8 KB a stage) doubles a program's shared memory. Up to ``SWAP_ROWS`` rows (at most 16)
+``_spread`` runs with ``SWAP``: out^T = W . q^T, the weight tile's 64 columns the dot's M side (a warp
+group's wgmma m64), the rows its N side in a block of 16 (``SWAPPED``): 8 KB + 2 KB a stage. Why the
+same bits: each element's block dot is the same 128 exact e4m3 products (w[c, k] q[r, k] = q[r, k]
+w[c, k]), from zero; its factor the same two scales multiplied first; then the tile is transposed back
+to [rows, cols] and the segment sums, the partials summed in segment order, the cast and the conv
+epilogue are the unswapped form's own code. Interpreted the dot is exact (the tests show the bits
+alike); on sm_90 it is m64n16k32 wgmma with the operands' roles swapped against m64n64k32, and whether
+the tensor cores sum a K block's products alike both ways is what the GPU test must show. Off until a
+device confirms the bits and the speed (``docs/bench/kit/fp8_stages.py``).
 
 Interpreted (``TRITON_INTERPRET=1``), ``tl.dot`` on fp8 widens to fp16 and is exact, but the
 interpreter's fp32 -> e4m3 / bf16 casts round ties up rather than to even and drop the carry into the
@@ -64,6 +77,13 @@ SPREAD = Tiles(64, 64, BLOCK, 4, 4)  # up to gemm_plan.SPREAD_ROWS rows
 SPREAD_N = 64
 MIDDLE = Tiles(128, 64, BLOCK, 8, 3)  # the spread form's 65 to 128 rows
 WHOLE = Tiles(128, 128, BLOCK, 8, 3)  # many rows, one segment or several
+# The swapped form (module docstring) runs products of up to SWAP_ROWS rows (at most SWAPPED.block_m; 0: off),
+# read at each launch (tfd bench --variant); off until a device confirms its bits and its speed
+SWAP_ROWS = 0
+SWAP_STAGES = 4  # its pipeline's stages: 8 KB of weights and 2 KB of rows a stage
+# its tile: 16 rows (the dot's N side, the least tl.dot takes), 64 columns (its M side: a warp group's); its
+# stages SWAP_STAGES (``swapped_tiles``)
+SWAPPED = Tiles(16, 64, BLOCK, 4)
 # K segments rounded to one program a multiprocessor, not gemm_plan's two: an FP8 weight tile is half a bf16
 # one's bytes. The 9B's products alone on an H100 (docs/bench/2026-12-05-fp8-resume/h100/fp8-diag-9b.txt,
 # us, 264 -> 132): one row [4096,4096] 10.8 -> 9.6, [4096,12288] 29.7 -> 24.8, [24576,4096] 38.7 -> 39.0,
@@ -91,9 +111,11 @@ def quantized(x, rows, m, k, start, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: t
 
 @triton.jit
 def block_term(x, x_scales, w, w_scales, rows, cols, m, n, k, start, stride_xm, stride_xs, stride_wn,
-               stride_sn, stride_sk, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+               stride_sn, stride_sk, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+               SWAP: tl.constexpr = False):
     """The K block at ``start``: its fp32 dot from zero times (x's scale * the weight's scale), x the
-    quantized rows (``quantize``'s q and scales)."""
+    quantized rows (``quantize``'s q and scales); with ``SWAP`` transposed, [cols, rows]: the same dot
+    of the same operands, the weight tile its M side (the swapped form, module docstring)."""
     ks = start + tl.arange(0, BLOCK_K)
     q = tl.load(x + rows[:, None] * stride_xm + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < k),
                 other=0.0)
@@ -102,20 +124,24 @@ def block_term(x, x_scales, w, w_scales, rows, cols, m, n, k, start, stride_xm, 
     # the weight's scale for each column's 128-row block of out, at this K block
     w_scale = tl.load(w_scales + (cols // BLOCK_K) * stride_sn + (start // BLOCK_K) * stride_sk,
                       mask=cols < n, other=0.0)
-    dot = tl.dot(q, tl.trans(b), out_dtype=tl.float32)
-    return dot * (x_scale[:, None] * w_scale[None, :])
+    if SWAP:
+        term = tl.dot(b, tl.trans(q), out_dtype=tl.float32) * (x_scale[None, :] * w_scale[:, None])
+    else:
+        term = tl.dot(q, tl.trans(b), out_dtype=tl.float32) * (x_scale[:, None] * w_scale[None, :])
+    return term
 
 
 @triton.jit
 def segment_sum(x, x_scales, w, w_scales, rows, cols, m, n, k, start, length, stride_xm, stride_xs, stride_wn,
-                stride_sn, stride_sk, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+                stride_sn, stride_sk, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                SWAP: tl.constexpr = False):
     """One segment's fp32 sum of its K blocks start .. start + length (none past k), from its first
-    block's term, in ascending order: the reference's chain of additions."""
+    block's term, in ascending order: the reference's chain of additions (``SWAP``: transposed)."""
     total = block_term(x, x_scales, w, w_scales, rows, cols, m, n, k, start, stride_xm, stride_xs, stride_wn,
-                       stride_sn, stride_sk, BLOCK_M, BLOCK_K)
+                       stride_sn, stride_sk, BLOCK_M, BLOCK_K, SWAP)
     for offset in range(BLOCK_K, tl.minimum(length, k - start), BLOCK_K):
         total += block_term(x, x_scales, w, w_scales, rows, cols, m, n, k, start + offset, stride_xm,
-                            stride_xs, stride_wn, stride_sn, stride_sk, BLOCK_M, BLOCK_K)
+                            stride_xs, stride_wn, stride_sn, stride_sk, BLOCK_M, BLOCK_K, SWAP)
     return total
 
 
@@ -140,7 +166,7 @@ def _spread(x, x_scales, w, w_scales, partials, out, counters, m, n, k, stride_x
             stride_sn, stride_sk, stride_ps, stride_pm, stride_om, k_per_segment, conv_weight, tails, tail_at,
             channels, SEGMENTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_K: tl.constexpr, CONV: tl.constexpr, WIDTH: tl.constexpr, EXACT_CAST: tl.constexpr,
-            PDL: tl.constexpr):
+            PDL: tl.constexpr, SWAP: tl.constexpr = False):
     pdl.wait(PDL)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -149,7 +175,9 @@ def _spread(x, x_scales, w, w_scales, partials, out, counters, m, n, k, stride_x
     if CONV:  # the lanes' tail offsets, an input no kernel writes, before the product
         tail = tl.load(tail_at + rows, mask=rows < m, other=-1)
     acc = segment_sum(x, x_scales, w, w_scales, rows, cols, m, n, k, segment * k_per_segment, k_per_segment,
-                      stride_xm, stride_xs, stride_wn, stride_sn, stride_sk, BLOCK_M, BLOCK_K)
+                      stride_xm, stride_xs, stride_wn, stride_sn, stride_sk, BLOCK_M, BLOCK_K, SWAP)
+    if SWAP:  # [cols, rows] back to [rows, cols]: from here on the unswapped form's code
+        acc = tl.trans(acc)
     mask = (rows[:, None] < m) & (cols[None, :] < n)
     dtype = out.dtype.element_ty
     if SEGMENTS == 1:  # nothing to add: the sum goes straight out
@@ -288,9 +316,9 @@ def product(q: torch.Tensor, q_scales: torch.Tensor, data: torch.Tensor, scale_i
     quantized the rows it made, ``tfd_kernels.fp8_rows``): [rows, out] in ``dtype``. With ``conv``
     (``tfd_kernels.gemm.Conv``: the GDN projection's), the result's first ``conv.weight.shape[0]``
     columns are that conv's output instead, ``tfd_kernels.conv1d.decode``'s bits with its tails moved
-    on: the spread form applies it as it stores where those columns are whole tiles (``takes_conv``),
-    else it runs after the product. ValueError as ``matmul``'s, naming q or q_scales where they are not
-    quantized rows, and conv's parts as ``conv1d.decode`` names them."""
+    on: the spread form (swapped too) applies it as it stores where those columns are whole tiles
+    (``takes_conv``), else it runs after the product. ValueError as ``matmul``'s, naming q or q_scales
+    where they are not quantized rows, and conv's parts as ``conv1d.decode`` names them."""
     if q.dtype != torch.float8_e4m3fn or q.dim() != 2 or q.stride(1) != 1:
         raise ValueError(f"q must be float8_e4m3fn [rows, in] with unit column stride, not {q.dtype} "
                          f"{tuple(q.shape)}")
@@ -313,7 +341,9 @@ def product(q: torch.Tensor, q_scales: torch.Tensor, data: torch.Tensor, scale_i
         return out
     if spread is None:
         spread = choice.spreads(m, n, 1)  # the K step never shrinks here: the fp8 operands' size
-    if conv is not None and not (spread and takes_conv(conv, n, choice.spread_tiles(m))):
+    swap = spread and m <= min(SWAP_ROWS, SWAPPED.block_m)  # the few-row form swapped, where switched on
+    t = swapped_tiles() if swap else choice.spread_tiles(m)
+    if conv is not None and not (spread and takes_conv(conv, n, t)):
         return conv_after(product(q, q_scales, data, scale_inv, dtype, spread, choice), conv)
     common = (m, n, k, q.stride(0), q_scales.stride(0), data.stride(0), scale_inv.stride(0),
               scale_inv.stride(1))
@@ -327,7 +357,6 @@ def product(q: torch.Tensor, q_scales: torch.Tensor, data: torch.Tensor, scale_i
                                      ONE_SEGMENT=choice.segments == 1, GROUP=GROUP_M, num_warps=t.warps,
                                      num_stages=t.stages, **options)
         return out
-    t = choice.spread_tiles(m)
     grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m))
     if grid[0] * grid[1] > COUNTERS:
         raise ValueError(f"x and data make a spread product of {grid[0] * grid[1]} output tiles, more than "
@@ -343,9 +372,14 @@ def product(q: torch.Tensor, q_scales: torch.Tensor, data: torch.Tensor, scale_i
                                       0 if one else partials.stride(0), 0 if one else partials.stride(1),
                                       out.stride(0), choice.k_per_segment, *convolved,
                                       SEGMENTS=choice.segments, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-                                      BLOCK_K=BLOCK, CONV=conv is not None, WIDTH=width, num_warps=t.warps,
-                                      num_stages=t.stages, **options)
+                                      BLOCK_K=BLOCK, CONV=conv is not None, WIDTH=width, SWAP=swap,
+                                      num_warps=t.warps, num_stages=t.stages, **options)
     return out
+
+
+def swapped_tiles() -> Tiles:
+    """The swapped form's tile as it launches now: ``SWAPPED`` in ``SWAP_STAGES`` stages."""
+    return attrs.evolve(SWAPPED, stages=SWAP_STAGES)
 
 
 def takes_conv(conv: Conv, n: int, tiles: Tiles) -> bool:

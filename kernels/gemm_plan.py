@@ -39,8 +39,8 @@ FEW = Tiles(16, 64, 128, 4, 4)  # up to 16 rows: the fastest weight stream at on
 MID = Tiles(32, 64, 128, 4, 4)  # up to 32 rows: 25-30% faster there than 64-row tiles (sweep)
 SPREAD = Tiles(64, 64, 128, 4, 4)  # up to SPREAD_ROWS rows: many small programs keep every SM reading
 # many rows: large tiles reuse what they read (453-525 TFLOP/s at 8192). 128 x 128 x 64 in 4 stages was 2-6%
-# faster on the products alone at 8,192 rows (H100), but in the prefill benches Flash Next's 1 x 1,024 took 16%
-# longer, the 35B-A3B's 8 x 1,024 no less and the 80B-A3B's ~5% less (docs/bench.md, fortieth session): kept
+# faster on the products alone at 8,192 rows (H100), but in the prefill benches Flash Next's 1 x 1,024 took
+# 16% longer, the 35B-A3B's 8 x 1,024 no less, the 80B-A3B's ~5% less (docs/bench.md, fortieth session): kept
 WHOLE = Tiles(128, 128, 128, 8, 3)
 WHOLE_ONE = Tiles(256, 128, 64, 8, 4)  # many rows, one K segment: one accumulator leaves room for 256 rows
 # 65 to 128 rows (a resumed turn's step, a prompt's last chunk): the spread form with taller tiles where the

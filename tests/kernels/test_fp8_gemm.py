@@ -3,14 +3,16 @@ rows that never depend on the batch."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from test_gemm import conv_pool
 
 from support import compiled_for_hopper
 from tfd.model import fp8
-from tfd_kernels import fp8_gemm, gemm_plan, runtime
+from tfd_kernels import fp8_gemm, gemm, gemm_plan, runtime
 
 E4M3_VALUES = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
 
@@ -236,6 +238,108 @@ def test_both_launch_forms_give_the_same_bits(k: int, one_segment: bool) -> None
     assert not runtime.counters("fp8_gemm.spread", fp8_gemm.COUNTERS, x.device).any()
 
 
+class Launches:
+    """``fp8_gemm._spread`` recording whether each launch ran swapped, then launching it."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.kernel, self.swapped = fp8_gemm._spread, list[bool]()
+        monkeypatch.setattr(fp8_gemm, "_spread", self)
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., object]:
+        def launch(*args: object, **kwargs: object) -> object:
+            self.swapped.append(bool(kwargs.get("SWAP", False)))
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+def swapped_and_not(monkeypatch: pytest.MonkeyPatch, make: Callable[[], torch.Tensor],
+                    launches: Launches, swaps: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``make()`` with SWAP_ROWS 16 (its launch swapped if ``swaps``, checked), then with 0 (never)."""
+    monkeypatch.setattr(fp8_gemm, "SWAP_ROWS", 16)
+    launches.swapped.clear()
+    swapped = make()
+    assert launches.swapped == [swaps]
+    monkeypatch.setattr(fp8_gemm, "SWAP_ROWS", 0)
+    plain = make()
+    assert launches.swapped == [swaps, False]
+    return swapped, plain
+
+
+# 130 columns (not whole 64-column tiles) by K 200 (a partial second block): one segment; 200 x 1100 two,
+# 70 x 1500 three (each tile's last program sums the others' partials)
+@pytest.mark.parametrize(("n", "k", "segments"), [(130, 200, 1), (200, 1100, 2), (70, 1500, 3)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_swapped_form_gives_the_unswapped_bits(n: int, k: int, segments: int, dtype: torch.dtype,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # Exact dots (the interpreter's): the same products, factors and order of additions, so the same bits
+    # where the factors round too (powers False); with power-of-two factors, the reference's bits as well.
+    # Up to 16 rows swapped, 17 the unswapped form either way (both sides of SWAP_ROWS).
+    assert fp8_gemm.default_plan(n, k).segments == segments
+    launches = Launches(monkeypatch)
+    for m in (1, 5, 16, 17):
+        for powers in (True, False):
+            x, w = exact_inputs(m, n, k, seed=m + n + k, powers=powers)
+            x = x.to(dtype)
+            swapped, plain = swapped_and_not(monkeypatch, lambda x=x, w=w: product(x, w), launches, m <= 16)
+            assert torch.equal(swapped, plain), f"m={m}, powers={powers}"
+            if powers:
+                assert torch.equal(swapped, fp8.linear(x, w)), f"m={m}"
+
+
+def test_a_row_alone_equals_the_row_in_batches_across_the_swapped_forms_rows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # rows 1 to 16 swapped, 17 on not: a row's bits the same either side (exact dots, rounding factors)
+    monkeypatch.setattr(fp8_gemm, "SWAP_ROWS", 16)
+    launches = Launches(monkeypatch)
+    x, w = exact_inputs(20, 130, 1100, seed=4, powers=False)
+    rows = (0, 5, 15, 16, 19)
+    alone = torch.stack([product(x[row:row + 1], w)[0] for row in rows])
+    assert launches.swapped == [True] * len(rows)
+    for m in (2, 7, 16, 17, 20):
+        launches.swapped.clear()
+        batch = product(x[:m], w)
+        assert launches.swapped == [m <= 16]
+        kept = [i for i, row in enumerate(rows) if row < m]
+        assert torch.equal(batch[[rows[i] for i in kept]], alone[kept]), f"rows differ at m={m}"
+    # SWAP_ROWS is read at each launch, and never swaps more than a 16-row tile
+    monkeypatch.setattr(fp8_gemm, "SWAP_ROWS", 5)
+    launches.swapped.clear()
+    for m in (5, 6):
+        product(x[:m], w)
+    monkeypatch.setattr(fp8_gemm, "SWAP_ROWS", 64)
+    product(x[:17], w)
+    assert launches.swapped == [True, False, False]
+
+
+@pytest.mark.parametrize(("channels", "k"), [(128, 256), (128, 2048)])  # one K segment, several
+@pytest.mark.parametrize("m", [1, 3])
+def test_the_swapped_form_applies_the_conv_as_it_stores(channels: int, k: int, m: int,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The tile transposed back to [rows, cols] before the sum of segments and the epilogue: the conv's
+    # bits and tails moved as the unswapped form's (its whole 64-column tiles), nothing run after
+    n, width = 192, 4
+    assert fp8_gemm.takes_conv(gemm.Conv(torch.empty(channels, width), torch.empty(1), torch.empty(1)), n,
+                               fp8_gemm.swapped_tiles())
+    monkeypatch.setattr(fp8_gemm, "conv_after", lambda *_: pytest.fail("the conv ran after the product"))
+    launches = Launches(monkeypatch)
+    x, w = exact_inputs(m, n, k, seed=m + k, powers=False)
+    x = (x * 2.0 ** -12).to(torch.bfloat16)  # the same bits scaled: sums of about 10 at most, in SiLU's range
+    q, scales = fp8_gemm.quantize(x)
+    conv_weight = (torch.randn(channels, width, generator=generator(1)) / 2).to(torch.bfloat16)
+    first, tail_at = conv_pool(m, channels, width, torch.bfloat16)
+    pools = [first.clone(), first.clone()]  # the swapped launch's, then the unswapped one's
+    given = iter(pools)
+
+    def projected() -> torch.Tensor:
+        got: torch.Tensor = fp8_gemm.product(q, scales, w.data, w.scale_inv, x.dtype,
+                                             conv=gemm.Conv(conv_weight, next(given), tail_at))
+        return got
+
+    swapped, plain = swapped_and_not(monkeypatch, projected, launches, True)
+    assert torch.equal(swapped, plain) and swapped[:, :channels].any()
+    assert torch.equal(pools[0], pools[1]) and not torch.equal(pools[0], first)  # the tails moved alike
+
+
 def test_strided_rows_give_the_contiguous_bits() -> None:
     wide = random_rows(5, 300, seed=9)
     w = random_weight(70, 200, seed=9)
@@ -291,18 +395,25 @@ FOUND = re.compile(r"\b(wgmma\.mma_async\S+|mma\.sync\S+|div\.[\w.]*f32|fma\.rn\
 POINTERS = dict(w="*fp8e4nv", w_scales="*fp32", x_scales="*fp32", partials="*fp32", out="*bf16",
                 counters="*i32", q="*fp8e4nv", scales="*fp32", conv_weight="*bf16", tails="*bf16",
                 tail_at="*i64")
-PRODUCTS = {"spread", "spread.n32", "middle", "whole", "spread.conv"}  # e4m3 rows, which quantize makes
+PRODUCTS = {"spread", "spread.n32", "middle", "whole", "spread.conv", "swapped", "swapped.one",
+            "swapped.conv"}  # e4m3 rows, which quantize makes
 PLAIN = dict(CONV=False, WIDTH=2)
 N32 = type(f.SPREAD)(f.SPREAD.block_m, 32, f.SPREAD.block_k, f.SPREAD.warps, f.SPREAD.stages)  # SPREAD_N 32
+SWAPPED = dict(SWAP=True)
 CASES = {"spread": (f._spread, f.SPREAD, dict(SEGMENTS=2, **PLAIN)),
          "spread.n32": (f._spread, N32, dict(SEGMENTS=1, **PLAIN)),
          "middle": (f._spread, f.MIDDLE, dict(SEGMENTS=1, **PLAIN)),
          "spread.conv": (f._spread, f.SPREAD, dict(SEGMENTS=2, CONV=True, WIDTH=4)),
          "whole": (f._whole, f.WHOLE, dict(ONE_SEGMENT=False, GROUP=f.GROUP_M)),
+         "swapped": (f._spread, f.swapped_tiles(), dict(SEGMENTS=2, **PLAIN, **SWAPPED)),
+         "swapped.one": (f._spread, f.swapped_tiles(), dict(SEGMENTS=1, **PLAIN, **SWAPPED)),
+         "swapped.conv": (f._spread, f.swapped_tiles(), dict(SEGMENTS=2, CONV=True, WIDTH=4, **SWAPPED)),
          "quantize": (f._quantize, None, dict(BLOCK_M=f.QUANTIZE_ROWS))}
 result = {}
 for name, (fn, tiles, constexprs) in CASES.items():
     constexprs = {**constexprs, "BLOCK_K": f.BLOCK, "EXACT_CAST": False, "PDL": True}
+    if "SWAP" in fn.arg_names:  # a constexpr with a default: given here, or signature would type it i32
+        constexprs.setdefault("SWAP", False)
     options = dict(f.OPTIONS)
     if tiles is not None:
         constexprs.update(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n)
@@ -319,7 +430,9 @@ json.dump(result, sys.stdout)
 """
 
 
-PRODUCTS = {"spread", "spread.n32", "middle", "whole", "spread.conv"}  # as HOPPER_SCRIPT's
+PRODUCTS = {"spread", "spread.n32", "middle", "whole", "spread.conv", "swapped", "swapped.one",
+            "swapped.conv"}  # as HOPPER_SCRIPT's
+CONVS = {"spread.conv": 128, "swapped.conv": 32}  # the epilogue's fused multiply-adds: 4 taps an element
 
 
 def test_the_kernels_compile_for_hopper_with_the_numerics_they_claim(tmp_path: Path) -> None:
@@ -329,7 +442,8 @@ def test_the_kernels_compile_for_hopper_with_the_numerics_they_claim(tmp_path: P
     # (never div.full) and the hardware's round-to-nearest e4m3 conversion; nowhere a fused
     # multiply-add (a product rounds before its add) but the GDN conv's taps in the projection's epilogue,
     # explicit there as conv1d's contracted ones are. The weights and rows reach shared memory by cp.async:
-    # Triton's pipeline of the K loop holds.
+    # Triton's pipeline of the K loop holds. The swapped form's wgmma is m64n16: the weight tile the M side,
+    # its 16 rows the N side, with the same e4m3 operands as the unswapped m64n64's.
     compiled = compiled_for_hopper(["-c", HOPPER_SCRIPT], tmp_path, [Path(__file__).parent])
     assert not [case for case in compiled.values() if "error" in case], compiled
     for name, found in compiled.items():
@@ -339,13 +453,15 @@ def test_the_kernels_compile_for_hopper_with_the_numerics_they_claim(tmp_path: P
             assert all(op.startswith("wgmma") and op.endswith("e4m3.e4m3") for op in products), found
             # but the conv's SiLU, a division as conv1d's own (div.full.f32 in both)
             divisions = {op for op in found if op.startswith("div.")}
-            assert divisions == ({"div.full.f32"} if name == "spread.conv" else set()), (name, found)
+            assert divisions == ({"div.full.f32"} if name in CONVS else set()), (name, found)
             assert found.get("cp.async.cg.shared.global"), (name, found)
+            if name.startswith("swapped"):
+                assert products == {"wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3"}, (name, found)
         else:
             assert found.get("div.rn.f32") and found.get("cvt.rn.satfinite.e4m3x2.f32"), (name, found)
             assert not [op for op in found if op.startswith("div.") and op != "div.rn.f32"], (name, found)
-        # a 64 x 64 tile over 128 threads: 32 elements a thread, four taps each
-        assert found.get("fma.rn.f32", 0) == (128 if name == "spread.conv" else 0), (name, found)
+        # a 64 x 64 tile over 128 threads: 32 elements a thread, four taps each (16 x 64: 8 elements)
+        assert found.get("fma.rn.f32", 0) == CONVS.get(name, 0), (name, found)
 
 
 @pytest.mark.gpu
@@ -369,7 +485,10 @@ def test_products_are_near_the_reference_on_the_device(n: int, k: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("n", "k"), [(4096, 4096), (1000, 2200), (24576, 512)])
-def test_rows_are_batch_invariant_on_the_device(n: int, k: int) -> None:
+@pytest.mark.parametrize("swap_rows", [0, 16])  # 16: rows 1 to 16 in the swapped form
+def test_rows_are_batch_invariant_on_the_device(n: int, k: int, swap_rows: int,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fp8_gemm, "SWAP_ROWS", swap_rows)
     w = random_weight(n, k, seed=7, device="cuda")
     x = torch.randn(300, k, device="cuda", dtype=torch.bfloat16)
     whole = fp8_gemm.matmul(x, w.data, w.scale_inv)
@@ -377,3 +496,22 @@ def test_rows_are_batch_invariant_on_the_device(n: int, k: int) -> None:
         for spread in (None, True, False):
             got = fp8_gemm.matmul(x[:m], w.data, w.scale_inv, spread=spread)
             assert torch.equal(got, whole[:m]), f"rows differ at m={m}, spread={spread}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "k"), [(4096, 4096), (4096, 12288), (12352, 4096)])  # the 9B's products
+def test_the_swapped_form_gives_the_unswapped_bits_on_the_device(n: int, k: int,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # Random rows and weights: each block's dot is the tensor cores' (m64n16k32 against m64n64k32, the
+    # operands' roles swapped), so this is where the swapped form's bits are shown to be the same (or not).
+    # fp32 out too, where no rounding to bf16 could hide a difference.
+    w = random_weight(n, k, seed=n + k, device="cuda")
+    x = random_rows(16, k, seed=k, dtype=torch.bfloat16).cuda()
+    for m in (1, 16):
+        q, scales = fp8_gemm.quantize(x[:m])
+        for dtype in (torch.float32, torch.bfloat16):
+            got = []
+            for swap_rows in (16, 0):
+                monkeypatch.setattr(fp8_gemm, "SWAP_ROWS", swap_rows)
+                got.append(fp8_gemm.product(q, scales, w.data, w.scale_inv, dtype))
+            assert torch.equal(got[0], got[1]), f"m={m}, {dtype}: {(got[0] != got[1]).sum()} differ"

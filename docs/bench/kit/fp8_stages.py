@@ -2,7 +2,11 @@
 programs, narrower column tiles and fewer segments: each variant's median microseconds a product, 20 back to back
 in a CUDA graph (the product alone, rows quantized first; thirty-ninth session's numbers: one a graph, a launch in each),
 its share of the weight's copy floor, DIFF where its bits differ from the default plan's. Run on the device
-after install.sh: ``PYTHONPATH=/tmp/site python .dev/fp8_stages.py``."""
+after install.sh: ``PYTHONPATH=/tmp/site python .dev/fp8_stages.py``. Then the swapped few-row form
+(``fp8_gemm.SWAP_ROWS``) at 4, 6 and 8 stages against the default, at 1 and 16 rows;
+``... fp8_stages.py swap`` runs those arms alone."""
+import sys
+
 import torch
 
 from tfd.bench.roofline import copy_gbps, timed
@@ -45,9 +49,44 @@ def balanced(n, k, block_n, wave=132):
     return tiles * (enough[0] if enough else -max(fills)[1])
 
 
+# issue 34's swapped form (out^T = W . q^T: 64 weight columns the wgmma's M side, the rows its N side in a
+# 16-row block, 10 KB a stage where the 64-row tile takes 16): (SWAP_ROWS, SWAP_STAGES), the default first and
+# again last (drift)
+SWAPS = {"base": (0, 4), "swap4": (16, 4), "swap6": (16, 6), "swap8": (16, 8), "base2": (0, 4)}
+
+
+def swapped_arms(n, k, weight, floor):
+    """Each of SWAPS' products of 1 and 16 rows, bf16 out, default plan: its time and share of the floor,
+    DIFF where its bits (fp32 out or bf16) differ from the default's."""
+    for rows in (1, 16):
+        q, scales = fp8_gemm.quantize(torch.randn(rows, k, dtype=torch.bfloat16, device=dev))
+        line, want = [], None
+        for name, (swap_rows, stages) in SWAPS.items():
+            fp8_gemm.SWAP_ROWS, fp8_gemm.SWAP_STAGES = swap_rows, stages  # read as each product launches
+            try:
+                bits = [fp8_gemm.product(q, scales, weight.data, weight.scale_inv, dtype)
+                        for dtype in (torch.float32, torch.bfloat16)]
+                replay = graphed(lambda q=q, scales=scales: fp8_gemm.product(
+                    q, scales, weight.data, weight.scale_inv, torch.bfloat16))
+                t = timed(replay, 30, dev) * 1e6 / REPEATS
+            except Exception as error:  # an arm that does not build: say so, go on
+                line.append(f"{name} {type(error).__name__}")
+                continue
+            finally:
+                fp8_gemm.SWAP_ROWS, fp8_gemm.SWAP_STAGES = 0, 4
+            want = bits if want is None else want
+            same = "" if all(torch.equal(a, b) for a, b in zip(bits, want, strict=True)) else " DIFF"
+            line.append(f"{name} {t:.1f} ({100 * floor / t:.0f}%){same}")
+        print(f"[{n},{k}] {rows} row{'s' if rows > 1 else ''}, floor {floor:.1f} us: " + "; ".join(line),
+              flush=True)
+
+
 for n, k in SHAPES:
     weight = quantize_weight(torch.randn(n, k, device=dev) * 0.02)
     floor = (n * k + weight.scale_inv.numel() * 4) / (gbps * 1e3)
+    if "swap" in sys.argv[1:]:
+        swapped_arms(n, k, weight, floor)
+        continue
     x = torch.randn(1, k, dtype=torch.bfloat16, device=dev)
     q, scales = fp8_gemm.quantize(x)
     want = fp8_gemm.product(q, scales, weight.data, weight.scale_inv, x.dtype)
@@ -66,3 +105,4 @@ for n, k in SHAPES:
         same = "" if torch.equal(got, want) else " DIFF"
         line.append(f"{name}/{choice.segments} {t:.1f} ({100 * floor / t:.0f}%){same}")
     print(f"[{n},{k}] floor {floor:.1f} us: " + "; ".join(line), flush=True)
+    swapped_arms(n, k, weight, floor)
