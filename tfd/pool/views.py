@@ -71,8 +71,9 @@ def place(typed: TypedBytes, page_bytes: int, placements: Mapping[str, Placement
 
 
 class Stamp:
-    """``pieces`` at their ``placements`` on pages of ``page_bytes`` in ``typed``'s buffer, worked out once
-    (each piece's dtype view, shape, strides, page and element offset on it), for ``views``."""
+    """``pieces`` at their ``placements`` on pages of ``page_bytes`` in ``typed``'s buffer, checked once
+    (each piece's place a multiple of its dtype's size on any page; the pages and bytes they reach), for
+    ``views``."""
 
     def __init__(self, typed: TypedBytes, page_bytes: int, placements: Mapping[str, Placement],
                  pieces: Sequence[Piece]) -> None:
@@ -80,21 +81,13 @@ class Stamp:
         self.page_bytes = page_bytes
         self.placements = placements
         self.pieces = pieces
-        self.whole = True  # every piece's place is a multiple of its dtype's size on any page
-        self.reach = 0  # bytes past a page's start that some piece reaches
-        self.pages = 0  # state pages the pieces lie on
-        # name: (the buffer as its dtype, shape, strides, its page, its first element on page 0 of the
-        # buffer, elements a page)
-        self.made: dict[str, tuple[torch.Tensor, tuple[int, ...], tuple[int, ...], int, int, int]] = {}
-        for piece in pieces:
-            placement = placements[piece.name]
-            view = typed.of(TORCH_DTYPES[piece.dtype])
-            size = view.element_size()
-            self.whole = self.whole and not page_bytes % size and not placement.offset % size
-            self.reach = max(self.reach, placement.offset + piece.nbytes)
-            self.pages = max(self.pages, placement.page + 1)
-            self.made[piece.name] = (view, piece.shape, _contiguous(piece.shape), placement.page,
-                                     view.storage_offset() + placement.offset // size, page_bytes // size)
+        self.made = {piece.name: (piece, placements[piece.name]) for piece in pieces}  # in ``place``'s order
+        sizes = [TORCH_DTYPES[piece.dtype].itemsize for piece in pieces]
+        self.whole = all(not page_bytes % size and not placement.offset % size
+                         for (_, placement), size in zip(self.made.values(), sizes, strict=True))
+        self.reach = max((placement.offset + piece.nbytes for piece, placement in self.made.values()),
+                         default=0)
+        self.pages = max((placement.page + 1 for _, placement in self.made.values()), default=0)
 
     def views(self, pages: Sequence[int]) -> Mapping[str, torch.Tensor]:
         """``place(typed, page_bytes, placements, pieces, pages)``: the same views, each made when first
@@ -125,8 +118,8 @@ class PieceViews(Mapping[str, torch.Tensor]):
     def __getitem__(self, name: str) -> torch.Tensor:
         view = self._views.get(name)
         if view is None:
-            typed, shape, strides, page, start, elements = self.stamp.made[name]
-            view = self._views[name] = typed.as_strided(shape, strides, start + self.pages[page] * elements)
+            piece, _ = self.stamp.made[name]
+            view = self._views[name] = self.stamp.typed.piece(piece, self._start(name))
         return view
 
     def __contains__(self, name: object) -> bool:
@@ -140,8 +133,13 @@ class PieceViews(Mapping[str, torch.Tensor]):
 
     def offset(self, name: str) -> int:
         """Piece ``name``'s element offset in the buffer seen as its dtype (its view's ``element_offset``)."""
-        typed, _, _, page, start, page_elements = self.stamp.made[name]
-        return start - typed.storage_offset() + self.pages[page] * page_elements
+        piece, _ = self.stamp.made[name]
+        return self._start(name) // TORCH_DTYPES[piece.dtype].itemsize
+
+    def _start(self, name: str) -> int:
+        """Piece ``name``'s first byte in the buffer."""
+        _, placement = self.stamp.made[name]
+        return self.pages[placement.page] * self.stamp.page_bytes + placement.offset
 
 
 def page_runs(pages: Iterable[int]) -> list[tuple[int, int]]:
