@@ -6,11 +6,7 @@
 # Carry .whl .whl-test .dev .devcache.
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then exec bash .dev/s39a.sh; fi
 . .dev/start.sh
-TMPDIR=$PWD/.devcache timeout 100 python -m pytest -q -m gpu -n 4 -p no:cacheprovider -p no:benchmark \
-  -W ignore::DeprecationWarning tests/pool/test_staging.py tests/engine/test_device_path.py \
-  -k "not wide and not two-streams" 2>&1 | tee $R/gpu-tests.txt | grep -a "passed\|failed\|FAILED\|Error" \
-  | cut -c1-250 | tail -12
-echo "tests t=$(el)"
+gpu_tests 100 4 tests/pool/test_staging.py tests/engine/test_device_path.py -k "not wide and not two-streams"
 timeout $(( 330 - $(el) )) tfd bench --shape qwen3_5-9b --dtype fp8 --streams 1 --prompt 1024 --new 128 --rounds 2 \
   --variant base= --variant n32=tfd_kernels.fp8_gemm.SPREAD_N=32,tfd_kernels.fp8_gemm.TARGET=128 \
   --variant bal=tfd_kernels.fp8_gemm.BALANCED=1 \

@@ -4,11 +4,7 @@
 # the GDN output fused, apart and as FUSE_PROGRAMS chooses, and the 9B's whole-form prefill tiles
 # (gemm_prefill_sweep.py SWEEP=short). ~570 s. Carry .whl .whl-test .dev .devcache.
 . .dev/start.sh
-TMPDIR=$PWD/.devcache timeout 230 python -m pytest -q -m gpu -n 8 -p no:cacheprovider -p no:benchmark \
-  -W ignore::DeprecationWarning tests/pool/test_staging.py tests/engine/test_device_path.py \
-  -k "not wide and not two-streams" 2>&1 | tee $R/gpu-tests.txt | grep -a "passed\|failed\|FAILED\|Error" \
-  | cut -c1-250 | tail -12
-echo "tests t=$(el)"
+gpu_tests 230 8 tests/pool/test_staging.py tests/engine/test_device_path.py -k "not wide and not two-streams"
 timeout $(( 400 - $(el) )) tfd bench --shape qwen3_8-flash-next --streams 1 --prompt 1024 --new 8 --rounds 2 \
   --variant auto= --variant fused=tfd_kernels.gdn_prefill.FUSE_PROGRAMS=0 \
   --variant apart=tfd_kernels.gdn_prefill.FUSE_PROGRAMS=1073741824 --out $R/fn 2>&1 \

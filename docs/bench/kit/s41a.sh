@@ -5,10 +5,7 @@
 # SWAP_ROWS=16 against the defaults (two rounds interleaved: the tokens must be the same if the bits are).
 # ~450 s. Carry .whl .whl-test .dev .devcache (as s40a).
 . .dev/start.sh
-TMPDIR=$PWD/.devcache timeout 150 python -m pytest -q -m gpu -n 4 -p no:cacheprovider -p no:benchmark \
-  -W ignore::DeprecationWarning tests/kernels/test_fp8_gemm.py 2>&1 | tee $R/gpu-tests.txt \
-  | grep -a "passed\|failed\|FAILED\|Error" | cut -c1-250 | tail -12
-echo "tests t=$(el)"
+gpu_tests 150 4 tests/kernels/test_fp8_gemm.py
 timeout 150 python .dev/fp8_stages.py swap 2>&1 | grep -v "arn" | tee $R/fp8-swap.txt | cut -c1-400
 echo "stages t=$(el)"
 timeout $(( 560 - $(el) )) tfd bench --shape qwen3_5-9b --dtype fp8 --streams 1,32 --prompt 1024 --new 128 --rounds 2 \
