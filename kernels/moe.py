@@ -187,7 +187,8 @@ def _routed(x: torch.Tensor, gate_up: Weights, down: Weights, logits: torch.Tens
         raise ValueError(f"top_k is {top_k}, expected 1 to {down.shape[0]} (the experts)")
     if logits.dim() != 2 or logits.shape != (rows, down.shape[0]):
         raise ValueError(f"logits is {list(logits.shape)}, expected [{rows}, {down.shape[0]}]: rows, experts")
-    if product is not None and not (_one_launch(rows, x.shape[1], top_k + (shared is not None), True)
+    per_row = top_k + (shared is not None)
+    if product is not None and not (_one_launch(rows, x.shape[1], per_row, True, residual is not None)
                                     and ROUTER_IN_LAUNCH and product[0].is_contiguous()
                                     and moe_one.takes_router(*product[0].shape)):
         product[1].copy_(gemm.matmul(x, product[0]))
@@ -200,10 +201,10 @@ def _routed(x: torch.Tensor, gate_up: Weights, down: Weights, logits: torch.Tens
     return _experts(x, gate_up, down, ids, weights, shared, (logits, normalise), residual, product, x_rows)
 
 
-def _one_launch(rows: int, hidden: int, per_row: int, chosen: bool) -> bool:
+def _one_launch(rows: int, hidden: int, per_row: int, chosen: bool, norms: bool) -> bool:
     """Whether the block's experts take one launch (``tfd_kernels.moe_one``): one row whose choice they
-    make."""
-    return ONE_ROW and ONE_LAUNCH and chosen and rows == 1 and moe_one.fits(hidden, per_row)
+    make; ``norms``: the launch adds the residual and normalises."""
+    return ONE_ROW and ONE_LAUNCH and chosen and rows == 1 and moe_one.fits(hidden, per_row, norms)
 
 
 def experts(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tensor,
@@ -260,8 +261,9 @@ def _experts(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tensor
     tables = moe_plan.Tables.empty(chunk * top_k, bins, x.device)
     one_row = ONE_ROW and choice is not None and rows == 1  # the choice in the experts' first launch
     tile_expert = torch.empty(per_row, dtype=torch.int32, device=x.device) if one_row else tables.pair_at
-    assert product is None or _one_launch(rows, hidden, per_row, choice is not None)
-    if _one_launch(rows, hidden, per_row, choice is not None) and choice is not None:
+    one_launch = _one_launch(rows, hidden, per_row, choice is not None, residual is not None)
+    assert product is None or one_launch
+    if one_launch and choice is not None:
         gate = out if shared is None else shared.gate
         normed = torch.empty_like(out) if residual is not None else None
         moe_one.launch(x, routed_gate_up, own_gate_up, h, routed_down, own_down, buf, choice[0], choice[1],

@@ -241,10 +241,12 @@ def _one_row(x, xq, x_scales, gate_up, gate_scales, shared_gate_up, shared_gate_
                 tl.atomic_xchg(router_counters + ROUTER_TILES + 1, 0, sem="relaxed", scope="gpu")
 
 
-def fits(hidden: int, tiles: int) -> bool:
-    """Whether the one launch serves this block: its counters hold the tiles, and its warps (the
-    router's choice) are the warps of the norm it ends with (``tfd_kernels.norm.warps``)."""
-    return tiles <= READY and norm.warps(triton.next_power_of_2(hidden)) == router.ROUTE_WARPS
+def fits(hidden: int, tiles: int, norms: bool) -> bool:
+    """Whether the one launch serves this block: its counters hold the tiles, and where it ends with the
+    residual's add and norm (``norms``) its warps (the router's choice) are that norm's
+    (``tfd_kernels.norm.warps``); without them its finish is elementwise, in any warps (Flash Next's block,
+    hidden 2,560: a norm's 8 warps)."""
+    return tiles <= READY and (not norms or norm.warps(triton.next_power_of_2(hidden)) == router.ROUTE_WARPS)
 
 
 def _router_n(few: gemm_plan.Tiles) -> int:

@@ -77,6 +77,34 @@ def test_one_row_gives_the_same_bits_in_one_launch_as_in_two(monkeypatch: pytest
     assert launches == [1] and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
+# hidden 2,048 (a norm's 4 warps: the launch's) and 2,056 (a norm's 8, Flash Next's 2,560 alike): without the
+# residual the one launch serves either; with it, only the first (its norm's warps are the launch's)
+@pytest.mark.parametrize("hidden", [2048, 2056])
+@pytest.mark.parametrize("residual", [False, True])
+def test_one_launch_serves_a_block_without_the_norm_whatever_the_norms_warps(
+        monkeypatch: pytest.MonkeyPatch, hidden: int, residual: bool) -> None:
+    x, gate_up, down, _, _ = make(1, 2, torch.bfloat16, seed=61, hidden=hidden, inner=16)
+    logits = router_product(1, 8, torch.bfloat16, seed=61)
+    shared = make_shared(1, torch.bfloat16, seed=61, hidden=hidden, inner=16)
+    stream = residual_of(1, torch.bfloat16, seed=61, hidden=hidden)
+
+    def block() -> tuple[torch.Tensor, ...]:
+        if residual:
+            return moe.routed_add_zrms(x, gate_up, down, logits[:, :8], 2, True, shared, stream)
+        return (moe.routed(x, gate_up, down, logits[:, :8], 2, True, shared),)
+
+    launches: list[int] = []
+    one = moe_one.launch
+    monkeypatch.setattr(moe_one, "launch",
+                        lambda *args, **kwargs: (launches.append(1), one(*args, **kwargs))[1])
+    got = block()
+    assert launches == ([] if residual and hidden == 2056 else [1])
+    assert not moe_one.counters(x.device).any()
+    monkeypatch.setattr(moe, "ONE_LAUNCH", False)
+    want = block()
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
 @pytest.mark.parametrize(("rows", "inside", "early", "hidden"),
                          [(1, True, 0, 64), (1, True, 2, 512), (3, True, 0, 64), (1, False, 0, 64)])
 def test_the_block_from_its_input_is_the_routers_product_then_the_routed_block(
