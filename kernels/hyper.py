@@ -275,11 +275,13 @@ def _mix(projected, up, normed, out, weights, rows_n, rank, width, stride_p, str
         tl.store(weights + rows[:, None] * STREAMS + which[None, :], injected, mask=mine)
 
 
-# A mix program's rows and columns a stream, by the rows of the call: (rows up to, row tile, column tile),
-# then a prompt's. Decode's few rows over 160 programs (one row's 6.6 MB of up weights; 80 programs of 32
-# columns, each walking the streams in turn, took 12.6 us on the H200), a prompt's many rows reading each
-# weight tile for 64 of them. An element's sum over K is in the same order whatever its tile.
-MIX_TILES = ((16, 16, 16), (64, 32, 16))
+# A mix program's rows by the rows of the call: (rows up to, row tile), then a prompt's; up to the last
+# MIX_COLUMNS columns a stream. Decode's few rows over 160 programs (one row's 6.6 MB of up weights; 80
+# programs of 32 columns, each walking the streams in turn, took 12.6 us on the H200; 16 columns 7.5 us), a
+# prompt's many rows reading each weight tile for 64 of them. An element's sum over K is in the same order
+# whatever its tile. MIX_COLUMNS an int, so that tfd bench --variant can sweep it.
+MIX_TILES = ((16, 16), (64, 32))
+MIX_COLUMNS = 16
 # A prompt's tile (rows, columns a stream) and its launch's warps and pipeline depth: ints, so that tfd bench
 # --variant can sweep them (Flash Next's 1,024-row prefill: 17 mixes of 85 us on the H100, its product's
 # 6.7 GFLOP worth 9 us at the matmul rate; unswept).
@@ -300,7 +302,7 @@ def mix_tile(rows: int) -> tuple[int, int]:
     """The (row tile, columns a stream) of a mix over ``rows`` rows."""
     if _prompt(rows):
         return MIX_PROMPT_ROWS, MIX_PROMPT_COLUMNS
-    return next((r, c) for most, r, c in MIX_TILES if rows <= most)
+    return next(tile for most, tile in MIX_TILES if rows <= most), MIX_COLUMNS
 
 
 def _mix_launch(rows: int) -> dict[str, int]:

@@ -204,6 +204,21 @@ def test_the_mix_rows_tried_cross_each_row_tile_bound() -> None:
     assert tiles[0] != tiles[1] == tiles[2] != tiles[3] == prompt
 
 
+@pytest.mark.parametrize("rows", [1, 16, 17])  # either side of the decode tiles' row bound
+def test_a_decode_mixs_columns_change_no_bits(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(12)
+    projected = torch.randn(rows, 80 + STREAMS, generator=g)
+    up = torch.randn(STREAMS * 72, 80, generator=g) * 80 ** -0.5
+    normed = torch.randn(rows, STREAMS * 72, generator=g)
+    plain = hyper_kernels.mix(projected, up, normed, STREAMS, 72)
+    for columns in (8, 32):  # 9 and 3 column tiles of the 72 (16: 5)
+        monkeypatch.setattr(hyper_kernels, "MIX_COLUMNS", columns)
+        assert hyper_kernels.mix_tile(rows)[1] == columns
+        got = hyper_kernels.mix(projected, up, normed, STREAMS, 72)
+        assert torch.equal(got[0], plain[0]) and got[1] is not None and plain[1] is not None
+        assert torch.equal(got[1], plain[1])
+
+
 @pytest.mark.parametrize("rows", [65, 130])  # one prompt tile and a part, past the first of the other tiles
 def test_a_prompt_mixs_tile_and_launch_change_no_bits(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
     g = torch.Generator().manual_seed(11)
