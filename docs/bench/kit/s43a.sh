@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Next session's first call (an H200; on an H100 the same, its numbers not the bars'): what the forty-first
+# session's last calls could not run (no machine came). Flash Next's one-stream step: the MoE block in one
+# launch (cf88943) against two, the decode mix in 8-column tiles, products' K segments of 2 steps at least,
+# the mix's first up tile early; the 35B-A3B's 8 x 1,024 prefill host profile (its 4.39 ms in two gaps before a
+# host copy, s42c); a Flash Next decode step's kernels at a 32,768-token context against 1,024 (long_decode.py:
+# the 85% bar, 84.7% measured). ~540 s. Carry .whl .whl-test .devk.
+. .dev/start.sh
+timeout 220 tfd bench --shape qwen3_8-flash-next --streams 1 --prompt 1024 --new 64 --rounds 2 --variant one= \
+  --variant two=tfd_kernels.moe.ONE_LAUNCH=0 --variant c8=tfd_kernels.hyper.MIX_COLUMNS=8 \
+  --variant seg2=tfd_kernels.gemm_plan.SEGMENT_STEPS=2 --variant early=tfd_kernels.hyper.MIX_EARLY=1 \
+  --out $R/fn-one > $R/fn-one.txt 2>&1; echo "fn rc=$? t=$(el)"; grep -a "x1:\|rror" $R/fn-one.txt | cut -c1-300
+timeout $(( 330 - $(el) )) python .dev/prefill_host.py qwen3_5-35b-a3b 8 1024 2>&1 | grep -v "arn" > $R/host.txt
+head -50 $R/host.txt | cut -c1-200; echo "host t=$(el)"
+timeout $(( 560 - $(el) )) python .dev/long_decode.py qwen3_8-flash-next 1024,32768 2>&1 | grep -v "arn" \
+  > $R/long-decode.txt; head -36 $R/long-decode.txt | cut -c1-140; echo "long t=$(el)"
+cd $OUT && tar czf r.tgz r && rm -rf r
