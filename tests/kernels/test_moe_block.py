@@ -261,6 +261,43 @@ def test_gpu_one_row_in_one_launch_is_two_launches_and_replays(monkeypatch: pyte
 
 
 @pytest.mark.gpu
+def test_gpu_flash_nexts_block_in_one_launch_is_two_launches_and_replays(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Flash Next's block at one row: hidden 2,560 (a norm's 8 warps), 512 experts of inner 640, top 10, the
+    # shared expert beside them, no residual: the one launch (cf88943) against its two
+    x, gate_up, down, _, _ = make(1, 10, torch.bfloat16, seed=31, experts=512, hidden=2560, inner=640,
+                                  device="cuda")
+    logits = router_product(1, 512, torch.bfloat16, seed=31, device="cuda")
+    shared = make_shared(1, torch.bfloat16, seed=31, experts=512, hidden=2560, inner=640,
+                         device="cuda")._replace(gate=logits[:, 512:])
+    launches: list[int] = []
+    one = moe_one.launch
+    monkeypatch.setattr(moe_one, "launch",
+                        lambda *args, **kwargs: (launches.append(1), one(*args, **kwargs))[1])
+
+    def block() -> torch.Tensor:
+        return moe.routed(x, gate_up, down, logits[:, :512], 10, True, shared)
+
+    monkeypatch.setattr(moe, "ONE_LAUNCH", False)
+    want = [block()]
+    logits.copy_(router_product(1, 512, torch.bfloat16, seed=32, device="cuda"))
+    want.append(block())
+    assert launches == []
+    monkeypatch.setattr(moe, "ONE_LAUNCH", True)
+    logits.copy_(router_product(1, 512, torch.bfloat16, seed=31, device="cuda"))
+    block()  # compile outside the capture
+    assert launches == [1]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = block()
+    for seed, expected in zip((31, 32), want, strict=True):
+        logits.copy_(router_product(1, 512, torch.bfloat16, seed=seed, device="cuda"))
+        graph.replay()
+        assert torch.equal(got, expected)
+    assert not moe_one.counters(x.device).any()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(("experts", "top_k"), REAL)
 @pytest.mark.parametrize(("router_n", "from_partials", "taken", "last", "early"), [
     (0, True, True, False, 0), (0, False, True, False, 0), (32, True, True, False, 0),

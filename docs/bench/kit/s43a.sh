@@ -4,9 +4,12 @@
 # launch (cf88943) against two, the decode mix in 8-column tiles, products' K segments of 2 steps at least,
 # the mix's first up tile early; the 35B-A3B's 8 x 1,024 prefill host profile (its 4.39 ms in two gaps before a
 # host copy, s42c); a Flash Next decode step's kernels at a 32,768-token context against 1,024 (long_decode.py:
-# the 85% bar, 84.7% measured). ~540 s. Carry .whl .whl-test .devk.
+# the 85% bar, 84.7% measured). First the GPU tests of the one launch at Flash Next's shape and the mixes.
+# ~560 s. Carry .whl .whl-test .devk.
 . .dev/start.sh
-timeout 220 tfd bench --shape qwen3_8-flash-next --streams 1 --prompt 1024 --new 64 --rounds 2 --variant one= \
+mkdir -p .devcache
+gpu_tests 100 4 tests/kernels/test_moe_block.py tests/kernels/test_hyper.py -k "flash_nexts or one_launch or mix"
+timeout $(( 300 - $(el) )) tfd bench --shape qwen3_8-flash-next --streams 1 --prompt 1024 --new 64 --rounds 2 --variant one= \
   --variant two=tfd_kernels.moe.ONE_LAUNCH=0 --variant c8=tfd_kernels.hyper.MIX_COLUMNS=8 \
   --variant seg2=tfd_kernels.gemm_plan.SEGMENT_STEPS=2 --variant early=tfd_kernels.hyper.MIX_EARLY=1 \
   --out $R/fn-one > $R/fn-one.txt 2>&1; echo "fn rc=$? t=$(el)"; grep -a "x1:\|rror" $R/fn-one.txt | cut -c1-300
