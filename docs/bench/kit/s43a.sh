@@ -9,12 +9,12 @@
 . .dev/start.sh
 mkdir -p .devcache
 gpu_tests 100 4 tests/kernels/test_moe_block.py tests/kernels/test_hyper.py -k "flash_nexts or one_launch or mix"
-timeout $(( 300 - $(el) )) tfd bench --shape qwen3_8-flash-next --streams 1 --prompt 1024 --new 64 --rounds 2 --variant one= \
+timeout $(( 280 - $(el) )) tfd bench --shape qwen3_8-flash-next --streams 1 --prompt 1024 --new 64 --rounds 2 --variant one= \
   --variant two=tfd_kernels.moe.ONE_LAUNCH=0 --variant c8=tfd_kernels.hyper.MIX_COLUMNS=8 \
   --variant seg2=tfd_kernels.gemm_plan.SEGMENT_STEPS=2 --variant early=tfd_kernels.hyper.MIX_EARLY=1 \
   --out $R/fn-one > $R/fn-one.txt 2>&1; echo "fn rc=$? t=$(el)"; grep -a "x1:\|rror" $R/fn-one.txt | cut -c1-300
-timeout $(( 330 - $(el) )) python .dev/prefill_host.py qwen3_5-35b-a3b 8 1024 2>&1 | grep -v "arn" > $R/host.txt
+timeout $(( 380 - $(el) )) python .dev/prefill_host.py qwen3_5-35b-a3b 8 1024 2>&1 | grep -v "arn" > $R/host.txt
 head -50 $R/host.txt | cut -c1-200; echo "host t=$(el)"
-timeout $(( 560 - $(el) )) python .dev/long_decode.py qwen3_8-flash-next 1024,32768 2>&1 | grep -v "arn" \
+timeout $(( 580 - $(el) )) python .dev/long_decode.py qwen3_8-flash-next 1024,32768 2>&1 | grep -v "arn" \
   > $R/long-decode.txt; head -36 $R/long-decode.txt | cut -c1-140; echo "long t=$(el)"
 cd $OUT && tar czf r.tgz r && rm -rf r
