@@ -275,8 +275,8 @@ def _mix(projected, up, normed, out, weights, rows_n, rank, width, stride_p, str
         tl.store(weights + rows[:, None] * STREAMS + which[None, :], injected, mask=mine)
 
 
-# A mix program's rows by the rows of the call: (rows up to, row tile), then a prompt's; up to the last
-# MIX_COLUMNS columns a stream. Decode's few rows over 160 programs (one row's 6.6 MB of up weights; 80
+# A mix program's rows by the rows of the call, (rows up to, row tile), and its columns a stream, MIX_COLUMNS;
+# past the last bound a prompt's tile. Decode's few rows over 160 programs (one row's 6.6 MB of up weights; 80
 # programs of 32 columns, each walking the streams in turn, took 12.6 us on the H200; 16 columns 7.5 us), a
 # prompt's many rows reading each weight tile for 64 of them. An element's sum over K is in the same order
 # whatever its tile. MIX_COLUMNS an int, so that tfd bench --variant can sweep it.
