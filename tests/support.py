@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -25,6 +27,31 @@ _HOST_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "RUNTIME_DIRECTO
 # digest of the recipe, so a changed recipe builds anew).
 ROOT = Path(__file__).resolve().parent.parent  # the checkout
 CACHE = Path(tempfile.gettempdir()) / f"tfd-test-cache-{os.getuid()}"
+TFD = (sys.executable, "-m", "tfd")  # the command ServedDaemon runs `serve` with unless told another
+
+
+@functools.cache
+def forks() -> bool:
+    """Whether daemons and runs are forked from ``FORKED``'s server, its preload torch and tfd: where
+    CUDA is absent (the CPU's suite, whose time it saves). With CUDA each daemon and run starts in a
+    fresh interpreter and the ranks' server preloads what it did, as a device's runs did."""
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+# Processes forked from a server that imported torch and tfd once: ServedDaemon's `tfd serve`
+# (forked_tfd) and test_tensor_parallel's ranks (parallel_rank); a fresh interpreter's imports cost
+# some 2.5 s of CPU a process. multiprocessing keeps one forkserver a process, so its preload is said
+# here alone, and by modules a fresh interpreter finds: before 3.12.8 and 3.13.1 (CPython gh-117378)
+# the forkserver imports them on its own sys.path, not this process's, so a module of tests/ fails
+# there, silently (parallel_rank, which test_tensor_parallel named alone, never was), and is imported
+# by each child instead, as forked_tfd and parallel_rank now are: cheaply, their imports being these.
+FORKED = multiprocessing.get_context("forkserver")
+FORKED.set_forkserver_preload([
+    "tfd.cli", "tfd.server.daemon", "tfd.server.service",  # `tfd serve`'s, through its load
+    "torch.distributed", "tfd.bench.workload", "tfd.engine.local_runner", "tfd.model.parallel",  # a rank's
+] if forks() else ["parallel_rank"])
 
 
 def clean_environ(**extra: str) -> dict[str, str]:
@@ -55,10 +82,32 @@ def compiled_for_hopper(arguments: Sequence[str], cache: Path, path: Sequence[Pa
 
 
 def run_tfd(*args: str, env: Mapping[str, str] | None = None, timeout: float = 30,
-            user: int | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m tfd ARGS`` to completion."""
-    return subprocess.run([sys.executable, "-m", "tfd", *args], env=dict(env or clean_environ()),
-                          capture_output=True, text=True, timeout=timeout, user=user)
+            user: int | None = None, forked: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m tfd ARGS`` to completion; ``forked`` (where ``forks``): as ``python -m tfd`` runs
+    it, in a process forked from ``FORKED``'s server (``forked_tfd``: no interpreter's imports), its
+    output, exit status and timeout as ``subprocess.run`` gives them."""
+    command = [sys.executable, "-m", "tfd", *args]
+    environ = dict(env or clean_environ())
+    if not (forked and forks()):
+        return subprocess.run(command, env=environ, capture_output=True, text=True, timeout=timeout,
+                              user=user)
+    assert user is None, "a forked run keeps this process's user"
+    with tempfile.TemporaryDirectory(prefix="tfd-run-", dir="/tmp") as folder:
+        out, err = Path(folder) / "stdout", Path(folder) / "stderr"
+        process = FORKED.Process(target=forked_main, name="tfd", daemon=True, args=(
+            list(args), environ, os.getcwd(), str(out), str(err)))
+        process.start()
+        process.join(timeout)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+            raise subprocess.TimeoutExpired(command, timeout, read(out), read(err))
+        return subprocess.CompletedProcess(command, process.exitcode, read(out), read(err))
+
+
+def read(path: Path) -> str:
+    """A file's text as ``subprocess.run(text=True)`` reads a pipe (nothing where no file is)."""
+    return path.read_text() if path.exists() else ""
 
 
 class ServedDaemon:
@@ -78,15 +127,22 @@ class ServedDaemon:
         self.env = clean_environ(TF_ADMIN_SOCKET=os.fspath(self.admin), TF_PORT="0",
                                  NOTIFY_SOCKET=os.fspath(self.notify_path), **env)
         self.messages: list[tuple[float, str]] = []
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | Forked | None = None
         self._url: str | None = None
 
-    def start(self, timeout: float = 30, command: Sequence[str] = (sys.executable, "-m", "tfd"),
-              cwd: Path | None = None) -> ServedDaemon:
-        """Run ``command serve`` (by default ``python -m tfd``; from ``cwd``, by default this one)."""
+    def start(self, timeout: float = 30, command: Sequence[str] = TFD,
+              cwd: Path | None = None, fresh: bool = False) -> ServedDaemon:
+        """Run ``command serve`` (by default ``python -m tfd``; from ``cwd``, by default this one).
+        The default runs as ``python -m tfd serve`` does, in a process forked from ``FORKED``'s
+        server (``forked_tfd``) where ``forks``; another command or directory, or ``fresh``, in a fresh
+        interpreter (its imports, and its teardown after main returns, part of what is run)."""
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen([*command, "serve"], env=self.env, cwd=cwd,
-                                         stdout=log, stderr=subprocess.STDOUT)
+            if tuple(command) == TFD and cwd is None and not fresh and forks():
+                self.proc = Forked(FORKED.Process(target=forked_main, name="tfd serve", daemon=True, args=(
+                    ["serve"], self.env, os.getcwd(), str(self.log_path), str(self.log_path))))
+            else:
+                self.proc = subprocess.Popen([*command, "serve"], env=self.env, cwd=cwd,
+                                             stdout=log, stderr=subprocess.STDOUT)
         self.wait_for("READY=1", timeout)
         return self
 
@@ -150,6 +206,44 @@ class ServedDaemon:
                 self.proc.kill()
                 self.proc.wait()
         self.notify.close()
+
+
+def forked_main(argv: list[str], environ: dict[str, str], cwd: str, stdout: str, stderr: str) -> None:
+    """``forked_tfd.main`` in a process of ``FORKED`` (imported there: its imports are preloaded)."""
+    import forked_tfd
+
+    forked_tfd.main(argv, environ, cwd, stdout, stderr)
+
+
+class Forked:
+    """A started process of ``FORKED`` as the tests hold a ``subprocess.Popen``: its pid, ``poll``,
+    ``wait``, ``send_signal``, ``kill`` and ``returncode`` (negative: the signal that ended it)."""
+
+    def __init__(self, process: multiprocessing.process.BaseProcess) -> None:
+        process.start()
+        self.process = process
+        self.pid = process.pid
+        self.args = ["tfd", "serve"]
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return self.process.exitcode
+
+    def send_signal(self, signum: int) -> None:
+        if self.process.exitcode is None:  # as Popen: never a pid that may be another's by now
+            os.kill(self.process.pid or 0, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 

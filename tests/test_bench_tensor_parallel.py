@@ -29,13 +29,13 @@ def ranks_running() -> list[str]:
 def test_two_ranks_run_the_workloads_and_rank_0_writes_them(tmp_path: Path) -> None:
     alone, split = tmp_path / "alone", tmp_path / "split"
     done = run_tfd("bench", "--streams", "1,2", "--prompt", "40", "--new", "4", "--tensor-parallel", "2",
-                   "--out", str(split), "--commit", "test", timeout=300)
+                   "--out", str(split), "--commit", "test", timeout=300, forked=True)
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stdout.splitlines() if " x" in line and "decode" in line]
     assert len(lines) == 2 and all("tensor parallel 2 (sums" in line for line in lines), done.stdout
     assert "rank 1" in done.stderr  # its log, its lines naming it; nothing of its own on stdout
     done = run_tfd("bench", "--streams", "1,2", "--prompt", "40", "--new", "4", "--tensor-parallel", "1",
-                   "--out", str(alone), "--commit", "test", timeout=300)
+                   "--out", str(alone), "--commit", "test", timeout=300, forked=True)
     assert done.returncode == 0, done.stderr
     for streams in (1, 2):
         one = json.loads(next(alone.glob(f"*-{streams}x40-4.json")).read_text())
@@ -54,13 +54,14 @@ def test_two_ranks_run_the_workloads_and_rank_0_writes_them(tmp_path: Path) -> N
 
 def test_sizes_and_flags_the_ranks_cannot_run_are_refused_by_name() -> None:
     done = run_tfd("bench", "--streams", "1", "--prompt", "8", "--new", "2", "--tensor-parallel", "4",
-                   timeout=120)
+                   timeout=120, forked=True)
     assert done.returncode == 1
     assert "--tensor-parallel 4: the 2 key-value heads (num_key_value_heads) do not split into 4" \
         in done.stderr
     for flags, named in ((["--profile"], "--profile"), (["--compare-hf"], "--compare-hf")):
-        done = run_tfd("bench", "--tensor-parallel", "2", *flags, timeout=60)
+        done = run_tfd("bench", "--tensor-parallel", "2", *flags, timeout=60, forked=True)
         assert done.returncode == 2 and f"--tensor-parallel 2: not with {named} yet" in done.stderr
-    done = run_tfd("bench", "--tensor-parallel", "2", "--serve", "http://127.0.0.1:9", timeout=60)
+    done = run_tfd("bench", "--tensor-parallel", "2", "--serve", "http://127.0.0.1:9", timeout=60,
+                   forked=True)
     assert done.returncode == 2 and "--tensor-parallel: not with --serve" in done.stderr
     assert ranks_running() == []

@@ -52,7 +52,8 @@ def test_a_demo_is_a_real_checkpoint_with_a_head_a_tokenizer_and_a_template(name
 
 def test_generate_prints_only_the_continuation(tmp_path: Path) -> None:
     env = clean_environ(TF_CACHE_DIR=str(tmp_path))
-    done = run_tfd("generate", "--prompt", "def main():", "--max-tokens", "12", env=env, timeout=120)
+    done = run_tfd("generate", "--prompt", "def main():", "--max-tokens", "12", env=env, timeout=120,
+                   forked=True)
     assert done.returncode == 0, done.stderr
     assert "loaded qwen3_5" in done.stderr
     assert "tok/s" in done.stderr
@@ -67,14 +68,15 @@ def test_generate_prints_only_the_continuation(tmp_path: Path) -> None:
 def test_another_familys_row_stops_a_start_only_when_malformed(tmp_path: Path) -> None:
     # Well formed, but not applicable (pieces need pages): only a Flash Next start refuses it.
     env = clean_environ(TF_CACHE_DIR=str(tmp_path), TF_FLASHNEXT_STATE_PAGES="1", TF_FLASHNEXT_KV_PAGES="0")
-    assert run_tfd("generate", "--prompt", "x", "--max-tokens", "1", env=env, timeout=120).returncode == 0
+    assert run_tfd("generate", "--prompt", "x", "--max-tokens", "1", env=env, timeout=120,
+                   forked=True).returncode == 0
     done = run_tfd("generate", "--prompt", "x", "--max-tokens", "1", "--demo", "flashnext", env=env,
-                   timeout=120)
+                   timeout=120, forked=True)
     assert done.returncode == 2
     assert "TF_FLASHNEXT_STATE_PAGES=1 requires TF_FLASHNEXT_KV_PAGES, which is 0 (off)" in done.stderr
     # Malformed: refused whatever loads.
     env = clean_environ(TF_CACHE_DIR=str(tmp_path), TF_FLASHNEXT_STATE_PAGES="2")
-    done = run_tfd("generate", "--prompt", "x", "--max-tokens", "1", env=env, timeout=120)
+    done = run_tfd("generate", "--prompt", "x", "--max-tokens", "1", env=env, timeout=120, forked=True)
     assert done.returncode == 2
     assert "TF_FLASHNEXT_STATE_PAGES=2: must be exactly 0 or 1" in done.stderr
 
@@ -86,10 +88,10 @@ def test_random_weights_need_only_the_config_and_tokenizer(tmp_path: Path) -> No
     for name in ("config.json", "tokenizer.json"):
         (shapes_only / name).write_bytes((built / name).read_bytes())
     env = clean_environ(TF_MODEL=str(shapes_only))
-    plain = run_tfd("generate", "--prompt", "x", "--max-tokens", "2", env=env, timeout=120)
+    plain = run_tfd("generate", "--prompt", "x", "--max-tokens", "2", env=env, timeout=120, forked=True)
     assert plain.returncode == 1
     assert "no model.safetensors" in plain.stderr
     drawn = run_tfd("generate", "--prompt", "x", "--max-tokens", "2", "--random-weights", env=env,
-                    timeout=120)
+                    timeout=120, forked=True)
     assert drawn.returncode == 0, drawn.stderr
     assert "random weights" in drawn.stderr

@@ -9,7 +9,6 @@ refused by name, the weight's kind said, where a share would cut a block."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,14 +20,14 @@ import torch
 from parallel_rank import first_rows, prompt_logits
 from reference_loop import row_error
 
-from support import CACHE
+from support import CACHE, FORKED
 from tfd.checkpoint import Checkpoint
 from tfd.families.hybrid import load_model
 
-# Ranks forked from a server that imported parallel_rank (torch, tfd) once: a fresh interpreter's imports
-# cost about 2.5 s of CPU a rank, most of a small run's time; each rank is still a process of its own.
-RANKS = multiprocessing.get_context("forkserver")
-RANKS.set_forkserver_preload(["parallel_rank"])
+# Ranks forked from a server that imported parallel_rank's imports (torch, tfd) once (support.FORKED): a
+# fresh interpreter's imports cost about 2.5 s of CPU a rank, most of a small run's time; each rank is
+# still a process of its own.
+RANKS = FORKED
 RUN_S = 600  # every rank of a run: start, load a tiny checkpoint, a few short requests, on a busy machine
 NEAR = 1e-4  # the logits' largest difference over their largest magnitude: fp32 sums in another order
 # an FP8 split's logits (mean row error against one rank's) within this share of how far FP8 moves one rank's

@@ -14,7 +14,7 @@ from support import ServedDaemon, clean_environ, run_tfd
 
 def test_systemd_lifecycle(served: type[ServedDaemon]) -> None:
     daemon = served(WATCHDOG_USEC="200000")  # ping every 0.1 s
-    daemon.start()
+    daemon.start(fresh=True)  # the interpreter's start and its teardown after SIGTERM too
     # READY=1 arrives only once HTTP answers: /health works at that very moment.
     health = daemon.get("/health")
     assert health.status_code == 200
@@ -45,7 +45,7 @@ def test_no_watchdog_pings_without_watchdog_usec(served: type[ServedDaemon]) -> 
 
 
 def test_sigint_drains_like_sigterm(served: type[ServedDaemon]) -> None:
-    daemon = served().start()
+    daemon = served().start(fresh=True)  # SIGINT as a fresh interpreter handles it
     daemon.signal(signal.SIGINT)
     daemon.wait_for("STOPPING=1", 10)
     assert daemon.wait() == 0

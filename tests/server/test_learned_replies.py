@@ -7,6 +7,7 @@ counted and recomputed: the reply is still the fresh one."""
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -104,15 +105,27 @@ def damage(directory: Path, how: str, position: int) -> None:
         other.write_bytes(a)
 
 
-@pytest.mark.parametrize("how", ["flip", "truncate", "append", "swap", "identity"])
-def test_damaged_or_foreign_states_are_refused_and_recomputed(plain: ServedDaemon, tmp_path: Path,
-                                                              how: str) -> None:
-    sampling = {"temperature": 0.0}
-    with learning(tmp_path) as server:
-        turn1 = chat(server, FIRST, **sampling)
+@pytest.fixture(scope="module")
+def learned(plain: ServedDaemon, tmp_path_factory: pytest.TempPathFactory
+            ) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """A learned directory as a server that learns leaves it after a greedy first turn and another
+    question (two states), the first turn's reply, and its second turn's fresh reply; written once for
+    the module (the server, the turns and the reply are the same for every kind of damage), each test
+    damaging a copy of its own."""
+    directory = tmp_path_factory.mktemp("learned")
+    with learning(directory) as server:
+        turn1 = chat(server, FIRST, temperature=0.0)
         chat(server, [*FIRST[:1], {"role": "user", "content": "Another question, with its own state."}])
-        keep = (turn1["usage"]["prompt_tokens"] - 1) // 64 * 64
-    fresh = fresh_reply(plain, second_turn(turn1), **sampling)
+    return directory, turn1, fresh_reply(plain, second_turn(turn1), temperature=0.0)
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate", "append", "swap", "identity"])
+def test_damaged_or_foreign_states_are_refused_and_recomputed(
+        learned: tuple[Path, dict[str, Any], dict[str, Any]], tmp_path: Path, how: str) -> None:
+    sampling = {"temperature": 0.0}
+    written, turn1, fresh = learned
+    shutil.copytree(written, tmp_path, dirs_exist_ok=True)  # files, modes and times as the server left them
+    keep = (turn1["usage"]["prompt_tokens"] - 1) // 64 * 64
     if how == "identity":  # a server that does not draft keeps states without the head's rows: not ours
         env = {"TF_DRAFTS": "0"}
     else:

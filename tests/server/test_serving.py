@@ -23,7 +23,7 @@ def served_model() -> Path:
 def test_a_page_too_small_for_a_piece_is_refused_naming_the_least_value_that_holds_it(demo: str, row: str
                                                                                       ) -> None:
     env = clean_environ(TF_DEMO=demo, TF_PORT="0", TF_ADMIN_SOCKET=tempfile.mktemp(dir="/tmp"), **{row: "16"})
-    done = run_tfd("serve", env=env, timeout=120)
+    done = run_tfd("serve", env=env, timeout=120, forked=True)
     assert done.returncode == 2, done.stderr  # a configuration refusal, not a crash
     assert "Traceback" not in done.stderr
     found = re.search(rf"{row}=16: the piece \S+ needs \d+ bytes, more than a page of \d+ bytes \(16 rows\); "
@@ -33,7 +33,8 @@ def test_a_page_too_small_for_a_piece_is_refused_naming_the_least_value_that_hol
     if demo == "qwen3_5":  # the demo's spare state is 65,536 bytes: 32 rows hold it, and serve
         assert found.group(1) == "32"
         del env[row]
-        flagged = run_tfd("serve", "--kv-pages", "16", env=env, timeout=120)  # the command line
+        # the command line
+        flagged = run_tfd("serve", "--kv-pages", "16", env=env, timeout=120, forked=True)
         assert flagged.returncode == 2 and "TF_KV_PAGES=32 is the least that holds it" in flagged.stderr
         with started_server(TF_KV_PAGES="32") as daemon:
             reply = httpx.post(daemon.url() + "/v1/completions", json={"prompt": "def", "max_tokens": 2},
@@ -44,12 +45,12 @@ def test_a_page_too_small_for_a_piece_is_refused_naming_the_least_value_that_hol
 def test_a_parallel_or_context_that_does_not_fit_is_refused_naming_what_fits() -> None:
     env = clean_environ(TF_MODEL=str(served_model()), TF_POOL_GIB="0.01", TF_PORT="0",
                         TF_ADMIN_SOCKET=tempfile.mktemp(dir="/tmp"))
-    done = run_tfd("serve", env={**env, "TF_PARALLEL": "4000"}, timeout=120)
+    done = run_tfd("serve", env={**env, "TF_PARALLEL": "4000"}, timeout=120, forked=True)
     assert done.returncode == 2, done.stderr
     found = re.search(r"TF_PARALLEL=4000: (\d+) lanes of 4096 tokens fit the pool's 0.01 GiB "
                       r"\(TF_POOL_GIB=0.01\); TF_PARALLEL=(\d+) is the most", done.stderr)
     assert found and found.group(1) == found.group(2), done.stderr
-    done = run_tfd("serve", env={**env, "TF_CONTEXT": "4000000"}, timeout=120)
+    done = run_tfd("serve", env={**env, "TF_CONTEXT": "4000000"}, timeout=120, forked=True)
     assert done.returncode == 2, done.stderr
     assert ("TF_CONTEXT=4000000: past the model's 4096 positions (max_position_embeddings in its "
             "config.json); TF_CONTEXT=4096 is the most") in done.stderr  # both problems, each on its line
@@ -57,7 +58,7 @@ def test_a_parallel_or_context_that_does_not_fit_is_refused_naming_what_fits() -
     assert re.search(r"the pool's 0.01 GiB \(TF_POOL_GIB=0.01\) holds none; TF_CONTEXT=\d+ is the most a "
                      r"lane", done.stderr)
     del env["TF_POOL_GIB"]  # the CPU's default pool, named as such
-    done = run_tfd("serve", env={**env, "TF_CONTEXT": "4000000"}, timeout=120)
+    done = run_tfd("serve", env={**env, "TF_CONTEXT": "4000000"}, timeout=120, forked=True)
     assert done.returncode == 2, done.stderr
     assert "the pool's 0.25 GiB (TF_POOL_GIB's CPU default 0.25) holds none" in done.stderr
 

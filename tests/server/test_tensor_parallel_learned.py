@@ -37,22 +37,24 @@ def disk(server: ServedDaemon) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def turns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[dict[str, str]], str]]:
-    """A learned directory holding turn one (written by a two-rank daemon), turn two's messages, and
-    turn two's fresh reply from one process."""
+def turns(tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[tuple[Path, list[dict[str, str]], str, Path]]:
+    """A learned directory holding turn one (written by a two-rank daemon), turn two's messages,
+    turn two's fresh reply from one process, and the directory rank 0 wrote in (its identity's)."""
     root = tmp_path_factory.mktemp("learned")
     with learning(root) as server:
         first = chat(server, FIRST)
+        own = Path(disk(server)["dir"])
     second = [*FIRST, {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
               {"role": "user", "content": "Now sort it."}]
     with started_server() as one:
         fresh = chat(one, second, cache=False)
-    yield root, second, fresh["tfd"]["token_sha"]
+    yield root, second, fresh["tfd"]["token_sha"], own
 
 
 def test_a_restarted_daemon_resumes_from_every_ranks_share(
-        turns: tuple[Path, list[dict[str, str]], str]) -> None:
-    root, second, fresh = turns
+        turns: tuple[Path, list[dict[str, str]], str, Path]) -> None:
+    root, second, fresh, _ = turns
     assert len(list(root.iterdir())) == 2  # an identity a rank
     with learning(root) as server:
         resumed = chat(server, second)
@@ -62,10 +64,8 @@ def test_a_restarted_daemon_resumes_from_every_ranks_share(
 
 
 def test_a_state_damaged_on_one_rank_is_recomputed_on_both(
-        turns: tuple[Path, list[dict[str, str]], str], tmp_path: Path) -> None:
-    root, second, fresh = turns
-    with learning(root) as server:  # which directory is rank 0's
-        own = Path(disk(server)["dir"])
+        turns: tuple[Path, list[dict[str, str]], str, Path], tmp_path: Path) -> None:
+    root, second, fresh, own = turns
     other = next(folder for folder in root.iterdir() if folder != own)
     for state in (other / "states").glob("*.st"):  # rank 1's states: a flipped byte in each
         data = bytearray(state.read_bytes())

@@ -79,15 +79,16 @@ def test_a_grammar_and_a_stream_are_one_processes(one: ServedDaemon, two: Served
     assert chat(two)[0] is not None and chat(two)[0].startswith("{")  # type: ignore[union-attr]
 
 
-def test_sigterm_stops_both_processes(tmp_path: Path) -> None:
-    with started_server(TF_TENSOR_PARALLEL="2") as daemon:
-        assert daemon.proc is not None
-        children = [child for task in Path(f"/proc/{daemon.proc.pid}/task").iterdir()
-                    for child in (task / "children").read_text().split()]  # any of its threads' children
-        assert len(children) == 1  # the other rank
-        assert completion(daemon, ASKED[0])
-        daemon.signal(signal.SIGTERM)
-        assert daemon.wait(STOP_S) == 0
-        assert not Path(f"/proc/{children[0]}").exists() or \
-            Path(f"/proc/{children[0]}/stat").read_text().split()[2] == "Z", daemon.log()
-        assert "tensor parallel: 2 ranks joined" in daemon.log()
+def test_sigterm_stops_both_processes(two: ServedDaemon) -> None:
+    # the module's two-rank server, stopped here: this test comes last of those that serve from it
+    daemon = two
+    assert daemon.proc is not None
+    children = [child for task in Path(f"/proc/{daemon.proc.pid}/task").iterdir()
+                for child in (task / "children").read_text().split()]  # any of its threads' children
+    assert len(children) == 1  # the other rank
+    assert completion(daemon, ASKED[0])
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait(STOP_S) == 0
+    assert not Path(f"/proc/{children[0]}").exists() or \
+        Path(f"/proc/{children[0]}/stat").read_text().split()[2] == "Z", daemon.log()
+    assert "tensor parallel: 2 ranks joined" in daemon.log()

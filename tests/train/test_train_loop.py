@@ -124,9 +124,9 @@ def test_an_out_directory_with_files_is_refused_before_training(tmp_path: Path) 
     (tmp_path / "old" / "x").write_text("")
     with pytest.raises(FileExistsError, match="already exists"):
         check_out(tmp_path / "old")
-    done = run_tfd("train-demo", "--out", str(tmp_path / "old"), "--device", "cpu")
+    done = run_tfd("train-demo", "--out", str(tmp_path / "old"), "--device", "cpu", forked=True)
     assert done.returncode == 1
     assert "already exists and is not an empty directory" in done.stderr
-    done = run_tfd("train-demo", "--out", str(tmp_path / "new"), "--lr", "-1")
+    done = run_tfd("train-demo", "--out", str(tmp_path / "new"), "--lr", "-1", forked=True)
     assert done.returncode == 2
     assert "--lr: must be a positive number, got '-1'" in done.stderr
