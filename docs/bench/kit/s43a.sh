@@ -9,17 +9,17 @@
 . .dev/start.sh
 mkdir -p .devcache
 gpu_tests 100 4 tests/kernels/test_moe_block.py tests/kernels/test_hyper.py -k "flash_nexts or one_launch or mix"
-timeout $(( 250 - $(el) )) tfd bench --shape qwen3_8-flash-next --streams 1 --prompt 1024 --new 64 --rounds 2 --variant one= \
-  --variant two=tfd_kernels.moe.ONE_LAUNCH=0 --variant c8=tfd_kernels.hyper.MIX_COLUMNS=8 \
+timeout $(( 275 - $(el) )) tfd bench --shape qwen3_8-flash-next --streams 1 --prompt 1024 --new 64 --rounds 2 --variant one= \
+  --variant two=tfd_kernels.moe.ONE_LAUNCH=0 --variant e0=tfd_kernels.gemm.EARLY_STEPS=0 --variant e2=tfd_kernels.gemm.EARLY_STEPS=2 --variant c8=tfd_kernels.hyper.MIX_COLUMNS=8 \
   --variant seg2=tfd_kernels.gemm_plan.SEGMENT_STEPS=2 --variant early=tfd_kernels.hyper.MIX_EARLY=1 \
   --out $R/fn-one > $R/fn-one.txt 2>&1; echo "fn rc=$? t=$(el)"; grep -a "x1:\|rror" $R/fn-one.txt | cut -c1-300
 # Flash Next's 1 x 1,024 prefill: its 33 prompt mixes took ~85 us each (2.8 ms of 43.6; 6.7 GFLOP each, ~9 us at
 # the matmul rate): their tile's rows, columns a stream, warps and K step
-timeout $(( 360 - $(el) )) tfd bench --shape qwen3_8-flash-next --streams 1 --prompt 1024 --new 8 --rounds 2 \
+timeout $(( 375 - $(el) )) tfd bench --shape qwen3_8-flash-next --streams 1 --prompt 1024 --new 8 --rounds 2 \
   --variant base= --variant r128=tfd_kernels.hyper.MIX_PROMPT_ROWS=128 --variant c64=tfd_kernels.hyper.MIX_PROMPT_COLUMNS=64 \
   --variant w8=tfd_kernels.hyper.MIX_PROMPT_WARPS=8 --variant k128=tfd_kernels.hyper.MIX_K=128 --out $R/fn-mix \
   > $R/fn-mix.txt 2>&1; echo "fn mix rc=$? t=$(el)"; grep -a "x1:\|rror" $R/fn-mix.txt | cut -c1-300
-timeout $(( 430 - $(el) )) python .dev/prefill_host.py qwen3_5-35b-a3b 8 1024 2>&1 | grep -v "arn" > $R/host.txt
+timeout $(( 440 - $(el) )) python .dev/prefill_host.py qwen3_5-35b-a3b 8 1024 2>&1 | grep -v "arn" > $R/host.txt
 head -50 $R/host.txt | cut -c1-200; echo "host t=$(el)"
 timeout $(( 580 - $(el) )) python .dev/long_decode.py qwen3_8-flash-next 1024,32768 2>&1 | grep -v "arn" \
   > $R/long-decode.txt; head -36 $R/long-decode.txt | cut -c1-140; echo "long t=$(el)"
