@@ -47,6 +47,7 @@ CONV_ROWS = 16
 # (9B: 4.5097 against 4.5156); qkv too 2.4434 against 2.4475. At the other products 1 step lost (out
 # projections 2.4662, the head 2.4493), as every product at once had (fifth session).
 EARLY_STEPS = 1
+MOST_EARLY = 4  # the spread program's tiles held for it (b0 .. b3)
 # The conv's reads (its tail rows and weights) asked for by a tile's last program with the partials', where
 # each tap's read had waited for the one before; widths up to CONV_WIDTH (a wider conv runs after the
 # product, tfd_kernels.conv1d.decode: the same bits). H200, 35B-A3B one stream, tfd bench --variant, best of
@@ -102,16 +103,21 @@ def segment_sum(x, w, rows, cols, m, n, k, start, length, stride_xm, stride_wn,
 
 
 @triton.jit
-def segment_sum_early(x, w, b0, b1, rows, cols, m, n, k, start, length, stride_xm, stride_wn,
+def segment_sum_early(x, w, b0, b1, b2, b3, rows, cols, m, n, k, start, length, stride_xm, stride_wn,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       WIDEN: tl.constexpr, EARLY: tl.constexpr):
-    """``segment_sum``, its first ``EARLY`` (0 to 2) K steps' weight tiles ``b0``, ``b1`` loaded
-    already (``weight_tile``): the same steps in the same order, so the same bits."""
+    """``segment_sum``, its first ``EARLY`` (0 to 4, at most the segment's steps) K steps' weight
+    tiles ``b0`` .. ``b3`` loaded already (``weight_tile``): the same steps in the same order, so
+    the same bits."""
     if EARLY:
         acc = tile_dot(x, b0, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), rows, m, k, start, stride_xm,
                        BLOCK_K, WIDEN)
         if EARLY > 1:
             acc = tile_dot(x, b1, acc, rows, m, k, start + BLOCK_K, stride_xm, BLOCK_K, WIDEN)
+        if EARLY > 2:
+            acc = tile_dot(x, b2, acc, rows, m, k, start + 2 * BLOCK_K, stride_xm, BLOCK_K, WIDEN)
+        if EARLY > 3:
+            acc = tile_dot(x, b3, acc, rows, m, k, start + 3 * BLOCK_K, stride_xm, BLOCK_K, WIDEN)
         rest = EARLY * BLOCK_K
         acc = segment_from(acc, x, w, rows, cols, m, n, k, start + rest, length - rest, stride_xm, stride_wn,
                            BLOCK_K, WIDEN)
@@ -143,16 +149,20 @@ def _spread(x, w, partials, out, counters, m, n, k, stride_xm, stride_wn, stride
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     segment = tl.program_id(2)
     start = segment * k_per_segment
-    b0, b1 = w, w  # unread unless asked for below
+    b0, b1, b2, b3 = w, w, w, w  # unread unless asked for below
     if EARLY:  # the first K steps' weights asked for before the wait: they come while the kernel before ends
         b0 = weight_tile(w, cols, n, k, start, stride_wn, BLOCK_K)
         if EARLY > 1:
             b1 = weight_tile(w, cols, n, k, start + BLOCK_K, stride_wn, BLOCK_K)
+        if EARLY > 2:
+            b2 = weight_tile(w, cols, n, k, start + 2 * BLOCK_K, stride_wn, BLOCK_K)
+        if EARLY > 3:
+            b3 = weight_tile(w, cols, n, k, start + 3 * BLOCK_K, stride_wn, BLOCK_K)
     pdl.wait(PDL)
     if CONV:  # the lanes' tail offsets, an input no kernel writes, before the product
         tail = tl.load(tail_at + rows, mask=rows < m, other=-1)
-    acc = segment_sum_early(x, w, b0, b1, rows, cols, m, n, k, start, k_per_segment, stride_xm, stride_wn,
-                            BLOCK_M, BLOCK_N, BLOCK_K, WIDEN, EARLY)
+    acc = segment_sum_early(x, w, b0, b1, b2, b3, rows, cols, m, n, k, start, k_per_segment, stride_xm,
+                            stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, WIDEN, EARLY)
     mask = (rows[:, None] < m) & (cols[None, :] < n)
     where = rows[:, None] * stride_pm + cols[None, :]
     tl.store(partials + segment * stride_ps + where, acc, mask=mask)
@@ -328,7 +338,7 @@ def _spread_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, choice:
         width = conv1d.checked_width(conv.weight.shape[0], x.dtype, conv.weight, conv.tails, conv.tail_at, m)
     grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, t.block_m))
     # K steps asked for before the wait: each segment holds at least that many (plan's whole steps)
-    steps = min(EARLY_STEPS if early else 0, choice.k_per_segment // t.block_k)
+    steps = min(EARLY_STEPS if early else 0, choice.k_per_segment // t.block_k, MOST_EARLY)
     partials = torch.empty(choice.segments, m, n, dtype=torch.float32, device=x.device)
     _spread[(*grid, choice.segments)](x, w, partials, out, _counters(x.device, grid[0] * grid[1]), m, n, k,
                                       x.stride(0), w.stride(0), partials.stride(0), partials.stride(1),

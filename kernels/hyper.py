@@ -232,28 +232,58 @@ def _mix_step(projected, b, acc, rows, rows_n, start, rank, stride_p, streams, d
 
 
 @triton.jit
+def _early_step(projected, b, acc, tile: tl.constexpr, rows, rows_n, rank, stride_p, streams,
+                dtype: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
+    """``acc`` plus K tile ``tile`` (its up rows ``b`` asked for early) where it starts before rank,
+    as the loop would have added it; else ``acc``."""
+    if tile * BLOCK_K < rank:
+        acc = _mix_step(projected, b, acc, rows, rows_n, tile * BLOCK_K, rank, stride_p, streams, dtype,
+                        BLOCK_K, WIDEN)
+    return acc
+
+
+@triton.jit
 def _mix(projected, up, normed, out, weights, rows_n, rank, width, stride_p, stride_u, stride_n, streams,
          STREAMS: tl.constexpr, INJECTS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-         BLOCK_K: tl.constexpr, WIDEN: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
+         BLOCK_K: tl.constexpr, WIDEN: tl.constexpr, EARLY: tl.constexpr, REST: tl.constexpr,
+         PDL: tl.constexpr):
     """A program a block of rows and of columns: ``_gates``' hidden values for its rows, K tile by K
     tile, times the up rows of its columns in every stream at once (column j of the product is
     stream j // BLOCK_C's; fp32 sums over K in order, rounded as a linear's); ``_block_input``'s
     mean of the gated streams, added in stream order. The first column block writes the injection.
-    ``EARLY``: the first K tile's up rows (weights no kernel writes) asked for before the wait."""
+    ``EARLY``: the first EARLY (up to 5) K tiles' up rows (weights no kernel writes) asked for before
+    the wait; ``REST``: where the loop's tiles start (the first past them)."""
     tile_c, tile_r = tl.program_id(0), tl.program_id(1)
     rows = tile_r * BLOCK_R + tl.arange(0, BLOCK_R)
     side = tl.arange(0, STREAMS * BLOCK_C)  # the streams' columns side by side
     stream_of = side // BLOCK_C
     cols_of = tile_c * BLOCK_C + side % BLOCK_C
     dtype = out.dtype.element_ty
+    f1, f2, f3, f4 = up, up, up, up  # unread unless asked for below
     if EARLY:
         first = _up_tile(up, stream_of, cols_of, 0, rank, width, stride_u, BLOCK_K)
+        if EARLY > 1:  # zeros past rank, never added (below)
+            f1 = _up_tile(up, stream_of, cols_of, BLOCK_K, rank, width, stride_u, BLOCK_K)
+        if EARLY > 2:
+            f2 = _up_tile(up, stream_of, cols_of, 2 * BLOCK_K, rank, width, stride_u, BLOCK_K)
+        if EARLY > 3:
+            f3 = _up_tile(up, stream_of, cols_of, 3 * BLOCK_K, rank, width, stride_u, BLOCK_K)
+        if EARLY > 4:
+            f4 = _up_tile(up, stream_of, cols_of, 4 * BLOCK_K, rank, width, stride_u, BLOCK_K)
     pdl.wait(PDL)
     if not EARLY:
         first = _up_tile(up, stream_of, cols_of, 0, rank, width, stride_u, BLOCK_K)
     acc = _mix_step(projected, first, tl.zeros((BLOCK_R, STREAMS * BLOCK_C), tl.float32), rows, rows_n, 0,
                     rank, stride_p, streams, dtype, BLOCK_K, WIDEN)
-    for start in range(BLOCK_K, rank, BLOCK_K):  # the rest in order, as the first
+    if EARLY > 1:  # the tiles asked for early, in order
+        acc = _early_step(projected, f1, acc, 1, rows, rows_n, rank, stride_p, streams, dtype, BLOCK_K, WIDEN)
+    if EARLY > 2:
+        acc = _early_step(projected, f2, acc, 2, rows, rows_n, rank, stride_p, streams, dtype, BLOCK_K, WIDEN)
+    if EARLY > 3:
+        acc = _early_step(projected, f3, acc, 3, rows, rows_n, rank, stride_p, streams, dtype, BLOCK_K, WIDEN)
+    if EARLY > 4:
+        acc = _early_step(projected, f4, acc, 4, rows, rows_n, rank, stride_p, streams, dtype, BLOCK_K, WIDEN)
+    for start in range(REST, rank, BLOCK_K):  # the rest in order, as the first
         b = _up_tile(up, stream_of, cols_of, start, rank, width, stride_u, BLOCK_K)
         acc = _mix_step(projected, b, acc, rows, rows_n, start, rank, stride_p, streams, dtype, BLOCK_K,
                         WIDEN)
@@ -288,9 +318,12 @@ MIX_COLUMNS = 16
 MIX_PROMPT_ROWS, MIX_PROMPT_COLUMNS = 64, 32
 MIX_PROMPT_WARPS, MIX_PROMPT_STAGES = 4, 3
 MIX_K = 64
-# The mix's first K tile of up weights asked for before it waits on the down product (dependent launch):
-# timing alone, the same bits. Off until the H200 says (tfd bench --variant, tfd_kernels.hyper.MIX_EARLY=1).
-MIX_EARLY = False
+# K tiles of up weights (0 to MOST_EARLY) the mix asks for before it waits on the down product (dependent
+# launch): timing alone, the same bits. Off until the H200 says (tfd bench --variant,
+# tfd_kernels.hyper.MIX_EARLY=1 or 5: Flash Next's rank of 320 is five tiles of 64, all of a decode program's
+# weights).
+MIX_EARLY = 0
+MOST_EARLY = 5  # tiles _mix holds for it (first, f1 .. f4)
 
 
 def _prompt(rows: int) -> bool:
@@ -330,9 +363,10 @@ def mix(projected: torch.Tensor, up: torch.Tensor, normed: torch.Tensor, streams
     weights = torch.empty(rows, streams, dtype=normed.dtype, device=normed.device) if injects else None
     if rows:
         block_r, block_c = mix_tile(rows)
+        early = min(MIX_EARLY, MOST_EARLY)
         _mix[(triton.cdiv(width, block_c), triton.cdiv(rows, block_r))](
             projected, up, normed, out, out if weights is None else weights, rows, rank, width,
             projected.stride(0), up.stride(0), normed.stride(0), float(streams), STREAMS=streams,
             INJECTS=injects, BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_K=MIX_K, WIDEN=INTERPRETED,
-            EARLY=MIX_EARLY, **_mix_launch(rows), **pdl.options(normed.device))
+            EARLY=early, REST=max(early, 1) * MIX_K, **_mix_launch(rows), **pdl.options(normed.device))
     return out, weights

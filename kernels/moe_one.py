@@ -311,7 +311,7 @@ def launch(x: torch.Tensor, gate_up: Operand, shared_gate_up: Operand, h: torch.
     # another for a row loaded back, so there the last program normalises alone (2-byte dtypes agree).
     exact = residual is None or x.dtype != torch.float32 or INTERPRETED
     from_partials = FROM_PARTIALS and router_weight is not None
-    early = 0 if router_weight is None else min(ROUTER_EARLY, plan.k_per_segment // plan.few.block_k)
+    early = 0 if router_weight is None else min(ROUTER_EARLY, 2, plan.k_per_segment // plan.few.block_k)
     if from_partials and shared:  # the finish sums the gate's column of the partials, a segment apart
         gate = partials[:, experts:experts + 1]
     # FP8 gate/up tiles read x's row quantized once: by the kernel that made it (``x_rows``) or a launch

@@ -36,8 +36,9 @@ def router_tile(x, w, partials, logits, counters, program, n, k, k_per_segment, 
     column, segment = program % TILES, program // TILES
     rows = tl.arange(0, BLOCK_M)
     cols = column * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = gemm.segment_sum_early(x, w, b0, b1, rows, cols, 1, n, k, segment * k_per_segment, k_per_segment,
-                                 0, stride_w, BLOCK_M, BLOCK_N, BLOCK_K, WIDEN, EARLY)
+    # EARLY is at most 2 here (moe_one's clamp): b2, b3 are never read
+    acc = gemm.segment_sum_early(x, w, b0, b1, b1, b1, rows, cols, 1, n, k, segment * k_per_segment,
+                                 k_per_segment, 0, stride_w, BLOCK_M, BLOCK_N, BLOCK_K, WIDEN, EARLY)
     mask = (rows[:, None] < 1) & (cols[None, :] < n)
     where = rows[:, None] * n + cols[None, :]
     tl.store(partials + segment * n + where, acc, mask=mask)

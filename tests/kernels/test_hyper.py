@@ -185,14 +185,17 @@ def test_the_mix_in_one_launch_is_the_gates_the_up_product_and_the_mean(rows: in
 
 
 @pytest.mark.parametrize("rows", [1, 17])
-def test_the_mix_asking_for_its_first_weights_early_changes_no_bits(rows: int,
+# K tiles of 64: rank 80 is two (one or both early, or more asked for than there are), rank 200 four
+@pytest.mark.parametrize(("rank", "early"), [(80, 1), (80, 2), (80, 5), (200, 3)])
+def test_the_mix_asking_for_its_first_weights_early_changes_no_bits(rows: int, rank: int, early: int,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     g = torch.Generator().manual_seed(10)
-    projected = torch.randn(rows, 80 + STREAMS, generator=g)
-    up = torch.randn(STREAMS * 72, 80, generator=g) * 80 ** -0.5
+    projected = torch.randn(rows, rank + STREAMS, generator=g)
+    up = torch.randn(STREAMS * 72, rank, generator=g) * rank ** -0.5
     normed = torch.randn(rows, STREAMS * 72, generator=g)
     plain = hyper_kernels.mix(projected, up, normed, STREAMS, 72)
-    monkeypatch.setattr(hyper_kernels, "MIX_EARLY", True)
+    assert hyper_kernels.MIX_K == 64
+    monkeypatch.setattr(hyper_kernels, "MIX_EARLY", early)
     early = hyper_kernels.mix(projected, up, normed, STREAMS, 72)
     assert torch.equal(early[0], plain[0]) and early[1] is not None and plain[1] is not None
     assert torch.equal(early[1], plain[1])
@@ -257,8 +260,10 @@ def test_on_the_gpu_the_mix_is_within_a_unit_and_a_rows_bits_stay_its_own(
     for row in {0, rows // 2, rows - 1}:
         assert torch.equal(hyper_kernels.mix(projected[row:row + 1], up, normed[row:row + 1], 4, 2560)[0][0],
                            got[row])
-    monkeypatch.setattr(hyper_kernels, "MIX_EARLY", not hyper_kernels.MIX_EARLY)  # weights early, or not
-    assert torch.equal(hyper_kernels.mix(projected, up, normed, 4, 2560)[0], got)
+    for early in (1, 5):  # the first of rank 320's five tiles of weights early, or all of them
+        monkeypatch.setattr(hyper_kernels, "MIX_EARLY", early)
+        assert torch.equal(hyper_kernels.mix(projected, up, normed, 4, 2560)[0], got)
+    monkeypatch.setattr(hyper_kernels, "MIX_EARLY", 0)
     for name, value in (("MIX_PROMPT_ROWS", 128), ("MIX_PROMPT_COLUMNS", 64), ("MIX_PROMPT_WARPS", 8)):
         monkeypatch.setattr(hyper_kernels, name, value)  # a prompt's other tile: the same bits (a sweep's)
     assert torch.equal(hyper_kernels.mix(projected, up, normed, 4, 2560)[0], got)
