@@ -23,7 +23,9 @@ timeout $(( 300 - $(el) )) tfd bench --shape qwen3_8-flash-next --streams 1 --pr
 # in the whole form's 24 programs (83 us each; the spread form since this session's gemm_plan change)
 timeout $(( 390 - $(el) )) tfd bench --shape qwen3_8-flash-next --streams 1 --prompt 1024 --new 8 --rounds 2 \
   --variant base= --variant whole=tfd_kernels.gemm_plan.SPREAD_PARTIALS_BYTES=0 --variant r128=tfd_kernels.hyper.MIX_PROMPT_ROWS=128 --variant c64=tfd_kernels.hyper.MIX_PROMPT_COLUMNS=64 \
-  --variant w8=tfd_kernels.hyper.MIX_PROMPT_WARPS=8 --variant k128=tfd_kernels.hyper.MIX_K=128 --out $R/fn-mix \
+  --variant w8=tfd_kernels.hyper.MIX_PROMPT_WARPS=8 --variant k128=tfd_kernels.hyper.MIX_K=128 \
+  --variant r128w8=tfd_kernels.hyper.MIX_PROMPT_ROWS=128,tfd_kernels.hyper.MIX_PROMPT_WARPS=8 \
+  --variant c64w8=tfd_kernels.hyper.MIX_PROMPT_COLUMNS=64,tfd_kernels.hyper.MIX_PROMPT_WARPS=8 --out $R/fn-mix \
   > $R/fn-mix.txt 2>&1; echo "fn mix rc=$? t=$(el)"; grep -a "x1:\|rror" $R/fn-mix.txt | cut -c1-300
 timeout $(( 450 - $(el) )) python .dev/prefill_host.py qwen3_5-35b-a3b 8 1024 2>&1 | grep -v "arn" > $R/host.txt
 head -50 $R/host.txt | cut -c1-200; echo "host t=$(el)"
