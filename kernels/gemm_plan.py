@@ -50,11 +50,6 @@ WHOLE_ONE = Tiles(256, 128, 64, 8, 4)  # many rows, one K segment: one accumulat
 # against 45, 52). From 192 rows the whole form wins everywhere.
 MIDDLE = Tiles(128, 64, 64, 8, 4)
 FEW_PROGRAMS = 64  # whole-form programs under which the middle tile's spread wins (about half the SMs)
-# Past 128 rows the whole form runs a K cut in segments in one program a tile, one segment after another: a
-# narrow product's few tiles then leave most multiprocessors idle (Flash Next's 1 x 1,024 prefill, the hyper
-# read's down rows [324, 10240] in 24 programs: 83 us, 33 a step, on the H200), where the middle tile's spread
-# runs a program a segment. The fp32 partials it writes and sums are bounded (rows x n x segments x 4 bytes).
-SPREAD_PARTIALS_BYTES = 64 << 20
 
 
 @attrs.frozen
@@ -89,17 +84,14 @@ class Plan:
 
     def spreads(self, rows: int, n: int, element_size: int = 2) -> bool:
         """Whether ``rows`` rows of an ``n``-column product run in the spread form: up to
-        ``SPREAD_ROWS``; up to the middle tile's rows where the whole form would run one K segment
-        (its tile then twice the rows) or fewer than ``FEW_PROGRAMS`` programs; past them where the
-        whole form would run fewer than ``FEW_PROGRAMS`` programs over a K cut in segments, while
-        the segments' partials stay within ``SPREAD_PARTIALS_BYTES``."""
+        ``SPREAD_ROWS``, and up to the middle tile's rows where the whole form would run one K
+        segment (its tile then twice the rows) or fewer than ``FEW_PROGRAMS`` programs."""
         if rows <= SPREAD_ROWS:
             return True
+        if rows > self.middle.block_m:
+            return False
         whole = self.whole_tiles(element_size)
         programs = triton.cdiv(n, whole.block_n) * triton.cdiv(rows, whole.block_m)
-        if rows > self.middle.block_m:
-            return self.segments > 1 and programs < FEW_PROGRAMS \
-                and self.segments * rows * n * 4 <= SPREAD_PARTIALS_BYTES
         return self.segments == 1 or programs < FEW_PROGRAMS
 
 

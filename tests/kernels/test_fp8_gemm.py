@@ -195,9 +195,8 @@ def test_a_row_alone_equals_the_row_in_batches_in_both_forms(n: int, k: int) -> 
     x = random_rows(130, k, seed=n)
     w = random_weight(n, k, seed=k)
     choice = fp8_gemm.default_plan(n, k)
-    # the defaults: the spread form up to 128 rows (a taller tile from 65); from 129 the whole form,
-    # but where K's two segments would leave its few programs idle (gemm_plan.SPREAD_PARTIALS_BYTES)
-    assert [choice.spreads(m, n, 1) for m in (1, 64, 65, 128, 129)] == [True] * 4 + [choice.segments > 1]
+    # the defaults: the spread form up to 128 rows (a taller tile from 65), the whole form from 129
+    assert [choice.spreads(m, n, 1) for m in (1, 64, 65, 128, 129)] == [True] * 4 + [False]
     assert choice.spread_tiles(64) == fp8_gemm.SPREAD and choice.spread_tiles(65) == fp8_gemm.MIDDLE
     alone = torch.stack([product(x[row:row + 1], w)[0] for row in (0, 5, 63, 64, 129)])
     for spread in (None, True, False):
