@@ -306,23 +306,26 @@ def _mix(projected, up, normed, out, weights, rows_n, rank, width, stride_p, str
 
 
 # A mix program's rows by the rows of the call, (rows up to, row tile), and its columns a stream, MIX_COLUMNS;
-# past the last bound a prompt's tile. Decode's few rows over 160 programs (one row's 6.6 MB of up weights; 80
-# programs of 32 columns, each walking the streams in turn, took 12.6 us on the H200; 16 columns 7.5 us), a
-# prompt's many rows reading each weight tile for 64 of them. An element's sum over K is in the same order
-# whatever its tile. MIX_COLUMNS an int, so that tfd bench --variant can sweep it.
+# past the last bound a prompt's tile. Decode's few rows over 320 programs (one row's 6.6 MB of up weights; 80
+# programs of 32 columns, each walking the streams in turn, took 12.6 us on the H200; 16 columns 7.5 us).
+# With all five K tiles asked for early (MIX_EARLY), 8 columns beat 16 (H100, Flash Next one stream, 8 of 48
+# layers, best of three: 1.7377 ms a step against 1.7618; 1.7933 with neither); a prompt's many rows read
+# each weight tile for 64 of them. An element's sum over K is in the same order whatever its tile.
+# MIX_COLUMNS an int, so that tfd bench --variant can sweep it.
 MIX_TILES = ((16, 16), (64, 32))
-MIX_COLUMNS = 16
+MIX_COLUMNS = 8
 # A prompt's tile (rows, columns a stream) and its launch's warps and pipeline depth: ints, so that tfd bench
 # --variant can sweep them (Flash Next's 1,024-row prefill: 17 mixes of 85 us on the H100, its product's
 # 6.7 GFLOP worth 9 us at the matmul rate; unswept).
 MIX_PROMPT_ROWS, MIX_PROMPT_COLUMNS = 64, 32
 MIX_PROMPT_WARPS, MIX_PROMPT_STAGES = 4, 3
 MIX_K = 64
-# K tiles of up weights (0 to MOST_EARLY) the mix asks for before it waits on the down product (dependent
-# launch): timing alone, the same bits. Off until the H200 says (tfd bench --variant,
-# tfd_kernels.hyper.MIX_EARLY=1 or 5: Flash Next's rank of 320 is five tiles of 64, all of a decode program's
-# weights).
-MIX_EARLY = 0
+# K tiles of up weights (0 to MOST_EARLY) a decode mix asks for before it waits on the down product (dependent
+# launch): timing alone, the same bits. Flash Next's rank of 320 is five tiles of 64, all of a program's
+# weights: H100, one stream, 8 of 48 layers, tfd bench --variant (best of three, 2026-12-07): 1.7618 ms a step
+# against 1.7933 without (one tile 1.7800). A prompt's mix asks for none: its 1 x 1,024 prefill took 30.4 ms
+# with five against 29.5.
+MIX_EARLY = 5
 MOST_EARLY = 5  # tiles _mix holds for it (first, f1 .. f4)
 
 
@@ -363,7 +366,7 @@ def mix(projected: torch.Tensor, up: torch.Tensor, normed: torch.Tensor, streams
     weights = torch.empty(rows, streams, dtype=normed.dtype, device=normed.device) if injects else None
     if rows:
         block_r, block_c = mix_tile(rows)
-        early = min(MIX_EARLY, MOST_EARLY)
+        early = 0 if _prompt(rows) else min(MIX_EARLY, MOST_EARLY)
         _mix[(triton.cdiv(width, block_c), triton.cdiv(rows, block_r))](
             projected, up, normed, out, out if weights is None else weights, rows, rank, width,
             projected.stride(0), up.stride(0), normed.stride(0), float(streams), STREAMS=streams,
