@@ -28,7 +28,11 @@ import triton.language as tl
 from tfd_kernels import pdl
 
 MOST_BLOCKS = 8192  # a row's blocks one program sorts in registers at most: 32k tokens in blocks of 4
-LONG_CHUNK = 2048  # a longer row's blocks a pass of _choose_long reads at a time (8 warps: 8 keys a thread)
+# A longer row's blocks a pass of _choose_long reads at a time, and its program's warps (2,048 over 8: 8 keys
+# a thread). One program a row: at a 32k context a decode step's choice is 25 chunks in turn a layer, so
+# both are ints that tfd bench --variant sweeps (the chunks and warps change no choice).
+LONG_CHUNK = 2048
+LONG_WARPS = 8
 
 
 @triton.jit
@@ -128,11 +132,12 @@ def _choose_long(scores, positions, out, counts, stride_s, stride_o, BEST: tl.co
     _tail(out, counts, row, stride_o, position, complete, kept, BLOCK, WIDTH, WIDTH_PAD)
 
 
-def choose(scored: torch.Tensor, positions: torch.Tensor, best: int, block: int, most: int = MOST_BLOCKS
+def choose(scored: torch.Tensor, positions: torch.Tensor, best: int, block: int, most: int | None = None
            ) -> tuple[torch.Tensor, torch.Tensor]:
     """For scores [rows, blocks] (fp32, -inf past each row's complete blocks) at ``positions``
     [rows]: int32 [rows, best * block + block - 1] (positions ascending, then -1) and int32 counts.
-    Rows of up to ``most`` blocks are sorted in registers, longer ones chosen by ``_choose_long``."""
+    Rows of up to ``most`` blocks (``MOST_BLOCKS`` unless given) are sorted in registers, longer ones
+    chosen by ``_choose_long``."""
     rows, blocks = scored.shape
     if scored.dtype != torch.float32 or positions.shape != (rows,) or min(best, block) < 1 \
             or blocks > 1 << 31:
@@ -143,10 +148,10 @@ def choose(scored: torch.Tensor, positions: torch.Tensor, best: int, block: int,
     out = torch.empty(rows, width, dtype=torch.int32, device=scored.device)
     counts = torch.empty(rows, dtype=torch.int32, device=scored.device)
     scored = scored if scored.stride(1) == 1 else scored.contiguous()
-    if rows and blocks > most:
+    if rows and blocks > (MOST_BLOCKS if most is None else most):
         _choose_long[(rows,)](scored, positions.contiguous(), out, counts, scored.stride(0), out.stride(0),
                               BEST=best, BLOCK=block, BLOCK_PAD=triton.next_power_of_2(block), WIDTH=width,
-                              WIDTH_PAD=triton.next_power_of_2(width), CHUNK=LONG_CHUNK, num_warps=8,
+                              WIDTH_PAD=triton.next_power_of_2(width), CHUNK=LONG_CHUNK, num_warps=LONG_WARPS,
                               **pdl.options(scored.device))
     elif rows:
         _choose[(rows,)](scored, positions.contiguous(), out, counts, blocks, scored.stride(0), out.stride(0),

@@ -69,7 +69,11 @@ def test_scores_of_another_dtype_or_a_budget_of_no_block_are_refused() -> None:
 @pytest.mark.gpu
 # a 4,096-token lane's page table; the most a program sorts; a 32k prompt's 8,256 and 64k's, by passes
 @pytest.mark.parametrize("blocks", [1024, 8192, 8256, 16384])
-def test_on_the_gpu_the_launch_chooses_what_the_sorts_choose(blocks: int) -> None:
+@pytest.mark.parametrize(("chunk", "warps"), [(2048, 8), (4096, 16)])  # a long row's passes: either chunk
+def test_on_the_gpu_the_launch_chooses_what_the_sorts_choose(blocks: int, chunk: int, warps: int,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(block_choice, "LONG_CHUNK", chunk)
+    monkeypatch.setattr(block_choice, "LONG_WARPS", warps)
     positions = torch.randint(0, blocks * 4, (33,), device="cuda")
     positions[:3] = torch.tensor([2046, 2047, 2051], device="cuda")  # complete blocks under, at, past 512
     scored = scores_at(positions.cpu(), blocks, 4, seed=7, levels=5).cuda()
