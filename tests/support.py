@@ -94,15 +94,14 @@ def run_tfd(*args: str, env: Mapping[str, str] | None = None, timeout: float = 3
     assert user is None, "a forked run keeps this process's user"
     with tempfile.TemporaryDirectory(prefix="tfd-run-", dir="/tmp") as folder:
         out, err = Path(folder) / "stdout", Path(folder) / "stderr"
-        process = FORKED.Process(target=forked_main, name="tfd", daemon=True, args=(
-            list(args), environ, os.getcwd(), str(out), str(err)))
-        process.start()
-        process.join(timeout)
-        if process.exitcode is None:
+        process = Forked(list(args), environ, out, err)
+        try:
+            code = process.wait(timeout)
+        except subprocess.TimeoutExpired:
             process.kill()
-            process.join()
-            raise subprocess.TimeoutExpired(command, timeout, read(out), read(err))
-        return subprocess.CompletedProcess(command, process.exitcode, read(out), read(err))
+            process.wait()
+            raise subprocess.TimeoutExpired(command, timeout, read(out), read(err)) from None
+        return subprocess.CompletedProcess(command, code, read(out), read(err))
 
 
 def read(path: Path) -> str:
@@ -138,8 +137,7 @@ class ServedDaemon:
         interpreter (its imports, and its teardown after main returns, part of what is run)."""
         with open(self.log_path, "wb") as log:
             if tuple(command) == TFD and cwd is None and not fresh and forks():
-                self.proc = Forked(FORKED.Process(target=forked_main, name="tfd serve", daemon=True, args=(
-                    ["serve"], self.env, os.getcwd(), str(self.log_path), str(self.log_path))))
+                self.proc = Forked(["serve"], self.env, self.log_path, self.log_path)
             else:
                 self.proc = subprocess.Popen([*command, "serve"], env=self.env, cwd=cwd,
                                              stdout=log, stderr=subprocess.STDOUT)
@@ -220,14 +218,18 @@ def forked_main(argv: list[str], environ: dict[str, str], cwd: str, stdout: str,
 
 
 class Forked:
-    """A started process of ``FORKED`` as the tests hold a ``subprocess.Popen``: its pid, ``poll``,
-    ``wait``, ``send_signal``, ``kill`` and ``returncode`` (negative: the signal that ended it)."""
+    """``tfd ARGV`` started in a process of ``FORKED`` (``forked_main``) with ``environ`` as its whole
+    environment, from this directory, its output appended to ``stdout`` and ``stderr``; held as the tests
+    hold a ``subprocess.Popen``: its pid, ``poll``, ``wait``, ``send_signal``, ``kill`` and
+    ``returncode`` (negative: the signal that ended it)."""
 
-    def __init__(self, process: multiprocessing.process.BaseProcess) -> None:
-        process.start()
-        self.process = process
-        self.pid = process.pid
-        self.args = ["tfd", "serve"]
+    def __init__(self, argv: list[str], environ: Mapping[str, str], stdout: Path, stderr: Path) -> None:
+        self.args = ["tfd", *argv]
+        self.process = FORKED.Process(target=forked_main, name=" ".join(self.args), daemon=True, args=(
+            argv, dict(environ), os.getcwd(), str(stdout), str(stderr)))
+        self.process.start()
+        assert self.process.pid is not None
+        self.pid: int = self.process.pid
 
     @property
     def returncode(self) -> int | None:
@@ -244,11 +246,10 @@ class Forked:
 
     def send_signal(self, signum: int) -> None:
         if self.process.exitcode is None:  # as Popen: never a pid that may be another's by now
-            os.kill(self.process.pid or 0, signum)
+            os.kill(self.pid, signum)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
-
 
 
 @contextlib.contextmanager
