@@ -4,6 +4,7 @@
 # ones, then what s43a.sh's last two parts ask (the 35B-A3B's 8 x 1,024 prefill host profile, a decode step's
 # kernels at 32,768 against 1,024 tokens of context). ~480 s. Carry .whl .whl-test .devk.
 . .dev/start.sh
+mkdir -p .devcache
 gpu_tests 90 4 tests/kernels/test_hyper.py
 timeout $(( 230 - $(el) )) tfd bench --shape qwen3_8-flash-next --streams 1 --prompt 1024 --new 64 --rounds 3 \
   --variant new= --variant old=tfd_kernels.hyper.MIX_EARLY=0,tfd_kernels.hyper.MIX_COLUMNS=16 --out $R/fn-new \

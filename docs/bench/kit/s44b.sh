@@ -4,6 +4,7 @@
 # sorts (8,256 at 32k: _choose_long, one program a row, 25 chunks in turn a layer): its chunk and warps, which
 # change no choice (the GPU test first). ~300 s. Carry .whl .whl-test .devk.
 . .dev/start.sh
+mkdir -p .devcache
 gpu_tests 80 4 tests/kernels/test_block_choice.py
 C=tfd_kernels.block_choice.LONG_CHUNK W=tfd_kernels.block_choice.LONG_WARPS
 timeout $(( 290 - $(el) )) tfd bench --shape qwen3_8-flash-next --streams 1 --prompt 32768 --new 64 --rounds 2 \
