@@ -41,11 +41,11 @@ LONG_WARPS = 8
 # A long row of a call of few rows (decode's) is split instead: SPLIT_SLICE blocks a program, each sorting its
 # slice and keeping its best, the row's last program to finish sorting the slices' best (SPLIT_PARTS of them
 # at most, else _choose_long). Exact: the best of a row are among the best of its slices. Ints, so that tfd
-# bench --variant can sweep them (SPLIT_ROWS=0: never; SPLIT_FROM: the fewest blocks split, MOST_BLOCKS + 1
-# so that the rows one program sorts stay so).
+# bench --variant can sweep them (SPLIT_ROWS: the most rows of a split call, 0 for none, until the H200 has
+# timed it; SPLIT_FROM: the fewest blocks split, MOST_BLOCKS + 1 so that the rows one program sorts stay so).
 SPLIT_SLICE = 2048
 SPLIT_PARTS = 8
-SPLIT_ROWS = 64
+SPLIT_ROWS = 0
 SPLIT_FROM = MOST_BLOCKS + 1
 SPLIT_WARPS = 8
 SPLIT_COUNTED = 1024  # rows of a split call at most: the device's arrival counters, one a row

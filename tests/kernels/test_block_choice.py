@@ -128,6 +128,7 @@ def test_long_rows_of_a_few_rows_call_choose_the_same_by_slices(width: int, budg
     monkeypatch.setattr(block_choice, "SPLIT_SLICE", width)
     monkeypatch.setattr(block_choice, "SPLIT_FROM", 17)
     monkeypatch.setattr(block_choice, "SPLIT_PARTS", 4)  # the merge's keys: 4 slices' best
+    monkeypatch.setattr(block_choice, "SPLIT_ROWS", 64)
     assert block_choice._split(len(positions), blocks, budget // block) == (blocks // width,
                                                                            min(budget // block, width))
     for _ in range(2):  # the arrival counters rearmed by the first
