@@ -49,7 +49,7 @@ SPLIT_ROWS = 0
 SPLIT_FROM = MOST_BLOCKS + 1
 SPLIT_WARPS = 8
 SPLIT_COUNTED = 1024  # rows of a split call at most: the device's arrival counters, one a row
-_NO_KEY = -(1 << 63)  # below every score's key: a slice past the row's complete blocks
+_NO_KEY = tl.constexpr(-(1 << 63))  # below every score's key: a slice past the row's complete blocks
 
 
 @triton.jit

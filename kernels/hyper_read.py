@@ -40,7 +40,8 @@ READ_ROWS = 16
 LAUNCHES = 3
 DOWN_EARLY = 1  # K steps of weights a down program asks for before it waits (0 to gemm.MOST_EARLY)
 STAGES = 3  # the launch's pipeline depth (the product's K loop and the mix's)
-WRITTEN, DOWN, MIXED, TILES = 0, 1, 2, 3  # the counters: writers, down tiles, mix programs; tiles' arrivals
+# the counters (constexprs: the kernels read them): writers, down tiles, mix programs; the tiles' arrivals
+WRITTEN, DOWN, MIXED, TILES = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
 MOST_TILES = 64  # the down product's column tiles at most
 
 
@@ -206,7 +207,7 @@ def _launch(stack: torch.Tensor, normed: torch.Tensor, write: Write | None, proj
     warps = norm_kernels.warps(norm_block) if write is not None else tiles.warps
     early = min(hyper.MIX_EARLY, hyper.MOST_EARLY)
     writers = rows * streams if write is not None else 0
-    counters = runtime.counters("hyper_read", TILES + MOST_TILES, stack.device)
+    counters = runtime.counters("hyper_read", TILES.value + MOST_TILES, stack.device)
     grid = (writers + n_tiles * choice.segments + triton.cdiv(width, block_c),)
     _read[grid](stack, output, scale, norm, written, normed, projections, partials, projected, up, out,
                 out if weights is None else weights, counters, rows, width, rank, n, k, choice.k_per_segment,
