@@ -36,7 +36,7 @@ from tfd_kernels.sigmoid_gate import gated, widened
 BLOCK = 1024
 
 
-def unit_columns(t: torch.Tensor) -> torch.Tensor:
+def _unit_columns(t: torch.Tensor) -> torch.Tensor:
     """``t`` itself where its columns are adjacent (any row stride), else a contiguous copy."""
     return t if t.stride(1) == 1 else t.contiguous()
 
@@ -76,7 +76,7 @@ def gates(projected: torch.Tensor, rank: int, streams: int) -> tuple[torch.Tenso
     if projected.dim() != 2 or projected.shape[1] not in (rank, rank + streams):
         raise ValueError(f"projected is {list(projected.shape)}: want [rows, {rank}] or [rows, "
                          f"{rank + streams}]")
-    projected = unit_columns(projected)
+    projected = _unit_columns(projected)
     rows, width = projected.shape
     injects = width > rank
     mixed = torch.empty(rows, rank, dtype=projected.dtype, device=projected.device)
@@ -110,7 +110,7 @@ def block_input(up: torch.Tensor, normed: torch.Tensor, streams: int, width: int
     if up.shape != normed.shape or up.dim() != 2 or up.shape[1] != streams * width:
         raise ValueError(f"up {list(up.shape)} and normed {list(normed.shape)}: want both "
                          f"[rows, {streams * width}]")
-    up, normed = unit_columns(up), unit_columns(normed)
+    up, normed = _unit_columns(up), _unit_columns(normed)
     rows = up.shape[0]
     out = torch.empty(rows, width, dtype=normed.dtype, device=normed.device)
     if rows:
@@ -143,7 +143,7 @@ def _write(stack, output, weights, out, width, stride_s, stride_o, stride_w, STR
         tl.store(out + row * STREAMS * width + at, _written(base, value, weight, dtype), mask=mask)
 
 
-def write_shapes(stack: torch.Tensor, output: torch.Tensor, weights: torch.Tensor,
+def _write_shapes(stack: torch.Tensor, output: torch.Tensor, weights: torch.Tensor,
                   norm: torch.Tensor | None = None) -> tuple[int, int, int]:
     """(rows, streams, width) of a write's inputs (and its norm's weight); ValueError naming them."""
     rows, streams = weights.shape
@@ -162,8 +162,8 @@ def write_shapes(stack: torch.Tensor, output: torch.Tensor, weights: torch.Tenso
 def write(stack: torch.Tensor, output: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """``stack`` [rows, streams * width] with the block ``output`` [rows, width] added to each stream
     times its weight (``weights`` [rows, streams]), as a new tensor."""
-    rows, streams, width = write_shapes(stack, output, weights)
-    stack, output, weights = unit_columns(stack), unit_columns(output), unit_columns(weights)
+    rows, streams, width = _write_shapes(stack, output, weights)
+    stack, output, weights = _unit_columns(stack), _unit_columns(output), _unit_columns(weights)
     out = torch.empty(rows, streams * width, dtype=stack.dtype, device=stack.device)
     if rows:
         _write[(rows, triton.cdiv(width, BLOCK))](
@@ -173,11 +173,13 @@ def write(stack: torch.Tensor, output: torch.Tensor, weights: torch.Tensor) -> t
 
 
 @triton.jit
-def write_norm_row(stack, output, weights, norm, out, normed, row, stream, streams, width, stride_s, stride_o,
-                   stride_w, eps, BLOCK: tl.constexpr):
-    """One row and stream: ``_write``'s sum for the stream, stored, then ``norm.zrms``'s arithmetic
-    on it (the rounded values in fp32, their squares summed over the block as a norm program sums
-    them), stored."""
+def _write_norm(stack, output, weights, norm, out, normed, width, stride_s, stride_o, stride_w, eps,
+                BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """A program a row and stream: ``_write``'s sum for the stream, stored, then ``norm.zrms``'s
+    arithmetic on it (the rounded values in fp32, their squares summed over the block as a norm
+    program sums them), stored."""
+    pdl.wait(PDL)
+    row, stream = tl.program_id(0), tl.program_id(1)
     cols = tl.arange(0, BLOCK)
     mask = cols < width
     dtype = out.dtype.element_ty
@@ -186,26 +188,18 @@ def write_norm_row(stack, output, weights, norm, out, normed, row, stream, strea
     weight = tl.load(weights + row * stride_w + stream).to(tl.float32)
     base = tl.load(stack + row * stride_s + at, mask=mask, other=0.0).to(tl.float32)
     total = _written(base, value, weight, dtype)
-    tl.store(out + row * streams * width + at, total, mask=mask)
+    tl.store(out + row * tl.num_programs(1) * width + at, total, mask=mask)
     w = norm_kernels.row_weight(norm + stream * width, cols, mask)
-    norm_kernels.zrms_row(total.to(tl.float32), normed + row * streams * width, w, at, mask, width, eps)
-
-
-@triton.jit
-def _write_norm(stack, output, weights, norm, out, normed, width, stride_s, stride_o, stride_w, eps,
-                BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """A program a row and stream (``write_norm_row``)."""
-    pdl.wait(PDL)
-    write_norm_row(stack, output, weights, norm, out, normed, tl.program_id(0), tl.program_id(1),
-                   tl.num_programs(1), width, stride_s, stride_o, stride_w, eps, BLOCK)
+    row_out = normed + row * tl.num_programs(1) * width
+    norm_kernels.zrms_row(total.to(tl.float32), row_out, w, at, mask, width, eps)
 
 
 def write_norm(stack: torch.Tensor, output: torch.Tensor, weights: torch.Tensor, norm: torch.Tensor,
                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``write(stack, output, weights)`` and the zero-centred norm of each of its streams (``norm``
     [streams * width], each stream's own weight), in one launch: the next read's first step."""
-    rows, streams, width = write_shapes(stack, output, weights, norm)
-    stack, output, weights = unit_columns(stack), unit_columns(output), unit_columns(weights)
+    rows, streams, width = _write_shapes(stack, output, weights, norm)
+    stack, output, weights = _unit_columns(stack), _unit_columns(output), _unit_columns(weights)
     out = torch.empty(rows, streams * width, dtype=stack.dtype, device=stack.device)
     normed = torch.empty_like(out)
     if rows:
@@ -249,17 +243,26 @@ def _early_step(projected, b, acc, tile: tl.constexpr, rows, rows_n, rank, strid
 
 
 @triton.jit
-def mix_early(up, tile_c, rank, width, stride_u, STREAMS: tl.constexpr, BLOCK_C: tl.constexpr,
-              BLOCK_K: tl.constexpr, EARLY: tl.constexpr):
-    """A mix program's first ``EARLY`` (0 to 5) K tiles of up weights (weights no kernel writes),
-    asked for before it waits: (first, f1 .. f4), the ones not asked for left as ``up``."""
+def _mix(projected, up, normed, out, weights, rows_n, rank, width, stride_p, stride_u, stride_n, streams,
+         STREAMS: tl.constexpr, INJECTS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+         BLOCK_K: tl.constexpr, WIDEN: tl.constexpr, EARLY: tl.constexpr, REST: tl.constexpr,
+         PDL: tl.constexpr):
+    """A program a block of rows and of columns: ``_gates``' hidden values for its rows, K tile by K
+    tile, times the up rows of its columns in every stream at once (column j of the product is
+    stream j // BLOCK_C's; fp32 sums over K in order, rounded as a linear's); ``_block_input``'s
+    mean of the gated streams, added in stream order. The first column block writes the injection.
+    ``EARLY``: the first EARLY (up to 5) K tiles' up rows (weights no kernel writes) asked for before
+    the wait; ``REST``: where the loop's tiles start (the first past them)."""
+    tile_c, tile_r = tl.program_id(0), tl.program_id(1)
+    rows = tile_r * BLOCK_R + tl.arange(0, BLOCK_R)
     side = tl.arange(0, STREAMS * BLOCK_C)  # the streams' columns side by side
     stream_of = side // BLOCK_C
     cols_of = tile_c * BLOCK_C + side % BLOCK_C
-    first, f1, f2, f3, f4 = up, up, up, up, up  # unread unless asked for below
+    dtype = out.dtype.element_ty
+    f1, f2, f3, f4 = up, up, up, up  # unread unless asked for below
     if EARLY:
         first = _up_tile(up, stream_of, cols_of, 0, rank, width, stride_u, BLOCK_K)
-        if EARLY > 1:  # zeros past rank, never added (mix_program)
+        if EARLY > 1:  # zeros past rank, never added (below)
             f1 = _up_tile(up, stream_of, cols_of, BLOCK_K, rank, width, stride_u, BLOCK_K)
         if EARLY > 2:
             f2 = _up_tile(up, stream_of, cols_of, 2 * BLOCK_K, rank, width, stride_u, BLOCK_K)
@@ -267,24 +270,7 @@ def mix_early(up, tile_c, rank, width, stride_u, STREAMS: tl.constexpr, BLOCK_C:
             f3 = _up_tile(up, stream_of, cols_of, 3 * BLOCK_K, rank, width, stride_u, BLOCK_K)
         if EARLY > 4:
             f4 = _up_tile(up, stream_of, cols_of, 4 * BLOCK_K, rank, width, stride_u, BLOCK_K)
-    return first, f1, f2, f3, f4
-
-
-@triton.jit
-def mix_program(projected, up, normed, out, weights, first, f1, f2, f3, f4, tile_c, tile_r, rows_n, rank,
-                width, stride_p, stride_u, stride_n, streams, STREAMS: tl.constexpr, INJECTS: tl.constexpr,
-                BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr,
-                EARLY: tl.constexpr, REST: tl.constexpr):
-    """A mix program's tile once its inputs are there: ``_gates``' hidden values for its rows, K tile by
-    K tile, times the up rows of its columns in every stream at once (column j of the product is
-    stream j // BLOCK_C's; fp32 sums over K in order, rounded as a linear's); ``_block_input``'s mean
-    of the gated streams, added in stream order. The first column block writes the injection.
-    ``first``, ``f1`` .. ``f4``: ``mix_early``'s tiles; ``REST``: where the loop's tiles start."""
-    rows = tile_r * BLOCK_R + tl.arange(0, BLOCK_R)
-    side = tl.arange(0, STREAMS * BLOCK_C)
-    stream_of = side // BLOCK_C
-    cols_of = tile_c * BLOCK_C + side % BLOCK_C
-    dtype = out.dtype.element_ty
+    pdl.wait(PDL)
     if not EARLY:
         first = _up_tile(up, stream_of, cols_of, 0, rank, width, stride_u, BLOCK_K)
     acc = _mix_step(projected, first, tl.zeros((BLOCK_R, STREAMS * BLOCK_C), tl.float32), rows, rows_n, 0,
@@ -317,21 +303,6 @@ def mix_program(projected, up, normed, out, weights, first, f1, f2, f3, f4, tile
         p = tl.load(projected + rows[:, None] * stride_p + rank + which[None, :], mask=mine, other=0.0)
         injected = _injected(_scaled(p, streams, dtype), dtype)
         tl.store(weights + rows[:, None] * STREAMS + which[None, :], injected, mask=mine)
-
-
-@triton.jit
-def _mix(projected, up, normed, out, weights, rows_n, rank, width, stride_p, stride_u, stride_n, streams,
-         STREAMS: tl.constexpr, INJECTS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-         BLOCK_K: tl.constexpr, WIDEN: tl.constexpr, EARLY: tl.constexpr, REST: tl.constexpr,
-         PDL: tl.constexpr):
-    """A program a block of rows and of columns (``mix_program``), its ``EARLY`` up tiles asked for before
-    the wait."""
-    tile_c, tile_r = tl.program_id(0), tl.program_id(1)
-    first, f1, f2, f3, f4 = mix_early(up, tile_c, rank, width, stride_u, STREAMS, BLOCK_C, BLOCK_K, EARLY)
-    pdl.wait(PDL)
-    mix_program(projected, up, normed, out, weights, first, f1, f2, f3, f4, tile_c, tile_r, rows_n, rank,
-                width, stride_p, stride_u, stride_n, streams, STREAMS, INJECTS, BLOCK_R, BLOCK_C, BLOCK_K,
-                WIDEN, EARLY, REST)
 
 
 # A mix program's rows by the rows of the call, (rows up to, row tile), and its columns a stream, MIX_COLUMNS;
@@ -389,7 +360,7 @@ def mix(projected: torch.Tensor, up: torch.Tensor, normed: torch.Tensor, streams
         raise ValueError(f"projected {list(projected.shape)}, up {list(up.shape)}, normed "
                          f"{list(normed.shape)} for {streams} streams of {width}: want [rows, rank (+ "
                          "streams)], [streams * width, rank], [rows, streams * width], streams a power of 2")
-    projected, up, normed = unit_columns(projected), unit_columns(up), unit_columns(normed)
+    projected, up, normed = _unit_columns(projected), _unit_columns(up), _unit_columns(normed)
     injects = projected.shape[1] > rank
     out = torch.empty(rows, width, dtype=normed.dtype, device=normed.device)
     weights = torch.empty(rows, streams, dtype=normed.dtype, device=normed.device) if injects else None

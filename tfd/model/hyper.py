@@ -4,8 +4,7 @@ The residual is ``streams`` stacked copies of width ``width``. A read normalises
 them with low-rank gates into the block input, and (for a layer's two modules, not the final
 mixer) gives each stream's injection weight; the block output is then added to every stream with
 its weight. On CUDA the mix's down rows and the injection rows are one product and the steps
-between the products are ``tfd_kernels.hyper``'s launches (the same cast points), at a decode step's
-few rows all in one where ``tfd_kernels.hyper_read`` serves them (the same bits); elsewhere torch.
+between the products are ``tfd_kernels.hyper``'s launches (the same cast points); elsewhere torch.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import torch
 from tfd.model.fp8 import Joined, Weight
 from tfd.model.ops import linear, sigmoid, silu, zrms
 from tfd_kernels import hyper as hyper_kernels
-from tfd_kernels import hyper_read
 
 # The read's down product asks for its first weights before it waits on the streams' norm (dependent launch,
 # tfd_kernels.gemm's ``early``): timing alone, the same bits. Off until the H200 says (tfd bench --variant,
@@ -59,9 +57,6 @@ def read_after(w: HyperWeights, stack: torch.Tensor, pending: Pending | None
     if pending is None:
         return (stack, *read(w, stack))
     if stack.is_cuda:
-        if _in_one_launch(w, stack, 1):
-            return hyper_read.written_mixed(stack, *pending, w.norm, w.eps, w.projections, w.up, w.streams,
-                                            w.width)
         written, normed = hyper_kernels.write_norm(stack, *pending, w.norm, w.eps)
         return (written, *_mixed(w, normed))
     written = write(stack, *pending)
@@ -71,8 +66,6 @@ def read_after(w: HyperWeights, stack: torch.Tensor, pending: Pending | None
 def _mixed(w: HyperWeights, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``read``'s block input and injection weights from the normalised streams."""
     if normed.is_cuda:
-        if _in_one_launch(w, normed, 2):
-            return hyper_read.mixed(normed, w.projections, w.up, w.streams, w.width)
         projected = linear(normed, w.projections, early=DOWN_EARLY)
         # the gates, the up product and the mean at once (a float up weight: the kernel reads it)
         if not w.streams & (w.streams - 1) and isinstance(w.up, torch.Tensor):
@@ -87,13 +80,6 @@ def _mixed(w: HyperWeights, normed: torch.Tensor) -> tuple[torch.Tensor, torch.T
         return block_input, None
     assert inject is not None
     return block_input, 2 * sigmoid(linear(normed, inject) / w.streams)
-
-
-def _in_one_launch(w: HyperWeights, streams: torch.Tensor, launches: int) -> bool:
-    """Whether a read of ``streams``' rows takes ``tfd_kernels.hyper_read``'s launch, which does in one
-    what ``launches`` or more of the usual would (its ``LAUNCHES``: 1 with the write, 2 without)."""
-    fits = hyper_read.fits(streams.shape[0], w.streams, w.projections, w.up)
-    return fits and launches >= hyper_read.LAUNCHES
 
 
 def _down_and_inject(w: HyperWeights) -> tuple[Weight, Weight | None]:
