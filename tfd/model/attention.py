@@ -142,9 +142,9 @@ def sparse_rows(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: to
     layer of the step reads them, ``qsa.decode_rows``; ``page_table`` int32 [lanes, pages]). Stores
     each live row's K and V, its raw index key and the block it completes in
     ``caches`` (``qsa.select_rows``; ``tables``: every position's angles, on CUDA), then attends each
-    row's chosen positions (``tfd_kernels.sparse_attention``: the kernel on CUDA, its reference
-    elsewhere), as ``attention`` does for a span's rows. A padding lane stores nothing and reads the
-    null page."""
+    row's chosen positions (``tfd_kernels.sparse_attention``: the kernel on CUDA, in decode's
+    segments, its reference elsewhere), as ``attention`` does for a span's rows (whole: other bits
+    than a decode row's). A padding lane stores nothing and reads the null page."""
     assert w.indexer is not None
     p = project(w, x, cos, sin, rotary)
     write = cache_write.write if x.is_cuda else cache_write.reference
@@ -152,9 +152,12 @@ def sparse_rows(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: to
     chosen_at, counts = select_rows(w.indexer, x, rotary, cos, sin, caches.index, caches.pooled, page_table,
                                     rows, tables)
     out = torch.empty_like(p.query)
-    attend_chosen = sparse_attention.attend if x.is_cuda else sparse_attention.reference
-    attend_chosen(p.query, caches.keys, caches.values, page_table, rows.lane_of, chosen_at, counts,
-                  w.head_dim ** -0.5, out)
+    if x.is_cuda:  # decode's rows (a step's and a verify window's alike) in segments
+        sparse_attention.attend(p.query, caches.keys, caches.values, page_table, rows.lane_of, chosen_at,
+                                counts, w.head_dim ** -0.5, out, split=bool(sparse_attention.DECODE_SEGMENTS))
+    else:
+        sparse_attention.reference(p.query, caches.keys, caches.values, page_table, rows.lane_of, chosen_at,
+                                   counts, w.head_dim ** -0.5, out)
     return finish(w, out, p.gate)
 
 
