@@ -132,11 +132,13 @@ def _check_caches(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor)
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
            lane_of: torch.Tensor, positions: torch.Tensor, counts: torch.Tensor, scale: float,
-           out: torch.Tensor, split: bool = False) -> torch.Tensor:
+           out: torch.Tensor, split: bool = False, gate: torch.Tensor | None = None) -> torch.Tensor:
     """Row r of ``q`` [rows, heads, d] over lane ``lane_of[r]``'s keys at ``positions[r, :counts[r]]``
     (int32 [rows, width] and [rows]; ``page_table`` int32 [lanes, pages]; ``lane_of`` int32 [rows]),
     into ``out`` [rows, heads, d]; every row has at least one position. ``split``: decode rows, in
-    segments of ``SEGMENT`` positions merged (other bits than a prompt's rows get). Returns ``out``."""
+    segments of ``SEGMENT`` positions merged (other bits than a prompt's rows get); then ``gate``
+    (like q, unit last stride: attention's output gate) makes ``out`` the gated output, the bits of
+    ``tfd_kernels.sigmoid_gate`` on the plain one. Returns ``out``."""
     group = _check_caches(q, k_cache, v_cache)
     rows = q.shape[0]
     for name, t, shape in (("lane_of", lane_of, (rows,)), ("counts", counts, (rows,)),
@@ -152,9 +154,13 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_t
         return out
     head_dim, kv_heads = q.shape[2], k_cache.shape[2]
     positions, page_table = positions.contiguous(), page_table.contiguous()
+    if gate is not None and (not split or gate.shape != q.shape or gate.stride(2) != 1
+                             or gate.dtype != out.dtype):
+        raise ValueError(f"gate is {list(gate.shape)} {gate.dtype}{'' if split else ' without split'}: want "
+                         f"q's shape {list(q.shape)} in {out.dtype}, unit last stride, decode rows (split)")
     if split:
         return _split(q, k_cache, v_cache, page_table, lane_of.contiguous(), positions, counts.contiguous(),
-                      scale, out, group)
+                      scale, out, group, gate)
     _sparse[(rows, kv_heads)](
         q, k_cache, v_cache, page_table, lane_of.contiguous(), positions, counts.contiguous(), out,
         scale * LOG2E, q.stride(0), q.stride(1), *k_cache.stride(), *v_cache.stride(), page_table.stride(0),
@@ -184,8 +190,9 @@ def reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pag
 
 def _split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
            lane_of: torch.Tensor, positions: torch.Tensor, counts: torch.Tensor, scale: float,
-           out: torch.Tensor, group: int) -> torch.Tensor:
-    """``attend``'s decode rows: the segments' launch, then paged attention's merge of their partials."""
+           out: torch.Tensor, group: int, gate: torch.Tensor | None) -> torch.Tensor:
+    """``attend``'s decode rows: the segments' launch, then paged attention's merge of their partials
+    (gating them with ``gate`` where given)."""
     rows, heads, head_dim = q.shape
     width = positions.shape[1]
     segments = triton.cdiv(width, SEGMENT)
@@ -197,9 +204,10 @@ def _split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_t
         GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, SEG=SEGMENT,
         BLOCK_N=min(SEGMENT_BLOCK, SEGMENT), WIDEN=INTERPRETED, num_warps=4, **pdl.options(q.device))
     # the merge's segment count from each row's count: every segment SEGMENT long (no short ones first)
+    gates = out if gate is None else gate  # not read without GATED
     paged_attention._decode_merge[(rows, heads)](
-        partials, counts, out, out, out, out, width, *partials.stride()[:3], *out.stride(), 0, 0, 0, 0,
-        HEAD_DIM=head_dim, SHORT=SEGMENT, SHORT_KEYS=0, SEG=SEGMENT, BLOCK_S=paged_attention.MERGE_BLOCK,
-        GATED=False,
+        partials, counts, out, gates, out, out, width, *partials.stride()[:3], *out.stride(), gates.stride(0),
+        gates.stride(1), 0, 0, HEAD_DIM=head_dim, SHORT=SEGMENT, SHORT_KEYS=0, SEG=SEGMENT,
+        BLOCK_S=paged_attention.MERGE_BLOCK, GATED=gate is not None,
         FIRST=True, QUANTIZE=False, EXACT_CAST=INTERPRETED, num_warps=4, **pdl.options(out.device))
     return out

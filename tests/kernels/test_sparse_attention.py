@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tfd_kernels import sparse_attention
+from tfd_kernels import sigmoid_gate, sparse_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -71,6 +71,24 @@ def test_decode_rows_in_segments_attend_as_the_reference(segment: int,
         assert torch.equal(alone[0], got[row])
 
 
+def test_decode_rows_gated_in_the_merge_are_the_gate_on_the_plain_output() -> None:
+    q, k_cache, v_cache, table, lane_of, positions, counts = case(5, 6, 2, 32, torch.bfloat16, seed=5)
+    gate = torch.randn(5, 6, 64, generator=torch.Generator().manual_seed(6)).bfloat16()[:, :, ::2]  # strided
+    with pytest.raises(ValueError, match="unit last stride"):
+        sparse_attention.attend(q, k_cache, v_cache, table, lane_of, positions, counts, 0.3,
+                                torch.empty_like(q), split=True, gate=gate)
+    gate = gate.contiguous()
+    plain = sparse_attention.attend(q, k_cache, v_cache, table, lane_of, positions, counts, 0.3,
+                                    torch.empty_like(q), split=True)
+    got = sparse_attention.attend(q, k_cache, v_cache, table, lane_of, positions, counts, 0.3,
+                                  torch.empty_like(q), split=True, gate=gate)
+    want = sigmoid_gate.sigmoid_gate(plain.reshape(5, -1), gate).reshape(plain.shape)  # as attention.finish
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="without split"):
+        sparse_attention.attend(q, k_cache, v_cache, table, lane_of, positions, counts, 0.3,
+                                torch.empty_like(q), gate=gate)
+
+
 @pytest.mark.gpu
 def test_real_heads_on_the_device() -> None:
     args = case(33, 24, 2, 256, torch.bfloat16, seed=3)
@@ -84,7 +102,8 @@ def test_real_heads_on_the_device() -> None:
 @pytest.mark.gpu
 def test_real_heads_in_segments_on_the_device() -> None:
     """Flash Next's heads (24 over 2 kv heads of 256) in decode's segments: within paged attention's
-    bf16 bound of the reference, and a row alone as in the batch."""
+    bf16 bound of the reference, gated in the merge as the gate's own kernel gates, and a row alone
+    as in the batch."""
     segment = sparse_attention.SEGMENT  # a row of one segment, of one and a position, then longer
     args = case(33, 24, 2, 256, torch.bfloat16, seed=4, counts=[segment, segment + 1, *range(120, 151, 1)])
     want = sparse_attention.reference(*args, 1 / 16, torch.empty_like(args[0])).float()
@@ -92,6 +111,10 @@ def test_real_heads_in_segments_on_the_device() -> None:
     got = sparse_attention.attend(q, k_cache, v_cache, table, lane_of, positions, counts, 1 / 16,
                                   torch.empty_like(q), split=True)
     torch.testing.assert_close(got.cpu().float(), want, rtol=2e-2, atol=2e-2)
+    gate = torch.randn(q.shape, device="cuda").bfloat16()
+    gated = sparse_attention.attend(q, k_cache, v_cache, table, lane_of, positions, counts, 1 / 16,
+                                    torch.empty_like(q), split=True, gate=gate)
+    assert torch.equal(gated, sigmoid_gate.sigmoid_gate(got.reshape(33, -1), gate).reshape(got.shape))
     for row in (0, 1, 17, 32):
         alone = sparse_attention.attend(q[row:row + 1], k_cache, v_cache, table, lane_of[row:row + 1],
                                         positions[row:row + 1], counts[row:row + 1], 1 / 16,

@@ -152,9 +152,13 @@ def sparse_rows(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: to
     chosen_at, counts = select_rows(w.indexer, x, rotary, cos, sin, caches.index, caches.pooled, page_table,
                                     rows, tables)
     out = torch.empty_like(p.query)
-    if x.is_cuda:  # decode's rows (a step's and a verify window's alike) in segments
+    if x.is_cuda and sparse_attention.DECODE_SEGMENTS:  # a step's and a verify window's rows; the merge gates
         sparse_attention.attend(p.query, caches.keys, caches.values, page_table, rows.lane_of, chosen_at,
-                                counts, w.head_dim ** -0.5, out, split=bool(sparse_attention.DECODE_SEGMENTS))
+                                counts, w.head_dim ** -0.5, out, split=True, gate=p.gate)
+        return linear(out.reshape(out.shape[0], -1), w.o)
+    if x.is_cuda:
+        sparse_attention.attend(p.query, caches.keys, caches.values, page_table, rows.lane_of, chosen_at,
+                                counts, w.head_dim ** -0.5, out)
     else:
         sparse_attention.reference(p.query, caches.keys, caches.values, page_table, rows.lane_of, chosen_at,
                                    counts, w.head_dim ** -0.5, out)
