@@ -21,6 +21,12 @@ SPREAD_ROWS = 64  # up to this many rows the segments run in programs of their o
 # K steps a segment takes at least: a narrow product's segments stop there short of TARGET_PROGRAMS
 # (Flash Next's hyper down rows [324, 10240]: 20 segments, 120 programs, 7.7 us at one row on the H200)
 SEGMENT_STEPS = 4
+# A product of at most NARROW_TILES column tiles (0: none) takes segments of NARROW_STEPS K steps instead:
+# twice the programs reading half as much each where a narrow product's few programs wait out their reads
+# (the hyper down rows: 120 programs of 64 KB). Ints, so that tfd bench --variant can sweep them (a weight's
+# segments, hence its bits, follow them: never the rows).
+NARROW_TILES = 0
+NARROW_STEPS = 2
 SHARED_BYTES = 227 * 1024  # shared memory a program may take on an H200 (232,448 bytes)
 
 
@@ -102,7 +108,8 @@ def plan(n: int, k: int, spread: Tiles = SPREAD, whole: Tiles = WHOLE, few: Tile
     step = max(spread.block_k, whole.block_k, few.block_k, mid.block_k, whole_one.block_k, middle.block_k)
     k_tiles = math.ceil(k / step)
     n_tiles = math.ceil(n / spread.block_n)
-    segments = max(1, min(math.ceil((target or TARGET_PROGRAMS) / n_tiles), k_tiles // SEGMENT_STEPS))
+    steps = NARROW_STEPS if n_tiles <= NARROW_TILES else SEGMENT_STEPS
+    segments = max(1, min(math.ceil((target or TARGET_PROGRAMS) / n_tiles), k_tiles // steps))
     per_segment = math.ceil(k_tiles / segments)
     segments = math.ceil(k_tiles / per_segment)  # no segment left empty
     return Plan(segments, per_segment * step, spread, whole, few, mid, whole_one, middle)

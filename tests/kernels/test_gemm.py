@@ -137,6 +137,15 @@ def test_k_segments_give_two_programs_per_multiprocessor() -> None:
         assert gemm_plan.plan(n, k).segments == segments, (n, k)
 
 
+def test_narrow_products_may_take_shorter_segments(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Flash Next's hyper down rows [324, 10240]: 6 column tiles, 80 K steps
+    assert gemm_plan.plan(324, 10240).segments == 20 and gemm_plan.NARROW_TILES == 0
+    monkeypatch.setattr(gemm_plan, "NARROW_TILES", 6)
+    assert gemm_plan.plan(324, 10240).segments == 40  # at the bound: two K steps a segment
+    assert gemm_plan.plan(384, 10240).segments == 40
+    assert gemm_plan.plan(385, 10240).segments == 20  # a seventh tile: past it
+
+
 def test_fp32_operands_take_a_shorter_k_step_so_the_stages_fit() -> None:
     for choice in (gemm_plan.plan(4096, 12288), gemm_plan.plan(248320, 4096)):
         wide, narrow = choice.whole_tiles(2), choice.whole_tiles(4)

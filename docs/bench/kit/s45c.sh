@@ -2,7 +2,8 @@
 # Forty-third session (either card; the bars' numbers on an H200 only): QSA decode rows in segments
 # (sparse_attention.DECODE_SEGMENTS, 0353572) and long rows' choice split (block_choice.SPLIT_ROWS): their kernel
 # GPU tests and Flash Next's model-level ones (device path, drafting, verify), then Flash Next one stream at
-# 1,024 and 32,768 tokens of context with and without each (the bench compares the tokens); on an H200 where the
+# 1,024 and 32,768 tokens of context with and without each, and the hyper down rows in 40 K segments (gemm_plan
+# NARROW_TILES: their bits change, so may the tokens); on an H200 where the
 # segments won at 1k, issue 31's run at 1, 8 and 32 streams with them. ~590 s.
 # Carry .whl .whl-test .devk .devcache.
 . .dev/start.sh
@@ -11,6 +12,7 @@ gpu_tests 150 8 tests/kernels/test_sparse_attention.py tests/kernels/test_block_
 A=tfd_kernels.sparse_attention S=tfd_kernels.block_choice
 timeout $(( 260 - $(el) )) tfd bench --shape qwen3_8-flash-next --streams 1 --prompt 1024 --new 64 --rounds 3 \
   --variant seg= --variant whole=$A.DECODE_SEGMENTS=0 --variant s32=$A.SEGMENT=32 --variant s128=$A.SEGMENT=128 \
+  --variant n6=tfd_kernels.gemm_plan.NARROW_TILES=6 \
   --out $R/fn-1k > $R/fn-1k.txt 2>&1; echo "1k rc=$? t=$(el)"; grep -a "x1:\|rror\|cut" $R/fn-1k.txt | cut -c1-300
 timeout $(( 380 - $(el) )) tfd bench --shape qwen3_8-flash-next --streams 1 --prompt 32768 --new 64 --rounds 2 \
   --variant seg= --variant whole=$A.DECODE_SEGMENTS=0 --variant split=$S.SPLIT_ROWS=64 \
