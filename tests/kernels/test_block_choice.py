@@ -108,9 +108,8 @@ def test_rows_past_what_a_program_sorts_choose_the_same_by_passes(most: int, bud
     assert torch.equal(got[0], block_choice.choose(scored, positions, budget // block, block)[0])
 
 
-@pytest.mark.parametrize("width", [16, 32])  # rows of 64 blocks in 4 slices, in 2
-# the last: best 20, past a slice of 16
-@pytest.mark.parametrize(("budget", "block"), [(8, 2), (12, 3), (16, 4), (80, 4)])
+# rows of 64 blocks in 4 slices or 2; the last: best 20, past a slice of 16
+@pytest.mark.parametrize(("budget", "block", "width"), [(8, 2, 16), (12, 3, 32), (16, 4, 16), (80, 4, 16)])
 @pytest.mark.parametrize("levels", [None, 3])
 def test_long_rows_of_a_few_rows_call_choose_the_same_by_slices(width: int, budget: int, block: int,
                                                                  levels: int | None,
