@@ -36,8 +36,9 @@ from tfd_kernels.runtime import INTERPRETED
 # Ints, so that tfd bench --variant can sweep them.
 SEGMENT = 64
 SEGMENT_BLOCK = 32
-# Whether decode rows take the segments (tfd.model.attention.sparse_rows): an int for tfd bench --variant.
-DECODE_SEGMENTS = 1
+# Whether decode rows take the segments (tfd.model.attention.sparse_rows): an int for tfd bench --variant; 0
+# until a GPU has run and timed them (docs/bench/kit/s45d.sh).
+DECODE_SEGMENTS = 0
 
 
 @triton.jit
