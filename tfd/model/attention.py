@@ -142,9 +142,10 @@ def sparse_rows(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: to
     layer of the step reads them, ``qsa.decode_rows``; ``page_table`` int32 [lanes, pages]). Stores
     each live row's K and V, its raw index key and the block it completes in
     ``caches`` (``qsa.select_rows``; ``tables``: every position's angles, on CUDA), then attends each
-    row's chosen positions (``tfd_kernels.sparse_attention``: the kernel on CUDA, in decode's
-    segments, its reference elsewhere), as ``attention`` does for a span's rows (whole: other bits
-    than a decode row's). A padding lane stores nothing and reads the null page."""
+    row's chosen positions (``tfd_kernels.sparse_attention``: the kernel on CUDA, with its
+    ``DECODE_SEGMENTS`` in decode's segments, gated in their merge; its reference elsewhere), as
+    ``attention`` does for a span's rows (whole: other bits than a segmented decode row's). A padding
+    lane stores nothing and reads the null page."""
     assert w.indexer is not None
     p = project(w, x, cos, sin, rotary)
     write = cache_write.write if x.is_cuda else cache_write.reference
