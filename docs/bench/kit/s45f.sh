@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# s45e.sh for ~200 s of device time (either card): the segments' kernel GPU tests and Flash Next's device path
+# with them on, then Flash Next one stream at 1,024 tokens (whole, segments; two rounds) and 32,768 (whole,
+# segments; one round). Carry .whl .whl-test .devk .devcache.
+. .dev/start.sh
+export PYTHONPATH=$PYTHONPATH:$PWD/.dev  # segments_on.py: the model-level tests with the segments on
+gpu_tests 60 8 -p segments_on tests/kernels/test_sparse_attention.py tests/engine/test_device_path.py \
+  -k "not qwen3 and not 9b and not wide and not two"
+A=tfd_kernels.sparse_attention
+timeout $(( 130 - $(el) )) tfd bench --shape qwen3_8-flash-next --streams 1 --prompt 1024 --new 64 --rounds 2 \
+  --variant whole= --variant seg=$A.DECODE_SEGMENTS=1 \
+  --out $R/fn-1k > $R/fn-1k.txt 2>&1; echo "1k rc=$? t=$(el)"; grep -a "x1:\|rror\|cut" $R/fn-1k.txt | cut -c1-300
+timeout $(( 215 - $(el) )) tfd bench --shape qwen3_8-flash-next --streams 1 --prompt 32768 --new 64 --rounds 1 \
+  --variant whole= --variant seg=$A.DECODE_SEGMENTS=1 \
+  --out $R/fn-32k > $R/fn-32k.txt 2>&1; echo "32k rc=$? t=$(el)"; grep -a "x1:\|rror" $R/fn-32k.txt | cut -c1-300
+cd $OUT && tar czf r.tgz r && rm -rf r
