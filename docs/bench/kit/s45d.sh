@@ -4,6 +4,8 @@
 # stream at 1,024 tokens (whole, segments, the hyper down rows in 40 K segments) and 32,768 (whole, segments,
 # and the split choice), two rounds each.
 # Carry .whl .whl-test .devk .devcache.
+# The segments change a decode row's bits (not its batch's): the bench may print "NOT the same" tokens for
+# them against whole; the contract is the GPU tests'.
 . .dev/start.sh
 export PYTHONPATH=$PYTHONPATH:$PWD/.dev  # segments_on.py: the model-level tests with the segments on
 gpu_tests 110 8 -p segments_on tests/kernels/test_sparse_attention.py tests/kernels/test_block_choice.py \

@@ -2,6 +2,8 @@
 # s45d.sh for ~300 s of device time (either card): the segments' kernel GPU tests and Flash Next's device path and
 # verify windows with them on (segments_on.py), then Flash Next one stream at 1,024 tokens (whole, segments,
 # two rounds) and 32,768 (whole, segments, the split choice too; one round). Carry .whl .whl-test .devk .devcache.
+# The segments change a decode row's bits (not its batch's): the bench may print "NOT the same" tokens for
+# them against whole; the contract is the GPU tests'.
 . .dev/start.sh
 export PYTHONPATH=$PYTHONPATH:$PWD/.dev  # segments_on.py: the model-level tests with the segments on
 gpu_tests 90 8 -p segments_on tests/kernels/test_sparse_attention.py tests/kernels/test_block_choice.py \

@@ -2,6 +2,8 @@
 # s45e.sh for ~200 s of device time (either card): the segments' kernel GPU tests and Flash Next's device path
 # with them on, then Flash Next one stream at 1,024 tokens (whole, segments; two rounds) and 32,768 (whole,
 # segments; one round). Carry .whl .whl-test .devk .devcache.
+# The segments change a decode row's bits (not its batch's): the bench may print "NOT the same" tokens for
+# them against whole; the contract is the GPU tests'.
 . .dev/start.sh
 export PYTHONPATH=$PYTHONPATH:$PWD/.dev  # segments_on.py: the model-level tests with the segments on
 gpu_tests 60 8 -p segments_on tests/kernels/test_sparse_attention.py tests/engine/test_device_path.py \
