@@ -153,6 +153,13 @@ CASES: dict[str, Case] = {
                                   dict(HEAD_DIM=256, SHORT=16, SHORT_KEYS=256, SEG=256, BLOCK_S=16,
                                        GATED=True, FIRST=True, QUANTIZE=True, EXACT_CAST=False, PDL=True),
                                   {}, {}),
+    # QSA decode rows' merge (tfd_kernels.sparse_attention, segments only, gated; q and scales unread)
+    "paged_attention.merge.sparse": (paged_attention._decode_merge,
+                                     {"partials": "*fp32", "lengths": "*i32", "out": BF16, "gate": BF16,
+                                      "q": BF16, "scales": BF16},
+                                     dict(HEAD_DIM=256, SHORT=64, SHORT_KEYS=0, SEG=64, BLOCK_S=64,
+                                          GATED=True, FIRST=True, QUANTIZE=False, EXACT_CAST=False, PDL=True),
+                                     {}, {}),
     "conv1d.decode": (conv1d._decode,
                       dict.fromkeys(("x", "weight", "tails", "out"), BF16) | {"tail_at": "*i64"},
                       dict(WIDTH=4, BLOCK_C=256, BLOCK_W=4, PDL=True), {}, {}),
