@@ -53,6 +53,13 @@ _NO_KEY = tl.constexpr(-(1 << 63))  # below every score's key: a slice past the 
 
 
 @triton.jit
+def _ordered(score):
+    """A score's bits as an int64 that orders as the float does (-0.0 made 0.0 by the caller's + 0.0)."""
+    bits = score.to(tl.int32, bitcast=True)
+    return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64)
+
+
+@triton.jit
 def _tail(out, counts, row, stride_o, position, complete, kept, BLOCK: tl.constexpr, WIDTH: tl.constexpr,
           WIDTH_PAD: tl.constexpr):
     """After a row's ``kept`` blocks: the incomplete tail ``complete * BLOCK .. position``, then -1 to
@@ -65,6 +72,19 @@ def _tail(out, counts, row, stride_o, position, complete, kept, BLOCK: tl.conste
     tl.store(counts + row, kept * BLOCK + tail)
 
 
+@triton.jit
+def _write_best(out, counts, row, stride_o, best, rank, position, complete, BEST: tl.constexpr,
+                BLOCK: tl.constexpr, BLOCK_PAD: tl.constexpr, WIDTH: tl.constexpr, WIDTH_PAD: tl.constexpr):
+    """The row's kept blocks' positions (``best``: the best block numbers ascending, at ``rank``), then
+    ``_tail``."""
+    kept = tl.minimum(complete, BEST)  # the best are complete blocks first: they score above -inf
+    members = tl.arange(0, BLOCK_PAD)
+    columns = rank[:, None] * BLOCK + members[None, :]
+    block_rows = (rank[:, None] < kept) & (members[None, :] < BLOCK)
+    tl.store(out + row * stride_o + columns, best[:, None] * BLOCK + members[None, :], mask=block_rows)
+    _tail(out, counts, row, stride_o, position, complete, kept, BLOCK, WIDTH, WIDTH_PAD)
+
+
 # The block count and the rows' strides follow each lane's context: left unspecialized, or a count the warm-up
 # never met divisible by 16 (or not) compiles a variant while serving (the H200 Flash Next demo did, twice).
 @triton.jit(do_not_specialize=["blocks", "stride_s", "stride_o"])
@@ -75,29 +95,22 @@ def _choose(scores, positions, out, counts, blocks, stride_s, stride_o, BEST: tl
     row = tl.program_id(0)
     number = tl.arange(0, SORTED)
     score = tl.load(scores + row * stride_s + number, mask=number < blocks, other=float("-inf")) + 0.0
-    bits = score.to(tl.int32, bitcast=True)  # (+ 0.0 made any -0.0 a 0.0, which torch's sort ties with it)
-    ordered = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64)  # sorts as the floats do
-    key = ordered * 4294967296 + (SORTED - 1 - number).to(tl.int64)  # among equals the lower number first
+    # (+ 0.0 made any -0.0 a 0.0, which torch's sort ties with it); among equals the lower number first
+    key = _ordered(score) * 4294967296 + (SORTED - 1 - number).to(tl.int64)
     ranked = SORTED - 1 - (tl.sort(key, descending=True) & 0xFFFFFFFF).to(tl.int32)
     rank = tl.arange(0, SORTED)
     best = tl.sort(tl.where(rank < BEST, ranked, SORTED))  # the best numbers, ascending, then SORTED
 
     position = tl.load(positions + row).to(tl.int32)
-    complete = (position + 1) // BLOCK
-    kept = tl.minimum(complete, BEST)  # the best are complete blocks first: they score above -inf
-    members = tl.arange(0, BLOCK_PAD)
-    columns = rank[:, None] * BLOCK + members[None, :]
-    block_rows = (rank[:, None] < kept) & (members[None, :] < BLOCK)
-    tl.store(out + row * stride_o + columns, best[:, None] * BLOCK + members[None, :], mask=block_rows)
-    _tail(out, counts, row, stride_o, position, complete, kept, BLOCK, WIDTH, WIDTH_PAD)
+    _write_best(out, counts, row, stride_o, best, rank, position, (position + 1) // BLOCK, BEST, BLOCK,
+                BLOCK_PAD, WIDTH, WIDTH_PAD)
 
 
 @triton.jit
 def _keys(scores, row, stride_s, number, live):
     """The scores at ``number`` as int64 keys in [0, 2^32) that order as the floats do (-0.0 as 0.0)."""
     score = tl.load(scores + row * stride_s + number, mask=live, other=0.0) + 0.0
-    bits = score.to(tl.int32, bitcast=True)
-    return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) + 2147483648
+    return _ordered(score) + 2147483648
 
 
 @triton.jit(do_not_specialize=["stride_s", "stride_o"])
@@ -154,9 +167,7 @@ def _numbered_keys(scores, row, stride_s, number, live):
     """``_choose``'s keys for blocks ``number``: the score's order-keeping bits, then a number that
     puts lower blocks first among equal scores, whatever the row's length."""
     score = tl.load(scores + row * stride_s + number, mask=live, other=float("-inf")) + 0.0
-    bits = score.to(tl.int32, bitcast=True)
-    ordered = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64)
-    return ordered * 4294967296 + (4294967295 - number.to(tl.int64))
+    return _ordered(score) * 4294967296 + (4294967295 - number.to(tl.int64))
 
 
 @triton.jit(do_not_specialize=["blocks", "stride_s", "stride_o"])
@@ -188,12 +199,8 @@ def _choose_split(scores, positions, out, counts, tops, arrivals, blocks, stride
         keys = tl.sort(keys, descending=True)
         numbers = tl.where(keys == _NO_KEY, 2147483647, 4294967295 - (keys & 0xFFFFFFFF)).to(tl.int32)
         best = tl.sort(tl.where(merged < BEST, numbers, 2147483647))  # the best numbers ascending, then none
-        kept = tl.minimum(complete, BEST)
-        members = tl.arange(0, BLOCK_PAD)
-        columns = merged[:, None] * BLOCK + members[None, :]
-        block_rows = (merged[:, None] < kept) & (members[None, :] < BLOCK)
-        tl.store(out + row * stride_o + columns, best[:, None] * BLOCK + members[None, :], mask=block_rows)
-        _tail(out, counts, row, stride_o, position, complete, kept, BLOCK, WIDTH, WIDTH_PAD)
+        _write_best(out, counts, row, stride_o, best, merged, position, complete, BEST, BLOCK, BLOCK_PAD,
+                    WIDTH, WIDTH_PAD)
 
 
 def _split(rows: int, blocks: int, best: int) -> tuple[int, int] | None:

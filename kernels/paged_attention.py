@@ -148,6 +148,15 @@ def _sums_rows(base, segs, live, dims, stride_ps, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
+def store_partial(rows, acc, m_i, l_i, dims, live, HEAD_DIM: tl.constexpr):
+    """A segment's partial for its ``live`` heads at ``rows`` (a head's row each): P @ V, then the
+    running max and the sum of exp after it, as ``_decode_merge`` reads them."""
+    tl.store(rows[:, None] + dims[None, :], acc, mask=live[:, None])
+    tl.store(rows + HEAD_DIM, m_i, mask=live)
+    tl.store(rows + HEAD_DIM + 1, l_i, mask=live)
+
+
+@triton.jit
 def _decode_segment(q, k_cache, v_cache, page_table, lengths, partials, scale_log2, max_keys,
                     stride_qb, stride_qh, stride_qd, stride_kp, stride_ks, stride_kh, stride_kd,
                     stride_vp, stride_vs, stride_vh, stride_vd, stride_tb, stride_tp,
@@ -192,11 +201,8 @@ def _decode_segment(q, k_cache, v_cache, page_table, lengths, partials, scale_lo
                                      valid[None, :], kv_head, dims, scale_log2, m_i, l_i, acc,
                                      stride_kp, stride_ks, stride_kh, stride_kd,
                                      stride_vp, stride_vs, stride_vh, stride_vd, WIDEN)
-    row = partials + lane * stride_pb + segment * stride_ps + heads * stride_ph
-    live = members < GROUP
-    tl.store(row[:, None] + dims[None, :], acc, mask=live[:, None])
-    tl.store(row + HEAD_DIM, m_i, mask=live)
-    tl.store(row + HEAD_DIM + 1, l_i, mask=live)
+    store_partial(partials + lane * stride_pb + segment * stride_ps + heads * stride_ph, acc, m_i, l_i, dims,
+                  members < GROUP, HEAD_DIM)
 
 
 @triton.jit

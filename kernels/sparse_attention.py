@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from tfd_kernels import paged_attention, pdl
-from tfd_kernels.paged_attention import LOG2E, STATS, attend_block
+from tfd_kernels.paged_attention import LOG2E, STATS, attend_block, store_partial
 from tfd_kernels.runtime import INTERPRETED
 
 # Positions a decode program attends (a row's split: its count's, never the batch's) and its key block.
@@ -60,6 +60,19 @@ def _walk(query, k_cache, v_cache, page_table, lane, positions, row, first, end,
 
 
 @triton.jit
+def _group(q, row, kv_head, stride_qr, stride_qh, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+           HEAD_DIM: tl.constexpr):
+    """A (row, kv head)'s query heads packed along M: (query, heads, live, dims)."""
+    members = tl.arange(0, GROUP_PAD)
+    dims = tl.arange(0, HEAD_DIM)
+    heads = kv_head * GROUP + members
+    live = members < GROUP
+    query = tl.load(q + row * stride_qr + heads[:, None] * stride_qh + dims[None, :], mask=live[:, None],
+                    other=0.0)
+    return query, heads, live, dims
+
+
+@triton.jit
 def _segment(q, k_cache, v_cache, page_table, lane_of, positions, counts, partials, scale_log2,
              stride_qr, stride_qh, stride_kp, stride_ks, stride_kh, stride_kd, stride_vp, stride_vs,
              stride_vh, stride_vd, stride_tb, stride_pr, stride_pb, stride_ps, stride_ph,
@@ -73,12 +86,7 @@ def _segment(q, k_cache, v_cache, page_table, lane_of, positions, counts, partia
     first = segment * SEG
     if first < count:
         lane = tl.load(lane_of + row)
-        members = tl.arange(0, GROUP_PAD)
-        dims = tl.arange(0, HEAD_DIM)
-        heads = kv_head * GROUP + members
-        live = members < GROUP
-        query = tl.load(q + row * stride_qr + heads[:, None] * stride_qh + dims[None, :],
-                        mask=live[:, None], other=0.0)
+        query, heads, live, dims = _group(q, row, kv_head, stride_qr, stride_qh, GROUP, GROUP_PAD, HEAD_DIM)
         m_i = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
         l_i = tl.zeros((GROUP_PAD,), tl.float32)
         acc = tl.zeros((GROUP_PAD, HEAD_DIM), tl.float32)
@@ -87,9 +95,7 @@ def _segment(q, k_cache, v_cache, page_table, lane_of, positions, counts, partia
                               stride_kp, stride_ks, stride_kh, stride_kd, stride_vp, stride_vs, stride_vh,
                               stride_vd, stride_tb, stride_pr, PAGE_ROWS, BLOCK_N, WIDEN)
         at = partials + row * stride_pb + segment * stride_ps + heads * stride_ph
-        tl.store(at[:, None] + dims[None, :], acc, mask=live[:, None])
-        tl.store(at + HEAD_DIM, m_i, mask=live)
-        tl.store(at + HEAD_DIM + 1, l_i, mask=live)
+        store_partial(at, acc, m_i, l_i, dims, live, HEAD_DIM)
 
 
 @triton.jit
@@ -102,12 +108,7 @@ def _sparse(q, k_cache, v_cache, page_table, lane_of, positions, counts, out, sc
     row, kv_head = tl.program_id(0), tl.program_id(1)
     lane = tl.load(lane_of + row)
     count = tl.load(counts + row)
-    members = tl.arange(0, GROUP_PAD)
-    dims = tl.arange(0, HEAD_DIM)
-    heads = kv_head * GROUP + members
-    live = members < GROUP
-    query = tl.load(q + row * stride_qr + heads[:, None] * stride_qh + dims[None, :], mask=live[:, None],
-                    other=0.0)
+    query, heads, live, dims = _group(q, row, kv_head, stride_qr, stride_qh, GROUP, GROUP_PAD, HEAD_DIM)
     m_i = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
     l_i = tl.zeros((GROUP_PAD,), tl.float32)
     acc = tl.zeros((GROUP_PAD, HEAD_DIM), tl.float32)

@@ -157,12 +157,9 @@ def sparse_rows(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: to
         sparse_attention.attend(p.query, caches.keys, caches.values, page_table, rows.lane_of, chosen_at,
                                 counts, w.head_dim ** -0.5, out, split=True, gate=p.gate)
         return linear(out.reshape(out.shape[0], -1), w.o)
-    if x.is_cuda:
-        sparse_attention.attend(p.query, caches.keys, caches.values, page_table, rows.lane_of, chosen_at,
-                                counts, w.head_dim ** -0.5, out)
-    else:
-        sparse_attention.reference(p.query, caches.keys, caches.values, page_table, rows.lane_of, chosen_at,
-                                   counts, w.head_dim ** -0.5, out)
+    attend_chosen = sparse_attention.attend if x.is_cuda else sparse_attention.reference
+    attend_chosen(p.query, caches.keys, caches.values, page_table, rows.lane_of, chosen_at, counts,
+                  w.head_dim ** -0.5, out)
     return finish(w, out, p.gate)
 
 
