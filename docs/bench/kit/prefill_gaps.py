@@ -148,6 +148,58 @@ def startup_tree(events: list[dict]) -> None:
             print(f"  {'  ' * (depth - base - 1)}{event['dur'] / 1e3:7.2f} ms  {name[:120]}")
 
 
+TREE_US = 100.0  # host calls at least this long inside a gap's window are listed
+TREE_LINES = 60
+
+
+def gap_hosts(events: list[dict], count: int = 4) -> None:
+    """The ``count`` longest idle gaps of the prompts' step, each with what the host did between the launch
+    of the kernel before it and the launch of the kernel after it: the calls (Python frames with stacks,
+    torch ops without) overlapping that window by ``TREE_US`` or more, nested, each with its time inside."""
+    begin, end = prompts_step(events)
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("cat") in HOST_CATS and "correlation" in e.get("args", {})}
+    device = sorted((e for e in events if e.get("cat") in DEVICE_CATS and begin <= e["ts"] <= end),
+                    key=lambda e: e["ts"])
+    gaps = []
+    reached, before = device[0]["ts"] + device[0]["dur"], device[0]
+    for event in device[1:]:
+        if event["ts"] - reached > GAP_US:
+            gaps.append((event["ts"] - reached, before, event))
+        if event["ts"] + event["dur"] > reached:
+            reached, before = event["ts"] + event["dur"], event
+    calls = [e for e in events if e.get("cat") in ("python_function", "cpu_op", "user_annotation")]
+    for gap, first, then in sorted(gaps, key=lambda g: -g[0])[:count]:
+        a = launches.get(first.get("args", {}).get("correlation"))
+        b = launches.get(then.get("args", {}).get("correlation"))
+        if a is None or b is None:
+            print(f"gap {gap / 1e3:.2f} ms: {first['name'][:40]} -> {then['name'][:40]}: launches not found")
+            continue
+        low, high = a["ts"] + a["dur"], b["ts"]
+        print(f"gap {gap / 1e3:.2f} ms: {first['name'][:40]} -> {then['name'][:40]}; the host "
+              f"{(high - low) / 1e3:.2f} ms from the one's launch to the other's ({b['name']}):")
+        inside = []
+        for e in calls:
+            if e["tid"] != b["tid"]:
+                continue
+            overlap = min(e["ts"] + e["dur"], high) - max(e["ts"], low)
+            if overlap >= TREE_US:
+                inside.append((e, overlap))
+        inside.sort(key=lambda item: (item[0]["ts"], -item[0]["dur"]))
+        open_ends: list[float] = []
+        printed = 0
+        for e, overlap in inside:
+            while open_ends and open_ends[-1] <= e["ts"]:
+                open_ends.pop()
+            depth = len(open_ends)
+            open_ends.append(e["ts"] + e["dur"])
+            if depth > 32 or printed == TREE_LINES:
+                continue
+            printed += 1
+            name = e["name"].split("/site/")[-1]
+            print(f"  {' ' * depth}{overlap / 1e3:6.2f} ms  {name[:110]}")
+
+
 def main() -> None:
     shape, streams, prompt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     out = Path(sys.argv[4]) if len(sys.argv) > 4 else Path(".")
@@ -157,11 +209,14 @@ def main() -> None:
     run(model, workload, True, seed=2)
     unprofiled = run(model, workload, True, seed=2).prefill_s
     print(f"{shape} {streams} x {prompt}: prefill {unprofiled * 1e3:.1f} ms unprofiled", flush=True)
-    idle(traced(model, workload, False, out / "plain.json"))
+    plain = traced(model, workload, False, out / "plain.json")
+    idle(plain)
+    gap_hosts(plain)
     if os.environ.get("GAPS_STACKS", "1") == "0":
         return
     stacked = traced(model, workload, True, out / "stacks.json")
     long_calls(stacked)
+    gap_hosts(stacked)
     try:
         startup_tree(stacked)
     except Exception as error:  # the lines above are kept whatever this finds
