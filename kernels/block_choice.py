@@ -12,16 +12,13 @@ blocks, a second sorts the best ``best`` numbers ascending. Integer keys make th
 same positions as torch's stable sorts, bit for bit, whatever else is in the launch.
 
 A row of more than ``MOST_BLOCKS`` blocks (a 32k prompt's page table holds 8,256) is too long to
-sort in registers. In a call of few rows (a decode step's) ``_choose_split`` cuts it in slices, a
-program each sorting its slice and keeping its best, and the row's last program to finish sorts
-those (the best of a row are among the best of its slices: the same keys, the same choice).
-Otherwise ``_choose_long`` finds the best blocks' threshold by a radix select over the same keys, a
-byte at a time, and takes the blocks in number order, so they come out ascending unsorted.
+sort in registers: ``_choose_long`` finds the best blocks' threshold by a radix select over the same
+keys, a byte at a time, and takes the blocks in number order, so they come out ascending unsorted.
+(Slices of a long row sorted by programs of their own, their best then sorted by the row's last, were
+slower: H100, Flash Next at a 32k context, 2.10 ms a step against 1.70; docs/bench.md, 2026-12-07.)
 
-Memory: a row up to ``MOST_BLOCKS`` reads its scores once, a long one split once (its slices' best
-keys in a scratch of int64, then read back by its last program), or five times by passes (in chunks
-of ``LONG_CHUNK``); each writes its positions and count. Grids follow the shapes alone (no host sync);
-the split's arrival counters are the device's (zero between launches).
+Memory: a row up to ``MOST_BLOCKS`` reads its scores once, a long one five times by passes (in chunks
+of ``LONG_CHUNK``); each writes its positions and count. Grids follow the shapes alone (no host sync).
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tfd_kernels import pdl, runtime
+from tfd_kernels import pdl
 
 MOST_BLOCKS = 8192  # a row's blocks one program sorts in registers at most: 32k tokens in blocks of 4
 # A longer row's blocks a pass of _choose_long reads at a time, and its program's warps (2,048 over 8: 8 keys
@@ -38,18 +35,6 @@ MOST_BLOCKS = 8192  # a row's blocks one program sorts in registers at most: 32k
 # both are ints that tfd bench --variant sweeps (the chunks and warps change no choice).
 LONG_CHUNK = 2048
 LONG_WARPS = 8
-# A long row of a call of few rows (decode's) is split instead: SPLIT_SLICE blocks a program, each sorting its
-# slice and keeping its best, the row's last program to finish sorting the slices' best (SPLIT_PARTS of them
-# at most, else _choose_long). Exact: the best of a row are among the best of its slices. Ints, so that tfd
-# bench --variant can sweep them (SPLIT_ROWS: the most rows of a split call, 0 for none, until the H200 has
-# timed it; SPLIT_FROM: the fewest blocks split, MOST_BLOCKS + 1 so that the rows one program sorts stay so).
-SPLIT_SLICE = 2048
-SPLIT_PARTS = 8
-SPLIT_ROWS = 0
-SPLIT_FROM = MOST_BLOCKS + 1
-SPLIT_WARPS = 8
-SPLIT_COUNTED = 1024  # rows of a split call at most: the device's arrival counters, one a row
-_NO_KEY = tl.constexpr(-(1 << 63))  # below every score's key: a slice past the row's complete blocks
 
 
 @triton.jit
@@ -162,55 +147,6 @@ def _choose_long(scores, positions, out, counts, stride_s, stride_o, BEST: tl.co
     _tail(out, counts, row, stride_o, position, complete, kept, BLOCK, WIDTH, WIDTH_PAD)
 
 
-@triton.jit
-def _numbered_keys(scores, row, stride_s, number, live):
-    """``_choose``'s keys for blocks ``number``: the score's order-keeping bits, then a number that
-    puts lower blocks first among equal scores, whatever the row's length."""
-    score = tl.load(scores + row * stride_s + number, mask=live, other=float("-inf")) + 0.0
-    return _ordered(score) * 4294967296 + (4294967295 - number.to(tl.int64))
-
-
-@triton.jit(do_not_specialize=["blocks", "stride_s", "stride_o"])
-def _choose_split(scores, positions, out, counts, tops, arrivals, blocks, stride_s, stride_o,
-                  BEST: tl.constexpr, BLOCK: tl.constexpr, BLOCK_PAD: tl.constexpr, WIDTH: tl.constexpr,
-                  WIDTH_PAD: tl.constexpr, SLICE: tl.constexpr, TOP: tl.constexpr, MERGED: tl.constexpr,
-                  PDL: tl.constexpr):
-    """A program a row and slice: the slice's keys sorted, its best ``TOP`` stored (none sorted past
-    the row's complete blocks: no key there); the row's last program to count sorts the slices'
-    best and writes ``_choose``'s positions from them."""
-    pdl.wait(PDL)
-    row, part, parts = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
-    position = tl.load(positions + row).to(tl.int32)
-    complete = (position + 1) // BLOCK
-    rank = tl.arange(0, SLICE)
-    number = part * SLICE + rank
-    at = tops + (row * parts + part) * TOP + rank
-    if part * SLICE < complete:
-        ranked = tl.sort(_numbered_keys(scores, row, stride_s, number, number < blocks), descending=True)
-        tl.store(at, ranked, mask=rank < TOP)
-    else:
-        tl.store(at, tl.full((SLICE,), _NO_KEY, tl.int64), mask=rank < TOP)
-    tl.debug_barrier()  # every thread's keys are stored before they are counted
-    if tl.atomic_add(arrivals + row, 1, sem="acq_rel", scope="gpu") == parts - 1:
-        tl.atomic_xchg(arrivals + row, 0, sem="relaxed", scope="gpu")  # every slice counted
-        merged = tl.arange(0, MERGED)
-        keys = tl.load(tops + row * parts * TOP + merged, mask=merged < parts * TOP, other=_NO_KEY,
-                       cache_modifier=".cg")
-        keys = tl.sort(keys, descending=True)
-        numbers = tl.where(keys == _NO_KEY, 2147483647, 4294967295 - (keys & 0xFFFFFFFF)).to(tl.int32)
-        best = tl.sort(tl.where(merged < BEST, numbers, 2147483647))  # the best numbers ascending, then none
-        _write_best(out, counts, row, stride_o, best, merged, position, complete, BEST, BLOCK, BLOCK_PAD,
-                    WIDTH, WIDTH_PAD)
-
-
-def _split(rows: int, blocks: int, best: int) -> tuple[int, int] | None:
-    """(slices, best kept a slice) where a call of ``rows`` rows of ``blocks`` blocks is split; else None."""
-    parts = triton.cdiv(blocks, SPLIT_SLICE)
-    if rows > min(SPLIT_ROWS, SPLIT_COUNTED) or blocks < SPLIT_FROM or not 1 < parts <= SPLIT_PARTS:
-        return None
-    return parts, min(best, SPLIT_SLICE)
-
-
 def choose(scored: torch.Tensor, positions: torch.Tensor, best: int, block: int, most: int | None = None
            ) -> tuple[torch.Tensor, torch.Tensor]:
     """For scores [rows, blocks] (fp32, -inf past each row's complete blocks) at ``positions``
@@ -227,18 +163,7 @@ def choose(scored: torch.Tensor, positions: torch.Tensor, best: int, block: int,
     out = torch.empty(rows, width, dtype=torch.int32, device=scored.device)
     counts = torch.empty(rows, dtype=torch.int32, device=scored.device)
     scored = scored if scored.stride(1) == 1 else scored.contiguous()
-    split = _split(rows, blocks, best)
-    if split is not None:
-        parts, top = split
-        tops = torch.empty(rows, parts, top, dtype=torch.int64, device=scored.device)
-        arrivals = runtime.counters("block_choice.split", SPLIT_COUNTED, scored.device)
-        _choose_split[(rows, parts)](scored, positions.contiguous(), out, counts, tops, arrivals, blocks,
-                                     scored.stride(0), out.stride(0), BEST=best, BLOCK=block,
-                                     BLOCK_PAD=triton.next_power_of_2(block), WIDTH=width,
-                                     WIDTH_PAD=triton.next_power_of_2(width), SLICE=SPLIT_SLICE, TOP=top,
-                                     MERGED=triton.next_power_of_2(SPLIT_PARTS * top), num_warps=SPLIT_WARPS,
-                                     **pdl.options(scored.device))
-    elif rows and blocks > (MOST_BLOCKS if most is None else most):
+    if rows and blocks > (MOST_BLOCKS if most is None else most):
         _choose_long[(rows,)](scored, positions.contiguous(), out, counts, scored.stride(0), out.stride(0),
                               BEST=best, BLOCK=block, BLOCK_PAD=triton.next_power_of_2(block), WIDTH=width,
                               WIDTH_PAD=triton.next_power_of_2(width), CHUNK=LONG_CHUNK, num_warps=LONG_WARPS,

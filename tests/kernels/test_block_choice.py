@@ -69,14 +69,12 @@ def test_scores_of_another_dtype_or_a_budget_of_no_block_are_refused() -> None:
 @pytest.mark.gpu
 # a 4,096-token lane's page table; the most a program sorts; a 32k prompt's 8,256 and 64k's, by passes
 @pytest.mark.parametrize("blocks", [1024, 8192, 8256, 16384])
-# a long row's passes at either chunk, or its slices (33 rows: a decode step's call)
-@pytest.mark.parametrize(("chunk", "warps", "split"), [(2048, 8, False), (4096, 16, False), (2048, 8, True)])
-def test_on_the_gpu_the_launch_chooses_what_the_sorts_choose(blocks: int, chunk: int, warps: int, split: bool,
+# a long row's passes at either chunk (33 rows: a decode step's call)
+@pytest.mark.parametrize(("chunk", "warps"), [(2048, 8), (4096, 16)])
+def test_on_the_gpu_the_launch_chooses_what_the_sorts_choose(blocks: int, chunk: int, warps: int,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(block_choice, "LONG_CHUNK", chunk)
     monkeypatch.setattr(block_choice, "LONG_WARPS", warps)
-    monkeypatch.setattr(block_choice, "SPLIT_ROWS", 64 if split else 0)
-    assert (block_choice._split(33, blocks, 512) is not None) == (split and blocks > 8192)
     positions = torch.randint(0, blocks * 4, (33,), device="cuda")
     positions[:3] = torch.tensor([2046, 2047, 2051], device="cuda")  # complete blocks under, at, past 512
     scored = scores_at(positions.cpu(), blocks, 4, seed=7, levels=5).cuda()
@@ -106,45 +104,3 @@ def test_rows_past_what_a_program_sorts_choose_the_same_by_passes(most: int, bud
         block_choice.LONG_CHUNK = chunk
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert torch.equal(got[0], block_choice.choose(scored, positions, budget // block, block)[0])
-
-
-# rows of 64 blocks in 4 slices or 2; the last: best 20, past a slice of 16
-@pytest.mark.parametrize(("budget", "block", "width"), [(8, 2, 16), (12, 3, 32), (16, 4, 16), (80, 4, 16)])
-@pytest.mark.parametrize("levels", [None, 3])
-def test_long_rows_of_a_few_rows_call_choose_the_same_by_slices(width: int, budget: int, block: int,
-                                                                 levels: int | None,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """The split choice (slices sorted apart, their best sorted by the row's last program): the sorts'
-    positions with fewer complete blocks than the budget, as many, more, slices past a row's complete
-    blocks, ties across slices, and the same as the passes' and a row alone."""
-    w, blocks = indexer(budget, block), 64
-    last = blocks * block - 1
-    positions = torch.tensor([0, block - 1, block, budget - 1, budget, budget + block, last // 2 + 1, last])
-    scored = scores_at(positions, blocks, block, seed=13 + block, levels=levels)
-    scored[-1, 14:20] = torch.tensor([0.0, -0.0, 0.0, 0.5, -0.0, 0.5])  # ties either side of slices' bound
-    want = qsa.choose(w, scored, positions, blocks * block + block)
-    passes = block_choice.choose(scored, positions, budget // block, block, most=16)
-    monkeypatch.setattr(block_choice, "SPLIT_SLICE", width)
-    monkeypatch.setattr(block_choice, "SPLIT_FROM", 17)
-    monkeypatch.setattr(block_choice, "SPLIT_PARTS", 4)  # the merge's keys: 4 slices' best
-    monkeypatch.setattr(block_choice, "SPLIT_ROWS", 64)
-    assert block_choice._split(len(positions), blocks, budget // block) == (blocks // width,
-                                                                           min(budget // block, width))
-    for _ in range(2):  # the arrival counters rearmed by the first
-        got = block_choice.choose(scored, positions, budget // block, block)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-        assert torch.equal(got[0], passes[0])
-    alone = block_choice.choose(scored[-1:], positions[-1:], budget // block, block)
-    assert torch.equal(alone[0][0], want[0][-1])
-
-
-def test_a_call_is_split_only_within_its_rows_slices_and_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in (("SPLIT_SLICE", 16), ("SPLIT_PARTS", 4), ("SPLIT_ROWS", 8), ("SPLIT_FROM", 33)):
-        monkeypatch.setattr(block_choice, name, value)
-    assert block_choice._split(8, 64, 5) == (4, 5)  # the most rows, slices
-    assert block_choice._split(9, 64, 5) is None  # a row more: a prompt's chunk takes the passes
-    assert block_choice._split(8, 65, 5) is None  # a fifth slice
-    assert block_choice._split(8, 33, 40) == (3, 16)  # the fewest blocks split; a slice keeps all it has
-    assert block_choice._split(8, 32, 5) is None
-    monkeypatch.setattr(block_choice, "SPLIT_FROM", 1)
-    assert block_choice._split(8, 16, 5) is None  # one slice: nothing to split
