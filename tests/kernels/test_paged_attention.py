@@ -202,6 +202,14 @@ def test_prefill_matches_reference(dtype: torch.dtype, kv_heads: int) -> None:
                                **TOLERANCE[dtype])
 
 
+def test_prefill_of_a_group_not_a_power_of_two_matches_reference() -> None:
+    # three query heads a kv head, padded to four in the tile (Flash Next's QSA rows: twelve, to sixteen)
+    c = paged([start + rows for start, rows in SPANS], kv_heads=2, dtype=torch.float32, heads=6, max_pages=16)
+    q = queries(sum(rows for _, rows in SPANS), torch.float32, heads=6)
+    torch.testing.assert_close(run_prefill(q, c, SPANS), run_prefill(q, c, SPANS, reference=True),
+                               **TOLERANCE[torch.float32])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_prefill_rows_are_bit_identical_split_at_64_and_in_any_batch(dtype: torch.dtype) -> None:
     start, rows = 3, 150
@@ -286,7 +294,8 @@ def test_decode_real_sizes_on_gpu(heads: int, kv_heads: int, page_rows: int) -> 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("heads", "kv_heads", "page_rows"), [(16, 2, 64), (32, 4, 16)])
+# the 35B-A3B's, the 9B's doubled, Flash Next's (QSA's rows before its budget: a group of 12)
+@pytest.mark.parametrize(("heads", "kv_heads", "page_rows"), [(16, 2, 64), (32, 4, 16), (24, 2, 64)])
 def test_prefill_real_sizes_on_gpu(heads: int, kv_heads: int, page_rows: int) -> None:
     start, rows = 1_000, 700
     c = paged([start + rows, 300], kv_heads=kv_heads, dtype=torch.bfloat16, heads=heads, head_dim=256,

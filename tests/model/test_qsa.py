@@ -221,6 +221,26 @@ def test_transformers_indexer_chooses_the_same_positions_past_the_budget(
         assert in_chunks(w, x, cuts, PageRows(pool), lane, WIDE_ROTARY) == want, cuts
 
 
+@pytest.mark.parametrize(("budget", "block"), PAST)
+def test_rows_before_the_whole_prefix_choose_every_position_up_to_theirs(budget: int, block: int) -> None:
+    """``whole_prefix``: the rows there the GPU's prompt path attends as dense rows choose every position
+    up to their own; the row at it is the first to lose one. ``select_positions`` from a row on gives
+    the rows from it."""
+    w = wide_indexer(budget, block, seed=budget * block)
+    prefix = qsa.whole_prefix(w)
+    x = torch.randn(prefix + 2 * block, WIDE_HIDDEN, generator=torch.Generator().manual_seed(9))
+    want = reference(w, x, WIDE_ROTARY)
+    assert all(want[p] == list(range(p + 1)) for p in range(prefix))
+    assert len(want[prefix]) == budget < prefix + 1  # its blocks complete, one left out; no tail
+    pool, (lane,) = lane_pool(1, x.shape[0], WIDE_DIM, block)
+    rows = PageRows(pool)
+    cos, sin = WIDE_ROTARY.angles(torch.arange(x.shape[0]), x.dtype)
+    span = Span(lane, 0, torch.zeros(x.shape[0], dtype=torch.long))
+    for first in (prefix, x.shape[0]):
+        positions, counts = select_positions(w, x, span, rows, "a", WIDE_ROTARY, cos, sin, from_row=first)
+        assert [row[:int(n)].tolist() for row, n in zip(positions, counts, strict=True)] == want[first:]
+
+
 @pytest.mark.parametrize(("budget", "block"), [(8, 2), (16, 4)])
 def test_a_decode_step_past_the_budget_chooses_as_transformers_with_the_kernels(
         budget: int, block: int, monkeypatch: pytest.MonkeyPatch) -> None:

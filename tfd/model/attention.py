@@ -12,9 +12,9 @@ import torch
 
 from tfd.model import ops
 from tfd.model.fp8 import Weight
-from tfd.model.memory import PageRows, PromptLanes, Span
+from tfd.model.memory import PageRows, PromptLanes, Span, ints_on
 from tfd.model.ops import Input, linear, sigmoid_gate, values_of, zrms
-from tfd.model.qsa import DecodeRows, IndexerWeights, select_positions, select_rows
+from tfd.model.qsa import DecodeRows, IndexerWeights, select_positions, select_rows, whole_prefix
 from tfd.model.rope import Rotary
 from tfd_kernels import cache_write, paged_attention, paged_prefill, sparse_attention
 from tfd_kernels import rope as rope_kernel
@@ -24,6 +24,13 @@ from tfd_kernels import rope as rope_kernel
 # best of three: 2.4099 ms against 2.4106, with the short segments 2.3979 against 2.3993. At every
 # layer's out projection at once (GDN's too, which follow the rule's state traffic) it had lost.
 OUT_EARLY = True
+# A QSA prompt's rows before the indexer's whole prefix (qsa.whole_prefix: their choice is every position up
+# to theirs) attend on CUDA as dense rows do (tfd_kernels.paged_prefill, in tiles of rows), where one program
+# a row and kv head walked each row's positions (Flash Next's 1,024-row prefill on the H200: 320 us a QSA
+# layer). Other bits than the sparse kernel's for those rows, the same wherever the prompt is cut (a row's
+# kernel follows its position alone). Off until a GPU has run the model tests with it and timed it (tfd
+# bench --variant tfd.model.attention.DENSE_PREFIX=1).
+DENSE_PREFIX = False
 
 
 @attrs.frozen
@@ -182,12 +189,22 @@ def attention(w: AttentionWeights, x: torch.Tensor, span: Span, rows: PageRows, 
                               span.lane.page_table[None], starts, bounds, d ** -0.5, out, max_rows=count)
         return finish(w, out, p.gate)
     if w.indexer is not None:  # QSA: each row over its chosen positions, read in place (CUDA) or gathered
-        chosen_at, counts = select_positions(w.indexer, x, span, rows, layer, rotary, cos, sin)
+        # on CUDA the rows whose choice is every position up to theirs may attend as dense rows (DENSE_PREFIX)
+        dense = min(count, max(0, whole_prefix(w.indexer) - span.start)) if x.is_cuda and DENSE_PREFIX else 0
+        chosen_at, counts = select_positions(w.indexer, x, span, rows, layer, rotary, cos, sin, dense)
         out = torch.empty_like(query)
-        lane_of = torch.zeros(count, dtype=torch.int32, device=x.device)
-        attend_chosen = sparse_attention.attend if x.is_cuda else sparse_attention.reference
-        attend_chosen(query, rows.views[f"{layer}.k"], rows.views[f"{layer}.v"], span.lane.page_table[None],
-                      lane_of, chosen_at, counts, d ** -0.5, out)
+        k_cache, v_cache = rows.views[f"{layer}.k"], rows.views[f"{layer}.v"]
+        table = span.lane.page_table[None]
+        if dense:  # each from the ring, so 16-byte aligned (a kernel compiles once for either)
+            starts = ints_on([span.start], x.device, torch.int32)
+            bounds = ints_on([0, dense], x.device, torch.int32)
+            paged_prefill.prefill(query[:dense], k_cache, v_cache, table, starts, bounds, d ** -0.5,
+                                  out[:dense], max_rows=dense)
+        if dense < count:
+            lane_of = torch.zeros(count - dense, dtype=torch.int32, device=x.device)
+            attend_chosen = sparse_attention.attend if x.is_cuda else sparse_attention.reference
+            attend_chosen(query[dense:], k_cache, v_cache, table, lane_of, chosen_at, counts, d ** -0.5,
+                          out[dense:])
         return finish(w, out, p.gate)
     keys = rows.read(f"{layer}.k", span.lane, span.end)
     values = rows.read(f"{layer}.v", span.lane, span.end)

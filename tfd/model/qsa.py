@@ -62,6 +62,12 @@ class IndexerWeights:
     eps: float
 
 
+def whole_prefix(w: IndexerWeights) -> int:
+    """The positions before which a row's choice is every position up to its own: its complete blocks, at
+    most ``budget // block`` of them, all chosen, and the tail after them (``choose``'s rule)."""
+    return (w.budget // w.block + 1) * w.block - 1
+
+
 def index_rows(w: IndexerWeights, x: torch.Tensor, rotary: Rotary, cos: torch.Tensor, sin: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """The rows' index queries [rows, heads, dim] (normed, rotated) and raw index keys [rows, dim]."""
@@ -117,10 +123,10 @@ def choose(w: IndexerWeights, scored: torch.Tensor, positions: torch.Tensor, nev
 
 
 def select_positions(w: IndexerWeights, x: torch.Tensor, span: Span, rows: PageRows, layer: str,
-                     rotary: Rotary, cos: torch.Tensor, sin: torch.Tensor
+                     rotary: Rotary, cos: torch.Tensor, sin: torch.Tensor, from_row: int = 0
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The positions each row of ``span`` attends, as ``tfd_kernels.sparse_attention`` reads them
-    (``choose``), after storing the rows' raw index keys and the blocks they complete."""
+    """The positions each row of ``span`` from its ``from_row`` attends, as ``tfd_kernels.sparse_attention``
+    reads them (``choose``), after storing every row's raw index key and the blocks they complete."""
     query, keys = index_rows(w, x, rotary, cos, sin)
     positions = torch.arange(span.start, span.end, device=x.device)
     rows.write(f"{layer}.index", span.lane, positions, keys)
@@ -132,7 +138,7 @@ def select_positions(w: IndexerWeights, x: torch.Tensor, span: Span, rows: PageR
         rows.write(f"{layer}.pooled", span.lane, torch.arange(first, done, device=x.device), pooled)
     lane_of = torch.zeros(min(x.shape[0], SCORED_ROWS), dtype=torch.int32, device=x.device)
     chosen, counts = [], []
-    for at in range(0, x.shape[0], SCORED_ROWS):  # each row's choice its own: slices give the same bits
+    for at in range(from_row, x.shape[0], SCORED_ROWS):  # each row's choice its own: slices, the same bits
         part = slice(at, at + SCORED_ROWS)
         scored = scores(query[part], rows.views[f"{layer}.pooled"], span.lane.page_table[None],
                         lane_of[:query[part].shape[0]], (positions[part] + 1) // w.block, done)
@@ -142,6 +148,10 @@ def select_positions(w: IndexerWeights, x: torch.Tensor, span: Span, rows: PageR
             found, count = choose(w, scored, positions[part], span.end + w.block)
         chosen.append(found)
         counts.append(count)
+    if not chosen:  # every row before whole_prefix: nothing chosen
+        width = w.budget // w.block * w.block + w.block - 1  # block_choice.choose's
+        return (torch.empty(0, width, dtype=torch.int32, device=x.device),
+                torch.empty(0, dtype=torch.int32, device=x.device))
     return torch.cat(chosen), torch.cat(counts)
 
 
