@@ -42,7 +42,7 @@ class LanePool:
         lease.take_state(init=self.model.init_state)
         lease.take(self.window)
         self.leases.append(lease)
-        return LaneMemory(lease.pieces, lease.page_table)
+        return LaneMemory(lease.pieces, lease.page_table, lease.host_table)
 
     def forward(self, spans: Sequence[Span]) -> StackOutput:
         with torch.no_grad():

@@ -84,6 +84,9 @@ def test_page_table_points_unmapped_rows_at_the_null_page() -> None:
     table = lease.page_table
     assert table.dtype == torch.int32
     assert table.tolist() == [2, 3, pool.null_page, pool.null_page]
+    assert lease.host_table.tolist() == table.tolist()  # the host's copy, as a prompt pass reads it
+    lease.take(3 * ROWS)  # one page more: the copy follows
+    assert lease.host_table.tolist() == table.tolist() == [2, 3, 4, pool.null_page]
     rows = pool.rows("k")  # [pages + 1, rows a page, 32] bfloat16, a view of the buffer
     assert rows.shape == (9, ROWS, 32)
     assert rows.untyped_storage().data_ptr() == pool.buffer.untyped_storage().data_ptr()
@@ -168,7 +171,7 @@ def test_pages_off_holds_state_and_rows_on_one_run() -> None:
         lease.take(1)
     lease.open()
     assert lease.state_pages == [0, 1] and lease.row_pages == [2, 3, 4]
-    assert lease.page_table.tolist() == [2, 3, 4]
+    assert lease.page_table.tolist() == lease.host_table.tolist() == [2, 3, 4]
     lease.take(3 * ROWS)  # already held
     assert lease.holds.may_take == 0
     lease.finish()

@@ -73,7 +73,7 @@ class Opener:
         assert lease is not None
         try:
             pieces = lease.open(self.model.nonzero_state)
-            memory = LaneMemory(pieces, lease.page_table)
+            memory = LaneMemory(pieces, lease.page_table, lease.host_table)
             offsets = [] if self.memory is None else \
                 self.memory.lane_offsets(pieces, self.gdn_names, self.columns.ple)
             verify = VerifyLanes.lane_offsets(pieces, self.gdn_names, self.pool.buffer) if drafts else []

@@ -121,7 +121,7 @@ def gdn_spans(w: GdnWeights, x: torch.Tensor, lanes: PromptLanes, layer: str) ->
     """``gdn`` for the prompt rows ``x`` [rows, hidden] of every lane of ``lanes`` at once: one
     product, one conv and one chunked-rule launch over all lanes, states and tails in place in the
     pool. A lane's rows come out with the bits they have alone (every step is lane-invariant)."""
-    state_at, tail_at = lanes.offsets[layer]
+    state_at, tail_at = lanes.offsets_of(layer)
     return _prompt(w, x, lanes.states, state_at, lanes.tails, tail_at, lanes.cu_seqlens, lanes.starts,
                    lanes.max_rows)
 

@@ -9,7 +9,6 @@ reference path (the GPU kernels read pages in place).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -23,10 +22,18 @@ from tfd.pool.views import PieceViews
 
 @attrs.frozen
 class LaneMemory:
-    """One lane's memory: its state pieces (typed views) and the int32 page table of its rows."""
+    """One lane's memory: its state pieces (typed views) and the int32 page table of its rows; a pool
+    lease's lane also its table's host copy (``Lease.host_table``, kept as the device's is written), which a
+    prompt pass reads instead of the device's."""
 
     pieces: Mapping[str, torch.Tensor]
     page_table: torch.Tensor
+    host_table: np.ndarray | None = None
+
+    def table_on_host(self) -> np.ndarray:
+        """The page table's ids on the host: the host copy where the lane has one, else the device table
+        read back (on CUDA a wait for the queued work: tests' own tables)."""
+        return self.host_table if self.host_table is not None else self.page_table.cpu().numpy()
 
 
 @attrs.frozen
@@ -52,12 +59,23 @@ class Span:
         return self.start + self.length
 
 
-def even_columns(held: torch.Tensor) -> torch.Tensor:
-    """``held`` [fields, n] (8-byte elements) with a zero column more where n is odd: each field, a row
-    of it, then starts 16 bytes after the last one, so on the device every field is 16-byte aligned
-    whatever n is (Triton compiles a kernel for a pointer that is so and again for one that is not:
-    the step's row or lane count would pick between them while serving)."""
-    return torch.nn.functional.pad(held, (0, held.shape[1] % 2))
+ALIGN = 16  # bytes each packed part starts on: a kernel reading it compiles once, whatever the counts before
+
+
+def packed_on(parts: Mapping[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
+    """Host arrays on ``device`` in one copy (``to_device``), each part of the copy starting ``ALIGN`` bytes
+    aligned (Triton compiles a kernel for a pointer that is so and again for one that is not: a step's row or
+    lane count would pick between them while serving): each as a tensor of its dtype and shape."""
+    at, places = 0, {}
+    for name, part in parts.items():
+        places[name] = at
+        at += -(-part.nbytes // ALIGN) * ALIGN
+    host = np.zeros(at, dtype=np.uint8)
+    for name, part in parts.items():
+        host[places[name]:places[name] + part.nbytes] = np.ascontiguousarray(part).reshape(-1).view(np.uint8)
+    held = to_device(torch.from_numpy(host), device)
+    return {name: held[places[name]:places[name] + part.nbytes].view(torch.from_numpy(part[:0]).dtype)
+            .view(part.shape) for name, part in parts.items()}
 
 
 def to_device(held: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -101,9 +119,15 @@ def piece_offsets(buffer: torch.Tensor, pieces: Mapping[str, torch.Tensor], name
                   ) -> list[int]:
     """``element_offset`` of each named piece of a lane's ``pieces``; for a pool lane's ``PieceViews`` on
     ``buffer``, from its pages alone (its views are made when first asked for: see ``tfd.pool.views``)."""
+    return [int(at) for at in piece_offsets_array(buffer, pieces, tuple(names))]
+
+
+def piece_offsets_array(buffer: torch.Tensor, pieces: Mapping[str, torch.Tensor], names: tuple[str, ...]
+                        ) -> np.ndarray:
+    """``piece_offsets`` as an int64 array: for a ``PieceViews`` on ``buffer`` in one numpy expression."""
     if isinstance(pieces, PieceViews) and pieces.buffer is buffer:
-        return [pieces.offset(name) for name in names]
-    return [element_offset(buffer, pieces[name]) for name in names]
+        return pieces.offsets(names)
+    return np.array([element_offset(buffer, pieces[name]) for name in names], dtype=np.int64)
 
 
 class PageRows:
@@ -143,7 +167,7 @@ class PromptLanes:
     Lane b's rows are ``cu_seqlens[b] .. cu_seqlens[b + 1]`` of the call at positions from
     ``starts[b]``; ``page_table`` holds every lane's table (padded with the null page) for
     attention, ``positions`` and ``pages``/``slots`` each row's position and K/V place (entries of
-    one row each), and ``offsets`` each GDN layer's state and conv-tail element offsets in the
+    one row each), and ``offsets_of`` each GDN layer's state and conv-tail element offsets in the
     pool's bytes seen as fp32 (``states``) and as the model dtype (``tails``).
     """
 
@@ -156,38 +180,45 @@ class PromptLanes:
     positions: torch.Tensor  # int64 [rows]
     states: torch.Tensor
     tails: torch.Tensor
-    offsets: Mapping[str, tuple[torch.Tensor, torch.Tensor]]  # GDN layer: (state_at, tail_at), int64 [lanes]
+    offsets: torch.Tensor  # int64 [2 * GDN layers, lanes (+ 1 if odd)]: a layer's state_at, then tail_at
+    layers: Mapping[str, int]  # a GDN layer's place among them
+    lanes: int
+
+    def offsets_of(self, layer: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """GDN ``layer``'s (state_at, tail_at), int64 [lanes] each: views made when its layer runs, while
+        the device runs the layers before (all at once, they were host time before the first launch)."""
+        at = 2 * self.layers[layer]
+        return self.offsets[at, :self.lanes], self.offsets[at + 1, :self.lanes]
 
     @classmethod
     def of(cls, spans: Sequence[Span], gdn_layers: Sequence[str], buffer: torch.Tensor, page_rows: int,
            null_page: int, dtype: torch.dtype) -> PromptLanes:
         """From the spans' lanes, their pieces in the pool's bytes ``buffer`` and their page tables
-        (``page_rows`` rows a page); one host-to-device copy (pinned, not waited on), one gather."""
+        (``page_rows`` rows a page; each lane's host copy, ``LaneMemory.table_on_host``): every field made
+        on the host by numpy, then one host-to-device copy (pinned, not waited on) and no launch. The
+        host's time here is the device's idle time before a prompt pass (the 35B-A3B's 8 x 1,024 step:
+        ~1.3 ms on the H100's host, by torch ops on both)."""
         lanes = len(spans)
-        lengths = [span.length for span in spans]
-        # each row's position, page index, owning lane and slot, by torch on the host: a long prompt's
-        # rows as Python ints took tens of milliseconds while the device waited
-        positions = torch.cat([torch.arange(span.start, span.end, dtype=torch.int64) for span in spans])
-        owners = torch.repeat_interleave(torch.arange(lanes, dtype=torch.int64), torch.tensor(lengths))
-        per_row = torch.stack([positions // page_rows, owners, positions % page_rows, positions])
-        # per lane: cu_seqlens and starts, then each GDN layer's state and tail offsets
-        per_lane = [[0, *itertools.accumulate(lengths)], [span.start for span in spans] + [0]]
-        names = [f"{name}.{piece}" for name in gdn_layers for piece in ("state", "conv_tail")]
-        lanes_at = [piece_offsets(buffer, span.lane.pieces, names) for span in spans]
-        per_lane += [[lane_at[i] for lane_at in lanes_at] + [0] for i in range(len(names))]
-        count = len(positions)
-        rows_held = even_columns(per_row)
-        lanes_held = even_columns(torch.tensor(per_lane, dtype=torch.int64))
-        packed = to_device(torch.cat([rows_held.flatten(), lanes_held.flatten()]), buffer.device)
-        row_width, lane_width = rows_held.shape[1], lanes_held.shape[1]
-        rowwise = packed[:4 * row_width].view(4, row_width)[:, :count]
-        lanewise = packed[4 * row_width:].view(-1, lane_width)[:, :lanes + 1]
-        width = max(span.lane.page_table.shape[0] for span in spans)
-        page_table = torch.stack([
-            torch.nn.functional.pad(span.lane.page_table, (0, width - len(span.lane.page_table)),
-                                    value=null_page) for span in spans])
-        offsets = {name: (lanewise[2 + 2 * i, :lanes], lanewise[3 + 2 * i, :lanes])
-                   for i, name in enumerate(gdn_layers)}
-        return cls(lanewise[0].to(torch.int32), lanewise[1, :lanes].to(torch.int32), max(lengths), page_table,
-                   page_table[rowwise[1], rowwise[0]].long(), rowwise[2], rowwise[3],
-                   buffer.view(torch.float32), buffer.view(dtype), offsets)
+        lengths = np.fromiter((span.length for span in spans), dtype=np.int64, count=lanes)
+        starts = np.fromiter((span.start for span in spans), dtype=np.int64, count=lanes)
+        cu_seqlens = np.zeros(lanes + 1, dtype=np.int64)
+        np.cumsum(lengths, out=cu_seqlens[1:])
+        # each row's owning lane and position
+        owners = np.repeat(np.arange(lanes), lengths)
+        positions = np.arange(cu_seqlens[-1], dtype=np.int64) + np.repeat(starts - cu_seqlens[:-1], lengths)
+        tables = [span.lane.table_on_host() for span in spans]
+        table = np.full((lanes, max((len(t) for t in tables), default=0)), null_page, dtype=np.int32)
+        for lane, ids in enumerate(tables):
+            table[lane, :len(ids)] = ids
+        names = tuple(f"{name}.{piece}" for name in gdn_layers for piece in ("state", "conv_tail"))
+        # each piece's lanes in a row of even length: every row starts 16 bytes aligned
+        offsets = np.zeros((len(names), lanes + lanes % 2), dtype=np.int64)
+        for lane, span in enumerate(spans):
+            offsets[:, lane] = piece_offsets_array(buffer, span.lane.pieces, names)
+        pages = table[owners, positions // page_rows].astype(np.int64)
+        held = packed_on({"cu_seqlens": cu_seqlens.astype(np.int32), "starts": starts.astype(np.int32),
+                          "page_table": table, "pages": pages, "slots": positions % page_rows,
+                          "positions": positions, "offsets": offsets}, buffer.device)
+        return cls(held["cu_seqlens"], held["starts"], int(lengths.max(initial=0)), held["page_table"],
+                   held["pages"], held["slots"], held["positions"], buffer.view(torch.float32),
+                   buffer.view(dtype), held["offsets"], {name: i for i, name in enumerate(gdn_layers)}, lanes)

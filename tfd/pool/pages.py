@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
+import numpy as np
 import torch
 
 from tfd.pool.errors import Leak, LeaseFinished, OverPromise, PoolError, PoolShort
@@ -258,6 +259,7 @@ class Lease:
         layout = pool.layout
         self._table = torch.full((layout.row_pages(window),), pool.null_page, dtype=torch.int32,
                                  device=pool.buffer.device)
+        self._host = np.full(self._table.shape, pool.null_page, dtype=np.int32)  # the table's ids as written
 
     @property
     def holds(self) -> Holding:
@@ -268,6 +270,13 @@ class Lease:
         """int32 page ids of the lane's rows, in row order; ``null_page`` where none is taken."""
         self._alive()
         return self._table
+
+    @property
+    def host_table(self) -> np.ndarray:
+        """``page_table``'s ids on the host, kept as its copies are queued (so a prompt pass reads them
+        without waiting for the device); the caller only reads it. The same array for the lease's life."""
+        self._alive()
+        return self._host
 
     @property
     def pieces(self) -> Mapping[str, torch.Tensor]:
@@ -378,11 +387,12 @@ class Lease:
         """Page ids into the device table from ``start``, queued behind the device's work: from
         the device's pinned ring on CUDA (``tfd.pool.staging``), so the host does not wait for the steps in
         flight."""
-        into = self._table[start:start + len(pages)]
+        into, held = self._table[start:start + len(pages)], self._host[start:start + len(pages)]
+        held[:] = pages
         if self.pool.staging is not None:
-            self.pool.staging.write(into, pages)
+            self.pool.staging.write(into, held)
         else:
-            into.copy_(torch.tensor(pages, dtype=torch.int32))
+            into.copy_(torch.from_numpy(held))
 
     def _spend(self, count: int) -> None:
         if count > self.promised:  # the promise was counted wrong: a bug, not a refusal

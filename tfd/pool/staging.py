@@ -60,7 +60,7 @@ class HostStaging:
         self.reading: deque[tuple[int, int, torch.cuda.Event]] = deque()
         self.lock = threading.Lock()
 
-    def write(self, dest: torch.Tensor, values: Sequence[int]) -> None:
+    def write(self, dest: torch.Tensor, values: Sequence[int] | np.ndarray) -> None:
         """``values`` into ``dest`` (a contiguous int32 CUDA tensor of as many entries), the copy
         queued on the current stream behind its work; the host does not wait for it. Raises
         ``ValueError`` for a ``dest`` of another size or dtype, RuntimeError while a graph captures."""

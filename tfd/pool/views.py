@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from tfd.pool.pieces import Piece, Placement
@@ -88,6 +89,19 @@ class Stamp:
         self.reach = max((placement.offset + piece.nbytes for piece, placement in self.made.values()),
                          default=0)
         self.pages = max((placement.page + 1 for _, placement in self.made.values()), default=0)
+        self._addresses: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def addresses(self, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Pieces ``names``' pages (indices into a lane's pages), byte offsets on them and dtype sizes, as
+        int64 arrays, made once for each tuple of names (KeyError naming a piece there is none of)."""
+        found = self._addresses.get(names)
+        if found is None:
+            made = [self.made[name] for name in names]
+            found = self._addresses[names] = (
+                np.array([placement.page for _, placement in made], dtype=np.int64),
+                np.array([placement.offset for _, placement in made], dtype=np.int64),
+                np.array([TORCH_DTYPES[piece.dtype].itemsize for piece, _ in made], dtype=np.int64))
+        return found
 
     def views(self, pages: Sequence[int]) -> Mapping[str, torch.Tensor]:
         """``place(typed, page_bytes, placements, pieces, pages)``: the same views, each made when first
@@ -135,6 +149,12 @@ class PieceViews(Mapping[str, torch.Tensor]):
         """Piece ``name``'s element offset in the buffer seen as its dtype (its view's ``element_offset``)."""
         piece, _ = self.stamp.made[name]
         return self._start(name) // TORCH_DTYPES[piece.dtype].itemsize
+
+    def offsets(self, names: tuple[str, ...]) -> np.ndarray:
+        """``offset`` of each of ``names``, int64, in one numpy expression (a prompt pass asks for 60 a lane
+        of the 35B-A3B, while the device waits)."""
+        page, at, size = self.stamp.addresses(names)
+        return (np.asarray(self.pages, dtype=np.int64)[page] * self.stamp.page_bytes + at) // size
 
     def _start(self, name: str) -> int:
         """Piece ``name``'s first byte in the buffer."""

@@ -93,7 +93,7 @@ def measure_step(model: HybridModel, layout: Layout, step_tokens: int, device: t
     try:
         lease.take_state(init=model.nonzero_state)
         lease.take(step_tokens)
-        lane = LaneMemory(lease.pieces, lease.page_table)
+        lane = LaneMemory(lease.pieces, lease.page_table, lease.host_table)
         ids = torch.arange(step_tokens, device=device) % model.cfg.vocab
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
