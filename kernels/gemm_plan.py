@@ -56,11 +56,6 @@ WHOLE_ONE = Tiles(256, 128, 64, 8, 4)  # many rows, one K segment: one accumulat
 # against 45, 52). From 192 rows the whole form wins everywhere.
 MIDDLE = Tiles(128, 64, 64, 8, 4)
 FEW_PROGRAMS = 64  # whole-form programs under which the middle tile's spread wins (about half the SMs)
-# Past the middle tile's rows a product in K segments whose whole form runs fewer than FEW_PROGRAMS programs
-# spreads them too while its fp32 partials take at most this many bytes (0: never): Flash Next's hyper down
-# rows [324, 10240] in 20 segments ran 24 whole-form programs of 83 us at its 1,024-row prefill on the H200,
-# 33 of them a prefill (2.75 ms of 43.8). An int, so that tfd bench --variant can time it; the same bits.
-SPREAD_PARTIALS = 0
 
 
 @attrs.frozen
@@ -95,17 +90,14 @@ class Plan:
 
     def spreads(self, rows: int, n: int, element_size: int = 2) -> bool:
         """Whether ``rows`` rows of an ``n``-column product run in the spread form: up to
-        ``SPREAD_ROWS``; up to the middle tile's rows where the whole form would run one K segment
-        (its tile then twice the rows) or fewer than ``FEW_PROGRAMS`` programs; past them where it
-        would run fewer than ``FEW_PROGRAMS`` programs of several segments whose partials fit
-        ``SPREAD_PARTIALS``."""
+        ``SPREAD_ROWS``, and up to the middle tile's rows where the whole form would run one K
+        segment (its tile then twice the rows) or fewer than ``FEW_PROGRAMS`` programs."""
         if rows <= SPREAD_ROWS:
             return True
+        if rows > self.middle.block_m:
+            return False
         whole = self.whole_tiles(element_size)
         programs = triton.cdiv(n, whole.block_n) * triton.cdiv(rows, whole.block_m)
-        if rows > self.middle.block_m:  # many rows: only a narrow product whose partials fit
-            return self.segments > 1 and programs < FEW_PROGRAMS \
-                and self.segments * rows * n * 4 <= SPREAD_PARTIALS
         return self.segments == 1 or programs < FEW_PROGRAMS
 
 

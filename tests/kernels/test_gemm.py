@@ -130,44 +130,6 @@ def test_the_spread_form_takes_the_middle_rows_where_the_whole_form_would_idle()
     assert gemm_plan.plan(4096, 4096).spread_tiles(100) == gemm_plan.MIDDLE
 
 
-def test_many_rows_of_a_narrow_product_spread_while_their_partials_fit(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    # Flash Next's hyper down rows [324, 10240]: 20 K segments, 3 whole-form column tiles of 128
-    down = gemm_plan.plan(324, 10240)
-    assert down.segments == 20 and gemm_plan.SPREAD_PARTIALS == 0
-    assert not down.spreads(129, 324)  # off: past the middle tile's rows the whole form
-    monkeypatch.setattr(gemm_plan, "SPREAD_PARTIALS", 20 * 1024 * 324 * 4)  # a 1,024-row prompt's partials
-    assert [down.spreads(m, 324) for m in (128, 129, 1024, 1025)] == [True, True, True, False]
-    monkeypatch.setattr(gemm_plan, "SPREAD_PARTIALS", 1 << 40)
-    # 21 row tiles of 128 make 63 whole-form programs, 22 make 66: past FEW_PROGRAMS the whole form
-    assert [down.spreads(m, 324) for m in (21 * 128, 21 * 128 + 1)] == [True, False]
-    assert not gemm_plan.plan(324, 256).spreads(1024, 324)  # one K segment: nothing to spread
-    assert not gemm_plan.plan(4096, 4096).spreads(1024, 4096)  # 256 whole-form programs
-
-
-def test_many_rows_spread_give_the_whole_forms_bits(monkeypatch: pytest.MonkeyPatch) -> None:
-    tiles = gemm_plan.Tiles(16, 64, 64)  # one tile in both forms (see above)
-    choice = one_tile(64, 1024, tiles)
-    x = torch.randn(130, 1024, generator=torch.Generator().manual_seed(130))
-    w = weights(64, 1024, torch.float32)
-    assert choice.segments == 4 and not choice.spreads(130, 64)
-    whole = gemm.matmul(x, w, choice=choice)
-    monkeypatch.setattr(gemm_plan, "SPREAD_PARTIALS", 4 * 130 * 64 * 4)
-    assert choice.spreads(130, 64)
-    assert torch.equal(gemm.matmul(x, w, choice=choice), whole)
-
-
-@pytest.mark.gpu
-def test_many_rows_spread_give_the_whole_forms_bits_on_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Flash Next's hyper down rows at a 1,024-row prompt and past the partials' bound (the whole form)
-    w = weights(324, 10240, torch.bfloat16, "cuda")
-    x = torch.randn(1100, 10240, device="cuda", dtype=torch.bfloat16)
-    whole = gemm.matmul(x, w)
-    monkeypatch.setattr(gemm_plan, "SPREAD_PARTIALS", 20 * 1024 * 324 * 4)
-    for m in (129, 1024, 1100):
-        assert torch.equal(gemm.matmul(x[:m], w), whole[:m]), f"differs at m={m}"
-
-
 def test_k_segments_give_two_programs_per_multiprocessor() -> None:
     # decode shapes of qwen3_5-9b: at least gemm_plan.TARGET_PROGRAMS programs of 64 columns where K allows
     for n, k, segments in ((12352, 4096, 2), (10240, 4096, 2), (4096, 4096, 5), (4096, 12288, 5),
