@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tfd.model.memory import ALIGN, LaneMemory, PromptLanes, Span, packed_on
+from tfd.model.memory import ALIGN, LaneMemory, LanesOnce, PromptLanes, Span, packed_on
 
 PAGE_ROWS = 4
 PIECE = 64  # bytes of each lane's GDN state and conv tail
@@ -73,3 +73,13 @@ def test_packed_parts_keep_their_values_and_each_starts_aligned(count: int) -> N
     for name, part in parts.items():
         assert held[name].numpy().tolist() == part.tolist() and held[name].shape == part.shape
         assert held[name].data_ptr() % ALIGN == 0
+
+
+def test_lanes_made_once_when_first_asked_for_are_the_lanes() -> None:
+    spans, buffer = lanes_for((3, 4), (0, 9), host=True)
+    once = LanesOnce(spans, ["g"], buffer, PAGE_ROWS, 99, torch.float32)
+    made = once.get()
+    assert once.get() is made and made.get() is made
+    want = PromptLanes.of(spans, ["g"], buffer, PAGE_ROWS, 99, torch.float32)
+    for field in ("cu_seqlens", "starts", "page_table", "pages", "slots", "positions", "offsets"):
+        assert torch.equal(getattr(made, field), getattr(want, field)), field

@@ -12,7 +12,7 @@ import torch
 
 from tfd.model import ops
 from tfd.model.fp8 import Weight
-from tfd.model.memory import PageRows, PromptLanes, Span, ints_on
+from tfd.model.memory import LanesOnce, PageRows, PromptLanes, Span, ints_on
 from tfd.model.ops import Input, linear, sigmoid_gate, values_of, zrms
 from tfd.model.qsa import DecodeRows, IndexerWeights, select_positions, select_rows, whole_prefix
 from tfd.model.rope import Rotary
@@ -125,19 +125,20 @@ def attention_rows(w: AttentionWeights, x: Input, cos: torch.Tensor, sin: torch.
     return finish(w, out, p.gate)
 
 
-def attention_spans(w: AttentionWeights, x: torch.Tensor, lanes: PromptLanes, keys: torch.Tensor,
+def attention_spans(w: AttentionWeights, x: torch.Tensor, lanes: PromptLanes | LanesOnce, keys: torch.Tensor,
                     values: torch.Tensor, rotary: Rotary) -> torch.Tensor:
     """The layer's output for the prompt rows ``x`` [rows, hidden] of every lane of ``lanes`` at
     once (dense attention, the Triton kernel): one product, one K/V store into the layer's caches
     ``keys``/``values`` [pages + 1, page rows, kv_heads, d], one causal attention launch through the
     lanes' page tables. Each lane's rows get the bits they get alone."""
-    cos, sin = rotary.angles(lanes.positions, x.dtype)
+    made = lanes.get()
+    cos, sin = rotary.angles(made.positions, x.dtype)
     p = project(w, x, cos, sin, rotary)
-    keys[lanes.pages, lanes.slots] = p.key.to(keys.dtype)
-    values[lanes.pages, lanes.slots] = p.value.to(values.dtype)
+    keys[made.pages, made.slots] = p.key.to(keys.dtype)
+    values[made.pages, made.slots] = p.value.to(values.dtype)
     out = torch.empty_like(p.query)
-    paged_prefill.prefill(p.query, keys, values, lanes.page_table, lanes.starts, lanes.cu_seqlens,
-                          w.head_dim ** -0.5, out, max_rows=lanes.max_rows)
+    paged_prefill.prefill(p.query, keys, values, made.page_table, made.starts, made.cu_seqlens,
+                          w.head_dim ** -0.5, out, max_rows=made.max_rows)
     return finish(w, out, p.gate)
 
 

@@ -9,12 +9,14 @@ bit. Both update the lane's state and tail in place.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 import torch
 
 from tfd.model import GDN_CHUNK
 from tfd.model.fp8 import Fp8Weight, Joined, Weight
-from tfd.model.memory import PromptLanes
+from tfd.model.memory import LanesOnce, PromptLanes
 from tfd.model.ops import Input, fp8_linear, gated_rms_into, l2norm, linear, sigmoid, softplus, values_of
 from tfd_kernels import conv1d, gdn_decode, gdn_gates, gdn_prefill, gdn_reference, gemm
 
@@ -114,24 +116,33 @@ def gdn_chunks(w: GdnWeights, x: torch.Tensor, state: torch.Tensor, tail: torch.
     zero = torch.zeros(1, dtype=torch.int64, device=device)
     bounds = torch.tensor([0, rows], dtype=torch.int32, device=device)
     starts = torch.tensor([start], dtype=torch.int64, device=device)
-    return _prompt(w, x, state.view(-1), zero, tail.view(-1), zero, bounds, starts, rows)
+    return _prompt(w, x, lambda: (state.view(-1), zero, tail.view(-1), zero, bounds, starts, rows))
 
 
-def gdn_spans(w: GdnWeights, x: torch.Tensor, lanes: PromptLanes, layer: str) -> torch.Tensor:
+def gdn_spans(w: GdnWeights, x: torch.Tensor, lanes: PromptLanes | LanesOnce, layer: str) -> torch.Tensor:
     """``gdn`` for the prompt rows ``x`` [rows, hidden] of every lane of ``lanes`` at once: one
     product, one conv and one chunked-rule launch over all lanes, states and tails in place in the
     pool. A lane's rows come out with the bits they have alone (every step is lane-invariant)."""
-    state_at, tail_at = lanes.offsets_of(layer)
-    return _prompt(w, x, lanes.states, state_at, lanes.tails, tail_at, lanes.cu_seqlens, lanes.starts,
-                   lanes.max_rows)
+
+    def where() -> Where:
+        made = lanes.get()  # after the projection's launch: a forward's first layer makes them then
+        state_at, tail_at = made.offsets_of(layer)
+        return made.states, state_at, made.tails, tail_at, made.cu_seqlens, made.starts, made.max_rows
+
+    return _prompt(w, x, where)
 
 
-def _prompt(w: GdnWeights, x: torch.Tensor, states: torch.Tensor, state_at: torch.Tensor, tails: torch.Tensor,
-            tail_at: torch.Tensor, cu_seqlens: torch.Tensor, starts: torch.Tensor, max_rows: int
-            ) -> torch.Tensor:
+# A prompt pass's lane fields: the pool's states (fp32) and each lane's state offset, the tails (model dtype)
+# and offsets, cu_seqlens, starts and the most rows of a lane
+Where = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]
+
+
+def _prompt(w: GdnWeights, x: torch.Tensor, where: Callable[[], Where]) -> torch.Tensor:
     """Prompt rows of varlen lanes through the kernels: projection, conv from each lane's tail, the
-    chunked rule from each lane's state (both at element offsets of ``tails``/``states``), finish."""
+    chunked rule from each lane's state (both at element offsets of ``tails``/``states``), finish;
+    the lane fields asked of ``where`` once the projection is launched."""
     p = project(w, x)
+    states, state_at, tails, tail_at, cu_seqlens, starts, max_rows = where()
     q, k, v = split_heads(w, conv1d.prefill(p.mixed, w.conv, tails, tail_at, cu_seqlens, max_rows))
     out = gdn_prefill.prefill(q, k, v, p.g, p.beta, states, state_at, cu_seqlens, starts, w.key_dim ** -0.5,
                               max_rows)

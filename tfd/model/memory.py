@@ -184,6 +184,10 @@ class PromptLanes:
     layers: Mapping[str, int]  # a GDN layer's place among them
     lanes: int
 
+    def get(self) -> PromptLanes:
+        """Itself (``LanesOnce.get``'s answer, made)."""
+        return self
+
     def offsets_of(self, layer: str) -> tuple[torch.Tensor, torch.Tensor]:
         """GDN ``layer``'s (state_at, tail_at), int64 [lanes] each: views made when its layer runs, while
         the device runs the layers before (all at once, they were host time before the first launch)."""
@@ -222,3 +226,20 @@ class PromptLanes:
         return cls(held["cu_seqlens"], held["starts"], int(lengths.max(initial=0)), held["page_table"],
                    held["pages"], held["slots"], held["positions"], buffer.view(torch.float32),
                    buffer.view(dtype), held["offsets"], {name: i for i, name in enumerate(gdn_layers)}, lanes)
+
+
+class LanesOnce:
+    """``PromptLanes.of``'s arguments, the lanes made at the first ``get``: a forward's first layer asks
+    for them once it has launched its projection, so the host makes them while the device runs it, not
+    while the device waits (the pass's first launches need no lane field)."""
+
+    def __init__(self, spans: Sequence[Span], gdn_layers: Sequence[str], buffer: torch.Tensor, page_rows: int,
+                 null_page: int, dtype: torch.dtype) -> None:
+        self._arguments = (spans, gdn_layers, buffer, page_rows, null_page, dtype)
+        self._made: PromptLanes | None = None
+
+    def get(self) -> PromptLanes:
+        """The lanes, made on the first call."""
+        if self._made is None:
+            self._made = PromptLanes.of(*self._arguments)
+        return self._made

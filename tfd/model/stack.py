@@ -18,7 +18,7 @@ from tfd.model import hyper
 from tfd.model.attention import AttentionWeights, attention, attention_spans
 from tfd.model.fp8 import Experts, Weight
 from tfd.model.gdn import GdnWeights, gdn, gdn_spans
-from tfd.model.memory import PageRows, PromptLanes, Span
+from tfd.model.memory import LanesOnce, PageRows, PromptLanes, Span
 from tfd.model.mlp import DenseMlp, MoeWeights, dense, moe, moe_add_zrms
 from tfd.model.ops import add_zrms, linear, zrms
 from tfd.model.parallel import Parallel
@@ -74,7 +74,7 @@ def run_stack(w: StackWeights, spans: Sequence[Span], rows: PageRows) -> StackOu
     lanes = None
     if x.is_cuda and not any(span.decode for span in spans):  # prompt rows: layers take all lanes at once
         names = [layer.name for layer in w.layers if isinstance(layer.mixer, GdnWeights)]
-        lanes = PromptLanes.of(spans, names, rows.buffer, rows.page_rows, rows.null_page, x.dtype)
+        lanes = LanesOnce(spans, names, rows.buffer, rows.page_rows, rows.null_page, x.dtype)
     pending: Carried | None = None
     # each layer's FFN output added in the launch that makes the norm after it (none: streams)
     norms = [layer.input_norm for layer in w.layers[1:]] + [w.final_norm]
@@ -118,7 +118,7 @@ Carried = hyper.Pending | Fed | Normed  # what one layer hands the next (``run_l
 
 
 def run_layer(w: StackWeights, layer: LayerWeights, x: torch.Tensor, spans: Sequence[Span],
-              rows: PageRows, lanes: PromptLanes | None = None, pending: Carried | None = None,
+              rows: PageRows, lanes: PromptLanes | LanesOnce | None = None, pending: Carried | None = None,
               then: torch.Tensor | None = None) -> tuple[torch.Tensor, Carried | None]:
     """One decoder layer over the residual ``x`` of every span's rows, in span order; with
     ``lanes`` (prompt spans on CUDA) a GDN or dense attention layer runs every span in one pass.
