@@ -28,7 +28,7 @@ class LaneMemory:
 
     pieces: Mapping[str, torch.Tensor]
     page_table: torch.Tensor
-    host_table: np.ndarray | None = None
+    host_table: np.ndarray | None = attrs.field(default=None, eq=False)  # the device table's, as written
 
     def table_on_host(self) -> np.ndarray:
         """The page table's ids on the host: the host copy where the lane has one, else the device table
