@@ -164,6 +164,28 @@ def test_fragmentation_refuses_a_run_and_admits_pieces() -> None:
     pool.check_at_load()
 
 
+def test_tables_written_together_land_on_leaving_whatever_raised() -> None:
+    pool = Pool(layout(), 8)
+    first, second = pool.promise(2 * ROWS), pool.promise(2 * ROWS)
+    with pool.tables_together():
+        first.take(ROWS)
+        second.take(2 * ROWS)
+        # the host tables at once; the device's on leaving
+        assert first.host_table.tolist() == [0, pool.null_page] and second.host_table.tolist() == [1, 2]
+        assert first.page_table.tolist() == second.page_table.tolist() == [pool.null_page] * 2
+        with pytest.raises(RuntimeError, match="gathered already"), pool.tables_together():
+            pass
+    assert first.page_table.tolist() == [0, pool.null_page] and second.page_table.tolist() == [1, 2]
+    with pytest.raises(KeyError), pool.tables_together():
+        first.take(2 * ROWS)
+        raise KeyError("a failure after the take")
+    assert first.page_table.tolist() == first.host_table.tolist() == [0, 3]  # written all the same
+    first.take(2 * ROWS)  # nothing gathered now: at once
+    for lease in (first, second):
+        lease.finish()
+    pool.check_at_load()
+
+
 def test_pages_off_holds_state_and_rows_on_one_run() -> None:
     pool = Pool(layout(), 10, mode=Mode.ONE_RUN)
     lease = pool.promise(3 * ROWS)

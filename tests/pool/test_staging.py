@@ -6,6 +6,7 @@ captures is refused."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -88,3 +89,19 @@ def test_a_write_names_a_destination_it_cannot_fill() -> None:
         ring.put(torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int32, device="cuda"))
     with pytest.raises(ValueError, match="held must be a host tensor"):
         ring.put(torch.zeros(2, device="cuda"), torch.zeros(2, device="cuda"))
+
+
+def test_many_writes_land_each_in_its_table_in_one_copy() -> None:
+    ring = HostStaging(64)
+    lengths = [3, 1, 16, 5]  # the last two past the ring's 16 ids together: their joined copy is torch's
+    dests = [torch.full((n + 2,), -1, dtype=torch.int32, device="cuda") for n in lengths]
+    items = [(dest[1:1 + n], np.arange(10 * i, 10 * i + n, dtype=np.int32))
+             for i, (n, dest) in enumerate(zip(lengths, dests, strict=True))]
+    torch.cuda._sleep(2_000_000)  # still queued when the host moves on
+    ring.write_many(items[:2])
+    ring.write_many(items[2:])
+    torch.cuda.synchronize()
+    for (n, dest), (_, values) in zip(zip(lengths, dests, strict=True), items, strict=True):
+        assert dest.tolist() == [-1, *values.tolist(), -1], n
+    with pytest.raises(ValueError, match="expected int32 \\[2\\]"):
+        ring.write_many([(dests[0][:3], np.zeros(2, dtype=np.int32))])

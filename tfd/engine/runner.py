@@ -107,13 +107,14 @@ class Runner:
         launches the next one before it waits."""
         if self.cache is not None:
             self.cache.settle()
-        for work in works:
-            lease = work.lane.lease
-            assert lease is not None and work.lane.memory is not None
-            lease.take(work.start + work.length)
-            if self.rounds is not None and work.lane.drafting:
-                # its next round (run ahead) and its head's chained cells go past its rows: on its pages
-                lease.take(min(lease.window, work.start + work.length + 2 * self.rounds.most + 1))
+        with self.pool.tables_together():  # the lanes' new page ids in one copy, not one a lane
+            for work in works:
+                lease = work.lane.lease
+                assert lease is not None and work.lane.memory is not None
+                lease.take(work.start + work.length)
+                if self.rounds is not None and work.lane.drafting:
+                    # its next round (run ahead) and its head's chained cells go past its rows: on its pages
+                    lease.take(min(lease.window, work.start + work.length + 2 * self.rounds.most + 1))
         verified = []
         rounds = [work for work in works if work.verify]
         if rounds:  # drafting lanes' windows: a verify pass of their own

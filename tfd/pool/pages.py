@@ -14,7 +14,8 @@ it and it stays zero.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -93,6 +94,7 @@ class Pool:
         self._promised = 0
         self._leases: dict[int, Lease] = {}
         self._next_lane = 0
+        self._together: list[tuple[torch.Tensor, np.ndarray]] | None = None  # tables_together's writes
         self.at_load = self.census()
 
     @classmethod
@@ -111,6 +113,25 @@ class Pool:
                             f"{fits} fit, each needing {layout.lane_bytes(window)} bytes")
         pages = (memory_limit - lanes * layout.fixed_bytes) // layout.page_bytes - 1  # the null page
         return cls(layout, pages, mode=mode, max_lanes=lanes, device=device)
+
+    @contextlib.contextmanager
+    def tables_together(self) -> Iterator[None]:
+        """Inside, the leases' page-table writes wait and go to the device together on leaving (on CUDA one
+        copy and one device copy into every table: ``HostStaging.write_many``), whatever raised; the host
+        tables (``Lease.host_table``) follow each write at once. For a step's lanes taking pages one after
+        another, whose copies each left the device idle. Not reentrant (RuntimeError)."""
+        if self._together is not None:
+            raise RuntimeError("the pool's page-table writes are gathered already")
+        self._together = []
+        try:
+            yield
+        finally:
+            gathered, self._together = self._together, None
+            if self.staging is not None:
+                self.staging.write_many(gathered)
+            else:
+                for dest, values in gathered:
+                    dest.copy_(torch.from_numpy(values))
 
     @property
     def free(self) -> int:
@@ -389,7 +410,9 @@ class Lease:
         flight."""
         into, held = self._table[start:start + len(pages)], self._host[start:start + len(pages)]
         held[:] = pages
-        if self.pool.staging is not None:
+        if self.pool._together is not None:  # tables_together: written with the others on leaving
+            self.pool._together.append((into, held.copy()))
+        elif self.pool.staging is not None:
             self.pool.staging.write(into, held)
         else:
             into.copy_(torch.from_numpy(held))

@@ -70,6 +70,23 @@ class HostStaging:
                              f"int32 [{count}] on a CUDA device")
         self.put(torch.from_numpy(np.asarray(values, dtype=np.int32)), dest)
 
+    def write_many(self, items: Sequence[tuple[torch.Tensor, np.ndarray]]) -> None:
+        """Each item's ``values`` into its ``dest`` (as ``write``), in one copy to the device and one device
+        copy into them all (``torch._foreach_copy_``): a step's lanes taking pages one after another left
+        the device idle between their copies (the 35B-A3B's 8 x 1,024 prefill step: 8 gaps, 0.76 ms on the
+        H100). Raises ``ValueError`` naming a ``dest`` of another size or dtype."""
+        for dest, values in items:
+            if dest.shape != (len(values),) or dest.dtype != torch.int32 or not dest.is_cuda:
+                raise ValueError(f"dest is {dest.dtype} {list(dest.shape)} on {dest.device}, expected "
+                                 f"int32 [{len(values)}] on a CUDA device")
+        if not items:
+            return
+        joined = np.concatenate([np.asarray(values, dtype=np.int32) for _, values in items])
+        scratch = torch.empty(len(joined), dtype=torch.int32, device=items[0][0].device)
+        self.put(torch.from_numpy(joined), scratch)
+        parts = torch.split(scratch, [len(values) for _, values in items])
+        torch._foreach_copy_([dest for dest, _ in items], list(parts))
+
     def put(self, held: torch.Tensor, dest: torch.Tensor) -> None:
         """Host tensor ``held`` into ``dest`` (a contiguous CUDA tensor of its dtype and shape), the copy
         queued on the current stream behind its work; the host does not wait for it, and ``held`` may be
