@@ -7,7 +7,7 @@
 # .devk. s47b.sh has the GPU tests of what was built without a device.
 . .dev/start.sh
 for s in qwen3_5-35b-a3b qwen3_next-80b-a3b; do
-  timeout $(( 80 + $(el) )) tfd bench --shape $s --streams 8 --prompt 1024 --new 8 --rounds 2 --out $R/$s \
+  timeout 130 tfd bench --shape $s --streams 8 --prompt 1024 --new 8 --rounds 2 --out $R/$s \
     > $R/$s.txt 2>&1; echo "$s rc=$? t=$(el)"; grep -a "prefill\|rror" $R/$s.txt | cut -c1-300
 done
 timeout $(( 430 - $(el) )) tfd bench --shape qwen3_8-flash-next --streams 1,8,32 --prompt 1024 --new 256 \
