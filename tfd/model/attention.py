@@ -184,10 +184,7 @@ def attention(w: AttentionWeights, x: torch.Tensor, span: Span, rows: PageRows, 
     rows.write(f"{layer}.v", span.lane, positions, value)
     if x.is_cuda and w.indexer is None:  # the rows attend in place through the page table
         out = torch.empty_like(query)
-        bounds = torch.tensor([0, count], dtype=torch.int32, device=x.device)
-        starts = torch.tensor([span.start], dtype=torch.int32, device=x.device)
-        paged_prefill.prefill(query, rows.views[f"{layer}.k"], rows.views[f"{layer}.v"],
-                              span.lane.page_table[None], starts, bounds, d ** -0.5, out, max_rows=count)
+        _causal(query, rows.views[f"{layer}.k"], rows.views[f"{layer}.v"], span, out)
         return finish(w, out, p.gate)
     if w.indexer is not None:  # QSA: each row over its chosen positions, read in place (CUDA) or gathered
         # on CUDA the rows whose choice is every position up to theirs may attend as dense rows (DENSE_PREFIX)
@@ -195,17 +192,13 @@ def attention(w: AttentionWeights, x: torch.Tensor, span: Span, rows: PageRows, 
         chosen_at, counts = select_positions(w.indexer, x, span, rows, layer, rotary, cos, sin, dense)
         out = torch.empty_like(query)
         k_cache, v_cache = rows.views[f"{layer}.k"], rows.views[f"{layer}.v"]
-        table = span.lane.page_table[None]
-        if dense:  # each from the ring, so 16-byte aligned (a kernel compiles once for either)
-            starts = ints_on([span.start], x.device, torch.int32)
-            bounds = ints_on([0, dense], x.device, torch.int32)
-            paged_prefill.prefill(query[:dense], k_cache, v_cache, table, starts, bounds, d ** -0.5,
-                                  out[:dense], max_rows=dense)
+        if dense:
+            _causal(query[:dense], k_cache, v_cache, span, out[:dense])
         if dense < count:
             lane_of = torch.zeros(count - dense, dtype=torch.int32, device=x.device)
             attend_chosen = sparse_attention.attend if x.is_cuda else sparse_attention.reference
-            attend_chosen(query[dense:], k_cache, v_cache, table, lane_of, chosen_at, counts, d ** -0.5,
-                          out[dense:])
+            attend_chosen(query[dense:], k_cache, v_cache, span.lane.page_table[None], lane_of, chosen_at,
+                          counts, d ** -0.5, out[dense:])
         return finish(w, out, p.gate)
     keys = rows.read(f"{layer}.k", span.lane, span.end)
     values = rows.read(f"{layer}.v", span.lane, span.end)
@@ -214,6 +207,18 @@ def attention(w: AttentionWeights, x: torch.Tensor, span: Span, rows: PageRows, 
         visible = span.start + row + 1
         out[row] = attend(query[row], keys[:visible], values[:visible], d ** -0.5)
     return finish(w, out, p.gate)
+
+
+def _causal(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, span: Span, out: torch.Tensor
+            ) -> None:
+    """``query``'s rows (the first of ``span``'s, from its start) over every key up to each one's position,
+    through the lane's page table, into ``out`` (``tfd_kernels.paged_prefill``, one lane). Its bounds each
+    from the ring, so 16-byte aligned (a kernel compiles once for either)."""
+    rows = query.shape[0]
+    starts = ints_on([span.start], query.device, torch.int32)
+    bounds = ints_on([0, rows], query.device, torch.int32)
+    paged_prefill.prefill(query, k_cache, v_cache, span.lane.page_table[None], starts, bounds,
+                          query.shape[-1] ** -0.5, out, max_rows=rows)
 
 
 def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
