@@ -62,23 +62,36 @@ def prompts_step(events: list[dict]) -> tuple[float, float]:
     return step["ts"], step["ts"] + step["dur"]
 
 
+def step_device(events: list[dict]) -> list[dict]:
+    """The prompts' step's device events, by start."""
+    begin, end = prompts_step(events)
+    return sorted((e for e in events if e.get("cat") in DEVICE_CATS and begin <= e["ts"] <= end),
+                  key=lambda e: e["ts"])
+
+
+def idle_gaps(device: list[dict]) -> list[tuple[float, dict, dict]]:
+    """(us, the event the device ran last before, the event after) of each idle stretch over ``GAP_US``."""
+    gaps = []
+    reached, before = device[0]["ts"] + device[0]["dur"], device[0]
+    for event in device[1:]:
+        if event["ts"] - reached > GAP_US:
+            gaps.append((event["ts"] - reached, before, event))
+        if event["ts"] + event["dur"] > reached:
+            reached, before = event["ts"] + event["dur"], event
+    return gaps
+
+
 def idle(events: list[dict]) -> None:
     begin, end = prompts_step(events)
-    device = sorted((e for e in events if e.get("cat") in DEVICE_CATS and begin <= e["ts"] <= end),
-                    key=lambda e: e["ts"])
+    device = step_device(events)
     busy = sum(e["dur"] for e in device)
     last = max(e["ts"] + e["dur"] for e in device)
     print(f"step {(end - begin) / 1e3:.2f} ms; device busy {busy / 1e3:.2f} ms in {len(device)} launches; "
           f"idle before the first {(device[0]['ts'] - begin) / 1e3:.2f} ms, after the last "
           f"{(end - last) / 1e3:.2f} ms", flush=True)
     pairs: dict[str, list[float]] = defaultdict(list)
-    reached, before = device[0]["ts"] + device[0]["dur"], device[0]["name"]
-    for event in device[1:]:
-        gap = event["ts"] - reached
-        if gap > GAP_US:
-            pairs[f"{before[:28]} -> {event['name'][:28]}"].append(gap)
-        if event["ts"] + event["dur"] > reached:
-            reached, before = event["ts"] + event["dur"], event["name"]
+    for gap, before, after in idle_gaps(device):
+        pairs[f"{before['name'][:28]} -> {after['name'][:28]}"].append(gap)
     total = sum(sum(gaps) for gaps in pairs.values())
     print(f"idle gaps over {GAP_US:.0f} us between kernels: {sum(map(len, pairs.values()))}, "
           f"{total / 1e3:.2f} ms; by the kernels either side:")
@@ -156,18 +169,9 @@ def gap_hosts(events: list[dict], count: int = 4) -> None:
     """The ``count`` longest idle gaps of the prompts' step, each with what the host did between the launch
     of the kernel before it and the launch of the kernel after it: the calls (Python frames with stacks,
     torch ops without) overlapping that window by ``TREE_US`` or more, nested, each with its time inside."""
-    begin, end = prompts_step(events)
     launches = {e["args"]["correlation"]: e for e in events
                 if e.get("cat") in HOST_CATS and "correlation" in e.get("args", {})}
-    device = sorted((e for e in events if e.get("cat") in DEVICE_CATS and begin <= e["ts"] <= end),
-                    key=lambda e: e["ts"])
-    gaps = []
-    reached, before = device[0]["ts"] + device[0]["dur"], device[0]
-    for event in device[1:]:
-        if event["ts"] - reached > GAP_US:
-            gaps.append((event["ts"] - reached, before, event))
-        if event["ts"] + event["dur"] > reached:
-            reached, before = event["ts"] + event["dur"], event
+    gaps = idle_gaps(step_device(events))
     calls = [e for e in events if e.get("cat") in ("python_function", "cpu_op", "user_annotation")]
     for gap, first, then in sorted(gaps, key=lambda g: -g[0])[:count]:
         a = launches.get(first.get("args", {}).get("correlation"))
