@@ -241,7 +241,7 @@ def default_plan(n: int, k: int) -> Plan:
     weight's shape alone and every K step is ``BLOCK``."""
     spread = SPREAD if SPREAD.block_n == SPREAD_N else attrs.evolve(SPREAD, block_n=SPREAD_N)
     return plan(n, k, spread=spread, whole=WHOLE, few=spread, mid=spread, whole_one=WHOLE, middle=MIDDLE,
-                target=TARGET)
+                narrow=WHOLE, target=TARGET)
 
 
 def _checked_x(x: torch.Tensor) -> torch.Tensor:

@@ -299,7 +299,7 @@ def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice:
     choice = choice or plan(n, k)
     if spread is None:
         spread = choice.spreads(m, n, x.element_size())
-    whole = choice.whole_tiles(x.element_size())
+    whole = choice.whole_tiles(x.element_size(), m, n)
     forms_middle = swiglu and (spread or whole.block_n % (2 * PAIR) == 0)  # the tile holds whole pairs
     out = torch.empty(m, n // 2 if forms_middle else n, dtype=x.dtype, device=x.device)
     if not spread:

@@ -56,6 +56,13 @@ WHOLE_ONE = Tiles(256, 128, 64, 8, 4)  # many rows, one K segment: one accumulat
 # against 45, 52). From 192 rows the whole form wins everywhere.
 MIDDLE = Tiles(128, 64, 64, 8, 4)
 FEW_PROGRAMS = 64  # whole-form programs under which the middle tile's spread wins (about half the SMs)
+# Past the middle tile's rows a product in K segments whose whole form at WHOLE's tile would run fewer programs
+# than this (0: never) takes NARROW_WHOLE's, four times the programs: Flash Next's hyper down rows [324, 10240]
+# in 20 segments ran 24 whole-form programs at its 1,024-row prefill on the H200 (83 us each, 33 a prefill),
+# 108 of 132 multiprocessors idle. An int, so that tfd bench --variant can time it; the same bits (a tile's
+# shape never changes them, tfd_kernels.gemm).
+NARROW_WHOLE_PROGRAMS = 0
+NARROW_WHOLE = Tiles(64, 64, 128, 4, 3)
 
 
 @attrs.frozen
@@ -70,12 +77,17 @@ class Plan:
     mid: Tiles = MID
     whole_one: Tiles = WHOLE_ONE
     middle: Tiles = MIDDLE
+    narrow: Tiles = NARROW_WHOLE
 
-    def whole_tiles(self, element_size: int = 2) -> Tiles:
+    def whole_tiles(self, element_size: int = 2, rows: int = 0, n: int = 0) -> Tiles:
         """The whole form's tile: taller with one K segment (no second accumulator, where two
-        spill on sm_90); its K step halved while its stages of ``element_size``-byte operands
-        overflow shared memory (fp32 inputs)."""
+        spill on sm_90); the narrow tile for ``rows`` rows of an ``n``-column product in several
+        segments that would run fewer than ``NARROW_WHOLE_PROGRAMS`` programs; its K step halved
+        while its stages of ``element_size``-byte operands overflow shared memory (fp32 inputs)."""
         tiles = self.whole_one if self.segments == 1 else self.whole
+        if self.segments > 1 and rows and \
+                triton.cdiv(n, tiles.block_n) * triton.cdiv(rows, tiles.block_m) < NARROW_WHOLE_PROGRAMS:
+            tiles = self.narrow
         while tiles.block_k > 16 and tiles.stages * (tiles.block_m + tiles.block_n) * tiles.block_k \
                 * element_size > SHARED_BYTES:
             tiles = attrs.evolve(tiles, block_k=tiles.block_k // 2)
@@ -102,14 +114,15 @@ class Plan:
 
 
 def plan(n: int, k: int, spread: Tiles = SPREAD, whole: Tiles = WHOLE, few: Tiles = FEW, mid: Tiles = MID,
-         whole_one: Tiles = WHOLE_ONE, middle: Tiles = MIDDLE, target: int | None = None) -> Plan:
+         whole_one: Tiles = WHOLE_ONE, middle: Tiles = MIDDLE, narrow: Tiles = NARROW_WHOLE,
+         target: int | None = None) -> Plan:
     """K segments for a weight of shape [n, k]; the same for every number of rows. Segments are
     whole K steps of every tile, as many as make about ``target`` programs (``TARGET_PROGRAMS``)."""
-    step = max(spread.block_k, whole.block_k, few.block_k, mid.block_k, whole_one.block_k, middle.block_k)
+    step = max(t.block_k for t in (spread, whole, few, mid, whole_one, middle, narrow))
     k_tiles = math.ceil(k / step)
     n_tiles = math.ceil(n / spread.block_n)
     steps = NARROW_STEPS if n_tiles <= NARROW_TILES else SEGMENT_STEPS
     segments = max(1, min(math.ceil((target or TARGET_PROGRAMS) / n_tiles), k_tiles // steps))
     per_segment = math.ceil(k_tiles / segments)
     segments = math.ceil(k_tiles / per_segment)  # no segment left empty
-    return Plan(segments, per_segment * step, spread, whole, few, mid, whole_one, middle)
+    return Plan(segments, per_segment * step, spread, whole, few, mid, whole_one, middle, narrow)

@@ -27,8 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tfd_kernels import gemm, pdl
 from tfd_kernels import norm as norm_kernels
-from tfd_kernels import pdl
 from tfd_kernels.conv1d import silu_out
 from tfd_kernels.runtime import INTERPRETED
 from tfd_kernels.sigmoid_gate import gated, widened
@@ -327,6 +327,11 @@ MIX_K = 64
 # with five against 29.5.
 MIX_EARLY = 5
 MOST_EARLY = 5  # tiles _mix holds for it (first, f1 .. f4)
+# A prompt's mix as the three launches it fuses (gates, the batch-invariant up product, block_input; the same
+# cast points) instead of one: Flash Next's 1,024-row prefill ran 33 one-launch mixes of 83 us on the H200,
+# 1,280 programs each holding a 64 x 128 fp32 product; its 6.7 GFLOP are 9 us at the matmul rate and its
+# [rows, 10,240] product 42 MB there and back. An int, so that tfd bench --variant can time it (0: one launch).
+MIX_PROMPT_SPLIT = 0
 
 
 def _prompt(rows: int) -> bool:
@@ -351,7 +356,8 @@ def mix(projected: torch.Tensor, up: torch.Tensor, normed: torch.Tensor, streams
     """``gates`` then the up product then ``block_input`` in one launch: from ``projected`` [rows,
     rank (+ streams)] (the down rows' product, then the injection rows'), ``up`` [streams * width,
     rank] and the normalised streams ``normed`` [rows, streams * width], the block input [rows,
-    width] and the injection weights [rows, streams] (None without injection rows)."""
+    width] and the injection weights [rows, streams] (None without injection rows). A prompt's rows
+    take the three launches instead where ``MIX_PROMPT_SPLIT`` says."""
     rank = up.shape[1] if up.dim() == 2 else 0
     rows = projected.shape[0]
     if projected.dim() != 2 or projected.shape[1] not in (rank, rank + streams) \
@@ -362,6 +368,9 @@ def mix(projected: torch.Tensor, up: torch.Tensor, normed: torch.Tensor, streams
                          "streams)], [streams * width, rank], [rows, streams * width], streams a power of 2")
     projected, up, normed = _unit_columns(projected), _unit_columns(up), _unit_columns(normed)
     injects = projected.shape[1] > rank
+    if MIX_PROMPT_SPLIT and _prompt(rows):
+        mixed, weights = gates(projected, rank, streams)
+        return block_input(gemm.matmul(mixed, up), normed, streams, width), weights
     out = torch.empty(rows, width, dtype=normed.dtype, device=normed.device)
     weights = torch.empty(rows, streams, dtype=normed.dtype, device=normed.device) if injects else None
     if rows:

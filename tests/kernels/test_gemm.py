@@ -146,6 +146,48 @@ def test_narrow_products_may_take_shorter_segments(monkeypatch: pytest.MonkeyPat
     assert gemm_plan.plan(385, 10240).segments == 20  # a seventh tile: past it
 
 
+def test_many_rows_of_a_narrow_product_take_the_narrow_whole_tile(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Flash Next's hyper down rows [324, 10240]: 20 K segments, 3 whole-form column tiles of 128
+    down = gemm_plan.plan(324, 10240)
+    assert down.segments == 20 and gemm_plan.NARROW_WHOLE_PROGRAMS == 0
+    assert down.whole_tiles(2, 1024, 324) == gemm_plan.WHOLE  # off
+    monkeypatch.setattr(gemm_plan, "NARROW_WHOLE_PROGRAMS", 100)
+    # 33 row tiles of 128 make 99 programs, 34 make 102: the bound
+    assert [down.whole_tiles(2, m, 324) for m in (1024, 33 * 128, 33 * 128 + 1)] == \
+        [gemm_plan.NARROW_WHOLE, gemm_plan.NARROW_WHOLE, gemm_plan.WHOLE]
+    assert down.whole_tiles(2) == gemm_plan.WHOLE  # no rows given (the form's choice): the usual tile
+    one = gemm_plan.plan(324, 256)
+    assert one.segments == 1 and one.whole_tiles(2, 1024, 324) == gemm_plan.WHOLE_ONE  # nothing to narrow
+    assert gemm_plan.plan(4096, 4096).whole_tiles(2, 1024, 4096) == gemm_plan.WHOLE  # 256 programs
+    # segments stay whole K steps of every tile, the narrow one's included
+    assert gemm_plan.plan(324, 10240, narrow=gemm_plan.Tiles(64, 64, 256)).k_per_segment % 256 == 0
+
+
+@pytest.mark.parametrize("m", [40, 130])  # under the narrow tile's rows, and past two of its row blocks
+def test_the_narrow_whole_tile_gives_the_whole_forms_bits(m: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiles, narrow = gemm_plan.Tiles(32, 64, 64), gemm_plan.Tiles(16, 32, 64)
+    choice = gemm_plan.plan(64, 1024, spread=tiles, whole=tiles, few=tiles, mid=tiles, whole_one=tiles,
+                            middle=tiles, narrow=narrow)
+    x = torch.randn(m, 1024, generator=torch.Generator().manual_seed(m))
+    w = weights(64, 1024, torch.float32)
+    assert choice.segments > 1
+    whole = gemm.matmul(x, w, spread=False, choice=choice)
+    monkeypatch.setattr(gemm_plan, "NARROW_WHOLE_PROGRAMS", 1 << 20)
+    assert choice.whole_tiles(4, m, 64) == narrow
+    assert torch.equal(gemm.matmul(x, w, spread=False, choice=choice), whole)
+
+
+@pytest.mark.gpu
+def test_the_narrow_whole_tile_gives_the_same_bits_on_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Flash Next's hyper down rows at a 1,024-row prompt, and a row alone (the spread form)
+    w = weights(324, 10240, torch.bfloat16, "cuda")
+    x = torch.randn(1100, 10240, device="cuda", dtype=torch.bfloat16)
+    whole = gemm.matmul(x, w)
+    monkeypatch.setattr(gemm_plan, "NARROW_WHOLE_PROGRAMS", 100)
+    for m in (1, 129, 1024, 1100):
+        assert torch.equal(gemm.matmul(x[:m], w), whole[:m]), f"differs at m={m}"
+
+
 def test_fp32_operands_take_a_shorter_k_step_so_the_stages_fit() -> None:
     for choice in (gemm_plan.plan(4096, 12288), gemm_plan.plan(248320, 4096)):
         wide, narrow = choice.whole_tiles(2), choice.whole_tiles(4)

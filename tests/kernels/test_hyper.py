@@ -237,6 +237,46 @@ def test_a_prompt_mixs_tile_and_launch_change_no_bits(rows: int, monkeypatch: py
     assert torch.equal(other[1], plain[1])
 
 
+@pytest.mark.parametrize("rows", [64, 65, 130])  # the last decode tile's rows, then a prompt's
+def test_a_prompts_mix_may_run_as_the_three_launches(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(13)
+    projected = torch.randn(rows, 80 + STREAMS, generator=g)
+    up = torch.randn(STREAMS * 72, 80, generator=g) * 80 ** -0.5
+    normed = torch.randn(rows, STREAMS * 72, generator=g)
+    one = hyper_kernels.mix(projected, up, normed, STREAMS, 72)
+    products = []
+    plain = hyper_kernels.gemm.matmul
+    monkeypatch.setattr(hyper_kernels.gemm, "matmul", lambda *a, **k: products.append(1) or plain(*a, **k))
+    monkeypatch.setattr(hyper_kernels, "MIX_PROMPT_SPLIT", 1)
+    got, got_weights = hyper_kernels.mix(projected, up, normed, STREAMS, 72)
+    if rows <= hyper_kernels.MIX_TILES[-1][0]:  # decode rows: the one launch whatever the switch
+        assert not products and torch.equal(got, one[0])
+    else:
+        assert products == [1]  # the split's up product
+        mixed, _ = hyper_kernels.gates(projected, 80, STREAMS)
+        assert torch.equal(got, hyper_kernels.block_input(plain(mixed, up), normed, STREAMS, 72))
+        assert torch.allclose(got, one[0], rtol=1e-5, atol=1e-6)  # fp32: the one launch's sums in its order
+    assert got_weights is not None and one[1] is not None and torch.equal(got_weights, one[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [65, 1024])  # a prompt's smallest mix and Flash Next's 1,024-row prefill
+def test_on_the_gpu_a_prompts_mix_in_three_launches_has_the_one_launchs_bits(
+        rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(14)
+    projected = torch.randn(rows, 324, generator=g).bfloat16().cuda()
+    up = (torch.randn(4 * 2560, 320, generator=g) * 320 ** -0.5).bfloat16().cuda()
+    normed = torch.randn(rows, 4 * 2560, generator=g).bfloat16().cuda()
+    one, one_weights = hyper_kernels.mix(projected, up, normed, 4, 2560)
+    monkeypatch.setattr(hyper_kernels, "MIX_PROMPT_SPLIT", 1)
+    got, got_weights = hyper_kernels.mix(projected, up, normed, 4, 2560)
+    assert torch.equal(got, one) and got_weights is not None and one_weights is not None
+    assert torch.equal(got_weights, one_weights)
+    for row in (0, rows - 1):  # a row alone runs a decode tile's one launch: its bits as in the prompt
+        assert torch.equal(hyper_kernels.mix(projected[row:row + 1], up, normed[row:row + 1], 4, 2560)[0][0],
+                           got[row])
+
+
 def test_a_mix_of_streams_not_a_power_of_two_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="streams a power of 2"):
         hyper_kernels.mix(torch.zeros(2, 12), torch.zeros(3 * 8, 12), torch.zeros(2, 3 * 8), 3, 8)
