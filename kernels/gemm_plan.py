@@ -56,11 +56,11 @@ WHOLE_ONE = Tiles(256, 128, 64, 8, 4)  # many rows, one K segment: one accumulat
 # against 45, 52). From 192 rows the whole form wins everywhere.
 MIDDLE = Tiles(128, 64, 64, 8, 4)
 FEW_PROGRAMS = 64  # whole-form programs under which the middle tile's spread wins (about half the SMs)
-# Past the middle tile's rows a product in K segments whose whole form at WHOLE's tile would run fewer programs
-# than this (0: never) takes NARROW_WHOLE's, four times the programs: Flash Next's hyper down rows [324, 10240]
-# in 20 segments ran 24 whole-form programs at its 1,024-row prefill on the H200 (83 us each, 33 a prefill),
-# 108 of 132 multiprocessors idle. An int, so that tfd bench --variant can time it; the same bits (a tile's
-# shape never changes them, tfd_kernels.gemm).
+# Past the middle tile's rows a product in K segments whose whole form at WHOLE's tile would run fewer
+# programs than this (0: never) takes NARROW_WHOLE's, four times as many: Flash Next's hyper down rows
+# [324, 10240] in 20 segments ran 24 whole-form programs at its 1,024-row prefill on the H200 (83 us each,
+# 33 a prefill), 108 of 132 multiprocessors idle. An int, so that tfd bench --variant can time it; the same
+# bits (a tile's shape never changes them, tfd_kernels.gemm).
 NARROW_WHOLE_PROGRAMS = 0
 NARROW_WHOLE = Tiles(64, 64, 128, 4, 3)
 
