@@ -1,0 +1,66 @@
+"""Issue 31: Flash Next's two 83-us launches of a hyper read at its 1,024-row prefill (H200 profile, 33 of each
+a prefill), alone, each timed under a CUDA graph (median us of 20 by CUDA events), bits against the default:
+
+- the down rows' product [324, 10240] (20 K segments): the whole form's tile swept (the default 128 x 128 runs
+  24 programs), at 1,024 rows and at Flash Next's other few-program prompt products;
+- the prompt mix (4 streams of 2,560, rank 320): one launch against its three (hyper.MIX_PROMPT_SPLIT), and
+  the one launch's prompt tiles.
+
+    PYTHONPATH=/tmp/site python .dev/hyper_prompt_sweep.py
+"""
+import attrs
+import torch
+
+from tfd.bench.gemm import graphed
+from tfd.bench.roofline import timed
+from tfd_kernels import gemm, gemm_plan
+from tfd_kernels import hyper as hyper_kernels
+
+dev = torch.device("cuda")
+T = gemm_plan.Tiles
+WHOLE = {"128x128x128s3": T(128, 128, 128, 8, 3), "64x64x128s3": T(64, 64, 128, 4, 3),
+         "64x64x128s4": T(64, 64, 128, 4, 4), "64x128x128s3": T(64, 128, 128, 4, 3),
+         "128x64x128s3": T(128, 64, 128, 4, 3), "128x64x128s3w8": T(128, 64, 128, 8, 3),
+         "64x64x64s5": T(64, 64, 64, 4, 5), "32x64x128s4": T(32, 64, 128, 4, 4)}
+for rows, n, k in ((1024, 324, 10240), (1024, 2560, 4096), (1024, 640, 2560), (4096, 324, 10240)):
+    w = torch.randn(n, k, dtype=torch.bfloat16, device=dev) * 0.02
+    x = torch.randn(rows, k, dtype=torch.bfloat16, device=dev)
+    base = gemm_plan.plan(n, k)
+    want = gemm.matmul(x, w, choice=base)
+    line = []
+    for name, tile in WHOLE.items():
+        choice = attrs.evolve(base, whole=tile, whole_one=tile)
+        try:
+            got = gemm.matmul(x, w, choice=choice)
+            t = timed(graphed(lambda x=x, w=w, c=choice: gemm.matmul(x, w, choice=c)), 20, dev) * 1e6
+        except Exception as error:  # a tile that does not fit is a line, not the end
+            line.append(f"{name} fails ({str(error)[:60]})")
+            continue
+        same = "" if torch.equal(got, want) else " DIFF"
+        line.append(f"{name} {t:.1f} us{same}")
+    print(f"{rows} x [{n},{k}] segments {base.segments}: " + "; ".join(line), flush=True)
+
+for rows in (1024, 4096):
+    g = torch.Generator().manual_seed(rows)
+    projected = torch.randn(rows, 324, generator=g).bfloat16().to(dev)
+    up = (torch.randn(4 * 2560, 320, generator=g) * 320 ** -0.5).bfloat16().to(dev)
+    normed = torch.randn(rows, 4 * 2560, generator=g).bfloat16().to(dev)
+    want = hyper_kernels.mix(projected, up, normed, 4, 2560)[0]
+    line = []
+    for name, values in (("one", {}), ("split", {"MIX_PROMPT_SPLIT": 1}), ("r128", {"MIX_PROMPT_ROWS": 128}),
+                         ("c16", {"MIX_PROMPT_COLUMNS": 16}), ("c64", {"MIX_PROMPT_COLUMNS": 64}),
+                         ("w8", {"MIX_PROMPT_WARPS": 8}), ("s2", {"MIX_PROMPT_STAGES": 2}),
+                         ("s1", {"MIX_PROMPT_STAGES": 1}), ("k32", {"MIX_K": 32})):
+        before = {key: getattr(hyper_kernels, key) for key in values}
+        for key, value in values.items():
+            setattr(hyper_kernels, key, value)
+        try:
+            got = hyper_kernels.mix(projected, up, normed, 4, 2560)[0]
+            t = timed(graphed(lambda: hyper_kernels.mix(projected, up, normed, 4, 2560)), 20, dev) * 1e6
+            line.append(f"{name} {t:.1f} us{'' if torch.equal(got, want) else ' DIFF'}")
+        except Exception as error:
+            line.append(f"{name} fails ({str(error)[:60]})")
+        finally:
+            for key, value in before.items():
+                setattr(hyper_kernels, key, value)
+    print(f"mix {rows} rows: " + "; ".join(line), flush=True)
