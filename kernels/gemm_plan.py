@@ -57,11 +57,14 @@ WHOLE_ONE = Tiles(256, 128, 64, 8, 4)  # many rows, one K segment: one accumulat
 MIDDLE = Tiles(128, 64, 64, 8, 4)
 FEW_PROGRAMS = 64  # whole-form programs under which the middle tile's spread wins (about half the SMs)
 # Past the middle tile's rows a product in K segments whose whole form at WHOLE's tile would run fewer
-# programs than this (0: never) takes NARROW_WHOLE's, four times as many: Flash Next's hyper down rows
-# [324, 10240] in 20 segments ran 24 whole-form programs at its 1,024-row prefill on the H200 (83 us each,
-# 33 a prefill), 108 of 132 multiprocessors idle. An int, so that tfd bench --variant can time it; the same
-# bits (a tile's shape never changes them, tfd_kernels.gemm).
-NARROW_WHOLE_PROGRAMS = 0
+# programs than this (0: never) takes NARROW_WHOLE's, four times as many: a third of an H100's or H200's 132
+# multiprocessors. H100, each product alone under a CUDA graph (docs/bench.md, forty-fifth session, us):
+# Flash Next's hyper down rows [324, 10240] in 20 segments at 1,024 rows (24 programs) 82.1 -> 49.9 (33 a
+# prefill on the H200), [640, 2560] at 1,024 (40) 26.8 -> 20.8; where the whole form runs 96 programs (those
+# down rows at 4,096) it wins, 97.4 against 161.9, and at 160 ([2560, 4096] at 1,024) 76.0 against 82.7. The
+# same bits (a tile's shape never changes them, tfd_kernels.gemm). An int, so that tfd bench --variant can
+# sweep it.
+NARROW_WHOLE_PROGRAMS = 44
 NARROW_WHOLE = Tiles(64, 64, 128, 4, 3)
 
 

@@ -74,7 +74,7 @@ def exact_inputs(m: int, n: int, k: int, seed: int,
 def one_tile(n: int, k: int, tiles: gemm_plan.Tiles) -> gemm_plan.Plan:
     """The plan for an [n, k] weight with ``tiles`` in every form."""
     return gemm_plan.plan(n, k, spread=tiles, whole=tiles, few=tiles, mid=tiles, whole_one=tiles,
-                          middle=tiles)
+                          middle=tiles, narrow=tiles)
 
 
 def product(x: torch.Tensor, w: fp8.Fp8Weight, spread: bool | None = None,

@@ -30,7 +30,7 @@ def test_bf16_within_rounding() -> None:
 def one_tile(n: int, k: int, tiles: gemm_plan.Tiles) -> gemm_plan.Plan:
     """The plan for an [n, k] weight with ``tiles`` in every form."""
     return gemm_plan.plan(n, k, spread=tiles, whole=tiles, few=tiles, mid=tiles, whole_one=tiles,
-                          middle=tiles)
+                          middle=tiles, narrow=tiles)
 
 
 def test_plan_follows_the_weight_alone() -> None:
@@ -149,16 +149,16 @@ def test_narrow_products_may_take_shorter_segments(monkeypatch: pytest.MonkeyPat
 def test_many_rows_of_a_narrow_product_take_the_narrow_whole_tile(monkeypatch: pytest.MonkeyPatch) -> None:
     # Flash Next's hyper down rows [324, 10240]: 20 K segments, 3 whole-form column tiles of 128
     down = gemm_plan.plan(324, 10240)
-    assert down.segments == 20 and gemm_plan.NARROW_WHOLE_PROGRAMS == 0
-    assert down.whole_tiles(2, 1024, 324) == gemm_plan.WHOLE  # off
-    monkeypatch.setattr(gemm_plan, "NARROW_WHOLE_PROGRAMS", 100)
-    # 33 row tiles of 128 make 99 programs, 34 make 102: the bound
-    assert [down.whole_tiles(2, m, 324) for m in (1024, 33 * 128, 33 * 128 + 1)] == \
-        [gemm_plan.NARROW_WHOLE, gemm_plan.NARROW_WHOLE, gemm_plan.WHOLE]
+    assert down.segments == 20 and gemm_plan.NARROW_WHOLE_PROGRAMS == 44
+    # 14 row tiles of 128 make 42 programs, 15 make 45: the bound
+    assert [down.whole_tiles(2, m, 324) for m in (129, 1024, 14 * 128, 14 * 128 + 1, 4096)] == \
+        [gemm_plan.NARROW_WHOLE] * 3 + [gemm_plan.WHOLE] * 2
     assert down.whole_tiles(2) == gemm_plan.WHOLE  # no rows given (the form's choice): the usual tile
     one = gemm_plan.plan(324, 256)
     assert one.segments == 1 and one.whole_tiles(2, 1024, 324) == gemm_plan.WHOLE_ONE  # nothing to narrow
-    assert gemm_plan.plan(4096, 4096).whole_tiles(2, 1024, 4096) == gemm_plan.WHOLE  # 256 programs
+    assert gemm_plan.plan(2560, 4096).whole_tiles(2, 1024, 2560) == gemm_plan.WHOLE  # 160 programs
+    monkeypatch.setattr(gemm_plan, "NARROW_WHOLE_PROGRAMS", 0)
+    assert down.whole_tiles(2, 1024, 324) == gemm_plan.WHOLE  # off
     # segments stay whole K steps of every tile, the narrow one's included
     assert gemm_plan.plan(324, 10240, narrow=gemm_plan.Tiles(64, 64, 256)).k_per_segment % 256 == 0
 
@@ -179,12 +179,14 @@ def test_the_narrow_whole_tile_gives_the_whole_forms_bits(m: int, monkeypatch: p
 
 @pytest.mark.gpu
 def test_the_narrow_whole_tile_gives_the_same_bits_on_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Flash Next's hyper down rows at a 1,024-row prompt, and a row alone (the spread form)
+    # Flash Next's hyper down rows at a 1,024-row prompt and past the bound (1,793 rows), and a row alone
     w = weights(324, 10240, torch.bfloat16, "cuda")
-    x = torch.randn(1100, 10240, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1900, 10240, device="cuda", dtype=torch.bfloat16)
+    monkeypatch.setattr(gemm_plan, "NARROW_WHOLE_PROGRAMS", 0)
     whole = gemm.matmul(x, w)
-    monkeypatch.setattr(gemm_plan, "NARROW_WHOLE_PROGRAMS", 100)
-    for m in (1, 129, 1024, 1100):
+    monkeypatch.undo()
+    assert gemm_plan.NARROW_WHOLE_PROGRAMS == 44
+    for m in (1, 129, 1024, 1792, 1793, 1900):
         assert torch.equal(gemm.matmul(x[:m], w), whole[:m]), f"differs at m={m}"
 
 
