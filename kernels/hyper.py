@@ -328,10 +328,11 @@ MIX_K = 64
 MIX_EARLY = 5
 MOST_EARLY = 5  # tiles _mix holds for it (first, f1 .. f4)
 # A prompt's mix as the three launches it fuses (gates, the batch-invariant up product, block_input; the same
-# cast points) instead of one: Flash Next's 1,024-row prefill ran 33 one-launch mixes of 83 us on the H200,
-# 1,280 programs each holding a 64 x 128 fp32 product; its 6.7 GFLOP are 9 us at the matmul rate and its
-# [rows, 10,240] product 42 MB there and back. An int, so that tfd bench --variant can time it (0: one
-# launch).
+# cast points and bits) instead of one. H100, alone under a CUDA graph: 44.7 us against 89.3 at 1,024 rows,
+# 162 against 316 at 4,096; but Flash Next's one-lane prefill waits on the host, where its two more launches
+# and a product cost more than the device saves (tfd bench, four rounds: ~46 ms against ~40; docs/bench.md,
+# forty-fifth session). Off until the prompt pass's launches stop setting its pace. An int, so that tfd
+# bench --variant can time it (0: one launch).
 MIX_PROMPT_SPLIT = 0
 
 
