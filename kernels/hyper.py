@@ -305,6 +305,66 @@ def _mix(projected, up, normed, out, weights, rows_n, rank, width, stride_p, str
         tl.store(weights + rows[:, None] * STREAMS + which[None, :], injected, mask=mine)
 
 
+@triton.jit
+def _mix_apart(projected, up, normed, out, weights, rows_n, rank, width, stride_p, stride_u, stride_n,
+               streams, STREAMS: tl.constexpr, INJECTS: tl.constexpr, BLOCK_R: tl.constexpr,
+               BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr, PDL: tl.constexpr):
+    """``_mix`` with each stream's product its own accumulator (up to 4 streams): a K tile's hidden
+    values made once and multiplied by each stream's up rows in turn, so the mean adds the streams' gated
+    values as they are, without regrouping one product's columns by stream. The same sums in the same
+    order, the same cast points."""
+    pdl.wait(PDL)
+    tile_c, tile_r = tl.program_id(0), tl.program_id(1)
+    rows = tile_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    dtype = out.dtype.element_ty
+    a0 = tl.zeros((BLOCK_R, BLOCK_C), tl.float32)
+    a1, a2, a3 = a0, a0, a0  # unused past STREAMS
+    for start in range(0, rank, BLOCK_K):
+        ks = start + tl.arange(0, BLOCK_K)
+        p = tl.load(projected + rows[:, None] * stride_p + ks[None, :],
+                    mask=(rows[:, None] < rows_n) & (ks[None, :] < rank), other=0.0)
+        hidden = silu_out(_scaled(p, streams, dtype), dtype)
+        a0 = _stream_dot(hidden, up, 0, cols, start, rank, width, stride_u, a0, BLOCK_K, WIDEN)
+        if STREAMS > 1:
+            a1 = _stream_dot(hidden, up, 1, cols, start, rank, width, stride_u, a1, BLOCK_K, WIDEN)
+        if STREAMS > 2:
+            a2 = _stream_dot(hidden, up, 2, cols, start, rank, width, stride_u, a2, BLOCK_K, WIDEN)
+            a3 = _stream_dot(hidden, up, 3, cols, start, rank, width, stride_u, a3, BLOCK_K, WIDEN)
+    live = (rows[:, None] < rows_n) & (cols[None, :] < width)
+    total = _gated_stream(normed, a0, 0, rows, cols, live, width, stride_n, dtype)  # in stream order
+    if STREAMS > 1:
+        total += _gated_stream(normed, a1, 1, rows, cols, live, width, stride_n, dtype)
+    if STREAMS > 2:
+        total += _gated_stream(normed, a2, 2, rows, cols, live, width, stride_n, dtype)
+        total += _gated_stream(normed, a3, 3, rows, cols, live, width, stride_n, dtype)
+    tl.store(out + rows[:, None] * width + cols[None, :], (total / STREAMS).to(dtype), mask=live)
+    if INJECTS:  # by the first column block alone
+        which = tl.arange(0, STREAMS)
+        mine = rows[:, None] < tl.where(tile_c == 0, rows_n, 0)
+        p = tl.load(projected + rows[:, None] * stride_p + rank + which[None, :], mask=mine, other=0.0)
+        injected = _injected(_scaled(p, streams, dtype), dtype)
+        tl.store(weights + rows[:, None] * STREAMS + which[None, :], injected, mask=mine)
+
+
+@triton.jit
+def _stream_dot(hidden, up, stream, cols, start, rank, width, stride_u, acc, BLOCK_K: tl.constexpr,
+                WIDEN: tl.constexpr):
+    """``acc`` plus K tile ``start``'s hidden values times ``stream``'s up rows of columns ``cols``."""
+    b = _up_tile(up, stream, cols, start, rank, width, stride_u, BLOCK_K)
+    if WIDEN:
+        return tl.dot(hidden.to(tl.float32), tl.trans(b.to(tl.float32)), acc, input_precision="ieee")
+    return tl.dot(hidden, tl.trans(b), acc, input_precision="ieee")
+
+
+@triton.jit
+def _gated_stream(normed, acc, stream, rows, cols, live, width, stride_n, dtype: tl.constexpr):
+    """``stream``'s ``sigmoid(up) * normed`` at ``rows`` x ``cols`` from its product's sums, in fp32."""
+    at = rows[:, None] * stride_n + (stream * width + cols)[None, :]
+    value = tl.load(normed + at, mask=live, other=0.0)
+    return gated(value, acc.to(dtype), dtype).to(tl.float32)
+
+
 # A mix program's rows by the rows of the call, (rows up to, row tile), and its columns a stream, MIX_COLUMNS;
 # past the last bound a prompt's tile. Decode's few rows over 320 programs (one row's 6.6 MB of up weights; 80
 # programs of 32 columns, each walking the streams in turn, took 12.6 us on the H200; 16 columns 7.5 us).
@@ -334,6 +394,9 @@ MOST_EARLY = 5  # tiles _mix holds for it (first, f1 .. f4)
 # forty-fifth session). Off until the prompt pass's launches stop setting its pace. An int, so that tfd
 # bench --variant can time it (0: one launch).
 MIX_PROMPT_SPLIT = 0
+# A prompt's mix by _mix_apart (each stream its own product; up to 4 streams): timing alone, the same bits. An
+# int, so that tfd bench --variant can time it.
+MIX_PROMPT_APART = 0
 
 
 def _prompt(rows: int) -> bool:
@@ -377,6 +440,13 @@ def mix(projected: torch.Tensor, up: torch.Tensor, normed: torch.Tensor, streams
     weights = torch.empty(rows, streams, dtype=normed.dtype, device=normed.device) if injects else None
     if rows:
         block_r, block_c = mix_tile(rows)
+        if MIX_PROMPT_APART and _prompt(rows) and streams <= 4:
+            _mix_apart[(triton.cdiv(width, block_c), triton.cdiv(rows, block_r))](
+                projected, up, normed, out, out if weights is None else weights, rows, rank, width,
+                projected.stride(0), up.stride(0), normed.stride(0), float(streams), STREAMS=streams,
+                INJECTS=injects, BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_K=MIX_K, WIDEN=INTERPRETED,
+                **_mix_launch(rows), **pdl.options(normed.device))
+            return out, weights
         early = 0 if _prompt(rows) else min(MIX_EARLY, MOST_EARLY)
         _mix[(triton.cdiv(width, block_c), triton.cdiv(rows, block_r))](
             projected, up, normed, out, out if weights is None else weights, rows, rank, width,

@@ -277,6 +277,49 @@ def test_on_the_gpu_a_prompts_mix_in_three_launches_has_the_one_launchs_bits(
                            got[row])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("rows", "streams", "injects"), [(64, 4, True), (65, 4, True), (130, 4, False),
+                                                          (65, 2, True), (65, 8, True)])
+def test_a_prompts_mix_with_the_streams_apart_has_the_one_launchs_bits(
+        rows: int, streams: int, injects: bool, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """64 rows: a decode tile's launch either way; past them the prompt's, apart up to 4 streams (8: the
+    one launch still). Rank 80 (two K tiles, the second part empty), width 72 (a column tile and a part)."""
+    g = torch.Generator().manual_seed(15)
+    projected = torch.randn(rows, 80 + (streams if injects else 0), generator=g).to(dtype)
+    up = (torch.randn(streams * 72, 80, generator=g) * 80 ** -0.5).to(dtype)
+    normed = torch.randn(rows, streams * 72, generator=g).to(dtype)
+    one, one_weights = hyper_kernels.mix(projected, up, normed, streams, 72)
+    launched = []
+    plain = hyper_kernels._mix_apart.run
+    monkeypatch.setattr(hyper_kernels._mix_apart, "run", lambda *a, **k: launched.append(1) or plain(*a, **k))
+    monkeypatch.setattr(hyper_kernels, "MIX_PROMPT_APART", 1)
+    got, got_weights = hyper_kernels.mix(projected, up, normed, streams, 72)
+    assert bool(launched) == (rows > hyper_kernels.MIX_TILES[-1][0] and streams <= 4)
+    assert torch.equal(got, one)
+    if injects:
+        assert got_weights is not None and one_weights is not None and torch.equal(got_weights, one_weights)
+    else:
+        assert got_weights is None and one_weights is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [65, 1024])
+def test_on_the_gpu_a_prompts_mix_with_the_streams_apart_has_the_one_launchs_bits(
+        rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(16)
+    projected = torch.randn(rows, 324, generator=g).bfloat16().cuda()
+    up = (torch.randn(4 * 2560, 320, generator=g) * 320 ** -0.5).bfloat16().cuda()
+    normed = torch.randn(rows, 4 * 2560, generator=g).bfloat16().cuda()
+    one, one_weights = hyper_kernels.mix(projected, up, normed, 4, 2560)
+    monkeypatch.setattr(hyper_kernels, "MIX_PROMPT_APART", 1)
+    for columns, warps in ((32, 4), (64, 8), (16, 4)):
+        monkeypatch.setattr(hyper_kernels, "MIX_PROMPT_COLUMNS", columns)
+        monkeypatch.setattr(hyper_kernels, "MIX_PROMPT_WARPS", warps)
+        got, got_weights = hyper_kernels.mix(projected, up, normed, 4, 2560)
+        assert torch.equal(got, one), f"{columns} columns, {warps} warps"
+        assert got_weights is not None and one_weights is not None and torch.equal(got_weights, one_weights)
+
+
 def test_a_mix_of_streams_not_a_power_of_two_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="streams a power of 2"):
         hyper_kernels.mix(torch.zeros(2, 12), torch.zeros(3 * 8, 12), torch.zeros(2, 3 * 8), 3, 8)

@@ -3,11 +3,13 @@ a prefill), alone, each timed under a CUDA graph (median us of 20 by CUDA events
 
 - the down rows' product [324, 10240] (20 K segments): the whole form's tile swept (the default 128 x 128 runs
   24 programs), at 1,024 rows and at Flash Next's other few-program prompt products;
-- the prompt mix (4 streams of 2,560, rank 320): one launch against its three (hyper.MIX_PROMPT_SPLIT), and
-  the one launch's prompt tiles.
+- the prompt mix (4 streams of 2,560, rank 320): one launch against its three (hyper.MIX_PROMPT_SPLIT) and
+  the streams' products apart (hyper.MIX_PROMPT_APART), with their prompt tiles.
 
-    PYTHONPATH=/tmp/site python .dev/hyper_prompt_sweep.py
+    PYTHONPATH=/tmp/site python .dev/hyper_prompt_sweep.py   (SWEEP=mix: the mixes alone)
 """
+import os
+
 import attrs
 import torch
 
@@ -22,7 +24,21 @@ WHOLE = {"128x128x128s3": T(128, 128, 128, 8, 3), "64x64x128s3": T(64, 64, 128, 
          "64x64x128s4": T(64, 64, 128, 4, 4), "64x128x128s3": T(64, 128, 128, 4, 3),
          "128x64x128s3": T(128, 64, 128, 4, 3), "128x64x128s3w8": T(128, 64, 128, 8, 3),
          "64x64x64s5": T(64, 64, 64, 4, 5), "32x64x128s4": T(32, 64, 128, 4, 4)}
-for rows, n, k in ((1024, 324, 10240), (1024, 2560, 4096), (1024, 640, 2560), (4096, 324, 10240)):
+PRODUCTS = () if os.environ.get("SWEEP") == "mix" else ((1024, 324, 10240), (1024, 2560, 4096), (1024, 640, 2560),
+                                                         (4096, 324, 10240))
+APART = {"MIX_PROMPT_APART": 1}
+MIXES = (("one", {}), ("split", {"MIX_PROMPT_SPLIT": 1}), ("apart", APART),
+         ("apart-c64w8", {**APART, "MIX_PROMPT_COLUMNS": 64, "MIX_PROMPT_WARPS": 8}),
+         ("apart-c64", {**APART, "MIX_PROMPT_COLUMNS": 64}), ("apart-c16", {**APART, "MIX_PROMPT_COLUMNS": 16}),
+         ("apart-r32", {**APART, "MIX_PROMPT_ROWS": 32}),
+         ("apart-r128w8", {**APART, "MIX_PROMPT_ROWS": 128, "MIX_PROMPT_WARPS": 8}),
+         ("apart-s2", {**APART, "MIX_PROMPT_STAGES": 2}), ("apart-k32", {**APART, "MIX_K": 32}),
+         ("k32", {"MIX_K": 32}))
+if os.environ.get("SWEEP") != "mix":
+    MIXES += (("r128", {"MIX_PROMPT_ROWS": 128}), ("c16", {"MIX_PROMPT_COLUMNS": 16}),
+              ("c64", {"MIX_PROMPT_COLUMNS": 64}), ("w8", {"MIX_PROMPT_WARPS": 8}), ("s2", {"MIX_PROMPT_STAGES": 2}),
+              ("s1", {"MIX_PROMPT_STAGES": 1}))
+for rows, n, k in PRODUCTS:
     w = torch.randn(n, k, dtype=torch.bfloat16, device=dev) * 0.02
     x = torch.randn(rows, k, dtype=torch.bfloat16, device=dev)
     base = gemm_plan.plan(n, k)
@@ -47,10 +63,7 @@ for rows in (1024, 4096):
     normed = torch.randn(rows, 4 * 2560, generator=g).bfloat16().to(dev)
     want = hyper_kernels.mix(projected, up, normed, 4, 2560)[0]
     line = []
-    for name, values in (("one", {}), ("split", {"MIX_PROMPT_SPLIT": 1}), ("r128", {"MIX_PROMPT_ROWS": 128}),
-                         ("c16", {"MIX_PROMPT_COLUMNS": 16}), ("c64", {"MIX_PROMPT_COLUMNS": 64}),
-                         ("w8", {"MIX_PROMPT_WARPS": 8}), ("s2", {"MIX_PROMPT_STAGES": 2}),
-                         ("s1", {"MIX_PROMPT_STAGES": 1}), ("k32", {"MIX_K": 32})):
+    for name, values in MIXES:
         before = {key: getattr(hyper_kernels, key) for key in values}
         for key, value in values.items():
             setattr(hyper_kernels, key, value)
