@@ -4,9 +4,8 @@ A read normalises the streams (``tfd_kernels.norm.zrms``), multiplies them by th
 and, for a layer's two modules, the injection rows in one product, then: ``gates`` turns that
 product into the mix's hidden values ``silu(p / streams)`` and the injection weights
 ``2 * sigmoid(p / streams)``; after the up product, ``block_input`` takes each stream's
-``sigmoid(up) * normed`` and their mean. ``mix`` is those three in one launch (the hidden values
-made K tile by K tile as the up product reads them, once for all the streams), the same cast
-points. ``write`` adds the block's output to every stream times its weight; ``write_norm`` also
+``sigmoid(up) * normed`` and their mean (``tfd_kernels.hyper_mix`` does the three in one launch).
+``write`` adds the block's output to every stream times its weight; ``write_norm`` also
 normalises the streams it writes, the next read's first step, in the same launch
 (``tfd.model.hyper.read_after``). In torch these are about 25 launches a read and 2 a write; at a
 decode step's few rows each is a launch gap (Flash Next's one-stream step was 35% of its roofline).
@@ -27,28 +26,27 @@ import torch
 import triton
 import triton.language as tl
 
-from tfd_kernels import gemm, pdl
 from tfd_kernels import norm as norm_kernels
+from tfd_kernels import pdl
 from tfd_kernels.conv1d import silu_out
-from tfd_kernels.runtime import INTERPRETED
 from tfd_kernels.sigmoid_gate import gated, widened
 
 BLOCK = 1024
 
 
-def _unit_columns(t: torch.Tensor) -> torch.Tensor:
+def unit_columns(t: torch.Tensor) -> torch.Tensor:
     """``t`` itself where its columns are adjacent (any row stride), else a contiguous copy."""
     return t if t.stride(1) == 1 else t.contiguous()
 
 
 @triton.jit
-def _scaled(p, streams, dtype: tl.constexpr):
+def divided(p, streams, dtype: tl.constexpr):
     """``p / streams`` rounded to the model dtype, in fp32: what the gates' activations take."""
     return (p.to(tl.float32) / streams).to(dtype).to(tl.float32)
 
 
 @triton.jit
-def _injected(scaled, dtype: tl.constexpr):
+def injection(scaled, dtype: tl.constexpr):
     """The injection weights ``2 * sigmoid(scaled)``, rounded as ``sigmoid_gate.gated`` rounds."""
     return gated(tl.full(scaled.shape, 2.0, tl.float32), scaled, dtype)
 
@@ -61,10 +59,10 @@ def _gates(projected, mixed, weights, rank, width, streams, stride_p, INJECTS: t
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     dtype = mixed.dtype.element_ty
     value = tl.load(projected + row * stride_p + cols, mask=cols < width, other=0.0)
-    scaled = _scaled(value, streams, dtype)
+    scaled = divided(value, streams, dtype)
     tl.store(mixed + row * rank + cols, silu_out(scaled, dtype), mask=cols < rank)
     if INJECTS:
-        injected = _injected(scaled, dtype)
+        injected = injection(scaled, dtype)
         past = (cols >= rank) & (cols < width)
         tl.store(weights + row * (width - rank) + (cols - rank), injected, mask=past)
 
@@ -76,7 +74,7 @@ def gates(projected: torch.Tensor, rank: int, streams: int) -> tuple[torch.Tenso
     if projected.dim() != 2 or projected.shape[1] not in (rank, rank + streams):
         raise ValueError(f"projected is {list(projected.shape)}: want [rows, {rank}] or [rows, "
                          f"{rank + streams}]")
-    projected = _unit_columns(projected)
+    projected = unit_columns(projected)
     rows, width = projected.shape
     injects = width > rank
     mixed = torch.empty(rows, rank, dtype=projected.dtype, device=projected.device)
@@ -110,7 +108,7 @@ def block_input(up: torch.Tensor, normed: torch.Tensor, streams: int, width: int
     if up.shape != normed.shape or up.dim() != 2 or up.shape[1] != streams * width:
         raise ValueError(f"up {list(up.shape)} and normed {list(normed.shape)}: want both "
                          f"[rows, {streams * width}]")
-    up, normed = _unit_columns(up), _unit_columns(normed)
+    up, normed = unit_columns(up), unit_columns(normed)
     rows = up.shape[0]
     out = torch.empty(rows, width, dtype=normed.dtype, device=normed.device)
     if rows:
@@ -163,7 +161,7 @@ def write(stack: torch.Tensor, output: torch.Tensor, weights: torch.Tensor) -> t
     """``stack`` [rows, streams * width] with the block ``output`` [rows, width] added to each stream
     times its weight (``weights`` [rows, streams]), as a new tensor."""
     rows, streams, width = _write_shapes(stack, output, weights)
-    stack, output, weights = _unit_columns(stack), _unit_columns(output), _unit_columns(weights)
+    stack, output, weights = unit_columns(stack), unit_columns(output), unit_columns(weights)
     out = torch.empty(rows, streams * width, dtype=stack.dtype, device=stack.device)
     if rows:
         _write[(rows, triton.cdiv(width, BLOCK))](
@@ -199,7 +197,7 @@ def write_norm(stack: torch.Tensor, output: torch.Tensor, weights: torch.Tensor,
     """``write(stack, output, weights)`` and the zero-centred norm of each of its streams (``norm``
     [streams * width], each stream's own weight), in one launch: the next read's first step."""
     rows, streams, width = _write_shapes(stack, output, weights, norm)
-    stack, output, weights = _unit_columns(stack), _unit_columns(output), _unit_columns(weights)
+    stack, output, weights = unit_columns(stack), unit_columns(output), unit_columns(weights)
     out = torch.empty(rows, streams * width, dtype=stack.dtype, device=stack.device)
     normed = torch.empty_like(out)
     if rows:
@@ -208,249 +206,3 @@ def write_norm(stack: torch.Tensor, output: torch.Tensor, weights: torch.Tensor,
                                      output.stride(0), weights.stride(0), eps, BLOCK=block,
                                      num_warps=norm_kernels.warps(block), **pdl.options(stack.device))
     return out, normed
-
-
-@triton.jit
-def _up_tile(up, stream_of, cols_of, start, rank, width, stride_u, BLOCK_K: tl.constexpr):
-    """The up rows of the streams' side-by-side columns at K tile ``start`` (zeros past rank, width)."""
-    ks = start + tl.arange(0, BLOCK_K)
-    return tl.load(up + (stream_of * width + cols_of)[:, None] * stride_u + ks[None, :],
-                   mask=(cols_of[:, None] < width) & (ks[None, :] < rank), other=0.0)
-
-
-@triton.jit
-def _mix_step(projected, b, acc, rows, rows_n, start, rank, stride_p, streams, dtype: tl.constexpr,
-              BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
-    """``acc`` plus the hidden values of K tile ``start`` (made once for every stream) times ``b``."""
-    ks = start + tl.arange(0, BLOCK_K)
-    p = tl.load(projected + rows[:, None] * stride_p + ks[None, :],
-                mask=(rows[:, None] < rows_n) & (ks[None, :] < rank), other=0.0)
-    hidden = silu_out(_scaled(p, streams, dtype), dtype)
-    if WIDEN:
-        hidden, b = hidden.to(tl.float32), b.to(tl.float32)
-    return tl.dot(hidden, tl.trans(b), acc, input_precision="ieee")
-
-
-@triton.jit
-def _early_step(projected, b, acc, tile: tl.constexpr, rows, rows_n, rank, stride_p, streams,
-                dtype: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
-    """``acc`` plus K tile ``tile`` (its up rows ``b`` asked for early) where it starts before rank,
-    as the loop would have added it; else ``acc``."""
-    if tile * BLOCK_K < rank:
-        acc = _mix_step(projected, b, acc, rows, rows_n, tile * BLOCK_K, rank, stride_p, streams, dtype,
-                        BLOCK_K, WIDEN)
-    return acc
-
-
-@triton.jit
-def _mix(projected, up, normed, out, weights, rows_n, rank, width, stride_p, stride_u, stride_n, streams,
-         STREAMS: tl.constexpr, INJECTS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-         BLOCK_K: tl.constexpr, WIDEN: tl.constexpr, EARLY: tl.constexpr, REST: tl.constexpr,
-         PDL: tl.constexpr):
-    """A program a block of rows and of columns: ``_gates``' hidden values for its rows, K tile by K
-    tile, times the up rows of its columns in every stream at once (column j of the product is
-    stream j // BLOCK_C's; fp32 sums over K in order, rounded as a linear's); ``_block_input``'s
-    mean of the gated streams, added in stream order. The first column block writes the injection.
-    ``EARLY``: the first EARLY (up to 5) K tiles' up rows (weights no kernel writes) asked for before
-    the wait; ``REST``: where the loop's tiles start (the first past them)."""
-    tile_c, tile_r = tl.program_id(0), tl.program_id(1)
-    rows = tile_r * BLOCK_R + tl.arange(0, BLOCK_R)
-    side = tl.arange(0, STREAMS * BLOCK_C)  # the streams' columns side by side
-    stream_of = side // BLOCK_C
-    cols_of = tile_c * BLOCK_C + side % BLOCK_C
-    dtype = out.dtype.element_ty
-    f1, f2, f3, f4 = up, up, up, up  # unread unless asked for below
-    if EARLY:
-        first = _up_tile(up, stream_of, cols_of, 0, rank, width, stride_u, BLOCK_K)
-        if EARLY > 1:  # zeros past rank, never added (below)
-            f1 = _up_tile(up, stream_of, cols_of, BLOCK_K, rank, width, stride_u, BLOCK_K)
-        if EARLY > 2:
-            f2 = _up_tile(up, stream_of, cols_of, 2 * BLOCK_K, rank, width, stride_u, BLOCK_K)
-        if EARLY > 3:
-            f3 = _up_tile(up, stream_of, cols_of, 3 * BLOCK_K, rank, width, stride_u, BLOCK_K)
-        if EARLY > 4:
-            f4 = _up_tile(up, stream_of, cols_of, 4 * BLOCK_K, rank, width, stride_u, BLOCK_K)
-    pdl.wait(PDL)
-    if not EARLY:
-        first = _up_tile(up, stream_of, cols_of, 0, rank, width, stride_u, BLOCK_K)
-    acc = _mix_step(projected, first, tl.zeros((BLOCK_R, STREAMS * BLOCK_C), tl.float32), rows, rows_n, 0,
-                    rank, stride_p, streams, dtype, BLOCK_K, WIDEN)
-    if EARLY > 1:  # the tiles asked for early, in order
-        acc = _early_step(projected, f1, acc, 1, rows, rows_n, rank, stride_p, streams, dtype, BLOCK_K, WIDEN)
-    if EARLY > 2:
-        acc = _early_step(projected, f2, acc, 2, rows, rows_n, rank, stride_p, streams, dtype, BLOCK_K, WIDEN)
-    if EARLY > 3:
-        acc = _early_step(projected, f3, acc, 3, rows, rows_n, rank, stride_p, streams, dtype, BLOCK_K, WIDEN)
-    if EARLY > 4:
-        acc = _early_step(projected, f4, acc, 4, rows, rows_n, rank, stride_p, streams, dtype, BLOCK_K, WIDEN)
-    for start in range(REST, rank, BLOCK_K):  # the rest in order, as the first
-        b = _up_tile(up, stream_of, cols_of, start, rank, width, stride_u, BLOCK_K)
-        acc = _mix_step(projected, b, acc, rows, rows_n, start, rank, stride_p, streams, dtype, BLOCK_K,
-                        WIDEN)
-    value = tl.load(normed + rows[:, None] * stride_n + (stream_of * width + cols_of)[None, :],
-                    mask=(rows[:, None] < rows_n) & (cols_of[None, :] < width), other=0.0)
-    each = tl.reshape(gated(value, acc.to(dtype), dtype).to(tl.float32), (BLOCK_R, STREAMS, BLOCK_C))
-    which = tl.arange(0, STREAMS)[None, :, None]
-    total = tl.zeros((BLOCK_R, BLOCK_C), tl.float32)
-    for stream in tl.static_range(STREAMS):  # in stream order, as the mean adds them (the rest are zeros)
-        total += tl.sum(tl.where(which == stream, each, 0.0), axis=1)
-    cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    live = (rows[:, None] < rows_n) & (cols[None, :] < width)
-    tl.store(out + rows[:, None] * width + cols[None, :], (total / STREAMS).to(dtype), mask=live)
-    if INJECTS:  # by the first column block alone
-        which = tl.arange(0, STREAMS)
-        mine = rows[:, None] < tl.where(tile_c == 0, rows_n, 0)
-        p = tl.load(projected + rows[:, None] * stride_p + rank + which[None, :], mask=mine, other=0.0)
-        injected = _injected(_scaled(p, streams, dtype), dtype)
-        tl.store(weights + rows[:, None] * STREAMS + which[None, :], injected, mask=mine)
-
-
-@triton.jit
-def _mix_apart(projected, up, normed, out, weights, rows_n, rank, width, stride_p, stride_u, stride_n,
-               streams, STREAMS: tl.constexpr, INJECTS: tl.constexpr, BLOCK_R: tl.constexpr,
-               BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr, PDL: tl.constexpr):
-    """``_mix`` with each stream's product its own accumulator (up to 4 streams): a K tile's hidden
-    values made once and multiplied by each stream's up rows in turn, so the mean adds the streams' gated
-    values as they are, without regrouping one product's columns by stream. The same sums in the same
-    order, the same cast points."""
-    pdl.wait(PDL)
-    tile_c, tile_r = tl.program_id(0), tl.program_id(1)
-    rows = tile_r * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    dtype = out.dtype.element_ty
-    a0 = tl.zeros((BLOCK_R, BLOCK_C), tl.float32)
-    a1, a2, a3 = a0, a0, a0  # unused past STREAMS
-    for start in range(0, rank, BLOCK_K):
-        ks = start + tl.arange(0, BLOCK_K)
-        p = tl.load(projected + rows[:, None] * stride_p + ks[None, :],
-                    mask=(rows[:, None] < rows_n) & (ks[None, :] < rank), other=0.0)
-        hidden = silu_out(_scaled(p, streams, dtype), dtype)
-        a0 = _stream_dot(hidden, up, 0, cols, start, rank, width, stride_u, a0, BLOCK_K, WIDEN)
-        if STREAMS > 1:
-            a1 = _stream_dot(hidden, up, 1, cols, start, rank, width, stride_u, a1, BLOCK_K, WIDEN)
-        if STREAMS > 2:
-            a2 = _stream_dot(hidden, up, 2, cols, start, rank, width, stride_u, a2, BLOCK_K, WIDEN)
-            a3 = _stream_dot(hidden, up, 3, cols, start, rank, width, stride_u, a3, BLOCK_K, WIDEN)
-    live = (rows[:, None] < rows_n) & (cols[None, :] < width)
-    total = _gated_stream(normed, a0, 0, rows, cols, live, width, stride_n, dtype)  # in stream order
-    if STREAMS > 1:
-        total += _gated_stream(normed, a1, 1, rows, cols, live, width, stride_n, dtype)
-    if STREAMS > 2:
-        total += _gated_stream(normed, a2, 2, rows, cols, live, width, stride_n, dtype)
-        total += _gated_stream(normed, a3, 3, rows, cols, live, width, stride_n, dtype)
-    tl.store(out + rows[:, None] * width + cols[None, :], (total / STREAMS).to(dtype), mask=live)
-    if INJECTS:  # by the first column block alone
-        which = tl.arange(0, STREAMS)
-        mine = rows[:, None] < tl.where(tile_c == 0, rows_n, 0)
-        p = tl.load(projected + rows[:, None] * stride_p + rank + which[None, :], mask=mine, other=0.0)
-        injected = _injected(_scaled(p, streams, dtype), dtype)
-        tl.store(weights + rows[:, None] * STREAMS + which[None, :], injected, mask=mine)
-
-
-@triton.jit
-def _stream_dot(hidden, up, stream, cols, start, rank, width, stride_u, acc, BLOCK_K: tl.constexpr,
-                WIDEN: tl.constexpr):
-    """``acc`` plus K tile ``start``'s hidden values times ``stream``'s up rows of columns ``cols``."""
-    b = _up_tile(up, stream, cols, start, rank, width, stride_u, BLOCK_K)
-    if WIDEN:
-        return tl.dot(hidden.to(tl.float32), tl.trans(b.to(tl.float32)), acc, input_precision="ieee")
-    return tl.dot(hidden, tl.trans(b), acc, input_precision="ieee")
-
-
-@triton.jit
-def _gated_stream(normed, acc, stream, rows, cols, live, width, stride_n, dtype: tl.constexpr):
-    """``stream``'s ``sigmoid(up) * normed`` at ``rows`` x ``cols`` from its product's sums, in fp32."""
-    at = rows[:, None] * stride_n + (stream * width + cols)[None, :]
-    value = tl.load(normed + at, mask=live, other=0.0)
-    return gated(value, acc.to(dtype), dtype).to(tl.float32)
-
-
-# A mix program's rows by the rows of the call, (rows up to, row tile), and its columns a stream, MIX_COLUMNS;
-# past the last bound a prompt's tile. Decode's few rows over 320 programs (one row's 6.6 MB of up weights; 80
-# programs of 32 columns, each walking the streams in turn, took 12.6 us on the H200; 16 columns 7.5 us).
-# With all five K tiles asked for early (MIX_EARLY), 8 columns beat 16 (H100, Flash Next one stream, 8 of 48
-# layers, best of three: 1.7377 ms a step against 1.7618; 1.7933 with neither); a prompt's many rows read
-# each weight tile for 64 of them. An element's sum over K is in the same order whatever its tile.
-# MIX_COLUMNS an int, so that tfd bench --variant can sweep it.
-MIX_TILES = ((16, 16), (64, 32))
-MIX_COLUMNS = 8
-# A prompt's tile (rows, columns a stream) and its launch's warps and pipeline depth: ints, so that tfd bench
-# --variant can sweep them (Flash Next's 1,024-row prefill: 17 mixes of 85 us on the H100, its product's
-# 6.7 GFLOP worth 9 us at the matmul rate; unswept).
-MIX_PROMPT_ROWS, MIX_PROMPT_COLUMNS = 64, 32
-MIX_PROMPT_WARPS, MIX_PROMPT_STAGES = 4, 3
-MIX_K = 64
-# K tiles of up weights (0 to MOST_EARLY) a decode mix asks for before it waits on the down product (dependent
-# launch): timing alone, the same bits. Flash Next's rank of 320 is five tiles of 64, all of a program's
-# weights: H100, one stream, 8 of 48 layers, tfd bench --variant (best of three, 2026-12-07): 1.7618 ms a step
-# against 1.7933 without (one tile 1.7800). A prompt's mix asks for none: its 1 x 1,024 prefill took 30.4 ms
-# with five against 29.5.
-MIX_EARLY = 5
-MOST_EARLY = 5  # tiles _mix holds for it (first, f1 .. f4)
-# A prompt's mix as the three launches it fuses (gates, the batch-invariant up product, block_input; the same
-# cast points and bits) instead of one. H100, alone under a CUDA graph: 44.7 us against 89.3 at 1,024 rows,
-# 162 against 316 at 4,096; but Flash Next's one-lane prefill waits on the host, where its two more launches
-# and a product cost more than the device saves (tfd bench, four rounds: ~46 ms against ~40; docs/bench.md,
-# forty-fifth session). Off until the prompt pass's launches stop setting its pace. An int, so that tfd
-# bench --variant can time it (0: one launch).
-MIX_PROMPT_SPLIT = 0
-# A prompt's mix by _mix_apart (each stream its own product; up to 4 streams): timing alone, the same bits. An
-# int, so that tfd bench --variant can time it.
-MIX_PROMPT_APART = 0
-
-
-def _prompt(rows: int) -> bool:
-    """Whether a mix over ``rows`` rows takes the prompt's tile and launch: more rows than other tiles'."""
-    return rows > MIX_TILES[-1][0]
-
-
-def mix_tile(rows: int) -> tuple[int, int]:
-    """The (row tile, columns a stream) of a mix over ``rows`` rows."""
-    if _prompt(rows):
-        return MIX_PROMPT_ROWS, MIX_PROMPT_COLUMNS
-    return next(tile for most, tile in MIX_TILES if rows <= most), MIX_COLUMNS
-
-
-def _mix_launch(rows: int) -> dict[str, int]:
-    """A mix's warps and pipeline depth over ``rows`` rows: a prompt's its own, else Triton's defaults."""
-    return {"num_warps": MIX_PROMPT_WARPS, "num_stages": MIX_PROMPT_STAGES} if _prompt(rows) else {}
-
-
-def mix(projected: torch.Tensor, up: torch.Tensor, normed: torch.Tensor, streams: int, width: int
-        ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``gates`` then the up product then ``block_input`` in one launch: from ``projected`` [rows,
-    rank (+ streams)] (the down rows' product, then the injection rows'), ``up`` [streams * width,
-    rank] and the normalised streams ``normed`` [rows, streams * width], the block input [rows,
-    width] and the injection weights [rows, streams] (None without injection rows). A prompt's rows
-    take the three launches instead where ``MIX_PROMPT_SPLIT`` says."""
-    rank = up.shape[1] if up.dim() == 2 else 0
-    rows = projected.shape[0]
-    if projected.dim() != 2 or projected.shape[1] not in (rank, rank + streams) \
-            or up.shape != (streams * width, rank) or normed.shape != (rows, streams * width) \
-            or streams & (streams - 1):
-        raise ValueError(f"projected {list(projected.shape)}, up {list(up.shape)}, normed "
-                         f"{list(normed.shape)} for {streams} streams of {width}: want [rows, rank (+ "
-                         "streams)], [streams * width, rank], [rows, streams * width], streams a power of 2")
-    projected, up, normed = _unit_columns(projected), _unit_columns(up), _unit_columns(normed)
-    injects = projected.shape[1] > rank
-    if MIX_PROMPT_SPLIT and _prompt(rows):
-        mixed, weights = gates(projected, rank, streams)
-        return block_input(gemm.matmul(mixed, up), normed, streams, width), weights
-    out = torch.empty(rows, width, dtype=normed.dtype, device=normed.device)
-    weights = torch.empty(rows, streams, dtype=normed.dtype, device=normed.device) if injects else None
-    if rows:
-        block_r, block_c = mix_tile(rows)
-        if MIX_PROMPT_APART and _prompt(rows) and streams <= 4:
-            _mix_apart[(triton.cdiv(width, block_c), triton.cdiv(rows, block_r))](
-                projected, up, normed, out, out if weights is None else weights, rows, rank, width,
-                projected.stride(0), up.stride(0), normed.stride(0), float(streams), STREAMS=streams,
-                INJECTS=injects, BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_K=MIX_K, WIDEN=INTERPRETED,
-                **_mix_launch(rows), **pdl.options(normed.device))
-            return out, weights
-        early = 0 if _prompt(rows) else min(MIX_EARLY, MOST_EARLY)
-        _mix[(triton.cdiv(width, block_c), triton.cdiv(rows, block_r))](
-            projected, up, normed, out, out if weights is None else weights, rows, rank, width,
-            projected.stride(0), up.stride(0), normed.stride(0), float(streams), STREAMS=streams,
-            INJECTS=injects, BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_K=MIX_K, WIDEN=INTERPRETED,
-            EARLY=early, REST=max(early, 1) * MIX_K, **_mix_launch(rows), **pdl.options(normed.device))
-    return out, weights

@@ -15,6 +15,7 @@ import torch
 from tfd.model.fp8 import Joined, Weight
 from tfd.model.ops import linear, sigmoid, silu, zrms
 from tfd_kernels import hyper as hyper_kernels
+from tfd_kernels import hyper_mix
 
 # The read's down product asks for its first weights before it waits on the streams' norm (dependent launch,
 # tfd_kernels.gemm's ``early``): timing alone, the same bits. Off until the H200 says (tfd bench --variant,
@@ -69,7 +70,7 @@ def _mixed(w: HyperWeights, normed: torch.Tensor) -> tuple[torch.Tensor, torch.T
         projected = linear(normed, w.projections, early=DOWN_EARLY)
         # the gates, the up product and the mean at once (a float up weight: the kernel reads it)
         if not w.streams & (w.streams - 1) and isinstance(w.up, torch.Tensor):
-            return hyper_kernels.mix(projected, w.up, normed, w.streams, w.width)
+            return hyper_mix.mix(projected, w.up, normed, w.streams, w.width)
         mixed, weights = hyper_kernels.gates(projected, w.rank, w.streams)
         return hyper_kernels.block_input(linear(mixed, w.up), normed, w.streams, w.width), weights
     down, inject = _down_and_inject(w)

@@ -3,8 +3,8 @@ a prefill), alone, each timed under a CUDA graph (median us of 20 by CUDA events
 
 - the down rows' product [324, 10240] (20 K segments): the whole form's tile swept (the default 128 x 128 runs
   24 programs), at 1,024 rows and at Flash Next's other few-program prompt products;
-- the prompt mix (4 streams of 2,560, rank 320): one launch against its three (hyper.MIX_PROMPT_SPLIT) and
-  the streams' products apart (hyper.MIX_PROMPT_APART), with their prompt tiles.
+- the prompt mix (4 streams of 2,560, rank 320): one launch against its three (hyper_mix.MIX_PROMPT_SPLIT) and
+  the streams' products apart (hyper_mix.MIX_PROMPT_APART), with their prompt tiles.
 
     PYTHONPATH=/tmp/site python .dev/hyper_prompt_sweep.py   (SWEEP=mix: the mixes alone)
 """
@@ -16,7 +16,7 @@ import torch
 from tfd.bench.gemm import graphed
 from tfd.bench.roofline import timed
 from tfd_kernels import gemm, gemm_plan
-from tfd_kernels import hyper as hyper_kernels
+from tfd_kernels import hyper_mix as hyper_kernels
 
 dev = torch.device("cuda")
 T = gemm_plan.Tiles

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # For the forty-fifth session's last call, any card (~250 s): the prompt mix with each stream's product its own
-# accumulator (hyper.MIX_PROMPT_APART: the same bits, no launch added; the one launch took 89 us at 1,024 rows
+# accumulator (hyper_mix.MIX_PROMPT_APART: the same bits, no launch added; the one launch took 89 us at 1,024 rows
 # on the H100, its three launches 45): its GPU bits tests, hyper_prompt_sweep.py's mixes (SWEEP=mix); then on an
 # H200 issue 31's acceptance benches (s47g.sh's first two), on any other card Flash Next's 1 x 1,024 prefill
 # with and without it. Carry .whl .whl-test .devk.
@@ -17,7 +17,7 @@ case "$CARD" in
     --out $R/35b > $R/35b.txt 2>&1; echo "35b rc=$? t=$(el)"; grep -a "prefill\|rror" $R/35b.txt | cut -c1-300 ;;
 *)
   timeout $(( 245 - $(el) )) tfd bench --shape qwen3_8-flash-next --streams 1 --prompt 1024 --new 8 --rounds 4 \
-    --variant base= --variant apart=tfd_kernels.hyper.MIX_PROMPT_APART=1 --out $R/fn > $R/fn.txt 2>&1
+    --variant base= --variant apart=tfd_kernels.hyper_mix.MIX_PROMPT_APART=1 --out $R/fn > $R/fn.txt 2>&1
   echo "fn rc=$? t=$(el)"; grep -a "prefill\|rror\|NOT\|differ" $R/fn.txt | cut -c1-300 ;;
 esac
 cd $OUT && tar czf r.tgz r && rm -rf r
