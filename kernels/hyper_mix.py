@@ -239,7 +239,8 @@ def mix(projected: torch.Tensor, up: torch.Tensor, normed: torch.Tensor, streams
     rank (+ streams)] (the down rows' product, then the injection rows'), ``up`` [streams * width,
     rank] and the normalised streams ``normed`` [rows, streams * width], the block input [rows,
     width] and the injection weights [rows, streams] (None without injection rows). A prompt's rows
-    take the three launches instead where ``MIX_PROMPT_SPLIT`` says."""
+    take the three launches instead where ``MIX_PROMPT_SPLIT`` says, or each stream's product apart
+    (``_mix_apart``, up to 4 streams) where ``MIX_PROMPT_APART`` does: the same bits either way."""
     rank = up.shape[1] if up.dim() == 2 else 0
     rows = projected.shape[0]
     if projected.dim() != 2 or projected.shape[1] not in (rank, rank + streams) \
