@@ -165,7 +165,7 @@ def test_on_the_gpu_a_prompts_mix_with_the_streams_apart_has_the_one_launchs_bit
     normed = torch.randn(rows, 4 * 2560, generator=g).bfloat16().cuda()
     one, one_weights = hyper_mix.mix(projected, up, normed, 4, 2560)
     monkeypatch.setattr(hyper_mix, "MIX_PROMPT_APART", 1)
-    for columns, warps in ((32, 4), (64, 8), (16, 4)):
+    for columns, warps in ((32, 4), (32, 8), (64, 8), (16, 4)):
         monkeypatch.setattr(hyper_mix, "MIX_PROMPT_COLUMNS", columns)
         monkeypatch.setattr(hyper_mix, "MIX_PROMPT_WARPS", warps)
         got, got_weights = hyper_mix.mix(projected, up, normed, 4, 2560)

@@ -28,6 +28,7 @@ PRODUCTS = () if os.environ.get("SWEEP") == "mix" else ((1024, 324, 10240), (102
                                                          (4096, 324, 10240))
 APART = {"MIX_PROMPT_APART": 1}
 MIXES = (("one", {}), ("split", {"MIX_PROMPT_SPLIT": 1}), ("apart", APART),
+         ("apart-w8", {**APART, "MIX_PROMPT_WARPS": 8}),
          ("apart-c64w8", {**APART, "MIX_PROMPT_COLUMNS": 64, "MIX_PROMPT_WARPS": 8}),
          ("apart-c64", {**APART, "MIX_PROMPT_COLUMNS": 64}), ("apart-c16", {**APART, "MIX_PROMPT_COLUMNS": 16}),
          ("apart-r32", {**APART, "MIX_PROMPT_ROWS": 32}),
