@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tfd_kernels import gemm, pdl
 from tfd_kernels.conv1d import silu_out
@@ -123,17 +124,21 @@ def _mix(projected, up, normed, out, weights, rows_n, rank, width, stride_p, str
 
 
 @triton.jit
-def _mix_apart(projected, up, normed, out, weights, rows_n, rank, width, stride_p, stride_u, stride_n,
-               streams, STREAMS: tl.constexpr, INJECTS: tl.constexpr, BLOCK_R: tl.constexpr,
-               BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr, PDL: tl.constexpr):
+def _mix_apart(projected, up, up_tiles, normed, out, weights, rows_n, rank, width, stride_p, stride_u,
+               stride_n, streams, STREAMS: tl.constexpr, INJECTS: tl.constexpr, BLOCK_R: tl.constexpr,
+               BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, WIDEN: tl.constexpr, TMA: tl.constexpr,
+               PDL: tl.constexpr):
     """``_mix`` with each stream's product its own accumulator (up to 4 streams): a K tile's hidden
     values made once and multiplied by each stream's up rows in turn, so the mean adds the streams' gated
     values as they are, without regrouping one product's columns by stream. The same sums in the same
-    order, the same cast points."""
+    order, the same cast points. ``TMA``: the up rows read through the tensor descriptor ``up_tiles``
+    (a tile's rows past the width are the next stream's, whose columns are never stored; past the last
+    row and the rank, zeros), without the 64-bit address a loaded element that pointer loads hold."""
     pdl.wait(PDL)
     tile_c, tile_r = tl.program_id(0), tl.program_id(1)
     rows = tile_r * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    first = tile_c * BLOCK_C
+    cols = first + tl.arange(0, BLOCK_C)
     dtype = out.dtype.element_ty
     a0 = tl.zeros((BLOCK_R, BLOCK_C), tl.float32)
     a1, a2, a3 = a0, a0, a0  # unused past STREAMS
@@ -142,12 +147,16 @@ def _mix_apart(projected, up, normed, out, weights, rows_n, rank, width, stride_
         p = tl.load(projected + rows[:, None] * stride_p + ks[None, :],
                     mask=(rows[:, None] < rows_n) & (ks[None, :] < rank), other=0.0)
         hidden = silu_out(divided(p, streams, dtype), dtype)
-        a0 = _stream_dot(hidden, up, 0, cols, start, rank, width, stride_u, a0, BLOCK_K, WIDEN)
+        a0 = _stream_dot(hidden, up, up_tiles, 0, cols, first, start, rank, width, stride_u, a0, BLOCK_K,
+                         WIDEN, TMA)
         if STREAMS > 1:
-            a1 = _stream_dot(hidden, up, 1, cols, start, rank, width, stride_u, a1, BLOCK_K, WIDEN)
+            a1 = _stream_dot(hidden, up, up_tiles, 1, cols, first, start, rank, width, stride_u, a1, BLOCK_K,
+                                WIDEN, TMA)
         if STREAMS > 2:
-            a2 = _stream_dot(hidden, up, 2, cols, start, rank, width, stride_u, a2, BLOCK_K, WIDEN)
-            a3 = _stream_dot(hidden, up, 3, cols, start, rank, width, stride_u, a3, BLOCK_K, WIDEN)
+            a2 = _stream_dot(hidden, up, up_tiles, 2, cols, first, start, rank, width, stride_u, a2, BLOCK_K,
+                                WIDEN, TMA)
+            a3 = _stream_dot(hidden, up, up_tiles, 3, cols, first, start, rank, width, stride_u, a3, BLOCK_K,
+                                WIDEN, TMA)
     live = (rows[:, None] < rows_n) & (cols[None, :] < width)
     total = _gated_stream(normed, a0, 0, rows, cols, live, width, stride_n, dtype)  # in stream order
     if STREAMS > 1:
@@ -165,10 +174,14 @@ def _mix_apart(projected, up, normed, out, weights, rows_n, rank, width, stride_
 
 
 @triton.jit
-def _stream_dot(hidden, up, stream, cols, start, rank, width, stride_u, acc, BLOCK_K: tl.constexpr,
-                WIDEN: tl.constexpr):
-    """``acc`` plus K tile ``start``'s hidden values times ``stream``'s up rows of columns ``cols``."""
-    b = _up_tile(up, stream, cols, start, rank, width, stride_u, BLOCK_K)
+def _stream_dot(hidden, up, up_tiles, stream, cols, first, start, rank, width, stride_u, acc,
+                BLOCK_K: tl.constexpr, WIDEN: tl.constexpr, TMA: tl.constexpr):
+    """``acc`` plus K tile ``start``'s hidden values times ``stream``'s up rows of columns ``cols`` (by
+    the descriptor ``up_tiles`` with ``TMA``: a tile from column ``first``)."""
+    if TMA:
+        b = up_tiles.load([stream * width + first, start])
+    else:
+        b = _up_tile(up, stream, cols, start, rank, width, stride_u, BLOCK_K)
     if WIDEN:
         return tl.dot(hidden.to(tl.float32), tl.trans(b.to(tl.float32)), acc, input_precision="ieee")
     return tl.dot(hidden, tl.trans(b), acc, input_precision="ieee")
@@ -233,6 +246,16 @@ def _mix_launch(rows: int) -> dict[str, int]:
     return {"num_warps": MIX_PROMPT_WARPS, "num_stages": MIX_PROMPT_STAGES} if _prompt(rows) else {}
 
 
+def _up_described(up: torch.Tensor, block_c: int) -> TensorDescriptor | None:
+    """A tensor descriptor of ``up``'s [block_c, MIX_K] tiles where TMA can read it (a GPU of compute
+    capability 9 or above, 16-bit elements, a 16-byte aligned base and row stride); else None."""
+    if INTERPRETED or up.device.type != "cuda" or up.element_size() != 2 \
+            or torch.cuda.get_device_capability(up.device)[0] < 9 \
+            or up.data_ptr() % 16 or (up.stride(0) * up.element_size()) % 16:
+        return None
+    return TensorDescriptor.from_tensor(up, [block_c, MIX_K])
+
+
 def mix(projected: torch.Tensor, up: torch.Tensor, normed: torch.Tensor, streams: int, width: int
         ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``gates`` then the up product then ``block_input`` in one launch: from ``projected`` [rows,
@@ -259,11 +282,13 @@ def mix(projected: torch.Tensor, up: torch.Tensor, normed: torch.Tensor, streams
     if rows:
         block_r, block_c = mix_tile(rows)
         if MIX_PROMPT_APART and _prompt(rows) and streams <= 4:
+            tiles = _up_described(up, block_c)
             _mix_apart[(triton.cdiv(width, block_c), triton.cdiv(rows, block_r))](
-                projected, up, normed, out, out if weights is None else weights, rows, rank, width,
-                projected.stride(0), up.stride(0), normed.stride(0), float(streams), STREAMS=streams,
-                INJECTS=injects, BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_K=MIX_K, WIDEN=INTERPRETED,
-                **_mix_launch(rows), **pdl.options(normed.device))
+                projected, up, up if tiles is None else tiles, normed, out,
+                out if weights is None else weights, rows, rank, width, projected.stride(0), up.stride(0),
+                normed.stride(0), float(streams),
+                STREAMS=streams, INJECTS=injects, BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_K=MIX_K,
+                WIDEN=INTERPRETED, TMA=tiles is not None, **_mix_launch(rows), **pdl.options(normed.device))
             return out, weights
         early = 0 if _prompt(rows) else min(MIX_EARLY, MOST_EARLY)
         _mix[(triton.cdiv(width, block_c), triton.cdiv(rows, block_r))](

@@ -142,6 +142,7 @@ def test_a_prompts_mix_with_the_streams_apart_has_the_one_launchs_bits(
     up = (torch.randn(streams * 72, 80, generator=g) * 80 ** -0.5).to(dtype)
     normed = torch.randn(rows, streams * 72, generator=g).to(dtype)
     one, one_weights = hyper_mix.mix(projected, up, normed, streams, 72)
+    assert hyper_mix._up_described(up, 32) is None  # no tensor descriptor here: the pointer loads
     launched = []
     plain = hyper_mix._mix_apart.run
     monkeypatch.setattr(hyper_mix._mix_apart, "run", lambda *a, **k: launched.append(1) or plain(*a, **k))
@@ -165,12 +166,17 @@ def test_on_the_gpu_a_prompts_mix_with_the_streams_apart_has_the_one_launchs_bit
     normed = torch.randn(rows, 4 * 2560, generator=g).bfloat16().cuda()
     one, one_weights = hyper_mix.mix(projected, up, normed, 4, 2560)
     monkeypatch.setattr(hyper_mix, "MIX_PROMPT_APART", 1)
+    # the same weights in rows 642 bytes apart: no tensor descriptor, the pointer loads
+    unaligned = torch.empty(4 * 2560, 321, dtype=torch.bfloat16, device="cuda")[:, :320].copy_(up)
+    assert hyper_mix._up_described(up, 32) is not None and hyper_mix._up_described(unaligned, 32) is None
     for columns, warps in ((32, 4), (32, 8), (64, 8), (16, 4)):
         monkeypatch.setattr(hyper_mix, "MIX_PROMPT_COLUMNS", columns)
         monkeypatch.setattr(hyper_mix, "MIX_PROMPT_WARPS", warps)
-        got, got_weights = hyper_mix.mix(projected, up, normed, 4, 2560)
-        assert torch.equal(got, one), f"{columns} columns, {warps} warps"
-        assert got_weights is not None and one_weights is not None and torch.equal(got_weights, one_weights)
+        for weight in (up, unaligned):
+            got, got_weights = hyper_mix.mix(projected, weight, normed, 4, 2560)
+            assert torch.equal(got, one), f"{columns} columns, {warps} warps, {weight.stride()}"
+            assert got_weights is not None and one_weights is not None
+            assert torch.equal(got_weights, one_weights)
 
 
 def test_a_mix_of_streams_not_a_power_of_two_is_refused_by_name() -> None:

@@ -24,7 +24,8 @@ from triton.backends.nvidia.compiler import get_ptxas
 ptxas = get_ptxas(90).path
 def probe(name, fn, extra, block_r, block_c, warps, stages):
     constexprs = dict(STREAMS=4, INJECTS=True, BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_K=64, WIDEN=False, PDL=True, **extra)
-    source = ASTSource(fn=fn, signature=signature(fn, ptrs, constexprs, dict(streams="fp32")), constexprs=constexprs)
+    types = {**ptrs, "up_tiles": f"tensordesc<bf16[{block_c}, 64]>" if extra.get("TMA") else BF16}
+    source = ASTSource(fn=fn, signature=signature(fn, types, constexprs, dict(streams="fp32")), constexprs=constexprs)
     k = triton.compile(source, target=HOPPER, options=dict(num_warps=warps, num_stages=stages))
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(k.asm["ptx"])
@@ -34,6 +35,8 @@ def probe(name, fn, extra, block_r, block_c, warps, stages):
     bars = len(re.findall(r"bar\.sync", k.asm["ptx"]))
     print(f"{name:6} r{block_r} c{block_c} w{warps} s{stages}: {regs} {spill} bar.sync {bars} shared {k.metadata.shared}", flush=True)
 for stages in (1, 2, 3):
-    for name, fn, extra in (("one", hyper_mix._mix, dict(EARLY=0, REST=64)), ("apart", hyper_mix._mix_apart, {})):
+    for name, fn, extra in (("one", hyper_mix._mix, dict(EARLY=0, REST=64)),
+                            ("apart", hyper_mix._mix_apart, dict(TMA=False)),
+                            ("tma", hyper_mix._mix_apart, dict(TMA=True))):
         for block_r, block_c, warps in ((64, 32, 4), (64, 32, 8), (64, 64, 8), (32, 32, 4), (128, 32, 8)):
             probe(name, fn, extra, block_r, block_c, warps, stages)
