@@ -6,7 +6,7 @@
 # with and without it and the prompt pass's host profile (prefill_host.py PASS_ONLY=1: its Triton launches by
 # kernel). Carry .whl .whl-test .devk.
 . .dev/start.sh
-gpu_tests 60 4 -rE tests/kernels/test_hyper_mix.py -k "apart or prompt"
+gpu_tests 70 4 -rE tests/kernels/test_hyper_mix.py tests/kernels/test_gemm.py -k "apart or prompt or narrow"
 grep -a "^ERROR\|^FAILED\|^E  " $R/gpu-tests.txt | cut -c1-200 | head -6
 SWEEP=mix timeout 70 python .dev/hyper_prompt_sweep.py 2>&1 | grep -v "arn" | tee $R/sweep.txt | cut -c1-500
 echo "sweep t=$(el)"
