@@ -252,16 +252,21 @@ def _whole(x, w, out, m, n, k, stride_xm, stride_wn, stride_om, segments, k_per_
                  mask=(rows[:, None] < m) & (cols[None, :] < n))
 
 
+def described(t: torch.Tensor, block: list[int]) -> TensorDescriptor | None:
+    """A tensor descriptor of ``t``'s ``block`` tiles where TMA can read it: a GPU of compute capability
+    9 or above, 16-bit elements, a 16-byte aligned base and row stride; else None."""
+    if INTERPRETED or t.device.type != "cuda" or t.element_size() != 2 or \
+            torch.cuda.get_device_capability(t.device)[0] < 9:
+        return None
+    if t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
+        return None
+    return TensorDescriptor.from_tensor(t, block)
+
+
 def _described(x: torch.Tensor, w: torch.Tensor, t: Tiles) -> tuple[object, object] | None:
-    """Tensor descriptors of x and w for the whole form's tile, where TMA can read them: a GPU of
-    compute capability 9 or above, 16-bit operands, 16-byte aligned bases and row strides; else None."""
-    if INTERPRETED or x.device.type != "cuda" or x.element_size() != 2 or \
-            torch.cuda.get_device_capability(x.device)[0] < 9:
-        return None
-    if any(a.data_ptr() % 16 or (a.stride(0) * a.element_size()) % 16 for a in (x, w)):
-        return None
-    return (TensorDescriptor.from_tensor(x, [t.block_m, t.block_k]),
-            TensorDescriptor.from_tensor(w, [t.block_n, t.block_k]))
+    """Tensor descriptors of x and w for the whole form's tile where TMA can read both, else None."""
+    xs, ws = described(x, [t.block_m, t.block_k]), described(w, [t.block_n, t.block_k])
+    return None if xs is None or ws is None else (xs, ws)
 
 
 def matmul(x: torch.Tensor, w: torch.Tensor, spread: bool | None = None, choice: Plan | None = None,

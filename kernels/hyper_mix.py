@@ -19,7 +19,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tfd_kernels import gemm, pdl
 from tfd_kernels.conv1d import silu_out
@@ -37,13 +36,31 @@ def _up_tile(up, stream_of, cols_of, start, rank, width, stride_u, BLOCK_K: tl.c
 
 
 @triton.jit
-def _mix_step(projected, b, acc, rows, rows_n, start, rank, stride_p, streams, dtype: tl.constexpr,
-              BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
-    """``acc`` plus the hidden values of K tile ``start`` (made once for every stream) times ``b``."""
+def _hidden(projected, rows, rows_n, start, rank, stride_p, streams, dtype: tl.constexpr,
+            BLOCK_K: tl.constexpr):
+    """The mix's hidden values ``silu(p / streams)`` of ``rows`` at K tile ``start`` (zeros past rank)."""
     ks = start + tl.arange(0, BLOCK_K)
     p = tl.load(projected + rows[:, None] * stride_p + ks[None, :],
                 mask=(rows[:, None] < rows_n) & (ks[None, :] < rank), other=0.0)
-    hidden = silu_out(divided(p, streams, dtype), dtype)
+    return silu_out(divided(p, streams, dtype), dtype)
+
+
+@triton.jit
+def _store_injection(projected, weights, rows, rows_n, tile_c, rank, stride_p, streams, dtype: tl.constexpr,
+                     STREAMS: tl.constexpr):
+    """The injection weights ``2 * sigmoid(p / streams)`` of ``rows``, written by the first column block."""
+    which = tl.arange(0, STREAMS)
+    mine = rows[:, None] < tl.where(tile_c == 0, rows_n, 0)
+    p = tl.load(projected + rows[:, None] * stride_p + rank + which[None, :], mask=mine, other=0.0)
+    injected = injection(divided(p, streams, dtype), dtype)
+    tl.store(weights + rows[:, None] * STREAMS + which[None, :], injected, mask=mine)
+
+
+@triton.jit
+def _mix_step(projected, b, acc, rows, rows_n, start, rank, stride_p, streams, dtype: tl.constexpr,
+              BLOCK_K: tl.constexpr, WIDEN: tl.constexpr):
+    """``acc`` plus the hidden values of K tile ``start`` (made once for every stream) times ``b``."""
+    hidden = _hidden(projected, rows, rows_n, start, rank, stride_p, streams, dtype, BLOCK_K)
     if WIDEN:
         hidden, b = hidden.to(tl.float32), b.to(tl.float32)
     return tl.dot(hidden, tl.trans(b), acc, input_precision="ieee")
@@ -115,12 +132,8 @@ def _mix(projected, up, normed, out, weights, rows_n, rank, width, stride_p, str
     cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
     live = (rows[:, None] < rows_n) & (cols[None, :] < width)
     tl.store(out + rows[:, None] * width + cols[None, :], (total / STREAMS).to(dtype), mask=live)
-    if INJECTS:  # by the first column block alone
-        which = tl.arange(0, STREAMS)
-        mine = rows[:, None] < tl.where(tile_c == 0, rows_n, 0)
-        p = tl.load(projected + rows[:, None] * stride_p + rank + which[None, :], mask=mine, other=0.0)
-        injected = injection(divided(p, streams, dtype), dtype)
-        tl.store(weights + rows[:, None] * STREAMS + which[None, :], injected, mask=mine)
+    if INJECTS:
+        _store_injection(projected, weights, rows, rows_n, tile_c, rank, stride_p, streams, dtype, STREAMS)
 
 
 @triton.jit
@@ -143,20 +156,17 @@ def _mix_apart(projected, up, up_tiles, normed, out, weights, rows_n, rank, widt
     a0 = tl.zeros((BLOCK_R, BLOCK_C), tl.float32)
     a1, a2, a3 = a0, a0, a0  # unused past STREAMS
     for start in range(0, rank, BLOCK_K):
-        ks = start + tl.arange(0, BLOCK_K)
-        p = tl.load(projected + rows[:, None] * stride_p + ks[None, :],
-                    mask=(rows[:, None] < rows_n) & (ks[None, :] < rank), other=0.0)
-        hidden = silu_out(divided(p, streams, dtype), dtype)
+        hidden = _hidden(projected, rows, rows_n, start, rank, stride_p, streams, dtype, BLOCK_K)
         a0 = _stream_dot(hidden, up, up_tiles, 0, cols, first, start, rank, width, stride_u, a0, BLOCK_K,
                          WIDEN, TMA)
         if STREAMS > 1:
             a1 = _stream_dot(hidden, up, up_tiles, 1, cols, first, start, rank, width, stride_u, a1, BLOCK_K,
-                                WIDEN, TMA)
+                             WIDEN, TMA)
         if STREAMS > 2:
             a2 = _stream_dot(hidden, up, up_tiles, 2, cols, first, start, rank, width, stride_u, a2, BLOCK_K,
-                                WIDEN, TMA)
+                             WIDEN, TMA)
             a3 = _stream_dot(hidden, up, up_tiles, 3, cols, first, start, rank, width, stride_u, a3, BLOCK_K,
-                                WIDEN, TMA)
+                             WIDEN, TMA)
     live = (rows[:, None] < rows_n) & (cols[None, :] < width)
     total = _gated_stream(normed, a0, 0, rows, cols, live, width, stride_n, dtype)  # in stream order
     if STREAMS > 1:
@@ -165,12 +175,8 @@ def _mix_apart(projected, up, up_tiles, normed, out, weights, rows_n, rank, widt
         total += _gated_stream(normed, a2, 2, rows, cols, live, width, stride_n, dtype)
         total += _gated_stream(normed, a3, 3, rows, cols, live, width, stride_n, dtype)
     tl.store(out + rows[:, None] * width + cols[None, :], (total / STREAMS).to(dtype), mask=live)
-    if INJECTS:  # by the first column block alone
-        which = tl.arange(0, STREAMS)
-        mine = rows[:, None] < tl.where(tile_c == 0, rows_n, 0)
-        p = tl.load(projected + rows[:, None] * stride_p + rank + which[None, :], mask=mine, other=0.0)
-        injected = injection(divided(p, streams, dtype), dtype)
-        tl.store(weights + rows[:, None] * STREAMS + which[None, :], injected, mask=mine)
+    if INJECTS:
+        _store_injection(projected, weights, rows, rows_n, tile_c, rank, stride_p, streams, dtype, STREAMS)
 
 
 @triton.jit
@@ -246,14 +252,10 @@ def _mix_launch(rows: int) -> dict[str, int]:
     return {"num_warps": MIX_PROMPT_WARPS, "num_stages": MIX_PROMPT_STAGES} if _prompt(rows) else {}
 
 
-def _up_described(up: torch.Tensor, block_c: int) -> TensorDescriptor | None:
-    """A tensor descriptor of ``up``'s [block_c, MIX_K] tiles where TMA can read it (a GPU of compute
-    capability 9 or above, 16-bit elements, a 16-byte aligned base and row stride); else None."""
-    if INTERPRETED or up.device.type != "cuda" or up.element_size() != 2 \
-            or torch.cuda.get_device_capability(up.device)[0] < 9 \
-            or up.data_ptr() % 16 or (up.stride(0) * up.element_size()) % 16:
-        return None
-    return TensorDescriptor.from_tensor(up, [block_c, MIX_K])
+def _up_described(up: torch.Tensor, block_c: int) -> object | None:
+    """A tensor descriptor of ``up``'s [block_c, MIX_K] tiles where TMA can read it, else None
+    (``tfd_kernels.gemm.described``)."""
+    return gemm.described(up, [block_c, MIX_K])
 
 
 def mix(projected: torch.Tensor, up: torch.Tensor, normed: torch.Tensor, streams: int, width: int

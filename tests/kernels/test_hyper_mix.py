@@ -14,6 +14,15 @@ from tfd_kernels import hyper as hyper_kernels
 from tfd_kernels import hyper_mix
 
 
+def flash_next_read(rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A read's inputs at Flash Next's sizes on the GPU (4 streams of 2,560, rank 320, injection rows, bf16):
+    the down rows' product [rows, 324], the up weight [10240, 320] and the normalised streams."""
+    g = torch.Generator().manual_seed(seed)
+    projected = torch.randn(rows, 324, generator=g).bfloat16().cuda()
+    up = (torch.randn(4 * 2560, 320, generator=g) * 320 ** -0.5).bfloat16().cuda()
+    return projected, up, torch.randn(rows, 4 * 2560, generator=g).bfloat16().cuda()
+
+
 @pytest.mark.parametrize("rows", [5, 16, 17, 64, 65])  # each side of the row tiles' bounds
 @pytest.mark.parametrize("injects", [True, False])
 def test_the_mix_in_one_launch_is_the_gates_the_up_product_and_the_mean(rows: int, injects: bool) -> None:
@@ -116,10 +125,7 @@ def test_a_prompts_mix_may_run_as_the_three_launches(rows: int, monkeypatch: pyt
 @pytest.mark.parametrize("rows", [65, 1024])  # a prompt's smallest mix and Flash Next's 1,024-row prefill
 def test_on_the_gpu_a_prompts_mix_in_three_launches_has_the_one_launchs_bits(
         rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    g = torch.Generator().manual_seed(14)
-    projected = torch.randn(rows, 324, generator=g).bfloat16().cuda()
-    up = (torch.randn(4 * 2560, 320, generator=g) * 320 ** -0.5).bfloat16().cuda()
-    normed = torch.randn(rows, 4 * 2560, generator=g).bfloat16().cuda()
+    projected, up, normed = flash_next_read(rows, 14)
     one, one_weights = hyper_mix.mix(projected, up, normed, 4, 2560)
     monkeypatch.setattr(hyper_mix, "MIX_PROMPT_SPLIT", 1)
     got, got_weights = hyper_mix.mix(projected, up, normed, 4, 2560)
@@ -160,10 +166,7 @@ def test_a_prompts_mix_with_the_streams_apart_has_the_one_launchs_bits(
 @pytest.mark.parametrize("rows", [65, 1024])
 def test_on_the_gpu_a_prompts_mix_with_the_streams_apart_has_the_one_launchs_bits(
         rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    g = torch.Generator().manual_seed(16)
-    projected = torch.randn(rows, 324, generator=g).bfloat16().cuda()
-    up = (torch.randn(4 * 2560, 320, generator=g) * 320 ** -0.5).bfloat16().cuda()
-    normed = torch.randn(rows, 4 * 2560, generator=g).bfloat16().cuda()
+    projected, up, normed = flash_next_read(rows, 16)
     one, one_weights = hyper_mix.mix(projected, up, normed, 4, 2560)
     monkeypatch.setattr(hyper_mix, "MIX_PROMPT_APART", 1)
     # the same weights in rows 642 bytes apart: no tensor descriptor, the pointer loads
@@ -190,10 +193,7 @@ def test_on_the_gpu_the_mix_is_within_a_unit_and_a_rows_bits_stay_its_own(
         rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Flash Next's sizes (4 streams of 2,560, rank 320, bf16): within a unit of the three launches'
     result, and each row's bits alone as in batches of either row tile."""
-    g = torch.Generator().manual_seed(9)
-    projected = torch.randn(rows, 324, generator=g).bfloat16().cuda()
-    up = (torch.randn(4 * 2560, 320, generator=g) * 320 ** -0.5).bfloat16().cuda()
-    normed = torch.randn(rows, 4 * 2560, generator=g).bfloat16().cuda()
+    projected, up, normed = flash_next_read(rows, 9)
     got, got_weights = hyper_mix.mix(projected, up, normed, 4, 2560)
     mixed, want_weights = hyper_kernels.gates(projected, 320, 4)
     want = hyper_kernels.block_input(linear(mixed, up), normed, 4, 2560)
