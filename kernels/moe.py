@@ -1,7 +1,8 @@
 """An MoE layer's experts, grouped by expert: for each row, the sum over its k routed experts in
 ascending expert id of ``weight * down_e(h)``, h = silu(gate_e(x)) * up_e(x) computed in fp32 and
-cast to the model dtype (as a model-dtype linear hands it on); the sum is fp32, the result cast to
-x's dtype. With the layer's shared expert (``Shared``), the MoE block's output instead: that routed
+cast to the model dtype (as a model-dtype linear hands it on); each weighted term is rounded to the
+model dtype as it is stored (as the field's kernels store it), the sum of those is fp32, the result
+cast to x's dtype. With the layer's shared expert (``Shared``), the MoE block's output instead: that routed
 sum rounded, plus the shared expert's output (the same arithmetic, rounded as a linear's output)
 times sigmoid(gate), rounded as ``tfd_kernels.sigmoid_gate`` rounds it.
 
@@ -13,9 +14,10 @@ its own, and its weights are never copied beside the routed ones.
 Memory: each selected expert's ``gate_up`` and ``down`` weights are read once per tile of ``BLOCK_M`` pairs
 that chose it, so once per call at decode sizes (the shared expert's once per ``BLOCK_M`` rows); an expert no
 row chose is never touched. Beside the weights a call writes and reads back ``h`` (pairs x the wider inner
-size, model dtype), an fp32 buffer of one hidden vector per pair, with FP8 weights x's rows and h quantized (a
-byte an element, fp32 scales a 128-wide block), and the plan's int32 tables (``tfd_kernels.moe_plan``), all
-sized by shapes alone and for at most ``ROW_CHUNK`` rows (more rows take several passes).
+size, model dtype), a buffer of one hidden vector per pair (model dtype), with FP8 weights x's rows and h
+quantized (a byte an element, fp32 scales a 128-wide block), and the plan's int32 tables
+(``tfd_kernels.moe_plan``), all sized by shapes alone and for at most ``ROW_CHUNK`` rows (more rows take
+several passes).
 
 Launches: the plan (``tfd_kernels.moe_plan``: one launch at decode sizes, the router's choice included
 when called through ``routed``); ``_gate_up`` (``tfd_kernels.moe_pairs``, as ``_down``) computes h for a
@@ -87,9 +89,9 @@ DOWN_N, DOWN_K, DOWN_STAGES = 64, 128, 3
 # (tfd bench --dtype fp8 --variant s8=tfd_kernels.moe.FP8_GATE_STAGES=8 ..., docs/bench/kit/fp8_moe_sweep.sh).
 FP8_GATE_N, FP8_GATE_STAGES = GATE_N, GATE_STAGES
 FP8_DOWN_N, FP8_DOWN_STAGES = DOWN_N, DOWN_STAGES
-# Rows a pass takes at most: bounds the fp32 buffer (rows never interact). 8,192 rows of a prompt in one
+# Rows a pass takes at most: bounds the buffer (rows never interact). 8,192 rows of a prompt in one
 # pass read each expert's weights once for all of them: on the H200 8 x 1,024-token prefill took 226 ms
-# against 266 in passes of 2,048 (35B-A3B), 183 against 235 (Qwen3-Next-80B-A3B); 0.6 to 0.9 GB more buffer.
+# against 266 in passes of 2,048 (35B-A3B), 183 against 235 (Qwen3-Next-80B-A3B); 0.3 to 0.45 GB more buffer.
 ROW_CHUNK = 8192
 # A pass whose routed pairs average PROMPT_PAIRS an expert or more (a prompt's) takes tiles of PROMPT_M
 # pairs: an expert's weights are read once a tile, and 16-pair tiles read them several times over at m16
@@ -251,7 +253,9 @@ def _experts(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tensor
     precision = "ieee" if x.dtype == torch.float32 else "tf32"  # tf32 would round fp32 operands
     chunk = min(rows, ROW_CHUNK)
     h = torch.empty(chunk * per_row, width, dtype=x.dtype, device=x.device)
-    buf = torch.empty(chunk * per_row, hidden, dtype=torch.float32, device=x.device)
+    # Weighted terms in the model dtype: at 8,192 prompt rows the buffer's write and read back were a
+    # quarter of an MoE layer's time in fp32 (the 35B-A3B: 0.54 GB each way a layer).
+    buf = torch.empty(chunk * per_row, hidden, dtype=x.dtype, device=x.device)
     # FP8 down tiles read the middles quantized once, between the launches (stand-ins where float: unread)
     quantize_h = routed_down.fp8 or own_down.fp8
     hq, h_scales = (h, h) if not quantize_h else (
@@ -360,15 +364,17 @@ def _expert(gate_up: torch.Tensor, down: torch.Tensor, x: torch.Tensor) -> torch
 
 def reference(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
               weights: torch.Tensor, shared: Shared | None = None) -> torch.Tensor:
-    """The same by torch: row by row, its experts in ascending id (then slot), summed in fp32 and
-    rounded; with ``shared``, its output rounded, gated and added, each step rounded as the kernel's.
+    """The same by torch: row by row, its experts in ascending id (then slot), each weighted term
+    rounded to x's dtype, summed in fp32 and rounded; with ``shared``, its output rounded, gated and
+    added, each step rounded as the kernel's.
     Float weights only (FP8 products are ``tfd.model.fp8.linear``'s: tests/kernels/test_moe_fp8.py)."""
     check(x, gate_up, down, ids, weights, shared)
     total = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for row, chosen in enumerate(ids.tolist()):
         for slot in sorted(range(len(chosen)), key=lambda s: (chosen[s], s)):
             expert = chosen[slot]
-            total[row] += weights[row, slot].float() * _expert(gate_up[expert], down[expert], x[row])
+            term = weights[row, slot].float() * _expert(gate_up[expert], down[expert], x[row])
+            total[row] += term.to(x.dtype).float()
     out = total.to(x.dtype)
     if shared is None:
         return out

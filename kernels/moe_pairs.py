@@ -1,9 +1,9 @@
-"""The MoE experts' two launches over tiles of pairs (``tfd_kernels.moe`` plans and launches them): stage
-one, a tile's gate/up products and their SwiGLU middle into h (``_gate_up``); stage two, the down products
-weighted into the fp32 buffer (``_down``), at one row with the combine, the residual add and the norm in
-the last program to finish. A program is a tile of pairs and a column tile: the grid's two axes, or one
-axis in groups of tiles that walk their columns together. Each tile runs float or FP8 as its expert's
-weights are (``tfd_kernels.moe_fp8``). Batch invariance and scratch: ``tfd_kernels.moe``'s.
+"""The MoE experts' two launches over tiles of pairs (``tfd_kernels.moe`` plans and launches them): stage one,
+a tile's gate/up products and their SwiGLU middle into h (``_gate_up``); stage two, the down products weighted
+into the buffer, each term rounded to the model dtype (``_down``), at one row with the combine, the residual
+add and the norm in the last program to finish. A program is a tile of pairs and a column tile: the grid's two
+axes, or one axis in groups of tiles that walk their columns together. Each tile runs float or FP8 as its
+expert's weights are (``tfd_kernels.moe_fp8``). Batch invariance and scratch: ``tfd_kernels.moe``'s.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""The last step of an MoE block (``tfd_kernels.moe``): a row's ranked expert outputs (fp32 rows of the
-experts' buffer, ``top_k`` a row in ascending expert id, then the shared expert's rows after every
-routed one) summed in that order and rounded, plus the shared expert's output times sigmoid(gate)
+"""The last step of an MoE block (``tfd_kernels.moe``): a row's ranked expert outputs (rows of the experts'
+buffer in the model dtype, ``top_k`` a row in ascending expert id, then the shared expert's rows after every
+routed one) summed in that order in fp32 and rounded, plus the shared expert's output times sigmoid(gate)
 rounded as ``tfd_kernels.sigmoid_gate`` rounds it; ``combine_add_zrms`` also adds the residual stream and
 normalises the sum for the next block as ``tfd_kernels.norm.add_zrms`` does (the same bits, one launch).
-``combined`` is the row arithmetic, shared with the experts' own last program at one row;
-``finish_spread`` is that work at one row spread over the experts' last programs of each column block.
+``combined`` is the row arithmetic, shared with the experts' own last program at one row; ``finish_spread`` is
+that work at one row spread over the experts' last programs of each column block.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def combined(buf, gate, row, cols, pairs, hidden, stride_g, TOP_K: tl.constexpr,
     # (.cg: from L2, where another program's stores are, whichever launch made them)
     for rank in tl.static_range(TOP_K):
         total += tl.load(buf + (row * TOP_K + rank) * hidden + cols, mask=cols < hidden, other=0.0,
-                         cache_modifier=".cg")
+                         cache_modifier=".cg").to(tl.float32)
     result = total.to(dtype)
     if SHARED:  # + the shared expert's output (rounded as a linear's) * sigmoid(gate), as sigmoid_gate rounds
         value = tl.load(buf + (pairs + row) * hidden + cols, mask=cols < hidden, other=0.0,

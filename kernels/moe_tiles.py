@@ -3,7 +3,7 @@ one-launch form at one row (``tfd_kernels.moe_one``): a tile is up to ``BLOCK_M`
 
 ``gate_up_tile``: h = silu(x @ gate.T) * (x @ up.T) for a tile's pairs over ``BLOCK_N`` of the
 expert's inner columns, in fp32 and stored in the model dtype. ``down_tile``: h @ down.T over
-``BLOCK_N`` hidden columns, times the pair's routing weight, into the pair's fp32 buffer row. Both
+``BLOCK_N`` hidden columns, times the pair's routing weight, into the pair's buffer row. Both
 walk K in ``BLOCK_K`` steps in order from zero, so either form gives the same bits. Their FP8 twins,
 and the choice of a tile's kind, are ``tfd_kernels.moe_fp8``'s.
 """
@@ -76,9 +76,11 @@ def down_tile(h, w, stride_n, size, buf, q, live, weight, dest, hidden, width, c
 
 @triton.jit
 def down_store(buf, acc, live, weight, dest, hidden, column_tile, BLOCK_N: tl.constexpr):
-    """A down tile's sum times each pair's fp32 ``weight`` into buffer rows ``dest``."""
+    """A down tile's sum times each pair's fp32 ``weight`` into buffer rows ``dest``, rounded to the
+    buffer's dtype (the model's)."""
     cols = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    tl.store(buf + dest[:, None].to(tl.int64) * hidden + cols[None, :], acc * weight[:, None],
+    term = (acc * weight[:, None]).to(buf.dtype.element_ty)
+    tl.store(buf + dest[:, None].to(tl.int64) * hidden + cols[None, :], term,
              mask=live[:, None] & (cols[None, :] < hidden))
 
 

@@ -116,8 +116,8 @@ def reference(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tenso
     + |silu(g)| du apart, and four units of its dtype's last place more (the interpreter's exp and casts
     against torch's: its bf16 cast truncates). Through the down product that is ``_moved``'s distance
     times |weights|, the product's own order, times |the pair's weight|; then four units of x's dtype of
-    the output and of every term's magnitude (the sum's rounding, the shared expert's value, its gate's,
-    the gated sum's)."""
+    the output and of every term's magnitude (each routed term's rounding, the sum's, the shared expert's
+    value, its gate's, the gated sum's)."""
     rows, hidden = x.shape
     total = torch.zeros(rows, hidden, device=x.device)
     slack = torch.zeros(rows, hidden, dtype=torch.float64, device=x.device)
@@ -145,8 +145,9 @@ def reference(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tenso
         for slot in sorted(range(len(chosen)), key=lambda s: (chosen[s], s)):
             weight = weights[row, slot].float()
             expert_of = chosen[slot]
-            total[row] += weight * expert(one_expert(gate_up, expert_of), one_expert(down, expert_of), row,
-                                          float(weight))
+            term = weight * expert(one_expert(gate_up, expert_of), one_expert(down, expert_of), row,
+                                   float(weight))
+            total[row] += term.to(x.dtype).float()  # each term rounded as the buffer holds it
     out = total.to(x.dtype)
     if shared is not None:
         value = torch.stack([expert(shared.gate_up, shared.down, row, 1.0) for row in range(rows)])

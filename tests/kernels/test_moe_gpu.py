@@ -165,3 +165,58 @@ def test_gpu_a_captured_decode_step_with_the_shared_expert_replays_new_rows() ->
     graph.replay()
     fresh_shared = shared._replace(gate=fresh_logits[:, 256:])
     assert torch.equal(out, moe.routed(fresh_x, gate_up, down, fresh_logits[:, :256], 8, True, fresh_shared))
+
+
+def _exact_inputs(rows: int, experts: int, top_k: int, hidden: int = 256, inner: int = 128
+                  ) -> tuple[torch.Tensor, ...]:
+    """Inputs whose every step before a weighted term is exact in fp32 in any order: x in {1, 2}, gate
+    weights in {0, 1} (gates of 110 and more: silu(g) = g, exp(-g) is 0), up weights mostly 0 and +-1,
+    down weights in {-1, 0, 1} (integer sums under 2^24), routing weights random; the kernels' terms are
+    then the reference's fp32 values, and only how each is rounded before the sum decides the bits."""
+    gen = torch.Generator("cuda").manual_seed(rows + top_k)
+
+    def pick(values: list[float], odds: list[float], *shape: int) -> torch.Tensor:
+        chosen = torch.multinomial(torch.tensor(odds, device="cuda"), int(torch.tensor(shape).prod()), True,
+                                   generator=gen)
+        return torch.tensor(values, device="cuda")[chosen].view(*shape).bfloat16()
+
+    x = pick([1.0, 2.0], [1, 1], rows, hidden)
+    gate = pick([0.0, 1.0], [1, 3], experts, inner, hidden)
+    up = pick([-1.0, 0.0, 1.0], [1, 62, 1], experts, inner, hidden)
+    down = pick([-1.0, 0.0, 1.0], [1, 1, 1], experts, hidden, inner)
+    ids = torch.rand(rows, experts, generator=gen, device="cuda").argsort(dim=1)[:, :top_k]
+    weights = torch.rand(rows, top_k, generator=gen, device="cuda") + 0.1
+    return x, torch.cat([gate, up], dim=1), down, ids, weights
+
+
+
+def _unrounded(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
+               weights: torch.Tensor) -> torch.Tensor:
+    """``_exact_inputs``' block output with each row's weighted terms summed in fp32 unrounded."""
+    inner = down.shape[2]
+    total = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for row, chosen in enumerate(ids.tolist()):
+        for slot in sorted(range(len(chosen)), key=lambda s: (chosen[s], s)):
+            both = gate_up[chosen[slot]].float() @ x[row].float()
+            h = (both[:inner] * both[inner:]).bfloat16().float()  # silu(g) = g at these gates
+            total[row] += weights[row, slot].float() * (down[chosen[slot]].float() @ h)
+    return total.bfloat16()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 5, moe.PROMPT_PAIRS * 8 // 3, moe.PROMPT_PAIRS * 8 // 3 + 1])
+def test_gpu_each_weighted_term_is_rounded_to_the_model_dtype_before_the_sum(rows: int) -> None:
+    """Decode's tiles (1, 5 and 42 rows of top-3 over 8 experts: 15.75 pairs an expert) and a prompt's
+    (43 rows: 16.1), and at one row the block's one launch from the router's logits: the kernels store
+    each weighted term in bf16 and sum those in fp32, the reference's bits, where summing the unrounded
+    terms gives other bits (so the inputs tell the two apart)."""
+    x, gate_up, down, ids, weights = _exact_inputs(rows, 8, 3)
+    got = moe.experts(x, gate_up, down, ids, weights)
+    assert torch.equal(got, moe.reference(x, gate_up, down, ids, weights))
+    assert not torch.equal(got, _unrounded(x, gate_up, down, ids, weights))
+    if rows == 1:
+        logits = torch.randn(1, 8, generator=torch.Generator("cuda").manual_seed(5), device="cuda")
+        chosen, chosen_weights = router.reference(logits, 3, True, x.dtype)
+        one = moe.routed(x, gate_up, down, logits, 3, True)
+        assert torch.equal(one, moe.reference(x, gate_up, down, chosen, chosen_weights))
+        assert not torch.equal(one, _unrounded(x, gate_up, down, chosen, chosen_weights))
