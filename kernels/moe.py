@@ -126,6 +126,10 @@ PROMPT_GROUP = 32
 # One row through ``routed``: the choice in the experts' first launch and the combine in the last
 # program of their second; off, the plan's launch and the combining launch (comparisons: same bits).
 ONE_ROW = True
+# Each weighted term rounded to the model dtype as it is stored, then the fp32 sum of those: the buffer is
+# written and read back at the model's bytes (at 8,192 prompt rows of the 35B-A3B 0.54 GB each way a
+# layer in fp32). Off: fp32 terms, the arithmetic before (other bits), kept to time the two on the device.
+TERMS_ROUNDED = True
 # One row through ``routed``: both products in one launch (tfd_kernels.moe_one); off, two (same bits).
 ONE_LAUNCH = True
 # One row through ``block_add_zrms``: the router's product in that launch too; off, a launch before.
@@ -253,9 +257,8 @@ def _experts(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tensor
     precision = "ieee" if x.dtype == torch.float32 else "tf32"  # tf32 would round fp32 operands
     chunk = min(rows, ROW_CHUNK)
     h = torch.empty(chunk * per_row, width, dtype=x.dtype, device=x.device)
-    # Weighted terms in the model dtype: at 8,192 prompt rows the buffer's write and read back were a
-    # quarter of an MoE layer's time in fp32 (the 35B-A3B: 0.54 GB each way a layer).
-    buf = torch.empty(chunk * per_row, hidden, dtype=x.dtype, device=x.device)
+    buf = torch.empty(chunk * per_row, hidden, dtype=x.dtype if TERMS_ROUNDED else torch.float32,
+                      device=x.device)
     # FP8 down tiles read the middles quantized once, between the launches (stand-ins where float: unread)
     quantize_h = routed_down.fp8 or own_down.fp8
     hq, h_scales = (h, h) if not quantize_h else (
@@ -374,7 +377,7 @@ def reference(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: t
         for slot in sorted(range(len(chosen)), key=lambda s: (chosen[s], s)):
             expert = chosen[slot]
             term = weights[row, slot].float() * _expert(gate_up[expert], down[expert], x[row])
-            total[row] += term.to(x.dtype).float()
+            total[row] += term.to(x.dtype).float() if TERMS_ROUNDED else term
     out = total.to(x.dtype)
     if shared is None:
         return out

@@ -204,19 +204,21 @@ def _unrounded(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rounded", [True, False])
 @pytest.mark.parametrize("rows", [1, 5, moe.PROMPT_PAIRS * 8 // 3, moe.PROMPT_PAIRS * 8 // 3 + 1])
-def test_gpu_each_weighted_term_is_rounded_to_the_model_dtype_before_the_sum(rows: int) -> None:
+def test_gpu_each_weighted_term_is_rounded_to_the_model_dtype_before_the_sum(
+        rows: int, rounded: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Decode's tiles (1, 5 and 42 rows of top-3 over 8 experts: 15.75 pairs an expert) and a prompt's
     (43 rows: 16.1), and at one row the block's one launch from the router's logits: the kernels store
     each weighted term in bf16 and sum those in fp32, the reference's bits, where summing the unrounded
-    terms gives other bits (so the inputs tell the two apart)."""
+    terms gives other bits (so the inputs tell the two apart); with ``TERMS_ROUNDED`` off, those."""
+    monkeypatch.setattr(moe, "TERMS_ROUNDED", rounded)
     x, gate_up, down, ids, weights = _exact_inputs(rows, 8, 3)
-    got = moe.experts(x, gate_up, down, ids, weights)
-    assert torch.equal(got, moe.reference(x, gate_up, down, ids, weights))
-    assert not torch.equal(got, _unrounded(x, gate_up, down, ids, weights))
+    logits = torch.randn(1, 8, generator=torch.Generator("cuda").manual_seed(5), device="cuda")
+    chosen, chosen_weights = router.reference(logits, 3, True, x.dtype)
+    cases = [(moe.experts(x, gate_up, down, ids, weights), ids, weights)]
     if rows == 1:
-        logits = torch.randn(1, 8, generator=torch.Generator("cuda").manual_seed(5), device="cuda")
-        chosen, chosen_weights = router.reference(logits, 3, True, x.dtype)
-        one = moe.routed(x, gate_up, down, logits, 3, True)
-        assert torch.equal(one, moe.reference(x, gate_up, down, chosen, chosen_weights))
-        assert not torch.equal(one, _unrounded(x, gate_up, down, chosen, chosen_weights))
+        cases.append((moe.routed(x, gate_up, down, logits, 3, True), chosen, chosen_weights))
+    for got, got_ids, got_weights in cases:
+        assert torch.equal(got, moe.reference(x, gate_up, down, got_ids, got_weights))
+        assert torch.equal(got, _unrounded(x, gate_up, down, got_ids, got_weights)) is not rounded
