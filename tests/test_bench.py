@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import attrs
 import pytest
 import tiny_models
 import torch
@@ -15,6 +16,7 @@ from tfd.bench import roofline
 from tfd.bench.profile import by_grid
 from tfd.bench.workload import Workload
 from tfd.families.config import read_config
+from tfd.families.hybrid import expected_tensors
 from tfd.shapes import PRESETS, fit, sizes, weight_bytes
 
 REQUIRED = ("shape", "streams", "prompt_tokens", "new_tokens", "decode_tok_s", "prefill_tok_s",
@@ -46,6 +48,37 @@ def test_a_decode_step_moves_weights_rows_and_states() -> None:
     assert one == pytest.approx(weights.bytes - embed + cfg.hidden * 2 + 2 * state, rel=1e-3)
     rows = roofline.decode_bytes(cfg, weights, lanes=1, context=1000) - one
     assert rows == 8 * 2 * cfg.kv_heads * cfg.head_dim * 2 * 1000  # 8 attention layers' K and V
+
+
+def test_flash_nexts_ngram_table_is_a_lookup_in_both_rooflines() -> None:
+    # a token reads a row a head of its bigram and trigram heads (8 each) of 160 values: 5,120 bytes
+    family, config = PRESETS["qwen3_8-flash-next"]
+    cfg = read_config(family, config)
+    weights = sizes(family, config)
+    table = next(shape for name, shape in expected_tensors(family, config, set())[2].items()
+                 if name.endswith("ngram_embedding.weight"))
+    assert weights.table_params == table[0] * table[1] and weights.table_bytes == 2 * weights.table_params
+    assert weights.table_token_bytes == 2 * 8 * table[1] * 2
+    multiplied = attrs.evolve(weights, table_bytes=0, table_params=0, table_token_bytes=0)  # the old count
+    for lanes in (1, 32):
+        skipped = (roofline.decode_bytes(cfg, multiplied, lanes, 0)
+                   - roofline.decode_bytes(cfg, weights, lanes, 0))
+        assert skipped == weights.table_bytes - lanes * weights.table_token_bytes
+    counted = roofline.prefill_flops(cfg, multiplied, 1024) - roofline.prefill_flops(cfg, weights, 1024)
+    assert counted == 2 * weights.table_params * 1024
+    assert weights.table_bytes == pytest.approx(102.4e9, rel=1e-3)  # the reference's 102.4 GB in bf16
+    plain = sizes(*PRESETS["qwen3_5-35b-a3b"])
+    assert plain.table_bytes == plain.table_params == plain.table_token_bytes == 0
+
+
+def test_a_tied_embedding_is_read_whole_as_the_head() -> None:
+    family, config = PRESETS["qwen3_5-9b"]
+    untied, tied = read_config(family, config), read_config(family, {**config, "tie_word_embeddings": True})
+    apart, shared = sizes(family, config), sizes(family, {**config, "tie_word_embeddings": True})
+    embed = untied.vocab * untied.hidden * 2
+    assert apart.bytes - shared.bytes == embed  # no lm_head tensor
+    # untied: the head read and the embedding's one row; tied: the same tensor read whole as the head
+    assert roofline.decode_bytes(untied, apart, 1, 0) == roofline.decode_bytes(tied, shared, 1, 0)
 
 
 def test_experts_no_row_chose_are_not_counted() -> None:

@@ -79,14 +79,22 @@ WEIGHT_SHARE = 0.7  # of a GPU's memory, for a shape's weights; the rest holds p
 CPU_WEIGHT_BUDGET = 8 << 30
 
 
+TABLE = "ple_embedding.ngram_embedding.weight"  # Flash Next's n-gram table: looked up, never multiplied
+
+
 @attrs.frozen
 class Sizes:
     """A model's trunk weights (no MTP head), for its roofline: bytes as held, how many weights, and
-    the bytes of one routed expert's three products (0 without experts)."""
+    the bytes of one routed expert's three products (0 without experts). Flash Next's n-gram table
+    is a lookup, as the embedding is: its bytes and weights (counted in the two totals too) and the
+    bytes one token's lookups read from it (0 without one)."""
 
     bytes: int
     params: int
     expert_bytes: int
+    table_bytes: int = 0
+    table_params: int = 0
+    table_token_bytes: int = 0
 
 
 @attrs.frozen
@@ -125,12 +133,20 @@ def sizes(family: str, config: Mapping[str, Any], element: int = 2, fp8: bool = 
         shapes = {name: rank_shape(cfg, name, shape, parallel) for name, shape in shapes.items()
                   if read_by(cfg, parallel, name)}
         cfg = rank_config(cfg, parallel)
-    held = sum(fp8_bytes(shape) if fp8 and released_fp8(name, shape) else math.prod(shape) * element
-               for name, shape in shapes.items())
+    def held(name: str, shape: tuple[int, ...]) -> int:
+        return fp8_bytes(shape) if fp8 and released_fp8(name, shape) else math.prod(shape) * element
+
     expert = (cfg.expert_inner, cfg.hidden)
     expert_bytes = 2 * fp8_bytes(expert) + fp8_bytes(expert[::-1]) if fp8 \
         else 3 * math.prod(expert) * element
-    return Sizes(held, sum(math.prod(shape) for shape in shapes.values()), expert_bytes if cfg.experts else 0)
+    tables = {name: shape for name, shape in shapes.items() if name.endswith(TABLE)}
+    # a token reads a row a head of each n-gram order (bigrams, trigrams, ...) from each table
+    looked_up = 0 if cfg.ple is None else (cfg.ple.ngram - 1) * cfg.ple.heads_per_ngram
+    return Sizes(sum(held(name, shape) for name, shape in shapes.items()),
+                 sum(math.prod(shape) for shape in shapes.values()), expert_bytes if cfg.experts else 0,
+                 sum(held(name, shape) for name, shape in tables.items()),
+                 sum(math.prod(shape) for shape in tables.values()),
+                 sum(looked_up * shape[-1] * element for shape in tables.values()))
 
 
 def weight_bytes(family: str, config: Mapping[str, Any], element: int = 2, fp8: bool = False) -> int:

@@ -74,15 +74,17 @@ def decode_bytes(cfg: HybridConfig, weights: Sizes, lanes: int, context: float, 
     """Bytes a decode step of ``lanes`` lanes at mean ``context`` rows must move at least, its
     activations, rows and embeddings in elements of ``element`` bytes.
 
-    Weights: everything but the embedding table (one row a lane) and, for MoE, the experts no
-    row chose (counted by the uniform expectation), as held (FP8 ones a byte an element with their
-    scales); K/V rows read; GDN states and conv tails read and written.
+    Weights: everything but the lookup tables (the embedding's one row a lane, untied; Flash Next's
+    n-gram table's rows a lane's token looks up) and, for MoE, the experts no row chose (counted by
+    the uniform expectation), as held (FP8 ones a byte an element with their scales); K/V rows read;
+    GDN states and conv tails read and written. A tied embedding is the head's weight: read whole.
     """
     layers = cfg.layer_types
     attention = sum(1 for kind in layers if kind != LINEAR)
     gdn = len(layers) - attention
-    embed = cfg.vocab * cfg.hidden * element
+    embed = 0 if cfg.tie_embeddings else cfg.vocab * cfg.hidden * element
     used = float(weights.bytes - embed + lanes * cfg.hidden * element)
+    used -= weights.table_bytes - lanes * weights.table_token_bytes
     if cfg.experts:
         moe_layers = len(layers) - len(cfg.dense_layers)
         unused = cfg.experts - expected_experts(cfg.experts, cfg.top_k, lanes)
@@ -99,7 +101,7 @@ def prefill_flops(cfg: HybridConfig, weights: Sizes, tokens: int) -> float:
     (QK^T and PV over half the square) and the GDN chunk products (about 4 per state element a row).
     The head counts once: only the last row draws a token, so only it needs logits."""
     head = cfg.vocab * cfg.hidden
-    active = weights.params - head  # the embedding is a lookup
+    active = weights.params - head - weights.table_params  # the embedding and n-gram table are lookups
     if not cfg.tie_embeddings:
         active -= head
     if cfg.experts:
