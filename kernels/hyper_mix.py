@@ -230,9 +230,13 @@ MOST_EARLY = 5  # tiles _mix holds for it (first, f1 .. f4)
 # forty-fifth session). Off until the prompt pass's launches stop setting its pace. An int, so that tfd
 # bench --variant can time it (0: one launch).
 MIX_PROMPT_SPLIT = 0
-# A prompt's mix by _mix_apart (each stream its own product; up to 4 streams): timing alone, the same bits. An
-# int, so that tfd bench --variant can time it.
-MIX_PROMPT_APART = 0
+# A prompt's mix by _mix_apart (each stream its own product; up to 4 streams), in tiles of MIX_APART_COLUMNS
+# columns a stream: timing alone, the same bits. H100, alone under a CUDA graph (2026-12-07,
+# hyper_prompt_sweep.py): Flash Next's 1,024 rows 60.2 us against the one launch's 88.9 (32 columns 82.4, 64
+# at 8 warps 65.2), 4,096 rows 191.9 against 314.2. Ints, so that tfd bench --variant can time them (0: the
+# one launch).
+MIX_PROMPT_APART = 1
+MIX_APART_COLUMNS = 64
 
 
 def _prompt(rows: int) -> bool:
@@ -240,10 +244,15 @@ def _prompt(rows: int) -> bool:
     return rows > MIX_TILES[-1][0]
 
 
-def mix_tile(rows: int) -> tuple[int, int]:
-    """The (row tile, columns a stream) of a mix over ``rows`` rows."""
+def _apart(rows: int, streams: int) -> bool:
+    """Whether a mix over ``rows`` rows of ``streams`` streams takes ``_mix_apart`` (``MIX_PROMPT_APART``)."""
+    return bool(MIX_PROMPT_APART) and _prompt(rows) and streams <= 4
+
+
+def mix_tile(rows: int, streams: int = 4) -> tuple[int, int]:
+    """The (row tile, columns a stream) of a mix over ``rows`` rows of ``streams`` streams."""
     if _prompt(rows):
-        return MIX_PROMPT_ROWS, MIX_PROMPT_COLUMNS
+        return MIX_PROMPT_ROWS, MIX_APART_COLUMNS if _apart(rows, streams) else MIX_PROMPT_COLUMNS
     return next(tile for most, tile in MIX_TILES if rows <= most), MIX_COLUMNS
 
 
@@ -282,8 +291,8 @@ def mix(projected: torch.Tensor, up: torch.Tensor, normed: torch.Tensor, streams
     out = torch.empty(rows, width, dtype=normed.dtype, device=normed.device)
     weights = torch.empty(rows, streams, dtype=normed.dtype, device=normed.device) if injects else None
     if rows:
-        block_r, block_c = mix_tile(rows)
-        if MIX_PROMPT_APART and _prompt(rows) and streams <= 4:
+        block_r, block_c = mix_tile(rows, streams)
+        if _apart(rows, streams):
             tiles = _up_described(up, block_c)
             _mix_apart[(triton.cdiv(width, block_c), triton.cdiv(rows, block_r))](
                 projected, up, up if tiles is None else tiles, normed, out,

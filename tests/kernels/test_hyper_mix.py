@@ -65,8 +65,10 @@ def test_the_mix_asking_for_its_first_weights_early_changes_no_bits(rows: int, r
 
 def test_the_mix_rows_tried_cross_each_row_tile_bound() -> None:
     tiles = [hyper_mix.mix_tile(rows) for rows in (16, 17, 64, 65)]
-    prompt = (hyper_mix.MIX_PROMPT_ROWS, hyper_mix.MIX_PROMPT_COLUMNS)
-    assert tiles[0] != tiles[1] == tiles[2] != tiles[3] == prompt
+    apart = (hyper_mix.MIX_PROMPT_ROWS, hyper_mix.MIX_APART_COLUMNS)  # a prompt's tile, 4 streams apart
+    assert tiles[0] != tiles[1] == tiles[2] != tiles[3] == apart
+    # 8 streams: the one launch's prompt tile
+    assert hyper_mix.mix_tile(65, 8) == (hyper_mix.MIX_PROMPT_ROWS, hyper_mix.MIX_PROMPT_COLUMNS)
 
 
 @pytest.mark.parametrize("rows", [1, 16, 17])  # either side of the decode tiles' row bound
@@ -91,8 +93,8 @@ def test_a_prompt_mixs_tile_and_launch_change_no_bits(rows: int, monkeypatch: py
     up = torch.randn(STREAMS * 72, 80, generator=g) * 80 ** -0.5
     normed = torch.randn(rows, STREAMS * 72, generator=g)
     plain = hyper_mix.mix(projected, up, normed, STREAMS, 72)
-    for name, value in (("MIX_PROMPT_ROWS", 128), ("MIX_PROMPT_COLUMNS", 16), ("MIX_PROMPT_WARPS", 8),
-                        ("MIX_PROMPT_STAGES", 2)):
+    for name, value in (("MIX_PROMPT_ROWS", 128), ("MIX_PROMPT_COLUMNS", 16), ("MIX_APART_COLUMNS", 16),
+                        ("MIX_PROMPT_WARPS", 8), ("MIX_PROMPT_STAGES", 2)):
         monkeypatch.setattr(hyper_mix, name, value)
     other = hyper_mix.mix(projected, up, normed, STREAMS, 72)
     assert torch.equal(other[0], plain[0]) and other[1] is not None and plain[1] is not None
@@ -147,6 +149,7 @@ def test_a_prompts_mix_with_the_streams_apart_has_the_one_launchs_bits(
     projected = torch.randn(rows, 80 + (streams if injects else 0), generator=g).to(dtype)
     up = (torch.randn(streams * 72, 80, generator=g) * 80 ** -0.5).to(dtype)
     normed = torch.randn(rows, streams * 72, generator=g).to(dtype)
+    monkeypatch.setattr(hyper_mix, "MIX_PROMPT_APART", 0)
     one, one_weights = hyper_mix.mix(projected, up, normed, streams, 72)
     assert hyper_mix._up_described(up, 32) is None  # no tensor descriptor here: the pointer loads
     launched = []
@@ -167,13 +170,14 @@ def test_a_prompts_mix_with_the_streams_apart_has_the_one_launchs_bits(
 def test_on_the_gpu_a_prompts_mix_with_the_streams_apart_has_the_one_launchs_bits(
         rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
     projected, up, normed = flash_next_read(rows, 16)
+    monkeypatch.setattr(hyper_mix, "MIX_PROMPT_APART", 0)
     one, one_weights = hyper_mix.mix(projected, up, normed, 4, 2560)
     monkeypatch.setattr(hyper_mix, "MIX_PROMPT_APART", 1)
     # the same weights in rows 642 bytes apart: no tensor descriptor, the pointer loads
     unaligned = torch.empty(4 * 2560, 321, dtype=torch.bfloat16, device="cuda")[:, :320].copy_(up)
     assert hyper_mix._up_described(up, 32) is not None and hyper_mix._up_described(unaligned, 32) is None
-    for columns, warps in ((32, 4), (32, 8), (64, 8), (16, 4)):
-        monkeypatch.setattr(hyper_mix, "MIX_PROMPT_COLUMNS", columns)
+    for columns, warps in ((64, 4), (32, 4), (32, 8), (64, 8), (16, 4)):  # the default first
+        monkeypatch.setattr(hyper_mix, "MIX_APART_COLUMNS", columns)
         monkeypatch.setattr(hyper_mix, "MIX_PROMPT_WARPS", warps)
         for weight in (up, unaligned):
             got, got_weights = hyper_mix.mix(projected, weight, normed, 4, 2560)
