@@ -165,19 +165,39 @@ def block_add_zrms(x: torch.Tensor, router_weight: torch.Tensor, gate_up: Weight
     for its gate, last), and the shared expert's (gate_up, down); the same bits. At one row the
     router's product runs in the experts' one launch (``tfd_kernels.moe_one``). ``x_rows``: x quantized
     already by the kernel that made it (``tfd_kernels.fp8_rows``), for FP8 gate/up experts."""
+    total, normed = _block(x, router_weight, gate_up, down, top_k, normalise, shared, residual, x_rows)
+    assert normed is not None
+    return total, normed
+
+
+def block(x: torch.Tensor, router_weight: torch.Tensor, gate_up: Weights, down: Weights, top_k: int,
+          normalise: bool, shared: tuple[Weights, Weights] | None) -> torch.Tensor:
+    """``block_add_zrms`` without the residual add and norm (Flash Next's blocks, whose hyper-connection
+    writes the output back): ``routed`` after the router's product, the same bits; at one row that
+    product runs in the experts' one launch."""
+    return _block(x, router_weight, gate_up, down, top_k, normalise, shared, None, None)[0]
+
+
+def _block(x: torch.Tensor, router_weight: torch.Tensor, gate_up: Weights, down: Weights, top_k: int,
+           normalise: bool, shared: tuple[Weights, Weights] | None, residual: Residual | None,
+           x_rows: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``block_add_zrms``'s and ``block``'s work: the router's product in the one launch where it
+    takes it, else ``tfd_kernels.gemm.matmul``'s logits read in place."""
     rows, hidden = x.shape
     experts = down.shape[0]
     if router_weight.shape != (experts + (shared is not None), hidden) or router_weight.dtype != x.dtype:
         raise ValueError(f"router_weight is {list(router_weight.shape)} {router_weight.dtype}, expected "
                          f"[{experts + (shared is not None)}, {hidden}] {x.dtype}")
-    logits = torch.empty(rows, router_weight.shape[0], dtype=x.dtype, device=x.device)
-    whole = None if shared is None else Shared(shared[0], shared[1], logits[:, experts:])
     if x_rows is not None:
         fp8_rows.check_rows(x_rows, rows, hidden, x.device)
-    total, normed = _routed(x, gate_up, down, logits[:, :experts], top_k, normalise, whole, residual,
-                            (router_weight, logits), x_rows)
-    assert normed is not None
-    return total, normed
+    per_row = top_k + (shared is not None)
+    inside = (_one_launch(rows, hidden, per_row, True, residual is not None) and ROUTER_IN_LAUNCH
+              and router_weight.is_contiguous() and moe_one.takes_router(*router_weight.shape))
+    logits = torch.empty(rows, router_weight.shape[0], dtype=x.dtype, device=x.device) if inside \
+        else gemm.matmul(x, router_weight)
+    whole = None if shared is None else Shared(shared[0], shared[1], logits[:, experts:])
+    return _routed(x, gate_up, down, logits[:, :experts], top_k, normalise, whole, residual,
+                   (router_weight, logits) if inside else None, x_rows)
 
 
 def _routed(x: torch.Tensor, gate_up: Weights, down: Weights, logits: torch.Tensor, top_k: int,
@@ -185,20 +205,14 @@ def _routed(x: torch.Tensor, gate_up: Weights, down: Weights, logits: torch.Tens
             product: tuple[torch.Tensor, torch.Tensor] | None = None,
             x_rows: tuple[torch.Tensor, torch.Tensor] | None = None
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``routed``; with ``product`` (the router's weight, the whole logits buffer ``logits`` views) the
-    logits are that product's, made here: in the experts' launch where it takes them, else first.
-    ``x_rows``: ``_experts``'."""
+    """``routed``; with ``product`` (the router's weight, the whole logits buffer ``logits`` views: only
+    where the one launch takes it, ``_block``'s choice) the launch makes the logits too. ``x_rows``:
+    ``_experts``'."""
     rows = x.shape[0]
     if not 1 <= top_k <= down.shape[0]:
         raise ValueError(f"top_k is {top_k}, expected 1 to {down.shape[0]} (the experts)")
     if logits.dim() != 2 or logits.shape != (rows, down.shape[0]):
         raise ValueError(f"logits is {list(logits.shape)}, expected [{rows}, {down.shape[0]}]: rows, experts")
-    per_row = top_k + (shared is not None)
-    if product is not None and not (_one_launch(rows, x.shape[1], per_row, True, residual is not None)
-                                    and ROUTER_IN_LAUNCH and product[0].is_contiguous()
-                                    and moe_one.takes_router(*product[0].shape)):
-        product[1].copy_(gemm.matmul(x, product[0]))
-        product = None
     if rows == 0 or rows * top_k > moe_plan.CHOICE_PAIRS or logits.stride(1) != 1:
         ids, weights = router.top_k(logits, top_k, normalise, x.dtype)
         return _experts(x, gate_up, down, ids, weights, shared, None, residual, x_rows=x_rows)

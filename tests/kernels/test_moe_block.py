@@ -133,6 +133,33 @@ def test_the_block_from_its_input_is_the_routers_product_then_the_routed_block(
                            stream)
 
 
+@pytest.mark.parametrize(("rows", "inside", "with_shared"),
+                         [(1, True, True), (1, True, False), (1, False, True), (2, True, True)])
+def test_the_block_without_a_residual_is_the_routers_product_then_routed(
+        monkeypatch: pytest.MonkeyPatch, rows: int, inside: bool, with_shared: bool) -> None:
+    # Flash Next's block (its hyper-connection writes the output back): at one row the router's product in
+    # the experts' launch, at two rows (or with ROUTER_IN_LAUNCH off) gemm's logits read in place
+    x, gate_up, down, _, _ = make(rows, 3, torch.bfloat16, seed=61 + rows, hidden=72)
+    shared = make_shared(rows, torch.bfloat16, seed=61 + rows, hidden=72) if with_shared else None
+    generator = torch.Generator().manual_seed(61)
+    router_weight = (torch.randn(8 + with_shared, 72, generator=generator) / 8).bfloat16()
+    logits = gemm.matmul(x, router_weight)
+    want = moe.routed(x, gate_up, down, logits[:, :8], 3, True,
+                      None if shared is None else shared._replace(gate=logits[:, 8:]))
+    monkeypatch.setattr(moe, "ROUTER_IN_LAUNCH", inside)
+    products: list[int] = []
+    product = gemm.matmul
+    monkeypatch.setattr(gemm, "matmul",
+                        lambda *args, **kwargs: (products.append(1), product(*args, **kwargs))[1])
+    got = moe.block(x, router_weight, gate_up, down, 3, True,
+                    None if shared is None else (shared.gate_up, shared.down))
+    assert len(products) == (0 if inside and rows == 1 else 1)  # in the launch at one row, else before it
+    assert torch.equal(got, want)
+    assert not moe_one.counters(x.device).any()
+    with pytest.raises(ValueError, match="router_weight"):
+        moe.block(x, router_weight[:7], gate_up, down, 3, True, None)
+
+
 def spread_and_alone(monkeypatch: pytest.MonkeyPatch, block: Callable[[], tuple[torch.Tensor, ...]]
                      ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], list[torch.Tensor]]:
     """``block``'s outputs with the one launch's finish spread over its column blocks, then with its
@@ -294,6 +321,32 @@ def test_gpu_flash_nexts_block_in_one_launch_is_two_launches_and_replays(
         logits.copy_(router_product(1, 512, torch.bfloat16, seed=seed, device="cuda"))
         graph.replay()
         assert torch.equal(got, expected)
+    assert not moe_one.counters(x.device).any()
+
+
+@pytest.mark.gpu
+def test_gpu_flash_nexts_block_from_its_input_takes_the_routers_product_in_its_launch() -> None:
+    # hidden 2,560, 512 experts of inner 640, top 10 and the shared expert, no residual: the router's
+    # [513, 2,560] product in the one launch, gemm's bits, replayed from a CUDA graph
+    x, gate_up, down, _, _ = make(1, 10, torch.bfloat16, seed=37, experts=512, hidden=2560, inner=640,
+                                  device="cuda")
+    shared = make_shared(1, torch.bfloat16, seed=37, experts=512, hidden=2560, inner=640, device="cuda")
+    router_weight = (torch.randn(513, 2560, generator=torch.Generator("cuda").manual_seed(37), device="cuda")
+                     / 50).bfloat16()
+    assert moe_one.takes_router(513, 2560)
+
+    def want() -> torch.Tensor:
+        logits = gemm.matmul(x, router_weight)
+        return moe.routed(x, gate_up, down, logits[:, :512], 10, True, shared._replace(gate=logits[:, 512:]))
+
+    moe.block(x, router_weight, gate_up, down, 10, True, (shared.gate_up, shared.down))  # compile first
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = moe.block(x, router_weight, gate_up, down, 10, True, (shared.gate_up, shared.down))
+    for seed in (38, 39):
+        x.copy_(torch.randn(1, 2560, generator=torch.Generator("cuda").manual_seed(seed), device="cuda"))
+        graph.replay()
+        assert torch.equal(got, want())
     assert not moe_one.counters(x.device).any()
 
 

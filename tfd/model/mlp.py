@@ -3,10 +3,11 @@
 The router runs its softmax in fp32; each row's routed experts are summed in ascending expert
 order, each product's rows independent of one another (``linear``), so a row's output never
 depends on which other rows chose the expert.
-On CUDA the block after the router's product is ``grouped_moe``: the grouped kernels of
-``tfd_kernels.moe`` run the routed experts in the same order, their sum in fp32 rather than the model
-dtype and each expert's SwiGLU middle rounded once rather than after each step, and the shared
-expert as one more expert of every row in the same launches (no products of its own).
+On CUDA the block is ``tfd_kernels.moe``'s grouped kernels (``grouped_moe`` after the router's product, or
+the block from its input, at one row the router's product in the experts' launch): they run the routed
+experts in the same order, each weighted term rounded to the model dtype and their sum in fp32 rather
+than in the model dtype, each expert's SwiGLU middle rounded once rather than after each step, and the
+shared expert as one more expert of every row in the same launches (no products of its own).
 """
 
 from __future__ import annotations
@@ -76,12 +77,20 @@ def dense(w: DenseMlp, x: Input) -> torch.Tensor:
 def moe(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:
     """Each row's ``top_k`` experts (softmax in fp32, renormalised when ``norm_top_k``; among equal
     probabilities the lower expert wins) summed in ascending id, plus the gated shared expert. The
-    router and the shared gate are one product; on CUDA the rest is ``grouped_moe``. Under expert
-    parallel only the experts held (``first_expert`` on) are added: the others are other ranks'."""
+    router and the shared gate are one product; on CUDA with a float router the whole block is
+    ``tfd_kernels.moe.block`` (at one row that product in the experts' launch), else the rest is
+    ``grouped_moe``. Under expert parallel only the experts held (``first_expert`` on) are added: the
+    others are other ranks'."""
+    held = "experts held by several ranks (expert parallel) run on the reference path only"
+    if x.is_cuda and isinstance(w.router, torch.Tensor):  # every chosen expert and the shared one, read once
+        if w.down.shape[0] != w.router.shape[0] - 1:
+            raise ValueError(held)
+        weight, gate_up, down, shared = _tensors(w)
+        return kernels_moe.block(x, weight, gate_up, down, w.top_k, w.norm_top_k, shared)
     logits = linear(x, w.router)
     if x.is_cuda and w.down.shape[0] != logits.shape[1] - 1:
-        raise ValueError("experts held by several ranks (expert parallel) run on the reference path only")
-    if x.is_cuda:  # every selected expert and the shared one in the grouped kernels, each read once
+        raise ValueError(held)
+    if x.is_cuda:
         return grouped_moe(w, x, logits)
     count = logits.shape[1] - 1
     choice, gate, shared = logits[:, :count], logits[:, count:], dense(w.shared, x)
