@@ -133,6 +133,7 @@ def sizes(family: str, config: Mapping[str, Any], element: int = 2, fp8: bool = 
         shapes = {name: rank_shape(cfg, name, shape, parallel) for name, shape in shapes.items()
                   if read_by(cfg, parallel, name)}
         cfg = rank_config(cfg, parallel)
+
     def held(name: str, shape: tuple[int, ...]) -> int:
         return fp8_bytes(shape) if fp8 and released_fp8(name, shape) else math.prod(shape) * element
 

@@ -189,7 +189,6 @@ def _exact_inputs(rows: int, experts: int, top_k: int, hidden: int = 256, inner:
     return x, torch.cat([gate, up], dim=1), down, ids, weights
 
 
-
 def _unrounded(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
                weights: torch.Tensor) -> torch.Tensor:
     """``_exact_inputs``' block output with each row's weighted terms summed in fp32 unrounded."""
