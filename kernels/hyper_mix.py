@@ -249,7 +249,7 @@ def _apart(rows: int, streams: int) -> bool:
     return bool(MIX_PROMPT_APART) and _prompt(rows) and streams <= 4
 
 
-def mix_tile(rows: int, streams: int = 4) -> tuple[int, int]:
+def mix_tile(rows: int, streams: int) -> tuple[int, int]:
     """The (row tile, columns a stream) of a mix over ``rows`` rows of ``streams`` streams."""
     if _prompt(rows):
         return MIX_PROMPT_ROWS, MIX_APART_COLUMNS if _apart(rows, streams) else MIX_PROMPT_COLUMNS

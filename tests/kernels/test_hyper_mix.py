@@ -64,7 +64,7 @@ def test_the_mix_asking_for_its_first_weights_early_changes_no_bits(rows: int, r
 
 
 def test_the_mix_rows_tried_cross_each_row_tile_bound() -> None:
-    tiles = [hyper_mix.mix_tile(rows) for rows in (16, 17, 64, 65)]
+    tiles = [hyper_mix.mix_tile(rows, 4) for rows in (16, 17, 64, 65)]
     apart = (hyper_mix.MIX_PROMPT_ROWS, hyper_mix.MIX_APART_COLUMNS)  # a prompt's tile, 4 streams apart
     assert tiles[0] != tiles[1] == tiles[2] != tiles[3] == apart
     # 8 streams: the one launch's prompt tile
@@ -80,14 +80,17 @@ def test_a_decode_mixs_columns_change_no_bits(rows: int, monkeypatch: pytest.Mon
     plain = hyper_mix.mix(projected, up, normed, STREAMS, 72)
     for columns in (8, 32):  # 9 and 3 column tiles of the 72 (16: 5)
         monkeypatch.setattr(hyper_mix, "MIX_COLUMNS", columns)
-        assert hyper_mix.mix_tile(rows)[1] == columns
+        assert hyper_mix.mix_tile(rows, STREAMS)[1] == columns
         got = hyper_mix.mix(projected, up, normed, STREAMS, 72)
         assert torch.equal(got[0], plain[0]) and got[1] is not None and plain[1] is not None
         assert torch.equal(got[1], plain[1])
 
 
+@pytest.mark.parametrize("apart", [1, 0])  # the streams' products apart (the default), or the one launch
 @pytest.mark.parametrize("rows", [65, 130])  # one prompt tile and a part, past the first of the other tiles
-def test_a_prompt_mixs_tile_and_launch_change_no_bits(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_prompt_mixs_tile_and_launch_change_no_bits(rows: int, apart: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hyper_mix, "MIX_PROMPT_APART", apart)
     g = torch.Generator().manual_seed(11)
     projected = torch.randn(rows, 80 + STREAMS, generator=g)
     up = torch.randn(STREAMS * 72, 80, generator=g) * 80 ** -0.5
@@ -210,6 +213,9 @@ def test_on_the_gpu_the_mix_is_within_a_unit_and_a_rows_bits_stay_its_own(
         monkeypatch.setattr(hyper_mix, "MIX_EARLY", early)
         assert torch.equal(hyper_mix.mix(projected, up, normed, 4, 2560)[0], got)
     monkeypatch.setattr(hyper_mix, "MIX_EARLY", 0)
-    for name, value in (("MIX_PROMPT_ROWS", 128), ("MIX_PROMPT_COLUMNS", 64), ("MIX_PROMPT_WARPS", 8)):
+    for name, value in (("MIX_PROMPT_ROWS", 128), ("MIX_PROMPT_COLUMNS", 64), ("MIX_APART_COLUMNS", 32),
+                        ("MIX_PROMPT_WARPS", 8)):
         monkeypatch.setattr(hyper_mix, name, value)  # a prompt's other tile: the same bits (a sweep's)
-    assert torch.equal(hyper_mix.mix(projected, up, normed, 4, 2560)[0], got)
+    for apart in (1, 0):  # the streams apart (the default), then the one launch
+        monkeypatch.setattr(hyper_mix, "MIX_PROMPT_APART", apart)
+        assert torch.equal(hyper_mix.mix(projected, up, normed, 4, 2560)[0], got)

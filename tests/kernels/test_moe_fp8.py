@@ -147,7 +147,7 @@ def reference(x: torch.Tensor, gate_up: Weights, down: Weights, ids: torch.Tenso
             expert_of = chosen[slot]
             term = weight * expert(one_expert(gate_up, expert_of), one_expert(down, expert_of), row,
                                    float(weight))
-            total[row] += term.to(x.dtype).float()  # each term rounded as the buffer holds it
+            total[row] += term.to(x.dtype).float() if moe.TERMS_ROUNDED else term  # as the buffer holds it
     out = total.to(x.dtype)
     if shared is not None:
         value = torch.stack([expert(shared.gate_up, shared.down, row, 1.0) for row in range(rows)])

@@ -31,11 +31,11 @@ GATE_UP = dict(x=BF16, xq=FP8, x_scales=F32, gate_up=FP8, gate_scales=F32, share
                shared_scales=F32, h=BF16, layout=I32, pair_at=I32, logits=BF16, ids="*i64", weights=BF16,
                dest_at=I32, tile_expert=I32)
 DOWN = dict(h=BF16, hq=FP8, h_scales=F32, down=FP8, down_scales=F32, shared_down=FP8, shared_scales=F32,
-            buf=F32, weights=BF16, layout=I32, pair_at=I32, dest_at=I32, tile_expert=I32, gate=BF16,
+            buf=BF16, weights=BF16, layout=I32, pair_at=I32, dest_at=I32, tile_expert=I32, gate=BF16,
             residual=BF16, total=BF16, normed=BF16, norm_weight=BF16, arrivals=I32)
-ONE = {**dict.fromkeys(("x", "h", "logits", "weights", "gate", "residual", "total", "out", "norm_weight",
-                        "router_w"), BF16),
-       **dict.fromkeys(("gate_scales", "shared_gate_scales", "down_scales", "shared_down_scales", "buf",
+ONE = {**dict.fromkeys(("x", "h", "buf", "logits", "weights", "gate", "residual", "total", "out",
+                        "norm_weight", "router_w"), BF16),  # the buffer of terms in the model dtype
+       **dict.fromkeys(("gate_scales", "shared_gate_scales", "down_scales", "shared_down_scales",
                         "tile_weight", "partials"), F32),
        **dict.fromkeys(("pair_at", "dest_at", "tile_expert", "chosen", "ready", "arrivals", "blocks",
                         "router_counters"), I32),

@@ -3,11 +3,11 @@
 The router runs its softmax in fp32; each row's routed experts are summed in ascending expert
 order, each product's rows independent of one another (``linear``), so a row's output never
 depends on which other rows chose the expert.
-On CUDA the block is ``tfd_kernels.moe``'s grouped kernels (``grouped_moe`` after the router's product, or
-the block from its input, at one row the router's product in the experts' launch): they run the routed
-experts in the same order, each weighted term rounded to the model dtype and their sum in fp32 rather
-than in the model dtype, each expert's SwiGLU middle rounded once rather than after each step, and the
-shared expert as one more expert of every row in the same launches (no products of its own).
+On CUDA the block is ``grouped_moe``, the grouped kernels of ``tfd_kernels.moe`` from the block's input
+(at one row the router's product in the experts' launch): they run the routed experts in the same order,
+each weighted term rounded to the model dtype and their sum in fp32 rather than in the model dtype, each
+expert's SwiGLU middle rounded once rather than after each step, and the shared expert as one more expert
+of every row in the same launches (no products of its own).
 """
 
 from __future__ import annotations
@@ -77,21 +77,12 @@ def dense(w: DenseMlp, x: Input) -> torch.Tensor:
 def moe(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:
     """Each row's ``top_k`` experts (softmax in fp32, renormalised when ``norm_top_k``; among equal
     probabilities the lower expert wins) summed in ascending id, plus the gated shared expert. The
-    router and the shared gate are one product; on CUDA with a float router the whole block is
-    ``tfd_kernels.moe.block`` (at one row that product in the experts' launch), else the rest is
-    ``grouped_moe``. Under expert parallel only the experts held (``first_expert`` on) are added: the
-    others are other ranks'."""
-    held = "experts held by several ranks (expert parallel) run on the reference path only"
-    if x.is_cuda and isinstance(w.router, torch.Tensor):  # every chosen expert and the shared one, read once
-        if w.down.shape[0] != w.router.shape[0] - 1:
-            raise ValueError(held)
-        weight, gate_up, down, shared = _tensors(w)
-        return kernels_moe.block(x, weight, gate_up, down, w.top_k, w.norm_top_k, shared)
-    logits = linear(x, w.router)
-    if x.is_cuda and w.down.shape[0] != logits.shape[1] - 1:
-        raise ValueError(held)
+    router and the shared gate are one product; on CUDA the whole block is ``grouped_moe`` (every chosen
+    expert and the shared one read once; at one row the router's product in the experts' launch). Under
+    expert parallel only the experts held (``first_expert`` on) are added: the others are other ranks'."""
     if x.is_cuda:
-        return grouped_moe(w, x, logits)
+        return grouped_moe(w, x)
+    logits = linear(x, w.router)
     count = logits.shape[1] - 1
     choice, gate, shared = logits[:, :count], logits[:, count:], dense(w.shared, x)
     experts, weights = router.reference(choice, w.top_k, w.norm_top_k, x.dtype)
@@ -133,15 +124,16 @@ def moe_add_zrms(w: MoeWeights, x: Input, residual: torch.Tensor, weight: torch.
                                       kernels_moe.Residual(residual, weight, eps), rows)
 
 
-def grouped_moe(w: MoeWeights, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """The block from the router's product ``logits`` [rows, experts + 1] (the shared gate last) by
-    ``tfd_kernels.moe.routed``: the choice and the grouping, the routed experts with the shared expert
-    beside them, and the gated sum; CUDA's path (any device the kernels run on, the interpreter's
-    CPU in tests). Scratch and errors: ``tfd_kernels.moe.experts``'."""
-    _, gate_up, down, (shared_gate_up, shared_down) = _tensors(w)
-    count = logits.shape[1] - 1
-    shared = kernels_moe.Shared(shared_gate_up, shared_down, logits[:, count:])
-    return kernels_moe.routed(x, gate_up, down, logits[:, :count], w.top_k, w.norm_top_k, shared)
+def grouped_moe(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:
+    """The block from its input by ``tfd_kernels.moe.block``: the router's product (at one row in the
+    experts' one launch), the choice and the grouping, the routed experts with the shared expert beside
+    them, and the gated sum; CUDA's path (any device the kernels run on, the interpreter's CPU in
+    tests). ValueError for experts split over ranks (expert parallel: the reference path's) and for
+    weights the kernels cannot take (``_tensors``); scratch and other errors: ``tfd_kernels.moe``'s."""
+    router_weight, gate_up, down, shared = _tensors(w)
+    if w.down.shape[0] != router_weight.shape[0] - 1:
+        raise ValueError("experts held by several ranks (expert parallel) run on the reference path only")
+    return kernels_moe.block(x, router_weight, gate_up, down, w.top_k, w.norm_top_k, shared)
 
 
 def _tensors(w: MoeWeights) -> tuple[torch.Tensor, kernels_moe.Weights, kernels_moe.Weights,
