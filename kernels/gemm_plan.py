@@ -40,6 +40,10 @@ class Tiles:
     warps: int = 4
     stages: int = 3
 
+    def programs(self, rows: int, n: int) -> int:
+        """Programs of the whole form at this tile over ``rows`` rows of an ``n``-column product."""
+        return triton.cdiv(n, self.block_n) * triton.cdiv(rows, self.block_m)
+
 
 FEW = Tiles(16, 64, 128, 4, 4)  # up to 16 rows: the fastest weight stream at one row
 MID = Tiles(32, 64, 128, 4, 4)  # up to 32 rows: 25-30% faster there than 64-row tiles (sweep)
@@ -88,8 +92,7 @@ class Plan:
         segments that would run fewer than ``NARROW_WHOLE_PROGRAMS`` programs; its K step halved
         while its stages of ``element_size``-byte operands overflow shared memory (fp32 inputs)."""
         tiles = self.whole_one if self.segments == 1 else self.whole
-        if self.segments > 1 and rows and \
-                triton.cdiv(n, tiles.block_n) * triton.cdiv(rows, tiles.block_m) < NARROW_WHOLE_PROGRAMS:
+        if self.segments > 1 and rows and tiles.programs(rows, n) < NARROW_WHOLE_PROGRAMS:
             tiles = self.narrow
         while tiles.block_k > 16 and tiles.stages * (tiles.block_m + tiles.block_n) * tiles.block_k \
                 * element_size > SHARED_BYTES:
@@ -112,8 +115,7 @@ class Plan:
         if rows > self.middle.block_m:
             return False
         whole = self.whole_tiles(element_size)
-        programs = triton.cdiv(n, whole.block_n) * triton.cdiv(rows, whole.block_m)
-        return self.segments == 1 or programs < FEW_PROGRAMS
+        return self.segments == 1 or whole.programs(rows, n) < FEW_PROGRAMS
 
 
 def plan(n: int, k: int, spread: Tiles = SPREAD, whole: Tiles = WHOLE, few: Tiles = FEW, mid: Tiles = MID,
