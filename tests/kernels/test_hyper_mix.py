@@ -23,6 +23,18 @@ def flash_next_read(rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, t
     return projected, up, torch.randn(rows, 4 * 2560, generator=g).bfloat16().cuda()
 
 
+def small_read(rows: int, seed: int, rank: int = 80, width: int = 72, streams: int = STREAMS,
+               injects: bool = True, dtype: torch.dtype = torch.float32
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A read's inputs at the interpreter's sizes: the down rows' product [rows, rank (+ streams with
+    ``injects``)], the up weight [streams * width, rank] and the normalised streams [rows, streams *
+    width]."""
+    g = torch.Generator().manual_seed(seed)
+    projected = torch.randn(rows, rank + (streams if injects else 0), generator=g).to(dtype)
+    up = (torch.randn(streams * width, rank, generator=g) * rank ** -0.5).to(dtype)
+    return projected, up, torch.randn(rows, streams * width, generator=g).to(dtype)
+
+
 @pytest.mark.parametrize("rows", [5, 16, 17, 64, 65])  # each side of the row tiles' bounds
 @pytest.mark.parametrize("injects", [True, False])
 def test_the_mix_in_one_launch_is_the_gates_the_up_product_and_the_mean(rows: int, injects: bool) -> None:
@@ -30,10 +42,7 @@ def test_the_mix_in_one_launch_is_the_gates_the_up_product_and_the_mean(rows: in
     than the GEMM's: within fp32 rounding), with a rank past one K tile and not a multiple of it
     (RANK is 12; here 80) and a width past one column tile and not a multiple of it."""
     rank, width = 80, 72
-    g = torch.Generator().manual_seed(8)
-    projected = torch.randn(rows, rank + (STREAMS if injects else 0), generator=g)
-    up = torch.randn(STREAMS * width, rank, generator=g) * rank ** -0.5
-    normed = torch.randn(rows, STREAMS * width, generator=g)
+    projected, up, normed = small_read(rows, 8, rank, width, injects=injects)
     got, got_weights = hyper_mix.mix(projected, up, normed, STREAMS, width)
     mixed, want_weights = hyper_kernels.gates(projected, rank, STREAMS)
     want = hyper_kernels.block_input(linear(mixed, up), normed, STREAMS, width)
@@ -51,10 +60,7 @@ def test_the_mix_in_one_launch_is_the_gates_the_up_product_and_the_mean(rows: in
 @pytest.mark.parametrize(("rank", "early"), [(80, 1), (80, 2), (80, 5), (200, 3)])
 def test_the_mix_asking_for_its_first_weights_early_changes_no_bits(rows: int, rank: int, early: int,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    g = torch.Generator().manual_seed(10)
-    projected = torch.randn(rows, rank + STREAMS, generator=g)
-    up = torch.randn(STREAMS * 72, rank, generator=g) * rank ** -0.5
-    normed = torch.randn(rows, STREAMS * 72, generator=g)
+    projected, up, normed = small_read(rows, 10, rank)
     plain = hyper_mix.mix(projected, up, normed, STREAMS, 72)
     assert hyper_mix.MIX_K == 64
     monkeypatch.setattr(hyper_mix, "MIX_EARLY", early)
@@ -73,10 +79,7 @@ def test_the_mix_rows_tried_cross_each_row_tile_bound() -> None:
 
 @pytest.mark.parametrize("rows", [1, 16, 17])  # either side of the decode tiles' row bound
 def test_a_decode_mixs_columns_change_no_bits(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    g = torch.Generator().manual_seed(12)
-    projected = torch.randn(rows, 80 + STREAMS, generator=g)
-    up = torch.randn(STREAMS * 72, 80, generator=g) * 80 ** -0.5
-    normed = torch.randn(rows, STREAMS * 72, generator=g)
+    projected, up, normed = small_read(rows, 12)
     plain = hyper_mix.mix(projected, up, normed, STREAMS, 72)
     for columns in (8, 32):  # 9 and 3 column tiles of the 72 (16: 5)
         monkeypatch.setattr(hyper_mix, "MIX_COLUMNS", columns)
@@ -91,10 +94,7 @@ def test_a_decode_mixs_columns_change_no_bits(rows: int, monkeypatch: pytest.Mon
 def test_a_prompt_mixs_tile_and_launch_change_no_bits(rows: int, apart: int,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hyper_mix, "MIX_PROMPT_APART", apart)
-    g = torch.Generator().manual_seed(11)
-    projected = torch.randn(rows, 80 + STREAMS, generator=g)
-    up = torch.randn(STREAMS * 72, 80, generator=g) * 80 ** -0.5
-    normed = torch.randn(rows, STREAMS * 72, generator=g)
+    projected, up, normed = small_read(rows, 11)
     plain = hyper_mix.mix(projected, up, normed, STREAMS, 72)
     for name, value in (("MIX_PROMPT_ROWS", 128), ("MIX_PROMPT_COLUMNS", 16), ("MIX_APART_COLUMNS", 16),
                         ("MIX_PROMPT_WARPS", 8), ("MIX_PROMPT_STAGES", 2)):
@@ -106,10 +106,7 @@ def test_a_prompt_mixs_tile_and_launch_change_no_bits(rows: int, apart: int,
 
 @pytest.mark.parametrize("rows", [64, 65, 130])  # the last decode tile's rows, then a prompt's
 def test_a_prompts_mix_may_run_as_the_three_launches(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    g = torch.Generator().manual_seed(13)
-    projected = torch.randn(rows, 80 + STREAMS, generator=g)
-    up = torch.randn(STREAMS * 72, 80, generator=g) * 80 ** -0.5
-    normed = torch.randn(rows, STREAMS * 72, generator=g)
+    projected, up, normed = small_read(rows, 13)
     one = hyper_mix.mix(projected, up, normed, STREAMS, 72)
     products = []
     plain = hyper_mix.gemm.matmul
@@ -148,10 +145,7 @@ def test_a_prompts_mix_with_the_streams_apart_has_the_one_launchs_bits(
         rows: int, streams: int, injects: bool, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     """64 rows: a decode tile's launch either way; past them the prompt's, apart up to 4 streams (8: the
     one launch still). Rank 80 (two K tiles, the second part empty), width 72 (a column tile and a part)."""
-    g = torch.Generator().manual_seed(15)
-    projected = torch.randn(rows, 80 + (streams if injects else 0), generator=g).to(dtype)
-    up = (torch.randn(streams * 72, 80, generator=g) * 80 ** -0.5).to(dtype)
-    normed = torch.randn(rows, streams * 72, generator=g).to(dtype)
+    projected, up, normed = small_read(rows, 15, streams=streams, injects=injects, dtype=dtype)
     monkeypatch.setattr(hyper_mix, "MIX_PROMPT_APART", 0)
     one, one_weights = hyper_mix.mix(projected, up, normed, streams, 72)
     assert hyper_mix._up_described(up, 32) is None  # no tensor descriptor here: the pointer loads
