@@ -66,6 +66,17 @@ def signature(fn: Any, pointers: dict[str, str], constexprs: dict[str, Any], sca
 Case = tuple[Any, dict[str, str], dict[str, Any], dict[str, str], dict[str, Any]]
 BF16 = "*bf16"
 FP8 = "*fp8e4nv"
+def mix_apart(columns: int, warps: int, tma: bool) -> Case:
+    """``hyper_mix._mix_apart`` at Flash Next's 4 streams, the prompt's row tile and K step, ``columns`` a
+    stream, its up rows by pointers or through a tensor descriptor of those tiles."""
+    tiles = f"tensordesc<bf16[{columns}, {hyper_mix.MIX_K}]>" if tma else BF16
+    return (hyper_mix._mix_apart,
+            {**dict.fromkeys(("projected", "up", "normed", "out", "weights"), BF16), "up_tiles": tiles},
+            dict(STREAMS=4, INJECTS=True, BLOCK_R=hyper_mix.MIX_PROMPT_ROWS, BLOCK_C=columns,
+                 BLOCK_K=hyper_mix.MIX_K, WIDEN=False, TMA=tma, PDL=True),
+            dict(streams="fp32"), dict(num_warps=warps, num_stages=hyper_mix.MIX_PROMPT_STAGES))
+
+
 CASES: dict[str, Case] = {
     "contracted": (contracted, dict.fromkeys(("stack", "output", "weights", "out"), BF16), dict(BLOCK=1024),
                    {}, {}),
@@ -78,27 +89,11 @@ CASES: dict[str, Case] = {
                   dict(STREAMS=4, INJECTS=True, BLOCK_R=16, BLOCK_C=16, BLOCK_K=64, WIDEN=False, EARLY=True,
                        PDL=True),
                   dict(streams="fp32"), {}),
-    "hyper_mix.mix_apart": (hyper_mix._mix_apart,
-                            dict.fromkeys(("projected", "up", "up_tiles", "normed", "out", "weights"), BF16),
-                            dict(STREAMS=4, INJECTS=True, BLOCK_R=64, BLOCK_C=32, BLOCK_K=64, WIDEN=False,
-                                 TMA=False, PDL=True),
-                            dict(streams="fp32"), dict(num_warps=4, num_stages=3)),
+    "hyper_mix.mix_apart": mix_apart(32, 4, tma=False),
     # the up rows through a tensor descriptor (a host TensorDescriptor's type)
-    "hyper_mix.mix_apart.tma": (hyper_mix._mix_apart,
-                                {**dict.fromkeys(("projected", "up", "normed", "out", "weights"), BF16),
-                                 "up_tiles": "tensordesc<bf16[32, 64]>"},
-                                dict(STREAMS=4, INJECTS=True, BLOCK_R=64, BLOCK_C=32, BLOCK_K=64, WIDEN=False,
-                                     TMA=True, PDL=True),
-                                dict(streams="fp32"), dict(num_warps=8, num_stages=3)),
+    "hyper_mix.mix_apart.tma": mix_apart(32, 8, tma=True),
     # the default: 64 columns a stream at 4 warps, by descriptor
-    "hyper_mix.mix_apart.tma64": (hyper_mix._mix_apart,
-                                  {**dict.fromkeys(("projected", "up", "normed", "out", "weights"), BF16),
-                                   "up_tiles": "tensordesc<bf16[64, 64]>"},
-                                  dict(STREAMS=4, INJECTS=True, BLOCK_R=hyper_mix.MIX_PROMPT_ROWS,
-                                       BLOCK_C=hyper_mix.MIX_APART_COLUMNS, BLOCK_K=hyper_mix.MIX_K,
-                                       WIDEN=False, TMA=True, PDL=True),
-                                  dict(streams="fp32"), dict(num_warps=hyper_mix.MIX_PROMPT_WARPS,
-                                                             num_stages=hyper_mix.MIX_PROMPT_STAGES)),
+    "hyper_mix.mix_apart.tma64": mix_apart(hyper_mix.MIX_APART_COLUMNS, hyper_mix.MIX_PROMPT_WARPS, tma=True),
     "sigmoid_gate.base": (sigmoid_gate._sigmoid_gate, dict.fromkeys(("x", "gate", "base", "out"), BF16),
                           dict(HAS_BASE=True, BLOCK=1024, PDL=True), {}, {}),
     "moe_sum.combine": (moe_sum._combine, dict(buf=BF16, out=BF16, gate=BF16),
