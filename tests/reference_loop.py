@@ -19,7 +19,8 @@ from tfd.families.hybrid import HybridModel
 from tfd.model.gdn import CHUNK
 from tfd.model.memory import LaneMemory, PageRows, Span
 from tfd.model.stack import StackOutput
-from tfd.pool.pages import Lease, Pool
+from tfd.pool.lease import Lease
+from tfd.pool.pages import Pool
 
 PREFILL_CHUNK = 4 * CHUNK
 
