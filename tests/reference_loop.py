@@ -19,8 +19,7 @@ from tfd.families.hybrid import HybridModel
 from tfd.model.gdn import CHUNK
 from tfd.model.memory import LaneMemory, PageRows, Span
 from tfd.model.stack import StackOutput
-from tfd.pool.lease import Lease
-from tfd.pool.pages import Pool
+from tfd.pool.pages import Lease, Pool
 
 PREFILL_CHUNK = 4 * CHUNK
 

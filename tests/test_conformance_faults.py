@@ -26,7 +26,7 @@ from tfd.engine.lane import Lane
 from tfd.engine.runner import Runner
 from tfd.model.decode_batch import Columns
 from tfd.model.memory import LaneMemory
-from tfd.pool.lease import Lease
+from tfd.pool.pages import Lease
 from tfd_kernels import conv1d
 
 # The quick profile cut to what each planted fault needs to show: two prompts, lanes side by side in

@@ -23,8 +23,7 @@ from tfd.families.hybrid import HybridModel, load_model
 from tfd.model.decode import DecodeMemory
 from tfd.model.decode_batch import Columns, DecodeBatch
 from tfd.model.memory import LaneMemory, PageRows, Span
-from tfd.pool.lease import Lease
-from tfd.pool.pages import Pool
+from tfd.pool.pages import Lease, Pool
 
 PROMPTS = (9, 18, 37)  # decode rows from 9, 18 and 37: blocks of 4 complete at 11, 19, 23, 39
 STEPS = (6, 4, 6)  # the second lane stops early: later steps batch two lanes

@@ -22,8 +22,7 @@ from tfd.model.decode import DecodeMemory
 from tfd.model.decode_batch import Columns, DecodeBatch
 from tfd.model.memory import LaneMemory, PageRows, Span
 from tfd.model.verify import VerifyLanes
-from tfd.pool.lease import Lease
-from tfd.pool.pages import Pool
+from tfd.pool.pages import Lease, Pool
 
 PROMPTS = (9, 14, 21)  # with 4-row pages the second lane's window crosses a page
 ROWS = 4

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tfd.model.memory import element_offset, piece_offsets
-from tfd.pool import lease as pool_lease
+from tfd.pool import pages as pool_pages
 from tfd.pool.layout import Layout, RowPart
 from tfd.pool.pages import Pool
 from tfd.pool.pieces import Piece
@@ -65,7 +65,7 @@ def counted_fills(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     def spy(buffer: torch.Tensor, page_bytes: int, pages: list[int]) -> int:
         made.append(zero_pages(buffer, page_bytes, pages))
         return made[-1]
-    monkeypatch.setattr(pool_lease, "zero_pages", spy)
+    monkeypatch.setattr(pool_pages, "zero_pages", spy)
     return made
 
 

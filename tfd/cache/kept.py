@@ -31,8 +31,7 @@ import torch
 from tfd.cache.prefixes import Key, Prefixes
 from tfd.model.memory import LaneMemory
 from tfd.pool.layout import Mode
-from tfd.pool.lease import Lease, PageHold, place
-from tfd.pool.pages import Pool
+from tfd.pool.pages import Lease, PageHold, Pool, place
 from tfd.pool.pieces import Piece, PieceMap, pack
 
 

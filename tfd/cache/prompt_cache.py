@@ -25,7 +25,7 @@ from tfd.cache.kept import KeptState, KeptStates
 from tfd.cache.learned import Learned, Restoring
 from tfd.cache.prefixes import Prefixes
 from tfd.model.memory import LaneMemory
-from tfd.pool.lease import Lease
+from tfd.pool.pages import Lease
 from tfd.store.image import Image
 from tfd.store.store import Refused
 

@@ -39,7 +39,7 @@ from tfd.families.hybrid import HybridModel
 from tfd.model.decode import DecodeMemory
 from tfd.model.decode_batch import Columns, DecodeBatch
 from tfd.model.memory import ints_on, to_device, to_host
-from tfd.pool.lease import Lease
+from tfd.pool.pages import Lease
 
 
 @attrs.frozen

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from tfd.engine.detokenize import Detokenizer
     from tfd.engine.grammar import Matcher
     from tfd.model.memory import LaneMemory
-    from tfd.pool.lease import Lease
+    from tfd.pool.pages import Lease
 
 
 class Phase(enum.Enum):
