@@ -66,6 +66,8 @@ def signature(fn: Any, pointers: dict[str, str], constexprs: dict[str, Any], sca
 Case = tuple[Any, dict[str, str], dict[str, Any], dict[str, str], dict[str, Any]]
 BF16 = "*bf16"
 FP8 = "*fp8e4nv"
+
+
 def mix_apart(columns: int, warps: int, tma: bool) -> Case:
     """``hyper_mix._mix_apart`` at Flash Next's 4 streams, the prompt's row tile and K step, ``columns`` a
     stream, its up rows by pointers or through a tensor descriptor of those tiles."""
