@@ -8,6 +8,8 @@ schema of bounded strings; lanes walk it by random allowed tokens.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -60,3 +62,39 @@ def test_the_slices_and_the_fill_ahead_change_no_mask(text: str, seed: int) -> N
     assert _walk(served, seed, 40, ahead=False, own=4) == expected
     assert len({tuple(masks) for masks in expected}) > 20  # the lanes went places
 
+
+
+class _Watched:
+    """llguidance's executor, its calls noted as they begin (then made as they were)."""
+
+    def __init__(self, executor: object) -> None:
+        self.executor = executor
+        self.begun: list[str] = []
+
+    def unsafe_compute_mask_ptr(self, *args: object) -> None:
+        self.begun.append("fill")
+        self.executor.unsafe_compute_mask_ptr(*args)  # type: ignore[attr-defined]
+
+
+def test_a_fill_ahead_is_under_way_when_it_returns(text: str) -> None:
+    """The grammar thread needs the GIL to begin: ``fill_ahead`` hands it over and returns only once
+    llguidance's call has begun, so the engine thread's bookkeeping after it overlaps the fill instead
+    of going before it. With a switch interval no wait here reaches, the thread could take the GIL
+    only by that handoff."""
+    vocabulary = Vocabulary(text, VOCAB, (0,))
+    compiled = vocabulary.compile(f"start: {json_rule(SCHEMA)}\n", lanes=4)
+    follows = [(compiled.matcher(), row, ()) for row in range(4)]
+    expected = grammar.allowed(4, follows).clone()
+    grammar.fill_ahead(4, follows)  # the thread started (its start hands the GIL over anyway), now idle
+    assert torch.equal(grammar.allowed(4, follows), expected)
+    watched = vocabulary.executor = _Watched(vocabulary.executor)  # type: ignore[assignment]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
+    try:
+        grammar.fill_ahead(4, follows)
+        begun = list(watched.begun)
+    finally:
+        sys.setswitchinterval(interval)
+    assert begun == ["fill"]
+    assert torch.equal(grammar.allowed(4, follows), expected)
+    assert watched.begun == ["fill"]  # the fill ahead's masks taken, not filled again

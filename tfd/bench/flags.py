@@ -68,9 +68,9 @@ def add_bench_parser(commands: Any, table: Table, run: Callable[..., int]) -> ar
                        help="instead of workloads: the batch-invariant GEMM against cuBLAS at the model's "
                        "weight shapes (CUDA only)")
     bench.add_argument("--variant", type=variant, action="append", metavar="NAME=tfd_kernels.M.C=V[,...]",
-                       help="instead of one run a workload: kernel constants compared in this process, runs "
-                       "of the variants interleaved, tokens compared with the first's (repeat per variant; "
-                       "NAME= for the defaults)")
+                       help="instead of one run a workload: module constants (tfd_kernels, tfd.model, "
+                       "tfd.engine) compared in this process, runs of the variants interleaved, tokens "
+                       "compared with the first's (repeat per variant; NAME= for the defaults)")
     bench.add_argument("--rounds", type=positive, metavar="N",
                        help="runs of each workload, all workloads in turn each round, round r cutting "
                        "its prompts with seed r; a summary of each over its rounds (1); or runs of each "

@@ -34,8 +34,8 @@ class Variant:
 
 def parse(spec: str) -> Variant:
     """``NAME=MODULE.CONSTANT=VALUE[,MODULE.CONSTANT=VALUE...]`` (or ``NAME=`` for the defaults): a
-    variant of ``kernels`` (or ``tfd.model``) module constants, each an existing int or bool constant,
-    values integers. ValueError names what is wrong."""
+    variant of ``kernels`` (or ``tfd.model``, ``tfd.engine``) module constants, each an existing int or
+    bool constant, values integers. ValueError names what is wrong."""
     name, sep, rest = spec.partition("=")
     if not sep or not name:
         raise ValueError(f"variant {spec!r}: want NAME=MODULE.CONSTANT=VALUE[,...] or NAME=")
@@ -43,9 +43,9 @@ def parse(spec: str) -> Variant:
     for item in filter(None, rest.split(",")):
         key, sep, text = item.partition("=")
         module_name, _, constant = key.rpartition(".")
-        if not sep or not module_name.startswith(("tfd_kernels.", "tfd.model.")):
+        if not sep or not module_name.startswith(("tfd_kernels.", "tfd.model.", "tfd.engine.")):
             raise ValueError(f"variant {name!r}: {item!r} is not tfd_kernels.MODULE.CONSTANT=VALUE "
-                             f"(or tfd.model.MODULE.CONSTANT=VALUE)")
+                             f"(or tfd.model. or tfd.engine.MODULE.CONSTANT=VALUE)")
         try:
             module = importlib.import_module(module_name)
         except ImportError:

@@ -20,6 +20,7 @@ thread only, but for ``Vocabulary.compile`` (any).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -32,6 +33,9 @@ _TEXT = '[^"\\\\\\x00-\\x1F\\x7F]'  # a character a JSON string holds unescaped
 # its own slices stop at 10 characters, so a JSON string with fewer left before its maxLength walked
 # the whole vocabulary (a third of a 32-lane fill); one slice a length below 10 covers those states
 SLICES = (*llguidance.LLTokenizer.general_slices(), *(f"{_TEXT}{{1,{n}}}" for n in range(1, 10)))
+# ``fill_ahead`` returns once its fill has begun (the GIL handed to the grammar thread): timing alone,
+# the same masks; off (tfd bench --variant off=tfd.engine.grammar.FILL_HANDOFF=0) for the A/B on a device
+FILL_HANDOFF = True
 
 
 def mask_words(vocab: int) -> int:
@@ -189,11 +193,19 @@ def allowed(rows: int, follows: Sequence[Follow]) -> torch.Tensor:
 
 def fill_ahead(rows: int, follows: Sequence[Follow]) -> None:
     """Start ``allowed(rows, follows)`` on the vocabulary's thread (after any fill in flight) and
-    return: the host goes on while llguidance fills the masks."""
+    return once llguidance holds it: the host goes on while the masks fill.
+
+    The thread needs the GIL to make its call, and the engine thread's bookkeeping after this holds
+    it until something blocks (the wait in ``allowed``, a few hundred microseconds on), so without
+    the handoff the fill would begin only when its result was wanted. Returning only once the thread
+    has begun costs the engine thread one wake of it."""
     vocabulary = follows[0][0].vocabulary
     vocabulary.settle()
     mask = _ones_elsewhere(rows, follows)
-    vocabulary._pending = (_key(rows, follows), vocabulary._thread.submit(_fill, mask, follows))
+    begun = threading.Event()
+    vocabulary._pending = (_key(rows, follows), vocabulary._thread.submit(_fill, mask, follows, begun))
+    if FILL_HANDOFF:
+        begun.wait()  # the GIL passes to the thread, which gives it back as llguidance's call begins
 
 
 def _ones_elsewhere(rows: int, follows: Sequence[Follow]) -> torch.Tensor:
@@ -207,15 +219,21 @@ def _ones_elsewhere(rows: int, follows: Sequence[Follow]) -> torch.Tensor:
     return mask
 
 
-def _fill(mask: torch.Tensor, follows: Sequence[Follow]) -> torch.Tensor:
-    """llguidance's masks for ``follows`` written into ``mask`` (its rows; drops the GIL meanwhile)."""
-    vocabulary = follows[0][0].vocabulary
-    rows = mask.shape[0]
-    plain = [(matcher.inner, row) for matcher, row, drafts in follows if not drafts]
-    drafted = [(matcher.inner, row, list(drafts)) for matcher, row, drafts in follows if drafts]
-    # straight into the tensor's memory (llguidance.torch's helpers do the same, but importing that
-    # module compiles a kernel with torch.compile)
-    width = vocabulary.words * 4
+def _fill(mask: torch.Tensor, follows: Sequence[Follow], begun: threading.Event | None = None
+          ) -> torch.Tensor:
+    """llguidance's masks for ``follows`` written into ``mask`` (its rows; drops the GIL meanwhile);
+    ``begun`` set just before llguidance's first call (or as this fails before it)."""
+    try:
+        vocabulary = follows[0][0].vocabulary
+        rows = mask.shape[0]
+        plain = [(matcher.inner, row) for matcher, row, drafts in follows if not drafts]
+        drafted = [(matcher.inner, row, list(drafts)) for matcher, row, drafts in follows if drafts]
+        # straight into the tensor's memory (llguidance.torch's helpers do the same, but importing that
+        # module compiles a kernel with torch.compile)
+        width = vocabulary.words * 4
+    finally:
+        if begun is not None:  # the caller waits for it, whatever happens here
+            begun.set()
     if plain:
         vocabulary.executor.unsafe_compute_mask_ptr(plain, mask.data_ptr(), width, rows)
     if drafted:
