@@ -287,14 +287,18 @@ def test_a_variant_names_kernel_constants_and_refuses_the_rest() -> None:
 
 
 def test_variants_run_interleaved_and_compare_tokens(tmp_path: Path) -> None:
-    done = run_tfd("bench", "--streams", "1", "--prompt", "20", "--new", "4", "--rounds", "2",
-                   "--variant", "main=", "--variant", "narrow=tfd_kernels.moe_one.ROUTER_N=16",
+    done = run_tfd("bench", "--streams", "1", "--prompt", "20", "--new", "4", "--rounds", "2", "--grammar",
+                   "none,json", "--variant", "main=", "--variant", "narrow=tfd_kernels.moe_one.ROUTER_N=16",
                    "--out", str(tmp_path), timeout=240, forked=True)
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stdout.splitlines() if "step" in line and "best of" in line]
-    assert [line.split()[0] for line in lines] == ["main", "narrow"], done.stdout
+    assert [line.split(":")[0] for line in lines] == \
+        ["main x1", "narrow x1", "main x1, json", "narrow x1, json"], done.stdout
     assert all("tokens the same as main's" in line for line in lines)  # the CPU path runs no kernel
-    runs = json.loads(next(tmp_path.glob("*-1x20-4-variants.json")).read_text())
+    plain, json_runs = (json.loads(next(tmp_path.glob(f"*-1x20-4{grammar}-variants.json")).read_text())
+                        for grammar in ("", "-json"))
+    assert [run["grammar"] for run in plain + json_runs] == ["none", "none", "json", "json"]  # a file each
+    runs = plain
     assert [run["variant"] for run in runs] == ["main", "narrow"] and runs[0]["shape"] == runs[1]["shape"]
     assert runs[1]["values"] == {"tfd_kernels.moe_one.ROUTER_N": 16} and len(runs[1]["step_ms"]) == 2
     assert len(runs[1]["prefill_ms"]) == 2 and min(runs[1]["prefill_ms"]) == runs[1]["best_prefill_ms"]

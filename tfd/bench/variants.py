@@ -105,11 +105,15 @@ def compare(model: HybridModel, shape: str, workload: Workload, variants: Sequen
         times, prefill = steps[variant.name], prefills[variant.name]
         result = {"variant": variant.name, "values": {f"{m}.{c}": v for m, c, v in variant.values},
                   "shape": shape, "streams": workload.streams, "prompt_tokens": workload.prompt_tokens,
-                  "new_tokens": workload.new_tokens, "step_ms": times, "best_step_ms": min(times),
+                  "new_tokens": workload.new_tokens, "grammar": workload.grammar_name,
+                  "drafts": 0 if workload.drafting is None else workload.drafting.most,
+                  "step_ms": times, "best_step_ms": min(times),
                   "prefill_ms": prefill, "best_prefill_ms": min(prefill),
                   "same_tokens": same[variant.name]}
         verdict = "the same as" if same[variant.name] else "NOT the same as"
-        print(f"{variant.name} x{workload.streams}: step {min(times):.4f} ms best of "
+        drafts = f"{result['drafts']} drafts" if result["drafts"] else ""
+        named = "".join(f", {what}" for what in (workload.grammar_name, drafts) if what and what != "none")
+        print(f"{variant.name} x{workload.streams}{named}: step {min(times):.4f} ms best of "
               f"{' '.join(f'{t:.4f}' for t in times)}; prefill {min(prefill):.1f} ms best of "
               f"{' '.join(f'{t:.1f}' for t in prefill)}; tokens {verdict} {variants[0].name}'s", flush=True)
         results.append(result)
