@@ -60,6 +60,9 @@ def test_the_slices_and_the_fill_ahead_change_no_mask(text: str, seed: int) -> N
     assert _walk(served, seed, 40, ahead=True) == expected
     assert _walk(served, seed, 40, ahead=True, own=2) == expected  # two own, two copies
     assert _walk(served, seed, 40, ahead=False, own=4) == expected
+    with pytest.MonkeyPatch.context() as patch:  # every take a parser step on this thread, as before
+        patch.setattr(grammar, "TAKE_LATER", False)
+        assert _walk(served, seed, 40, ahead=True) == expected
     assert len({tuple(masks) for masks in expected}) > 20  # the lanes went places
 
 
@@ -70,10 +73,51 @@ class _Watched:
     def __init__(self, executor: object) -> None:
         self.executor = executor
         self.begun: list[str] = []
+        self.stepped: list[list[int]] = []  # each consume_token_par call's tokens
 
     def unsafe_compute_mask_ptr(self, *args: object) -> None:
         self.begun.append("fill")
         self.executor.unsafe_compute_mask_ptr(*args)  # type: ignore[attr-defined]
+
+    def consume_token_par(self, matchers: list[tuple[object, int]]) -> list[bool]:
+        self.stepped.append([token for _, token in matchers])
+        return self.executor.consume_token_par(matchers)  # type: ignore[attr-defined, no-any-return]
+
+
+def _allowed_tokens(masks: torch.Tensor, row: int) -> list[int]:
+    bits = (masks[row, :, None] >> torch.arange(32, dtype=torch.int32)) & 1
+    return bits.flatten()[:VOCAB].nonzero()[:, 0].tolist()
+
+
+def test_a_take_under_its_fills_mask_is_stepped_by_the_next_fill_and_judged_by_the_masks_bit(
+        text: str) -> None:
+    """A token drawn under the mask the last fill gave its place is judged by the mask's bit (a token
+    the mask bars is refused there and then) and stepped by llguidance in the next fill, every lane's
+    at once; after another fill (the mask buffer written again) or with no fill at its place, the take
+    steps llguidance itself. The masks are the same either way (the walks above)."""
+    vocabulary = Vocabulary(text, VOCAB, (0,))
+    compiled = vocabulary.compile(f"start: {json_rule(SCHEMA)}\n", lanes=0)
+    lanes = [compiled.matcher() for _ in range(3)]
+    watched = vocabulary.executor = _Watched(vocabulary.executor)  # type: ignore[assignment]
+    masks = grammar.allowed(3, [(lane, row, ()) for row, lane in enumerate(lanes)])
+    firsts = [_allowed_tokens(masks, row)[0] for row in range(3)]
+    barred = next(t for t in range(VOCAB) if t not in _allowed_tokens(masks, 0))
+    with pytest.raises(grammar.GrammarRefused, match=f"token {barred} "):
+        lanes[0].take(barred)  # its mask's bit says no
+    lanes[1].take(firsts[1])
+    lanes[2].take(firsts[2])
+    assert watched.stepped == []  # nothing stepped on this thread yet
+    grammar.fill_ahead(2, [(lanes[1], 0, ()), (lanes[2], 1, ())])
+    masks = grammar.allowed(2, [(lanes[1], 0, ()), (lanes[2], 1, ())])
+    assert watched.stepped == [[firsts[1], firsts[2]]]  # the grammar thread's fill stepped both first
+    seconds = [_allowed_tokens(masks, row)[0] for row in range(2)]
+    lanes[1].take(seconds[0])  # under the current fill's mask: owed
+    grammar.allowed(1, [(compiled.matcher(), 0, ())])  # another fill (the same buffer): lane 2's row is stale
+    lanes[2].take(seconds[1])  # stepped now, on this thread
+    grammar.allowed(2, [(lanes[1], 0, ()), (lanes[2], 1, ())])
+    assert watched.stepped[1:] == [[seconds[0]]]  # lane 1's owed token, not lane 2's
+    with pytest.raises(grammar.GrammarRefused):
+        compiled.matcher().take(barred)  # no fill at its place: llguidance judges it
 
 
 def test_a_fill_ahead_is_under_way_when_it_returns(text: str) -> None:

@@ -16,6 +16,11 @@ thread and returns at once, so the host goes on with its bookkeeping while the m
 At most one fill is in flight a vocabulary, and whatever reads or moves a matcher (``allowed``,
 ``Matcher.take``) waits for it first, so no matcher is touched by two threads at once. Engine
 thread only, but for ``Vocabulary.compile`` (any).
+
+A token drawn under the mask the last fill gave its matcher's place is taken on that mask's bit
+(``Matcher.take``: the same verdict as llguidance's, which made the mask) and handed to llguidance by
+the next fill, on the grammar thread with the others' (``TAKE_LATER``): the engine thread's take of a
+lane costs a bit's read, not a parser step (~4 us a lane and step).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import llguidance
+import numpy as np
 import torch
 
 WORD_BITS = 32
@@ -36,6 +42,9 @@ SLICES = (*llguidance.LLTokenizer.general_slices(), *(f"{_TEXT}{{1,{n}}}" for n 
 # ``fill_ahead`` returns once its fill has begun (the GIL handed to the grammar thread): timing alone,
 # the same masks; off (tfd bench --variant off=tfd.engine.grammar.FILL_HANDOFF=0) for the A/B on a device
 FILL_HANDOFF = True
+# ``Matcher.take`` of a token drawn under its fill's mask reads the mask's bit and leaves llguidance's step to
+# the next fill (the grammar thread, every lane's at once): the same masks and verdicts; off for the A/B
+TAKE_LATER = True
 
 
 def mask_words(vocab: int) -> int:
@@ -64,6 +73,7 @@ class Vocabulary:
         self._masks: torch.Tensor | None = None  # the host buffer masks are filled into (``allowed``)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="tfd-grammar")  # calls the executor
         self._pending: tuple[_Key, Future[torch.Tensor]] | None = None  # the fill in flight and its rows
+        self.fills = 0  # fills begun: a mask row a matcher holds is current while this has not moved
 
     def settle(self) -> None:
         """Wait for the fill in flight (``fill_ahead``), if any; its error, if it failed, raised here."""
@@ -149,19 +159,41 @@ class Matcher:
         self.vocabulary = vocabulary
         self.inner = matcher
         self.taken = 0  # tokens taken: its place, for telling a fill made ahead is still its own
+        self.row: tuple[np.ndarray, int] | None = None  # its mask's row from the last fill, at its place
+        self.filled = -1  # the fill (``Vocabulary.fills``) that gave ``row``
+        self.owed: int | None = None  # a token taken on its mask's bit, not yet stepped by llguidance
 
     def take(self, token: int) -> None:
         """The lane took ``token`` (once a fill in flight is done). ``GrammarRefused`` for a token
-        its grammar does not allow."""
-        self.vocabulary.settle()
+        its grammar does not allow. Under ``TAKE_LATER``, a token drawn at the place the last fill
+        gave a mask row for is judged by that row's bit and owed to llguidance until the next fill."""
+        vocabulary = self.vocabulary
+        vocabulary.settle()
+        row, self.row = self.row, None
+        if TAKE_LATER and row is not None and self.filled == vocabulary.fills and self.owed is None:
+            words, at = row
+            self.taken += 1
+            if not (int(words[at, token // WORD_BITS]) >> (token % WORD_BITS)) & 1:
+                raise GrammarRefused(f"token {token} is not allowed by the reply's grammar")
+            self.owed = token
+            return
+        self.pay()
         self.taken += 1
         if not self.inner.consume_token(token):
             raise GrammarRefused(f"token {token} is not allowed by the reply's grammar")
+
+    def pay(self) -> None:
+        """llguidance steps past the token it is owed, if any (``GrammarRefused`` if it refuses it,
+        against the mask it made: a bug)."""
+        owed, self.owed = self.owed, None
+        if owed is not None and not self.inner.consume_token(owed):
+            raise GrammarRefused(f"token {owed} is not allowed by the reply's grammar")
 
     @property
     def finished(self) -> bool:
         """Whether the grammar is complete (it allows the end and nothing else, or has ended)."""
         self.vocabulary.settle()
+        self.pay()
         return self.inner.is_stopped()
 
 
@@ -222,18 +254,32 @@ def _ones_elsewhere(rows: int, follows: Sequence[Follow]) -> torch.Tensor:
 def _fill(mask: torch.Tensor, follows: Sequence[Follow], begun: threading.Event | None = None
           ) -> torch.Tensor:
     """llguidance's masks for ``follows`` written into ``mask`` (its rows; drops the GIL meanwhile);
-    ``begun`` set just before llguidance's first call (or as this fails before it)."""
+    ``begun`` set just before llguidance's first call (or as this fails before it). The tokens the
+    matchers are owed are stepped first, all at once; each matcher filled whole keeps its row."""
     try:
         vocabulary = follows[0][0].vocabulary
+        vocabulary.fills += 1
         rows = mask.shape[0]
+        owing = [matcher for matcher, _, _ in follows if matcher.owed is not None]
+        owed = [(matcher.inner, matcher.owed) for matcher in owing]
+        for matcher in owing:
+            matcher.owed = None
         plain = [(matcher.inner, row) for matcher, row, drafts in follows if not drafts]
         drafted = [(matcher.inner, row, list(drafts)) for matcher, row, drafts in follows if drafts]
         # straight into the tensor's memory (llguidance.torch's helpers do the same, but importing that
         # module compiles a kernel with torch.compile)
         width = vocabulary.words * 4
+        words = mask.numpy()
+        for matcher, row, drafts in follows:
+            matcher.row, matcher.filled = (None, -1) if drafts else ((words, row), vocabulary.fills)
     finally:
         if begun is not None:  # the caller waits for it, whatever happens here
             begun.set()
+    if owed:
+        verdicts = vocabulary.executor.consume_token_par(owed)
+        refused = [token for (_, token), ok in zip(owed, verdicts, strict=True) if not ok]
+        if refused:  # each passed its mask's bit: llguidance against its own mask
+            raise GrammarRefused(f"tokens {refused} are not allowed by their replies' grammars")
     if plain:
         vocabulary.executor.unsafe_compute_mask_ptr(plain, mask.data_ptr(), width, rows)
     if drafted:
