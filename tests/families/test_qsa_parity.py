@@ -71,7 +71,9 @@ def test_prompt_logits_below_at_and_past_the_budget(
         expected = reference(ids[None]).logits[0]
     past = budget + ratio - 1  # the first query that can lose a block: its context is budget + ratio
     dense = dense_logits(reference, ids)
-    assert torch.equal(dense[:past], expected[:past])
+    # before it the budget changes nothing but the reference's own rounding (its attention's masks differ
+    # in shape, and the CPU's products may round by them: a few ulps here and there on some hosts)
+    assert relative_error(dense[:past], expected[:past]) < 1e-6
     assert relative_error(dense[past:], expected[past:]) > 1e-3  # the budget matters here
 
     lanes = LanePool(model, length)
