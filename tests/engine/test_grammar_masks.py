@@ -66,7 +66,6 @@ def test_the_slices_and_the_fill_ahead_change_no_mask(text: str, seed: int) -> N
     assert len({tuple(masks) for masks in expected}) > 20  # the lanes went places
 
 
-
 class _Watched:
     """llguidance's executor, its calls noted as they begin (then made as they were)."""
 

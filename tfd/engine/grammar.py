@@ -11,7 +11,7 @@ the tokens it takes, so a lane's allowed tokens depend on its own tokens alone.
 may draw (a row a token, 32 tokens an int32 word), for a verify window's rows as if the drafts
 before each held: llguidance's executor fills them on its own threads without the GIL. Rows that
 follow no grammar are left all ones. ``fill_ahead`` starts the same fill on the vocabulary's own
-thread and returns at once, so the host goes on with its bookkeeping while the masks fill; the
+thread and returns once that thread holds it, so the host's bookkeeping overlaps the fill; the
 ``allowed`` call that asks for the same rows of matchers in the same places takes them when done.
 At most one fill is in flight a vocabulary, and whatever reads or moves a matcher (``allowed``,
 ``Matcher.take``) waits for it first, so no matcher is touched by two threads at once. Engine
