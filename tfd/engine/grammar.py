@@ -61,6 +61,10 @@ class GrammarRefused(RuntimeError):
     fails that lane alone."""
 
 
+def _refused(token: int) -> GrammarRefused:
+    return GrammarRefused(f"token {token} is not allowed by the reply's grammar")
+
+
 class Vocabulary:
     """``tokenizer_json``: the tokenizer's JSON text (a Hugging Face tokenizers file); ``vocab``: the
     model's vocabulary size (rows of its logits); ``eos``: the tokens that end a reply."""
@@ -159,8 +163,9 @@ class Matcher:
         self.vocabulary = vocabulary
         self.inner = matcher
         self.taken = 0  # tokens taken: its place, for telling a fill made ahead is still its own
-        self.row: tuple[np.ndarray, int] | None = None  # its mask's row from the last fill, at its place
-        self.filled = -1  # the fill (``Vocabulary.fills``) that gave ``row``
+        # its mask's words, its row and the fill (``Vocabulary.fills``) that gave them at its place; a
+        # fill that sets this has stepped past any token owed, so with it set nothing is owed
+        self.row: tuple[np.ndarray, int, int] | None = None
         self.owed: int | None = None  # a token taken on its mask's bit, not yet stepped by llguidance
 
     def take(self, token: int) -> None:
@@ -170,24 +175,24 @@ class Matcher:
         vocabulary = self.vocabulary
         vocabulary.settle()
         row, self.row = self.row, None
-        if TAKE_LATER and row is not None and self.filled == vocabulary.fills and self.owed is None:
-            words, at = row
+        if TAKE_LATER and row is not None and row[2] == vocabulary.fills:
+            words, at, _ = row
             self.taken += 1
             if not (int(words[at, token // WORD_BITS]) >> (token % WORD_BITS)) & 1:
-                raise GrammarRefused(f"token {token} is not allowed by the reply's grammar")
+                raise _refused(token)
             self.owed = token
             return
         self.pay()
         self.taken += 1
         if not self.inner.consume_token(token):
-            raise GrammarRefused(f"token {token} is not allowed by the reply's grammar")
+            raise _refused(token)
 
     def pay(self) -> None:
         """llguidance steps past the token it is owed, if any (``GrammarRefused`` if it refuses it,
         against the mask it made: a bug)."""
         owed, self.owed = self.owed, None
         if owed is not None and not self.inner.consume_token(owed):
-            raise GrammarRefused(f"token {owed} is not allowed by the reply's grammar")
+            raise _refused(owed)
 
     @property
     def finished(self) -> bool:
@@ -271,7 +276,7 @@ def _fill(mask: torch.Tensor, follows: Sequence[Follow], begun: threading.Event 
         width = vocabulary.words * 4
         words = mask.numpy()
         for matcher, row, drafts in follows:
-            matcher.row, matcher.filled = (None, -1) if drafts else ((words, row), vocabulary.fills)
+            matcher.row = None if drafts else (words, row, vocabulary.fills)
     finally:
         if begun is not None:  # the caller waits for it, whatever happens here
             begun.set()
