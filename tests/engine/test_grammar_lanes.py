@@ -233,6 +233,26 @@ def test_a_run_ahead_steps_masks_fill_once_on_the_grammar_thread_while_the_host_
     assert len(ahead) >= min(len(tokens) for tokens in together[:2]) - 4
 
 
+def test_a_run_ahead_steps_masks_begin_filling_before_the_lanes_take_their_tokens(
+        model: HybridModel, vocabulary: Vocabulary, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a step's tokens are judged by the lanes' grammars as soon as they are on the host and the next
+    # step's masks begin filling then, so the lanes' takes (text, the finish rule) overlap the fill;
+    # without the takes on the mask's bit the fill begins after them. The same tokens either way
+    judged: list[bool] = []  # a fill ahead's every matcher had its token judged, not yet taken
+    real = grammar_module.fill_ahead
+    monkeypatch.setattr(grammar_module, "fill_ahead", lambda rows, follows: judged.append(
+        all(matcher.judged is not None for matcher, _, _ in follows)) or real(rows, follows))
+    requests = [asked(f"g{i}", schema_grammar(vocabulary), i, 30) for i in range(3)]
+    alone = [drive(model, [request], STEP_TOKENS, graphs=False).tokens[0] for request in requests]
+    judged.clear()
+    assert list(drive(model, requests, STEP_TOKENS, graphs=False).tokens) == alone
+    assert len(judged) >= min(len(tokens) for tokens in alone) - 4 and all(judged)
+    judged.clear()
+    monkeypatch.setattr(grammar_module, "TAKE_LATER", False)
+    assert list(drive(model, requests, STEP_TOKENS, graphs=False).tokens) == alone
+    assert len(judged) >= min(len(tokens) for tokens in alone) - 4 and not any(judged)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("lanes", [1, 3, 4, 5])  # a bucket's only lane; a bucket of 4 short and full; 8 short
 def test_a_grammar_steps_redraw_graph_draws_what_the_eager_draw_does(

@@ -141,3 +141,58 @@ def test_a_fill_ahead_is_under_way_when_it_returns(text: str) -> None:
     assert begun == ["fill"]
     assert torch.equal(grammar.allowed(4, follows), expected)
     assert watched.begun == ["fill"]  # the fill ahead's masks taken, not filled again
+
+
+def test_a_judge_takes_a_token_before_the_lanes_take_and_the_next_fill_steps_it(text: str) -> None:
+    """``Matcher.judge`` takes a token on its current mask's bit before the lane's take (which then
+    only confirms it), so the next fill can begin at once; it declines a barred token, a row another
+    fill has passed, and a matcher with no row, leaving those to the take. The fills write two
+    buffers in turn: the bits a judge reads stay as they were while the next fill writes."""
+    vocabulary = Vocabulary(text, VOCAB, (0,))
+    compiled = vocabulary.compile(f"start: {json_rule(SCHEMA)}\n", lanes=0)
+    lanes = [compiled.matcher() for _ in range(3)]
+    watched = vocabulary.executor = _Watched(vocabulary.executor)  # type: ignore[assignment]
+    assert not lanes[0].judge(0)  # no fill gave it a row yet
+    follows = [(lane, row, ()) for row, lane in enumerate(lanes)]
+    masks = grammar.allowed(3, follows)
+    before = masks.clone()
+    firsts = [_allowed_tokens(masks, row)[0] for row in range(3)]
+    barred = next(t for t in range(VOCAB) if t not in _allowed_tokens(masks, 0))
+    assert not lanes[0].judge(barred)  # declined: its take refuses it
+    with pytest.raises(grammar.GrammarRefused, match=f"token {barred} "):
+        lanes[0].take(barred)
+    assert lanes[1].judge(firsts[1]) and lanes[2].judge(firsts[2])
+    grammar.fill_ahead(2, [(lanes[1], 0, ()), (lanes[2], 1, ())])  # before the lanes' takes
+    lanes[1].take(firsts[1])  # confirmed, not stepped again
+    lanes[2].take(firsts[2])
+    assert torch.equal(masks, before)  # the fill in flight writes the other buffer
+    seconds = grammar.allowed(2, [(lanes[1], 0, ()), (lanes[2], 1, ())])
+    assert seconds.data_ptr() != masks.data_ptr()
+    assert watched.stepped == [[firsts[1], firsts[2]]]  # once, by the fill
+    assert watched.begun == ["fill", "fill"]
+    grammar.allowed(1, [(compiled.matcher(), 0, ())])  # another fill: lane 1's row is passed
+    assert not lanes[1].judge(_allowed_tokens(seconds, 0)[0])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(grammar, "TAKE_LATER", False)
+        assert not lanes[2].judge(_allowed_tokens(seconds, 1)[0])
+
+
+def test_a_fill_ahead_serves_a_draw_of_fewer_rows_of_it(text: str) -> None:
+    """A lane that ended after its masks began filling is a row the draw no longer asks for: the
+    fill ahead still holds every row asked, so it is taken, not made again; a draw asking a row the
+    fill does not hold (or the same rows at another place) waits for it and fills anew."""
+    vocabulary = Vocabulary(text, VOCAB, (0,))
+    compiled = vocabulary.compile(f"start: {json_rule(SCHEMA)}\n", lanes=3)
+    lanes = [compiled.matcher() for _ in range(3)]
+    expected = grammar.allowed(3, [(lane, row, ()) for row, lane in enumerate(lanes)]).clone()
+    watched = vocabulary.executor = _Watched(vocabulary.executor)  # type: ignore[assignment]
+    grammar.fill_ahead(3, [(lane, row, ()) for row, lane in enumerate(lanes)])
+    taken = grammar.allowed(3, [(lanes[0], 0, ()), (lanes[2], 2, ())])  # lane 1 ended meanwhile
+    assert watched.begun == ["fill"] and torch.equal(taken, expected)
+    grammar.fill_ahead(3, [(lanes[0], 0, ()), (lanes[2], 2, ())])
+    other = compiled.matcher()
+    grammar.allowed(3, [(lanes[0], 0, ()), (other, 1, ()), (lanes[2], 2, ())])  # a row it lacks
+    assert watched.begun == ["fill", "fill", "fill"]
+    grammar.fill_ahead(3, [(lanes[0], 0, ())])
+    grammar.allowed(2, [(lanes[0], 0, ())])  # fewer rows: another step's
+    assert len(watched.begun) == 5

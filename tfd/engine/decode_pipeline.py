@@ -23,7 +23,7 @@ rows are what the next plan asks for, the same bits as run then. Engine thread o
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -141,17 +141,31 @@ class DecodePipeline:
         return all(work.decode and work.samples and not work.verify and not work.lane.drafting
                    and work.lane.request.sampling.logprobs is None for work in works)
 
-    def fill_ahead(self) -> None:
-        """The lanes took the tokens before the step run ahead: start filling the masks of its
-        grammar lanes still open, rows as ``drawn_on_host`` asks for them, while the host goes on
-        (``grammar.fill_ahead``)."""
+    def fill_ahead(self, tokens: Mapping[int, int] | None = None) -> bool:
+        """Start filling the masks of the step run ahead's grammar lanes still open, rows as
+        ``drawn_on_host`` asks for them, while the host goes on (``grammar.fill_ahead``); whether a
+        fill began. ``tokens`` (a lane's id to the token it drew before that step): the lanes have not
+        taken them yet, so each grammar takes its lane's now (``Matcher.judge``) and the fill begins
+        before the lanes' takes; a lane whose grammar cannot take it so is left to its take, and
+        ``drawn_on_host`` fills again; a lane its token stops has no row drawn again, and no mask.
+        Without: the lanes took them."""
         step = self.ahead
         if step is None or not step.on_host:
-            return
-        follows = [(lane.grammar, row, ()) for row, lane in enumerate(step.lanes)
-                   if lane.grammar is not None and lane.lease is not None and not lane.cancelled]
+            return False
+        follows = []
+        for row, lane in enumerate(step.lanes):
+            if lane.grammar is None or lane.lease is None or lane.cancelled:
+                continue
+            if tokens is not None:
+                token = tokens.get(id(lane))
+                if token is None or not lane.grammar.judge(token):
+                    return False  # left to the takes, and to the fill after them
+                if lane.stopped_by(token):
+                    continue
+            follows.append((lane.grammar, row, ()))
         if follows:
             grammar.fill_ahead(len(step.lanes), follows)
+        return bool(follows)
 
     def drawn_on_host(self, step: Launched, works: Sequence[Work]) -> Launched:
         """``step``'s draws for ``works``' lanes made on the host's path (the lanes took the tokens

@@ -20,7 +20,10 @@ thread only, but for ``Vocabulary.compile`` (any).
 A token drawn under the mask the last fill gave its matcher's place is taken on that mask's bit
 (``Matcher.take``: the same verdict as llguidance's, which made the mask) and handed to llguidance by
 the next fill, on the grammar thread with the others' (``TAKE_LATER``): the engine thread's take of a
-lane costs a bit's read, not a parser step (~4 us a lane and step).
+lane costs a bit's read, not a parser step (~4 us a lane and step). ``Matcher.judge`` makes that take
+as soon as a step's tokens are on the host, so the next fill begins before the lanes' own takes
+(detokenizing, finish rules), which then overlap it; the fills write two host buffers in turn, so the
+bits a judge reads are never the ones a fill in flight writes.
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ FILL_HANDOFF = True
 # ``Matcher.take`` of a token drawn under its fill's mask reads the mask's bit and leaves llguidance's step to
 # the next fill (the grammar thread, every lane's at once): the same masks and verdicts; off for the A/B
 TAKE_LATER = True
+# ``Matcher.judge`` takes a step's tokens as soon as they are on the host and the next fill begins then,
+# before the lanes' takes; off (judge declines), the fill begins after the takes: timing alone
+JUDGE_AHEAD = True
 
 
 def mask_words(vocab: int) -> int:
@@ -65,6 +71,12 @@ def _refused(token: int) -> GrammarRefused:
     return GrammarRefused(f"token {token} is not allowed by the reply's grammar")
 
 
+def _bit(row: tuple[np.ndarray, int, int], token: int) -> bool:
+    """Whether a matcher's mask row (its words, its row, its fill) allows ``token``."""
+    words, at, _ = row
+    return bool((int(words[at, token // WORD_BITS]) >> (token % WORD_BITS)) & 1)
+
+
 class Vocabulary:
     """``tokenizer_json``: the tokenizer's JSON text (a Hugging Face tokenizers file); ``vocab``: the
     model's vocabulary size (rows of its logits); ``eos``: the tokens that end a reply."""
@@ -74,7 +86,7 @@ class Vocabulary:
                                                 slices=list(SLICES))
         self.words = mask_words(vocab)
         self.executor = llguidance.LLExecutor()
-        self._masks: torch.Tensor | None = None  # the host buffer masks are filled into (``allowed``)
+        self._masks: list[torch.Tensor | None] = [None, None]  # the host buffers fills write in turn
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="tfd-grammar")  # calls the executor
         self._pending: tuple[_Key, Future[torch.Tensor]] | None = None  # the fill in flight and its rows
         self.fills = 0  # fills begun: a mask row a matcher holds is current while this has not moved
@@ -86,14 +98,17 @@ class Vocabulary:
             pending[1].result()
 
     def masks(self, rows: int) -> torch.Tensor:
-        """A host buffer of ``rows`` masks, pinned where CUDA is: the same memory step after step (a
-        fresh pinned block a step cost the H200's host ~4 ms to touch), grown when a step has more
-        rows. Engine thread only; its last contents were copied to the device before the step that
-        filled them drew (that step waited for its tokens)."""
-        if self._masks is None or self._masks.shape[0] < rows:
-            self._masks = torch.empty((max(rows, 64), self.words), dtype=torch.int32,
-                                      pin_memory=torch.cuda.is_available())
-        return self._masks[:rows]
+        """The host buffer of ``rows`` masks the next fill writes, pinned where CUDA is: two buffers in
+        turn, the same memory step after step (a fresh pinned block a step cost the H200's host ~4 ms
+        to touch), grown when a step has more rows. Engine thread only; a buffer's last contents were
+        copied to the device before the step that filled them drew (that step waited for its tokens),
+        and the other holds the rows the last fill's matchers judge their tokens by."""
+        turn = (self.fills + 1) % 2
+        held = self._masks[turn]
+        if held is None or held.shape[0] < rows:
+            held = self._masks[turn] = torch.empty((max(rows, 64), self.words), dtype=torch.int32,
+                                                   pin_memory=torch.cuda.is_available())
+        return held[:rows]
 
     def special(self, text: str) -> int | None:
         """``text``'s id when it is one special token of the vocabulary (a grammar must name it as a
@@ -167,18 +182,37 @@ class Matcher:
         # fill that sets this has stepped past any token owed, so with it set nothing is owed
         self.row: tuple[np.ndarray, int, int] | None = None
         self.owed: int | None = None  # a token taken on its mask's bit, not yet stepped by llguidance
+        self.judged: int | None = None  # a token ``judge`` took before the lane's own take of it
+
+    def judge(self, token: int) -> bool:
+        """Take ``token`` now, ahead of the lane's own take (which then only confirms it), when it
+        was drawn at the place the last fill gave a mask row for and that row's bit allows it: owed
+        to llguidance, which the next fill may begin stepping at once. False (nothing taken) where
+        the take must judge it itself: no current row, a barred token, ``TAKE_LATER`` or
+        ``JUDGE_AHEAD`` off."""
+        row = self.row
+        current = row is not None and row[2] == self.vocabulary.fills
+        if not (TAKE_LATER and JUDGE_AHEAD and current and _bit(row, token)):  # type: ignore[arg-type]
+            return False
+        self.row, self.owed, self.judged = None, token, token
+        self.taken += 1
+        return True
 
     def take(self, token: int) -> None:
-        """The lane took ``token`` (once a fill in flight is done). ``GrammarRefused`` for a token
-        its grammar does not allow. Under ``TAKE_LATER``, a token drawn at the place the last fill
-        gave a mask row for is judged by that row's bit and owed to llguidance until the next fill."""
+        """The lane took ``token`` (once a fill in flight is done, unless ``judge`` took it).
+        ``GrammarRefused`` for a token its grammar does not allow. Under ``TAKE_LATER``, a token drawn
+        at the place the last fill gave a mask row for is judged by that row's bit and owed to
+        llguidance until the next fill."""
+        if self.judged is not None:  # taken already: the fill in flight may be stepping it
+            judged, self.judged = self.judged, None
+            assert judged == token, f"the lane took {token}, its grammar was handed {judged}"
+            return
         vocabulary = self.vocabulary
         vocabulary.settle()
         row, self.row = self.row, None
         if TAKE_LATER and row is not None and row[2] == vocabulary.fills:
-            words, at, _ = row
             self.taken += 1
-            if not (int(words[at, token // WORD_BITS]) >> (token % WORD_BITS)) & 1:
+            if not _bit(row, token):
                 raise _refused(token)
             self.owed = token
             return
@@ -213,19 +247,27 @@ def _key(rows: int, follows: Sequence[Follow]) -> _Key:
                               for matcher, row, drafts in follows))
 
 
+def _covers(made: _Key, asked: _Key) -> bool:
+    """Whether a fill of ``made`` holds every row ``asked`` asks for: the same rows, each asked row's
+    matcher at the same place. Its other rows (lanes that ended since it began) hold masks no draw
+    that is kept reads."""
+    return made[0] == asked[0] and set(asked[1]) <= set(made[1])
+
+
 def allowed(rows: int, follows: Sequence[Follow]) -> torch.Tensor:
     """The bitmask [rows, words] (int32, pinned where CUDA is) of what each row may draw: for each
     ``(matcher, row, drafts)``, its row and, a draft a row, the rows after it as if the drafts before
-    held (past a draft the grammar refuses: all ones, their draws not kept); other rows all ones.
-    The fill ``fill_ahead`` started for the same when there is one (waiting for it), else made now.
-    Valid until the next fill."""
+    held (past a draft the grammar refuses: all ones, their draws not kept); other rows all ones, or
+    the masks of lanes a fill ahead covered that have ended since.
+    The fill ``fill_ahead`` started for these rows when there is one (waiting for it), else made now.
+    Valid until the fill after the next."""
     vocabulary = follows[0][0].vocabulary
     pending = vocabulary._pending
-    if pending is not None and pending[0] == _key(rows, follows):
+    if pending is not None and _covers(pending[0], _key(rows, follows)):
         vocabulary._pending = None
         return pending[1].result()
     vocabulary.settle()
-    return _fill(_ones_elsewhere(rows, follows), follows)
+    return _fill(*_begin(rows, follows))
 
 
 def fill_ahead(rows: int, follows: Sequence[Follow]) -> None:
@@ -235,56 +277,63 @@ def fill_ahead(rows: int, follows: Sequence[Follow]) -> None:
     The thread needs the GIL to make its call, and the engine thread's bookkeeping after this holds
     it until something blocks (the wait in ``allowed``, a few hundred microseconds on), so without
     the handoff the fill would begin only when its result was wanted. Returning only once the thread
-    has begun costs the engine thread one wake of it."""
+    has begun costs the engine thread one wake of it; everything else the fill needs from Python is
+    made ready here first, so the thread holds the GIL only to make its call."""
     vocabulary = follows[0][0].vocabulary
     vocabulary.settle()
-    mask = _ones_elsewhere(rows, follows)
+    key, made = _key(rows, follows), _begin(rows, follows)
     begun = threading.Event()
-    vocabulary._pending = (_key(rows, follows), vocabulary._thread.submit(_fill, mask, follows, begun))
+    vocabulary._pending = (key, vocabulary._thread.submit(_fill, *made, begun))
     if FILL_HANDOFF:
         begun.wait()  # the GIL passes to the thread, which gives it back as llguidance's call begins
 
 
-def _ones_elsewhere(rows: int, follows: Sequence[Follow]) -> torch.Tensor:
-    """The vocabulary's mask buffer for ``rows`` rows, the rows no matcher fills whole all ones."""
-    mask = follows[0][0].vocabulary.masks(rows)
+_Made = tuple[Vocabulary, torch.Tensor, list[tuple[llguidance.LLMatcher, int]],
+              list[tuple[llguidance.LLMatcher, int]], list[tuple[llguidance.LLMatcher, int, list[int]]]]
+
+
+def _begin(rows: int, follows: Sequence[Follow]) -> _Made:
+    """A fill of ``follows`` made ready on the engine thread: the next of the vocabulary's two
+    buffers (the rows no matcher fills whole all ones), the tokens the matchers are owed taken off
+    them, each matcher filled whole given its row of it; what ``_fill`` asks llguidance for."""
+    vocabulary = follows[0][0].vocabulary
+    mask = vocabulary.masks(rows)
+    vocabulary.fills += 1
     filled = {row for _, row, drafts in follows if not drafts}  # whole rows llguidance writes
     if len(filled) < rows:
         free = torch.ones(rows, dtype=torch.bool)
         free[list(filled)] = False
         mask[free] = -1
-    return mask
-
-
-def _fill(mask: torch.Tensor, follows: Sequence[Follow], begun: threading.Event | None = None
-          ) -> torch.Tensor:
-    """llguidance's masks for ``follows`` written into ``mask`` (its rows; drops the GIL meanwhile);
-    ``begun`` set just before llguidance's first call (or as this fails before it). The tokens the
-    matchers are owed are stepped first, all at once; each matcher filled whole keeps its row."""
-    try:
-        vocabulary = follows[0][0].vocabulary
-        vocabulary.fills += 1
-        rows = mask.shape[0]
-        owing = [matcher for matcher, _, _ in follows if matcher.owed is not None]
-        owed = [(matcher.inner, matcher.owed) for matcher in owing]
-        for matcher in owing:
+    owed = []
+    for matcher, _, _ in follows:
+        if matcher.owed is not None:
+            owed.append((matcher.inner, matcher.owed))
             matcher.owed = None
-        plain = [(matcher.inner, row) for matcher, row, drafts in follows if not drafts]
-        drafted = [(matcher.inner, row, list(drafts)) for matcher, row, drafts in follows if drafts]
-        # straight into the tensor's memory (llguidance.torch's helpers do the same, but importing that
-        # module compiles a kernel with torch.compile)
-        width = vocabulary.words * 4
-        words = mask.numpy()
-        for matcher, row, drafts in follows:
-            matcher.row = None if drafts else (words, row, vocabulary.fills)
-    finally:
-        if begun is not None:  # the caller waits for it, whatever happens here
-            begun.set()
+    words = mask.numpy()
+    for matcher, row, drafts in follows:
+        matcher.row = None if drafts else (words, row, vocabulary.fills)
+    plain = [(matcher.inner, row) for matcher, row, drafts in follows if not drafts]
+    drafted = [(matcher.inner, row, list(drafts)) for matcher, row, drafts in follows if drafts]
+    return vocabulary, mask, owed, plain, drafted
+
+
+def _fill(vocabulary: Vocabulary, mask: torch.Tensor, owed: list[tuple[llguidance.LLMatcher, int]],
+          plain: list[tuple[llguidance.LLMatcher, int]],
+          drafted: list[tuple[llguidance.LLMatcher, int, list[int]]],
+          begun: threading.Event | None = None) -> torch.Tensor:
+    """llguidance's masks written into ``mask`` (``_begin``'s; drops the GIL meanwhile): the owed
+    tokens stepped first, all at once, then the rows filled whole, then the drafted ones. ``begun``
+    set first, as llguidance's call is about to begin."""
+    if begun is not None:  # the caller waits for it
+        begun.set()
     if owed:
         verdicts = vocabulary.executor.consume_token_par(owed)
         refused = [token for (_, token), ok in zip(owed, verdicts, strict=True) if not ok]
         if refused:  # each passed its mask's bit: llguidance against its own mask
             raise GrammarRefused(f"tokens {refused} are not allowed by their replies' grammars")
+    # straight into the tensor's memory (llguidance.torch's helpers do the same, but importing that
+    # module compiles a kernel with torch.compile)
+    width, rows = vocabulary.words * 4, mask.shape[0]
     if plain:
         vocabulary.executor.unsafe_compute_mask_ptr(plain, mask.data_ptr(), width, rows)
     if drafted:

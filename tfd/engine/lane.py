@@ -116,6 +116,10 @@ class Lane:
         """Whether ``token`` is one of the request's stop tokens (it is kept, and ends the reply)."""
         return token in self.request.stop_ids
 
+    def stopped_by(self, token: int) -> bool:
+        """Whether taking ``token`` next ends the reply on a stop token (past ``min_tokens``)."""
+        return self.stops_at(token) and len(self.generated) >= self.request.min_tokens
+
     def sampling_at(self, index: int) -> Sampling:
         """How its token of index ``index`` (0: the first it draws) is drawn: its request's sampling,
         the stop tokens barred while fewer than ``min_tokens`` are drawn before it."""
@@ -263,9 +267,9 @@ class Lane:
     def take(self, token: int, now: float) -> tuple[str, FinishReason | None]:
         """``record`` ``token``; the text it settles (none without a detokenizer) and, when it ends
         the lane, why: a stop token or stop string ("stop"), ``max_tokens`` reached ("length")."""
+        stop_token = self.stopped_by(token)
         self.record(token, now)
         text = "" if self.detokenizer is None else self.detokenizer.add([token])
-        stop_token = self.stops_at(token) and len(self.generated) > self.request.min_tokens
         if stop_token or (self.detokenizer is not None and self.detokenizer.stopped_at is not None):
             return text, "stop"
         return text, "length" if self.tokens_left <= 0 else None

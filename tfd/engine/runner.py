@@ -73,6 +73,7 @@ class Runner:
             if kept_bytes else None  # its disk tier attached once the identity is known
         self.opener = Opener(model, pool, self.cache, memory, columns)
         self.prefill = PrefillPass(model, rows, self.pipeline, self.rounds)
+        self.filling = False  # ``drew`` began the masks of the step run ahead
 
     def admit(self, lane: Lane, load: int = 1) -> Admission:
         """Admit a waiting lane if the pool can promise its window (``Opener.admit``); ``load``: the
@@ -123,11 +124,21 @@ class Runner:
                         for work, found in zip(rounds, self.rounds.run(rounds), strict=True)]
         return verified + self._run_rest([work for work in works if not work.verify])
 
+    def drew(self, drawn: Sequence[Drawn]) -> None:
+        """The last step's tokens are on the host, not yet taken: start the masks the step run ahead
+        needs (its grammar lanes', each lane's token judged by its grammar first) while the lanes
+        take them (``DecodePipeline.fill_ahead``)."""
+        if self.pipeline is not None:
+            tokens = {id(item.work.lane): item.tokens[-1] for item in drawn if len(item.tokens) == 1}
+            self.filling = self.pipeline.fill_ahead(tokens)
+
     def took(self) -> None:
         """The lanes took the last step's tokens: start what the step run ahead needs from the host
-        and can start now (its grammar lanes' masks), while the host goes on."""
-        if self.pipeline is not None:
+        and can start now (its grammar lanes' masks, unless ``drew`` began them), while the host
+        goes on."""
+        if self.pipeline is not None and not self.filling:
             self.pipeline.fill_ahead()
+        self.filling = False
 
     def _run_rest(self, works: Sequence[Work]) -> list[Drawn]:
         """``works`` without verify rounds: the rows the step run ahead ran read from it, plain

@@ -129,6 +129,7 @@ class Stepper:
                         error)
         ran_at = self.clock()
         settle(plan.works, drawn)
+        self.runner.drew(drawn)  # the next step's masks fill while the lanes take their tokens
         emitted = self._take(drawn, ran_at, ended)
         self.runner.took()
         run_s = time.monotonic() - began
