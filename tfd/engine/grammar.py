@@ -191,8 +191,9 @@ class Matcher:
         the take must judge it itself: no current row, a barred token, ``TAKE_LATER`` or
         ``JUDGE_AHEAD`` off."""
         row = self.row
-        current = row is not None and row[2] == self.vocabulary.fills
-        if not (TAKE_LATER and JUDGE_AHEAD and current and _bit(row, token)):  # type: ignore[arg-type]
+        if not (TAKE_LATER and JUDGE_AHEAD) or row is None or row[2] != self.vocabulary.fills:
+            return False
+        if not _bit(row, token):
             return False
         self.row, self.owed, self.judged = None, token, token
         self.taken += 1
