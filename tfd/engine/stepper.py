@@ -3,7 +3,8 @@
 
 ``Stepper.step`` plans the step's rows (``Scheduler.plan``, admitting waiting lanes through the
 runner), ends the lanes that were cancelled or could not be opened, runs the rows (``Runner.run``),
-moves each lane past the rows it ran (``settle``), takes each lane's tokens one at a time by the
+moves each lane past the rows it ran (``settle``), hands the runner the tokens (``Runner.drew``:
+what the next step needs from them begins, its grammar masks), takes each lane's tokens one at a time by the
 lane's finish rule (``Lane.take``) and ends the lanes that finished, their pages given back. It
 answers with what happened (``Step``); the caller turns that into events, timings or text.
 
