@@ -49,6 +49,13 @@ wrap(stepper.Stepper, "step", "stepper_step")
 wrap(stepper.Stepper, "_take", "stepper_take")
 wrap(grammar.Matcher, "take", "matcher_take")
 wrap(lane.Lane, "take", "lane_take")
+# the parts of go_on beside the wait for the masks (forty-ninth session: drawn_on_host took ~370 us past it)
+wrap(decode_pipeline.DecodePipeline, "_following", "following")
+wrap(decode_pipeline.DecodePipeline, "_launch", "launch")
+wrap(decode_pipeline.DecodePipeline, "_copy_out", "copy_out")
+wrap(runner.Runner, "drew", "runner_drew")
+if torch.cuda.is_available():
+    wrap(graphs.DecodeGraphs, "redraw", "redraw_launch")
 
 from tfd.bench import workload  # noqa: E402
 from tfd.cli import main  # noqa: E402
