@@ -23,14 +23,14 @@ rows are what the next plan asks for, the same bits as run then. Engine thread o
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import attrs
 import numpy as np
 import torch
 
 from tfd.engine import grammar
-from tfd.engine.drawn import host_draw
+from tfd.engine.drawn import Drawn, host_draw
 from tfd.engine.graphs import DecodeGraphs
 from tfd.engine.lane import Lane
 from tfd.engine.sampling import draw
@@ -141,17 +141,19 @@ class DecodePipeline:
         return all(work.decode and work.samples and not work.verify and not work.lane.drafting
                    and work.lane.request.sampling.logprobs is None for work in works)
 
-    def fill_ahead(self, tokens: Mapping[int, int] | None = None) -> bool:
+    def fill_ahead(self, drawn: Sequence[Drawn] | None = None) -> bool:
         """Start filling the masks of the step run ahead's grammar lanes still open, rows as
         ``drawn_on_host`` asks for them, while the host goes on (``grammar.fill_ahead``); whether a
-        fill began. ``tokens`` (a lane's id to the token it drew before that step): the lanes have not
-        taken them yet, so each grammar takes its lane's now (``Matcher.judge``) and the fill begins
-        before the lanes' takes; a lane whose grammar cannot take it so is left to its take, and
-        ``drawn_on_host`` fills again; a lane its token stops has no row drawn again, and no mask.
-        Without: the lanes took them."""
+        fill began. ``drawn`` (the step before it's tokens): the lanes have not taken them yet, so
+        each grammar takes its lane's now (``Matcher.judge``) and the fill begins before the lanes'
+        takes; a lane whose grammar cannot take it so is left to its take, and ``drawn_on_host``
+        fills again; a lane its token stops has no row drawn again, and no mask. Without: the lanes
+        took them."""
         step = self.ahead
         if step is None or not step.on_host:
             return False
+        tokens = None if drawn is None else \
+            {id(item.work.lane): item.tokens[-1] for item in drawn if len(item.tokens) == 1}
         follows = []
         for row, lane in enumerate(step.lanes):
             if lane.grammar is None or lane.lease is None or lane.cancelled:

@@ -129,8 +129,7 @@ class Runner:
         needs (its grammar lanes', each lane's token judged by its grammar first) while the lanes
         take them (``DecodePipeline.fill_ahead``)."""
         if self.pipeline is not None:
-            tokens = {id(item.work.lane): item.tokens[-1] for item in drawn if len(item.tokens) == 1}
-            self.filling = self.pipeline.fill_ahead(tokens)
+            self.filling = self.pipeline.fill_ahead(drawn)
 
     def took(self) -> None:
         """The lanes took the last step's tokens: start what the step run ahead needs from the host
