@@ -116,9 +116,10 @@ class Lane:
         """Whether ``token`` is one of the request's stop tokens (it is kept, and ends the reply)."""
         return token in self.request.stop_ids
 
-    def stopped_by(self, token: int) -> bool:
-        """Whether taking ``token`` next ends the reply on a stop token (past ``min_tokens``)."""
-        return self.stops_at(token) and len(self.generated) >= self.request.min_tokens
+    def stopped_by(self, token: int, after: int = 0) -> bool:
+        """Whether taking ``token`` ends the reply on a stop token (past ``min_tokens``), taken next
+        or ``after`` tokens later (a verify round's later draws)."""
+        return self.stops_at(token) and len(self.generated) + after >= self.request.min_tokens
 
     def sampling_at(self, index: int) -> Sampling:
         """How its token of index ``index`` (0: the first it draws) is drawn: its request's sampling,
@@ -164,9 +165,9 @@ class Lane:
         """Of ``tokens`` drawn in a row (a verify round's kept draws), those the lane takes (up to
         and with a stop token, at most ``tokens_left``), and whether they end it. Stop strings are
         ``take``'s: they need the text."""
-        left, drawn = self.tokens_left, len(self.generated)
+        left = self.tokens_left
         for at, token in enumerate(tokens[:left]):
-            if self.stops_at(token) and drawn + at + 1 > self.request.min_tokens:
+            if self.stopped_by(token, at):
                 return tuple(tokens[:at + 1]), True
         return tuple(tokens[:left]), len(tokens) >= left
 
