@@ -8,8 +8,6 @@
 # variants before READY). Carry .whl .whl-test .devk .devcache.
 . .dev/start.sh
 LIMIT=${LIMIT:-580}
-# seconds a step may run: its cap ($1) or what is left of the limit, less 10 for the packing; 0 below $2
-budget() { local left=$(( LIMIT - 10 - $(el) )); [ $left -ge $2 ] || { echo 0; return; }; echo $(( left < $1 ? left : $1 )); }
 review() {
   gpu_tests $1 4 -rE tests/kernels/test_moe_fp8_gpu.py tests/kernels/test_hyper_mix.py tests/kernels/test_moe_block.py \
     tests/kernels/test_moe_gpu.py
@@ -17,18 +15,7 @@ review() {
 }
 case "$CARD" in
 *H200*)
-  t=$(budget 130 60); [ $t -gt 0 ] && { timeout $t tfd bench --shape qwen3_8-flash-next --streams 1,8,32 \
-    --prompt 1024 --new 256 --out $R/fn > $R/fn.txt 2>&1; echo "fn rc=$? t=$(el)"; grep -a "qwen3_8\|rror" $R/fn.txt | cut -c1-300; }
-  for s in qwen3_5-35b-a3b qwen3_next-80b-a3b; do
-    t=$(budget 80 50); [ $t -gt 0 ] || break
-    timeout $t tfd bench --shape $s --streams 8 --prompt 1024 --new 8 --rounds 2 --out $R/$s > $R/$s.txt 2>&1
-    echo "$s rc=$? t=$(el)"; grep -a "prefill\|rror" $R/$s.txt | cut -c1-300
-  done
-  for p in 32768 1024; do
-    t=$(budget 110 50); [ $t -gt 0 ] || break
-    timeout $t tfd bench --shape qwen3_8-flash-next --streams 1 --prompt $p --new 64 --out $R/long \
-      > $R/long-$p.txt 2>&1; echo "long $p rc=$? t=$(el)"; grep -a "qwen3_8\|rror" $R/long-$p.txt | cut -c1-300
-  done
+  issue31_bars "qwen3_5-35b-a3b qwen3_next-80b-a3b" 80 50 long
   t=$(budget 120 60); [ $t -gt 0 ] && review $t ;;
 *)
   t=$(budget 120 40); [ $t -gt 0 ] && review $t

@@ -7,16 +7,7 @@
 # .devk .devcache.
 . .dev/start.sh
 LIMIT=${LIMIT:-320}
-budget() { local left=$(( LIMIT - 10 - $(el) )); [ $left -ge $2 ] || { echo 0; return; }; echo $(( left < $1 ? left : $1 )); }
-case "$CARD" in *H200*)
-  t=$(budget 130 60); [ $t -gt 0 ] && { timeout $t tfd bench --shape qwen3_8-flash-next --streams 1,8,32 \
-    --prompt 1024 --new 256 --out $R/fn > $R/fn.txt 2>&1; echo "fn rc=$? t=$(el)"; grep -a "qwen3_8\|rror" $R/fn.txt | cut -c1-300; }
-  for s in qwen3_next-80b-a3b qwen3_5-35b-a3b; do
-    t=$(budget 60 40); [ $t -gt 0 ] || break
-    timeout $t tfd bench --shape $s --streams 8 --prompt 1024 --new 8 --rounds 2 --out $R/$s > $R/$s.txt 2>&1
-    echo "$s rc=$? t=$(el)"; grep -a "prefill\|rror" $R/$s.txt | cut -c1-300
-  done ;;
-esac
+case "$CARD" in *H200*) issue31_bars "qwen3_next-80b-a3b qwen3_5-35b-a3b" 60 40 ;; esac
 timeline() {
   t=$(budget 70 40); [ $t -gt 0 ] || return
   timeout $t python .dev/grammar_timeline.py --streams 32 --prompt 1024 --new 256 --grammar $1 --out $R/timeline-$1 \

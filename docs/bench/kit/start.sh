@@ -17,6 +17,27 @@ prefill_benches() {
       --out $R/${s%:*} 2>&1 | grep -a "prefill\|rror" | cut -c1-300
   done
 }
+# Seconds a step may run within $LIMIT: its cap ($1) or what is left, less 10 for the packing; 0 below $2.
+budget() { local left=$(( LIMIT - 10 - $(el) )); [ $left -ge $2 ] || { echo 0; return; }; echo $(( left < $1 ? left : $1 )); }
+# Issue 31's bars at HEAD within $LIMIT: Flash Next --streams 1,8,32 --new 256 (JSON under $R/fn), the MoE shapes
+# named in $1 (in that order) at 8 x 1,024, two rounds, each capped at $2 s and begun only with $3 s left, then,
+# with $4 "long", one stream at 32,768 against 1,024 (under $R/long).
+issue31_bars() {
+  local t s p
+  t=$(budget 130 60); [ $t -gt 0 ] && { timeout $t tfd bench --shape qwen3_8-flash-next --streams 1,8,32 \
+    --prompt 1024 --new 256 --out $R/fn > $R/fn.txt 2>&1; echo "fn rc=$? t=$(el)"; grep -a "qwen3_8\|rror" $R/fn.txt | cut -c1-300; }
+  for s in $1; do
+    t=$(budget $2 $3); [ $t -gt 0 ] || break
+    timeout $t tfd bench --shape $s --streams 8 --prompt 1024 --new 8 --rounds 2 --out $R/$s > $R/$s.txt 2>&1
+    echo "$s rc=$? t=$(el)"; grep -a "prefill\|rror" $R/$s.txt | cut -c1-300
+  done
+  [ "${4:-}" = long ] || return 0
+  for p in 32768 1024; do
+    t=$(budget 110 50); [ $t -gt 0 ] || break
+    timeout $t tfd bench --shape qwen3_8-flash-next --streams 1 --prompt $p --new 64 --out $R/long \
+      > $R/long-$p.txt 2>&1; echo "long $p rc=$? t=$(el)"; grep -a "qwen3_8\|rror" $R/long-$p.txt | cut -c1-300
+  done
+}
 # Issue 31's 35B-A3B 8 x 1,024 prefill step's idle device time (prefill_gaps.py without stacks), the report
 # under $R/gaps-after.txt and its head printed.
 prefill_idle() {
