@@ -9,6 +9,7 @@ schema of bounded strings; lanes walk it by random allowed tokens.
 from __future__ import annotations
 
 import sys
+import threading
 
 import pytest
 import torch
@@ -73,6 +74,7 @@ class _Watched:
         self.executor = executor
         self.begun: list[str] = []
         self.stepped: list[list[int]] = []  # each consume_token_par call's tokens
+        self.stepped_on: list[str] = []  # and the thread that made it
 
     def unsafe_compute_mask_ptr(self, *args: object) -> None:
         self.begun.append("fill")
@@ -80,6 +82,7 @@ class _Watched:
 
     def consume_token_par(self, matchers: list[tuple[object, int]]) -> list[bool]:
         self.stepped.append([token for _, token in matchers])
+        self.stepped_on.append(threading.current_thread().name)
         return self.executor.consume_token_par(matchers)  # type: ignore[attr-defined, no-any-return]
 
 
@@ -88,12 +91,15 @@ def _allowed_tokens(masks: torch.Tensor, row: int) -> list[int]:
     return bits.flatten()[:VOCAB].nonzero()[:, 0].tolist()
 
 
+@pytest.mark.parametrize("owed_first", [True, False])
 def test_a_take_under_its_fills_mask_is_stepped_by_the_next_fill_and_judged_by_the_masks_bit(
-        text: str) -> None:
+        text: str, owed_first: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """A token drawn under the mask the last fill gave its place is judged by the mask's bit (a token
     the mask bars is refused there and then) and stepped by llguidance in the next fill, every lane's
-    at once; after another fill (the mask buffer written again) or with no fill at its place, the take
-    steps llguidance itself. The masks are the same either way (the walks above)."""
+    at once: as the caller makes the fill ready (``OWED_FIRST``), else on the grammar thread; after
+    another fill (the mask buffer written again) or with no fill at its place, the take steps
+    llguidance itself. The masks are the same either way (the walks above)."""
+    monkeypatch.setattr(grammar, "OWED_FIRST", owed_first)
     vocabulary = Vocabulary(text, VOCAB, (0,))
     compiled = vocabulary.compile(f"start: {json_rule(SCHEMA)}\n", lanes=0)
     lanes = [compiled.matcher() for _ in range(3)]
@@ -108,7 +114,9 @@ def test_a_take_under_its_fills_mask_is_stepped_by_the_next_fill_and_judged_by_t
     assert watched.stepped == []  # nothing stepped on this thread yet
     grammar.fill_ahead(2, [(lanes[1], 0, ()), (lanes[2], 1, ())])
     masks = grammar.allowed(2, [(lanes[1], 0, ()), (lanes[2], 1, ())])
-    assert watched.stepped == [[firsts[1], firsts[2]]]  # the grammar thread's fill stepped both first
+    assert watched.stepped == [[firsts[1], firsts[2]]]  # the fill stepped both first, all at once
+    here = threading.current_thread().name
+    assert (watched.stepped_on[0] == here) == owed_first  # this thread's, or the grammar thread's
     seconds = [_allowed_tokens(masks, row)[0] for row in range(2)]
     lanes[1].take(seconds[0])  # under the current fill's mask: owed
     grammar.allowed(1, [(compiled.matcher(), 0, ())])  # another fill (the same buffer): lane 2's row is stale
@@ -117,6 +125,31 @@ def test_a_take_under_its_fills_mask_is_stepped_by_the_next_fill_and_judged_by_t
     assert watched.stepped[1:] == [[seconds[0]]]  # lane 1's owed token, not lane 2's
     with pytest.raises(grammar.GrammarRefused):
         compiled.matcher().take(barred)  # no fill at its place: llguidance judges it
+
+
+class _Refusing(_Watched):
+    """An executor whose llguidance refuses every owed token: the bug ``GrammarRefused`` names."""
+
+    def consume_token_par(self, matchers: list[tuple[object, int]]) -> list[bool]:
+        super().consume_token_par(matchers)
+        return [False] * len(matchers)
+
+
+@pytest.mark.parametrize("owed_first", [True, False])
+def test_an_owed_token_llguidance_refuses_is_raised_where_the_fill_is_asked_for(
+        text: str, owed_first: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stepped as the fill is made ready or on the grammar thread, a refused owed token surfaces where
+    the masks are wanted (``allowed``: the step's error), never out of ``fill_ahead`` itself."""
+    monkeypatch.setattr(grammar, "OWED_FIRST", owed_first)
+    vocabulary = Vocabulary(text, VOCAB, (0,))
+    compiled = vocabulary.compile(f"start: {json_rule(SCHEMA)}\n", lanes=0)
+    lane = compiled.matcher()
+    first = _allowed_tokens(grammar.allowed(1, [(lane, 0, ())]), 0)[0]
+    lane.take(first)  # owed
+    vocabulary.executor = _Refusing(vocabulary.executor)  # type: ignore[assignment]
+    grammar.fill_ahead(1, [(lane, 0, ())])
+    with pytest.raises(grammar.GrammarRefused, match=f"tokens \\[{first}\\] are not allowed"):
+        grammar.allowed(1, [(lane, 0, ())])
 
 
 def test_a_fill_ahead_is_under_way_when_it_returns(text: str) -> None:

@@ -19,8 +19,10 @@ thread only, but for ``Vocabulary.compile`` (any).
 
 A token drawn under the mask the last fill gave its matcher's place is taken on that mask's bit
 (``Matcher.take``: the same verdict as llguidance's, which made the mask) and handed to llguidance by
-the next fill, on the grammar thread with the others' (``TAKE_LATER``): the engine thread's take of a
-lane costs a bit's read, not a parser step (~4 us a lane and step). ``Matcher.judge`` makes that take
+the next fill, all lanes' at once on llguidance's threads (``TAKE_LATER``): the engine thread's take of a
+lane costs a bit's read, not a parser step (~4 us a lane and step). The engine thread hands them over as
+it makes the fill ready, so the grammar thread makes one call that drops the GIL, not two with the
+engine's Python between them (``OWED_FIRST``). ``Matcher.judge`` makes that take
 as soon as a step's tokens are on the host, so the next fill begins before the lanes' own takes
 (detokenizing, finish rules), which then overlap it; the fills write two host buffers in turn, so the
 bits a judge reads are never the ones a fill in flight writes.
@@ -48,6 +50,10 @@ FILL_HANDOFF = True
 # ``Matcher.take`` of a token drawn under its fill's mask reads the mask's bit and leaves llguidance's step to
 # the next fill (the grammar thread, every lane's at once): the same masks and verdicts; off for the A/B
 TAKE_LATER = True
+# the tokens owed to llguidance are stepped (in parallel, the GIL dropped) as the engine thread makes a fill
+# ready: the grammar thread's one call then waits for the GIL once, as it ends, not also between the owed
+# tokens and the masks while the engine thread's Python runs; off, the grammar thread steps them first
+OWED_FIRST = True
 # ``Matcher.judge`` takes a step's tokens as soon as they are on the host and the next fill begins then,
 # before the lanes' takes; off (judge declines), the fill begins after the takes: timing alone
 JUDGE_AHEAD = True
@@ -282,7 +288,14 @@ def fill_ahead(rows: int, follows: Sequence[Follow]) -> None:
     made ready here first, so the thread holds the GIL only to make its call."""
     vocabulary = follows[0][0].vocabulary
     vocabulary.settle()
-    key, made = _key(rows, follows), _begin(rows, follows)
+    key = _key(rows, follows)
+    try:
+        made = _begin(rows, follows)
+    except GrammarRefused as refused:  # raised where the fill's result is asked for, as the fill's own
+        failed: Future[torch.Tensor] = Future()
+        failed.set_exception(refused)
+        vocabulary._pending = (key, failed)
+        return
     begun = threading.Event()
     vocabulary._pending = (key, vocabulary._thread.submit(_fill, *made, begun))
     if FILL_HANDOFF:
@@ -296,7 +309,8 @@ _Made = tuple[Vocabulary, torch.Tensor, list[tuple[llguidance.LLMatcher, int]],
 def _begin(rows: int, follows: Sequence[Follow]) -> _Made:
     """A fill of ``follows`` made ready on the engine thread: the next of the vocabulary's two
     buffers (the rows no matcher fills whole all ones), the tokens the matchers are owed taken off
-    them, each matcher filled whole given its row of it; what ``_fill`` asks llguidance for."""
+    them (and stepped now, under ``OWED_FIRST``), each matcher filled whole given its row of it;
+    what ``_fill`` asks llguidance for. ``GrammarRefused`` from a step of an owed token."""
     vocabulary = follows[0][0].vocabulary
     mask = vocabulary.masks(rows)
     vocabulary.fills += 1
@@ -310,6 +324,9 @@ def _begin(rows: int, follows: Sequence[Follow]) -> _Made:
         if matcher.owed is not None:
             owed.append((matcher.inner, matcher.owed))
             matcher.owed = None
+    if OWED_FIRST:
+        _step_owed(vocabulary, owed)
+        owed = []
     words = mask.numpy()
     for matcher, row, drafts in follows:
         matcher.row = None if drafts else (words, row, vocabulary.fills)
@@ -318,20 +335,27 @@ def _begin(rows: int, follows: Sequence[Follow]) -> _Made:
     return vocabulary, mask, owed, plain, drafted
 
 
+def _step_owed(vocabulary: Vocabulary, owed: list[tuple[llguidance.LLMatcher, int]]) -> None:
+    """llguidance steps each matcher past the token it is owed, all at once on its threads (the GIL
+    dropped); ``GrammarRefused`` naming the tokens it refuses (each passed its mask's bit: a bug)."""
+    if not owed:
+        return
+    verdicts = vocabulary.executor.consume_token_par(owed)
+    refused = [token for (_, token), ok in zip(owed, verdicts, strict=True) if not ok]
+    if refused:
+        raise GrammarRefused(f"tokens {refused} are not allowed by their replies' grammars")
+
+
 def _fill(vocabulary: Vocabulary, mask: torch.Tensor, owed: list[tuple[llguidance.LLMatcher, int]],
           plain: list[tuple[llguidance.LLMatcher, int]],
           drafted: list[tuple[llguidance.LLMatcher, int, list[int]]],
           begun: threading.Event | None = None) -> torch.Tensor:
     """llguidance's masks written into ``mask`` (``_begin``'s; drops the GIL meanwhile): the owed
-    tokens stepped first, all at once, then the rows filled whole, then the drafted ones. ``begun``
-    set first, as llguidance's call is about to begin."""
+    tokens ``_begin`` left stepped first, all at once, then the rows filled whole, then the drafted
+    ones. ``begun`` set first, as llguidance's call is about to begin."""
     if begun is not None:  # the caller waits for it
         begun.set()
-    if owed:
-        verdicts = vocabulary.executor.consume_token_par(owed)
-        refused = [token for (_, token), ok in zip(owed, verdicts, strict=True) if not ok]
-        if refused:  # each passed its mask's bit: llguidance against its own mask
-            raise GrammarRefused(f"tokens {refused} are not allowed by their replies' grammars")
+    _step_owed(vocabulary, owed)
     # straight into the tensor's memory (llguidance.torch's helpers do the same, but importing that
     # module compiles a kernel with torch.compile)
     width, rows = vocabulary.words * 4, mask.shape[0]
