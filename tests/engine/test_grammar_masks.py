@@ -176,6 +176,36 @@ def test_a_fill_ahead_is_under_way_when_it_returns(text: str) -> None:
     assert watched.begun == ["fill"]  # the fill ahead's masks taken, not filled again
 
 
+@pytest.mark.parametrize("switch_us", [0, 50])
+def test_the_switch_interval_is_short_while_a_fill_is_in_flight_and_as_it_was_after(
+        text: str, switch_us: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``FILL_SWITCH_US`` set, the GIL's switch interval is that short from a fill ahead's start
+    to its masks taken (or waited for), then Python's own again, through a failed fill too; at 0 it is
+    never touched. The masks are the same."""
+    monkeypatch.setattr(grammar, "FILL_SWITCH_US", switch_us)
+    vocabulary = Vocabulary(text, VOCAB, (0,))
+    compiled = vocabulary.compile(f"start: {json_rule(SCHEMA)}\n", lanes=2)
+    follows = [(compiled.matcher(), row, ()) for row in range(2)]
+    expected = grammar.allowed(2, follows).clone()
+    interval = sys.getswitchinterval()
+    in_flight = switch_us / 1e6 if switch_us else interval
+    grammar.fill_ahead(2, follows)
+    assert sys.getswitchinterval() == pytest.approx(in_flight)
+    assert torch.equal(grammar.allowed(2, follows), expected)
+    assert sys.getswitchinterval() == interval
+    grammar.fill_ahead(2, follows)
+    vocabulary.settle()  # waited for, not taken
+    assert sys.getswitchinterval() == interval
+    lane = compiled.matcher()
+    lane.take(_allowed_tokens(grammar.allowed(1, [(lane, 0, ())]), 0)[0])  # owed
+    vocabulary.executor = _Refusing(vocabulary.executor)  # type: ignore[assignment]
+    grammar.fill_ahead(1, [(lane, 0, ())])
+    assert sys.getswitchinterval() == pytest.approx(in_flight)
+    with pytest.raises(grammar.GrammarRefused):
+        grammar.allowed(1, [(lane, 0, ())])
+    assert sys.getswitchinterval() == interval
+
+
 def test_a_judge_takes_a_token_before_the_lanes_take_and_the_next_fill_steps_it(text: str) -> None:
     """``Matcher.judge`` takes a token on its current mask's bit before the lane's take (which then
     only confirms it), so the next fill can begin at once; it declines a barred token, a row another

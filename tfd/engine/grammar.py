@@ -30,6 +30,7 @@ bits a judge reads are never the ones a fill in flight writes.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -54,6 +55,10 @@ TAKE_LATER = True
 # ready: the grammar thread's one call then waits for the GIL once, as it ends, not also between the owed
 # tokens and the masks while the engine thread's Python runs; off, the grammar thread steps them first
 OWED_FIRST = True
+# while a fill is in flight the GIL's switch interval is this many microseconds (0: Python's own, 5 ms), so
+# the grammar thread takes the GIL within it of its call's end and the fill is done when the engine thread
+# asks for it, not done only once that thread waits: timing alone, the same masks; for the A/B on a device
+FILL_SWITCH_US = 0
 # ``Matcher.judge`` takes a step's tokens as soon as they are on the host and the next fill begins then,
 # before the lanes' takes; off (judge declines), the fill begins after the takes: timing alone
 JUDGE_AHEAD = True
@@ -83,6 +88,29 @@ def _bit(row: tuple[np.ndarray, int, int], token: int) -> bool:
     return bool((int(words[at, token // WORD_BITS]) >> (token % WORD_BITS)) & 1)
 
 
+class _Switch:
+    """The GIL's switch interval, shortened while any vocabulary's fill is in flight (``FILL_SWITCH_US``)
+    and Python's own again once none is. Engine threads only."""
+
+    def __init__(self) -> None:
+        self.holders = 0
+        self.before = 0.0
+
+    def shorten(self, seconds: float) -> None:
+        if not self.holders:
+            self.before = sys.getswitchinterval()
+            sys.setswitchinterval(seconds)
+        self.holders += 1
+
+    def restore(self) -> None:
+        self.holders -= 1
+        if not self.holders:
+            sys.setswitchinterval(self.before)
+
+
+_SWITCH = _Switch()
+
+
 class Vocabulary:
     """``tokenizer_json``: the tokenizer's JSON text (a Hugging Face tokenizers file); ``vocab``: the
     model's vocabulary size (rows of its logits); ``eos``: the tokens that end a reply."""
@@ -96,12 +124,28 @@ class Vocabulary:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="tfd-grammar")  # calls the executor
         self._pending: tuple[_Key, Future[torch.Tensor]] | None = None  # the fill in flight and its rows
         self.fills = 0  # fills begun: a mask row a matcher holds is current while this has not moved
+        self._shortened = False  # its fill in flight shortened the switch interval (``_Switch``)
 
     def settle(self) -> None:
         """Wait for the fill in flight (``fill_ahead``), if any; its error, if it failed, raised here."""
-        pending, self._pending = self._pending, None
+        pending = self._take_pending()
         if pending is not None:
             pending[1].result()
+
+    def _hold(self, pending: tuple[_Key, Future[torch.Tensor]]) -> None:
+        """Note ``pending`` as the fill in flight, the switch interval shortened (``FILL_SWITCH_US``)."""
+        self._pending = pending
+        if FILL_SWITCH_US and not self._shortened:
+            self._shortened = True
+            _SWITCH.shorten(FILL_SWITCH_US / 1e6)
+
+    def _take_pending(self) -> tuple[_Key, Future[torch.Tensor]] | None:
+        """The fill in flight, if any, no longer noted; the switch interval as it was."""
+        pending, self._pending = self._pending, None
+        if self._shortened:
+            self._shortened = False
+            _SWITCH.restore()
+        return pending
 
     def masks(self, rows: int) -> torch.Tensor:
         """The host buffer of ``rows`` masks the next fill writes, pinned where CUDA is: two buffers in
@@ -271,7 +315,7 @@ def allowed(rows: int, follows: Sequence[Follow]) -> torch.Tensor:
     vocabulary = follows[0][0].vocabulary
     pending = vocabulary._pending
     if pending is not None and _covers(pending[0], _key(rows, follows)):
-        vocabulary._pending = None
+        vocabulary._take_pending()
         return pending[1].result()
     vocabulary.settle()
     return _fill(*_begin(rows, follows))
@@ -294,10 +338,10 @@ def fill_ahead(rows: int, follows: Sequence[Follow]) -> None:
     except GrammarRefused as refused:  # raised where the fill's result is asked for, as the fill's own
         failed: Future[torch.Tensor] = Future()
         failed.set_exception(refused)
-        vocabulary._pending = (key, failed)
+        vocabulary._hold((key, failed))
         return
     begun = threading.Event()
-    vocabulary._pending = (key, vocabulary._thread.submit(_fill, *made, begun))
+    vocabulary._hold((key, vocabulary._thread.submit(_fill, *made, begun)))
     if FILL_HANDOFF:
         begun.wait()  # the GIL passes to the thread, which gives it back as llguidance's call begins
 
