@@ -64,6 +64,9 @@ def test_the_slices_and_the_fill_ahead_change_no_mask(text: str, seed: int) -> N
     with pytest.MonkeyPatch.context() as patch:  # every take a parser step on this thread, as before
         patch.setattr(grammar, "TAKE_LATER", False)
         assert _walk(served, seed, 40, ahead=True) == expected
+    with pytest.MonkeyPatch.context() as patch:  # the fill ahead made at once on this thread
+        patch.setattr(grammar, "FILL_ON_THREAD", False)
+        assert _walk(served, seed, 40, ahead=True) == expected
     assert len({tuple(masks) for masks in expected}) > 20  # the lanes went places
 
 
@@ -135,12 +138,14 @@ class _Refusing(_Watched):
         return [False] * len(matchers)
 
 
-@pytest.mark.parametrize("owed_first", [True, False])
+@pytest.mark.parametrize(("owed_first", "on_thread"), [(True, True), (False, True), (True, False)])
 def test_an_owed_token_llguidance_refuses_is_raised_where_the_fill_is_asked_for(
-        text: str, owed_first: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Stepped as the fill is made ready or on the grammar thread, a refused owed token surfaces where
-    the masks are wanted (``allowed``: the step's error), never out of ``fill_ahead`` itself."""
+        text: str, owed_first: bool, on_thread: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stepped as the fill is made ready or on the grammar thread, the fill made there or at once, a
+    refused owed token surfaces where the masks are wanted (``allowed``: the step's error), never out
+    of ``fill_ahead`` itself."""
     monkeypatch.setattr(grammar, "OWED_FIRST", owed_first)
+    monkeypatch.setattr(grammar, "FILL_ON_THREAD", on_thread)
     vocabulary = Vocabulary(text, VOCAB, (0,))
     compiled = vocabulary.compile(f"start: {json_rule(SCHEMA)}\n", lanes=0)
     lane = compiled.matcher()

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
 
 import llguidance
 import numpy as np
@@ -59,6 +60,10 @@ OWED_FIRST = True
 # the grammar thread takes the GIL within it of its call's end and the fill is done when the engine thread
 # asks for it, not done only once that thread waits: timing alone, the same masks; for the A/B on a device
 FILL_SWITCH_US = 0
+# ``fill_ahead``'s fill made on the grammar thread while the engine thread goes on; off, made at once on the
+# engine thread (llguidance's threads fill the rows in parallel either way): no handoff nor wake to pay, the
+# fill's time not overlapped; timing alone, the same masks; for the A/B on a device
+FILL_ON_THREAD = True
 # ``Matcher.judge`` takes a step's tokens as soon as they are on the host and the next fill begins then,
 # before the lanes' takes; off (judge declines), the fill begins after the takes: timing alone
 JUDGE_AHEAD = True
@@ -329,21 +334,33 @@ def fill_ahead(rows: int, follows: Sequence[Follow]) -> None:
     it until something blocks (the wait in ``allowed``, a few hundred microseconds on), so without
     the handoff the fill would begin only when its result was wanted. Returning only once the thread
     has begun costs the engine thread one wake of it; everything else the fill needs from Python is
-    made ready here first, so the thread holds the GIL only to make its call."""
+    made ready here first, so the thread holds the GIL only to make its call. With ``FILL_ON_THREAD``
+    off the fill is made here, and the draw that asks for it takes it the same way."""
     vocabulary = follows[0][0].vocabulary
     vocabulary.settle()
     key = _key(rows, follows)
-    try:
-        made = _begin(rows, follows)
-    except GrammarRefused as refused:  # raised where the fill's result is asked for, as the fill's own
-        failed: Future[torch.Tensor] = Future()
-        failed.set_exception(refused)
-        vocabulary._hold((key, failed))
+    made = _now(lambda: _begin(rows, follows))
+    if FILL_ON_THREAD and made.exception() is None:
+        begun = threading.Event()
+        vocabulary._hold((key, vocabulary._thread.submit(_fill, *made.result(), begun)))
+        if FILL_HANDOFF:
+            begun.wait()  # the GIL passes to the thread, which gives it back as llguidance's call begins
         return
-    begun = threading.Event()
-    vocabulary._hold((key, vocabulary._thread.submit(_fill, *made, begun)))
-    if FILL_HANDOFF:
-        begun.wait()  # the GIL passes to the thread, which gives it back as llguidance's call begins
+    # a refusal from ``_begin`` (raised where the fill is asked for, as the thread's own), or made now
+    vocabulary._hold((key, _now(lambda: _fill(*made.result()))))
+
+
+_T = TypeVar("_T")
+
+
+def _now(make: Callable[[], _T]) -> Future[_T]:
+    """``make()`` made now, as a done future: its result, or the ``GrammarRefused`` it raised."""
+    done: Future[_T] = Future()
+    try:
+        done.set_result(make())
+    except GrammarRefused as refused:
+        done.set_exception(refused)
+    return done
 
 
 _Made = tuple[Vocabulary, torch.Tensor, list[tuple[llguidance.LLMatcher, int]],
