@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fiftieth session's first call (~200 s, any card): issue 33's demo step with the owed tokens stepped as the
+# Fiftieth session's first call (~260 s, any card): issue 33's demo step with the owed tokens stepped as the
 # engine thread makes a fill ready (grammar.OWED_FIRST: the grammar thread's one call waits for the GIL once),
 # against them stepped on the grammar thread (0906b45) and the fill begun after the takes (af8b58e), and the GIL's
 # switch interval at 20 us while a fill is in flight (grammar.FILL_SWITCH_US), with the handoff and without, and
@@ -7,7 +7,7 @@
 # demo at 32 and 1 streams, plain and JSON on every lane, the variants interleaved; then the json step's host
 # parts timed (grammar_timeline.py). Carry .whl .whl-test .devk .devcache.
 . .dev/start.sh
-LIMIT=${LIMIT:-200}
+LIMIT=${LIMIT:-260}
 G=tfd.engine.grammar
 V="--variant on= --variant owed=$G.OWED_FIRST=0 --variant after=$G.JUDGE_AHEAD=0 --variant switch=$G.FILL_SWITCH_US=20
   --variant switch-free=$G.FILL_SWITCH_US=20,$G.FILL_HANDOFF=0 --variant sync=$G.FILL_ON_THREAD=0"
