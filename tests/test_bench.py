@@ -274,8 +274,8 @@ def test_a_variant_names_kernel_constants_and_refuses_the_rest() -> None:
     assert variant.values == (("tfd_kernels.moe_one", "ROUTER_N", 16),
                               ("tfd_kernels.moe_one", "SPREAD_FINISH", 0))
     assert parse("main=").values == ()
-    assert parse("off=tfd.engine.grammar.FILL_HANDOFF=0").values == \
-        (("tfd.engine.grammar", "FILL_HANDOFF", 0),)
+    assert parse("off=tfd.engine.grammar_masks.FILL_HANDOFF=0").values == \
+        (("tfd.engine.grammar_masks", "FILL_HANDOFF", 0),)
     for spec, named in (("x=tfd_kernels.nothing.A=1", "no module tfd_kernels.nothing"),
                         ("x=tfd_kernels.moe_one.NOPE=1", "tfd_kernels.moe_one.NOPE is not an int or bool"),
                         ("x=tfd_kernels.router.TWO_LEVEL=0", "separate runs"),

@@ -23,11 +23,12 @@ from support import CACHE
 from tfd.bench.workload import drive
 from tfd.checkpoint import Checkpoint
 from tfd.demo import ASSETS, ENDOFTEXT, IM_END
-from tfd.engine import decode_pipeline
+from tfd.engine import decode_pipeline, grammar_masks
 from tfd.engine import grammar as grammar_module
 from tfd.engine import graphs as graphs_module
 from tfd.engine.drawn import Drawn
-from tfd.engine.grammar import Grammar, GrammarRefused, Vocabulary, allowed
+from tfd.engine.grammar import Grammar, GrammarRefused, Vocabulary
+from tfd.engine.grammar_masks import allowed
 from tfd.engine.lane import Lane
 from tfd.engine.local_runner import runner_for
 from tfd.engine.request import Request, Sampling
@@ -211,10 +212,10 @@ def test_a_run_ahead_steps_masks_fill_once_on_the_grammar_thread_while_the_host_
     # the rows are the same, so is the fill
     fills: list[str] = []
     draws = []
-    real_fill, real_allowed = grammar_module._fill, grammar_module.allowed
-    monkeypatch.setattr(grammar_module, "_fill",
+    real_fill, real_allowed = grammar_masks._fill, grammar_masks.allowed
+    monkeypatch.setattr(grammar_masks, "_fill",
                         lambda *a: fills.append(threading.current_thread().name) or real_fill(*a))
-    monkeypatch.setattr(grammar_module, "allowed", lambda *a: draws.append(1) or real_allowed(*a))
+    monkeypatch.setattr(grammar_masks, "allowed", lambda *a: draws.append(1) or real_allowed(*a))
     requests = [asked(f"g{i}", schema_grammar(vocabulary), i, 30) for i in range(2)]
     if beside == "penalty":
         requests.append(Request("p", PROMPT, 30, Sampling(temperature=1.0, seed=5, frequency_penalty=0.5),
@@ -239,8 +240,8 @@ def test_a_run_ahead_steps_masks_begin_filling_before_the_lanes_take_their_token
     # step's masks begin filling then, so the lanes' takes (text, the finish rule) overlap the fill;
     # without the takes on the mask's bit the fill begins after them. The same tokens either way
     judged: list[bool] = []  # a fill ahead's every matcher had its token judged, not yet taken
-    real = grammar_module.fill_ahead
-    monkeypatch.setattr(grammar_module, "fill_ahead", lambda rows, follows: judged.append(
+    real = grammar_masks.fill_ahead
+    monkeypatch.setattr(grammar_masks, "fill_ahead", lambda rows, follows: judged.append(
         all(matcher.judged is not None for matcher, _, _ in follows)) or real(rows, follows))
     requests = [asked(f"g{i}", schema_grammar(vocabulary), i, 30) for i in range(3)]
     alone = [drive(model, [request], STEP_TOKENS, graphs=False).tokens[0] for request in requests]

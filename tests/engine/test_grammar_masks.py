@@ -14,7 +14,7 @@ import threading
 import pytest
 import torch
 
-from tfd.engine import grammar
+from tfd.engine import grammar, grammar_masks
 from tfd.engine.grammar import Vocabulary
 from tfd.server.structured import json_rule
 from tfd.shapes import covering_tokenizer
@@ -41,8 +41,8 @@ def _walk(vocabulary: Vocabulary, seed: int, steps: int, ahead: bool, own: int =
     for _ in range(steps):
         follows = [(lane, row, ()) for row, lane in enumerate(lanes)]
         if ahead:
-            grammar.fill_ahead(4, follows)
-        masks = grammar.allowed(4, follows).clone()
+            grammar_masks.fill_ahead(4, follows)
+        masks = grammar_masks.allowed(4, follows).clone()
         seen.append(masks.flatten().tolist())
         bits = ((masks[:, :, None] >> torch.arange(32, dtype=torch.int32)) & 1).reshape(4, -1)[:, :VOCAB]
         for lane, row in zip(lanes, bits, strict=True):
@@ -65,7 +65,7 @@ def test_the_slices_and_the_fill_ahead_change_no_mask(text: str, seed: int) -> N
         patch.setattr(grammar, "TAKE_LATER", False)
         assert _walk(served, seed, 40, ahead=True) == expected
     with pytest.MonkeyPatch.context() as patch:  # the fill ahead made at once on this thread
-        patch.setattr(grammar, "FILL_ON_THREAD", False)
+        patch.setattr(grammar_masks, "FILL_ON_THREAD", False)
         assert _walk(served, seed, 40, ahead=True) == expected
     assert len({tuple(masks) for masks in expected}) > 20  # the lanes went places
 
@@ -102,12 +102,12 @@ def test_a_take_under_its_fills_mask_is_stepped_by_the_next_fill_and_judged_by_t
     at once: as the caller makes the fill ready (``OWED_FIRST``), else on the grammar thread; after
     another fill (the mask buffer written again) or with no fill at its place, the take steps
     llguidance itself. The masks are the same either way (the walks above)."""
-    monkeypatch.setattr(grammar, "OWED_FIRST", owed_first)
+    monkeypatch.setattr(grammar_masks, "OWED_FIRST", owed_first)
     vocabulary = Vocabulary(text, VOCAB, (0,))
     compiled = vocabulary.compile(f"start: {json_rule(SCHEMA)}\n", lanes=0)
     lanes = [compiled.matcher() for _ in range(3)]
     watched = vocabulary.executor = _Watched(vocabulary.executor)  # type: ignore[assignment]
-    masks = grammar.allowed(3, [(lane, row, ()) for row, lane in enumerate(lanes)])
+    masks = grammar_masks.allowed(3, [(lane, row, ()) for row, lane in enumerate(lanes)])
     firsts = [_allowed_tokens(masks, row)[0] for row in range(3)]
     barred = next(t for t in range(VOCAB) if t not in _allowed_tokens(masks, 0))
     with pytest.raises(grammar.GrammarRefused, match=f"token {barred} "):
@@ -115,16 +115,16 @@ def test_a_take_under_its_fills_mask_is_stepped_by_the_next_fill_and_judged_by_t
     lanes[1].take(firsts[1])
     lanes[2].take(firsts[2])
     assert watched.stepped == []  # nothing stepped on this thread yet
-    grammar.fill_ahead(2, [(lanes[1], 0, ()), (lanes[2], 1, ())])
-    masks = grammar.allowed(2, [(lanes[1], 0, ()), (lanes[2], 1, ())])
+    grammar_masks.fill_ahead(2, [(lanes[1], 0, ()), (lanes[2], 1, ())])
+    masks = grammar_masks.allowed(2, [(lanes[1], 0, ()), (lanes[2], 1, ())])
     assert watched.stepped == [[firsts[1], firsts[2]]]  # the fill stepped both first, all at once
     here = threading.current_thread().name
     assert (watched.stepped_on[0] == here) == owed_first  # this thread's, or the grammar thread's
     seconds = [_allowed_tokens(masks, row)[0] for row in range(2)]
     lanes[1].take(seconds[0])  # under the current fill's mask: owed
-    grammar.allowed(1, [(compiled.matcher(), 0, ())])  # another fill (the same buffer): lane 2's row is stale
+    grammar_masks.allowed(1, [(compiled.matcher(), 0, ())])  # another fill: lane 2's row is stale
     lanes[2].take(seconds[1])  # stepped now, on this thread
-    grammar.allowed(2, [(lanes[1], 0, ()), (lanes[2], 1, ())])
+    grammar_masks.allowed(2, [(lanes[1], 0, ()), (lanes[2], 1, ())])
     assert watched.stepped[1:] == [[seconds[0]]]  # lane 1's owed token, not lane 2's
     with pytest.raises(grammar.GrammarRefused):
         compiled.matcher().take(barred)  # no fill at its place: llguidance judges it
@@ -144,17 +144,17 @@ def test_an_owed_token_llguidance_refuses_is_raised_where_the_fill_is_asked_for(
     """Stepped as the fill is made ready or on the grammar thread, the fill made there or at once, a
     refused owed token surfaces where the masks are wanted (``allowed``: the step's error), never out
     of ``fill_ahead`` itself."""
-    monkeypatch.setattr(grammar, "OWED_FIRST", owed_first)
-    monkeypatch.setattr(grammar, "FILL_ON_THREAD", on_thread)
+    monkeypatch.setattr(grammar_masks, "OWED_FIRST", owed_first)
+    monkeypatch.setattr(grammar_masks, "FILL_ON_THREAD", on_thread)
     vocabulary = Vocabulary(text, VOCAB, (0,))
     compiled = vocabulary.compile(f"start: {json_rule(SCHEMA)}\n", lanes=0)
     lane = compiled.matcher()
-    first = _allowed_tokens(grammar.allowed(1, [(lane, 0, ())]), 0)[0]
+    first = _allowed_tokens(grammar_masks.allowed(1, [(lane, 0, ())]), 0)[0]
     lane.take(first)  # owed
     vocabulary.executor = _Refusing(vocabulary.executor)  # type: ignore[assignment]
-    grammar.fill_ahead(1, [(lane, 0, ())])
+    grammar_masks.fill_ahead(1, [(lane, 0, ())])
     with pytest.raises(grammar.GrammarRefused, match=f"tokens \\[{first}\\] are not allowed"):
-        grammar.allowed(1, [(lane, 0, ())])
+        grammar_masks.allowed(1, [(lane, 0, ())])
 
 
 def test_a_fill_ahead_is_under_way_when_it_returns(text: str) -> None:
@@ -165,19 +165,19 @@ def test_a_fill_ahead_is_under_way_when_it_returns(text: str) -> None:
     vocabulary = Vocabulary(text, VOCAB, (0,))
     compiled = vocabulary.compile(f"start: {json_rule(SCHEMA)}\n", lanes=4)
     follows = [(compiled.matcher(), row, ()) for row in range(4)]
-    expected = grammar.allowed(4, follows).clone()
-    grammar.fill_ahead(4, follows)  # the thread started (its start hands the GIL over anyway), now idle
-    assert torch.equal(grammar.allowed(4, follows), expected)
+    expected = grammar_masks.allowed(4, follows).clone()
+    grammar_masks.fill_ahead(4, follows)  # the thread started (its start hands the GIL over anyway), now idle
+    assert torch.equal(grammar_masks.allowed(4, follows), expected)
     watched = vocabulary.executor = _Watched(vocabulary.executor)  # type: ignore[assignment]
     interval = sys.getswitchinterval()
     sys.setswitchinterval(60.0)
     try:
-        grammar.fill_ahead(4, follows)
+        grammar_masks.fill_ahead(4, follows)
         begun = list(watched.begun)
     finally:
         sys.setswitchinterval(interval)
     assert begun == ["fill"]
-    assert torch.equal(grammar.allowed(4, follows), expected)
+    assert torch.equal(grammar_masks.allowed(4, follows), expected)
     assert watched.begun == ["fill"]  # the fill ahead's masks taken, not filled again
 
 
@@ -187,27 +187,27 @@ def test_the_switch_interval_is_short_while_a_fill_is_in_flight_and_as_it_was_af
     """With ``FILL_SWITCH_US`` set, the GIL's switch interval is that short from a fill ahead's start
     to its masks taken (or waited for), then Python's own again, through a failed fill too; at 0 it is
     never touched. The masks are the same."""
-    monkeypatch.setattr(grammar, "FILL_SWITCH_US", switch_us)
+    monkeypatch.setattr(grammar_masks, "FILL_SWITCH_US", switch_us)
     vocabulary = Vocabulary(text, VOCAB, (0,))
     compiled = vocabulary.compile(f"start: {json_rule(SCHEMA)}\n", lanes=2)
     follows = [(compiled.matcher(), row, ()) for row in range(2)]
-    expected = grammar.allowed(2, follows).clone()
+    expected = grammar_masks.allowed(2, follows).clone()
     interval = sys.getswitchinterval()
     in_flight = switch_us / 1e6 if switch_us else interval
-    grammar.fill_ahead(2, follows)
+    grammar_masks.fill_ahead(2, follows)
     assert sys.getswitchinterval() == pytest.approx(in_flight)
-    assert torch.equal(grammar.allowed(2, follows), expected)
+    assert torch.equal(grammar_masks.allowed(2, follows), expected)
     assert sys.getswitchinterval() == interval
-    grammar.fill_ahead(2, follows)
+    grammar_masks.fill_ahead(2, follows)
     vocabulary.settle()  # waited for, not taken
     assert sys.getswitchinterval() == interval
     lane = compiled.matcher()
-    lane.take(_allowed_tokens(grammar.allowed(1, [(lane, 0, ())]), 0)[0])  # owed
+    lane.take(_allowed_tokens(grammar_masks.allowed(1, [(lane, 0, ())]), 0)[0])  # owed
     vocabulary.executor = _Refusing(vocabulary.executor)  # type: ignore[assignment]
-    grammar.fill_ahead(1, [(lane, 0, ())])
+    grammar_masks.fill_ahead(1, [(lane, 0, ())])
     assert sys.getswitchinterval() == pytest.approx(in_flight)
     with pytest.raises(grammar.GrammarRefused):
-        grammar.allowed(1, [(lane, 0, ())])
+        grammar_masks.allowed(1, [(lane, 0, ())])
     assert sys.getswitchinterval() == interval
 
 
@@ -222,7 +222,7 @@ def test_a_judge_takes_a_token_before_the_lanes_take_and_the_next_fill_steps_it(
     watched = vocabulary.executor = _Watched(vocabulary.executor)  # type: ignore[assignment]
     assert not lanes[0].judge(0)  # no fill gave it a row yet
     follows = [(lane, row, ()) for row, lane in enumerate(lanes)]
-    masks = grammar.allowed(3, follows)
+    masks = grammar_masks.allowed(3, follows)
     before = masks.clone()
     firsts = [_allowed_tokens(masks, row)[0] for row in range(3)]
     barred = next(t for t in range(VOCAB) if t not in _allowed_tokens(masks, 0))
@@ -230,15 +230,15 @@ def test_a_judge_takes_a_token_before_the_lanes_take_and_the_next_fill_steps_it(
     with pytest.raises(grammar.GrammarRefused, match=f"token {barred} "):
         lanes[0].take(barred)
     assert lanes[1].judge(firsts[1]) and lanes[2].judge(firsts[2])
-    grammar.fill_ahead(2, [(lanes[1], 0, ()), (lanes[2], 1, ())])  # before the lanes' takes
+    grammar_masks.fill_ahead(2, [(lanes[1], 0, ()), (lanes[2], 1, ())])  # before the lanes' takes
     lanes[1].take(firsts[1])  # confirmed, not stepped again
     lanes[2].take(firsts[2])
     assert torch.equal(masks, before)  # the fill in flight writes the other buffer
-    seconds = grammar.allowed(2, [(lanes[1], 0, ()), (lanes[2], 1, ())])
+    seconds = grammar_masks.allowed(2, [(lanes[1], 0, ()), (lanes[2], 1, ())])
     assert seconds.data_ptr() != masks.data_ptr()
     assert watched.stepped == [[firsts[1], firsts[2]]]  # once, by the fill
     assert watched.begun == ["fill", "fill"]
-    grammar.allowed(1, [(compiled.matcher(), 0, ())])  # another fill: lane 1's row is passed
+    grammar_masks.allowed(1, [(compiled.matcher(), 0, ())])  # another fill: lane 1's row is passed
     assert not lanes[1].judge(_allowed_tokens(seconds, 0)[0])
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(grammar, "TAKE_LATER", False)
@@ -252,15 +252,15 @@ def test_a_fill_ahead_serves_a_draw_of_fewer_rows_of_it(text: str) -> None:
     vocabulary = Vocabulary(text, VOCAB, (0,))
     compiled = vocabulary.compile(f"start: {json_rule(SCHEMA)}\n", lanes=3)
     lanes = [compiled.matcher() for _ in range(3)]
-    expected = grammar.allowed(3, [(lane, row, ()) for row, lane in enumerate(lanes)]).clone()
+    expected = grammar_masks.allowed(3, [(lane, row, ()) for row, lane in enumerate(lanes)]).clone()
     watched = vocabulary.executor = _Watched(vocabulary.executor)  # type: ignore[assignment]
-    grammar.fill_ahead(3, [(lane, row, ()) for row, lane in enumerate(lanes)])
-    taken = grammar.allowed(3, [(lanes[0], 0, ()), (lanes[2], 2, ())])  # lane 1 ended meanwhile
+    grammar_masks.fill_ahead(3, [(lane, row, ()) for row, lane in enumerate(lanes)])
+    taken = grammar_masks.allowed(3, [(lanes[0], 0, ()), (lanes[2], 2, ())])  # lane 1 ended meanwhile
     assert watched.begun == ["fill"] and torch.equal(taken, expected)
-    grammar.fill_ahead(3, [(lanes[0], 0, ()), (lanes[2], 2, ())])
+    grammar_masks.fill_ahead(3, [(lanes[0], 0, ()), (lanes[2], 2, ())])
     other = compiled.matcher()
-    grammar.allowed(3, [(lanes[0], 0, ()), (other, 1, ()), (lanes[2], 2, ())])  # a row it lacks
+    grammar_masks.allowed(3, [(lanes[0], 0, ()), (other, 1, ()), (lanes[2], 2, ())])  # a row it lacks
     assert watched.begun == ["fill", "fill", "fill"]
-    grammar.fill_ahead(3, [(lanes[0], 0, ())])
-    grammar.allowed(2, [(lanes[0], 0, ())])  # fewer rows: another step's
+    grammar_masks.fill_ahead(3, [(lanes[0], 0, ())])
+    grammar_masks.allowed(2, [(lanes[0], 0, ())])  # fewer rows: another step's
     assert len(watched.begun) == 5

@@ -6,7 +6,7 @@ import pytest
 import torch
 from keyed_noise import seed_hashing_to
 
-from tfd.engine import grammar
+from tfd.engine import grammar_masks
 from tfd.engine.sampling import draw
 from tfd_kernels import sampling
 from tfd_kernels.sampling import BLOCK, SLICE, keyed_argmax
@@ -122,7 +122,7 @@ def test_a_grammar_mask_bars_as_minus_infinity_logits(vocab: int, dtype: torch.d
     logits, temperature, seeds, positions = _draws(6, vocab, vocab)
     logits = logits.to(dtype)
     allowed = _masks(6, vocab, vocab)
-    masked = grammar.apply(logits.float(), allowed)
+    masked = grammar_masks.apply(logits.float(), allowed)
     expected = draw(masked, temperature, seeds, positions)
     assert expected.tolist() != draw(logits, temperature, seeds, positions).tolist()  # the mask matters
     assert expected[0].item() == vocab - 1

@@ -29,7 +29,7 @@ import attrs
 import numpy as np
 import torch
 
-from tfd.engine import grammar
+from tfd.engine import grammar, grammar_masks
 from tfd.engine.drawn import Drawn, host_draw
 from tfd.engine.graphs import DecodeGraphs
 from tfd.engine.lane import Lane
@@ -143,7 +143,7 @@ class DecodePipeline:
 
     def fill_ahead(self, drawn: Sequence[Drawn] | None = None) -> bool:
         """Start filling the masks of the step run ahead's grammar lanes still open, rows as
-        ``drawn_on_host`` asks for them, while the host goes on (``grammar.fill_ahead``); whether a
+        ``drawn_on_host`` asks for them, while the host goes on (``grammar_masks.fill_ahead``); whether a
         fill began. ``drawn`` (the step before it's tokens): the lanes have not taken them yet, so
         each grammar takes its lane's now (``Matcher.judge``) and the fill begins before the lanes'
         takes; a lane whose grammar cannot take it so is left to its take, and ``drawn_on_host``
@@ -166,7 +166,7 @@ class DecodePipeline:
                     continue
             follows.append((lane.grammar, row, ()))
         if follows:
-            grammar.fill_ahead(len(step.lanes), follows)
+            grammar_masks.fill_ahead(len(step.lanes), follows)
         return bool(follows)
 
     def drawn_on_host(self, step: Launched, works: Sequence[Work]) -> Launched:
@@ -185,9 +185,9 @@ class DecodePipeline:
             follows = [(lane.grammar, row, ()) for lane, row in zip(lanes, rows, strict=True)
                        if lane.grammar is not None]
             if follows and self.graphs is not None:  # the step was the last replay: its redraw graph
-                self.graphs.redraw(grammar.allowed(len(step.lanes), follows))
+                self.graphs.redraw(grammar_masks.allowed(len(step.lanes), follows))
             elif follows:  # without masks the draw again would be the step's own
-                self._draw(step.batch, step.logits, to_device(grammar.allowed(len(step.lanes), follows),
+                self._draw(step.batch, step.logits, to_device(grammar_masks.allowed(len(step.lanes), follows),
                                                               self.device))
         else:
             where = ints_on(rows, self.device)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from tfd.engine import grammar
+from tfd.engine import grammar_masks
 from tfd.engine.lane import Lane
 from tfd.engine.request import TokenLogprob
 from tfd.engine.sampling import Rows, sample
@@ -46,5 +46,5 @@ def host_draw(lanes: Sequence[Lane], logits: torch.Tensor, device: torch.device)
     follows = [(lane.grammar, row, ()) for row, lane in enumerate(lanes) if lane.grammar is not None]
     rows = Rows.of([lane.sampling_at(len(lane.generated)) for lane in lanes], [lane.seed for lane in lanes],
                    [lane.next_position for lane in lanes], device, [lane.history() for lane in lanes],
-                   grammar.allowed(len(lanes), follows) if follows else None)
+                   grammar_masks.allowed(len(lanes), follows) if follows else None)
     return sample(logits, rows)

@@ -1,28 +1,20 @@
 """Grammars a reply must follow, through llguidance: the tokens each draw may take.
 
 ``Vocabulary`` is the served tokenizer as llguidance reads it (built once at load: about a second
-for a 248k vocabulary), ending on the model's end-of-sequence tokens. ``Vocabulary.compile`` turns
-a Lark grammar (``%json`` for JSON Schemas) into a ``Grammar``, or raises ``GrammarError`` with
-llguidance's words. A ``Grammar`` is shared and never advanced; each
+for a 248k vocabulary), ending on the model's end-of-sequence tokens, with what fills its masks
+(llguidance's executor, the grammar thread, two host buffers; ``tfd.engine.grammar_masks`` fills
+them). ``Vocabulary.compile`` turns a Lark grammar (``%json`` for JSON Schemas) into a ``Grammar``,
+or raises ``GrammarError`` with llguidance's words. A ``Grammar`` is shared and never advanced; each
 lane follows it with a ``Matcher`` of its own (a copy: microseconds), which the lane advances by
-the tokens it takes, so a lane's allowed tokens depend on its own tokens alone.
-
-``allowed`` fills, for the rows of a step that follow grammars, the bitmask of the tokens each row
-may draw (a row a token, 32 tokens an int32 word), for a verify window's rows as if the drafts
-before each held: llguidance's executor fills them on its own threads without the GIL. Rows that
-follow no grammar are left all ones. ``fill_ahead`` starts the same fill on the vocabulary's own
-thread and returns once that thread holds it, so the host's bookkeeping overlaps the fill; the
-``allowed`` call that asks for the same rows of matchers in the same places takes them when done.
-At most one fill is in flight a vocabulary, and whatever reads or moves a matcher (``allowed``,
-``Matcher.take``) waits for it first, so no matcher is touched by two threads at once. Engine
-thread only, but for ``Vocabulary.compile`` (any).
+the tokens it takes, so a lane's allowed tokens depend on its own tokens alone. At most one fill is
+in flight a vocabulary, and whatever reads or moves a matcher waits for it first
+(``Vocabulary.settle``), so no matcher is touched by two threads at once. Engine thread only, but
+for ``Vocabulary.compile`` (any).
 
 A token drawn under the mask the last fill gave its matcher's place is taken on that mask's bit
 (``Matcher.take``: the same verdict as llguidance's, which made the mask) and handed to llguidance by
 the next fill, all lanes' at once on llguidance's threads (``TAKE_LATER``): the engine thread's take of a
-lane costs a bit's read, not a parser step (~4 us a lane and step). The engine thread hands them over as
-it makes the fill ready, so the grammar thread makes one call that drops the GIL, not two with the
-engine's Python between them (``OWED_FIRST``). ``Matcher.judge`` makes that take
+lane costs a bit's read, not a parser step (~4 us a lane and step). ``Matcher.judge`` makes that take
 as soon as a step's tokens are on the host, so the next fill begins before the lanes' own takes
 (detokenizing, finish rules), which then overlap it; the fills write two host buffers in turn, so the
 bits a judge reads are never the ones a fill in flight writes.
@@ -31,10 +23,8 @@ bits a judge reads are never the ones a fill in flight writes.
 from __future__ import annotations
 
 import sys
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
 
 import llguidance
 import numpy as np
@@ -46,24 +36,9 @@ _TEXT = '[^"\\\\\\x00-\\x1F\\x7F]'  # a character a JSON string holds unescaped
 # its own slices stop at 10 characters, so a JSON string with fewer left before its maxLength walked
 # the whole vocabulary (a third of a 32-lane fill); one slice a length below 10 covers those states
 SLICES = (*llguidance.LLTokenizer.general_slices(), *(f"{_TEXT}{{1,{n}}}" for n in range(1, 10)))
-# ``fill_ahead`` returns once its fill has begun (the GIL handed to the grammar thread): timing alone,
-# the same masks; off (tfd bench --variant off=tfd.engine.grammar.FILL_HANDOFF=0) for the A/B on a device
-FILL_HANDOFF = True
 # ``Matcher.take`` of a token drawn under its fill's mask reads the mask's bit and leaves llguidance's step to
 # the next fill (the grammar thread, every lane's at once): the same masks and verdicts; off for the A/B
 TAKE_LATER = True
-# the tokens owed to llguidance are stepped (in parallel, the GIL dropped) as the engine thread makes a fill
-# ready: the grammar thread's one call then waits for the GIL once, as it ends, not also between the owed
-# tokens and the masks while the engine thread's Python runs; off, the grammar thread steps them first
-OWED_FIRST = True
-# while a fill is in flight the GIL's switch interval is this many microseconds (0: Python's own, 5 ms), so
-# the grammar thread takes the GIL within it of its call's end and the fill is done when the engine thread
-# asks for it, not done only once that thread waits: timing alone, the same masks; for the A/B on a device
-FILL_SWITCH_US = 0
-# ``fill_ahead``'s fill made on the grammar thread while the engine thread goes on; off, made at once on the
-# engine thread (llguidance's threads fill the rows in parallel either way): no handoff nor wake to pay, the
-# fill's time not overlapped; timing alone, the same masks; for the A/B on a device
-FILL_ON_THREAD = True
 # ``Matcher.judge`` takes a step's tokens as soon as they are on the host and the next fill begins then,
 # before the lanes' takes; off (judge declines), the fill begins after the takes: timing alone
 JUDGE_AHEAD = True
@@ -93,9 +68,13 @@ def _bit(row: tuple[np.ndarray, int, int], token: int) -> bool:
     return bool((int(words[at, token // WORD_BITS]) >> (token % WORD_BITS)) & 1)
 
 
+# what a fill is of: its rows; each row, its matcher, the matcher's place and the drafts (``grammar_masks``)
+Key = tuple[int, tuple[tuple[int, int, int, tuple[int, ...]], ...]]
+
+
 class _Switch:
-    """The GIL's switch interval, shortened while any vocabulary's fill is in flight (``FILL_SWITCH_US``)
-    and Python's own again once none is. Engine threads only."""
+    """The GIL's switch interval, shortened while any vocabulary's fill is in flight (``hold``'s
+    ``switch_s``) and Python's own again once none is. Engine threads only."""
 
     def __init__(self) -> None:
         self.holders = 0
@@ -126,25 +105,31 @@ class Vocabulary:
         self.words = mask_words(vocab)
         self.executor = llguidance.LLExecutor()
         self._masks: list[torch.Tensor | None] = [None, None]  # the host buffers fills write in turn
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="tfd-grammar")  # calls the executor
-        self._pending: tuple[_Key, Future[torch.Tensor]] | None = None  # the fill in flight and its rows
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="tfd-grammar")  # calls the executor
+        self._pending: tuple[Key, Future[torch.Tensor]] | None = None  # the fill in flight and its rows
         self.fills = 0  # fills begun: a mask row a matcher holds is current while this has not moved
         self._shortened = False  # its fill in flight shortened the switch interval (``_Switch``)
 
     def settle(self) -> None:
         """Wait for the fill in flight (``fill_ahead``), if any; its error, if it failed, raised here."""
-        pending = self._take_pending()
+        pending = self.take_pending()
         if pending is not None:
             pending[1].result()
 
-    def _hold(self, pending: tuple[_Key, Future[torch.Tensor]]) -> None:
-        """Note ``pending`` as the fill in flight, the switch interval shortened (``FILL_SWITCH_US``)."""
+    def hold(self, pending: tuple[Key, Future[torch.Tensor]], switch_s: float = 0.0) -> None:
+        """Note ``pending`` as the fill in flight; with ``switch_s``, the GIL's switch interval that
+        short until it is taken (``take_pending``) or waited for."""
         self._pending = pending
-        if FILL_SWITCH_US and not self._shortened:
+        if switch_s and not self._shortened:
             self._shortened = True
-            _SWITCH.shorten(FILL_SWITCH_US / 1e6)
+            _SWITCH.shorten(switch_s)
 
-    def _take_pending(self) -> tuple[_Key, Future[torch.Tensor]] | None:
+    @property
+    def pending(self) -> tuple[Key, Future[torch.Tensor]] | None:
+        """The fill in flight and what it is of, if any."""
+        return self._pending
+
+    def take_pending(self) -> tuple[Key, Future[torch.Tensor]] | None:
         """The fill in flight, if any, no longer noted; the switch interval as it was."""
         pending, self._pending = self._pending, None
         if self._shortened:
@@ -290,157 +275,3 @@ class Matcher:
         self.vocabulary.settle()
         self.pay()
         return self.inner.is_stopped()
-
-
-Follow = tuple[Matcher, int, Sequence[int]]  # a matcher, its mask's row, the drafts its next rows take
-_Key = tuple[int, tuple[tuple[int, int, int, tuple[int, ...]], ...]]  # rows; each row, matcher, place, drafts
-
-
-def _key(rows: int, follows: Sequence[Follow]) -> _Key:
-    """What a fill is of: its rows, and each row's matcher, the matcher's place and the drafts (a
-    matcher's id names it: a fill in flight holds its matchers, so no other takes the id meanwhile)."""
-    return rows, tuple(sorted((row, id(matcher), matcher.taken, tuple(drafts))
-                              for matcher, row, drafts in follows))
-
-
-def _covers(made: _Key, asked: _Key) -> bool:
-    """Whether a fill of ``made`` holds every row ``asked`` asks for: the same rows, each asked row's
-    matcher at the same place. Its other rows (lanes that ended since it began) hold masks no draw
-    that is kept reads."""
-    return made[0] == asked[0] and set(asked[1]) <= set(made[1])
-
-
-def allowed(rows: int, follows: Sequence[Follow]) -> torch.Tensor:
-    """The bitmask [rows, words] (int32, pinned where CUDA is) of what each row may draw: for each
-    ``(matcher, row, drafts)``, its row and, a draft a row, the rows after it as if the drafts before
-    held (past a draft the grammar refuses: all ones, their draws not kept); other rows all ones, or
-    the masks of lanes a fill ahead covered that have ended since.
-    The fill ``fill_ahead`` started for these rows when there is one (waiting for it), else made now.
-    Valid until the fill after the next."""
-    vocabulary = follows[0][0].vocabulary
-    pending = vocabulary._pending
-    if pending is not None and _covers(pending[0], _key(rows, follows)):
-        vocabulary._take_pending()
-        return pending[1].result()
-    vocabulary.settle()
-    return _fill(*_begin(rows, follows))
-
-
-def fill_ahead(rows: int, follows: Sequence[Follow]) -> None:
-    """Start ``allowed(rows, follows)`` on the vocabulary's thread (after any fill in flight) and
-    return once llguidance holds it: the host goes on while the masks fill.
-
-    The thread needs the GIL to make its call, and the engine thread's bookkeeping after this holds
-    it until something blocks (the wait in ``allowed``, a few hundred microseconds on), so without
-    the handoff the fill would begin only when its result was wanted. Returning only once the thread
-    has begun costs the engine thread one wake of it; everything else the fill needs from Python is
-    made ready here first, so the thread holds the GIL only to make its call. With ``FILL_ON_THREAD``
-    off the fill is made here, and the draw that asks for it takes it the same way."""
-    vocabulary = follows[0][0].vocabulary
-    vocabulary.settle()
-    key = _key(rows, follows)
-    made = _now(lambda: _begin(rows, follows))
-    if FILL_ON_THREAD and made.exception() is None:
-        begun = threading.Event()
-        vocabulary._hold((key, vocabulary._thread.submit(_fill, *made.result(), begun)))
-        if FILL_HANDOFF:
-            begun.wait()  # the GIL passes to the thread, which gives it back as llguidance's call begins
-        return
-    # a refusal from ``_begin`` (raised where the fill is asked for, as the thread's own), or made now
-    vocabulary._hold((key, _now(lambda: _fill(*made.result()))))
-
-
-_T = TypeVar("_T")
-
-
-def _now(make: Callable[[], _T]) -> Future[_T]:
-    """``make()`` made now, as a done future: its result, or the ``GrammarRefused`` it raised."""
-    done: Future[_T] = Future()
-    try:
-        done.set_result(make())
-    except GrammarRefused as refused:
-        done.set_exception(refused)
-    return done
-
-
-_Made = tuple[Vocabulary, torch.Tensor, list[tuple[llguidance.LLMatcher, int]],
-              list[tuple[llguidance.LLMatcher, int]], list[tuple[llguidance.LLMatcher, int, list[int]]]]
-
-
-def _begin(rows: int, follows: Sequence[Follow]) -> _Made:
-    """A fill of ``follows`` made ready on the engine thread: the next of the vocabulary's two
-    buffers (the rows no matcher fills whole all ones), the tokens the matchers are owed taken off
-    them (and stepped now, under ``OWED_FIRST``), each matcher filled whole given its row of it;
-    what ``_fill`` asks llguidance for. ``GrammarRefused`` from a step of an owed token."""
-    vocabulary = follows[0][0].vocabulary
-    mask = vocabulary.masks(rows)
-    vocabulary.fills += 1
-    filled = {row for _, row, drafts in follows if not drafts}  # whole rows llguidance writes
-    if len(filled) < rows:
-        free = torch.ones(rows, dtype=torch.bool)
-        free[list(filled)] = False
-        mask[free] = -1
-    owed = []
-    for matcher, _, _ in follows:
-        if matcher.owed is not None:
-            owed.append((matcher.inner, matcher.owed))
-            matcher.owed = None
-    if OWED_FIRST:
-        _step_owed(vocabulary, owed)
-        owed = []
-    words = mask.numpy()
-    for matcher, row, drafts in follows:
-        matcher.row = None if drafts else (words, row, vocabulary.fills)
-    plain = [(matcher.inner, row) for matcher, row, drafts in follows if not drafts]
-    drafted = [(matcher.inner, row, list(drafts)) for matcher, row, drafts in follows if drafts]
-    return vocabulary, mask, owed, plain, drafted
-
-
-def _step_owed(vocabulary: Vocabulary, owed: list[tuple[llguidance.LLMatcher, int]]) -> None:
-    """llguidance steps each matcher past the token it is owed, all at once on its threads (the GIL
-    dropped); ``GrammarRefused`` naming the tokens it refuses (each passed its mask's bit: a bug)."""
-    if not owed:
-        return
-    verdicts = vocabulary.executor.consume_token_par(owed)
-    refused = [token for (_, token), ok in zip(owed, verdicts, strict=True) if not ok]
-    if refused:
-        raise GrammarRefused(f"tokens {refused} are not allowed by their replies' grammars")
-
-
-def _fill(vocabulary: Vocabulary, mask: torch.Tensor, owed: list[tuple[llguidance.LLMatcher, int]],
-          plain: list[tuple[llguidance.LLMatcher, int]],
-          drafted: list[tuple[llguidance.LLMatcher, int, list[int]]],
-          begun: threading.Event | None = None) -> torch.Tensor:
-    """llguidance's masks written into ``mask`` (``_begin``'s; drops the GIL meanwhile): the owed
-    tokens ``_begin`` left stepped first, all at once, then the rows filled whole, then the drafted
-    ones. ``begun`` set first, as llguidance's call is about to begin."""
-    if begun is not None:  # the caller waits for it
-        begun.set()
-    _step_owed(vocabulary, owed)
-    # straight into the tensor's memory (llguidance.torch's helpers do the same, but importing that
-    # module compiles a kernel with torch.compile)
-    width, rows = vocabulary.words * 4, mask.shape[0]
-    if plain:
-        vocabulary.executor.unsafe_compute_mask_ptr(plain, mask.data_ptr(), width, rows)
-    if drafted:
-        vocabulary.executor.unsafe_compute_mask_ptr_with_draft_token(drafted, mask.data_ptr(), width, rows)
-    return mask
-
-
-_PLACES: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def _places(vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each token's word and bit in a mask row (made once a vocabulary and device)."""
-    found = _PLACES.get((vocab, device))
-    if found is None:
-        tokens = torch.arange(vocab, device=device)
-        found = _PLACES[vocab, device] = (tokens // WORD_BITS, (tokens % WORD_BITS).to(torch.int32))
-    return found
-
-
-def apply(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``logits`` [rows, vocab] with every token its row's ``mask`` (on the same device) bars at
-    minus infinity."""
-    word, bit = _places(logits.shape[-1], logits.device)
-    return logits.masked_fill((mask[:, word] >> bit) & 1 == 0, float("-inf"))

@@ -77,7 +77,7 @@ def _capture(run: Callable[[], T], pool: Any, device: torch.device) -> tuple[tor
 
 class DecodeGraphs:
     """Decode steps of ``step`` for up to ``max_lanes`` lanes; with ``redraw``, its masked draw
-    again, reading masks of ``words`` int32 words a row (``grammar.allowed``'s)."""
+    again, reading masks of ``words`` int32 words a row (``grammar_masks.allowed``'s)."""
 
     def __init__(self, step: Step, columns: Columns, null_page: int, max_lanes: int, device: torch.device,
                  redraw: Redraw | None = None, words: int = 0) -> None:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import torch
 
-from tfd.engine import grammar
+from tfd.engine import grammar_masks
 from tfd.engine.graphs import RoundGraphs
 from tfd.engine.lane import Lane
 from tfd.engine.proposer import Absorb, HeadProposer
@@ -240,7 +240,7 @@ class Rounds:
         # a lane's rows follow its grammar as if its drafts before them held (filled as the device runs)
         follows = [(work.lane.grammar, at * rows, work.lane.drafts[:rows - 1])
                    for at, work in enumerate(works) if work.lane.grammar is not None]
-        allowed = grammar.allowed(len(works) * rows, follows) if follows else None
+        allowed = grammar_masks.allowed(len(works) * rows, follows) if follows else None
         drawn = sample(logits, Rows.of(settings, seeds, positions, self.device, histories, allowed))
         asked = [work.lane.request.sampling.logprobs for work in works]
         details = logprobs(logits, drawn, max(n or 0 for n in asked)) if any(n is not None for n in asked) \

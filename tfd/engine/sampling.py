@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 import torch
 
-from tfd.engine import grammar
+from tfd.engine import grammar_masks
 from tfd.engine.request import Sampling, TokenLogprob
 from tfd.model.memory import to_device
 from tfd_kernels import sampling as keyed
@@ -104,7 +104,7 @@ class Rows:
            allowed: torch.Tensor | None = None) -> Rows:
         """Two host-to-device copies, the settings and the keys (pinned, not waited on, on CUDA),
         and one or two more for the rows that bias or penalize (``histories``: each row's, needed
-        where a row penalizes), one for the rows grammars mask (``allowed``: ``grammar.allowed``'s)."""
+        where a row penalizes), one for the rows grammars mask (``allowed``: ``grammar_masks.allowed``'s)."""
         fields = torch.tensor([[s.temperature for s in settings], [s.top_k for s in settings],
                                [s.top_p for s in settings], [s.min_p for s in settings]],
                               dtype=torch.float64).reshape(4, len(settings))
@@ -129,7 +129,7 @@ def draw(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
     """argmax of logits / temperature + noise (greedy rows: of the logits), a row at a time, each
     row keyed at its position plus ``offset``, into ``out`` when given (row r at ``out_rows[r]`` with
     those, none below 0): the one-pass kernel on CUDA, its torch form elsewhere. Cut tokens come in
-    as -inf; so do those a row's grammar bars (``allowed``: ``grammar.allowed``'s bitmask on the
+    as -inf; so do those a row's grammar bars (``allowed``: ``grammar_masks.allowed``'s bitmask on the
     logits' device); 2-byte logits are drawn as their fp32 values; temperature is fp32, or int64
     fields holding its fp32 bits (a decode batch's)."""
     if logits.is_cuda:
@@ -138,7 +138,7 @@ def draw(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
         temperature = temperature.to(torch.int32).view(torch.float32)
     logits, positions = logits.float(), positions + offset
     if allowed is not None:
-        logits = grammar.apply(logits, allowed)
+        logits = grammar_masks.apply(logits, allowed)
     greedy = temperature <= 0
     noise = gumbel(seeds, positions, logits.shape[-1])
     scores = logits / torch.where(greedy, 1.0, temperature)[:, None] + noise
@@ -165,7 +165,7 @@ def sample(logits: torch.Tensor, rows: Rows) -> torch.Tensor:
     if rows.plain:
         return draw(logits, rows.temperature, rows.seeds, rows.positions, allowed=rows.allowed)
     if rows.allowed is not None:
-        logits = grammar.apply(logits, rows.allowed)
+        logits = grammar_masks.apply(logits, rows.allowed)
     vocab = logits.shape[-1]
     greedy = rows.temperature <= 0
     tempered = logits / torch.where(greedy, 1.0, rows.temperature)[:, None]

@@ -3,7 +3,7 @@ import statistics, sys, time, json
 import torch
 from tfd.shapes import covering_tokenizer
 from tfd.bench.command import records_grammar
-from tfd.engine.grammar import allowed, apply
+from tfd.engine.grammar_masks import allowed, apply
 from tfd.engine.sampling import Rows, sample
 from tfd.engine.request import Sampling
 from tfd.model.memory import to_device

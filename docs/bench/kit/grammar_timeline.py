@@ -3,7 +3,7 @@ forward and the masked draw, by CUDA events. ``python grammar_timeline.py <tfd b
 ``tfd bench`` with the engine's functions wrapped, then prints one JSON line of medians (us)."""
 import collections, json, os, statistics, sys, time
 import torch
-from tfd.engine import decode_pipeline, drawn, grammar, runner, sampling, stepper, lane, graphs
+from tfd.engine import decode_pipeline, drawn, grammar, grammar_masks, runner, sampling, stepper, lane, graphs
 
 host = collections.defaultdict(list)
 events = []  # (label, start event, end event)
@@ -35,9 +35,9 @@ def on_device(owner, name, label):
 if torch.cuda.is_available():
     on_device(graphs.DecodeGraphs, "run", "dev_forward")
     on_device(decode_pipeline.DecodePipeline, "drawn_on_host", "dev_drawn_on_host")
-wrap(grammar, "allowed", "allowed")
-wrap(grammar, "_fill", "fill_work")
-wrap(grammar, "fill_ahead", "fill_ahead_start")
+wrap(grammar_masks, "allowed", "allowed")
+wrap(grammar_masks, "_fill", "fill_work")
+wrap(grammar_masks, "fill_ahead", "fill_ahead_start")
 wrap(sampling.Rows, "of", "rows_of", static=True)
 wrap(drawn, "sample", "sample_launch")
 wrap(decode_pipeline, "host_draw", "host_draw")
