@@ -8,11 +8,7 @@
 . .dev/start.sh
 LIMIT=${LIMIT:-200}
 V="--variant on= --variant after=tfd.engine.grammar.JUDGE_AHEAD=0 --variant handoff=tfd.engine.grammar.TAKE_LATER=0"
-timeout $(( LIMIT - 15 - $(el) )) tfd bench --streams 32,1 --prompt 1024 --new 256 --grammar none,json --rounds 3 $V \
-  --out $R/demo > $R/demo.txt 2>&1
-echo "demo rc=$? t=$(el)"; grep -a "step\|rror" $R/demo.txt | cut -c1-250
-t=$(( LIMIT - 10 - $(el) )); [ $t -ge 45 ] && { timeout $t python .dev/grammar_timeline.py --streams 32 --prompt 1024 \
-  --new 256 --grammar json --out $R/timeline-json > $R/timeline-json.txt 2>&1; echo "timeline rc=$? t=$(el)"
-  grep -a "step\|TIMELINE\|rror" $R/timeline-json.txt | cut -c1-1800; }
+grammar_demo "$V" 15
+grammar_timeline 10 45
 t=$(( LIMIT - 10 - $(el) )); [ $t -ge 45 ] && gpu_tests $t 2 -rE tests/engine/test_grammar_lanes.py
 cd $OUT && tar czf r.tgz r && rm -rf r

@@ -11,12 +11,8 @@ LIMIT=${LIMIT:-300}
 G=tfd.engine.grammar_masks
 V="--variant on= --variant owed=$G.OWED_FIRST=0 --variant after=tfd.engine.grammar.JUDGE_AHEAD=0 --variant switch=$G.FILL_SWITCH_US=20
   --variant switch-free=$G.FILL_SWITCH_US=20,$G.FILL_HANDOFF=0 --variant sync=$G.FILL_ON_THREAD=0"
-timeout $(( LIMIT - 70 - $(el) )) tfd bench --streams 32,1 --prompt 1024 --new 256 --grammar none,json --rounds 3 $V \
-  --out $R/demo > $R/demo.txt 2>&1
-echo "demo rc=$? t=$(el)"; grep -a "step\|rror" $R/demo.txt | cut -c1-250
-t=$(( LIMIT - 50 - $(el) )); [ $t -ge 40 ] && { timeout $t python .dev/grammar_timeline.py --streams 32 --prompt 1024 \
-  --new 256 --grammar json --out $R/timeline-json > $R/timeline-json.txt 2>&1; echo "timeline rc=$? t=$(el)"
-  grep -a "step\|TIMELINE\|rror" $R/timeline-json.txt | cut -c1-2000; }
+grammar_demo "$V" 70
+grammar_timeline 50 40
 for v in "" OWED_FIRST=0 FILL_ON_THREAD=0 FILL_SWITCH_US=20; do  # the engine thread's parts, no model (~10 s each)
   t=$(( LIMIT - 5 - $(el) )); [ $t -ge 12 ] || break
   echo "host ${v:-on}: $(GRAMMAR_SET=$v timeout $t python .dev/grammar_host.py 2>&1 | tail -1)"

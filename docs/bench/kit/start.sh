@@ -1,7 +1,8 @@
 # Sourced by a call's script (`. .dev/start.sh`): the clock (`el`, seconds since the start), the serving stack
 # installed from .whl and .whl-test, the environment that finds it, $R (results, tarred by the caller) and the
-# card's name printed. Defines `prefill_benches`, `prefill_idle` and `gpu_tests` (below) for the calls. (Until
-# issue 36 closed it also ran resume_serve.sh first on an H200.)
+# card's name printed. Defines `prefill_benches`, `budget`, `issue31_bars`, `prefill_idle`, `gpu_tests`,
+# `grammar_demo` and `grammar_timeline` (below) for the calls. (Until issue 36 closed it also ran resume_serve.sh
+# first on an H200.)
 set -u
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 bash .dev/install.sh .whl-test > /dev/null 2>&1 || { echo install fails; exit 1; }
@@ -53,4 +54,19 @@ gpu_tests() {
     -W ignore::DeprecationWarning "$@" 2>&1 | tee $R/gpu-tests.txt | grep -a "passed\|failed\|FAILED\|Error" \
     | cut -c1-250 | tail -12
   echo "tests t=$(el)"
+}
+# Issue 33's demo decode step at 32 and 1 streams, plain and JSON on every lane, three rounds, the --variant flags
+# in $1 interleaved (JSON under $R/demo), stopped $2 s before $LIMIT.
+grammar_demo() {
+  timeout $(( LIMIT - $2 - $(el) )) tfd bench --streams 32,1 --prompt 1024 --new 256 --grammar none,json --rounds 3 \
+    $1 --out $R/demo > $R/demo.txt 2>&1
+  echo "demo rc=$? t=$(el)"; grep -a "step\|rror" $R/demo.txt | cut -c1-250
+}
+# The demo's 32-lane JSON step's host parts (grammar_timeline.py, under $R/timeline-json), stopped $1 s before
+# $LIMIT and begun only with $2 s or more to run.
+grammar_timeline() {
+  local t=$(( LIMIT - $1 - $(el) )); [ $t -ge $2 ] || return 0
+  timeout $t python .dev/grammar_timeline.py --streams 32 --prompt 1024 --new 256 --grammar json \
+    --out $R/timeline-json > $R/timeline-json.txt 2>&1; echo "timeline rc=$? t=$(el)"
+  grep -a "step\|TIMELINE\|rror" $R/timeline-json.txt | cut -c1-2000
 }
